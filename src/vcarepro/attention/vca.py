@@ -1,0 +1,382 @@
+"""Visual-Contrast Attention (VCA).
+
+Paper: "Linear Differential Vision Transformer: Learning Visual Contrasts via
+Pairwise Differentials", NeurIPS 2025, arXiv 2511.00833.
+
+Tokens ``x`` of shape (B, N, C) are ``num_prefix_tokens`` prefix tokens (the
+class token) followed by an H x W patch grid. Per head (head dim d):
+
+Stage I, global contrast
+    t = avg-pool of the patch-grid queries to an h x w grid (n = h * w tokens)
+    t+ = t + e+,  t- = t + e-          (e+, e- learnable, n x C, split across heads)
+    v+ = softmax(t+ k^T / sqrt(d)) v,  v- = softmax(t- k^T / sqrt(d)) v   (all N keys)
+    v_hat = (1 - lambda_init) * RMSNorm(v+ - lambda1 * v-)
+
+Stage II, patch-wise differential attention
+    A = softmax(q [t+; t-]^T / sqrt(d))        jointly over the 2n columns
+    o = (1 - lambda_init) * RMSNorm((A+ - lambda2 * A-) v_hat)
+
+    lambda_s = exp(lq1_s . lk1_s) - exp(lq2_s . lk2_s) + lambda_init
+    lambda_init = 0.8 - 0.6 * exp(-0.3 * layer_index)    (Differential Transformer)
+
+A 3x3 depthwise convolution of v on the patch grid is added to the patch
+outputs (prefix tokens get none); heads are concatenated and projected.
+Cost is O(N n C) instead of MHSA's O(N^2 C).
+
+Ablation switches (one module, not copies of it)
+------------------------------------------------
+The paper's exact definition of its ablation baselines was not available to us;
+this is the definition implemented here.
+
+``stage1`` / ``stage2`` in {"vca", "diff"}:
+    "vca"  contrasts the two token streams t+ and t- as written above.
+    "diff" uses Differential-Transformer streams inside the same two-stage
+           layout: the stage's queries and keys are split channel-wise into two
+           halves of d/2 (scale (d/2)^-1/2, as in the Differential Transformer),
+           and the attention map is softmax(q1 k1^T) - lambda * softmax(q2 k2^T).
+           In Stage I the queries are the positive-stream contrast tokens t+ and
+           the keys are k; in Stage II the queries are q and the keys are t+.
+    ("vca", "diff") is the paper's "VCA in Stage I only", ("diff", "vca") is
+    "Stage II only", ("diff", "diff") is "differential attention in both stages".
+    The negative stream t- (and its embedding e-) exists only where a stage
+    uses "vca".
+
+``tokens_pos`` / ``tokens_neg`` in {"pool", "emb", "pool+emb"}: how each stream's
+    n contrast tokens are made: pooled queries only, a learnable embedding only
+    (no pooling), or pooled queries plus the embedding (the paper's default).
+
+``stage2_softmax`` in {"joint", "separate"}: "joint" (default) takes one softmax
+    over the 2n columns [t+; t-], which is what the released classifier is
+    reported to do and what the paper's Stage II formula reads as; "separate"
+    takes one softmax per stream, softmax(q t+^T) - lambda2 * softmax(q t-^T),
+    the Differential-Transformer form.
+
+Two numerically equivalent paths: the fused path runs every attention product
+through ``F.scaled_dot_product_attention`` (Stage II joint is one call whose
+values are [v_hat; -lambda2 * v_hat]); the reference path materialises the
+attention maps and follows the formulas above literally. Tests hold them equal.
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal, Optional, Sequence, Tuple, Type, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.layers import RmsNormFp32, trunc_normal_, use_fused_attn
+
+StageKind = Literal["vca", "diff"]
+TokenKind = Literal["pool", "emb", "pool+emb"]
+SoftmaxKind = Literal["joint", "separate"]
+
+STAGE_KINDS = ("vca", "diff")
+TOKEN_KINDS = ("pool", "emb", "pool+emb")
+SOFTMAX_KINDS = ("joint", "separate")
+
+# Init std of the contrast-token embeddings e+ / e-. The paper does not say; 0.02
+# is what timm and DeiT use for every other learnable token embedding.
+CONTRAST_EMBED_INIT_STD = 0.02
+# Init std of the lambda re-parametrisation vectors, as in the Differential Transformer.
+LAMBDA_INIT_STD = 0.1
+# RMSNorm epsilon, as in the Differential Transformer (and timm's DiffAttention).
+RMS_NORM_EPS = 1e-5
+
+
+def lambda_init_for_layer(layer_index: int) -> float:
+    """Differential Transformer's depth-dependent lambda_init, layer_index from 0."""
+    return 0.8 - 0.6 * math.exp(-0.3 * layer_index)
+
+
+def contrast_grid(value: Union[int, Sequence[int]]) -> Tuple[int, int]:
+    """A square number of contrast tokens (49 -> 7x7) or an explicit (h, w) grid."""
+    if isinstance(value, int):
+        side = math.isqrt(value)
+        if value < 1 or side * side != value:
+            raise ValueError(
+                f"contrast_tokens={value} is not a square number; pass a square count such as 49 "
+                f"or an explicit (h, w) grid such as (7, 7)."
+            )
+        return (side, side)
+    h, w = (int(v) for v in value)
+    return (h, w)
+
+
+def patch_grid(value: Union[int, Sequence[int]]) -> Tuple[int, int]:
+    """A grid side (14 -> 14x14) or an explicit (H, W) patch grid."""
+    if isinstance(value, int):
+        return (value, value)
+    H, W = (int(v) for v in value)
+    return (H, W)
+
+
+def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(map(repr, choices))}.")
+
+
+class VisualContrastAttention(nn.Module):
+    """Visual-Contrast Attention, a drop-in replacement for timm's ``Attention``.
+
+    Unlike MHSA it needs to know the token layout: ``grid_size`` (H, W) of the
+    patch grid and ``num_prefix_tokens`` in front of it.
+    """
+
+    fused_attn: bool
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *,
+        grid_size: Union[int, Sequence[int]],
+        num_prefix_tokens: int = 1,
+        contrast_tokens: Union[int, Sequence[int]] = 49,
+        layer_index: int = 0,
+        stage1: StageKind = "vca",
+        stage2: StageKind = "vca",
+        tokens_pos: TokenKind = "pool+emb",
+        tokens_neg: TokenKind = "pool+emb",
+        stage2_softmax: SoftmaxKind = "joint",
+        local_conv: bool = True,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: Optional[Type[nn.Module]] = None,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f"dim={dim} is not divisible by num_heads={num_heads}; pick a head count that divides it.")
+        _check_choice("stage1", stage1, STAGE_KINDS)
+        _check_choice("stage2", stage2, STAGE_KINDS)
+        _check_choice("tokens_pos", tokens_pos, TOKEN_KINDS)
+        _check_choice("tokens_neg", tokens_neg, TOKEN_KINDS)
+        _check_choice("stage2_softmax", stage2_softmax, SOFTMAX_KINDS)
+        if num_prefix_tokens < 0:
+            raise ValueError(f"num_prefix_tokens={num_prefix_tokens} must be >= 0.")
+
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        if "diff" in (stage1, stage2) and self.head_dim % 2:
+            raise ValueError(
+                f"a 'diff' stage splits each head in two halves, but head_dim={self.head_dim} is odd; "
+                f"use an even head dimension."
+            )
+        self.scale = self.head_dim ** -0.5
+        self.num_prefix_tokens = num_prefix_tokens
+        self.contrast_grid = contrast_grid(contrast_tokens)
+        self.num_contrast_tokens = self.contrast_grid[0] * self.contrast_grid[1]
+        self.stage1 = stage1
+        self.stage2 = stage2
+        self.tokens_pos = tokens_pos
+        self.uses_negative_stream = "vca" in (stage1, stage2)
+        self.tokens_neg = tokens_neg if self.uses_negative_stream else None
+        self.stage2_softmax = stage2_softmax
+        self.layer_index = layer_index
+        self.lambda_init = lambda_init_for_layer(layer_index)
+        self.attn_drop_p = attn_drop
+        self.fused_attn = use_fused_attn()
+        self.grid_size = self._validated_grid(grid_size)
+
+        if qk_norm and norm_layer is None:
+            raise ValueError("qk_norm=True needs a norm_layer (e.g. nn.LayerNorm).")
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.attn_drop = nn.Dropout(attn_drop)
+
+        n = self.num_contrast_tokens
+        self.embed_pos = nn.Parameter(torch.empty(n, dim)) if "emb" in tokens_pos else None
+        self.embed_neg = (
+            nn.Parameter(torch.empty(n, dim)) if self.tokens_neg is not None and "emb" in self.tokens_neg else None
+        )
+        # [stage, term, head_dim]: lambda_s = exp(q[s,0].k[s,0]) - exp(q[s,1].k[s,1]) + lambda_init
+        self.lambda_q = nn.Parameter(torch.empty(2, 2, self.head_dim))
+        self.lambda_k = nn.Parameter(torch.empty(2, 2, self.head_dim))
+        # RMSNorm over the head dimension, shared by the heads (as the Differential
+        # Transformer's sub-layer norm); computed in float32 for bf16 safety.
+        self.stage1_norm = RmsNormFp32(self.head_dim, eps=RMS_NORM_EPS)
+        self.stage2_norm = RmsNormFp32(self.head_dim, eps=RMS_NORM_EPS)
+        self.local_conv = nn.Conv2d(dim, dim, 3, padding=1, groups=dim) if local_conv else None
+
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.init_weights()
+
+    # -- construction helpers -------------------------------------------------
+
+    def _validated_grid(self, grid_size: Union[int, Sequence[int]]) -> Tuple[int, int]:
+        H, W = patch_grid(grid_size)
+        h, w = self.contrast_grid
+        pools = [s for s in (self.tokens_pos, self.tokens_neg) if s is not None and "pool" in s]
+        if pools and (H % h or W % w):
+            raise ValueError(
+                f"the {h}x{w} contrast-token grid does not divide the {H}x{W} patch grid; "
+                f"choose contrast_tokens whose sides divide {H} and {W} (e.g. {_divisor_hint(H, W)})."
+            )
+        return (H, W)
+
+    def set_grid_size(self, grid_size: Union[int, Sequence[int]]) -> None:
+        """Follow a change of input resolution (timm's ``set_input_size``)."""
+        self.grid_size = self._validated_grid(grid_size)
+
+    def init_weights(self) -> None:
+        """Initialise VCA's own parameters (timm's ViT init calls this; it leaves the Linears to timm)."""
+        for embed in (self.embed_pos, self.embed_neg):
+            if embed is not None:
+                trunc_normal_(embed, std=CONTRAST_EMBED_INIT_STD)
+        nn.init.normal_(self.lambda_q, mean=0.0, std=LAMBDA_INIT_STD)
+        nn.init.normal_(self.lambda_k, mean=0.0, std=LAMBDA_INIT_STD)
+
+    def extra_repr(self) -> str:
+        return (
+            f"grid_size={self.grid_size}, contrast_grid={self.contrast_grid}, prefix={self.num_prefix_tokens}, "
+            f"layer_index={self.layer_index}, stage1={self.stage1}, stage2={self.stage2}, "
+            f"tokens=({self.tokens_pos}, {self.tokens_neg}), stage2_softmax={self.stage2_softmax}"
+        )
+
+    # -- pieces shared by both paths ------------------------------------------
+
+    def lambdas(self) -> torch.Tensor:
+        """(lambda1, lambda2) as a float32 tensor of shape (2,)."""
+        terms = torch.exp((self.lambda_q.float() * self.lambda_k.float()).sum(-1))
+        return terms[:, 0] - terms[:, 1] + self.lambda_init
+
+    def _check_tokens(self, N: int) -> None:
+        H, W = self.grid_size
+        if N != self.num_prefix_tokens + H * W:
+            raise ValueError(
+                f"VCA got {N} tokens but expects {self.num_prefix_tokens} prefix + {H}x{W} grid = "
+                f"{self.num_prefix_tokens + H * W}; build the model for this input size (img_size / patch_size)."
+            )
+
+    def _split_heads(self, embed: torch.Tensor) -> torch.Tensor:
+        # (n, C) -> (1, heads, n, d), channel c belongs to head c // d as in the qkv layout
+        return embed.view(self.num_contrast_tokens, self.num_heads, self.head_dim).permute(1, 0, 2).unsqueeze(0)
+
+    def contrast_tokens(self, q: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The n contrast tokens of each stream, (B, heads, n, d); t- is None when unused."""
+        B = q.shape[0]
+        H, W = self.grid_size
+        h, w = self.contrast_grid
+        pooled = None
+        if any(s is not None and "pool" in s for s in (self.tokens_pos, self.tokens_neg)):
+            grid = q[:, :, self.num_prefix_tokens:].transpose(-1, -2).reshape(B * self.num_heads, self.head_dim, H, W)
+            pooled = F.avg_pool2d(grid, kernel_size=(H // h, W // w))
+            pooled = pooled.reshape(B, self.num_heads, self.head_dim, h * w).transpose(-1, -2)
+
+        def stream(kind: Optional[str], embed: Optional[nn.Parameter]) -> Optional[torch.Tensor]:
+            if kind is None:
+                return None
+            if kind == "pool":
+                return pooled
+            e = self._split_heads(embed).to(q.dtype)
+            return e.expand(B, -1, -1, -1) if kind == "emb" else pooled + e
+
+        return stream(self.tokens_pos, self.embed_pos), stream(self.tokens_neg, self.embed_neg)
+
+    def _local(self, v: torch.Tensor) -> torch.Tensor:
+        # v: (B, heads, N, d) -> depthwise 3x3 conv on the patch grid -> (B, H*W, C)
+        B = v.shape[0]
+        H, W = self.grid_size
+        grid = v[:, :, self.num_prefix_tokens:].transpose(-1, -2).reshape(B, self.dim, H, W)
+        return self.local_conv(grid).flatten(2).transpose(1, 2)
+
+    # -- attention primitives ---------------------------------------------------
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        """softmax(q k^T * scale) v on the fused kernel."""
+        dropout_p = self.attn_drop_p if self.training else 0.0
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
+
+    def _probs(self, q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+        """The materialised attention map softmax(q k^T * scale), for the reference path."""
+        return self.attn_drop(((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1))
+
+    @staticmethod
+    def _halves(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        return x.chunk(2, dim=-1)
+
+    def _differential_fused(self, qa, ka, qb, kb, v, lam, scale):
+        """softmax(qa ka^T) v - lam * softmax(qb kb^T) v with SDPA calls."""
+        if ka is kb:  # same keys: one call over the stacked queries
+            out = self._attend(torch.cat([qa, qb], dim=2), ka, v, scale)
+            out_a, out_b = out.split([qa.shape[2], qb.shape[2]], dim=2)
+        else:
+            out_a, out_b = self._attend(qa, ka, v, scale), self._attend(qb, kb, v, scale)
+        return out_a - lam.to(out_a.dtype) * out_b
+
+    def _differential_reference(self, qa, ka, qb, kb, v, lam, scale):
+        """(softmax(qa ka^T) - lam * softmax(qb kb^T)) v, the attention maps materialised."""
+        attn = self._probs(qa, ka, scale) - lam.to(qa.dtype) * self._probs(qb, kb, scale)
+        return attn @ v
+
+    # -- the two stages -------------------------------------------------------------
+
+    def _stage1(self, t_pos, t_neg, k, v, lam, differential):
+        if self.stage1 == "vca":
+            out = differential(t_pos, k, t_neg, k, v, lam, self.scale)
+        else:
+            (t1, t2), (k1, k2) = self._halves(t_pos), self._halves(k)
+            out = differential(t1, k1, t2, k2, v, lam, (self.head_dim // 2) ** -0.5)
+        return (1.0 - self.lambda_init) * self.stage1_norm(out)
+
+    def _stage2(self, q, t_pos, t_neg, v_hat, lam, differential, reference: bool):
+        if self.stage2 == "diff":
+            (q1, q2), (t1, t2) = self._halves(q), self._halves(t_pos)
+            out = differential(q1, t1, q2, t2, v_hat, lam, (self.head_dim // 2) ** -0.5)
+        elif self.stage2_softmax == "separate":
+            out = differential(q, t_pos, q, t_neg, v_hat, lam, self.scale)
+        elif reference:
+            attn = self._probs(q, torch.cat([t_pos, t_neg], dim=2), self.scale)
+            attn_pos, attn_neg = attn.split(self.num_contrast_tokens, dim=-1)
+            out = (attn_pos - lam.to(q.dtype) * attn_neg) @ v_hat
+        else:
+            # one joint softmax over [t+; t-]: A+ v_hat - lam A- v_hat = A [v_hat; -lam v_hat]
+            values = torch.cat([v_hat, -lam.to(v_hat.dtype) * v_hat], dim=2)
+            out = self._attend(q, torch.cat([t_pos, t_neg], dim=2), values, self.scale)
+        return (1.0 - self.lambda_init) * self.stage2_norm(out)
+
+    # -- forward ----------------------------------------------------------------------
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: Optional[torch.Tensor] = None,
+        is_causal: bool = False,
+        reference: Optional[bool] = None,
+    ) -> torch.Tensor:
+        """``attn_mask`` / ``is_causal`` are accepted for timm's ``Block`` and must be unset.
+
+        ``reference=True`` forces the materialised-map path, ``False`` the fused one;
+        the default follows timm's ``use_fused_attn()``.
+        """
+        if attn_mask is not None or is_causal:
+            raise ValueError("VCA does not support attention masks or causal attention; call it with neither.")
+        B, N, C = x.shape
+        self._check_tokens(N)
+        reference = (not self.fused_attn) if reference is None else reference
+        differential = self._differential_reference if reference else self._differential_fused
+
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        lam1, lam2 = self.lambdas().unbind(0)
+        t_pos, t_neg = self.contrast_tokens(q)
+
+        v_hat = self._stage1(t_pos, t_neg, k, v, lam1, differential)
+        out = self._stage2(q, t_pos, t_neg, v_hat, lam2, differential, reference)
+        out = out.transpose(1, 2).reshape(B, N, C)
+
+        if self.local_conv is not None:
+            P = self.num_prefix_tokens
+            out = torch.cat([out[:, :P], out[:, P:] + self._local(v)], dim=1)
+        return self.proj_drop(self.proj(out))
+
+
+def _divisor_hint(H: int, W: int) -> str:
+    common = [s for s in range(min(H, W), 0, -1) if H % s == 0 and W % s == 0 and s < min(H, W)]
+    side = common[0] if common else 1
+    return f"{side}x{side}"

@@ -1,0 +1,82 @@
+"""Parameters, FLOPs and throughput of a model, measured rather than quoted.
+
+FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` under the
+math SDPA backend: the fused CPU attention kernels are invisible to the counter,
+so counting under them would silently drop every attention product. The
+counter reports 2 FLOPs per multiply-accumulate; vision papers (and the DeiT,
+PVT, Swin tables this paper copies) quote multiply-accumulates as "FLOPs", so
+both are returned and ``macs`` is the one comparable to the paper.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional
+
+import torch
+import torch.nn as nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+
+def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    flops: int                       # as torch's counter reports: 2 per multiply-accumulate
+    by_operator: Dict[str, int]
+
+    @property
+    def macs(self) -> int:
+        return self.flops // 2
+
+
+def count_flops(fn: Callable[[], object]) -> FlopCount:
+    """FLOPs of one call of ``fn`` (forward only unless ``fn`` runs backward), math SDPA kernel."""
+    counter = FlopCounterMode(display=False)
+    with sdpa_kernel(SDPBackend.MATH), counter:
+        fn()
+    by_op = {str(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
+    return FlopCount(flops=int(counter.get_total_flops()), by_operator=by_op)
+
+
+def model_flops(model: nn.Module, input_shape, device: Optional[torch.device] = None) -> FlopCount:
+    """Forward FLOPs of ``model`` on one input of ``input_shape`` (batch included)."""
+    device = device or next(model.parameters()).device
+    x = torch.zeros(input_shape, device=device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return count_flops(lambda: model(x))
+    finally:
+        model.train(was_training)
+
+
+def throughput(model: nn.Module, input_shape, *, warmup: int = 2, iters: int = 5,
+               device: Optional[torch.device] = None) -> float:
+    """Inference images per second at ``input_shape`` (batch first), eval mode, no grad."""
+    device = device or next(model.parameters()).device
+    x = torch.randn(input_shape, device=device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for _ in range(warmup):
+                model(x)
+            _sync(device)
+            start = time.perf_counter()
+            for _ in range(iters):
+                model(x)
+            _sync(device)
+            elapsed = time.perf_counter() - start
+    finally:
+        model.train(was_training)
+    return input_shape[0] * iters / elapsed
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
