@@ -80,3 +80,18 @@ def throughput(model: nn.Module, input_shape, *, warmup: int = 2, iters: int = 5
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def classifier_complexity(arch: str, attention: str, options: Optional[dict] = None, *, img_size: int = 224,
+                          num_classes: int = 1000, throughput_batch: int = 0) -> Dict[str, float]:
+    """Parameters (M), GMACs and, if ``throughput_batch`` > 0, inference images/s of one classifier."""
+    from ..models import create_classifier
+
+    model = create_classifier(arch, attention, img_size=img_size, num_classes=num_classes, **(options or {}))
+    figures = {
+        "params_m": count_parameters(model) / 1e6,
+        "gmacs": model_flops(model, (1, 3, img_size, img_size)).macs / 1e9,
+    }
+    if throughput_batch > 0:
+        figures["throughput_img_s"] = throughput(model, (throughput_batch, 3, img_size, img_size))
+    return figures

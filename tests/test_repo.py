@@ -1,0 +1,60 @@
+"""The repository keeps its promises: README commands, CI, DVC config."""
+from __future__ import annotations
+
+import configparser
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_commands():
+    block = re.search(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def test_readme_opens_with_exactly_two_commands_and_ci_runs_the_test_one():
+    main_job, tests = readme_commands()
+    assert main_job.endswith("dvc repro")
+    assert tests.endswith("python -m pytest")
+    ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert tests in ci_lines
+
+
+def test_dvc_never_reaches_for_the_network():
+    config = configparser.ConfigParser()
+    config.read(ROOT / ".dvc" / "config")
+    assert config["core"]["analytics"] == "false"
+    assert config["core"]["check_update"] == "false"
+
+
+def test_every_stage_declares_the_param_sections_it_reads():
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for name, stage in stages.items():
+        for key in stage.get("params", []):
+            assert key.split(".")[0] in params, f"{name} declares {key}, absent from params.yaml"
+
+
+@pytest.mark.slow
+def test_complexity_stage_measures_every_model(tmp_path):
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["models"] = {k: v for k, v in params["models"].items() if k.startswith("deit_tiny-")}
+    params["complexity"]["throughput_batch"] = 1
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    out = tmp_path / "complexity.json"
+    subprocess.run([sys.executable, str(ROOT / "stages" / "complexity.py"), "--params",
+                    str(tmp_path / "params.yaml"), "--out", str(out)], check=True, cwd=tmp_path)
+    figures = json.loads(out.read_text())
+    assert set(figures) == set(params["models"])
+    assert figures["deit_tiny-mhsa"]["params_m"] == pytest.approx(5.717, abs=1e-3)
+    assert figures["deit_tiny-vca"]["params_m"] - figures["deit_tiny-mhsa"]["params_m"] == pytest.approx(0.2565, abs=1e-4)
+    assert figures["deit_tiny-vca"]["gmacs"] == pytest.approx(1.257, abs=1e-3)
+    assert all(f["throughput_img_s"] > 0 for f in figures.values())
+    assert not (tmp_path / "complexity.json.tmp").exists()
