@@ -1,0 +1,1 @@
+"""Datasets: the on-disk layout every scale shares, and its sources (embedded digits, ImageNet)."""

@@ -1,0 +1,43 @@
+"""The embedded dataset: scikit-learn's handwritten digits, exported to the prepared layout.
+
+``sklearn.datasets.load_digits`` ships inside the package (no network): 1,797 real
+8x8 grayscale scans with values 0..16, 10 classes. They are written as 8x8 PNG files
+(values scaled to 0..255) into class folders with a stratified train/val split, the
+same layout the ImageNet preparation produces, so every later stage runs the code
+that runs on ImageNet.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+from ..io import atomic_directory, write_json
+from .folders import CLASSES, write_manifest
+
+
+def export_digits(out: str | Path, *, val_fraction: float = 0.2, seed: int = 0) -> dict:
+    """Write the digits to ``out`` (replaced atomically); returns the counts per split."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction={val_fraction} must lie strictly between 0 and 1.")
+    digits = load_digits()
+    images = np.rint(digits.images * (255.0 / 16.0)).astype(np.uint8)  # 0..16 -> 0..255
+    labels = digits.target.astype(int)
+    index = np.arange(len(labels))
+    train_idx, val_idx = train_test_split(index, test_size=val_fraction, random_state=seed, stratify=labels)
+
+    rows = []
+    with atomic_directory(out) as tmp:
+        for split, split_idx in (("train", train_idx), ("val", val_idx)):
+            for i in sorted(split_idx):
+                rel = f"{split}/digit_{labels[i]}/{i:04d}.png"
+                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                Image.fromarray(images[i], mode="L").save(tmp / rel)
+                rows.append((split, rel, int(labels[i])))
+        classes = [{"index": c, "wnid": f"digit_{c}", "name": str(c)} for c in range(10)]
+        write_json(tmp / CLASSES, classes)
+        write_manifest(tmp, rows)
+    return {"train": len(train_idx), "val": len(val_idx), "classes": 10}

@@ -1,0 +1,81 @@
+"""The prepared classification layout, shared by every source (digits now, ImageNet later).
+
+    <root>/train/<class_dir>/<image>      image files
+    <root>/val/<class_dir>/<image>
+    <root>/classes.json                   [{"index", "wnid", "name"}, ...] in label order
+    <root>/manifest.csv                   split,path,label (path relative to <root>)
+
+Training reads the manifest, so what was verified at preparation is what is trained on.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, List, Optional, Tuple
+
+from PIL import Image
+from torch.utils.data import Dataset
+
+MANIFEST = "manifest.csv"
+CLASSES = "classes.json"
+SPLITS = ("train", "val")
+
+
+@dataclass(frozen=True)
+class ClassInfo:
+    index: int
+    wnid: str
+    name: str
+
+
+def read_classes(root: str | Path) -> List[ClassInfo]:
+    path = Path(root) / CLASSES
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; run the prepare_cls stage (dvc repro prepare_cls) first.")
+    return [ClassInfo(**c) for c in json.loads(path.read_text())]
+
+
+def read_manifest(root: str | Path, split: str) -> List[Tuple[str, int]]:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}.")
+    path = Path(root) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; run the prepare_cls stage (dvc repro prepare_cls) first.")
+    with path.open(newline="") as f:
+        return [(row["path"], int(row["label"])) for row in csv.DictReader(f) if row["split"] == split]
+
+
+def write_manifest(root: str | Path, rows: List[Tuple[str, str, int]]) -> None:
+    with (Path(root) / MANIFEST).open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["split", "path", "label"])
+        writer.writerows(rows)
+
+
+class ManifestDataset(Dataset):
+    """Images of one split of a prepared layout, as RGB PIL images through ``transform``."""
+
+    def __init__(self, root: str | Path, split: str, transform: Optional[Callable] = None) -> None:
+        self.root = Path(root)
+        self.samples = read_manifest(self.root, split)
+        self.classes = read_classes(self.root)
+        self.transform = transform
+        if not self.samples:
+            raise ValueError(f"the {split} split of {self.root} is empty; re-run prepare_cls.")
+
+    @property
+    def targets(self) -> List[int]:
+        return [label for _, label in self.samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int):
+        rel, label = self.samples[index]
+        with Image.open(self.root / rel) as img:
+            img = img.convert("RGB")
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, label

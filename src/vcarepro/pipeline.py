@@ -1,0 +1,107 @@
+"""From params.yaml to what one stage of one named run needs. Stages call only this and the library."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List
+
+from .config import section
+
+RUNS_DIR = Path("runs")
+# Resumable training state lives outside runs/ and outside DVC: it is scratch for a
+# killed run to continue from, so DVC must neither delete it before a re-run nor
+# hash it into what the report depends on.
+CHECKPOINTS_DIR = Path("checkpoints")
+CLS_DATA = Path("data/cls")
+GEN_DATA = Path("data/gen")
+
+
+def fingerprint(*parts: Any) -> str:
+    """A stable hash of the settings that define a run (for resuming only matching checkpoints)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _run(params: Dict[str, Any], branch: str, name: str) -> Dict[str, Any]:
+    runs = section(params, f"{branch}_runs")
+    if name not in runs:
+        raise KeyError(f"no run {name!r} under {branch}_runs in params.yaml; choose one of {', '.join(runs)}.")
+    run = runs[name]
+    models = section(params, "models")
+    if run["model"] not in models:
+        raise KeyError(f"run {name!r} names model {run['model']!r}, which is not under models in params.yaml.")
+    seeds = run.get("seeds") or []
+    if not seeds or len(set(seeds)) != len(seeds) or not all(isinstance(s, int) for s in seeds):
+        raise ValueError(f"run {name!r} needs a list of distinct integer seeds, got {seeds!r}.")
+    return run
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    root: Path
+    checkpoints: Path
+
+    def seed_dir(self, seed: int) -> Path:
+        return self.root / "train" / f"seed_{seed}"
+
+    def ckpt_dir(self, seed: int) -> Path:
+        return self.checkpoints / f"seed_{seed}"
+
+    @property
+    def live_dir(self) -> Path:
+        return self.root / "live"
+
+    def samples(self, seed: int) -> Path:
+        return self.root / "samples" / f"seed_{seed}.safetensors"
+
+    def sample_grid(self, seed: int) -> Path:
+        return self.root / "samples" / f"grid_seed_{seed}.png"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.json"
+
+
+def run_paths(branch: str, name: str) -> RunPaths:
+    return RunPaths(RUNS_DIR / branch / name, CHECKPOINTS_DIR / branch / name)
+
+
+@dataclass(frozen=True)
+class ClsRun:
+    name: str
+    model: Dict[str, Any]
+    shape: Dict[str, Any]
+    recipe: Dict[str, Any]
+    seeds: List[int]
+    paths: RunPaths
+
+
+def cls_run(params: Dict[str, Any], name: str) -> ClsRun:
+    run = _run(params, "cls", name)
+    return ClsRun(name, section(params, "models")[run["model"]], dict(section(params, "cls_shape") or {}),
+                  section(params, "cls_recipe"), list(run["seeds"]), run_paths("cls", name))
+
+
+@dataclass(frozen=True)
+class GenRun:
+    name: str
+    model: Dict[str, Any]
+    objective: str
+    shape: Dict[str, Any]
+    recipe: Dict[str, Any]
+    sampling: Dict[str, Any]
+    seeds: List[int]
+    paths: RunPaths
+
+
+OBJECTIVES = ("ddpm", "flow")
+
+
+def gen_run(params: Dict[str, Any], name: str) -> GenRun:
+    run = _run(params, "gen", name)
+    if run.get("objective") not in OBJECTIVES:
+        raise ValueError(f"run {name!r} has objective {run.get('objective')!r}; choose one of {', '.join(OBJECTIVES)}.")
+    return GenRun(name, section(params, "models")[run["model"]], run["objective"],
+                  dict(section(params, "gen_shape") or {}), section(params, "gen_recipe"),
+                  section(params, "sampling"), list(run["seeds"]), run_paths("gen", name))

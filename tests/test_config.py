@@ -1,0 +1,83 @@
+"""params.yaml is the composition of conf/; the scale switch changes only what a scale needs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vcarepro.config import compose, write_params
+from vcarepro.pipeline import cls_run, gen_run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    return compose([])
+
+
+@pytest.fixture(scope="module")
+def paper():
+    return compose(["scale=paper"])
+
+
+def test_committed_params_yaml_is_the_default_composition(tmp_path, embedded):
+    assert yaml.safe_load((ROOT / "params.yaml").read_text()) == embedded
+    write_params([], out=tmp_path / "params.yaml")  # DVC's own dumper, as `dvc exp run` uses
+    assert (tmp_path / "params.yaml").read_text() == (ROOT / "params.yaml").read_text()
+
+
+def test_default_scale_is_embedded_and_paper_is_one_override_away(embedded, paper):
+    assert embedded["scale"] == "embedded" and paper["scale"] == "paper"
+    assert embedded["prepare_cls"]["source"] == "digits" and paper["prepare_cls"]["source"] == "imagenet"
+    assert paper["cls_shape"] == {} and paper["gen_shape"] == {}
+
+
+def test_paper_scale_carries_the_deit_and_dit_recipes(paper):
+    r = paper["cls_recipe"]
+    assert (r["epochs"], r["batch_size"], r["lr"], r["weight_decay"]) == (300, 1024, 5e-4, 0.05)
+    assert (r["warmup_epochs"], r["warmup_lr"], r["min_lr"], r["drop_path"]) == (5, 1e-6, 1e-5, 0.1)
+    assert r["auto_augment"] == "rand-m9-mstd0.5-inc1" and r["reprob"] == 0.25 and r["smoothing"] == 0.1
+    assert (r["mixup"], r["cutmix"], r["mixup_switch_prob"], r["ema_decay"]) == (0.8, 1.0, 0.5, 0.99996)
+    g = paper["gen_recipe"]
+    assert (g["steps"], g["batch_size"], g["lr"], g["weight_decay"], g["ema_decay"]) == (400000, 256, 1e-4, 0.0, 0.9999)
+    s = paper["sampling"]
+    assert (s["num_samples"], s["ddpm_steps"], s["flow_steps"], s["cfg_scale"]) == (50000, 250, 250, 1.0)
+
+
+def test_both_scales_run_the_same_matrix(embedded, paper):
+    assert list(embedded["cls_runs"]) == list(paper["cls_runs"])
+    assert list(embedded["gen_runs"]) == list(paper["gen_runs"])
+    for runs in (embedded["cls_runs"], embedded["gen_runs"]):
+        for name, run in runs.items():
+            assert run["model"] in embedded["models"], name
+
+
+def test_matrix_holds_every_ablation_row_and_two_seeds_for_headline_pairs(embedded):
+    cls_variants = {tuple(sorted((embedded["models"][r["model"]].get("vca") or {}).items()))
+                    for r in embedded["cls_runs"].values()}
+    assert (("stage1", "diff"), ("stage2", "diff")) in cls_variants
+    assert (("stage2", "diff"),) in cls_variants and (("stage1", "diff"),) in cls_variants
+    assert (("tokens_neg", "emb"), ("tokens_pos", "emb")) in cls_variants and (("tokens_pos", "pool"),) in cls_variants
+    for name in ("deit_tiny-mhsa", "deit_tiny-vca"):
+        assert len(embedded["cls_runs"][name]["seeds"]) >= 2
+    for name in ("dit_s2-mhsa", "dit_s2-vca"):
+        assert len(embedded["gen_runs"][name]["seeds"]) >= 2
+    objectives = {r["objective"] for r in embedded["gen_runs"].values()}
+    assert objectives == {"ddpm", "flow"}
+
+
+def test_run_resolution_and_its_errors(embedded):
+    run = cls_run(embedded, "deit_tiny-vca-stage1_only")
+    assert run.model == {"arch": "deit_tiny", "attention": "vca", "vca": {"stage2": "diff"}}
+    assert run.shape == embedded["cls_shape"] and run.paths.metrics.as_posix() == "runs/cls/deit_tiny-vca-stage1_only/metrics.json"
+    assert gen_run(embedded, "sit_s2-vca").objective == "flow"
+    with pytest.raises(KeyError, match="no run 'deit_huge' under cls_runs"):
+        cls_run(embedded, "deit_huge")
+    broken = {**embedded, "gen_runs": {"x": {"model": "dit_s2-mhsa", "objective": "gan", "seeds": [0]}}}
+    with pytest.raises(ValueError, match="objective 'gan'"):
+        gen_run(broken, "x")
+    no_seeds = {**embedded, "cls_runs": {"x": {"model": "deit_tiny-mhsa", "seeds": []}}}
+    with pytest.raises(ValueError, match="distinct integer seeds"):
+        cls_run(no_seeds, "x")

@@ -1,0 +1,114 @@
+"""The prepared classification layout and its sources (embedded digits, ImageNet class folders)."""
+from __future__ import annotations
+
+import csv
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+from PIL import Image
+from sklearn.datasets import load_digits
+
+from vcarepro.data.embedded import export_digits
+from vcarepro.data.folders import ManifestDataset, read_classes, read_manifest
+from vcarepro.data.imagenet import index_imagenet_folders
+from vcarepro.data.pixels import load_split_pixels
+
+
+@pytest.fixture(scope="module")
+def digits_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("prepared") / "cls"
+    counts = export_digits(root, val_fraction=0.2, seed=0)
+    return root, counts
+
+
+def test_digits_export_is_a_stratified_split_of_all_1797_images(digits_root):
+    root, counts = digits_root
+    assert counts == {"train": 1437, "val": 360, "classes": 10}
+    train, val = read_manifest(root, "train"), read_manifest(root, "val")
+    assert len(train) + len(val) == 1797
+    per_class_val = Counter(label for _, label in val)
+    per_class_all = Counter(load_digits().target.tolist())
+    for c in range(10):  # each class keeps its share within one image
+        assert abs(per_class_val[c] - 0.2 * per_class_all[c]) <= 1
+    assert not {p for p, _ in train} & {p for p, _ in val}
+
+
+def test_digits_images_decode_to_the_original_pixels(digits_root):
+    root, _ = digits_root
+    digits = load_digits()
+    rel, label = read_manifest(root, "val")[0]
+    index = int(rel.rsplit("/", 1)[1].split(".")[0])
+    with Image.open(root / rel) as img:
+        assert img.size == (8, 8) and img.mode == "L"
+        pixels = np.asarray(img)
+    np.testing.assert_array_equal(pixels, np.rint(digits.images[index] * 255 / 16).astype(np.uint8))
+    assert label == digits.target[index]
+    assert rel.startswith(f"val/digit_{label}/")
+
+
+def test_manifest_and_class_index_describe_the_files(digits_root):
+    root, _ = digits_root
+    with (root / "manifest.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert all((root / r["path"]).is_file() for r in rows)
+    classes = json.loads((root / "classes.json").read_text())
+    assert [c["index"] for c in classes] == list(range(10))
+    assert read_classes(root)[3].wnid == "digit_3"
+    assert not list(root.parent.glob(".cls.*"))  # no temporary directory left behind
+
+
+def test_manifest_dataset_yields_rgb_images_with_labels(digits_root):
+    root, _ = digits_root
+    ds = ManifestDataset(root, "train", transform=lambda img: (img.mode, img.size))
+    assert len(ds) == 1437 and len(ds.targets) == 1437
+    (mode, size), label = ds[0]
+    assert mode == "RGB" and size == (8, 8) and 0 <= label < 10
+
+
+def test_pixels_for_generation_keep_one_channel_and_map_to_minus_one_one(digits_root):
+    root, _ = digits_root
+    data = load_split_pixels(root, "train", 16)
+    assert data["images"].shape == (1437, 1, 16, 16) and data["images"].dtype.is_floating_point is False
+    assert data["inputs"].min() >= -1 and data["inputs"].max() <= 1
+    assert data["inputs"].max() > 0.9  # ink reaches full intensity
+    assert int(data["num_classes"]) == 10 and data["labels"].shape == (1437,)
+
+
+def test_bad_inputs_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        export_digits(tmp_path / "x", val_fraction=1.5)
+    with pytest.raises(FileNotFoundError, match="run the prepare_cls stage"):
+        read_manifest(tmp_path, "train")
+    with pytest.raises(ValueError, match="unknown split 'test'"):
+        read_manifest(tmp_path, "test")
+
+
+def _fake_imagenet(root, wnids, per_class=2, val_wnids=None):
+    for split, names in (("train", wnids), ("val", val_wnids or wnids)):
+        for wnid in names:
+            (root / split / wnid).mkdir(parents=True)
+            for i in range(per_class):
+                Image.new("RGB", (12, 10), (i * 40, 10, 200)).save(root / split / wnid / f"{wnid}_{i}.JPEG")
+
+
+def test_imagenet_class_folders_are_indexed_in_place(tmp_path):
+    src = tmp_path / "imagenet"
+    _fake_imagenet(src, ["n01440764", "n01443537", "n01484850"])
+    counts = index_imagenet_folders(src, tmp_path / "cls")
+    assert counts == {"train": 6, "val": 6, "classes": 3}
+    ds = ManifestDataset(tmp_path / "cls", "val")
+    img, label = ds[5]
+    assert img.size == (12, 10) and label == 2
+    assert [c.wnid for c in read_classes(tmp_path / "cls")] == ["n01440764", "n01443537", "n01484850"]
+
+
+def test_imagenet_errors_name_what_was_expected_where(tmp_path):
+    with pytest.raises(FileNotFoundError, match="expected ImageNet class folders at"):
+        index_imagenet_folders(tmp_path / "nowhere", tmp_path / "cls")
+    src = tmp_path / "imagenet"
+    _fake_imagenet(src, ["n1", "n2"], val_wnids=["n1"])
+    with pytest.raises(ValueError, match="hold different class folders"):
+        index_imagenet_folders(src, tmp_path / "cls")
+    assert not (tmp_path / "cls").exists()
