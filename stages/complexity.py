@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 from vcarepro.config import load_params, section
-from vcarepro.metrics.complexity import classifier_complexity
+from vcarepro.io import write_json
+from vcarepro.metrics.complexity import model_complexity
 
 
 def main() -> None:
@@ -19,18 +18,10 @@ def main() -> None:
     settings = section(params, "complexity")
     results = {}
     for name, spec in section(params, "models").items():
-        results[name] = classifier_complexity(
-            spec["arch"], spec["attention"], spec.get("vca"),
-            img_size=settings["img_size"], num_classes=settings["num_classes"],
-            throughput_batch=settings["throughput_batch"],
-        )
+        results[name] = model_complexity(spec, settings)
         print(f"{name:32s} " + "  ".join(f"{k}={v:.3f}" for k, v in results[name].items()), flush=True)
 
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(results, f, indent=2)
-    os.replace(tmp, args.out)  # atomic: a killed stage leaves no finished-looking file
+    write_json(args.out, results)  # atomic: a killed stage leaves no finished-looking file
 
 
 if __name__ == "__main__":

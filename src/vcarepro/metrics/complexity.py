@@ -95,3 +95,46 @@ def classifier_complexity(arch: str, attention: str, options: Optional[dict] = N
     if throughput_batch > 0:
         figures["throughput_img_s"] = throughput(model, (throughput_batch, 3, img_size, img_size))
     return figures
+
+
+def generator_complexity(arch: str, attention: str, options: Optional[dict] = None, *, latent_size: int = 32,
+                         latent_channels: int = 4, num_classes: int = 1000,
+                         throughput_batch: int = 0) -> Dict[str, float]:
+    """Parameters (M), GMACs of one denoiser call and, if asked, samples/s of that call, for a DiT/SiT backbone."""
+    from ..models.dit import create_dit
+
+    model = create_dit(arch, attention, input_size=latent_size, in_channels=latent_channels,
+                       num_classes=num_classes, **({"vca_options": options} if attention == "vca" else {}))
+    model.eval()
+
+    def call(batch: int):
+        x = torch.zeros(batch, latent_channels, latent_size, latent_size)
+        t = torch.full((batch,), 500, dtype=torch.long)
+        y = torch.zeros(batch, dtype=torch.long)
+        return lambda: model(x, t, y)
+
+    with torch.no_grad():
+        # trainable parameters: DiT keeps its fixed sin-cos pos_embed as a frozen Parameter, which
+        # the DiT paper's 32.87M (S/2) / 130.3M (B/2) do not count
+        figures = {"params_m": count_parameters(model, trainable_only=True) / 1e6,
+                   "gmacs": count_flops(call(1)).macs / 1e9}
+        if throughput_batch > 0:
+            fn = call(throughput_batch)
+            fn()
+            start = time.perf_counter()
+            for _ in range(3):
+                fn()
+            figures["throughput_img_s"] = 3 * throughput_batch / (time.perf_counter() - start)
+    return figures
+
+
+def model_complexity(spec: Dict[str, object], settings: Dict[str, object]) -> Dict[str, float]:
+    """Complexity of a params.yaml model spec at the paper's shape given by ``settings`` (params ``complexity``)."""
+    arch, attention, options = spec["arch"], spec["attention"], spec.get("vca") or None
+    if str(arch).startswith("dit_"):
+        return generator_complexity(arch, attention, options, latent_size=settings["gen_latent_size"],
+                                    latent_channels=settings["gen_latent_channels"],
+                                    num_classes=settings["gen_num_classes"],
+                                    throughput_batch=settings["throughput_batch"])
+    return classifier_complexity(arch, attention, options, img_size=settings["cls_img_size"],
+                                 num_classes=settings["cls_num_classes"], throughput_batch=settings["throughput_batch"])

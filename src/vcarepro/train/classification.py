@@ -1,0 +1,232 @@
+"""Image classification with the DeiT recipe, built from timm's pieces.
+
+timm provides the transforms (RandAugment, colour jitter, random erasing), Mixup /
+CutMix, the losses, AdamW, the cosine schedule with warm-up, the EMA and the
+repeated-augmentation sampler; this module only wires them to the prepared
+layout, the params and the logs.
+"""
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import torch
+import torch.nn as nn
+from safetensors.torch import load_file, save_file
+from timm.data import Mixup, create_transform
+from timm.data.distributed_sampler import RepeatAugSampler
+from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.utils import ModelEmaV3
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+from ..data.folders import ManifestDataset, read_classes
+from ..models import create_classifier
+from .checkpoint import load_checkpoint, rng_state, save_checkpoint, seed_everything, set_rng_state
+from .distributed import DistInfo, all_reduce_mean
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+@dataclass
+class ClassifierSpec:
+    """What to build: a model spec from params ``models`` plus the scale's shape overrides."""
+
+    arch: str
+    attention: str
+    vca: Dict[str, Any]
+    shape: Dict[str, Any]
+
+    def create(self, num_classes: int, drop_path: float = 0.0) -> nn.Module:
+        shape = dict(self.shape)
+        contrast_tokens = shape.pop("contrast_tokens", None)
+        options = dict(self.vca or {}) if self.attention == "vca" else {}
+        if contrast_tokens is not None and self.attention == "vca":
+            options["contrast_tokens"] = contrast_tokens
+        return create_classifier(self.arch, self.attention, num_classes=num_classes,
+                                 drop_path_rate=drop_path, **shape, **options)
+
+
+def build_transforms(recipe: Dict[str, Any], training: bool):
+    kw = dict(input_size=recipe["img_size"], interpolation=recipe["interpolation"])
+    if not training:
+        return create_transform(**kw, is_training=False, crop_pct=recipe["crop_pct"])
+    return create_transform(
+        **kw, is_training=True, scale=tuple(recipe["scale"]), hflip=recipe["hflip"],
+        color_jitter=recipe["color_jitter"] or None, auto_augment=recipe["auto_augment"],
+        re_prob=recipe["reprob"], re_mode="pixel", re_count=1,
+    )
+
+
+def make_loader(dataset, recipe: Dict[str, Any], info: DistInfo, training: bool, seed: int) -> DataLoader:
+    per_rank = recipe["batch_size"] // (info.world_size * recipe["accum_steps"])
+    if per_rank < 1:
+        raise ValueError(f"batch_size={recipe['batch_size']} is smaller than world size x accum_steps; raise it.")
+    sampler = None
+    if info.distributed:
+        if training and recipe["repeated_aug"]:
+            sampler = RepeatAugSampler(dataset, num_replicas=info.world_size, rank=info.rank, shuffle=True,
+                                       num_repeats=3)
+        else:
+            sampler = DistributedSampler(dataset, num_replicas=info.world_size, rank=info.rank,
+                                         shuffle=training, seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    workers = recipe["workers"]
+    return DataLoader(dataset, batch_size=per_rank, shuffle=training and sampler is None, sampler=sampler,
+                      num_workers=workers, pin_memory=info.device.type == "cuda", drop_last=training,
+                      persistent_workers=workers > 0, generator=generator)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: DataLoader, device: torch.device) -> Dict[str, float]:
+    """Top-1 / top-5 accuracy (%) and mean cross-entropy over the loader."""
+    model.eval()
+    correct1 = correct5 = total = 0
+    loss_sum = 0.0
+    for images, targets in loader:
+        images, targets = images.to(device), targets.to(device)
+        logits = model(images)
+        loss_sum += nn.functional.cross_entropy(logits, targets, reduction="sum").item()
+        top = logits.topk(min(5, logits.shape[1]), dim=1).indices
+        correct1 += (top[:, 0] == targets).sum().item()
+        correct5 += (top == targets[:, None]).any(dim=1).sum().item()
+        total += targets.numel()
+    return {"top1": 100.0 * correct1 / total, "top5": 100.0 * correct5 / total, "loss": loss_sum / total}
+
+
+def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root: str | Path, seed: int,
+                     out_dir: str | Path, ckpt_dir: str | Path, info: DistInfo, live=None,
+                     max_steps: Optional[int] = None, fingerprint: str = "",
+                     log_prefix: str = "") -> Dict[str, float]:
+    """Train one seed; rank 0 writes ``out_dir/model.safetensors`` and returns the final figures.
+
+    ``ckpt_dir/last.pt`` is written after every epoch and resumed from when present and
+    made with the same ``fingerprint`` (a hash of everything that defines the run).
+    ``max_steps`` stops early (tests only).
+    """
+    seed_everything(seed + info.rank)
+    device = info.device
+    classes = read_classes(data_root)
+    train_set = ManifestDataset(data_root, "train", build_transforms(recipe, training=True))
+    val_set = ManifestDataset(data_root, "val", build_transforms(recipe, training=False))
+    train_loader = make_loader(train_set, recipe, info, training=True, seed=seed)
+    val_loader = make_loader(val_set, recipe, info, training=False, seed=seed)
+
+    torch.manual_seed(seed)  # identical initial weights on every rank
+    model = spec.create(num_classes=len(classes), drop_path=recipe["drop_path"]).to(device)
+    ema = ModelEmaV3(model, decay=recipe["ema_decay"]) if recipe["ema_decay"] > 0 else None
+    accum = recipe["accum_steps"]
+    lr = recipe["lr"] * recipe["batch_size"] / 512.0  # DeiT's linear scaling rule
+    optimizer = create_optimizer_v2(model, opt=recipe["opt"], lr=lr, weight_decay=recipe["weight_decay"])
+    updates_per_epoch = max(1, len(train_loader) // accum)
+    scheduler, _ = create_scheduler_v2(optimizer, sched=recipe["sched"], num_epochs=recipe["epochs"],
+                                       warmup_epochs=recipe["warmup_epochs"], warmup_lr=recipe["warmup_lr"],
+                                       min_lr=recipe["min_lr"], step_on_epochs=False,
+                                       updates_per_epoch=updates_per_epoch)
+    mixup_active = recipe["mixup"] > 0 or recipe["cutmix"] > 0
+    mixup = Mixup(mixup_alpha=recipe["mixup"], cutmix_alpha=recipe["cutmix"], switch_prob=recipe["mixup_switch_prob"],
+                  label_smoothing=recipe["smoothing"], num_classes=len(classes)) if mixup_active else None
+    if mixup_active:
+        criterion = SoftTargetCrossEntropy()
+    elif recipe["smoothing"] > 0:
+        criterion = LabelSmoothingCrossEntropy(smoothing=recipe["smoothing"])
+    else:
+        criterion = nn.CrossEntropyLoss()
+
+    start_epoch = 0
+    state = load_checkpoint(Path(ckpt_dir) / "last.pt")
+    if state is not None and state.get("fingerprint") != fingerprint:
+        state = None  # a checkpoint of other settings: start afresh
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        if ema is not None:
+            ema.load_state_dict(state["ema"])
+        start_epoch = state["epoch"]
+        set_rng_state(state["rng"])
+        generator_state = state["loader_rng"]
+        train_loader.generator.set_state(generator_state)
+
+    ddp = DistributedDataParallel(model) if info.distributed else model
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    step = start_epoch * updates_per_epoch
+    started = time.perf_counter()
+    figures: Dict[str, float] = {}
+    for epoch in range(start_epoch, recipe["epochs"]):
+        if isinstance(train_loader.sampler, (DistributedSampler, RepeatAugSampler)):
+            train_loader.sampler.set_epoch(epoch)
+        ddp.train()
+        loss_sum, batches = 0.0, 0
+        optimizer.zero_grad(set_to_none=True)
+        for i, (images, targets) in enumerate(train_loader):
+            images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+            if mixup is not None:
+                images, targets = mixup(images, targets)
+            with autocast:
+                loss = criterion(ddp(images), targets)
+            if not math.isfinite(loss.item()):
+                raise NonFiniteLossError(
+                    f"the training loss became {loss.item()} at epoch {epoch}, batch {i}; lower the learning rate "
+                    f"or check the data. The last good checkpoint is {Path(ckpt_dir) / 'last.pt'}.")
+            (loss / accum).backward()
+            loss_sum += loss.item()
+            batches += 1
+            if (i + 1) % accum == 0:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                scheduler.step_update(num_updates=step)
+                if ema is not None:
+                    ema.update(model, step=step)
+            if max_steps is not None and step >= max_steps:
+                break
+        scheduler.step(epoch + 1)
+        train_loss = all_reduce_mean(loss_sum / max(batches, 1), info)
+        figures = {"epoch": epoch + 1, "train_loss": train_loss, "train_lr": optimizer.param_groups[0]["lr"]}
+        last = epoch + 1 == recipe["epochs"] or (max_steps is not None and step >= max_steps)
+        if (epoch + 1) % recipe["eval_every"] == 0 or last:
+            val = evaluate(model, val_loader, device)
+            figures.update({f"val_{k}": all_reduce_mean(v, info) for k, v in val.items()})
+        if live is not None and info.is_main:
+            live.step = epoch + 1
+            for name, value in figures.items():
+                if name != "epoch":
+                    live.log_metric(f"{log_prefix}{name.replace('_', '/', 1)}", value)
+        if info.is_main:
+            save_checkpoint(Path(ckpt_dir) / "last.pt", {
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "ema": ema.state_dict() if ema is not None else {},
+                "epoch": epoch + 1, "rng": rng_state(), "loader_rng": train_loader.generator.get_state(),
+                "fingerprint": fingerprint,
+            })
+        if max_steps is not None and step >= max_steps:
+            break
+
+    figures["train_seconds"] = time.perf_counter() - started
+    figures["world_size"] = info.world_size
+    if info.is_main:
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        save_file(_contiguous(model.state_dict()), str(out_dir / "model.safetensors"))
+        if ema is not None:
+            save_file(_contiguous(ema.module.state_dict()), str(out_dir / "model_ema.safetensors"))
+    return figures
+
+
+def load_classifier(spec: ClassifierSpec, weights: str | Path, num_classes: int) -> nn.Module:
+    model = spec.create(num_classes=num_classes)
+    model.load_state_dict(load_file(str(weights)))
+    return model.eval()
+
+
+def _contiguous(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    return {k: v.detach().contiguous().cpu() for k, v in state.items()}

@@ -1,0 +1,181 @@
+"""Class-conditional generation training: DiT (DDPM) and SiT (flow) share this loop.
+
+DiT's train.py recipe: AdamW (no weight decay), constant learning rate, EMA of the
+weights updated every step (initialised to the model), horizontal flips, label
+dropout for classifier-free guidance inside the model. The objective is the only
+difference between DiT and SiT.
+"""
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import torch
+import torch.nn as nn
+from safetensors.torch import load_file, save_file
+from timm.utils import ModelEmaV3
+from torch.nn.parallel import DistributedDataParallel
+
+from ..models.dit import create_dit
+from .checkpoint import load_checkpoint, rng_state, save_checkpoint, seed_everything, set_rng_state
+from .classification import NonFiniteLossError
+from .diffusion import GaussianDiffusion
+from .distributed import DistInfo, all_reduce_mean
+from .flow import FlowMatching
+
+
+@dataclass
+class GeneratorSpec:
+    arch: str
+    attention: str
+    vca: Dict[str, Any]
+    shape: Dict[str, Any]
+
+    def create(self, *, learn_sigma: bool = True, class_dropout_prob: float = 0.1) -> nn.Module:
+        shape = dict(self.shape)
+        contrast_tokens = shape.pop("contrast_tokens", None)
+        options = dict(self.vca or {}) if self.attention == "vca" else None
+        if options is not None and contrast_tokens is not None:
+            options["contrast_tokens"] = contrast_tokens
+        kwargs = dict(shape, learn_sigma=learn_sigma, class_dropout_prob=class_dropout_prob)
+        if options is not None:
+            kwargs["vca_options"] = options
+        return create_dit(self.arch, self.attention, **kwargs)
+
+
+def make_objective(objective: str):
+    if objective == "ddpm":
+        return GaussianDiffusion()
+    if objective == "flow":
+        return FlowMatching(path="linear")
+    raise ValueError(f"unknown objective {objective!r}; choose 'ddpm' (DiT) or 'flow' (SiT).")
+
+
+def load_training_set(path: str | Path) -> Dict[str, torch.Tensor]:
+    """``data/gen/train.safetensors``: ``inputs`` float (N, C, H, W) in model space, ``labels`` int64."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; run the prepare_gen stage (dvc repro prepare_gen) first.")
+    data = load_file(str(path))
+    return {"inputs": data["inputs"].float(), "labels": data["labels"].long()}
+
+
+def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, Any], data_path: str | Path,
+                    seed: int, out_dir: str | Path, ckpt_dir: str | Path, info: DistInfo, live=None,
+                    max_steps: Optional[int] = None, fingerprint: str = "",
+                    log_prefix: str = "") -> Dict[str, float]:
+    """Train one seed for ``recipe['steps']`` steps; rank 0 writes the EMA and raw weights."""
+    device = info.device
+    data = load_training_set(data_path)
+    inputs, labels = data["inputs"], data["labels"]
+    n = len(labels)
+    per_rank = recipe["batch_size"] // info.world_size
+    if per_rank < 1 or per_rank > n:
+        raise ValueError(f"gen_recipe.batch_size={recipe['batch_size']} does not fit {info.world_size} process(es) "
+                         f"and {n} training examples; choose a batch between world size and the dataset size.")
+
+    torch.manual_seed(seed)  # identical initial weights on every rank
+    model = spec.create(learn_sigma=recipe["learn_sigma"], class_dropout_prob=recipe["class_dropout_prob"]).to(device)
+    ema = ModelEmaV3(model, decay=recipe["ema_decay"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=recipe["weight_decay"])
+    loss_fn = make_objective(objective)
+    seed_everything(seed * 1000 + info.rank)  # data order, flips, noise and t differ per rank
+    generator = torch.Generator().manual_seed(seed * 1000 + info.rank)
+
+    step = 0
+    state = load_checkpoint(Path(ckpt_dir) / "last.pt")
+    if state is not None and state.get("fingerprint") == fingerprint:
+        model.load_state_dict(state["model"])
+        ema.load_state_dict(state["ema"])
+        optimizer.load_state_dict(state["optimizer"])
+        step = state["step"]
+        set_rng_state(state["rng"])
+        generator.set_state(state["generator"])
+
+    ddp = DistributedDataParallel(model) if info.distributed else model
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    total = recipe["steps"] if max_steps is None else min(recipe["steps"], max_steps)
+    started = time.perf_counter()
+    running, count = 0.0, 0
+    ddp.train()
+    while step < total:
+        idx = torch.randint(0, n, (per_rank,), generator=generator)
+        x, y = inputs[idx].to(device), labels[idx].to(device)
+        if recipe["hflip"]:
+            flip = torch.rand(per_rank, generator=generator) < 0.5
+            x = torch.where(flip.to(device)[:, None, None, None], x.flip(-1), x)
+        with autocast:
+            loss = loss_fn.training_losses(ddp, x, y)["loss"]
+        if not math.isfinite(loss.item()):
+            raise NonFiniteLossError(
+                f"the training loss became {loss.item()} at step {step}; lower the learning rate or check the "
+                f"data. The last good checkpoint is {Path(ckpt_dir) / 'last.pt'}.")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        ema.update(model, step=step)
+        step += 1
+        running += loss.item()
+        count += 1
+        if step % recipe["log_every"] == 0 or step == total:
+            mean_loss = all_reduce_mean(running / count, info)
+            running, count = 0.0, 0
+            if live is not None and info.is_main:
+                live.step = step
+                live.log_metric(f"{log_prefix}train/loss", mean_loss)
+                live.log_metric(f"{log_prefix}train/lr", optimizer.param_groups[0]["lr"])
+        if info.is_main and (step % recipe["ckpt_every"] == 0 or step == total):
+            save_checkpoint(Path(ckpt_dir) / "last.pt", {
+                "model": model.state_dict(), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
+                "step": step, "rng": rng_state(), "generator": generator.get_state(), "fingerprint": fingerprint,
+            })
+
+    figures = {"steps": float(step), "train_seconds": time.perf_counter() - started, "world_size": info.world_size}
+    if info.is_main:
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().contiguous().cpu() for k, v in ema.module.state_dict().items()},
+                  str(out_dir / "model_ema.safetensors"))
+    return figures
+
+
+def load_generator(spec: GeneratorSpec, weights: str | Path, recipe: Dict[str, Any]) -> nn.Module:
+    model = spec.create(learn_sigma=recipe["learn_sigma"], class_dropout_prob=recipe["class_dropout_prob"])
+    model.load_state_dict(load_file(str(weights)))
+    return model.eval()
+
+
+@torch.no_grad()
+def generate(model: nn.Module, objective: str, sampling: Dict[str, Any], *, num_samples: int, num_classes: int,
+             input_shape, seed: int, device: torch.device) -> Dict[str, torch.Tensor]:
+    """Class-balanced samples (labels 0, 1, ..., num_classes-1, 0, ...) in model space, deterministic in ``seed``."""
+    model = model.to(device).eval()
+    sampler = make_objective(objective)
+    labels = torch.arange(num_samples) % num_classes
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    out = []
+    for start in range(0, num_samples, sampling["batch_size"]):
+        y = labels[start:start + sampling["batch_size"]].to(device)
+        noise = torch.randn((len(y), *input_shape), generator=generator).to(device)
+        if objective == "ddpm":
+            x = sampler.sample(model, noise, y, num_steps=sampling["ddpm_steps"], cfg_scale=sampling["cfg_scale"],
+                               generator=generator)
+        elif sampling["flow_sampler"] == "sde":
+            x = sampler.sample_sde(model, noise, y, num_steps=sampling["flow_steps"], cfg_scale=sampling["cfg_scale"],
+                                   generator=generator)
+        elif sampling["flow_sampler"] == "ode":
+            x = sampler.sample_ode(model, noise, y, num_steps=sampling["flow_steps"], method="heun",
+                                   cfg_scale=sampling["cfg_scale"])
+        else:
+            raise ValueError(f"sampling.flow_sampler={sampling['flow_sampler']!r} is unknown; use 'sde' or 'ode'.")
+        out.append(x.float().cpu())
+    return {"samples": torch.cat(out), "labels": labels}
+
+
+def pixels_to_uint8(x: torch.Tensor) -> torch.Tensor:
+    """Model-space pixels in [-1, 1] to uint8 images."""
+    return ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)

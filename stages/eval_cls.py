@@ -1,0 +1,38 @@
+"""DVC stage `eval_cls@RUN`: validation top-1 / top-5 of every seed of a run, aggregated."""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from vcarepro.config import load_params
+from vcarepro.data.folders import ManifestDataset, read_classes
+from vcarepro.io import write_json
+from vcarepro.metrics.aggregate import aggregate_seeds
+from vcarepro.pipeline import CLS_DATA, cls_run
+from vcarepro.train.classification import ClassifierSpec, build_transforms, evaluate, load_classifier
+from vcarepro.train.distributed import DistInfo
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--run", required=True)
+    args = parser.parse_args()
+    run = cls_run(load_params(), args.run)
+    spec = ClassifierSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, run.shape)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    val = ManifestDataset(CLS_DATA, "val", build_transforms(run.recipe, training=False))
+    loader = torch.utils.data.DataLoader(val, batch_size=256, num_workers=run.recipe["workers"])
+    num_classes = len(read_classes(CLS_DATA))
+    per_seed = {}
+    for seed in run.seeds:
+        model = load_classifier(spec, run.paths.seed_dir(seed) / "model.safetensors", num_classes).to(device)
+        per_seed[seed] = evaluate(model, loader, device)
+        print(f"eval_cls {args.run} seed {seed}: top1={per_seed[seed]['top1']:.2f}")
+    metrics = aggregate_seeds(per_seed, ["top1", "top5", "loss"])
+    metrics["params_m"] = sum(p.numel() for p in model.parameters()) / 1e6
+    write_json(run.paths.metrics, metrics)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+"""DVC stage `prepare_cls`: the classification dataset in the shared layout (data/cls)."""
+from __future__ import annotations
+
+from vcarepro.config import load_params, section
+from vcarepro.data.embedded import export_digits
+from vcarepro.data.imagenet import index_imagenet_folders
+from vcarepro.pipeline import CLS_DATA
+
+
+def main() -> None:
+    p = section(load_params(), "prepare_cls")
+    if p["source"] == "digits":
+        counts = export_digits(CLS_DATA, val_fraction=p["val_fraction"], seed=p["split_seed"])
+    elif p["source"] == "imagenet":
+        counts = index_imagenet_folders(p["imagenet_root"], CLS_DATA)
+    else:
+        raise SystemExit(f"prepare_cls.source={p['source']!r} is unknown; use 'digits' or 'imagenet'.")
+    print(f"prepare_cls: {counts['train']} train / {counts['val']} val images, {counts['classes']} classes -> {CLS_DATA}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""DVC stage `train_cls@RUN`: train every seed of one classification run (launched by vcarepro.launch)."""
+from __future__ import annotations
+
+import argparse
+
+from dvclive import Live
+
+from vcarepro.config import load_params
+from vcarepro.pipeline import CLS_DATA, cls_run, fingerprint
+from vcarepro.train.classification import ClassifierSpec, train_classifier
+from vcarepro.train.distributed import barrier, init_distributed, shutdown
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--run", required=True)
+    parser.add_argument("--max-steps", type=int, default=None, help="stop early (tests only)")
+    args = parser.parse_args()
+    run = cls_run(load_params(), args.run)
+    spec = ClassifierSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, run.shape)
+    info = init_distributed()
+    # one dvclive log per run, one metric family per seed (seed_0/train/loss, ...); rank 0 only
+    live = Live(str(run.paths.live_dir), dvcyaml=False, save_dvc_exp=False) if info.is_main else None
+    try:
+        for seed in run.seeds:
+            figures = train_classifier(
+                spec=spec, recipe=run.recipe, data_root=CLS_DATA, seed=seed, out_dir=run.paths.seed_dir(seed),
+                ckpt_dir=run.paths.ckpt_dir(seed), info=info, live=live, max_steps=args.max_steps,
+                fingerprint=fingerprint(run.model, run.shape, run.recipe, seed, args.max_steps),
+                log_prefix=f"seed_{seed}/",
+            )
+            if live is not None:
+                live.summary[f"seed_{seed}"] = figures
+                print(f"train_cls {args.run} seed {seed}: " + ", ".join(f"{k}={v:.4g}" for k, v in figures.items()))
+            barrier(info)
+        if live is not None:
+            live.end()
+    finally:
+        shutdown(info)
+
+
+if __name__ == "__main__":
+    main()
