@@ -1,0 +1,1 @@
+"""The reproduction report: reads only files (params, metrics, logs, samples, the paper's numbers)."""
