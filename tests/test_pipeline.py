@@ -1,0 +1,128 @@
+"""The real `dvc repro`, end to end, on a micro configuration in a temporary git repository."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vcarepro.config import compose
+
+ROOT = Path(__file__).resolve().parents[1]
+CLS_RUNS = ["deit_tiny-mhsa", "deit_tiny-vca"]
+GEN_RUNS = ["dit_s2-vca", "sit_s2-mhsa"]
+
+
+def micro_params() -> dict:
+    """The embedded scale, shrunk to seconds: two runs per branch, a handful of steps."""
+    p = compose([])
+    p["cls_runs"] = {k: {**p["cls_runs"][k], "seeds": [0]} for k in CLS_RUNS}
+    p["gen_runs"] = {k: {**p["gen_runs"][k], "seeds": [0]} for k in GEN_RUNS}
+    used = {r["model"] for r in [*p["cls_runs"].values(), *p["gen_runs"].values()]}
+    p["models"] = {k: v for k, v in p["models"].items() if k in used}
+    p["complexity"]["throughput_batch"] = 0  # FLOPs stay at paper shape, they are cheap
+    p["cls_shape"].update(depth=1, embed_dim=32)
+    p["cls_recipe"].update(epochs=1, batch_size=256)
+    p["gen_shape"].update(depth=1, hidden_size=32)
+    p["gen_recipe"].update(steps=4, log_every=2, ckpt_every=2)
+    p["sampling"].update(num_samples=70, batch_size=70, ddpm_steps=3, flow_steps=3)
+    p["prepare_gen"]["extractor_epochs"] = 1
+    return p
+
+
+def sh(cmd, cwd, check=True):
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    result = subprocess.run(cmd, cwd=cwd, shell=True, capture_output=True, text=True, env=env)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+def stage_names(params: dict) -> set:
+    names = {"prepare_cls", "prepare_gen", "complexity", "report"}
+    names |= {f"{s}@{r}" for s in ("train_cls", "eval_cls") for r in params["cls_runs"]}
+    names |= {f"{s}@{r}" for s in ("train_gen", "sample_gen", "eval_gen") for r in params["gen_runs"]}
+    return names
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("pipeline") / "repo"
+    tracked = sh("git ls-files --cached --others --exclude-standard", ROOT).stdout.split()
+    outputs = ("runs/", "reports/", "metrics/", "checkpoints/", "data/cls", "data/gen", "dvc.lock")
+    for rel in tracked:
+        if (ROOT / rel).is_file() and not rel.startswith(outputs):
+            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, repo / rel)
+    (repo / "params.yaml").write_text(yaml.safe_dump(micro_params(), sort_keys=False))
+    sh("git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm micro", repo)
+    sh("dvc repro", repo)
+    sh("git add -A && git -c user.name=t -c user.email=t@t commit -qm results", repo)  # dvc.lock, .gitignores
+    return repo
+
+
+@pytest.mark.slow
+def test_every_stage_runs_and_writes_finite_metrics(repo):
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    assert set(lock["stages"]) == stage_names(params)
+    for branch, runs, key in (("cls", CLS_RUNS, "top1"), ("gen", GEN_RUNS, "fid")):
+        for run in runs:
+            metrics = json.loads((repo / "runs" / branch / run / "metrics.json").read_text())
+            assert key in metrics and all(math.isfinite(v) for v in metrics.values()), (run, metrics)
+    shown = json.loads(sh("dvc metrics show --json", repo).stdout)
+    assert any("top1" in json.dumps(v) for v in shown.values())
+
+
+@pytest.mark.slow
+def test_report_names_every_run_and_is_self_contained(repo):
+    html = (repo / "reports" / "index.html").read_text()
+    for run in CLS_RUNS + GEN_RUNS:
+        assert run in html
+    assert "data:image/png;base64," in html and "http://" not in html.split("<body>")[1].replace("http://www", "")
+
+
+@pytest.mark.slow
+def test_plots_and_params_are_visible_to_dvc(repo):
+    plots = sh("dvc plots show --json", repo)
+    assert "seed_0/train/loss" in plots.stdout
+    params = json.loads(sh("dvc params diff --all --json", repo).stdout)
+    assert "params.yaml" in params
+
+
+@pytest.mark.slow
+def test_second_repro_runs_nothing(repo):
+    out = sh("dvc repro", repo).stdout
+    assert "Running stage" not in out
+
+
+@pytest.mark.slow
+def test_changing_one_run_reruns_only_that_run_and_the_report(repo):
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["cls_runs"]["deit_tiny-vca"]["seeds"] = [1]
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    out = sh("dvc repro --dry", repo).stdout
+    ran = {line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage")}
+    assert ran == {"train_cls@deit_tiny-vca", "eval_cls@deit_tiny-vca", "report"}
+    sh("git checkout params.yaml", repo)
+
+
+@pytest.mark.slow
+def test_results_travel_through_a_local_remote(repo, tmp_path):
+    remote = tmp_path / "remote"
+    sh(f"dvc remote add -f -d local {remote} && dvc push -q", repo)
+    # a fresh clone: every git-ignored file goes (all DVC outputs, the cache, checkpoints)
+    sh("git clean -fdXq", repo)
+    assert not (repo / ".dvc" / "cache").exists() and not (repo / "runs" / "cls" / CLS_RUNS[0] / "metrics.json").exists()
+    sh("dvc pull -q", repo)
+    assert (repo / "reports" / "index.html").is_file()
+    status = sh("dvc status --json", repo).stdout
+    assert json.loads(status) == {}, status
+    assert "Running stage" not in sh("dvc repro", repo).stdout
+    sh("dvc remote remove local", repo)
