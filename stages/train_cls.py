@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import argparse
 
-from dvclive import Live
-
 from vcarepro.config import load_params
 from vcarepro.pipeline import CLS_DATA, cls_run, fingerprint
 from vcarepro.train.classification import ClassifierSpec, train_classifier
-from vcarepro.train.distributed import barrier, init_distributed, shutdown
+from vcarepro.train.seeds import train_seeds
 
 
 def main() -> None:
@@ -18,25 +16,15 @@ def main() -> None:
     args = parser.parse_args()
     run = cls_run(load_params(), args.run)
     spec = ClassifierSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, run.shape)
-    info = init_distributed()
-    # one dvclive log per run, one metric family per seed (seed_0/train/loss, ...); rank 0 only
-    live = Live(str(run.paths.live_dir), dvcyaml=False, save_dvc_exp=False) if info.is_main else None
-    try:
-        for seed in run.seeds:
-            figures = train_classifier(
-                spec=spec, recipe=run.recipe, data_root=CLS_DATA, seed=seed, out_dir=run.paths.seed_dir(seed),
-                ckpt_dir=run.paths.ckpt_dir(seed), info=info, live=live, max_steps=args.max_steps,
-                fingerprint=fingerprint(run.model, run.shape, run.recipe, seed, args.max_steps),
-                log_prefix=f"seed_{seed}/",
-            )
-            if live is not None:
-                live.summary[f"seed_{seed}"] = figures
-                print(f"train_cls {args.run} seed {seed}: " + ", ".join(f"{k}={v:.4g}" for k, v in figures.items()))
-            barrier(info)
-        if live is not None:
-            live.end()
-    finally:
-        shutdown(info)
+
+    def train_one(seed, info, live):
+        return train_classifier(
+            spec=spec, recipe=run.recipe, data_root=CLS_DATA, seed=seed, out_dir=run.paths.seed_dir(seed),
+            ckpt_dir=run.paths.ckpt_dir(seed), info=info, live=live, max_steps=args.max_steps,
+            fingerprint=fingerprint(run.model, run.shape, run.recipe, seed, args.max_steps),
+            log_prefix=f"seed_{seed}/")
+
+    train_seeds(f"train_cls {args.run}", run.seeds, run.paths.live_dir, train_one)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import argparse
 
-from dvclive import Live
-
 from vcarepro.config import load_params
 from vcarepro.pipeline import GEN_DATA, fingerprint, gen_run
-from vcarepro.train.distributed import barrier, init_distributed, shutdown
 from vcarepro.train.generation import GeneratorSpec, train_generator
+from vcarepro.train.seeds import train_seeds
 
 
 def main() -> None:
@@ -18,24 +16,15 @@ def main() -> None:
     args = parser.parse_args()
     run = gen_run(load_params(), args.run)
     spec = GeneratorSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, run.shape)
-    info = init_distributed()
-    live = Live(str(run.paths.live_dir), dvcyaml=False, save_dvc_exp=False) if info.is_main else None
-    try:
-        for seed in run.seeds:
-            figures = train_generator(
-                spec=spec, objective=run.objective, recipe=run.recipe, data_path=GEN_DATA / "train.safetensors",
-                seed=seed, out_dir=run.paths.seed_dir(seed), ckpt_dir=run.paths.ckpt_dir(seed), info=info,
-                live=live, max_steps=args.max_steps, log_prefix=f"seed_{seed}/",
-                fingerprint=fingerprint(run.model, run.objective, run.shape, run.recipe, seed, args.max_steps),
-            )
-            if live is not None:
-                live.summary[f"seed_{seed}"] = figures
-                print(f"train_gen {args.run} seed {seed}: " + ", ".join(f"{k}={v:.4g}" for k, v in figures.items()))
-            barrier(info)
-        if live is not None:
-            live.end()
-    finally:
-        shutdown(info)
+
+    def train_one(seed, info, live):
+        return train_generator(
+            spec=spec, objective=run.objective, recipe=run.recipe, data_path=GEN_DATA / "train.safetensors",
+            seed=seed, out_dir=run.paths.seed_dir(seed), ckpt_dir=run.paths.ckpt_dir(seed), info=info,
+            live=live, max_steps=args.max_steps, log_prefix=f"seed_{seed}/",
+            fingerprint=fingerprint(run.model, run.objective, run.shape, run.recipe, seed, args.max_steps))
+
+    train_seeds(f"train_gen {args.run}", run.seeds, run.paths.live_dir, train_one)
 
 
 if __name__ == "__main__":

@@ -81,3 +81,24 @@ def test_run_resolution_and_its_errors(embedded):
     no_seeds = {**embedded, "cls_runs": {"x": {"model": "deit_tiny-mhsa", "seeds": []}}}
     with pytest.raises(ValueError, match="distinct integer seeds"):
         cls_run(no_seeds, "x")
+
+
+def test_params_flow_into_the_models_each_stage_builds(embedded):
+    from vcarepro.train.classification import ClassifierSpec
+    from vcarepro.train.generation import GeneratorSpec
+
+    shape = embedded["cls_shape"]
+    for name, attention in (("deit_tiny-vca-stage1_only", "vca"), ("deit_tiny-mhsa", "mhsa")):
+        run = cls_run(embedded, name)
+        model = ClassifierSpec(run.model["arch"], attention, run.model.get("vca") or {}, run.shape).create(10)
+        assert len(model.blocks) == shape["depth"] and model.embed_dim == shape["embed_dim"]
+        assert model.patch_embed.grid_size == (shape["img_size"] // shape["patch_size"],) * 2
+        if attention == "vca":  # the scale's contrast-token count reaches VCA, the run's switch too
+            attn = model.blocks[0].attn
+            assert attn.num_contrast_tokens == shape["contrast_tokens"] and attn.stage2 == "diff"
+    gshape = embedded["gen_shape"]
+    run = gen_run(embedded, "dit_s2-vca-emb_both")
+    dit = GeneratorSpec(run.model["arch"], run.model["attention"], run.model["vca"], run.shape).create()
+    assert len(dit.blocks) == gshape["depth"] and dit.in_channels == gshape["in_channels"]
+    assert dit.blocks[0].attn.num_contrast_tokens == gshape["contrast_tokens"]
+    assert dit.blocks[0].attn.tokens_pos == "emb" and dit.blocks[0].attn.tokens_neg == "emb"

@@ -14,14 +14,7 @@ TINY_VCA = dict(TINY, contrast_tokens=4)
 ATTENTIONS = {"mhsa": TINY, "vca": TINY_VCA, "diff": TINY}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine the
-    threads' contention made these tests about 100x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny(attention: str = "mhsa", seed: int = 0, **overrides) -> DiT:

@@ -14,14 +14,7 @@ SHAPE = (2, 4, 4, 4)
 SPREAD = 0.05  # the toy data: N(m, SPREAD^2 I) around one point m
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine the
-    threads' contention made these tests about 100x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def randn(seed: int, shape=SHAPE) -> torch.Tensor:

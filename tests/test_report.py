@@ -93,6 +93,8 @@ def test_report_shows_paper_beside_ours_without_judging_embedded_numbers(project
     assert html.count(NOT_RUN) >= 5  # DeiT-S, PVT, Swin, CSwin, generation rows...
     assert "paper value not available" in html  # DiT-S/8 has no known paper value
     assert "other summary: 75.4" in html  # the Table 3 conflict is shown
+    contrast = compose([])["cls_shape"]["contrast_tokens"]
+    assert f"contrast_tokens={contrast}, stage2=diff" in html  # the options the run used, not the paper shape's
 
 
 def test_report_escapes_names_and_works_offline(project):

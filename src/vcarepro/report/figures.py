@@ -11,7 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def curves_png(title: str, curves: Dict[str, Dict[int, List[tuple]]], metrics: List[str]) -> Optional[str]:
+def curves_png(title: str, curves: Dict[str, Dict[int, List[tuple]]], metrics: List[str],
+               xlabel: str = "step") -> Optional[str]:
     """One panel per metric, one line per seed; None when no metric has data."""
     present = [m for m in metrics if curves.get(m)]
     if not present:
@@ -22,7 +23,7 @@ def curves_png(title: str, curves: Dict[str, Dict[int, List[tuple]]], metrics: L
             steps, values = zip(*points)
             ax.plot(steps, values, label=f"seed {seed}", linewidth=1.2)
         ax.set_title(metric, fontsize=9)
-        ax.set_xlabel("step", fontsize=8)
+        ax.set_xlabel(xlabel, fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)

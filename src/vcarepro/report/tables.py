@@ -179,13 +179,20 @@ class TableBuilder:
 
 
 def runs_frame(results: Dict[str, RunResult], runs: Dict[str, Any], models: Dict[str, Any],
-               keys: List[str]) -> pd.DataFrame:
-    """Every run of a branch: its model, seeds and aggregated metrics."""
+               keys: List[str], shape: Dict[str, Any]) -> pd.DataFrame:
+    """Every run of a branch: its model, seeds and aggregated metrics.
+
+    VCA options are the ones the run actually used: the model's, with the scale's
+    contrast-token count (``shape``) in place of the paper-shape one.
+    """
     records = []
     for name, run in runs.items():
         spec = models.get(run["model"], {})
+        options = dict(spec.get("vca") or {})
+        if spec.get("attention") == "vca" and "contrast_tokens" in (shape or {}):
+            options["contrast_tokens"] = shape["contrast_tokens"]
         record = {"run": name, "model": run["model"], "attention": spec.get("attention"),
-                  "VCA options": ", ".join(f"{k}={v}" for k, v in (spec.get("vca") or {}).items()) or "",
+                  "VCA options": ", ".join(f"{k}={v}" for k, v in options.items()),
                   "seeds": ", ".join(map(str, run["seeds"]))}
         if "objective" in run:
             record["objective"] = run["objective"]

@@ -112,7 +112,6 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
     made with the same ``fingerprint`` (a hash of everything that defines the run).
     ``max_steps`` stops early (tests only).
     """
-    seed_everything(seed + info.rank)
     device = info.device
     classes = read_classes(data_root)
     train_set = ManifestDataset(data_root, "train", build_transforms(recipe, training=True))
@@ -122,6 +121,7 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
 
     torch.manual_seed(seed)  # identical initial weights on every rank
     model = spec.create(num_classes=len(classes), drop_path=recipe["drop_path"]).to(device)
+    seed_everything(seed + info.rank)  # augmentation, mixup and drop-path streams differ per rank
     ema = ModelEmaV3(model, decay=recipe["ema_decay"]) if recipe["ema_decay"] > 0 else None
     accum = recipe["accum_steps"]
     lr = recipe["lr"] * recipe["batch_size"] / 512.0  # DeiT's linear scaling rule
