@@ -1,0 +1,383 @@
+"""ImageNet preparation, on a miniature ImageNet written in each layout people have.
+
+The miniature has real encoded images, a real meta.mat (scipy.io.savemat, the devkit's struct
+fields, with non-leaf synsets that must be ignored) and ILSVRC2012_IDs whose order differs from
+the sorted wnid order, so a label mix-up between the two orders cannot pass.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import random
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.io
+from PIL import Image
+
+from vcarepro.data.folders import ManifestDataset, read_classes, read_manifest
+from vcarepro.data.imagenet import index_imagenet_folders, prepare_imagenet
+
+# wnid -> (ILSVRC2012_ID, words); the IDs are deliberately not in sorted-wnid order.
+CLASSES = {
+    "n01440764": (3, "tench, Tinca tinca"),
+    "n01443537": (1, "goldfish, Carassius auratus"),
+    "n01484850": (4, "great white shark, white shark"),
+    "n01491361": (2, "tiger shark, Galeocerdo cuvieri"),
+}
+NON_LEAVES = [(1001, "n01440000", "fish", 4), (1002, "n00001740", "entity", 1)]
+WNIDS = sorted(CLASSES)
+TRAIN_PER_CLASS, VAL_PER_CLASS = 3, 2
+MINIATURE = dict(expect_full=False, workers=1)  # a miniature is never the full 1000 classes
+
+
+def encoded(seed: int, fmt: str = "JPEG", mode: str = "RGB", size=(48, 40)) -> bytes:
+    """A noisy image (noise so that a JPEG has enough entropy-coded data to truncate)."""
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    img = Image.fromarray(pixels, "RGB").convert(mode)
+    buf = io.BytesIO()
+    img.save(buf, fmt)
+    return buf.getvalue()
+
+
+class Mini:
+    """The images of a miniature ImageNet and its labels, written out in one of the layouts."""
+
+    def __init__(self) -> None:
+        self.train = {w: {f"{w}_{i}.JPEG": encoded(10 * c + i) for i in range(TRAIN_PER_CLASS)}
+                      for c, w in enumerate(WNIDS)}
+        val_wnids = [w for w in WNIDS for _ in range(VAL_PER_CLASS)]
+        random.Random(0).shuffle(val_wnids)
+        self.val = {f"ILSVRC2012_val_{n:08d}.JPEG": (w, encoded(1000 + n)) for n, w in enumerate(val_wnids, 1)}
+
+    # --- pieces
+    def meta_mat(self) -> bytes:
+        rows = [(i, w, words, 0) for w, (i, words) in CLASSES.items()] + NON_LEAVES
+        rows.sort(key=lambda row: row[0])
+        synsets = np.array(rows, dtype=[("ILSVRC2012_ID", "O"), ("WNID", "O"), ("words", "O"), ("num_children", "O")])
+        buf = io.BytesIO()
+        scipy.io.savemat(buf, {"synsets": synsets})
+        return buf.getvalue()
+
+    def ground_truth(self) -> bytes:
+        return "".join(f"{CLASSES[w][0]}\n" for _, (w, _) in sorted(self.val.items())).encode()
+
+    # --- layouts
+    def official(self, root: Path) -> Path:
+        root.mkdir(parents=True)
+        with tarfile.open(root / "ILSVRC2012_img_train.tar", "w") as outer:
+            for wnid, files in self.train.items():
+                inner = io.BytesIO()
+                with tarfile.open(fileobj=inner, mode="w") as tar:
+                    for name, data in files.items():
+                        add(tar, name, data)
+                add(outer, f"{wnid}.tar", inner.getvalue())
+        with tarfile.open(root / "ILSVRC2012_img_val.tar", "w") as tar:
+            for name, (_, data) in self.val.items():
+                add(tar, name, data)
+        self.devkit_tar(root)
+        return root
+
+    def devkit_tar(self, root: Path) -> None:
+        with tarfile.open(root / "ILSVRC2012_devkit_t12.tar.gz", "w:gz") as tar:
+            add(tar, "ILSVRC2012_devkit_t12/data/meta.mat", self.meta_mat())
+            add(tar, "ILSVRC2012_devkit_t12/data/ILSVRC2012_validation_ground_truth.txt", self.ground_truth())
+            add(tar, "ILSVRC2012_devkit_t12/readme.txt", b"devkit\n")
+
+    def train_folders(self, train: Path) -> None:
+        for wnid, files in self.train.items():
+            (train / wnid).mkdir(parents=True)
+            for name, data in files.items():
+                (train / wnid / name).write_bytes(data)
+
+    def class_folders(self, root: Path) -> Path:
+        self.train_folders(root / "train")
+        for name, (wnid, data) in self.val.items():
+            (root / "val" / wnid).mkdir(parents=True, exist_ok=True)
+            (root / "val" / wnid / name).write_bytes(data)
+        return root
+
+    def flat_val(self, val: Path) -> None:
+        val.mkdir(parents=True)
+        for name, (_, data) in self.val.items():
+            (val / name).write_bytes(data)
+
+    def flat_with_devkit(self, root: Path, extracted: bool) -> Path:
+        self.train_folders(root / "train")
+        self.flat_val(root / "val")
+        if extracted:
+            data = root / "ILSVRC2012_devkit_t12" / "data"
+            data.mkdir(parents=True)
+            (data / "meta.mat").write_bytes(self.meta_mat())
+            (data / "ILSVRC2012_validation_ground_truth.txt").write_bytes(self.ground_truth())
+        else:
+            self.devkit_tar(root)
+        return root
+
+    def kaggle(self, root: Path, synsets: bool = True) -> Path:
+        data = root / "ILSVRC" / "Data" / "CLS-LOC"
+        self.train_folders(data / "train")
+        self.flat_val(data / "val")
+        with (root / "LOC_val_solution.csv").open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["ImageId", "PredictionString"])
+            for name, (wnid, _) in self.val.items():
+                writer.writerow([name[:-5], f"{wnid} 1 2 30 40 {wnid} 5 6 20 20"])
+        if synsets:
+            (root / "LOC_synset_mapping.txt").write_text("".join(f"{w} {words}\n" for w, (_, words) in CLASSES.items()))
+        return root
+
+
+def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def assert_prepared(out: Path, mini: Mini, wnids=WNIDS, names=True) -> None:
+    classes = read_classes(out)
+    assert [c.wnid for c in classes] == list(wnids)
+    assert [c.index for c in classes] == list(range(len(wnids)))
+    assert [c.name for c in classes] == [CLASSES[w][1] if names else w for w in wnids]
+    train, val = read_manifest(out, "train"), read_manifest(out, "val")
+    assert len(train) == TRAIN_PER_CLASS * len(wnids) and len(val) == VAL_PER_CLASS * len(wnids)
+    for path, label in train:
+        assert Path(path).name in mini.train[classes[label].wnid]
+    for path, label in val:  # the label of every val image is its ground truth
+        assert mini.val[Path(path).name][0] == classes[label].wnid
+    for split in ("train", "val"):
+        ds = ManifestDataset(out, split)
+        for i in range(len(ds)):
+            img, _ = ds[i]
+            assert img.mode == "RGB" and img.size == (48, 40)
+    report = json.loads((out / "prepare_report.json").read_text())
+    assert report["images"] == len(train) + len(val) and report["bad"]["count"] == 0
+
+
+# ----------------------------------------------------------------------------- layouts
+
+
+def test_official_archives_are_extracted_into_class_folders(tmp_path):
+    mini = Mini()
+    root = mini.official(tmp_path / "ilsvrc")
+    counts = prepare_imagenet(root, tmp_path / "cls", **MINIATURE)
+    assert (counts["train"], counts["val"], counts["classes"]) == (12, 8, 4)
+    assert_prepared(tmp_path / "cls", mini)
+    assert sorted(p.name for p in (tmp_path / "cls" / "images" / "val").iterdir()) == WNIDS
+    for path, _ in read_manifest(tmp_path / "cls", "val"):
+        assert not Path(path).is_absolute()  # extracted copies travel with <out>
+
+
+def test_official_archives_in_two_worker_processes(tmp_path):
+    mini = Mini()
+    prepare_imagenet(mini.official(tmp_path / "ilsvrc"), tmp_path / "cls", expect_full=False, workers=2)
+    assert_prepared(tmp_path / "cls", mini)
+
+
+def test_extracted_class_folders_are_indexed_in_place(tmp_path):
+    mini = Mini()
+    root = mini.class_folders(tmp_path / "imagenet")
+    counts = prepare_imagenet(root, tmp_path / "cls", **MINIATURE)
+    assert (counts["train"], counts["val"], counts["classes"]) == (12, 8, 4)
+    assert_prepared(tmp_path / "cls", mini, names=False)  # no devkit, no synset file: names are wnids
+    for path, _ in read_manifest(tmp_path / "cls", "train"):
+        assert Path(path).is_absolute() and Path(path).is_relative_to(root)
+    assert not (tmp_path / "cls" / "images").exists()
+
+
+@pytest.mark.parametrize("extracted", [False, True], ids=["devkit-tar", "devkit-extracted"])
+def test_flat_val_is_labelled_by_the_devkit(tmp_path, extracted):
+    mini = Mini()
+    root = mini.flat_with_devkit(tmp_path / "imagenet", extracted)
+    prepare_imagenet(root, tmp_path / "cls", **MINIATURE)
+    assert_prepared(tmp_path / "cls", mini)
+
+
+def test_flat_val_is_labelled_by_kaggle_csv(tmp_path):
+    mini = Mini()
+    root = mini.kaggle(tmp_path / "kaggle")
+    counts = prepare_imagenet(root, tmp_path / "cls", **MINIATURE)
+    assert counts["layout"]["val_labels"] == "kaggle"
+    assert_prepared(tmp_path / "cls", mini)
+
+
+def test_kaggle_without_synset_mapping_names_classes_by_wnid(tmp_path):
+    mini = Mini()
+    prepare_imagenet(mini.kaggle(tmp_path / "kaggle", synsets=False), tmp_path / "cls", **MINIATURE)
+    assert_prepared(tmp_path / "cls", mini, names=False)
+
+
+def test_index_imagenet_folders_still_indexes_class_folders(tmp_path):
+    mini = Mini()
+    counts = index_imagenet_folders(mini.class_folders(tmp_path / "imagenet"), tmp_path / "cls")
+    assert counts == {"train": 12, "val": 8, "classes": 4}
+
+
+# ----------------------------------------------------------------------------- subsets and counts
+
+
+def test_full_imagenet_is_expected_unless_told_otherwise(tmp_path):
+    root = Mini().class_folders(tmp_path / "imagenet")
+    with pytest.raises(ValueError, match=r"expected 1000 ImageNet-1K classes, found 4 in .*train.*expect_full=False"):
+        prepare_imagenet(root, tmp_path / "cls", workers=1)
+    assert not (tmp_path / "cls").exists()
+
+
+def test_image_counts_are_checked_for_a_full_class_set(tmp_path, monkeypatch):
+    import vcarepro.data.imagenet as imagenet
+
+    monkeypatch.setitem(imagenet.EXPECTED, "classes", 4)  # as if the miniature had every class
+    with pytest.raises(ValueError, match=r"expected 1,281,167 ImageNet-1K train images, found 12 in "):
+        prepare_imagenet(Mini().official(tmp_path / "ilsvrc"), tmp_path / "cls", workers=1)
+    assert list(tmp_path.iterdir()) == [tmp_path / "ilsvrc"]  # not even a temporary directory is left
+
+
+def test_subset_by_count_is_seeded_and_relabelled(tmp_path):
+    mini = Mini()
+    root = mini.official(tmp_path / "ilsvrc")
+    first = prepare_imagenet(root, tmp_path / "a", subset_count=2, subset_seed=3, workers=1)
+    prepare_imagenet(root, tmp_path / "b", subset_count=2, subset_seed=3, workers=1)
+    chosen = [c.wnid for c in read_classes(tmp_path / "a")]
+    assert chosen == sorted(random.Random(3).sample(WNIDS, 2))
+    assert chosen == [c.wnid for c in read_classes(tmp_path / "b")]
+    assert first["classes"] == 2
+    assert_prepared(tmp_path / "a", mini, wnids=chosen)
+    assert sorted(p.name for p in (tmp_path / "a" / "images" / "train").iterdir()) == chosen
+
+
+def test_subset_by_list(tmp_path):
+    mini = Mini()
+    root = mini.flat_with_devkit(tmp_path / "imagenet", extracted=False)
+    prepare_imagenet(root, tmp_path / "cls", subset_classes=["n01484850", "n01440764"], workers=1)
+    assert_prepared(tmp_path / "cls", mini, wnids=["n01440764", "n01484850"])
+    with pytest.raises(ValueError, match="subset_classes names 1 wnids absent from .*n09999999"):
+        prepare_imagenet(root, tmp_path / "x", subset_classes=["n01440764", "n09999999"], workers=1)
+    with pytest.raises(ValueError, match=r"subset_count must lie in 1\.\.4"):
+        prepare_imagenet(root, tmp_path / "x", subset_count=5, workers=1)
+    assert not (tmp_path / "x").exists()
+
+
+# ----------------------------------------------------------------------------- quirks and bad files
+
+
+def add_quirks(train_class: Path) -> dict:
+    """ImageNet's known oddities, plus broken files, into one train class folder."""
+    (train_class / "n02105855_2933.JPEG").write_bytes(encoded(7, fmt="PNG"))  # a PNG named .JPEG
+    (train_class / "cmyk.JPEG").write_bytes(encoded(8, mode="CMYK"))
+    (train_class / "gray.JPEG").write_bytes(encoded(9, mode="L"))
+    (train_class / "empty.JPEG").write_bytes(b"")
+    whole = encoded(10, size=(160, 120))
+    (train_class / "truncated.JPEG").write_bytes(whole[: len(whole) // 2])
+    return {"png": "n02105855_2933.JPEG", "bad": {"empty.JPEG", "truncated.JPEG"}}
+
+
+@pytest.mark.parametrize("archive", [False, True], ids=["folders", "archives"])
+def test_quirks_are_kept_and_counted_bad_files_skipped(tmp_path, archive):
+    mini = Mini()
+    quirks = tmp_path / "quirks"
+    quirks.mkdir()
+    add_quirks(quirks)
+    mini.train[WNIDS[0]].update({p.name: p.read_bytes() for p in quirks.iterdir()})
+    root = mini.official(tmp_path / "src") if archive else mini.class_folders(tmp_path / "src")
+    total = 4 * TRAIN_PER_CLASS + 5 + 4 * VAL_PER_CLASS
+
+    with pytest.raises(ValueError, match=rf"^2 of {total} ImageNet images are unreadable \(first: .*empty\.JPEG, "
+                                         rf".*truncated\.JPEG\).*raise max_bad_fraction \(now 0\.0\)"):
+        prepare_imagenet(root, tmp_path / "cls", expect_full=False, workers=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["quirks", "src"]
+
+    counts = prepare_imagenet(root, tmp_path / "cls", expect_full=False, max_bad_fraction=0.1, workers=2)
+    assert counts["train"] == 4 * TRAIN_PER_CLASS + 3
+    report = json.loads((tmp_path / "cls" / "prepare_report.json").read_text())
+    assert report["images"] == total and report["kept"] == {"train": 15, "val": 8}
+    assert report["non_jpeg"]["count"] == 1 and report["non_jpeg"]["formats"] == {"PNG": 1}
+    assert Path(report["non_jpeg"]["files"][0]).name == "n02105855_2933.JPEG"
+    assert report["cmyk"]["count"] == 1 and report["grayscale"]["count"] == 1
+    assert report["bad"]["count"] == 2
+    assert {Path(b["path"]).name for b in report["bad"]["files"]} == {"empty.JPEG", "truncated.JPEG"}
+    assert all(b["reason"] for b in report["bad"]["files"])
+    ds = ManifestDataset(tmp_path / "cls", "train")
+    assert {Path(p).name for p, _ in ds.samples}.isdisjoint({"empty.JPEG", "truncated.JPEG"})
+    for i in range(len(ds)):
+        assert ds[i][0].mode == "RGB"  # the PNG, CMYK and grayscale images decode to RGB
+    if archive:  # our extracted copies of bad files are removed with them
+        assert not list((tmp_path / "cls").rglob("empty.JPEG"))
+
+
+# ----------------------------------------------------------------------------- refused and missing inputs
+
+
+def test_tar_members_with_parent_paths_are_refused(tmp_path):
+    mini = Mini()
+    root = mini.official(tmp_path / "ilsvrc")
+    inner = io.BytesIO()  # a class tar whose image would land two levels above its folder
+    with tarfile.open(fileobj=inner, mode="w") as tar:
+        add(tar, "../../escaped.JPEG", encoded(1))
+    with tarfile.open(root / "ILSVRC2012_img_train.tar", "w") as outer:
+        add(outer, f"{WNIDS[0]}.tar", inner.getvalue())
+    with pytest.raises(ValueError, match=r"unsafe member path '\.\./\.\./escaped\.JPEG'.*refusing"):
+        prepare_imagenet(root, tmp_path / "out" / "cls", **MINIATURE)
+    assert not list(tmp_path.rglob("escaped.JPEG"))
+    assert not (tmp_path / "out" / "cls").exists()
+
+    with tarfile.open(root / "ILSVRC2012_img_val.tar", "w") as tar:
+        add(tar, "/etc/ILSVRC2012_val_00000001.JPEG", encoded(1))
+    root2 = tmp_path / "val-only"
+    mini.train_folders(root2 / "train")
+    (root / "ILSVRC2012_img_val.tar").rename(root2 / "ILSVRC2012_img_val.tar")
+    mini.devkit_tar(root2)
+    with pytest.raises(ValueError, match=r"unsafe member path '/etc/ILSVRC2012_val_00000001\.JPEG'"):
+        prepare_imagenet(root2, tmp_path / "out" / "cls", **MINIATURE)
+    assert not (tmp_path / "out" / "cls").exists()
+
+
+def test_missing_inputs_say_what_was_expected_where(tmp_path):
+    def fails(root, pattern, error=FileNotFoundError):
+        with pytest.raises(error, match=pattern) as info:
+            prepare_imagenet(root, tmp_path / "cls", **MINIATURE)
+        assert "\n" not in str(info.value)
+        assert not (tmp_path / "cls").exists()
+
+    fails(tmp_path / "nowhere", "ImageNet root .*nowhere is not a directory")
+    mini = Mini()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    fails(empty, r"no ILSVRC2012_img_train.tar or train/<wnid>/ class folders under .*empty; expected one of")
+
+    train_only = tmp_path / "train-only"
+    mini.train_folders(train_only / "train")
+    fails(train_only, r"no ILSVRC2012_img_val.tar, val/ folder or LOC_val_solution.csv under .*train-only; "
+                      r"expected one of")
+
+    unlabelled = tmp_path / "unlabelled"
+    mini.train_folders(unlabelled / "train")
+    mini.flat_val(unlabelled / "val")
+    fails(unlabelled, r"validation images under .*unlabelled have no labels; expected ILSVRC2012_devkit_t12.tar.gz")
+
+    half_devkit = tmp_path / "half-devkit"
+    mini.train_folders(half_devkit / "train")
+    mini.flat_val(half_devkit / "val")
+    with tarfile.open(half_devkit / "ILSVRC2012_devkit_t12.tar.gz", "w:gz") as tar:
+        add(tar, "ILSVRC2012_devkit_t12/data/meta.mat", mini.meta_mat())
+    fails(half_devkit, r"ILSVRC2012_devkit_t12.tar.gz lacks data/meta.mat or data/ILSVRC2012_validation_ground_truth")
+
+    stray = mini.kaggle(tmp_path / "stray")
+    (stray / "ILSVRC" / "Data" / "CLS-LOC" / "val" / "ILSVRC2012_val_00000099.JPEG").write_bytes(encoded(3))
+    fails(stray, r"validation image ILSVRC2012_val_00000099.JPEG in .* has no label in .*LOC_val_solution.csv",
+          ValueError)
+
+
+def test_an_incomplete_folder_copy_fails_before_the_decode_check(tmp_path, monkeypatch):
+    import vcarepro.data.imagenet as imagenet
+
+    def never(path):
+        raise AssertionError("decode check ran before the counts were checked")
+
+    monkeypatch.setitem(imagenet.EXPECTED, "classes", 4)
+    monkeypatch.setattr(imagenet, "_check_image", never)
+    with pytest.raises(ValueError, match=r"expected 1,281,167 ImageNet-1K train images, found 12 in .*train"):
+        prepare_imagenet(Mini().class_folders(tmp_path / "imagenet"), tmp_path / "cls", workers=1)
