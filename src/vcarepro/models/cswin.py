@@ -1,0 +1,309 @@
+"""CSWin-T (Cross-Shaped Window Transformer), baseline and Visual-Contrast Attention, timm-registered.
+
+timm has no CSWin, so it is written here on timm layers after the shapes of the
+original (Dong et al., CVPR 2022, github.com/microsoft/CSWin-Transformer, CSWin-T
+= ``CSWin_64_12211_tiny_224``): a 7x7 stride-4 convolutional stem + LayerNorm,
+four stages of embed 64/128/256/512 (3x3 stride-2 conv + LayerNorm between
+stages), depths 1/2/21/1, heads 2/4/8/16, MLP ratio 4, qkv bias. Each block's
+attention splits the heads in two halves: one attends within vertical stripes
+(full height, stripe width sw), the other within horizontal stripes (sw rows,
+full width), with stripe widths 1/2/7/7; the last stage (and any stage whose grid
+equals its stripe width) uses one full-attention branch. Locally-enhanced
+positional encoding (LePE): a 3x3 depthwise conv of V within each stripe, added to
+the attention output. Classification by mean pooling after a final LayerNorm.
+One deviation, for small inputs only: a stripe width larger than the stage grid is
+clamped to the grid (the original would fail); at 224 nothing changes.
+
+``cswin_tiny_224`` is the baseline; ``vca_cswin_tiny_224`` replaces each block's
+cross-shaped attention (qkv, both stripe branches with their LePE, projection) by
+``VisualContrastAttention`` applied globally on the whole stage grid (our choice;
+the paper does not say how VCA enters CSWin). VCA's own 3x3 depthwise conv of V
+takes LePE's role. ``contrast_tokens`` is one value for all stages (default 7x7:
+pooling windows 8/4/2/1 at 224) or one per stage; ``layer_index`` counts blocks
+across the network.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import DropPath, Mlp, trunc_normal_
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+
+from ..attention import VisualContrastAttention
+from ..attention.vca import patch_grid
+from .pvt import VCA_OPTIONS, ContrastTokens, _per_stage
+
+# pipeline arch name -> (baseline timm name, VCA timm name)
+MODEL_NAMES = {"cswin_tiny": ("cswin_tiny_224", "vca_cswin_tiny_224")}
+
+
+class StripeAttention(nn.Module):
+    """Multi-head attention inside non-overlapping (stripe_h x stripe_w) stripes, plus LePE."""
+
+    def __init__(self, dim: int, num_heads: int, grid_size: Tuple[int, int], stripe: Tuple[int, int],
+                 attn_drop: float = 0.0) -> None:
+        super().__init__()
+        H, W = grid_size
+        if H % stripe[0] or W % stripe[1]:
+            raise ValueError(f"stripes {stripe} do not tile the {H}x{W} grid; use an img_size whose stage grids "
+                             f"are multiples of the stripe widths.")
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.grid_size, self.stripe = grid_size, stripe
+        self.attn_drop_p = attn_drop
+        self.get_v = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)  # LePE
+
+    def _stripes(self, x: torch.Tensor) -> torch.Tensor:
+        # (B, H*W, C) -> (B * num_stripes, C, sh, sw)
+        B, _, C = x.shape
+        (H, W), (sh, sw) = self.grid_size, self.stripe
+        x = x.view(B, H // sh, sh, W // sw, sw, C).permute(0, 1, 3, 5, 2, 4)
+        return x.reshape(-1, C, sh, sw)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        # (B', C, sh, sw) -> (B', heads, sh*sw, d)
+        return x.reshape(x.shape[0], self.num_heads, self.head_dim, -1).transpose(-1, -2)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        B, N, C = q.shape
+        (H, W), (sh, sw) = self.grid_size, self.stripe
+        v_img = self._stripes(v)
+        lepe = self._heads(self.get_v(v_img))
+        dropout_p = self.attn_drop_p if self.training else 0.0
+        out = F.scaled_dot_product_attention(self._heads(self._stripes(q)), self._heads(self._stripes(k)),
+                                             self._heads(v_img), dropout_p=dropout_p, scale=self.scale)
+        out = (out + lepe).transpose(1, 2)  # (B', sh*sw, heads, d)
+        out = out.reshape(B, H // sh, W // sw, sh, sw, C).permute(0, 1, 3, 2, 4, 5)
+        return out.reshape(B, N, C)
+
+
+class CrossShapedWindowAttention(nn.Module):
+    """CSWin's attention: half the heads in vertical stripes, half in horizontal ones (or one full branch)."""
+
+    def __init__(self, dim: int, num_heads: int, *, grid_size: Tuple[int, int], stripe_width: int,
+                 full: bool = False, qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
+        super().__init__()
+        H, W = grid_size
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        if full or (H, W) == (stripe_width, stripe_width):
+            self.branches = nn.ModuleList([StripeAttention(dim, num_heads, grid_size, (H, W), attn_drop)])
+        else:
+            if num_heads % 2 or dim % 2:
+                raise ValueError(f"cross-shaped attention splits dim={dim} / heads={num_heads} in two; use even ones.")
+            half = dim // 2
+            self.branches = nn.ModuleList([
+                StripeAttention(half, num_heads // 2, grid_size, (H, min(stripe_width, W)), attn_drop),  # vertical
+                StripeAttention(half, num_heads // 2, grid_size, (min(stripe_width, H), W), attn_drop),  # horizontal
+            ])
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        n = len(self.branches)
+        parts = zip(q.chunk(n, -1), k.chunk(n, -1), v.chunk(n, -1))
+        out = torch.cat([branch(*qkv) for branch, qkv in zip(self.branches, parts)], dim=-1)
+        return self.proj_drop(self.proj(out))
+
+
+class CSWinBlock(nn.Module):
+    def __init__(self, dim: int, attn: nn.Module, *, mlp_ratio: float, drop: float = 0.0,
+                 drop_path: float = 0.0, norm_layer=nn.LayerNorm) -> None:
+        super().__init__()
+        self.norm1 = norm_layer(dim)
+        self.attn = attn
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = norm_layer(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path1(self.attn(self.norm1(x)))
+        return x + self.drop_path2(self.mlp(self.norm2(x)))
+
+
+class ConvEmbed(nn.Module):
+    """A strided conv + LayerNorm: the stem (7x7 / 4) and the merge between stages (3x3 / 2)."""
+
+    def __init__(self, in_chans: int, dim: int, kernel_size: int, stride: int, padding: int) -> None:
+        super().__init__()
+        self.proj = nn.Conv2d(in_chans, dim, kernel_size, stride, padding)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.proj(x).flatten(2).transpose(1, 2))
+
+
+class CSWinStage(nn.Module):
+    def __init__(self, embed: ConvEmbed, blocks: List[nn.Module]) -> None:
+        super().__init__()
+        self.embed = embed
+        self.blocks = nn.Sequential(*blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(self.embed(x))
+
+
+class CSWinTransformer(nn.Module):
+    """CSWin Transformer with cross-shaped attention (``attention='cswin'``) or global VCA (``'vca'``)."""
+
+    def __init__(
+        self,
+        *,
+        img_size: Union[int, Sequence[int]] = 224,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        global_pool: str = "avg",
+        embed_dim: int = 64,
+        depths: Sequence[int] = (1, 2, 21, 1),
+        stripe_widths: Sequence[int] = (1, 2, 7, 7),
+        num_heads: Sequence[int] = (2, 4, 8, 16),
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        attention: str = "cswin",
+        contrast_tokens: ContrastTokens = 49,
+        vca_kwargs: Optional[Dict[str, Any]] = None,
+    ) -> None:
+        super().__init__()
+        if global_pool != "avg":
+            raise ValueError("CSWin classifies from mean-pooled tokens; global_pool must be 'avg'.")
+        if attention not in ("cswin", "vca"):
+            raise ValueError(f"attention={attention!r}; choose 'cswin' or 'vca'.")
+        num_stages = len(depths)
+        contrast_per_stage = _per_stage(contrast_tokens, num_stages)
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        dims = [embed_dim * 2 ** i for i in range(num_stages)]
+        self.num_features = self.head_hidden_size = dims[-1]
+        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+
+        H, W = patch_grid(img_size)
+        grid = ((H + 2 * 2 - 7) // 4 + 1, (W + 2 * 2 - 7) // 4 + 1)  # the stem's output grid
+        self.stage_grids: List[Tuple[int, int]] = []
+        self.feature_info: List[Dict[str, Any]] = []
+        stages, layer_index, reduction = [], 0, 4
+        for i in range(num_stages):
+            if i:
+                grid = ((grid[0] - 1) // 2 + 1, (grid[1] - 1) // 2 + 1)
+                reduction *= 2
+                embed = ConvEmbed(dims[i - 1], dims[i], 3, 2, 1)
+            else:
+                embed = ConvEmbed(in_chans, dims[0], 7, 4, 2)
+            self.stage_grids.append(grid)
+            blocks = []
+            for _ in range(depths[i]):
+                if attention == "vca":
+                    attn = VisualContrastAttention(
+                        dims[i], num_heads[i], grid_size=grid, num_prefix_tokens=0,
+                        contrast_tokens=contrast_per_stage[i], layer_index=layer_index, qkv_bias=qkv_bias,
+                        attn_drop=attn_drop_rate, proj_drop=drop_rate, **(vca_kwargs or {}))
+                else:
+                    attn = CrossShapedWindowAttention(
+                        dims[i], num_heads[i], grid_size=grid, stripe_width=min(stripe_widths[i], *grid),
+                        full=i == num_stages - 1, qkv_bias=qkv_bias, attn_drop=attn_drop_rate, proj_drop=drop_rate)
+                blocks.append(CSWinBlock(dims[i], attn, mlp_ratio=mlp_ratio, drop=drop_rate,
+                                         drop_path=dpr[layer_index]))
+                layer_index += 1
+            stages.append(CSWinStage(embed, blocks))
+            self.feature_info.append(dict(num_chs=dims[i], reduction=reduction, module=f"stages.{i}"))
+        self.stages = nn.ModuleList(stages)
+        self.norm = nn.LayerNorm(dims[-1])
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(dims[-1], num_classes) if num_classes > 0 else nn.Identity()
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            trunc_normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, VisualContrastAttention):
+            module.init_weights()
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set:
+        return set()
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
+        return dict(stem=r"^stages\.0\.embed",
+                    blocks=r"^stages\.(\d+)" if coarse else [(r"^stages\.(\d+)\.blocks\.(\d+)", None)])
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        if global_pool not in (None, "avg"):
+            raise ValueError("CSWin classifies from mean-pooled tokens; global_pool must be 'avg'.")
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Image -> last-stage tokens (B, H*W, C), normed."""
+        B = x.shape[0]
+        for i, stage in enumerate(self.stages):
+            if i:
+                x = x.transpose(1, 2).reshape(B, -1, *self.stage_grids[i - 1])
+            x = stage(x)
+        return self.norm(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = self.head_drop(x.mean(dim=1))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+def _cfg(**kwargs: Any) -> Dict[str, Any]:
+    # No weights are published for these builds (no url / hf_hub_id); eval as CSWin (crop 0.9, bicubic).
+    return {
+        "url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None,
+        "crop_pct": 0.9, "interpolation": "bicubic", "fixed_input_size": True,
+        "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD,
+        "first_conv": "stages.0.embed.proj", "classifier": "head", **kwargs,
+    }
+
+
+default_cfgs = generate_default_cfgs({"cswin_tiny_224": _cfg(), "vca_cswin_tiny_224": _cfg()})
+
+CSWIN_SHAPES = {
+    "tiny": dict(embed_dim=64, depths=(1, 2, 21, 1), stripe_widths=(1, 2, 7, 7), num_heads=(2, 4, 8, 16),
+                 mlp_ratio=4.0),
+}
+
+
+def _build(variant: str, pretrained: bool, **kwargs: Any) -> CSWinTransformer:
+    if pretrained:
+        raise ValueError(f"no pretrained weights are published for {variant}; create it with pretrained=False.")
+    if kwargs.get("attention") == "vca":
+        kwargs["vca_kwargs"] = {k: kwargs.pop(k) for k in VCA_OPTIONS if k in kwargs and k != "contrast_tokens"}
+    else:
+        stray = sorted(set(kwargs) & set(VCA_OPTIONS))
+        if stray:
+            raise ValueError(f"{', '.join(stray)} only apply to vca_{variant}; remove them.")
+    return build_model_with_cfg(CSWinTransformer, variant, pretrained=False, **kwargs)
+
+
+@register_model
+def cswin_tiny_224(pretrained: bool = False, **kwargs: Any) -> CSWinTransformer:
+    """CSWin-T with cross-shaped window attention (the original)."""
+    return _build("cswin_tiny_224", pretrained, **{**CSWIN_SHAPES["tiny"], **kwargs, "attention": "cswin"})
+
+
+@register_model
+def vca_cswin_tiny_224(pretrained: bool = False, **kwargs: Any) -> CSWinTransformer:
+    """CSWin-T with global Visual-Contrast Attention in every block."""
+    return _build("vca_cswin_tiny_224", pretrained, **{**CSWIN_SHAPES["tiny"], **kwargs, "attention": "vca"})

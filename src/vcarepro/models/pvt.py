@@ -1,0 +1,346 @@
+"""PVT v1 (Pyramid Vision Transformer) Tiny, baseline and Visual-Contrast Attention, timm-registered.
+
+timm ships PVT v2 only, so PVT v1 is written here on timm layers, following the
+shapes of the original (Wang et al., ICCV 2021, github.com/whai362/PVT): four
+stages of non-overlapping patch embeddings (patch 4, then 2, 2, 2), each with an
+absolute position embedding; spatial-reduction attention (keys and values from a
+strided conv + LayerNorm of the tokens, reduction 8/4/2/1); a class token only in
+the last stage, which is also what the head reads.
+
+``pvt_tiny`` is the baseline (13.2M parameters at 224 / 1000 classes, as published).
+
+``vca_pvt_tiny`` replaces every spatial-reduction attention with
+``VisualContrastAttention`` on that stage's full token grid (so there are no
+reduction convs; VCA's contrast tokens already make attention linear in N).
+Our choices, the paper does not state them:
+  * contrast tokens per stage default to 7x7 in every stage, i.e. pooling windows
+    8/4/2/1 on the 56/28/14/7 grids at 224 (``contrast_tokens`` takes one value
+    per stage);
+  * ``num_prefix_tokens=1`` in the last stage (the class token), 0 elsewhere;
+  * ``layer_index`` (lambda_init's depth) counts blocks across the whole network.
+
+Parameter names follow a stage layout (``stages.i.patch_embed`` ...), not the
+original ``patch_embed1`` / ``block1`` names.
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import DropPath, Mlp, trunc_normal_
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+
+from ..attention import VisualContrastAttention
+from ..attention.vca import patch_grid
+
+# pipeline arch name -> (baseline timm name, VCA timm name)
+MODEL_NAMES = {"pvt_tiny": ("pvt_tiny", "vca_pvt_tiny")}
+
+# Knobs of VisualContrastAttention a VCA PVT accepts (contrast_tokens one per stage).
+VCA_OPTIONS = ("contrast_tokens", "stage1", "stage2", "tokens_pos", "tokens_neg", "stage2_softmax", "local_conv")
+
+ContrastTokens = Union[int, Sequence[int], Sequence[Union[int, Sequence[int]]]]
+
+
+class SpatialReductionAttention(nn.Module):
+    """PVT v1's attention: queries from every token, keys/values from a spatially reduced map.
+
+    With ``sr_ratio`` r > 1 the patch tokens are reduced by an r x r stride-r conv and a
+    LayerNorm before the key/value projection (N keys become N / r^2). Prefix tokens
+    (the class token) are not part of the reduced map, as in the original code, which
+    only uses reduction in stages without a class token.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        grid_size: Union[int, Sequence[int]],
+        num_prefix_tokens: int = 0,
+        sr_ratio: int = 1,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim={dim} is not divisible by num_heads={num_heads}.")
+        if sr_ratio > 1 and num_prefix_tokens:
+            raise ValueError("spatial reduction with prefix tokens is not defined in PVT; use sr_ratio=1 there.")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.grid_size = patch_grid(grid_size)
+        self.num_prefix_tokens = num_prefix_tokens
+        self.sr_ratio = sr_ratio
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.attn_drop_p = attn_drop
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        if sr_ratio > 1:
+            self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
+            self.norm = nn.LayerNorm(dim)  # default eps, as the original
+        else:
+            self.sr = None
+            self.norm = None
+
+    def set_grid_size(self, grid_size: Union[int, Sequence[int]]) -> None:
+        self.grid_size = patch_grid(grid_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        q = self.q(x).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
+        if self.sr is not None:
+            H, W = self.grid_size
+            reduced = self.sr(x.transpose(1, 2).reshape(B, C, H, W)).flatten(2).transpose(1, 2)
+            x = self.norm(reduced)
+        k, v = self.kv(x).reshape(B, -1, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        dropout_p = self.attn_drop_p if self.training else 0.0
+        out = nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=self.scale)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
+
+
+class PvtBlock(nn.Module):
+    """Pre-norm transformer block around a given attention module."""
+
+    def __init__(self, dim: int, attn: nn.Module, *, mlp_ratio: float, drop: float = 0.0,
+                 drop_path: float = 0.0, norm_layer=nn.LayerNorm) -> None:
+        super().__init__()
+        self.norm1 = norm_layer(dim)
+        self.attn = attn
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = norm_layer(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path1(self.attn(self.norm1(x)))
+        return x + self.drop_path2(self.mlp(self.norm2(x)))
+
+
+class PatchEmbed(nn.Module):
+    """Non-overlapping patch embedding: stride-p conv, then LayerNorm (default eps, as the original)."""
+
+    def __init__(self, in_chans: int, embed_dim: int, patch_size: int) -> None:
+        super().__init__()
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+        self.norm = nn.LayerNorm(embed_dim)
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        x = self.proj(x)
+        H, W = x.shape[-2:]
+        return self.norm(x.flatten(2).transpose(1, 2)), (H, W)
+
+
+class PvtStage(nn.Module):
+    def __init__(self, patch_embed: PatchEmbed, blocks: List[nn.Module], num_patches: int,
+                 dim: int, num_prefix_tokens: int, drop_rate: float) -> None:
+        super().__init__()
+        self.patch_embed = patch_embed
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if num_prefix_tokens else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + num_prefix_tokens, dim))
+        self.pos_drop = nn.Dropout(drop_rate)
+        self.blocks = nn.Sequential(*blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) image or feature map -> (B, prefix + H'W', C') tokens."""
+        x, _ = self.patch_embed(x)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        return self.blocks(self.pos_drop(x + self.pos_embed))
+
+
+class PyramidVisionTransformer(nn.Module):
+    """PVT v1, with spatial-reduction attention (``attention='sra'``) or VCA (``attention='vca'``)."""
+
+    def __init__(
+        self,
+        *,
+        img_size: Union[int, Sequence[int]] = 224,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        global_pool: str = "token",
+        patch_sizes: Sequence[int] = (4, 2, 2, 2),
+        embed_dims: Sequence[int] = (64, 128, 320, 512),
+        num_heads: Sequence[int] = (1, 2, 5, 8),
+        mlp_ratios: Sequence[float] = (8, 8, 4, 4),
+        depths: Sequence[int] = (2, 2, 2, 2),
+        sr_ratios: Sequence[int] = (8, 4, 2, 1),
+        qkv_bias: bool = True,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        attention: str = "sra",
+        contrast_tokens: ContrastTokens = 49,
+        vca_kwargs: Optional[Dict[str, Any]] = None,
+    ) -> None:
+        super().__init__()
+        if global_pool not in ("token", "avg"):
+            raise ValueError(f"global_pool={global_pool!r}; PVT supports 'token' (the original) or 'avg'.")
+        if attention not in ("sra", "vca"):
+            raise ValueError(f"attention={attention!r}; choose 'sra' or 'vca'.")
+        num_stages = len(depths)
+        contrast_per_stage = _per_stage(contrast_tokens, num_stages)
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.num_features = self.head_hidden_size = embed_dims[-1]
+        self.num_prefix_tokens = 1
+        norm_layer = partial(nn.LayerNorm, eps=1e-6)
+        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+
+        grid = patch_grid(img_size)
+        self.stage_grids: List[Tuple[int, int]] = []  # each stage's token grid, to reshape between stages
+        stages, in_dim, layer_index, self.feature_info = [], in_chans, 0, []
+        reduction = 1
+        for i in range(num_stages):
+            p = patch_sizes[i]
+            if grid[0] % p or grid[1] % p:
+                raise ValueError(f"stage {i} grid {grid} is not divisible by its patch size {p}; "
+                                 f"use an img_size divisible by {_prod(patch_sizes)}.")
+            grid = (grid[0] // p, grid[1] // p)
+            self.stage_grids.append(grid)
+            reduction *= p
+            prefix = 1 if i == num_stages - 1 else 0
+            blocks = []
+            for _ in range(depths[i]):
+                if attention == "vca":
+                    attn = VisualContrastAttention(
+                        embed_dims[i], num_heads[i], grid_size=grid, num_prefix_tokens=prefix,
+                        contrast_tokens=contrast_per_stage[i], layer_index=layer_index, qkv_bias=qkv_bias,
+                        attn_drop=attn_drop_rate, proj_drop=drop_rate, **(vca_kwargs or {}))
+                else:
+                    attn = SpatialReductionAttention(
+                        embed_dims[i], num_heads[i], grid_size=grid, num_prefix_tokens=prefix,
+                        sr_ratio=sr_ratios[i], qkv_bias=qkv_bias, attn_drop=attn_drop_rate, proj_drop=drop_rate)
+                blocks.append(PvtBlock(embed_dims[i], attn, mlp_ratio=mlp_ratios[i], drop=drop_rate,
+                                       drop_path=dpr[layer_index], norm_layer=norm_layer))
+                layer_index += 1
+            stages.append(PvtStage(PatchEmbed(in_dim, embed_dims[i], p), blocks, grid[0] * grid[1],
+                                   embed_dims[i], prefix, drop_rate))
+            self.feature_info.append(dict(num_chs=embed_dims[i], reduction=reduction, module=f"stages.{i}"))
+            in_dim = embed_dims[i]
+        self.stages = nn.ModuleList(stages)
+        self.norm = norm_layer(embed_dims[-1])
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dims[-1], num_classes) if num_classes > 0 else nn.Identity()
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            trunc_normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, PvtStage):
+            trunc_normal_(module.pos_embed, std=0.02)
+            if module.cls_token is not None:
+                trunc_normal_(module.cls_token, std=0.02)
+        elif isinstance(module, VisualContrastAttention):
+            module.init_weights()
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set:
+        return {n for n, _ in self.named_parameters() if n.endswith(("pos_embed", "cls_token"))}
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
+        return dict(stem=r"^stages\.0\.(patch_embed|pos_embed)",
+                    blocks=r"^stages\.(\d+)" if coarse else [(r"^stages\.(\d+)\.blocks\.(\d+)", None)])
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        self.num_classes = num_classes
+        if global_pool is not None:
+            self.global_pool = global_pool
+        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Image -> last-stage tokens (B, 1 + H*W, C), normed."""
+        B = x.shape[0]
+        for i, stage in enumerate(self.stages):
+            if i:
+                H, W = self.stage_grids[i - 1]
+                x = x.transpose(1, 2).reshape(B, -1, H, W)
+            x = stage(x)
+        return self.norm(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = x[:, 0] if self.global_pool == "token" else x[:, self.num_prefix_tokens:].mean(dim=1)
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+def _prod(values: Sequence[int]) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
+
+
+def _per_stage(value: ContrastTokens, num_stages: int) -> List[Union[int, Tuple[int, int]]]:
+    """One contrast-token setting for all stages (49, (7, 7)) or one per stage ((49, 49, 16, 4), ((7, 7), ...))."""
+    if isinstance(value, int):
+        return [value] * num_stages
+    items = list(value)
+    if len(items) == 2 and all(isinstance(v, int) for v in items) and num_stages != 2:
+        return [tuple(items)] * num_stages  # an (h, w) grid shared by all stages
+    if len(items) != num_stages:
+        raise ValueError(f"contrast_tokens needs one value per stage ({num_stages}), got {value!r}.")
+    return items
+
+
+def _cfg(**kwargs: Any) -> Dict[str, Any]:
+    # No weights are published for these builds (no url / hf_hub_id). PVT evaluates like DeiT.
+    return {
+        "url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None,
+        "crop_pct": 0.875, "interpolation": "bicubic", "fixed_input_size": True,
+        "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD,
+        "first_conv": "stages.0.patch_embed.proj", "classifier": "head", **kwargs,
+    }
+
+
+default_cfgs = generate_default_cfgs({"pvt_tiny": _cfg(), "vca_pvt_tiny": _cfg()})
+
+PVT_SHAPES = {
+    "tiny": dict(patch_sizes=(4, 2, 2, 2), embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8),
+                 mlp_ratios=(8, 8, 4, 4), depths=(2, 2, 2, 2), sr_ratios=(8, 4, 2, 1)),
+}
+
+
+def _build(variant: str, pretrained: bool, **kwargs: Any) -> PyramidVisionTransformer:
+    if pretrained:
+        raise ValueError(f"no pretrained weights are published for {variant}; create it with pretrained=False.")
+    if kwargs.get("attention") == "vca":
+        kwargs["vca_kwargs"] = {k: kwargs.pop(k) for k in VCA_OPTIONS if k in kwargs and k != "contrast_tokens"}
+    else:
+        stray = sorted(set(kwargs) & set(VCA_OPTIONS))
+        if stray:
+            raise ValueError(f"{', '.join(stray)} only apply to vca_{variant}; remove them.")
+    return build_model_with_cfg(PyramidVisionTransformer, variant, pretrained=False, **kwargs)
+
+
+@register_model
+def pvt_tiny(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
+    """PVT v1 Tiny with spatial-reduction attention (the original)."""
+    return _build("pvt_tiny", pretrained, **{**PVT_SHAPES["tiny"], **kwargs, "attention": "sra"})
+
+
+@register_model
+def vca_pvt_tiny(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
+    """PVT v1 Tiny with Visual-Contrast Attention in every block (no spatial reduction)."""
+    return _build("vca_pvt_tiny", pretrained, **{**PVT_SHAPES["tiny"], **kwargs, "attention": "vca"})
