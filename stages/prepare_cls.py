@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from vcarepro.config import load_params, section
 from vcarepro.data.embedded import export_digits
-from vcarepro.data.imagenet import index_imagenet_folders
+from vcarepro.data.imagenet import prepare_imagenet
 from vcarepro.pipeline import CLS_DATA
 
 
@@ -12,7 +12,10 @@ def main() -> None:
     if p["source"] == "digits":
         counts = export_digits(CLS_DATA, val_fraction=p["val_fraction"], seed=p["split_seed"])
     elif p["source"] == "imagenet":
-        counts = index_imagenet_folders(p["imagenet_root"], CLS_DATA)
+        counts = prepare_imagenet(p["imagenet_root"], CLS_DATA, subset_classes=p["subset_classes"],
+                                  subset_count=p["subset_count"], subset_seed=p["split_seed"],
+                                  expect_full=p["expect_full"], max_bad_fraction=p["max_bad_fraction"],
+                                  workers=p["workers"])
     else:
         raise SystemExit(f"prepare_cls.source={p['source']!r} is unknown; use 'digits' or 'imagenet'.")
     print(f"prepare_cls: {counts['train']} train / {counts['val']} val images, {counts['classes']} classes -> {CLS_DATA}")

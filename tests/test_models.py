@@ -128,6 +128,11 @@ def test_factory_names_and_errors():
     assert classifier_name("deit_tiny", "diff") == "diff_deit_tiny_patch16_224"
     with pytest.raises(ValueError, match="unknown model 'deit_huge'"):
         create_classifier("deit_huge", "vca")
+    assert classifier_name("pvt_tiny", "vca") == "vca_pvt_tiny"
+    assert classifier_name("swin_tiny", "mhsa") == "swin_tiny_patch4_window7_224"
+    assert classifier_name("cswin_tiny", "vca") == "vca_cswin_tiny_224"
+    with pytest.raises(ValueError, match="unknown attention 'diff' for pvt_tiny"):
+        create_classifier("pvt_tiny", "diff")
     with pytest.raises(ValueError, match="unknown attention 'linear'"):
         create_classifier("deit_tiny", "linear")
     with pytest.raises(ValueError, match="contrast_tokens only apply to attention='vca'"):

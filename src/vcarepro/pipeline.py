@@ -55,9 +55,6 @@ class RunPaths:
     def samples(self, seed: int) -> Path:
         return self.root / "samples" / f"seed_{seed}.safetensors"
 
-    def sample_grid(self, seed: int) -> Path:
-        return self.root / "samples" / f"grid_seed_{seed}.png"
-
     @property
     def metrics(self) -> Path:
         return self.root / "metrics.json"

@@ -7,8 +7,11 @@
     ("deit_tiny", "vca")  -> vca_deit_tiny_patch16_224
     ("deit_tiny", "diff") -> diff_deit_tiny_patch16_224
 
-Hierarchical backbones (PVT, Swin, CSwin) and the DiT/SiT backbone join this
-table in their own modules.
+    ("pvt_tiny", "vca")   -> vca_pvt_tiny              (PVT v1, written here)
+    ("swin_tiny", "vca")  -> vca_swin_tiny_patch4_window7_224 (timm's Swin, attention swapped)
+    ("cswin_tiny", "vca") -> vca_cswin_tiny_224        (CSWin, written here)
+
+The DiT/SiT backbone has its own factory, ``models.dit.create_dit``.
 """
 from __future__ import annotations
 
@@ -17,14 +20,19 @@ from typing import Any
 import timm
 import torch.nn as nn
 
-from . import deit  # noqa: F401  (registers vca_deit_* / diff_deit_*)
+from . import cswin, deit, pvt, swin  # noqa: F401  (each registers its timm models)
 from .deit import VCA_OPTIONS, VcaVisionTransformer
 
-# arch -> timm name of the MHSA baseline; "<attention>_<name>" is the variant.
+# arch -> {attention: timm model name}
 CLASSIFIER_ARCHS = {
-    "deit_tiny": "deit_tiny_patch16_224",
-    "deit_small": "deit_small_patch16_224",
+    "deit_tiny": {"mhsa": "deit_tiny_patch16_224", "vca": "vca_deit_tiny_patch16_224",
+                  "diff": "diff_deit_tiny_patch16_224"},
+    "deit_small": {"mhsa": "deit_small_patch16_224", "vca": "vca_deit_small_patch16_224",
+                   "diff": "diff_deit_small_patch16_224"},
 }
+for _module in (pvt, swin, cswin):
+    for _arch, (_baseline, _vca) in _module.MODEL_NAMES.items():
+        CLASSIFIER_ARCHS[_arch] = {"mhsa": _baseline, "vca": _vca}
 CLASSIFIER_ATTENTIONS = ("mhsa", "vca", "diff")
 
 
@@ -32,12 +40,12 @@ def classifier_name(arch: str, attention: str) -> str:
     """The timm model name for an (architecture, attention) pair."""
     if arch not in CLASSIFIER_ARCHS:
         raise ValueError(f"unknown model {arch!r}; choose one of {', '.join(map(repr, CLASSIFIER_ARCHS))}.")
-    if attention not in CLASSIFIER_ATTENTIONS:
+    names = CLASSIFIER_ARCHS[arch]
+    if attention not in names:
         raise ValueError(
-            f"unknown attention {attention!r}; choose one of {', '.join(map(repr, CLASSIFIER_ATTENTIONS))}."
+            f"unknown attention {attention!r} for {arch}; choose one of {', '.join(map(repr, names))}."
         )
-    base = CLASSIFIER_ARCHS[arch]
-    return base if attention == "mhsa" else f"{attention}_{base}"
+    return names[attention]
 
 
 def create_classifier(arch: str, attention: str, **kwargs: Any) -> nn.Module:
