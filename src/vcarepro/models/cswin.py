@@ -31,11 +31,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import DropPath, Mlp, trunc_normal_
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model
 
 from ..attention import VisualContrastAttention
 from ..attention.vca import patch_grid
-from .pvt import VCA_OPTIONS, ContrastTokens, _per_stage
+from .pvt import VCA_OPTIONS, ContrastTokens, _per_stage, build_hierarchical
 
 # pipeline arch name -> (baseline timm name, VCA timm name)
 MODEL_NAMES = {"cswin_tiny": ("cswin_tiny_224", "vca_cswin_tiny_224")}
@@ -285,25 +285,13 @@ CSWIN_SHAPES = {
 }
 
 
-def _build(variant: str, pretrained: bool, **kwargs: Any) -> CSWinTransformer:
-    if pretrained:
-        raise ValueError(f"no pretrained weights are published for {variant}; create it with pretrained=False.")
-    if kwargs.get("attention") == "vca":
-        kwargs["vca_kwargs"] = {k: kwargs.pop(k) for k in VCA_OPTIONS if k in kwargs and k != "contrast_tokens"}
-    else:
-        stray = sorted(set(kwargs) & set(VCA_OPTIONS))
-        if stray:
-            raise ValueError(f"{', '.join(stray)} only apply to vca_{variant}; remove them.")
-    return build_model_with_cfg(CSWinTransformer, variant, pretrained=False, **kwargs)
-
-
 @register_model
 def cswin_tiny_224(pretrained: bool = False, **kwargs: Any) -> CSWinTransformer:
     """CSWin-T with cross-shaped window attention (the original)."""
-    return _build("cswin_tiny_224", pretrained, **{**CSWIN_SHAPES["tiny"], **kwargs, "attention": "cswin"})
+    return build_hierarchical(CSWinTransformer, "cswin_tiny_224", pretrained, **{**CSWIN_SHAPES["tiny"], **kwargs, "attention": "cswin"})
 
 
 @register_model
 def vca_cswin_tiny_224(pretrained: bool = False, **kwargs: Any) -> CSWinTransformer:
     """CSWin-T with global Visual-Contrast Attention in every block."""
-    return _build("vca_cswin_tiny_224", pretrained, **{**CSWIN_SHAPES["tiny"], **kwargs, "attention": "vca"})
+    return build_hierarchical(CSWinTransformer, "vca_cswin_tiny_224", pretrained, **{**CSWIN_SHAPES["tiny"], **kwargs, "attention": "vca"})

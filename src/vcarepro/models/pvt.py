@@ -35,12 +35,12 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 
 from ..attention import VisualContrastAttention
 from ..attention.vca import patch_grid
+from .deit import VCA_OPTIONS
 
 # pipeline arch name -> (baseline timm name, VCA timm name)
 MODEL_NAMES = {"pvt_tiny": ("pvt_tiny", "vca_pvt_tiny")}
 
 # Knobs of VisualContrastAttention a VCA PVT accepts (contrast_tokens one per stage).
-VCA_OPTIONS = ("contrast_tokens", "stage1", "stage2", "tokens_pos", "tokens_neg", "stage2_softmax", "local_conv")
 
 ContrastTokens = Union[int, Sequence[int], Sequence[Union[int, Sequence[int]]]]
 
@@ -322,7 +322,8 @@ PVT_SHAPES = {
 }
 
 
-def _build(variant: str, pretrained: bool, **kwargs: Any) -> PyramidVisionTransformer:
+def build_hierarchical(model_cls, variant: str, pretrained: bool, **kwargs: Any):
+    """Build a PVT / CSWin variant: VCA knobs only for attention='vca', no published weights."""
     if pretrained:
         raise ValueError(f"no pretrained weights are published for {variant}; create it with pretrained=False.")
     if kwargs.get("attention") == "vca":
@@ -331,16 +332,16 @@ def _build(variant: str, pretrained: bool, **kwargs: Any) -> PyramidVisionTransf
         stray = sorted(set(kwargs) & set(VCA_OPTIONS))
         if stray:
             raise ValueError(f"{', '.join(stray)} only apply to vca_{variant}; remove them.")
-    return build_model_with_cfg(PyramidVisionTransformer, variant, pretrained=False, **kwargs)
+    return build_model_with_cfg(model_cls, variant, pretrained=False, **kwargs)
 
 
 @register_model
 def pvt_tiny(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
     """PVT v1 Tiny with spatial-reduction attention (the original)."""
-    return _build("pvt_tiny", pretrained, **{**PVT_SHAPES["tiny"], **kwargs, "attention": "sra"})
+    return build_hierarchical(PyramidVisionTransformer, "pvt_tiny", pretrained, **{**PVT_SHAPES["tiny"], **kwargs, "attention": "sra"})
 
 
 @register_model
 def vca_pvt_tiny(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
     """PVT v1 Tiny with Visual-Contrast Attention in every block (no spatial reduction)."""
-    return _build("vca_pvt_tiny", pretrained, **{**PVT_SHAPES["tiny"], **kwargs, "attention": "vca"})
+    return build_hierarchical(PyramidVisionTransformer, "vca_pvt_tiny", pretrained, **{**PVT_SHAPES["tiny"], **kwargs, "attention": "vca"})
