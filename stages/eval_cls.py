@@ -26,10 +26,15 @@ def main() -> None:
     num_classes = len(read_classes(CLS_DATA))
     per_seed = {}
     for seed in run.seeds:
-        model = load_classifier(spec, run.paths.seed_dir(seed) / "model.safetensors", num_classes).to(device)
+        weights = run.paths.seed_dir(seed)
+        model = load_classifier(spec, weights / "model.safetensors", num_classes).to(device)
         per_seed[seed] = evaluate(model, loader, device)
-        print(f"eval_cls {args.run} seed {seed}: top1={per_seed[seed]['top1']:.2f}")
-    metrics = aggregate_seeds(per_seed, ["top1", "top5", "loss"])
+        if (weights / "model_ema.safetensors").is_file():  # the recipe keeps an EMA: report both
+            ema = load_classifier(spec, weights / "model_ema.safetensors", num_classes).to(device)
+            per_seed[seed].update({f"{k}_ema": v for k, v in evaluate(ema, loader, device).items()})
+        print(f"eval_cls {args.run} seed {seed}: " + ", ".join(f"{k}={v:.2f}" for k, v in per_seed[seed].items()))
+    keys = ["top1", "top5", "loss"]
+    metrics = aggregate_seeds(per_seed, keys + [f"{k}_ema" for k in keys if f"{k}_ema" in per_seed[run.seeds[0]]])
     metrics["params_m"] = sum(p.numel() for p in model.parameters()) / 1e6
     write_json(run.paths.metrics, metrics)
 

@@ -57,3 +57,21 @@ def test_a_training_stage_runs_ddp_on_two_cpu_processes(tmp_path, branch, run, s
     summary = json.loads((out / "live" / "metrics.json").read_text())
     assert summary["seed_0"]["world_size"] == 2
     assert result.stdout.count(f"{stage.split('.')[0]} {run} seed 0") == 1  # only rank 0 reports and writes
+
+
+def test_ranks_see_disjoint_data_that_covers_the_split():
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from vcarepro.train.classification import make_loader
+    from vcarepro.train.distributed import DistInfo
+
+    dataset = TensorDataset(torch.arange(100))
+    recipe = {"batch_size": 8, "accum_steps": 1, "repeated_aug": False, "workers": 0}
+    seen = []
+    for rank in range(2):
+        loader = make_loader(dataset, recipe, DistInfo(rank, 2, rank, torch.device("cpu")), training=True, seed=0)
+        assert loader.batch_size == 4  # the global batch is split across ranks
+        seen.append({int(i) for (batch,) in loader for i in batch})
+    assert not seen[0] & seen[1]
+    assert len(seen[0] | seen[1]) >= 96  # drop_last trims at most one partial batch per rank
