@@ -46,12 +46,55 @@ def test_paper_scale_carries_the_deit_and_dit_recipes(paper):
     assert (s["num_samples"], s["ddpm_steps"], s["flow_steps"], s["cfg_scale"]) == (50000, 250, 250, 1.0)
 
 
-def test_both_scales_run_the_same_matrix(embedded, paper):
-    assert list(embedded["cls_runs"]) == list(paper["cls_runs"])
+TABLE1_PAPER_ONLY = ["deit_small-mhsa", "deit_small-vca", "pvt_tiny-mhsa", "pvt_tiny-vca", "swin_tiny-mhsa",
+                     "swin_tiny-vca", "cswin_tiny-mhsa", "cswin_tiny-vca"]
+
+
+def test_paper_scale_runs_the_embedded_matrix_plus_every_table1_row(embedded, paper):
+    assert list(paper["cls_runs"]) == list(embedded["cls_runs"]) + TABLE1_PAPER_ONLY
     assert list(embedded["gen_runs"]) == list(paper["gen_runs"])
-    for runs in (embedded["cls_runs"], embedded["gen_runs"]):
-        for name, run in runs.items():
-            assert run["model"] in embedded["models"], name
+    for params in (embedded, paper):
+        for runs in (params["cls_runs"], params["gen_runs"]):
+            for name, run in runs.items():
+                assert run["model"] in params["models"], name
+
+
+def test_backbones_carry_their_published_recipes(paper):
+    swin = cls_run(paper, "swin_tiny-vca").recipe
+    assert (swin["drop_path"], swin["warmup_epochs"], swin["min_lr"], swin["clip_grad"], swin["ema_decay"]) == \
+        (0.2, 20, 5e-6, 5.0, 0.0)
+    cswin = cls_run(paper, "cswin_tiny-mhsa").recipe
+    assert (cswin["batch_size"], cswin["drop_path"], cswin["ema_decay"]) == (2048, 0.2, 0.99984)
+    assert cswin["lr"] * cswin["batch_size"] / 512 == pytest.approx(2e-3)  # CSWin's README: --lr 2e-3 at 8 x 256
+    assert cls_run(paper, "pvt_tiny-vca").recipe == paper["cls_recipe"]  # PVT trains with DeiT's recipe
+    broken = {**paper, "cls_runs": {"x": {"model": "deit_tiny-mhsa", "seeds": [0], "recipe": {"epoch": 3}}}}
+    with pytest.raises(KeyError, match="overrides epoch, which cls_recipe does not have"):
+        cls_run(broken, "x")
+
+
+# Tiny stand-ins for the paper shapes: a 64 px input and contrast grids that divide each stage.
+TINY = {"deit_small": dict(img_size=64, contrast_tokens=4),
+        "pvt_tiny": dict(img_size=64, depths=(1, 1, 1, 1), contrast_tokens=(16, 16, 4, 1)),
+        "swin_tiny": dict(img_size=64, depths=(1, 1, 2, 1), contrast_tokens=(16, 16, 4, 1)),
+        "cswin_tiny": dict(img_size=64, depths=(1, 1, 1, 1), contrast_tokens=(16, 16, 4, 1))}
+
+
+@pytest.mark.parametrize("name", TABLE1_PAPER_ONLY)
+def test_every_table1_run_builds_and_trains_a_step_on_tiny_inputs(paper, name):
+    import torch
+
+    from vcarepro.train.classification import ClassifierSpec
+
+    run = cls_run(paper, name)
+    shape = dict(TINY[run.model["arch"]])
+    if run.model["arch"] == "swin_tiny" and run.model["attention"] == "mhsa":
+        shape["window_size"] = 2  # 7x7 windows do not tile a 64 px input
+    spec = ClassifierSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, shape)
+    model = spec.create(num_classes=5, drop_path=run.recipe["drop_path"])
+    loss = torch.nn.functional.cross_entropy(model(torch.randn(2, 3, 64, 64)), torch.tensor([0, 3]))
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert sum(p.grad is not None for p in model.parameters()) > 0.9 * len(list(model.parameters()))
 
 
 def test_matrix_holds_every_ablation_row_and_two_seeds_for_headline_pairs(embedded):

@@ -74,10 +74,22 @@ class ClsRun:
     paths: RunPaths
 
 
+def _recipe(params: Dict[str, Any], branch: str, name: str, run: Dict[str, Any]) -> Dict[str, Any]:
+    """The branch recipe with the run's own overrides (a backbone's published recipe) on top."""
+    recipe = dict(section(params, f"{branch}_recipe"))
+    overrides = run.get("recipe") or {}
+    unknown = sorted(set(overrides) - set(recipe))
+    if unknown:
+        raise KeyError(f"run {name!r} overrides {', '.join(unknown)}, which {branch}_recipe does not have; "
+                       f"fix the name or add the knob to {branch}_recipe in conf/config.yaml.")
+    recipe.update(overrides)
+    return recipe
+
+
 def cls_run(params: Dict[str, Any], name: str) -> ClsRun:
     run = _run(params, "cls", name)
     return ClsRun(name, section(params, "models")[run["model"]], dict(section(params, "cls_shape") or {}),
-                  section(params, "cls_recipe"), list(run["seeds"]), run_paths("cls", name))
+                  _recipe(params, "cls", name, run), list(run["seeds"]), run_paths("cls", name))
 
 
 @dataclass(frozen=True)
@@ -100,5 +112,5 @@ def gen_run(params: Dict[str, Any], name: str) -> GenRun:
     if run.get("objective") not in OBJECTIVES:
         raise ValueError(f"run {name!r} has objective {run.get('objective')!r}; choose one of {', '.join(OBJECTIVES)}.")
     return GenRun(name, section(params, "models")[run["model"]], run["objective"],
-                  dict(section(params, "gen_shape") or {}), section(params, "gen_recipe"),
+                  dict(section(params, "gen_shape") or {}), _recipe(params, "gen", name, run),
                   section(params, "sampling"), list(run["seeds"]), run_paths("gen", name))

@@ -181,6 +181,8 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
             loss_sum += loss.item()
             batches += 1
             if (i + 1) % accum == 0:
+                if recipe["clip_grad"]:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), recipe["clip_grad"])
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 step += 1
