@@ -11,7 +11,6 @@ from vcarepro.io import write_json
 from vcarepro.metrics.aggregate import aggregate_seeds
 from vcarepro.pipeline import CLS_DATA, cls_run
 from vcarepro.train.classification import ClassifierSpec, build_transforms, evaluate, load_classifier
-from vcarepro.train.distributed import DistInfo
 
 
 def main() -> None:

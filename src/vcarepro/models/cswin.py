@@ -30,12 +30,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import DropPath, Mlp, trunc_normal_
+from timm.layers import trunc_normal_
 from timm.models import generate_default_cfgs, register_model
 
 from ..attention import VisualContrastAttention
 from ..attention.vca import patch_grid
-from .pvt import VCA_OPTIONS, ContrastTokens, _per_stage, build_hierarchical
+from .pvt import ContrastTokens, PreNormBlock, _per_stage, build_hierarchical
 
 # pipeline arch name -> (baseline timm name, VCA timm name)
 MODEL_NAMES = {"cswin_tiny": ("cswin_tiny_224", "vca_cswin_tiny_224")}
@@ -108,22 +108,6 @@ class CrossShapedWindowAttention(nn.Module):
         parts = zip(q.chunk(n, -1), k.chunk(n, -1), v.chunk(n, -1))
         out = torch.cat([branch(*qkv) for branch, qkv in zip(self.branches, parts)], dim=-1)
         return self.proj_drop(self.proj(out))
-
-
-class CSWinBlock(nn.Module):
-    def __init__(self, dim: int, attn: nn.Module, *, mlp_ratio: float, drop: float = 0.0,
-                 drop_path: float = 0.0, norm_layer=nn.LayerNorm) -> None:
-        super().__init__()
-        self.norm1 = norm_layer(dim)
-        self.attn = attn
-        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = norm_layer(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
-        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path1(self.attn(self.norm1(x)))
-        return x + self.drop_path2(self.mlp(self.norm2(x)))
 
 
 class ConvEmbed(nn.Module):
@@ -208,7 +192,7 @@ class CSWinTransformer(nn.Module):
                     attn = CrossShapedWindowAttention(
                         dims[i], num_heads[i], grid_size=grid, stripe_width=min(stripe_widths[i], *grid),
                         full=i == num_stages - 1, qkv_bias=qkv_bias, attn_drop=attn_drop_rate, proj_drop=drop_rate)
-                blocks.append(CSWinBlock(dims[i], attn, mlp_ratio=mlp_ratio, drop=drop_rate,
+                blocks.append(PreNormBlock(dims[i], attn, mlp_ratio=mlp_ratio, drop=drop_rate,
                                          drop_path=dpr[layer_index]))
                 layer_index += 1
             stages.append(CSWinStage(embed, blocks))

@@ -106,8 +106,8 @@ class SpatialReductionAttention(nn.Module):
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
 
 
-class PvtBlock(nn.Module):
-    """Pre-norm transformer block around a given attention module."""
+class PreNormBlock(nn.Module):
+    """Pre-norm transformer block around a given attention module (PVT's and CSWin's are the same)."""
 
     def __init__(self, dim: int, attn: nn.Module, *, mlp_ratio: float, drop: float = 0.0,
                  drop_path: float = 0.0, norm_layer=nn.LayerNorm) -> None:
@@ -218,7 +218,7 @@ class PyramidVisionTransformer(nn.Module):
                     attn = SpatialReductionAttention(
                         embed_dims[i], num_heads[i], grid_size=grid, num_prefix_tokens=prefix,
                         sr_ratio=sr_ratios[i], qkv_bias=qkv_bias, attn_drop=attn_drop_rate, proj_drop=drop_rate)
-                blocks.append(PvtBlock(embed_dims[i], attn, mlp_ratio=mlp_ratios[i], drop=drop_rate,
+                blocks.append(PreNormBlock(embed_dims[i], attn, mlp_ratio=mlp_ratios[i], drop=drop_rate,
                                        drop_path=dpr[layer_index], norm_layer=norm_layer))
                 layer_index += 1
             stages.append(PvtStage(PatchEmbed(in_dim, embed_dims[i], p), blocks, grid[0] * grid[1],
