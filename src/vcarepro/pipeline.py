@@ -37,6 +37,22 @@ def _run(params: Dict[str, Any], branch: str, name: str) -> Dict[str, Any]:
     return run
 
 
+def model_options(attention: str, vca: Dict[str, Any], shape: Dict[str, Any]):
+    """(shape overrides without contrast_tokens, the VCA options the run uses or None for non-VCA).
+
+    A scale's ``contrast_tokens`` shape override replaces the model's paper-shape
+    count, and applies to VCA models only.
+    """
+    shape = dict(shape or {})
+    contrast_tokens = shape.pop("contrast_tokens", None)
+    if attention != "vca":
+        return shape, None
+    options = dict(vca or {})
+    if contrast_tokens is not None:
+        options["contrast_tokens"] = contrast_tokens
+    return shape, options
+
+
 @dataclass(frozen=True)
 class RunPaths:
     root: Path

@@ -6,6 +6,7 @@ from typing import Any, Dict, List, Optional
 
 import pandas as pd
 
+from ..pipeline import model_options
 from .collect import RunResult
 from .reference import PaperValue, paper_value
 
@@ -188,11 +189,9 @@ def runs_frame(results: Dict[str, RunResult], runs: Dict[str, Any], models: Dict
     records = []
     for name, run in runs.items():
         spec = models.get(run["model"], {})
-        options = dict(spec.get("vca") or {})
-        if spec.get("attention") == "vca" and "contrast_tokens" in (shape or {}):
-            options["contrast_tokens"] = shape["contrast_tokens"]
+        _, options = model_options(spec.get("attention"), spec.get("vca"), shape)
         record = {"run": name, "model": run["model"], "attention": spec.get("attention"),
-                  "VCA options": ", ".join(f"{k}={v}" for k, v in options.items()),
+                  "VCA options": ", ".join(f"{k}={v}" for k, v in (options or {}).items()),
                   "seeds": ", ".join(map(str, run["seeds"]))}
         if "objective" in run:
             record["objective"] = run["objective"]

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from ..data.folders import ManifestDataset, read_classes
 from ..models import create_classifier
+from ..pipeline import model_options
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, seed_everything, set_rng_state
 from .distributed import DistInfo, all_reduce_mean
 
@@ -46,13 +47,9 @@ class ClassifierSpec:
     shape: Dict[str, Any]
 
     def create(self, num_classes: int, drop_path: float = 0.0) -> nn.Module:
-        shape = dict(self.shape)
-        contrast_tokens = shape.pop("contrast_tokens", None)
-        options = dict(self.vca or {}) if self.attention == "vca" else {}
-        if contrast_tokens is not None and self.attention == "vca":
-            options["contrast_tokens"] = contrast_tokens
+        shape, options = model_options(self.attention, self.vca, self.shape)
         return create_classifier(self.arch, self.attention, num_classes=num_classes,
-                                 drop_path_rate=drop_path, **shape, **options)
+                                 drop_path_rate=drop_path, **shape, **(options or {}))
 
 
 def build_transforms(recipe: Dict[str, Any], training: bool):

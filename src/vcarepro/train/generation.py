@@ -21,6 +21,7 @@ from timm.utils import ModelEmaV3
 from torch.nn.parallel import DistributedDataParallel
 
 from ..models.dit import create_dit
+from ..pipeline import model_options
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, seed_everything, set_rng_state
 from .classification import NonFiniteLossError
 from .diffusion import GaussianDiffusion
@@ -36,11 +37,7 @@ class GeneratorSpec:
     shape: Dict[str, Any]
 
     def create(self, *, learn_sigma: bool = True, class_dropout_prob: float = 0.1) -> nn.Module:
-        shape = dict(self.shape)
-        contrast_tokens = shape.pop("contrast_tokens", None)
-        options = dict(self.vca or {}) if self.attention == "vca" else None
-        if options is not None and contrast_tokens is not None:
-            options["contrast_tokens"] = contrast_tokens
+        shape, options = model_options(self.attention, self.vca, self.shape)
         kwargs = dict(shape, learn_sigma=learn_sigma, class_dropout_prob=class_dropout_prob)
         if options is not None:
             kwargs["vca_options"] = options
