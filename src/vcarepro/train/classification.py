@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -31,6 +30,7 @@ from ..models import create_classifier
 from ..pipeline import model_options
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, seed_everything, set_rng_state
 from .distributed import DistInfo, all_reduce_mean
+from .precision import MixedPrecision, maybe_compile
 
 
 class NonFiniteLossError(RuntimeError):
@@ -77,9 +77,12 @@ def make_loader(dataset, recipe: Dict[str, Any], info: DistInfo, training: bool,
                                          shuffle=training, seed=seed)
     generator = torch.Generator().manual_seed(seed)
     workers = recipe["workers"]
+    # Workers are started afresh each epoch, seeded from ``generator`` (reseeded per epoch by
+    # the training loop), so the augmentation of epoch k is the same whether or not the run
+    # was resumed; persistent workers would carry their random state across epochs.
     return DataLoader(dataset, batch_size=per_rank, shuffle=training and sampler is None, sampler=sampler,
                       num_workers=workers, pin_memory=info.device.type == "cuda", drop_last=training,
-                      persistent_workers=workers > 0, generator=generator)
+                      persistent_workers=False, generator=generator)
 
 
 @torch.no_grad()
@@ -138,6 +141,7 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
     else:
         criterion = nn.CrossEntropyLoss()
 
+    amp = MixedPrecision(recipe["precision"], device)
     start_epoch = 0
     state = load_checkpoint(Path(ckpt_dir) / "last.pt")
     if state is not None and state.get("fingerprint") != fingerprint:
@@ -148,17 +152,19 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
         scheduler.load_state_dict(state["scheduler"])
         if ema is not None:
             ema.load_state_dict(state["ema"])
+        amp.load_state_dict(state["scaler"])
         start_epoch = state["epoch"]
         set_rng_state(state["rng"])
-        generator_state = state["loader_rng"]
-        train_loader.generator.set_state(generator_state)
 
     ddp = DistributedDataParallel(model) if info.distributed else model
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    forward = maybe_compile(ddp, recipe["compile"])
     step = start_epoch * updates_per_epoch
     started = time.perf_counter()
     figures: Dict[str, float] = {}
     for epoch in range(start_epoch, recipe["epochs"]):
+        # Data order is a function of (seed, epoch), as DistributedSampler's set_epoch makes
+        # it: a resumed run cannot depend on how far an interrupted epoch had drawn.
+        train_loader.generator.manual_seed(seed * 100_003 + epoch)
         if isinstance(train_loader.sampler, (DistributedSampler, RepeatAugSampler)):
             train_loader.sampler.set_epoch(epoch)
         ddp.train()
@@ -168,19 +174,21 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
             images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
             if mixup is not None:
                 images, targets = mixup(images, targets)
-            with autocast:
-                loss = criterion(ddp(images), targets)
+            with amp.autocast():
+                loss = criterion(forward(images), targets)
             if not math.isfinite(loss.item()):
                 raise NonFiniteLossError(
                     f"the training loss became {loss.item()} at epoch {epoch}, batch {i}; lower the learning rate "
                     f"or check the data. The last good checkpoint is {Path(ckpt_dir) / 'last.pt'}.")
-            (loss / accum).backward()
+            amp.scaler.scale(loss / accum).backward()
             loss_sum += loss.item()
             batches += 1
             if (i + 1) % accum == 0:
                 if recipe["clip_grad"]:
+                    amp.scaler.unscale_(optimizer)
                     torch.nn.utils.clip_grad_norm_(model.parameters(), recipe["clip_grad"])
-                optimizer.step()
+                amp.scaler.step(optimizer)
+                amp.scaler.update()
                 optimizer.zero_grad(set_to_none=True)
                 step += 1
                 scheduler.step_update(num_updates=step)
@@ -204,7 +212,8 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
             save_checkpoint(Path(ckpt_dir) / "last.pt", {
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(), "ema": ema.state_dict() if ema is not None else {},
-                "epoch": epoch + 1, "rng": rng_state(), "loader_rng": train_loader.generator.get_state(),
+                "scaler": amp.state_dict(),
+                "epoch": epoch + 1, "rng": rng_state(),
                 "fingerprint": fingerprint,
             })
         if max_steps is not None and step >= max_steps:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -27,6 +26,7 @@ from .classification import NonFiniteLossError
 from .diffusion import GaussianDiffusion
 from .distributed import DistInfo, all_reduce_mean
 from .flow import FlowMatching
+from .precision import MixedPrecision, maybe_compile
 
 
 @dataclass
@@ -83,18 +83,20 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
     seed_everything(seed * 1000 + info.rank)  # data order, flips, noise and t differ per rank
     generator = torch.Generator().manual_seed(seed * 1000 + info.rank)
 
+    amp = MixedPrecision(recipe["precision"], device)
     step = 0
     state = load_checkpoint(Path(ckpt_dir) / "last.pt")
     if state is not None and state.get("fingerprint") == fingerprint:
         model.load_state_dict(state["model"])
         ema.load_state_dict(state["ema"])
         optimizer.load_state_dict(state["optimizer"])
+        amp.load_state_dict(state["scaler"])
         step = state["step"]
         set_rng_state(state["rng"])
         generator.set_state(state["generator"])
 
     ddp = DistributedDataParallel(model) if info.distributed else model
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    forward = maybe_compile(ddp, recipe["compile"])
     total = recipe["steps"] if max_steps is None else min(recipe["steps"], max_steps)
     started = time.perf_counter()
     running, count = 0.0, 0
@@ -105,15 +107,16 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
         if recipe["hflip"]:
             flip = torch.rand(per_rank, generator=generator) < 0.5
             x = torch.where(flip.to(device)[:, None, None, None], x.flip(-1), x)
-        with autocast:
-            loss = loss_fn.training_losses(ddp, x, y)["loss"]
+        with amp.autocast():
+            loss = loss_fn.training_losses(forward, x, y)["loss"]
         if not math.isfinite(loss.item()):
             raise NonFiniteLossError(
                 f"the training loss became {loss.item()} at step {step}; lower the learning rate or check the "
                 f"data. The last good checkpoint is {Path(ckpt_dir) / 'last.pt'}.")
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        amp.scaler.scale(loss).backward()
+        amp.scaler.step(optimizer)
+        amp.scaler.update()
         ema.update(model, step=step)
         step += 1
         running += loss.item()
@@ -128,7 +131,7 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
         if info.is_main and (step % recipe["ckpt_every"] == 0 or step == total):
             save_checkpoint(Path(ckpt_dir) / "last.pt", {
                 "model": model.state_dict(), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
-                "step": step, "rng": rng_state(), "generator": generator.get_state(), "fingerprint": fingerprint,
+                "scaler": amp.state_dict(), "step": step, "rng": rng_state(), "generator": generator.get_state(), "fingerprint": fingerprint,
             })
 
     figures = {"steps": float(step), "train_seconds": time.perf_counter() - started, "world_size": info.world_size}

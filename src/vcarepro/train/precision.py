@@ -1,0 +1,56 @@
+"""Numeric precision and compilation of a training step, from the recipe.
+
+``precision``: ``fp32``, ``bf16`` (autocast to bfloat16, no loss scaling) or ``fp16``
+(autocast to float16 with a dynamic ``GradScaler``, as DeiT's original NativeScaler).
+It applies on whatever device the stage runs on, so a recipe says exactly what ran;
+the embedded scale asks for ``fp32``. ``compile`` is ``null`` or a ``torch.compile``
+backend name (``inductor`` on GPUs).
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class MixedPrecision:
+    """Autocast context and gradient scaler for one ``precision`` on one device.
+
+    The scaler is enabled only for fp16; disabled, ``scale`` / ``unscale_`` / ``step``
+    pass through, so the training loop is written once for all three precisions.
+    """
+
+    def __init__(self, precision: str, device: torch.device):
+        if precision not in DTYPES:
+            raise ValueError(f"precision={precision!r} is unknown; use one of {', '.join(DTYPES)}.")
+        self.precision = precision
+        self.device = device
+        self.dtype = DTYPES[precision]
+        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+    def autocast(self):
+        if self.dtype is None:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    def state_dict(self):
+        return self.scaler.state_dict()
+
+    def load_state_dict(self, state) -> None:
+        if state:
+            self.scaler.load_state_dict(state)
+
+
+def maybe_compile(module: nn.Module, backend: Optional[str]) -> nn.Module:
+    """``torch.compile(module, backend=backend)``, or ``module`` itself when ``backend`` is null.
+
+    The caller keeps the uncompiled module for state dicts (a compiled wrapper prefixes
+    every key with ``_orig_mod.``).
+    """
+    if not backend:
+        return module
+    return torch.compile(module, backend=backend)

@@ -1,0 +1,109 @@
+"""The training loops themselves: precision, torch.compile, checkpoint contents and resume."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vcarepro.config import compose
+from vcarepro.data.embedded import export_digits
+from vcarepro.train.checkpoint import load_checkpoint
+from vcarepro.train.classification import ClassifierSpec, train_classifier
+from vcarepro.train.distributed import DistInfo
+from vcarepro.train.generation import GeneratorSpec, train_generator
+from vcarepro.train.precision import MixedPrecision
+
+UPDATES_PER_EPOCH = 5  # 1,437 training digits in batches of 256, the last one dropped
+CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    root = tmp_path_factory.mktemp("digits") / "cls"
+    counts = export_digits(root, val_fraction=0.2, seed=0)
+    assert counts["train"] // 256 == UPDATES_PER_EPOCH
+    return root
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    return compose([])
+
+
+def tiny_cls(embedded, **recipe):
+    spec = ClassifierSpec("deit_tiny", "vca", {}, dict(embedded["cls_shape"], depth=1, embed_dim=32))
+    return spec, dict(embedded["cls_recipe"], epochs=2, batch_size=256, **recipe)
+
+
+def train_cls(spec, recipe, digits, tmp, **kw):
+    return train_classifier(spec=spec, recipe=recipe, data_root=digits, seed=0, out_dir=tmp / "out",
+                            ckpt_dir=tmp / "ckpt", info=CPU, fingerprint="f", **kw)
+
+
+def test_precision_names_are_checked_and_only_fp16_scales_the_loss():
+    with pytest.raises(ValueError, match="precision='fp8' is unknown"):
+        MixedPrecision("fp8", torch.device("cpu"))
+    assert not MixedPrecision("bf16", torch.device("cpu")).scaler.is_enabled()
+    assert MixedPrecision("fp16", torch.device("cpu")).scaler.is_enabled()
+    with MixedPrecision("bf16", torch.device("cpu")).autocast():
+        assert torch.ones(2, 2).mm(torch.ones(2, 2)).dtype == torch.bfloat16
+    with MixedPrecision("fp32", torch.device("cpu")).autocast():
+        assert torch.ones(2, 2).mm(torch.ones(2, 2)).dtype == torch.float32
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_interrupted_classifier_resumes_to_the_same_weights(tmp_path, digits, embedded, one_torch_thread, workers):
+    # with augmentation on, so that the augmentation stream, not only the data order, must resume
+    spec, recipe = tiny_cls(embedded, workers=workers, color_jitter=0.4, hflip=0.5, reprob=0.25)
+    straight = train_cls(spec, recipe, digits, tmp_path / "a")
+    # the first run stops at the end of epoch 1, the second resumes from its checkpoint
+    train_cls(spec, recipe, digits, tmp_path / "b", max_steps=UPDATES_PER_EPOCH)
+    assert load_checkpoint(tmp_path / "b" / "ckpt" / "last.pt")["epoch"] == 1
+    resumed = train_cls(spec, recipe, digits, tmp_path / "b")
+    a = load_file(str(tmp_path / "a" / "out" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "out" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed["val_top1"] == straight["val_top1"]
+
+
+def test_a_checkpoint_of_other_settings_is_not_resumed(tmp_path, digits, embedded, one_torch_thread):
+    spec, recipe = tiny_cls(embedded)
+    train_cls(spec, recipe, digits, tmp_path, max_steps=1)
+    figures = train_classifier(spec=spec, recipe=recipe, data_root=digits, seed=0, out_dir=tmp_path / "out",
+                               ckpt_dir=tmp_path / "ckpt", info=CPU, fingerprint="other")
+    assert figures["epoch"] == 2 and load_checkpoint(tmp_path / "ckpt" / "last.pt")["fingerprint"] == "other"
+
+
+def test_fp16_training_keeps_its_loss_scale_in_the_checkpoint(tmp_path, digits, embedded, one_torch_thread):
+    spec, recipe = tiny_cls(embedded, precision="fp16", clip_grad=1.0)
+    figures = train_cls(spec, recipe, digits, tmp_path, max_steps=1)
+    scaler = load_checkpoint(tmp_path / "ckpt" / "last.pt")["scaler"]
+    assert scaler["scale"] > 0 and "_growth_tracker" in scaler
+    assert torch.isfinite(torch.tensor(figures["train_loss"]))
+    weights = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert all(v.dtype == torch.float32 for v in weights.values())  # autocast leaves the master weights fp32
+
+
+def test_bf16_and_compiled_steps_train_and_save_plain_state_dicts(tmp_path, digits, embedded, one_torch_thread):
+    spec, recipe = tiny_cls(embedded, precision="bf16", compile="eager")
+    figures = train_cls(spec, recipe, digits, tmp_path, max_steps=1)
+    assert torch.isfinite(torch.tensor(figures["train_loss"]))
+    keys = load_file(str(tmp_path / "out" / "model.safetensors")).keys()
+    assert keys == spec.create(num_classes=10).state_dict().keys()  # no "_orig_mod." prefixes
+    assert load_checkpoint(tmp_path / "ckpt" / "last.pt")["scaler"] == {}  # bf16 needs no loss scale
+
+
+def test_generator_fp16_and_compile_paths_write_scaler_state(tmp_path, embedded, one_torch_thread):
+    from safetensors.torch import save_file
+    g = torch.Generator().manual_seed(0)
+    data = tmp_path / "train.safetensors"
+    save_file({"inputs": torch.randn(32, 1, 8, 8, generator=g), "labels": torch.arange(32) % 10}, str(data))
+    spec = GeneratorSpec("dit_s2", "vca", {}, dict(embedded["gen_shape"], depth=1, hidden_size=32))
+    recipe = dict(embedded["gen_recipe"], steps=2, batch_size=8, ckpt_every=2, precision="fp16", compile="eager")
+    figures = train_generator(spec=spec, objective="ddpm", recipe=recipe, data_path=data, seed=0,
+                              out_dir=tmp_path / "out", ckpt_dir=tmp_path / "ckpt", info=CPU, fingerprint="f")
+    assert figures["steps"] == 2
+    assert load_checkpoint(tmp_path / "ckpt" / "last.pt")["scaler"]["scale"] > 0
+    assert Path(tmp_path / "out" / "model_ema.safetensors").is_file()
