@@ -11,22 +11,70 @@ import pytest
 import yaml
 
 from vcarepro.config import compose
-from vcarepro.launch import parse, torchrun_command
+from vcarepro.launch import LaunchError, main, parse, resolve, srun_command, torchrun_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def launch_args(*argv, env=None, gpus=0, hosts=("gpu-a01", "gpu-a02")):
+    return resolve(parse([*argv, "stages/train_cls.py", "--run", "deit_tiny-vca"]), env=env or {},
+                   gpu_count=lambda: gpus, slurm_host=lambda nodelist: hosts[0])
+
+
 def test_multi_node_goes_through_torchrun_with_the_params_rendezvous():
-    args = parse(["--nnodes", "2", "--nproc-per-node", "8", "--node-rank", "1", "--rdzv-endpoint", "10.0.0.5:29500",
-                  "stages/train_cls.py", "--run", "deit_tiny-vca"])
+    args = launch_args("--nnodes", "2", "--nproc-per-node", "8", "--node-rank", "1",
+                       "--rdzv-endpoint", "10.0.0.5:29500")
     assert torchrun_command(args) == [
         "torchrun", "--nnodes=2", "--nproc-per-node=8", "--node-rank=1", "--rdzv-backend=c10d",
         "--rdzv-endpoint=10.0.0.5:29500", "stages/train_cls.py", "--run", "deit_tiny-vca"]
 
 
-def test_a_file_rendezvous_is_refused_across_nodes():
-    with pytest.raises(SystemExit):
-        parse(["--nnodes", "2", "--rdzv-endpoint", "file", "stages/train_cls.py"])
+SLURM = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "4", "SLURM_NODEID": "2", "SLURM_JOB_NODELIST": "gpu-a[01-04]"}
+
+
+def test_inside_a_slurm_allocation_one_srun_starts_torchrun_on_every_node():
+    args = launch_args("--nnodes", "env", "--nproc-per-node", "gpu", "--rdzv-endpoint", "env",
+                       "--launcher", "srun", env=SLURM, gpus=8)
+    assert srun_command(args, env=SLURM) == [
+        "srun", "--nodes=4", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+        "torchrun", "--nnodes=4", "--nproc-per-node=8", "--rdzv-backend=c10d", "--rdzv-id=4242",
+        "--rdzv-endpoint=gpu-a01:29500", "stages/train_cls.py", "--run", "deit_tiny-vca"]
+
+
+def test_env_values_come_from_slurm_or_torchrun_style_variables():
+    args = launch_args("--nnodes", "env", "--node-rank", "env", "--rdzv-endpoint", "env", env=SLURM)
+    assert (args.nnodes, args.node_rank, args.rdzv_endpoint) == (4, 2, "gpu-a01:29500")
+    plain = {"NNODES": "3", "NODE_RANK": "1", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "6000"}
+    args = launch_args("--nnodes", "env", "--node-rank", "env", "--rdzv-endpoint", "env", env=plain)
+    assert (args.nnodes, args.node_rank, args.rdzv_endpoint) == (3, 1, "10.1.2.3:6000")
+
+
+@pytest.mark.parametrize("argv, env, message", [
+    (["--nnodes", "2", "--rdzv-endpoint", "file"], {}, "a file rendezvous works on one node"),
+    (["--nnodes", "env"], {}, "needs one of SLURM_NNODES, NNODES"),
+    (["--nnodes", "two"], {}, "'two' is not an integer"),
+    (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], {}, "--node-rank 2 does not exist among 2"),
+    (["--nproc-per-node", "gpu"], {}, "found no visible GPU"),
+    (["--rdzv-endpoint", "env"], {}, "needs MASTER_ADDR or a SLURM allocation"),
+    (["--launcher", "srun", "--rdzv-endpoint", "h:1"], {}, "must run inside a SLURM allocation"),
+    (["--launcher", "srun"], SLURM, "a file rendezvous works on one node"),
+])
+def test_launch_settings_that_cannot_work_are_one_line_errors(argv, env, message):
+    with pytest.raises(LaunchError, match=message.replace("[", r"\[")):
+        launch_args(*argv, env=env)
+
+
+def test_the_launcher_reports_a_bad_setting_without_starting_anything(capsys):
+    assert main(["--nnodes", "0", "stages/train_cls.py"]) == 2
+    assert "--nnodes is 0; it must be at least 1" in capsys.readouterr().err
+
+
+def test_stage_commands_pass_every_distributed_param_to_the_launcher():
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for name in ("train_cls", "train_gen"):
+        cmd = stages[name]["do"]["cmd"]
+        for key in compose([])["distributed"]:
+            assert f"--{key.replace('_', '-')} ${{distributed.{key}}}" in cmd, (name, key)
 
 
 @pytest.mark.slow
