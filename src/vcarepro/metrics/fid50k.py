@@ -1,0 +1,618 @@
+"""FID-50K, sFID, Inception Score and precision/recall as ADM's evaluator computes them, without TensorFlow.
+
+DiT and SiT report ImageNet 256x256 numbers from OpenAI's guided-diffusion
+``evaluations/evaluator.py`` ("the ADM evaluator"): 50,000 samples in an
+``.npz`` (``arr_0``: uint8 N x 256 x 256 x 3) against a reference batch
+(``VIRTUAL_imagenet256_labeled.npz``: 10,000 images and the precomputed
+statistics ``mu``/``sigma`` of the whole training set's pool features and
+``mu_s``/``sigma_s`` of its spatial features). This module reproduces that
+evaluation on torch-fidelity's ``inception-v3-compat`` network, a port of the
+same 2015 TF Inception graph with TF1-compatible resizing to 299 px:
+
+* FID: Frechet distance of 2048-d ``pool_3`` features, computed by
+  torch-fidelity's :func:`~torch_fidelity.metric_fid.fid_statistics_to_metric`.
+* sFID: Frechet distance of ADM's spatial features, the first 7 channels of
+  the TF graph's ``mixed_6/conv`` (17 x 17 x 7 = 2023 dims). torch-fidelity does
+  not list that layer among its named features, but its network contains it:
+  torch-fidelity's weight converter (``utils/util_convert_inception_weights.py``)
+  maps the TF scope ``mixed_6/conv`` (conv2d_params + batchnorm) onto
+  ``Mixed_6d.branch1x1``, a conv-BN-ReLU unit whose output is the tensor ADM
+  reads. :class:`InceptionFeatures` captures that module's output with a
+  forward hook, keeps channels 0..6 and flattens them in TF's NHWC order, so
+  the features line up element for element with ADM's ``mu_s``/``sigma_s``.
+  Not checked here against the real weights (they are not on this machine):
+  the first run with them should compare :func:`load_adm_reference` (spatial)
+  with statistics from :func:`reference_from_images` on the same images.
+* Inception Score: torch-fidelity's
+  :func:`~torch_fidelity.metric_isc.isc_features_to_metric` over the unbiased
+  logits (pool features times the final layer's weights, no bias: what ADM's
+  ``softmax/logits/MatMul`` graph computes too), in ADM's order (no shuffle).
+* Precision/recall: hand-written, see :func:`precision_recall`.
+
+The one knowing departure from ADM: its distance block casts features to
+float16 for speed; here distances are computed in float64 (or a dtype given).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Iterable, Iterator, NamedTuple, Optional, Tuple, Union
+
+import numpy as np
+import torch
+from numpy.lib import format as npy_format
+from torch_fidelity.metric_fid import KEY_METRIC_FID, fid_statistics_to_metric
+from torch_fidelity.metric_kid import KEY_METRIC_KID_MEAN, KEY_METRIC_KID_STD, kid_features_to_metric
+from torch_fidelity.metric_isc import KEY_METRIC_ISC_MEAN, KEY_METRIC_ISC_STD, isc_features_to_metric
+from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+
+from vcarepro.metrics.fid import INCEPTION_EXTRACTOR, INCEPTION_FEATURE_DIM, INCEPTION_WEIGHTS_FILENAME, \
+    default_inception_weights_path
+
+PathLike = Union[str, Path]
+ArrayLike = Union[np.ndarray, torch.Tensor]
+
+INCEPTION_NUM_LOGITS = 1008  # the 2015 graph's softmax has 1008 outputs (1000 classes and 8 unused)
+SPATIAL_CHANNELS = 7  # ADM: spatial = mixed_6/conv[..., :7]
+SPATIAL_GRID = 17  # mixed_6 works at 17 x 17 for a 299 px input
+SPATIAL_FEATURE_DIM = SPATIAL_CHANNELS * SPATIAL_GRID * SPATIAL_GRID  # 2023
+SPATIAL_MODULE = "Mixed_6d.branch1x1"  # torch-fidelity's name for TF's mixed_6/conv
+PR_NEIGHBOURHOOD = 3  # ADM's ManifoldEstimator(nhood_sizes=(3,))
+ADM_REFERENCE_SIZE = 10_000  # images in ADM's reference batches, used for precision/recall
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+@dataclass
+class FeatureStats:
+    """Mean and covariance of a feature set: what FID compares, and what an ADM reference batch stores."""
+
+    mu: np.ndarray  # (D,) float64
+    sigma: np.ndarray  # (D, D) float64
+    num: int  # how many feature vectors went in (0 where the source does not say)
+
+    def __post_init__(self):
+        self.mu = np.asarray(self.mu, dtype=np.float64)
+        self.sigma = np.asarray(self.sigma, dtype=np.float64)
+        self.num = int(self.num)
+        if self.mu.ndim != 1 or self.sigma.shape != (self.mu.shape[0],) * 2:
+            raise ValueError(f"FeatureStats needs mu of shape (D,) and sigma of shape (D, D), got {self.mu.shape} and "
+                             f"{self.sigma.shape}; pass the mean vector and the covariance matrix of one feature set.")
+
+    @property
+    def dim(self) -> int:
+        return self.mu.shape[0]
+
+    def save(self, path: PathLike) -> None:
+        """Write ``mu``, ``sigma`` and ``num`` to an ``.npz`` at exactly ``path``, atomically (temp file, then rename)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:  # a file object, so numpy does not append ".npz" to the name
+                np.savez(f, mu=self.mu, sigma=self.sigma, num=np.int64(self.num))
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: PathLike) -> "FeatureStats":
+        """Read a file written by :meth:`save`."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"Feature statistics not found at {path}; run the stage that computes them "
+                                    "(FeatureStats.save) or fix the path.")
+        with np.load(path, allow_pickle=False) as data:
+            missing = [key for key in ("mu", "sigma", "num") if key not in data.files]
+            if missing:
+                raise ValueError(f"{path} lacks the keys {missing} of a FeatureStats file; pass a file written by "
+                                 "FeatureStats.save.")
+            return cls(mu=data["mu"], sigma=data["sigma"], num=int(data["num"]))
+
+
+class StatsAccumulator:
+    """Streaming mean and unbiased covariance (ddof=1, as ``np.cov``) of (B, D) feature batches, in float64.
+
+    Sums are taken of features minus the first batch's mean: the covariance
+    does not change under a shift, and centring first avoids the cancellation
+    of ``E[xx^T] - mu mu^T`` when the mean is large against the spread.
+    """
+
+    def __init__(self, dim: int):
+        self.dim = int(dim)
+        self.num = 0
+        self._shift: Optional[np.ndarray] = None
+        self._sum = np.zeros(self.dim, dtype=np.float64)
+        self._outer = np.zeros((self.dim, self.dim), dtype=np.float64)
+
+    def update(self, features: ArrayLike) -> None:
+        x = _as_float64(features)
+        if x.ndim != 2 or x.shape[1] != self.dim:
+            raise ValueError(f"StatsAccumulator({self.dim}) expects (B, {self.dim}) features, got {x.shape}; "
+                             "pass one feature vector per row.")
+        if x.shape[0] == 0:
+            return
+        if self._shift is None:
+            self._shift = x.mean(axis=0)
+        x = x - self._shift
+        self._sum += x.sum(axis=0)
+        self._outer += x.T @ x
+        self.num += x.shape[0]
+
+    def result(self) -> FeatureStats:
+        if self.num < 2:
+            raise ValueError(f"A covariance needs at least 2 feature vectors, got {self.num}; feed more images.")
+        centred_mean = self._sum / self.num
+        sigma = (self._outer - self.num * np.outer(centred_mean, centred_mean)) / (self.num - 1)
+        sigma = (sigma + sigma.T) / 2  # exact symmetry, which rounding in the sums does not guarantee
+        return FeatureStats(mu=centred_mean + self._shift, sigma=sigma, num=self.num)
+
+
+class FeatureReservoir:
+    """A uniformly random subset of at most ``capacity`` rows from a stream of (B, D) batches (reservoir sampling).
+
+    Algorithm R: row ``t`` (0-based, over the whole stream) is kept outright
+    while ``t < capacity``, later it replaces a uniformly drawn slot with
+    probability ``capacity / (t + 1)``. One random draw per row past the
+    first ``capacity``, in stream order, so the subset depends on ``seed`` and
+    the rows' order only, not on how the stream is cut into batches.
+    """
+
+    def __init__(self, capacity: int, dim: int, *, seed: int = 0, dtype=np.float32):
+        if capacity < 1:
+            raise ValueError(f"FeatureReservoir needs capacity >= 1, got {capacity}; keep at least one feature vector.")
+        self.capacity = int(capacity)
+        self.seen = 0
+        self._rows = np.empty((self.capacity, int(dim)), dtype=dtype)
+        self._rng = np.random.Generator(np.random.PCG64(seed))
+
+    def update(self, features: ArrayLike) -> None:
+        x = _as_float64(features) if isinstance(features, torch.Tensor) else np.asarray(features)
+        if x.ndim != 2 or x.shape[1] != self._rows.shape[1]:
+            raise ValueError(f"FeatureReservoir expects (B, {self._rows.shape[1]}) features, got {x.shape}; "
+                             "pass one feature vector per row.")
+        filling = max(0, min(self.capacity - self.seen, x.shape[0]))
+        self._rows[self.seen:self.seen + filling] = x[:filling]
+        for offset in range(filling, x.shape[0]):
+            slot = self._rng.integers(0, self.seen + offset + 1)
+            if slot < self.capacity:
+                self._rows[slot] = x[offset]
+        self.seen += x.shape[0]
+
+    def result(self) -> np.ndarray:
+        return self._rows[:min(self.seen, self.capacity)].copy()
+
+
+def load_adm_reference(path: PathLike, *, spatial: bool = False) -> FeatureStats:
+    """Statistics of an ADM reference batch ``.npz``: ``mu``/``sigma`` (pool, FID), or ``mu_s``/``sigma_s`` if ``spatial``.
+
+    ``num`` is the number of images in its ``arr_0`` (read from the array
+    header, the images stay on disk), or 0 if it has none; the statistics
+    themselves were computed by OpenAI over the whole training set.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"ADM reference batch not found at {path}; download VIRTUAL_imagenet256_labeled.npz "
+                                "from openai/guided-diffusion's evaluations README on a connected machine and put it there.")
+    keys = ("mu_s", "sigma_s") if spatial else ("mu", "sigma")
+    with np.load(path, allow_pickle=False) as data:
+        missing = [key for key in keys if key not in data.files]
+        if missing:
+            raise ValueError(f"{path} has no {' or '.join(missing)} (keys: {sorted(data.files)}), so it is not an ADM "
+                             "reference batch; pass the VIRTUAL_*.npz file from openai/guided-diffusion's evaluations.")
+        mu, sigma = data[keys[0]], data[keys[1]]
+    num = _npz_array_shape(path, "arr_0")[0] if "arr_0" in _npz_keys(path) else 0
+    return FeatureStats(mu=mu, sigma=sigma, num=num)
+
+
+def frechet_distance(a: FeatureStats, b: FeatureStats) -> float:
+    """FID between two Gaussians, by torch-fidelity's ``fid_statistics_to_metric``.
+
+    torch-fidelity takes the trace of sqrt(sigma_a sigma_b) from the
+    eigenvalues of the product; ADM uses ``scipy.linalg.sqrtm``. The two agree
+    to rounding for the positive semi-definite covariances FID deals with.
+    """
+    if a.dim != b.dim:
+        raise ValueError(f"Cannot compare {a.dim}-d with {b.dim}-d feature statistics; compute both with the same "
+                         "feature extractor and layer.")
+    stats = [{"mu": s.mu.astype(np.float64), "sigma": s.sigma.astype(np.float64)} for s in (a, b)]
+    return float(fid_statistics_to_metric(stats[0], stats[1], verbose=False)[KEY_METRIC_FID])
+
+
+# --------------------------------------------------------------------------- Inception
+
+
+class InceptionOutputs(NamedTuple):
+    pool: np.ndarray  # (B, 2048) float64, pool_3
+    logits: np.ndarray  # (B, 1008) float32, unbiased logits
+    spatial: np.ndarray  # (B, 2023) float64, mixed_6/conv[..., :7] flattened in NHWC order
+
+
+class InceptionFeatures:
+    """torch-fidelity's ``inception-v3-compat`` network from a local weights file, as ADM's evaluator uses it.
+
+    ``weights_path``: torch-fidelity's ``weights-inception-2015-12-05-6726825d.pth``;
+    None looks in torch hub's checkpoint directory. Nothing is ever
+    downloaded. Calling it on uint8 (B, 3, H, W) images returns
+    ``(pool (B, 2048) float64, logits_unbiased (B, 1008) float32)``; the
+    network resizes to 299 px itself, the TF1 way. :meth:`extract` also
+    returns ADM's sFID features.
+    """
+
+    feature_dim = INCEPTION_FEATURE_DIM
+    num_logits = INCEPTION_NUM_LOGITS
+    spatial_dim = SPATIAL_FEATURE_DIM
+
+    def __init__(self, weights_path: Optional[PathLike] = None, device: Union[str, torch.device] = "cpu",
+                 batch_size: int = 100):
+        path = Path(weights_path) if weights_path is not None else default_inception_weights_path()
+        if not path.is_file():
+            raise FileNotFoundError(f"Inception weights not found at {path}; copy {INCEPTION_WEIGHTS_FILENAME} (from "
+                                    "torch-fidelity's v0.2.0 GitHub release) there or pass its path as weights_path.")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}; pass a positive number of images per pass.")
+        self.weights_path = path
+        self.device = torch.device(device)
+        self.batch_size = int(batch_size)
+        # built as torch-fidelity's create_feature_extractor builds it, minus its hard-wired .cuda()
+        self.network = FeatureExtractorInceptionV3(INCEPTION_EXTRACTOR, ["2048", "logits_unbiased"],
+                                                   feature_extractor_weights_path=str(path))
+        self.network.requires_grad_(False).eval().to(self.device)
+        self._spatial: Optional[torch.Tensor] = None
+        self.network.get_submodule(SPATIAL_MODULE).register_forward_hook(self._keep_spatial)
+
+    def _keep_spatial(self, module, inputs, output: torch.Tensor) -> None:
+        # TF's [..., :7] on NHWC, flattened as ADM does (reshape([N, -1]) on NHWC): H, W, then channel
+        self._spatial = output[:, :SPATIAL_CHANNELS].permute(0, 2, 3, 1).reshape(output.shape[0], -1)
+
+    @torch.inference_mode()
+    def extract(self, images_uint8: ArrayLike) -> InceptionOutputs:
+        """Pool features, unbiased logits and spatial (sFID) features of uint8 (B, 3, H, W) images."""
+        images = torch.as_tensor(images_uint8)
+        if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
+            raise ValueError(f"InceptionFeatures expects uint8 (B, 3, H, W) images, got {images.dtype} "
+                             f"{tuple(images.shape)}; convert NHWC arrays with .permute(0, 3, 1, 2).")
+        pools, logits, spatials = [], [], []
+        for start in range(0, images.shape[0], self.batch_size):
+            batch = images[start:start + self.batch_size].to(self.device, non_blocking=True).contiguous()
+            self._spatial = None
+            pool, logit = self.network(batch)
+            if self._spatial is None:
+                raise RuntimeError(f"The forward hook on {SPATIAL_MODULE} did not fire; torch-fidelity's Inception "
+                                   "has changed layout, pin torch-fidelity 0.4 or update SPATIAL_MODULE.")
+            pools.append(pool.double().cpu().numpy())
+            logits.append(logit.float().cpu().numpy())
+            spatials.append(self._spatial.double().cpu().numpy())
+            self._spatial = None
+        if not pools:
+            return InceptionOutputs(np.zeros((0, self.feature_dim)), np.zeros((0, self.num_logits), np.float32),
+                                    np.zeros((0, self.spatial_dim)))
+        return InceptionOutputs(np.concatenate(pools), np.concatenate(logits), np.concatenate(spatials))
+
+    def __call__(self, images_uint8: ArrayLike) -> Tuple[np.ndarray, np.ndarray]:
+        outputs = self.extract(images_uint8)
+        return outputs.pool, outputs.logits
+
+
+# --------------------------------------------------------------------------- IS and precision/recall
+
+
+def inception_score(logits: ArrayLike, splits: int = 10, *, shuffle: bool = False,
+                    seed: int = 2020) -> Tuple[float, float]:
+    """Inception Score (mean, std over ``splits``) of unbiased logits, by torch-fidelity's ``isc_features_to_metric``.
+
+    ``shuffle=False`` keeps the samples' order, as ADM's evaluator does
+    (torch-fidelity's own default shuffles with seed 2020); for 50,000
+    samples and 10 splits the chunks are then ADM's 5,000-sample splits.
+    """
+    features = logits if isinstance(logits, torch.Tensor) else torch.from_numpy(np.asarray(logits))
+    if features.dim() != 2 or features.shape[0] < splits or splits < 1:
+        raise ValueError(f"inception_score needs (N, classes) logits with N >= splits >= 1, got {tuple(features.shape)} "
+                         f"and splits={splits}; pass more samples or fewer splits.")
+    out = isc_features_to_metric(features.detach().cpu(), splits=splits, shuffle=shuffle, rng_seed=seed)
+    return float(out[KEY_METRIC_ISC_MEAN]), float(out[KEY_METRIC_ISC_STD])
+
+
+def precision_recall(real_feats: ArrayLike, fake_feats: ArrayLike, k: int = PR_NEIGHBOURHOOD, batch_size: int = 10000,
+                     *, device: Union[str, torch.device] = "cpu",
+                     dtype: torch.dtype = torch.float64) -> Tuple[float, float]:
+    """Improved precision and recall (Kynkaanniemi et al., 2019) as ADM's ``ManifoldEstimator`` computes them.
+
+    Each set spans a manifold: the union of balls around its points, the
+    radius of a point being the distance to its ``k``-th nearest neighbour
+    within the set (itself excluded). Precision is the fraction of fake
+    points inside the real manifold (within the radius of ANY real point),
+    recall the fraction of real points inside the fake manifold. Distances
+    are computed in ``batch_size`` x ``batch_size`` blocks, so 50K x 10K never
+    needs a 50K x 50K matrix.
+
+    Hand-written because torch-fidelity's ``prc`` runs on VGG16 features
+    (weights that download), while the DiT/SiT numbers use Inception pool
+    features, as here.
+    """
+    real = _as_tensor(real_feats, device, dtype)
+    fake = _as_tensor(fake_feats, device, dtype)
+    if real.dim() != 2 or fake.dim() != 2 or real.shape[1] != fake.shape[1]:
+        raise ValueError(f"precision_recall needs two (N, D) feature sets of one D, got {tuple(real.shape)} and "
+                         f"{tuple(fake.shape)}; extract both with the same network and layer.")
+    if min(real.shape[0], fake.shape[0]) <= k:
+        raise ValueError(f"precision_recall with k={k} needs more than {k} points per set, got {real.shape[0]} real "
+                         f"and {fake.shape[0]} fake; pass more samples or lower k.")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}; pass a positive block size.")
+    real_radii = _kth_neighbour_sq_radii(real, k, batch_size)
+    fake_radii = _kth_neighbour_sq_radii(fake, k, batch_size)
+    precision = _fraction_inside(fake, real, real_radii, batch_size)
+    recall = _fraction_inside(real, fake, fake_radii, batch_size)
+    return precision, recall
+
+
+def _squared_distances(a: torch.Tensor, a_sq: torch.Tensor, b: torch.Tensor, b_sq: torch.Tensor) -> torch.Tensor:
+    # squared, as ADM's distance block: comparing squared distances with squared radii decides the same
+    return (a_sq[:, None] + b_sq[None, :] - 2 * a @ b.T).clamp_min_(0)
+
+
+def _kth_neighbour_sq_radii(points: torch.Tensor, k: int, batch_size: int) -> torch.Tensor:
+    squared_norms = (points * points).sum(dim=1)
+    radii = torch.empty(points.shape[0], dtype=points.dtype, device=points.device)
+    for row in range(0, points.shape[0], batch_size):
+        rows = slice(row, row + batch_size)
+        nearest = None  # the k + 1 smallest distances so far, self included (at or near 0), ascending
+        for col in range(0, points.shape[0], batch_size):
+            cols = slice(col, col + batch_size)
+            block = _squared_distances(points[rows], squared_norms[rows], points[cols], squared_norms[cols])
+            candidates = block if nearest is None else torch.cat([nearest, block], dim=1)
+            nearest = candidates.topk(min(k + 1, candidates.shape[1]), dim=1, largest=False).values
+        radii[rows] = nearest[:, k]  # ADM: index k of the sorted row, index 0 being the point itself
+    return radii
+
+
+def _fraction_inside(queries: torch.Tensor, manifold: torch.Tensor, sq_radii: torch.Tensor, batch_size: int) -> float:
+    query_norms = (queries * queries).sum(dim=1)
+    manifold_norms = (manifold * manifold).sum(dim=1)
+    inside = torch.zeros(queries.shape[0], dtype=torch.bool, device=queries.device)
+    for row in range(0, queries.shape[0], batch_size):
+        rows = slice(row, row + batch_size)
+        for col in range(0, manifold.shape[0], batch_size):
+            cols = slice(col, col + batch_size)
+            block = _squared_distances(queries[rows], query_norms[rows], manifold[cols], manifold_norms[cols])
+            inside[rows] |= (block <= sq_radii[cols][None, :]).any(dim=1)
+    return float(inside.double().mean())
+
+
+# --------------------------------------------------------------------------- sample files
+
+
+def iter_npz_images(path: PathLike, batch_size: int, *, key: str = "arr_0") -> Iterator[np.ndarray]:
+    """Yield uint8 (B, H, W, 3) batches of an ADM-format ``.npz`` (or ``.npy``) without loading the whole array.
+
+    ``np.load``'s ``mmap_mode`` does not apply inside an ``.npz`` (a zip), so
+    the member is streamed: its header is parsed, then ``batch_size`` rows are
+    read at a time. Works for ``np.savez`` and ``np.savez_compressed`` files.
+    A ``.npy`` file is memory-mapped.
+    """
+    path = Path(path)
+    _require_file(path)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}; pass a positive number of images per batch.")
+    if path.suffix == ".npy":
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+        _check_image_array(path, array.shape, array.dtype)
+        for start in range(0, array.shape[0], batch_size):
+            yield np.ascontiguousarray(array[start:start + batch_size])
+        return
+    with zipfile.ZipFile(path) as archive:
+        member = _npz_member(archive, path, key)
+        with archive.open(member) as stream:
+            shape, fortran_order, dtype = _read_npy_header(stream)
+            _check_image_array(path, shape, dtype)
+            if fortran_order:
+                raise ValueError(f"{path}:{key} is stored in Fortran order, which cannot be streamed by rows; "
+                                 "re-save it with np.savez(np.ascontiguousarray(images)).")
+            row_bytes = int(np.prod(shape[1:])) * dtype.itemsize
+            for start in range(0, shape[0], batch_size):
+                count = min(batch_size, shape[0] - start)
+                batch = np.empty((count,) + tuple(shape[1:]), dtype=dtype)
+                if _read_into(stream, memoryview(batch).cast("B")) != count * row_bytes:
+                    raise ValueError(f"{path}:{key} ends after {start} of {shape[0]} images; the file is truncated, "
+                                     "write it again.")
+                yield batch
+
+
+def npz_num_images(path: PathLike, *, key: str = "arr_0") -> int:
+    """Number of images in an ADM-format sample file, read from its header only."""
+    path = Path(path)
+    _require_file(path)
+    if path.suffix == ".npy":
+        shape = np.load(path, mmap_mode="r", allow_pickle=False).shape
+    else:
+        shape = _npz_array_shape(path, key)
+    return int(shape[0]) if shape else 0
+
+
+def evaluate_samples(npz_path: PathLike, reference: FeatureStats, extractor: Any, *,
+                     reference_features: Optional[np.ndarray] = None,
+                     spatial_reference: Optional[FeatureStats] = None,
+                     min_samples: int = INCEPTION_FEATURE_DIM + 1, splits: int = 10,
+                     batch_size: Optional[int] = None, prc_k: int = PR_NEIGHBOURHOOD, kid_subsets: int = 100,
+                     kid_subset_size: int = 1000, seed: int = 0) -> Dict[str, Union[float, int]]:
+    """ADM's evaluation of a sample ``.npz`` (``arr_0``: uint8 N x H x W x 3), streamed through ``extractor``.
+
+    Returns ``fid``, ``inception_score``, ``inception_score_std`` and
+    ``num_samples``; ``precision`` and ``recall`` when ``reference_features``
+    (the reference images' pool features, ADM: its 10,000-image batch) are
+    given, with ``kid_mean`` / ``kid_std`` (torch-fidelity's KID over ``kid_subsets`` random
+    subsets of ``min(kid_subset_size, both set sizes)``, drawn with ``seed``); ``sfid`` when
+    ``spatial_reference`` is (then ``extractor`` must have
+    :meth:`InceptionFeatures.extract`). ``extractor(images)`` gets uint8
+    (B, 3, H, W) tensors and returns (pool features, logits).
+    """
+    npz_path = Path(npz_path)
+    num_samples = npz_num_images(npz_path)
+    if num_samples < min_samples:
+        raise ValueError(f"FID needs at least {min_samples} samples (feature dimension + 1) but {npz_path} holds "
+                         f"{num_samples}; raise sampling.num_samples.")
+    if spatial_reference is not None and not hasattr(extractor, "extract"):
+        raise ValueError(f"sFID needs an extractor with .extract() (InceptionFeatures), got "
+                         f"{type(extractor).__name__}; pass InceptionFeatures or drop spatial_reference.")
+    batch_size = batch_size or getattr(extractor, "batch_size", 100)
+
+    pool_stats = StatsAccumulator(reference.dim)
+    spatial_stats = StatsAccumulator(spatial_reference.dim) if spatial_reference is not None else None
+    logits, kept_pool = [], []
+    for batch in iter_npz_images(npz_path, batch_size):
+        images = torch.from_numpy(batch).permute(0, 3, 1, 2)
+        if spatial_stats is not None:
+            pool, logit, spatial = extractor.extract(images)
+            spatial_stats.update(spatial)
+        else:
+            pool, logit = extractor(images)
+        pool = _as_float64(pool)
+        if pool.shape[1] != reference.dim:
+            raise ValueError(f"The extractor gives {pool.shape[1]}-d features but the reference statistics are "
+                             f"{reference.dim}-d; compute both with the same extractor.")
+        pool_stats.update(pool)
+        logits.append(np.asarray(logit.cpu() if isinstance(logit, torch.Tensor) else logit, dtype=np.float32))
+        if reference_features is not None:
+            kept_pool.append(pool.astype(np.float32))
+
+    inception_mean, inception_std = inception_score(np.concatenate(logits), splits=splits)
+    result: Dict[str, Union[float, int]] = {
+        "fid": frechet_distance(pool_stats.result(), reference),
+        "inception_score": inception_mean,
+        "inception_score_std": inception_std,
+    }
+    if spatial_stats is not None:
+        result["sfid"] = frechet_distance(spatial_stats.result(), spatial_reference)
+    if reference_features is not None:
+        device = getattr(extractor, "device", "cpu")
+        fake_features = np.concatenate(kept_pool)
+        result["precision"], result["recall"] = precision_recall(reference_features, fake_features, k=prc_k,
+                                                                 device=device)
+        subset = min(kid_subset_size, len(reference_features), len(fake_features))
+        kid = kid_features_to_metric(torch.from_numpy(np.asarray(reference_features)),
+                                     torch.from_numpy(fake_features), kid_subsets=kid_subsets,
+                                     kid_subset_size=subset, rng_seed=seed, verbose=False)
+        result["kid_mean"], result["kid_std"] = kid[KEY_METRIC_KID_MEAN], kid[KEY_METRIC_KID_STD]
+    result["num_samples"] = num_samples
+    return result
+
+
+def reference_from_images(image_iter: Iterable[ArrayLike], extractor: Any, *, keep_features: int = ADM_REFERENCE_SIZE,
+                          seed: int = 0, spatial: bool = False):
+    """Reference statistics over every image yielded, and a random subset of their pool features for precision/recall.
+
+    ``image_iter`` yields uint8 (B, 3, H, W) batches (e.g. the training set at
+    256 px, ADM's preprocessing). Returns ``(stats, kept)``: ``kept`` is a
+    uniformly random subset of ``keep_features`` pool feature rows (float32),
+    drawn by reservoir sampling, the same for the same ``seed`` and image
+    order; ADM's reference batch has 10,000 images. With ``spatial=True``
+    (``extractor`` being :class:`InceptionFeatures`) the spatial statistics
+    for sFID come third: ``(stats, kept, spatial_stats)``.
+    """
+    pool_stats = spatial_stats = reservoir = None
+    for images in image_iter:
+        if spatial:
+            pool, _, spatial_features = extractor.extract(images)
+            spatial_features = _as_float64(spatial_features)
+            spatial_stats = spatial_stats or StatsAccumulator(spatial_features.shape[1])
+            spatial_stats.update(spatial_features)
+        else:
+            pool, _ = extractor(images)
+        pool = _as_float64(pool)
+        if pool_stats is None:
+            pool_stats = StatsAccumulator(pool.shape[1])
+            reservoir = FeatureReservoir(keep_features, pool.shape[1], seed=seed)
+        pool_stats.update(pool)
+        reservoir.update(pool)
+    if pool_stats is None:
+        raise ValueError("reference_from_images got no images; check the dataset path and split.")
+    if spatial:
+        return pool_stats.result(), reservoir.result(), spatial_stats.result()
+    return pool_stats.result(), reservoir.result()
+
+
+def adm_reference_features(path: PathLike, extractor: Any, *, batch_size: Optional[int] = None) -> np.ndarray:
+    """Pool features (float32) of the ``arr_0`` images of an ADM reference batch: ADM's precision/recall reference."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"ADM reference batch not found at {path}; download VIRTUAL_imagenet256_labeled.npz "
+                                "from openai/guided-diffusion's evaluations README on a connected machine and put it there.")
+    batch_size = batch_size or getattr(extractor, "batch_size", 100)
+    features = [_as_float64(extractor(torch.from_numpy(batch).permute(0, 3, 1, 2))[0]).astype(np.float32)
+                for batch in iter_npz_images(path, batch_size)]
+    if not features:
+        raise ValueError(f"{path} holds no images in arr_0; pass a reference batch with images.")
+    return np.concatenate(features)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _as_float64(x: ArrayLike) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("cpu", torch.float64).numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _as_tensor(x: ArrayLike, device, dtype) -> torch.Tensor:
+    tensor = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x))
+    return tensor.detach().to(device=device, dtype=dtype)
+
+
+def _require_file(path: Path) -> None:
+    if not path.is_file():
+        raise FileNotFoundError(f"Sample file not found at {path}; run the sampling stage first or fix the path.")
+
+
+def _npz_keys(path: Path) -> list:
+    with zipfile.ZipFile(path) as archive:
+        return [name[:-4] for name in archive.namelist() if name.endswith(".npy")]
+
+
+def _npz_member(archive: zipfile.ZipFile, path: Path, key: str) -> str:
+    member = key + ".npy"
+    if member not in archive.namelist():
+        keys = sorted(name[:-4] for name in archive.namelist() if name.endswith(".npy"))
+        raise ValueError(f"{path} has no '{key}' array (keys: {keys}); write samples with np.savez(path, images) as "
+                         "ADM's and DiT's samplers do.")
+    return member
+
+
+def _npz_array_shape(path: Path, key: str) -> Tuple[int, ...]:
+    try:
+        with zipfile.ZipFile(path) as archive, archive.open(_npz_member(archive, path, key)) as stream:
+            return tuple(_read_npy_header(stream)[0])
+    except zipfile.BadZipFile:
+        raise ValueError(f"{path} is not an .npz (zip) file; write samples with np.savez.") from None
+
+
+def _read_into(stream, buffer: memoryview) -> int:
+    # a zip member stream may return fewer bytes than asked for; read until full or at the end
+    filled = 0
+    while filled < len(buffer):
+        count = stream.readinto(buffer[filled:])
+        if not count:
+            break
+        filled += count
+    return filled
+
+
+def _read_npy_header(stream) -> Tuple[Tuple[int, ...], bool, np.dtype]:
+    version = npy_format.read_magic(stream)
+    if version == (1, 0):
+        return npy_format.read_array_header_1_0(stream)
+    if version in ((2, 0), (3, 0)):
+        return npy_format.read_array_header_2_0(stream)
+    raise ValueError(f"Unsupported .npy format version {version}; re-save the array with a current numpy.")
+
+
+def _check_image_array(path: Path, shape: Tuple[int, ...], dtype: np.dtype) -> None:
+    if np.dtype(dtype) != np.uint8 or len(shape) != 4 or shape[-1] != 3:
+        raise ValueError(f"{path} holds {np.dtype(dtype)} {tuple(shape)}, not uint8 (N, H, W, 3) images; save samples "
+                         "as ADM does: np.savez(path, uint8_nhwc_images).")

@@ -1,0 +1,418 @@
+"""ADM-style FID-50K evaluation: statistics, reference files, FID/IS/precision-recall, sample streaming, Inception wiring."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch_fidelity.feature_extractor_inceptionv3 as tf_inception
+from scipy import linalg
+from scipy.spatial.distance import cdist
+
+from vcarepro.metrics.fid50k import (
+    SPATIAL_FEATURE_DIM,
+    FeatureReservoir,
+    FeatureStats,
+    InceptionFeatures,
+    StatsAccumulator,
+    evaluate_samples,
+    frechet_distance,
+    inception_score,
+    iter_npz_images,
+    load_adm_reference,
+    precision_recall,
+    reference_from_images,
+)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def random_stats(rng, dim, num=100):
+    features = rng.normal(size=(num, dim)) @ rng.normal(size=(dim, dim))
+    return FeatureStats(mu=features.mean(0), sigma=np.cov(features, rowvar=False), num=num)
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def test_accumulator_matches_numpy_mean_and_cov_over_uneven_batches():
+    rng = np.random.default_rng(0)
+    # a large offset against a small spread: naive E[xx^T] - mu mu^T would lose most digits here
+    features = 1000.0 + rng.normal(size=(100, 5)) @ rng.normal(size=(5, 5))
+    accumulator = StatsAccumulator(5)
+    start = 0
+    for size in (1, 7, 30, 0, 2, 60):
+        batch = features[start:start + size]
+        accumulator.update(torch.from_numpy(batch) if size == 30 else batch)  # tensors and arrays alike
+        start += size
+    stats = accumulator.result()
+    assert stats.num == 100
+    np.testing.assert_allclose(stats.mu, features.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(stats.sigma, np.cov(features, rowvar=False), rtol=1e-9, atol=1e-9)
+    assert stats.mu.dtype == stats.sigma.dtype == np.float64
+    np.testing.assert_array_equal(stats.sigma, stats.sigma.T)
+
+
+def test_accumulator_rejects_wrong_widths_and_too_few_vectors():
+    accumulator = StatsAccumulator(3)
+    with pytest.raises(ValueError, match=r"expects \(B, 3\) features"):
+        accumulator.update(np.zeros((4, 2)))
+    accumulator.update(np.zeros((1, 3)))
+    with pytest.raises(ValueError, match="at least 2 feature vectors"):
+        accumulator.result()
+
+
+def test_feature_stats_round_trip_to_exactly_the_given_path(tmp_path):
+    stats = random_stats(np.random.default_rng(1), 4, num=37)
+    path = tmp_path / "sub" / "reference.stats"  # no .npz suffix: numpy must not append one
+    stats.save(path)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["reference.stats"]  # no temp file left behind
+    loaded = FeatureStats.load(path)
+    np.testing.assert_array_equal(loaded.mu, stats.mu)
+    np.testing.assert_array_equal(loaded.sigma, stats.sigma)
+    assert loaded.num == 37
+    with np.load(path, allow_pickle=False) as data:
+        assert sorted(data.files) == ["mu", "num", "sigma"]
+    with pytest.raises(FileNotFoundError, match="missing.npz"):
+        FeatureStats.load(tmp_path / "missing.npz")
+
+
+def test_load_adm_reference_reads_mu_sigma_and_counts_the_images(tmp_path):
+    rng = np.random.default_rng(2)
+    pool, spatial = random_stats(rng, 4), random_stats(rng, 3)
+    path = tmp_path / "VIRTUAL_test.npz"
+    np.savez(path, arr_0=np.zeros((5, 8, 8, 3), np.uint8), mu=pool.mu, sigma=pool.sigma,
+             mu_s=spatial.mu, sigma_s=spatial.sigma)
+    loaded = load_adm_reference(path)
+    np.testing.assert_array_equal(loaded.mu, pool.mu)
+    np.testing.assert_array_equal(loaded.sigma, pool.sigma)
+    assert loaded.num == 5
+    loaded_spatial = load_adm_reference(path, spatial=True)
+    np.testing.assert_array_equal(loaded_spatial.sigma, spatial.sigma)
+
+
+def test_load_adm_reference_errors_name_the_file_and_the_fix(tmp_path):
+    missing = tmp_path / "VIRTUAL_imagenet256_labeled.npz"
+    with pytest.raises(FileNotFoundError, match=r"VIRTUAL_imagenet256_labeled.npz; download .*put it there"):
+        load_adm_reference(missing)
+    wrong = tmp_path / "samples.npz"
+    np.savez(wrong, arr_0=np.zeros((2, 4, 4, 3), np.uint8))
+    with pytest.raises(ValueError, match=r"samples.npz has no mu or sigma .*not an ADM reference batch"):
+        load_adm_reference(wrong)
+
+
+# --------------------------------------------------------------------------- FID and IS
+
+
+def test_frechet_distance_matches_the_diagonal_closed_form():
+    rng = np.random.default_rng(3)
+    mu1, mu2 = rng.normal(size=6), rng.normal(size=6)
+    s1, s2 = rng.uniform(0.1, 3.0, size=6), rng.uniform(0.1, 3.0, size=6)
+    expected = np.sum((mu1 - mu2) ** 2) + np.sum(s1 + s2 - 2 * np.sqrt(s1 * s2))
+    fid = frechet_distance(FeatureStats(mu1, np.diag(s1), 10), FeatureStats(mu2, np.diag(s2), 10))
+    assert fid == pytest.approx(expected, rel=1e-10)
+
+
+def test_frechet_distance_agrees_with_adm_sqrtm_and_is_zero_for_identical_stats():
+    rng = np.random.default_rng(4)
+    a, b = random_stats(rng, 8), random_stats(rng, 8)
+    covmean = linalg.sqrtm(a.sigma @ b.sigma).real  # ADM's formula
+    adm = np.sum((a.mu - b.mu) ** 2) + np.trace(a.sigma) + np.trace(b.sigma) - 2 * np.trace(covmean)
+    assert frechet_distance(a, b) == pytest.approx(adm, rel=1e-8)
+    assert abs(frechet_distance(a, a)) < 1e-8
+    with pytest.raises(ValueError, match="Cannot compare 8-d with 4-d"):
+        frechet_distance(a, random_stats(rng, 4))
+
+
+def test_inception_score_of_uniform_predictions_is_one():
+    mean, std = inception_score(np.zeros((100, 10)), splits=10)
+    assert mean == pytest.approx(1.0, abs=1e-12) and std == pytest.approx(0.0, abs=1e-12)
+
+
+def test_inception_score_of_confident_evenly_spread_predictions_is_the_class_count():
+    classes = 5
+    logits = 100.0 * np.eye(classes)[np.arange(100) % classes]  # every split of 10 holds each class twice
+    mean, std = inception_score(logits, splits=10)
+    assert mean == pytest.approx(classes, rel=1e-9) and std == pytest.approx(0.0, abs=1e-9)
+
+
+def test_inception_score_splits_the_samples_in_order_as_adm_does():
+    # first half all class 0, second half all class 1: each in-order split is one class (IS 1),
+    # the whole set is two classes (IS 2); shuffling before splitting would mix them
+    logits = 100.0 * np.eye(2)[np.repeat([0, 1], 50)]
+    assert inception_score(logits, splits=2) == pytest.approx((1.0, 0.0), abs=1e-9)
+    assert inception_score(logits, splits=1)[0] == pytest.approx(2.0, rel=1e-9)
+    assert inception_score(logits, splits=2, shuffle=True)[0] > 1.5
+
+
+# --------------------------------------------------------------------------- precision and recall
+
+
+def brute_force_precision_recall(real, fake, k):
+    def radii(points):
+        return np.sort(cdist(points, points), axis=1)[:, k]  # column 0 is the point itself
+
+    def fraction_inside(queries, manifold):
+        return np.mean((cdist(queries, manifold) <= radii(manifold)[None, :]).any(axis=1))
+
+    return fraction_inside(fake, real), fraction_inside(real, fake)
+
+
+def test_precision_recall_of_identical_sets_is_one_and_of_distant_sets_zero():
+    real = np.random.default_rng(5).normal(size=(200, 8))
+    assert precision_recall(real, real.copy()) == (1.0, 1.0)
+    assert precision_recall(real, real + 100.0) == (0.0, 0.0)
+
+
+def test_precision_counts_the_fake_points_inside_the_real_manifold():
+    rng = np.random.default_rng(6)
+    real = rng.normal(size=(200, 8))
+    fake = np.concatenate([real[:100] + 1e-3 * rng.normal(size=(100, 8)), rng.normal(size=(100, 8)) + 100.0])
+    precision, recall = precision_recall(real, fake)
+    assert precision == 0.5
+    assert 0.5 <= recall < 1.0
+
+
+def test_radius_is_the_kth_neighbour_excluding_self_and_any_ball_counts():
+    # 1-D, k=1: radii of real points 0, 1, 3, 7 are 1, 1, 2, 4 (nearest other point)
+    real = np.array([[0.0], [1.0], [3.0], [7.0]])
+    # 11 lies on the ball of 7 (<=); 5 lies in the balls of 3 and 7; 11.5 and -1.5 lie in none.
+    # Were the point itself counted as its nearest neighbour, every radius would be 0 and none would be inside.
+    fake = np.array([[11.0], [5.0], [11.5], [-1.5]])
+    precision, _ = precision_recall(real, fake, k=1)
+    assert precision == 0.5
+
+
+def test_precision_recall_matches_brute_force_whatever_the_block_size():
+    rng = np.random.default_rng(7)
+    real = rng.normal(size=(150, 6))
+    fake = np.concatenate([real[:60] + 0.3 * rng.normal(size=(60, 6)), 1.5 * rng.normal(size=(70, 6)) + 1.0])
+    expected = brute_force_precision_recall(real, fake, k=3)
+    assert 0.0 < expected[0] < 1.0 and 0.0 < expected[1] < 1.0  # a case where the boundaries matter
+    for batch_size in (7, 64, 10000):
+        assert precision_recall(real, fake, batch_size=batch_size) == pytest.approx(expected, abs=1e-12)
+
+
+def test_precision_recall_needs_more_points_than_k():
+    with pytest.raises(ValueError, match="more than 3 points per set"):
+        precision_recall(np.zeros((3, 2)), np.zeros((10, 2)))
+
+
+# --------------------------------------------------------------------------- reservoir and reference statistics
+
+
+def stream(rows, cuts):
+    edges = [0, *cuts, len(rows)]
+    return [rows[a:b] for a, b in zip(edges, edges[1:])]
+
+
+def reservoir_of(rows, cuts, capacity, seed):
+    reservoir = FeatureReservoir(capacity, rows.shape[1], seed=seed, dtype=np.float64)
+    for batch in stream(rows, cuts):
+        reservoir.update(batch)
+    return reservoir.result()
+
+
+def test_reservoir_is_deterministic_in_seed_and_independent_of_batching():
+    rows = np.arange(300, dtype=np.float64).reshape(100, 3)
+    kept = reservoir_of(rows, [10, 11, 50], capacity=20, seed=0)
+    assert kept.shape == (20, 3)
+    assert len({tuple(r) for r in kept}) == 20 and {tuple(r) for r in kept} <= {tuple(r) for r in rows}
+    np.testing.assert_array_equal(kept, reservoir_of(rows, [10, 11, 50], capacity=20, seed=0))
+    np.testing.assert_array_equal(kept, reservoir_of(rows, [3, 97], capacity=20, seed=0))
+    assert not np.array_equal(kept, reservoir_of(rows, [10, 11, 50], capacity=20, seed=1))
+    assert reservoir_of(rows[:7], [2], capacity=20, seed=0).shape == (7, 3)  # fewer rows than capacity: all of them
+
+
+def test_reservoir_keeps_every_row_with_equal_probability():
+    rows = np.arange(20, dtype=np.float64)[:, None]
+    counts = np.zeros(20)
+    for seed in range(400):
+        counts[reservoir_of(rows, [4, 13], capacity=5, seed=seed)[:, 0].astype(int)] += 1
+    # each row is kept with probability 5/20; the binomial std over 400 draws is about 0.022
+    np.testing.assert_allclose(counts / 400, 0.25, atol=0.075)
+
+
+class FakeExtractor:
+    """Deterministic stand-in for InceptionFeatures: fixed random projections of the pixels."""
+
+    def __init__(self, *, dim=4, classes=6, batch_size=7, side=8):
+        generator = np.random.default_rng(123)
+        self.pool_weights = generator.normal(size=(3 * side * side, dim)) / 255.0
+        self.logit_weights = generator.normal(size=(3 * side * side, classes)) / 64.0
+        self.spatial_weights = generator.normal(size=(3 * side * side, 3)) / 255.0
+        self.batch_size = batch_size
+        self.batch_sizes = []
+
+    def extract(self, images):
+        assert isinstance(images, torch.Tensor) and images.dtype == torch.uint8 and images.shape[1] == 3
+        self.batch_sizes.append(images.shape[0])
+        pixels = images.reshape(images.shape[0], -1).double().numpy()
+        return pixels @ self.pool_weights, (pixels @ self.logit_weights).astype(np.float32), \
+            pixels @ self.spatial_weights
+
+    def __call__(self, images):
+        pool, logits, _ = self.extract(images)
+        return torch.from_numpy(pool), torch.from_numpy(logits)  # tensors or arrays: both are accepted
+
+
+def random_images(n, seed, side=8):
+    return np.random.default_rng(seed).integers(0, 256, size=(n, side, side, 3), dtype=np.uint8)
+
+
+def direct_features(images_nhwc, extractor):
+    return FakeExtractor(batch_size=len(images_nhwc)).extract(torch.from_numpy(images_nhwc).permute(0, 3, 1, 2))
+
+
+def test_reference_from_images_stats_cover_all_images_and_keep_a_subset():
+    images = random_images(30, seed=8)
+    batches = [torch.from_numpy(b).permute(0, 3, 1, 2) for b in np.array_split(images, [4, 5, 19])]
+    stats, kept = reference_from_images(iter(batches), FakeExtractor(), keep_features=10, seed=3)
+    pool = direct_features(images, None)[0]
+    assert stats.num == 30
+    np.testing.assert_allclose(stats.mu, pool.mean(0), rtol=1e-10)
+    np.testing.assert_allclose(stats.sigma, np.cov(pool, rowvar=False), rtol=1e-8)
+    assert kept.shape == (10, 4) and kept.dtype == np.float32
+    assert all(np.abs(pool.astype(np.float32) - row).max(axis=1).min() == 0 for row in kept)
+    # spatial=True adds the sFID statistics and changes nothing else
+    stats_again, kept_again, spatial = reference_from_images(iter(batches), FakeExtractor(), keep_features=10,
+                                                             seed=3, spatial=True)
+    np.testing.assert_array_equal(kept_again, kept)
+    np.testing.assert_array_equal(stats_again.sigma, stats.sigma)
+    spatial_features = direct_features(images, None)[2]
+    np.testing.assert_allclose(spatial.sigma, np.cov(spatial_features, rowvar=False), rtol=1e-8)
+    with pytest.raises(ValueError, match="got no images"):
+        reference_from_images(iter([]), FakeExtractor())
+
+
+# --------------------------------------------------------------------------- sample files
+
+
+def test_npz_images_stream_in_batches_from_plain_and_compressed_files(tmp_path):
+    images = random_images(23, seed=9)
+    np.savez(tmp_path / "plain.npz", images)
+    np.savez_compressed(tmp_path / "packed.npz", images)
+    np.save(tmp_path / "array.npy", images)
+    for name in ("plain.npz", "packed.npz", "array.npy"):
+        batches = list(iter_npz_images(tmp_path / name, 10))
+        assert [len(b) for b in batches] == [10, 10, 3]
+        np.testing.assert_array_equal(np.concatenate(batches), images)
+
+
+def test_npz_images_reject_non_image_arrays(tmp_path):
+    np.savez(tmp_path / "floats.npz", np.zeros((4, 8, 8, 3), np.float32))
+    with pytest.raises(ValueError, match=r"not uint8 \(N, H, W, 3\) images"):
+        list(iter_npz_images(tmp_path / "floats.npz", 2))
+    np.savez(tmp_path / "named.npz", images=np.zeros((4, 8, 8, 3), np.uint8))
+    with pytest.raises(ValueError, match=r"has no 'arr_0' array \(keys: \['images'\]\)"):
+        list(iter_npz_images(tmp_path / "named.npz", 2))
+
+
+def test_evaluate_samples_streams_the_file_and_computes_adm_metrics(tmp_path):
+    samples, reference_images = random_images(40, seed=10), random_images(50, seed=11)
+    path = tmp_path / "samples.npz"
+    np.savez(path, samples)
+    ref_pool, _, ref_spatial = direct_features(reference_images, None)
+    reference = FeatureStats(ref_pool.mean(0), np.cov(ref_pool, rowvar=False), 50)
+    pool, logits, spatial = direct_features(samples, None)
+
+    extractor = FakeExtractor(batch_size=7)
+    result = evaluate_samples(path, reference, extractor, min_samples=5, splits=4)
+    assert extractor.batch_sizes == [7, 7, 7, 7, 7, 5]  # streamed, never the whole file at once
+    assert set(result) == {"fid", "inception_score", "inception_score_std", "num_samples"}
+    assert result["num_samples"] == 40
+    samples_stats = FeatureStats(pool.mean(0), np.cov(pool, rowvar=False), 40)
+    assert result["fid"] == pytest.approx(frechet_distance(samples_stats, reference), rel=1e-9)
+    assert result["fid"] > 0
+    assert (result["inception_score"], result["inception_score_std"]) == pytest.approx(
+        inception_score(logits, splits=4), rel=1e-6)
+
+    with_pr = evaluate_samples(path, reference, FakeExtractor(), reference_features=ref_pool,
+                               spatial_reference=FeatureStats(ref_spatial.mean(0), np.cov(ref_spatial, rowvar=False), 50),
+                               min_samples=5, splits=4)
+    assert set(with_pr) == set(result) | {"precision", "recall", "sfid", "kid_mean", "kid_std"}
+    assert (with_pr["precision"], with_pr["recall"]) == pytest.approx(
+        brute_force_precision_recall(ref_pool, pool.astype(np.float32), k=3), abs=1e-12)
+    # KID is torch-fidelity's, over subsets capped by the smaller set (40 samples here)
+    from torch_fidelity.metric_kid import kid_features_to_metric
+    expected = kid_features_to_metric(torch.from_numpy(ref_pool), torch.from_numpy(pool.astype(np.float32)),
+                                      kid_subsets=100, kid_subset_size=40, rng_seed=0, verbose=False)
+    assert with_pr["kid_mean"] == pytest.approx(expected["kernel_inception_distance_mean"], rel=1e-9)
+    assert with_pr["fid"] == pytest.approx(result["fid"], rel=1e-12) and with_pr["sfid"] > 0
+
+
+def test_evaluate_samples_against_its_own_statistics_is_perfect(tmp_path):
+    samples = random_images(30, seed=12)
+    np.savez(tmp_path / "samples.npz", samples)
+    pool = direct_features(samples, None)[0]
+    result = evaluate_samples(tmp_path / "samples.npz", FeatureStats(pool.mean(0), np.cov(pool, rowvar=False), 30),
+                              FakeExtractor(), reference_features=pool, min_samples=5, splits=3)
+    assert abs(result["fid"]) < 1e-8
+    assert (result["precision"], result["recall"]) == (1.0, 1.0)
+
+
+def test_evaluate_samples_refuses_too_few_samples_before_extracting(tmp_path):
+    np.savez(tmp_path / "samples.npz", random_images(40, seed=13))
+    extractor = FakeExtractor()
+    reference = FeatureStats(np.zeros(4), np.eye(4), 10)
+    with pytest.raises(ValueError, match=r"FID needs at least 41 samples .*holds 40; raise sampling.num_samples"):
+        evaluate_samples(tmp_path / "samples.npz", reference, extractor, min_samples=41)
+    with pytest.raises(ValueError, match=r"at least 2049 samples"):  # the default: Inception's 2048 dims + 1
+        evaluate_samples(tmp_path / "samples.npz", reference, extractor)
+    assert extractor.batch_sizes == []
+    with pytest.raises(FileNotFoundError, match="missing.npz"):
+        evaluate_samples(tmp_path / "missing.npz", reference, extractor, min_samples=5)
+
+
+# --------------------------------------------------------------------------- the real Inception network
+
+
+def no_network(*args, **kwargs):
+    raise AssertionError("must not download")
+
+
+@pytest.fixture(scope="module")
+def random_inception_weights(tmp_path_factory):
+    """A state dict in exactly the format torch-fidelity loads, with random weights: the real file is not here."""
+    with pytest.MonkeyPatch.context() as patch:
+        # construct the network without its weights: no download, no loading of an empty state dict
+        patch.setattr(tf_inception, "load_state_dict_from_url", lambda *a, **k: {})
+        patch.setattr(tf_inception.FeatureExtractorInceptionV3, "load_state_dict", lambda self, state, *a, **k: None)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            network = tf_inception.FeatureExtractorInceptionV3("inception-v3-compat", ["2048"])
+    path = tmp_path_factory.mktemp("inception") / "weights-inception-2015-12-05-6726825d.pth"
+    torch.save(network.state_dict(), path)
+    return path
+
+
+def test_inception_features_from_a_local_file_give_pool_logits_and_spatial_features(random_inception_weights,
+                                                                                  monkeypatch):
+    monkeypatch.setattr(tf_inception, "load_state_dict_from_url", no_network)
+    extractor = InceptionFeatures(random_inception_weights, "cpu", batch_size=3)
+    blocks = []
+    extractor.network.Mixed_6d.register_forward_hook(lambda module, inputs, output: blocks.append(output.clone()))
+    images = torch.from_numpy(random_images(4, seed=14, side=256)).permute(0, 3, 1, 2)
+
+    pool, logits, spatial = extractor.extract(images)
+    assert pool.shape == (4, 2048) and pool.dtype == np.float64
+    assert logits.shape == (4, 1008) and spatial.shape == (4, SPATIAL_FEATURE_DIM)
+    assert np.isfinite(pool).all() and np.isfinite(logits).all()
+    assert not np.array_equal(pool[0], pool[1])
+    # ADM's spatial features: mixed_6 block's first 7 channels (its 1x1 branch), flattened in NHWC order
+    block = torch.cat(blocks)
+    assert block.shape == (4, 768, 17, 17)
+    np.testing.assert_array_equal(spatial, block[:, :7].permute(0, 2, 3, 1).reshape(4, -1).double().numpy())
+
+    pool_again, logits_again = extractor(images)  # deterministic
+    np.testing.assert_array_equal(pool_again, pool)
+    np.testing.assert_array_equal(logits_again, logits)
+
+
+def test_inception_features_with_a_missing_weights_file_fail_clearly_without_downloading(tmp_path, monkeypatch):
+    monkeypatch.setattr(tf_inception, "load_state_dict_from_url", no_network)
+    missing = tmp_path / "weights-inception-2015-12-05-6726825d.pth"
+    with pytest.raises(FileNotFoundError, match=r"Inception weights not found at .*pass its path as weights_path"):
+        InceptionFeatures(missing, "cpu")
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
+    with pytest.raises(FileNotFoundError, match=r"torch_home/hub/checkpoints/weights-inception-2015-12-05-6726825d"):
+        InceptionFeatures(None, "cpu")
