@@ -1,16 +1,23 @@
-"""DVC stage `eval_gen@RUN`: FID / KID of every seed's samples against the training images."""
+"""DVC stage `eval_gen@RUN`: FID, sFID, KID, Inception Score and precision/recall of every seed's samples.
+
+Against data/fid_reference (the training images' statistics and kept features), in the
+extractor's feature space: Inception at paper scale (ADM's evaluation: FID-50K), the
+digit classifier at embedded scale. metrics.json also records how the samples were made.
+"""
 from __future__ import annotations
 
 import argparse
 import json
 
-from safetensors.torch import load_file
+import numpy as np
+import torch
 
 from vcarepro.config import load_params
 from vcarepro.io import write_json
 from vcarepro.metrics.aggregate import aggregate_seeds
-from vcarepro.metrics.fid import DIGITS_EXTRACTOR, INCEPTION_EXTRACTOR, compute_generation_metrics
-from vcarepro.pipeline import GEN_DATA, gen_run
+from vcarepro.metrics.extractors import make_extractor
+from vcarepro.metrics.fid50k import FeatureStats, evaluate_samples
+from vcarepro.pipeline import FID_REFERENCE, GEN_DATA, gen_run
 
 
 def main() -> None:
@@ -19,19 +26,40 @@ def main() -> None:
     args = parser.parse_args()
     params = load_params()
     run = gen_run(params, args.run)
+    e = params["eval_gen"]
     meta = json.loads((GEN_DATA / "meta.json").read_text())
-    if meta["fid_extractor"] == "digits":
-        extractor, weights = DIGITS_EXTRACTOR, GEN_DATA / "fid_extractor.safetensors"
-    else:
-        extractor, weights = INCEPTION_EXTRACTOR, params["prepare_gen"]["inception_weights"]
-    real = load_file(str(GEN_DATA / "train.safetensors"))["images"]
+    reference_meta = json.loads((FID_REFERENCE / "meta.json").read_text())
+    reference = FeatureStats.load(FID_REFERENCE / "stats.npz")
+    spatial_path = FID_REFERENCE / "spatial_stats.npz"
+    spatial = FeatureStats.load(spatial_path) if spatial_path.is_file() else None
+    features = np.load(FID_REFERENCE / "features.npy", allow_pickle=False)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    extractor, name = make_extractor(meta, params["prepare_gen"], device,
+                                     batch_size=params["fid_reference"]["batch_size"])
     per_seed = {}
     for seed in run.seeds:
-        fake = load_file(str(run.paths.samples(seed)))["images"]
-        per_seed[seed] = compute_generation_metrics(real, fake, extractor=extractor, weights_path=weights, seed=seed)
-        print(f"eval_gen {args.run} seed {seed}: fid={per_seed[seed]['fid']:.3f} ({extractor})")
-    metrics = aggregate_seeds(per_seed, ["fid", "kid_mean"])
-    metrics["num_samples"] = per_seed[run.seeds[0]]["num_fake"]
+        try:
+            per_seed[seed] = evaluate_samples(
+                run.paths.samples(seed), reference, extractor, reference_features=features,
+                spatial_reference=spatial, min_samples=reference.dim + 1, splits=e["isc_splits"],
+                prc_k=e["prc_k"], kid_subsets=e["kid_subsets"], kid_subset_size=e["kid_subset_size"], seed=seed)
+        except ValueError as err:
+            raise SystemExit(f"eval_gen {args.run} seed {seed}: {err}") from None
+        print(f"eval_gen {args.run} seed {seed}: " + ", ".join(
+            f"{k}={v:.4g}" for k, v in per_seed[seed].items() if k != "num_samples") + f" ({name})")
+    keys = [k for k in ("fid", "sfid", "kid_mean", "inception_score", "precision", "recall") if k in per_seed[run.seeds[0]]]
+    metrics = aggregate_seeds(per_seed, keys)
+    s = run.sampling
+    metrics.update({
+        "num_samples": per_seed[run.seeds[0]]["num_samples"],
+        "sampler": "ddpm" if run.objective == "ddpm" else f"flow-{s['flow_sampler']}",
+        "sampler_steps": s["ddpm_steps"] if run.objective == "ddpm" else s["flow_steps"],
+        "cfg_scale": s["cfg_scale"],
+        "weights": "ema",
+        "extractor": name,
+        "reference": reference_meta["source"],
+        "reference_images": reference_meta["num_images"],
+    })
     write_json(run.paths.metrics, metrics)
 
 

@@ -10,12 +10,29 @@ from vcarepro.metrics.fid import DIGITS_EXTRACTOR, save_feature_net, train_featu
 from vcarepro.pipeline import CLS_DATA, GEN_DATA
 
 
-def main() -> None:
-    p = section(load_params(), "prepare_gen")
-    if p["source"] != "pixels":
-        raise SystemExit(
-            f"prepare_gen.source={p['source']!r}: VAE-latent preparation (paper scale) is not implemented yet "
-            f"(issue 5); use scale=embedded, whose source is 'pixels'.")
+def prepare_latents(p) -> dict:
+    """Paper scale: ImageNet train (the prepared classification layout) through the VAE, both mirror variants."""
+    import torch
+
+    from vcarepro.data.folders import read_classes, read_manifest
+    from vcarepro.data.latents import encode_to_shards, load_vae
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    vae = load_vae(p["vae"], device)  # fails here, before any output, when the weights are absent
+    items = [(CLS_DATA / rel, label) for rel, label in read_manifest(CLS_DATA, "train")]
+    with atomic_directory(GEN_DATA) as tmp:
+        index = encode_to_shards(items, tmp / "latents", vae, image_size=p["image_size"],
+                                 batch_size=p["vae_batch_size"], shard_size=p["shard_size"], device=device)
+        meta = {"kind": "vae_latents", "image_size": p["image_size"], "vae": p["vae"],
+                "latent_shape": index["latent_shape"], "scaling_factor": index["scaling_factor"],
+                "num_classes": len(read_classes(CLS_DATA)), "num_images": index["num_images"],
+                "fid_extractor": p["fid_extractor"]}
+        write_json(tmp / "meta.json", meta)
+    return meta
+
+
+def prepare_pixels(p) -> dict:
+    """Embedded scale: the digits themselves, and the digit classifier FID measures with."""
     data = load_split_pixels(CLS_DATA, "train", p["image_size"])
     with atomic_directory(GEN_DATA) as tmp:
         save_file({k: v.contiguous() for k, v in data.items()}, str(tmp / "train.safetensors"))
@@ -28,8 +45,18 @@ def main() -> None:
             save_feature_net(net, tmp / "fid_extractor.safetensors")
             meta.update(fid_extractor_name=DIGITS_EXTRACTOR, fid_extractor_train_accuracy=accuracy)
         write_json(tmp / "meta.json", meta)
-    print(f"prepare_gen: {meta['num_images']} images of {meta['channels']}x{p['image_size']}x{p['image_size']} "
-          f"-> {GEN_DATA}")
+    return meta
+
+
+def main() -> None:
+    p = section(load_params(), "prepare_gen")
+    if p["source"] == "pixels":
+        meta = prepare_pixels(p)
+    elif p["source"] == "vae_latents":
+        meta = prepare_latents(p)
+    else:
+        raise SystemExit(f"prepare_gen.source={p['source']!r} is unknown; use 'vae_latents' or 'pixels'.")
+    print(f"prepare_gen: {meta['num_images']} {meta['kind']} at {p['image_size']} px -> {GEN_DATA}")
 
 
 if __name__ == "__main__":

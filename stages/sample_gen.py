@@ -1,41 +1,65 @@
-"""DVC stage `sample_gen@RUN`: class-balanced samples from every seed's EMA weights, plus a preview grid."""
+"""DVC stage `sample_gen@RUN`: class-balanced samples from every seed's EMA weights, plus a preview grid.
+
+Samples go to ``runs/gen/<run>/samples/seed_<s>.npz`` in the ADM evaluator's format
+(``arr_0`` uint8 N x H x W x 3, ``arr_1`` labels; grayscale digits are repeated to RGB). At paper scale the model samples VAE
+latents, decoded with ``prepare_gen.vae`` batch by batch.
+"""
 from __future__ import annotations
 
 import argparse
 import json
 
 import torch
-from safetensors.torch import save_file
 from torchvision.utils import save_image
 
 from vcarepro.config import load_params
+from vcarepro.data.samples import NpzSampleWriter
 from vcarepro.io import atomic_directory
 from vcarepro.pipeline import GEN_DATA, gen_run
-from vcarepro.train.generation import GeneratorSpec, generate, load_generator, pixels_to_uint8
+from vcarepro.train.generation import GeneratorSpec, generate_batches, load_generator, pixels_to_uint8
+
+GRID_PER_CLASS = 8
+GRID_CLASSES = 10  # the preview shows the first ten classes, eight samples each
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--run", required=True)
     args = parser.parse_args()
-    run = gen_run(load_params(), args.run)
+    params = load_params()
+    run = gen_run(params, args.run)
     meta = json.loads((GEN_DATA / "meta.json").read_text())
-    if meta["kind"] != "pixels":
-        raise SystemExit("decoding VAE latents to images is not implemented yet (issue 5); use scale=embedded.")
     spec = GeneratorSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, run.shape)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    shape = (meta["channels"], meta["image_size"], meta["image_size"])
+    if meta["kind"] == "vae_latents":
+        from vcarepro.data.latents import decode_to_uint8, load_vae
+        vae = load_vae(params["prepare_gen"]["vae"], device)
+        input_shape = tuple(meta["latent_shape"])
+        to_uint8 = lambda x: decode_to_uint8(vae, x.to(device))  # noqa: E731
+        image_shape = (meta["image_size"], meta["image_size"], 3)
+    else:
+        input_shape = (meta["channels"], meta["image_size"], meta["image_size"])
+        # grayscale repeated to RGB: the ADM format holds (N, H, W, 3) images
+        to_uint8 = lambda x: pixels_to_uint8(x).expand(-1, 3, -1, -1)  # noqa: E731
+        image_shape = (meta["image_size"], meta["image_size"], 3)
+    num = run.sampling["num_samples"]
     with atomic_directory(run.paths.root / "samples") as tmp:
         for seed in run.seeds:
             model = load_generator(spec, run.paths.seed_dir(seed) / "model_ema.safetensors", run.recipe)
-            out = generate(model, run.objective, run.sampling, num_samples=run.sampling["num_samples"],
-                           num_classes=meta["num_classes"], input_shape=shape, seed=seed, device=device)
-            images = pixels_to_uint8(out["samples"])
-            save_file({"images": images.contiguous(), "labels": out["labels"]}, str(tmp / f"seed_{seed}.safetensors"))
-            # one row per class, the first eight samples of each
-            order = torch.cat([torch.nonzero(out["labels"] == c).flatten()[:8] for c in range(meta["num_classes"])])
-            save_image(images[order].float() / 255.0, str(tmp / f"grid_seed_{seed}.png"), nrow=8, padding=1)
-            print(f"sample_gen {args.run} seed {seed}: {len(images)} samples")
+            writer = NpzSampleWriter(tmp / f"seed_{seed}.npz", num, image_shape)
+            preview = {}
+            for start, samples, labels in generate_batches(
+                    model, run.objective, run.sampling, num_samples=num, num_classes=meta["num_classes"],
+                    input_shape=input_shape, seed=seed, device=device):
+                images = to_uint8(samples).cpu()
+                writer.write(start, images, labels)
+                for image, label in zip(images, labels.tolist()):
+                    if label < GRID_CLASSES and len(preview.setdefault(label, [])) < GRID_PER_CLASS:
+                        preview[label].append(image)
+            writer.close()
+            grid = torch.stack([img for c in sorted(preview) for img in preview[c]])
+            save_image(grid.float() / 255.0, str(tmp / f"grid_seed_{seed}.png"), nrow=GRID_PER_CLASS, padding=1)
+            print(f"sample_gen {args.run} seed {seed}: {num} samples")
 
 
 if __name__ == "__main__":

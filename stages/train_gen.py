@@ -19,7 +19,7 @@ def main() -> None:
 
     def train_one(seed, info, live):
         return train_generator(
-            spec=spec, objective=run.objective, recipe=run.recipe, data_path=GEN_DATA / "train.safetensors",
+            spec=spec, objective=run.objective, recipe=run.recipe, data_root=GEN_DATA,
             seed=seed, out_dir=run.paths.seed_dir(seed), ckpt_dir=run.paths.ckpt_dir(seed), info=info,
             live=live, max_steps=args.max_steps, log_prefix=f"seed_{seed}/",
             fingerprint=fingerprint(run.model, run.objective, run.shape, run.recipe, seed, args.max_steps))

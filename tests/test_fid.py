@@ -318,3 +318,20 @@ def test_inception_path_runs_end_to_end_from_a_local_weights_file(digits, tmp_pa
                                         weights_path=weights)
     assert result["extractor"] == INCEPTION_EXTRACTOR and result["num_real"] == 8
     assert np.isfinite(result["fid"]) and result["fid"] > 0 and np.isfinite(result["kid_mean"])
+
+
+def test_the_pipelines_streamed_evaluation_agrees_with_torch_fidelity(digits, trained, tmp_path):
+    """eval_gen's path (reference statistics, kept features, samples .npz) gives torch-fidelity's FID."""
+    from vcarepro.metrics.extractors import DigitFeatures
+    from vcarepro.metrics.fid50k import evaluate_samples, reference_from_images
+
+    extractor = DigitFeatures(trained["path"], torch.device("cpu"))
+    real, fake = digits["a"][:400], digits["b"][:300]
+    stats, kept = reference_from_images((real[i:i + 64] for i in range(0, 400, 64)), extractor,
+                                        keep_features=10_000, seed=0)
+    np.savez(tmp_path / "samples.npz", fake.expand(-1, 3, -1, -1).permute(0, 2, 3, 1).numpy())
+    ours = evaluate_samples(tmp_path / "samples.npz", stats, extractor, reference_features=kept, min_samples=65)
+    theirs = metrics(real, fake, trained)
+    assert stats.num == 400 and len(kept) == 400
+    assert ours["fid"] == pytest.approx(theirs["fid"], rel=1e-5)
+    assert 0 <= ours["precision"] <= 1 and 0 <= ours["recall"] <= 1

@@ -98,11 +98,14 @@ def test_bf16_and_compiled_steps_train_and_save_plain_state_dicts(tmp_path, digi
 def test_generator_fp16_and_compile_paths_write_scaler_state(tmp_path, embedded, one_torch_thread):
     from safetensors.torch import save_file
     g = torch.Generator().manual_seed(0)
-    data = tmp_path / "train.safetensors"
-    save_file({"inputs": torch.randn(32, 1, 8, 8, generator=g), "labels": torch.arange(32) % 10}, str(data))
+    data = tmp_path / "gen"
+    data.mkdir()
+    save_file({"inputs": torch.randn(32, 1, 8, 8, generator=g), "labels": torch.arange(32) % 10},
+              str(data / "train.safetensors"))
+    (data / "meta.json").write_text('{"kind": "pixels"}')
     spec = GeneratorSpec("dit_s2", "vca", {}, dict(embedded["gen_shape"], depth=1, hidden_size=32))
     recipe = dict(embedded["gen_recipe"], steps=2, batch_size=8, ckpt_every=2, precision="fp16", compile="eager")
-    figures = train_generator(spec=spec, objective="ddpm", recipe=recipe, data_path=data, seed=0,
+    figures = train_generator(spec=spec, objective="ddpm", recipe=recipe, data_root=data, seed=0,
                               out_dir=tmp_path / "out", ckpt_dir=tmp_path / "ckpt", info=CPU, fingerprint="f")
     assert figures["steps"] == 2
     assert load_checkpoint(tmp_path / "ckpt" / "last.pt")["scaler"]["scale"] > 0

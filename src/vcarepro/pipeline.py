@@ -16,6 +16,7 @@ RUNS_DIR = Path("runs")
 CHECKPOINTS_DIR = Path("checkpoints")
 CLS_DATA = Path("data/cls")
 GEN_DATA = Path("data/gen")
+FID_REFERENCE = Path("data/fid_reference")
 
 
 def fingerprint(*parts: Any) -> str:
@@ -69,7 +70,7 @@ class RunPaths:
         return self.root / "live"
 
     def samples(self, seed: int) -> Path:
-        return self.root / "samples" / f"seed_{seed}.safetensors"
+        return self.root / "samples" / f"seed_{seed}.npz"
 
     @property
     def metrics(self) -> Path:

@@ -7,6 +7,7 @@ difference between DiT and SiT.
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -52,24 +53,46 @@ def make_objective(objective: str):
     raise ValueError(f"unknown objective {objective!r}; choose 'ddpm' (DiT) or 'flow' (SiT).")
 
 
-def load_training_set(path: str | Path) -> Dict[str, torch.Tensor]:
-    """``data/gen/train.safetensors``: ``inputs`` float (N, C, H, W) in model space, ``labels`` int64."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing; run the prepare_gen stage (dvc repro prepare_gen) first.")
-    data = load_file(str(path))
-    return {"inputs": data["inputs"].float(), "labels": data["labels"].long()}
+class PixelSet:
+    """Pixel-space training images held in memory (embedded scale); flips mirror the pixels."""
+
+    def __init__(self, inputs: torch.Tensor, labels: torch.Tensor):
+        self.inputs, self.labels = inputs, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def batch(self, indices: torch.Tensor, flip: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        x = self.inputs[indices]
+        return torch.where(flip[:, None, None, None], x.flip(-1), x)
 
 
-def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, Any], data_path: str | Path,
+def load_training_set(root: str | Path):
+    """The prepared generation set under ``root`` (data/gen): in-memory pixels, or VAE latent shards.
+
+    Either way: ``len``, ``labels`` and ``batch(indices, flip, generator)`` giving model inputs.
+    """
+    root = Path(root)
+    meta_path = root / "meta.json"
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{meta_path} is missing; run the prepare_gen stage (dvc repro prepare_gen) first.")
+    meta = json.loads(meta_path.read_text())
+    if meta["kind"] == "vae_latents":
+        from ..data.latents import LatentShards  # diffusers is imported only where latents are used
+        return LatentShards(root / "latents")
+    data = load_file(str(root / "train.safetensors"))
+    return PixelSet(data["inputs"].float(), data["labels"].long())
+
+
+def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, Any], data_root: str | Path,
                     seed: int, out_dir: str | Path, ckpt_dir: str | Path, info: DistInfo, live=None,
                     max_steps: Optional[int] = None, fingerprint: str = "",
                     log_prefix: str = "") -> Dict[str, float]:
     """Train one seed for ``recipe['steps']`` steps; rank 0 writes the EMA and raw weights."""
     device = info.device
-    data = load_training_set(data_path)
-    inputs, labels = data["inputs"], data["labels"]
-    n = len(labels)
+    data = load_training_set(data_root)
+    labels = data.labels
+    n = len(data)
     per_rank = recipe["batch_size"] // info.world_size
     if per_rank < 1 or per_rank > n:
         raise ValueError(f"gen_recipe.batch_size={recipe['batch_size']} does not fit {info.world_size} process(es) "
@@ -103,10 +126,11 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
     ddp.train()
     while step < total:
         idx = torch.randint(0, n, (per_rank,), generator=generator)
-        x, y = inputs[idx].to(device), labels[idx].to(device)
         if recipe["hflip"]:
             flip = torch.rand(per_rank, generator=generator) < 0.5
-            x = torch.where(flip.to(device)[:, None, None, None], x.flip(-1), x)
+        else:
+            flip = torch.zeros(per_rank, dtype=torch.bool)
+        x, y = data.batch(idx, flip, generator).to(device), labels[idx].to(device)
         with amp.autocast():
             loss = loss_fn.training_losses(forward, x, y)["loss"]
         if not math.isfinite(loss.item()):
@@ -150,14 +174,16 @@ def load_generator(spec: GeneratorSpec, weights: str | Path, recipe: Dict[str, A
 
 
 @torch.no_grad()
-def generate(model: nn.Module, objective: str, sampling: Dict[str, Any], *, num_samples: int, num_classes: int,
-             input_shape, seed: int, device: torch.device) -> Dict[str, torch.Tensor]:
-    """Class-balanced samples (labels 0, 1, ..., num_classes-1, 0, ...) in model space, deterministic in ``seed``."""
+def generate_batches(model: nn.Module, objective: str, sampling: Dict[str, Any], *, num_samples: int,
+                     num_classes: int, input_shape, seed: int, device: torch.device):
+    """Yield ``(start, samples, labels)`` per sampling batch, in model space, deterministic in ``seed``.
+
+    Labels are class-balanced: 0, 1, ..., num_classes-1, 0, ... in order.
+    """
     model = model.to(device).eval()
     sampler = make_objective(objective)
     labels = torch.arange(num_samples) % num_classes
     generator = torch.Generator(device="cpu").manual_seed(seed)
-    out = []
     for start in range(0, num_samples, sampling["batch_size"]):
         y = labels[start:start + sampling["batch_size"]].to(device)
         noise = torch.randn((len(y), *input_shape), generator=generator).to(device)
@@ -172,8 +198,15 @@ def generate(model: nn.Module, objective: str, sampling: Dict[str, Any], *, num_
                                    cfg_scale=sampling["cfg_scale"])
         else:
             raise ValueError(f"sampling.flow_sampler={sampling['flow_sampler']!r} is unknown; use 'sde' or 'ode'.")
-        out.append(x.float().cpu())
-    return {"samples": torch.cat(out), "labels": labels}
+        yield start, x.float().cpu(), y.cpu()
+
+
+def generate(model: nn.Module, objective: str, sampling: Dict[str, Any], *, num_samples: int, num_classes: int,
+             input_shape, seed: int, device: torch.device) -> Dict[str, torch.Tensor]:
+    """All of :func:`generate_batches` at once: ``{"samples", "labels"}``."""
+    batches = list(generate_batches(model, objective, sampling, num_samples=num_samples, num_classes=num_classes,
+                                    input_shape=input_shape, seed=seed, device=device))
+    return {"samples": torch.cat([b[1] for b in batches]), "labels": torch.cat([b[2] for b in batches])}
 
 
 def pixels_to_uint8(x: torch.Tensor) -> torch.Tensor:
