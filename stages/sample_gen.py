@@ -50,7 +50,7 @@ def main() -> None:
             preview = {}
             for start, samples, labels in generate_batches(
                     model, run.objective, run.sampling, num_samples=num, num_classes=meta["num_classes"],
-                    input_shape=input_shape, seed=seed, device=device):
+                    input_shape=input_shape, seed=seed, device=device, flow_path=run.recipe["flow_path"]):
                 images = to_uint8(samples).cpu()
                 writer.write(start, images, labels)
                 for image, label in zip(images, labels.tolist()):

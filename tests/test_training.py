@@ -110,3 +110,12 @@ def test_generator_fp16_and_compile_paths_write_scaler_state(tmp_path, embedded,
     assert figures["steps"] == 2
     assert load_checkpoint(tmp_path / "ckpt" / "last.pt")["scaler"]["scale"] > 0
     assert Path(tmp_path / "out" / "model_ema.safetensors").is_file()
+
+
+def test_the_train_step_benchmark_projects_a_full_run_from_its_step_time(one_torch_thread):
+    from vcarepro.bench.train_step import bench_gen_step
+
+    row = bench_gen_step("sit_s8-vca", batch=2, device="cpu", precision="fp32", min_run_time=0.2)
+    assert (row["objective"], row["model"]["arch"], row["global_batch"], row["recipe_steps"]) == \
+        ("flow", "dit_s8", 256, 400_000)
+    assert row["projected_device_hours"] == pytest.approx(400_000 * 128 * row["ms_per_step"] / 1e3 / 3600)

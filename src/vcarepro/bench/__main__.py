@@ -1,8 +1,11 @@
-"""python -m vcarepro.bench attention [--batch 8] [--json out.json]"""
+"""python -m vcarepro.bench attention [--batch 8] [--json out.json]
+python -m vcarepro.bench train-step --run dit_s2-vca [--batch 32] [--device cuda] [--precision bf16]"""
 from __future__ import annotations
 
 import argparse
 from dataclasses import asdict
+
+import torch
 
 from . import attention_table, bench_attention, describe_machine, write_json
 
@@ -19,9 +22,30 @@ def main(argv=None) -> None:
     att.add_argument("--min-run-time", type=float, default=1.0, help="seconds of timing per measurement")
     att.add_argument("--device", default="cpu")
     att.add_argument("--json", help="also write the figures and the machine to this JSON file")
+    step = sub.add_parser("train-step", help="a paper-scale DiT/SiT training step, and the GPU-hours of a full run")
+    step.add_argument("--run", default="dit_s2-vca", help="a gen_runs entry of the paper scale")
+    step.add_argument("--batch", type=int, default=32, help="images per device (DiT: 256 over 8 GPUs)")
+    step.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    step.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
+    step.add_argument("--min-run-time", type=float, default=2.0)
+    step.add_argument("--json", help="also write the figures and the machine to this JSON file")
     args = parser.parse_args(argv)
 
     machine = describe_machine()
+    if args.suite == "train-step":
+        from .train_step import bench_gen_step
+        print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
+        row = bench_gen_step(args.run, batch=args.batch, device=args.device, precision=args.precision,
+                             min_run_time=args.min_run_time)
+        print(f"{row['run']} ({row['objective']}), {row['precision']} on {row['device']}, batch {row['batch_per_device']}: "
+              f"{row['ms_per_step']:.1f} ms/step, {row['images_per_second']:.1f} images/s")
+        print(f"projected: {row['recipe_steps']} steps at global batch {row['global_batch']} = "
+              f"{row['projected_device_hours']:.1f} device-hours (compute only; an estimate, not a measurement "
+              f"of a full run)")
+        if args.json:
+            write_json(args.json, {"machine": machine, "train_step": row})
+        return
+
     print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
     rows = bench_attention(args.sides, dim=args.dim, heads=args.heads, batch=args.batch,
                            contrast_tokens=args.contrast_tokens, min_run_time=args.min_run_time,

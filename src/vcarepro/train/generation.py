@@ -45,11 +45,12 @@ class GeneratorSpec:
         return create_dit(self.arch, self.attention, **kwargs)
 
 
-def make_objective(objective: str):
+def make_objective(objective: str, flow_path: str = "linear"):
+    """DiT's DDPM, or SiT's flow matching on ``flow_path`` (``linear``, SiT's default, or ``gvp``)."""
     if objective == "ddpm":
         return GaussianDiffusion()
     if objective == "flow":
-        return FlowMatching(path="linear")
+        return FlowMatching(path=flow_path)
     raise ValueError(f"unknown objective {objective!r}; choose 'ddpm' (DiT) or 'flow' (SiT).")
 
 
@@ -102,7 +103,7 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
     model = spec.create(learn_sigma=recipe["learn_sigma"], class_dropout_prob=recipe["class_dropout_prob"]).to(device)
     ema = ModelEmaV3(model, decay=recipe["ema_decay"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=recipe["weight_decay"])
-    loss_fn = make_objective(objective)
+    loss_fn = make_objective(objective, recipe["flow_path"])
     seed_everything(seed * 1000 + info.rank)  # data order, flips, noise and t differ per rank
     generator = torch.Generator().manual_seed(seed * 1000 + info.rank)
 
@@ -175,13 +176,15 @@ def load_generator(spec: GeneratorSpec, weights: str | Path, recipe: Dict[str, A
 
 @torch.no_grad()
 def generate_batches(model: nn.Module, objective: str, sampling: Dict[str, Any], *, num_samples: int,
-                     num_classes: int, input_shape, seed: int, device: torch.device):
+                     num_classes: int, input_shape, seed: int, device: torch.device, flow_path: str = "linear"):
     """Yield ``(start, samples, labels)`` per sampling batch, in model space, deterministic in ``seed``.
+
+    ``flow_path`` is the path a flow model was trained on (``gen_recipe.flow_path``).
 
     Labels are class-balanced: 0, 1, ..., num_classes-1, 0, ... in order.
     """
     model = model.to(device).eval()
-    sampler = make_objective(objective)
+    sampler = make_objective(objective, flow_path)
     labels = torch.arange(num_samples) % num_classes
     generator = torch.Generator(device="cpu").manual_seed(seed)
     for start in range(0, num_samples, sampling["batch_size"]):
@@ -194,18 +197,18 @@ def generate_batches(model: nn.Module, objective: str, sampling: Dict[str, Any],
             x = sampler.sample_sde(model, noise, y, num_steps=sampling["flow_steps"], cfg_scale=sampling["cfg_scale"],
                                    generator=generator)
         elif sampling["flow_sampler"] == "ode":
-            x = sampler.sample_ode(model, noise, y, num_steps=sampling["flow_steps"], method="heun",
-                                   cfg_scale=sampling["cfg_scale"])
+            x = sampler.sample_ode(model, noise, y, num_steps=sampling["flow_steps"],
+                                   method=sampling["flow_ode_method"], cfg_scale=sampling["cfg_scale"])
         else:
             raise ValueError(f"sampling.flow_sampler={sampling['flow_sampler']!r} is unknown; use 'sde' or 'ode'.")
         yield start, x.float().cpu(), y.cpu()
 
 
 def generate(model: nn.Module, objective: str, sampling: Dict[str, Any], *, num_samples: int, num_classes: int,
-             input_shape, seed: int, device: torch.device) -> Dict[str, torch.Tensor]:
+             input_shape, seed: int, device: torch.device, flow_path: str = "linear") -> Dict[str, torch.Tensor]:
     """All of :func:`generate_batches` at once: ``{"samples", "labels"}``."""
     batches = list(generate_batches(model, objective, sampling, num_samples=num_samples, num_classes=num_classes,
-                                    input_shape=input_shape, seed=seed, device=device))
+                                    input_shape=input_shape, seed=seed, device=device, flow_path=flow_path))
     return {"samples": torch.cat([b[1] for b in batches]), "labels": torch.cat([b[2] for b in batches])}
 
 

@@ -1,0 +1,62 @@
+"""Training-step time of a paper-scale generation run, and the GPU-hours a full run would take.
+
+``python -m vcarepro.bench train-step --run dit_s2-vca --batch 32 --device cuda``
+builds the run's model at paper shape (params composed with ``scale=paper``), times
+forward + backward + AdamW steps on random latents at ``--batch`` per device, and
+projects ``gen_recipe.steps`` x (global batch / per-device batch) x step time. That
+projection assumes data loading and gradient all-reduce are hidden behind compute, so
+it is a lower bound on a real multi-GPU run, and it is only as good as the device
+it was measured on.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict
+
+import torch
+import torch.utils.benchmark as benchmark
+
+from ..config import compose
+from ..pipeline import gen_run
+from ..train.generation import GeneratorSpec, make_objective
+from ..train.precision import MixedPrecision
+
+LATENT_SHAPE = (4, 32, 32)  # 256 px through the SD VAE
+
+
+def bench_gen_step(run_name: str, *, batch: int, device: str = "cpu", precision: str = "bf16",
+                   min_run_time: float = 2.0) -> Dict[str, Any]:
+    params = compose(["scale=paper"])
+    run = gen_run(params, run_name)
+    recipe = run.recipe
+    spec = GeneratorSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, run.shape)
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    model = spec.create(learn_sigma=recipe["learn_sigma"], class_dropout_prob=recipe["class_dropout_prob"]).to(dev)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=recipe["weight_decay"])
+    objective = make_objective(run.objective, recipe["flow_path"])
+    amp = MixedPrecision(precision, dev)
+    x = torch.randn(batch, *LATENT_SHAPE, device=dev)
+    y = torch.randint(0, 1000, (batch,), device=dev)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with amp.autocast():
+            loss = objective.training_losses(model, x, y)["loss"]
+        amp.scaler.scale(loss).backward()
+        amp.scaler.step(optimizer)
+        amp.scaler.update()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    step()  # warm-up: allocations, kernel selection
+    seconds = benchmark.Timer(stmt="step()", globals={"step": step}).blocked_autorange(
+        min_run_time=min_run_time).median
+    global_batch, steps = recipe["batch_size"], recipe["steps"]
+    device_steps = steps * math.ceil(global_batch / batch)
+    return {
+        "run": run_name, "model": run.model, "objective": run.objective, "device": device,
+        "precision": precision, "batch_per_device": batch, "ms_per_step": seconds * 1e3,
+        "images_per_second": batch / seconds, "recipe_steps": steps, "global_batch": global_batch,
+        "projected_device_hours": device_steps * seconds / 3600.0,
+    }
