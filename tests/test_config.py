@@ -50,9 +50,16 @@ TABLE1_PAPER_ONLY = ["deit_small-mhsa", "deit_small-vca", "pvt_tiny-mhsa", "pvt_
                      "swin_tiny-vca", "cswin_tiny-mhsa", "cswin_tiny-vca"]
 
 
-def test_paper_scale_runs_the_embedded_matrix_plus_every_table1_row(embedded, paper):
+TABLE2_PAPER_ONLY = [f"{family}_{size}{patch}-{attention}" for family in ("dit", "sit")
+                     for size, patch in (("s", 4), ("s", 8), ("b", 2), ("b", 4), ("b", 8))
+                     for attention in ("mhsa", "vca")]
+
+
+def test_paper_scale_runs_the_embedded_matrix_plus_every_table1_and_table2_row(embedded, paper):
     assert list(paper["cls_runs"]) == list(embedded["cls_runs"]) + TABLE1_PAPER_ONLY
-    assert list(embedded["gen_runs"]) == list(paper["gen_runs"])
+    assert list(paper["gen_runs"]) == list(embedded["gen_runs"]) + TABLE2_PAPER_ONLY
+    reference = yaml.safe_load((ROOT / "data" / "paper_reference.yaml").read_text())
+    assert {row["run"] for row in reference["table2"]["rows"]} <= set(paper["gen_runs"])
     for params in (embedded, paper):
         for runs in (params["cls_runs"], params["gen_runs"]):
             for name, run in runs.items():
@@ -147,3 +154,20 @@ def test_params_flow_into_the_models_each_stage_builds(embedded):
     assert len(dit.blocks) == gshape["depth"] and dit.in_channels == gshape["in_channels"]
     assert dit.blocks[0].attn.num_contrast_tokens == gshape["contrast_tokens"]
     assert dit.blocks[0].attn.tokens_pos == "emb" and dit.blocks[0].attn.tokens_neg == "emb"
+
+
+@pytest.mark.parametrize("name", TABLE2_PAPER_ONLY)
+def test_every_table2_run_builds_and_trains_a_step_at_its_latent_shape(paper, name, one_torch_thread):
+    import torch
+
+    from vcarepro.train.generation import GeneratorSpec, make_objective
+
+    run = gen_run(paper, name)
+    # the paper's width, patch, heads and contrast grid on 32x32x4 latents; one block keeps it fast
+    spec = GeneratorSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, {"depth": 1})
+    model = spec.create(learn_sigma=run.recipe["learn_sigma"], class_dropout_prob=run.recipe["class_dropout_prob"])
+    objective = make_objective(run.objective, run.recipe["flow_path"])
+    loss = objective.training_losses(model, torch.randn(2, 4, 32, 32), torch.tensor([3, 999]))["loss"]
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert model.x_embedder.proj.weight.grad is not None
