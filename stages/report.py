@@ -1,4 +1,5 @@
-"""DVC stage `report`: reports/index.html from params, metrics, logs, samples and the paper's numbers."""
+"""DVC stage `report`: reports/index.html and reports/tables/ (CSV, Markdown) from params, metrics, logs,
+samples and the paper's numbers."""
 from vcarepro.report.render import render_report
 
 if __name__ == "__main__":

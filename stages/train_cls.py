@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from vcarepro.config import load_params
-from vcarepro.pipeline import CLS_DATA, cls_run, fingerprint
+from vcarepro.pipeline import CLS_DATA, TRAINING_CODE, cls_run, data_digest, fingerprint, source_digest
 from vcarepro.train.classification import ClassifierSpec, train_classifier
 from vcarepro.train.seeds import train_seeds
 
@@ -17,11 +17,15 @@ def main() -> None:
     run = cls_run(load_params(), args.run)
     spec = ClassifierSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, run.shape)
 
+    # a checkpoint resumes only under the same code and data as well as the same settings
+    code = source_digest(*TRAINING_CODE)
+    data = data_digest(CLS_DATA / "manifest.csv", CLS_DATA / "classes.json")
+
     def train_one(seed, info, live):
         return train_classifier(
             spec=spec, recipe=run.recipe, data_root=CLS_DATA, seed=seed, out_dir=run.paths.seed_dir(seed),
             ckpt_dir=run.paths.ckpt_dir(seed), info=info, live=live, max_steps=args.max_steps,
-            fingerprint=fingerprint(run.model, run.shape, run.recipe, seed, args.max_steps),
+            fingerprint=fingerprint(run.model, run.shape, run.recipe, seed, args.max_steps, code, data),
             log_prefix=f"seed_{seed}/")
 
     train_seeds(f"train_cls {args.run}", run.seeds, run.paths.live_dir, train_one)

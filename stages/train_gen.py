@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from vcarepro.config import load_params
-from vcarepro.pipeline import GEN_DATA, fingerprint, gen_run
+from vcarepro.pipeline import GEN_DATA, TRAINING_CODE, data_digest, fingerprint, gen_run, source_digest
 from vcarepro.train.generation import GeneratorSpec, train_generator
 from vcarepro.train.seeds import train_seeds
 
@@ -17,12 +17,16 @@ def main() -> None:
     run = gen_run(load_params(), args.run)
     spec = GeneratorSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, run.shape)
 
+    # a checkpoint resumes only under the same code and data as well as the same settings
+    code = source_digest(*TRAINING_CODE)
+    data = data_digest(GEN_DATA / "meta.json", GEN_DATA / "latents" / "index.json", GEN_DATA / "train.safetensors")
+
     def train_one(seed, info, live):
         return train_generator(
             spec=spec, objective=run.objective, recipe=run.recipe, data_root=GEN_DATA,
             seed=seed, out_dir=run.paths.seed_dir(seed), ckpt_dir=run.paths.ckpt_dir(seed), info=info,
             live=live, max_steps=args.max_steps, log_prefix=f"seed_{seed}/",
-            fingerprint=fingerprint(run.model, run.objective, run.shape, run.recipe, seed, args.max_steps))
+            fingerprint=fingerprint(run.model, run.objective, run.shape, run.recipe, seed, args.max_steps, code, data))
 
     train_seeds(f"train_gen {args.run}", run.seeds, run.paths.live_dir, train_one)
 

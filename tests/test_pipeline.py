@@ -33,6 +33,7 @@ def micro_params() -> dict:
     p["gen_recipe"].update(steps=4, log_every=2, ckpt_every=2)
     p["sampling"].update(num_samples=70, batch_size=70, ddpm_steps=3, flow_steps=3)
     p["prepare_gen"]["extractor_epochs"] = 1
+    p["attention_cost"].update(sides=[7, 14], min_run_time=0.05)
     return p
 
 
@@ -45,7 +46,7 @@ def sh(cmd, cwd, check=True):
 
 
 def stage_names(params: dict) -> set:
-    names = {"prepare_cls", "prepare_gen", "fid_reference", "complexity", "report"}
+    names = {"prepare_cls", "prepare_gen", "fid_reference", "complexity", "attention_cost", "report"}
     names |= {f"{s}@{r}" for s in ("train_cls", "eval_cls") for r in params["cls_runs"]}
     names |= {f"{s}@{r}" for s in ("train_gen", "sample_gen", "eval_gen") for r in params["gen_runs"]}
     return names
@@ -55,7 +56,7 @@ def stage_names(params: dict) -> set:
 def repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("pipeline") / "repo"
     tracked = sh("git ls-files --cached --others --exclude-standard", ROOT).stdout.split()
-    outputs = ("runs/", "reports/", "metrics/", "checkpoints/", "data/cls", "data/gen", "dvc.lock")
+    outputs = ("runs/", "reports/", "metrics/", "checkpoints/", "data/cls", "data/gen", "data/fid_reference", "dvc.lock")
     for rel in tracked:
         if (ROOT / rel).is_file() and not rel.startswith(outputs):
             (repo / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -115,7 +116,14 @@ def test_changing_one_run_reruns_only_that_run_and_the_report(repo):
     out = sh("dvc repro --dry", repo).stdout
     ran = {line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage")}
     assert ran == {"train_cls@deit_tiny-vca", "eval_cls@deit_tiny-vca", "report"}
-    sh("git checkout params.yaml", repo)
+    sh("dvc repro", repo)
+    # the report shows what changed against the last commit, params and metrics, read through dvc.api
+    html = (repo / "reports" / "index.html").read_text()
+    changes = html[html.index("Changes since the previous commit"):html.index("<h2>Complexity")]
+    assert "<td><code>cls_runs.deit_tiny-vca.seeds</code></td><td>[0]</td><td>[1]</td>" in changes
+    assert "<td><code>deit_tiny-vca</code></td><td>top1</td>" in changes
+    assert "<code>deit_tiny-mhsa</code>" not in changes  # unchanged runs are not listed
+    sh("git checkout params.yaml && dvc repro", repo)  # back to the committed state (from DVC's run cache)
 
 
 @pytest.mark.slow

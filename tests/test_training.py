@@ -119,3 +119,47 @@ def test_the_train_step_benchmark_projects_a_full_run_from_its_step_time(one_tor
     assert (row["objective"], row["model"]["arch"], row["global_batch"], row["recipe_steps"]) == \
         ("flow", "dit_s8", 256, 400_000)
     assert row["projected_device_hours"] == pytest.approx(400_000 * 128 * row["ms_per_step"] / 1e3 / 3600)
+
+
+def test_dit_batches_walk_shuffled_epochs_dealt_disjointly_to_ranks():
+    from vcarepro.train.generation import epoch_batch
+
+    ranks = [DistInfo(rank=r, world_size=2, local_rank=r, device=torch.device("cpu")) for r in range(2)]
+    # 11 examples, 2 ranks, 2 per rank: 5 per rank per epoch, 2 full batches each, the rest dropped
+    epoch0 = [torch.cat([epoch_batch(step, n=11, per_rank=2, info=info, seed=0) for step in (0, 1)]) for info in ranks]
+    seen = torch.cat(epoch0)
+    assert len(seen) == 8 and len(set(seen.tolist())) == 8  # disjoint across ranks, no repeats in an epoch
+    epoch1 = torch.cat([epoch_batch(2, n=11, per_rank=2, info=info, seed=0) for info in ranks])
+    assert not torch.equal(epoch1, torch.cat([epoch0[0][:2], epoch0[1][:2]]))  # a new permutation each epoch
+    assert torch.equal(epoch_batch(3, n=11, per_rank=2, info=ranks[0], seed=0),
+                       epoch_batch(3, n=11, per_rank=2, info=ranks[0], seed=0))  # a function of the step alone
+    assert not torch.equal(epoch_batch(0, n=11, per_rank=2, info=ranks[0], seed=1), epoch0[0][:2])
+
+
+class RecordingLive:
+    """Stands in for dvclive.Live: records (step, name, value) of every logged metric."""
+
+    def __init__(self):
+        self.step, self.logged = 0, []
+
+    def log_metric(self, name, value):
+        self.logged.append((self.step, name, value))
+
+
+def test_a_rerun_after_a_finished_checkpoint_replays_the_logs_and_returns_the_figures(tmp_path, digits, embedded,
+                                                                                      one_torch_thread):
+    spec, recipe = tiny_cls(embedded)
+    first_log, again_log = RecordingLive(), RecordingLive()
+    first = train_cls(spec, recipe, digits, tmp_path, live=first_log)
+    again = train_cls(spec, recipe, digits, tmp_path, live=again_log)  # DVC deleted the logs, not the checkpoint
+    assert again_log.logged == first_log.logged and {s for s, _, _ in again_log.logged} == {1, 2}
+    assert {k: v for k, v in again.items() if k != "train_seconds"} == \
+        {k: v for k, v in first.items() if k != "train_seconds"}
+
+
+def test_checkpoints_are_keyed_to_the_code_that_wrote_them():
+    from vcarepro.pipeline import TRAINING_CODE, source_digest
+
+    assert source_digest(*TRAINING_CODE) == source_digest(*TRAINING_CODE)
+    assert source_digest("train") != source_digest("models") != source_digest("train", "models")
+    assert "train" in TRAINING_CODE and "models" in TRAINING_CODE and "attention" in TRAINING_CODE

@@ -24,6 +24,35 @@ def fingerprint(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def source_digest(*subpackages: str) -> str:
+    """A hash of the code of ``vcarepro.<subpackage>`` for each name given (its .py files).
+
+    Part of a training checkpoint's fingerprint: DVC re-runs a stage when its code
+    changes, and the re-run must then train with the new code, not resume what the old
+    code left behind.
+    """
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for name in subpackages:
+        target = package / name
+        for path in sorted(target.rglob("*.py")) if target.is_dir() else [target]:
+            digest.update(str(path.relative_to(package)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def data_digest(*paths: str | Path) -> str:
+    """A hash of the small files that identify a prepared dataset (manifest, class index, meta, index)."""
+    digest = hashlib.sha256()
+    for path in map(Path, paths):
+        digest.update(str(path).encode())
+        digest.update(path.read_bytes() if path.is_file() else b"absent")
+    return digest.hexdigest()[:16]
+
+
+TRAINING_CODE = ("attention", "models", "train", "data", "pipeline.py")
+
+
 def _run(params: Dict[str, Any], branch: str, name: str) -> Dict[str, Any]:
     runs = section(params, f"{branch}_runs")
     if name not in runs:

@@ -1,4 +1,4 @@
-"""Training curves as PNG data URIs, so the report opens offline with no CDN."""
+"""The report's figures as PNG data URIs, so the page opens offline with no CDN."""
 from __future__ import annotations
 
 import base64
@@ -29,7 +29,60 @@ def curves_png(title: str, curves: Dict[str, Dict[int, List[tuple]]], metrics: L
     axes[0][0].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+    return _png(fig)
+
+
+def _png(fig) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def gains_png(rows: List[dict]) -> Optional[str]:
+    """VCA minus baseline per row: ours (at the scale measured, with s.e. bars) beside the paper's."""
+    rows = [r for r in rows if r["ours_value"] is not None or r["paper_value"] is not None]
+    if not rows:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 0.45 * max(len(rows), 4) + 1.2), squeeze=False)
+    for ax, metric, unit in ((axes[0][0], "top1", "top-1 points"), (axes[0][1], "fid", "FID")):
+        subset = [r for r in rows if r["metric"] == metric]
+        if not subset:
+            ax.set_axis_off()
+            continue
+        y = range(len(subset))
+        paper = [r["paper_value"] if r["paper_value"] is not None else 0.0 for r in subset]
+        ours = [r["ours_value"] if r["ours_value"] is not None else 0.0 for r in subset]
+        err = [r["ours_se"] or 0.0 for r in subset]
+        ax.barh([i + 0.2 for i in y], paper, height=0.4, label="paper", color="#999999")
+        ax.barh([i - 0.2 for i in y], ours, height=0.4, xerr=err, label="ours (its scale)", color="#3366aa")
+        ax.set_yticks(list(y))
+        ax.set_yticklabels([r["label"] for r in subset], fontsize=7)
+        ax.axvline(0, color="black", linewidth=0.8)
+        better = "right" if metric == "top1" else "left"
+        ax.set_xlabel(f"VCA - baseline ({unit}; VCA better to the {better})", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def attention_cost_png(cost: Optional[dict]) -> Optional[str]:
+    """MACs and forward+backward time of one attention layer against token count, log-log."""
+    if not cost or not cost.get("rows"):
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(8, 2.8))
+    for layer, style in (("mhsa", "o-"), ("vca", "s-")):
+        rows = sorted((r for r in cost["rows"] if r["layer"] == layer), key=lambda r: r["tokens"])
+        n = [r["tokens"] for r in rows]
+        axes[0].loglog(n, [r["macs"] / 1e9 for r in rows], style, label=layer.upper())
+        axes[1].loglog(n, [r["forward_backward_ms"] for r in rows], style, label=layer.upper())
+    axes[0].set_ylabel("GMACs (exact)", fontsize=8)
+    axes[1].set_ylabel(f"ms forward+backward ({cost['machine'].get('cpu') or 'this machine'})", fontsize=7)
+    for ax in axes:
+        ax.set_xlabel("tokens N", fontsize=8)
+        ax.grid(alpha=0.3, which="both")
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _png(fig)

@@ -1,7 +1,6 @@
 """Build reports/index.html from files only: params, metrics, logs, samples and the paper's numbers."""
 from __future__ import annotations
 
-import datetime as _dt
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -9,8 +8,13 @@ import yaml
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from ..config import compose, load_params
+from ..pipeline import cls_run, gen_run, model_options
+from .changes import changes_since
 from .collect import collect_runs, read_json
-from .figures import curves_png
+from .environment import describe_environment
+from .export import write_tables
+from .figures import attention_cost_png, curves_png, gains_png
+from .flat import flatten
 from .reference import load_reference
 from .tables import TableBuilder, runs_frame
 
@@ -18,15 +22,6 @@ CLS_CURVES = ["train/loss", "val/loss", "val/top1", "train/lr"]
 GEN_CURVES = ["train/loss"]
 # Sections of params.yaml that define a run; the report lists how they differ from the paper's.
 RECIPE_SECTIONS = ["prepare_cls", "prepare_gen", "cls_shape", "gen_shape", "cls_recipe", "gen_recipe", "sampling"]
-
-
-def flatten(d: Any, prefix: str = "") -> Dict[str, Any]:
-    if isinstance(d, dict):
-        out: Dict[str, Any] = {}
-        for k, v in d.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-        return out  # an empty section (the paper's shape: no overrides) contributes no knob
-    return {prefix.rstrip("."): d}
 
 
 def differing_knobs(params: Dict[str, Any], paper: Dict[str, Any]) -> List[Dict[str, str]]:
@@ -37,23 +32,58 @@ def differing_knobs(params: Dict[str, Any], paper: Dict[str, Any]) -> List[Dict[
             for k in keys if ours.get(k) != theirs.get(k)]
 
 
+def run_recipe(params: Dict[str, Any], branch: str, name: str) -> Dict[str, Any]:
+    """Everything that defines one run as it trains: recipe (with its overrides), shape, VCA options, sampling."""
+    run = cls_run(params, name) if branch == "cls" else gen_run(params, name)
+    shape, options = model_options(run.model.get("attention"), run.model.get("vca"), run.shape)
+    out = {"recipe": run.recipe, "shape": shape, "vca": options or {}}
+    if branch == "gen":
+        out["sampling"] = run.sampling
+    return flatten(out)
+
+
+def run_recipe_diffs(params: Dict[str, Any], paper: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Per run: the knobs whose value differs from the same run at paper scale (or the paper recipe)."""
+    out = []
+    for branch, runs in (("cls", params["cls_runs"]), ("gen", params["gen_runs"])):
+        for name in runs:
+            reference = paper if name in paper[f"{branch}_runs"] else \
+                {**paper, f"{branch}_runs": {**paper[f"{branch}_runs"], name: params[f"{branch}_runs"][name]},
+                 "models": {**paper["models"], **params["models"]}}
+            ours, theirs = run_recipe(params, branch, name), run_recipe(reference, branch, name)
+            diffs = [{"knob": k, "ours": str(ours.get(k, "the model's own")), "paper": str(theirs.get(k, "the model's own"))}
+                     for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
+            out.append({"run": name, "branch": branch, "diffs": diffs})
+    return out
+
+
 def build_context(root: Path) -> Dict[str, Any]:
     params = load_params(root / "params.yaml")
     reference = load_reference(root / "data" / "paper_reference.yaml")
     paper = compose(["scale=paper"], config_dir=root / "conf")
     complexity = read_json(root / "metrics" / "complexity.json") or {}
+    attention_cost = read_json(root / "metrics" / "attention_cost.json")
     cls = collect_runs(root / "runs", "cls", list(params["cls_runs"]))
     gen = collect_runs(root / "runs", "gen", list(params["gen_runs"]))
     knobs = differing_knobs(params, paper)
     cls_comparable = params["scale"] == "paper" and not any(k["knob"].startswith(("prepare_cls", "cls_")) for k in knobs)
     gen_comparable = params["scale"] == "paper" and not any(
         k["knob"].startswith(("prepare_gen", "gen_", "sampling")) for k in knobs)
-    tables = TableBuilder(reference, params, cls, gen, complexity,
+    tables = TableBuilder(reference, params, cls, gen, complexity, attention_cost,
                           cls_comparable=cls_comparable, gen_comparable=gen_comparable)
     cls_keys = ["top1", "top5", "loss"]
-    gen_keys = ["fid", "kid_mean"]
+    gen_keys = ["fid", "kid_mean", "inception_score", "precision", "recall"]
+    gains = tables.gains()
+    environment = describe_environment(root)
+    run_metrics = {"cls": {n: r.metrics for n, r in cls.items()}, "gen": {n: r.metrics for n, r in gen.items()}}
     return {
-        "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "generated": environment["date"],
+        "environment": environment,
+        "changes": changes_since(root, params, run_metrics),
+        "gains": gains,
+        "gains_png": gains_png(gains),
+        "attention_cost_png": attention_cost_png(attention_cost),
+        "run_diffs": run_recipe_diffs(params, paper),
         "scale": params["scale"],
         "cls_comparable": cls_comparable,
         "gen_comparable": gen_comparable,
@@ -80,13 +110,20 @@ def build_context(root: Path) -> Dict[str, Any]:
     }
 
 
+EXPORTED_TABLES = ["table1", "table2", "table3", "table4", "gains", "claims", "cls_runs", "gen_runs", "complexity"]
+
+
 def render_report(root: str | Path = ".", out: str | Path = "reports/index.html") -> Path:
+    """Write the HTML page to ``out`` and its tables as CSV and Markdown under ``out``'s folder, in ``tables/``."""
     root, out = Path(root), Path(out)
     env = Environment(loader=PackageLoader("vcarepro", "templates"), autoescape=select_autoescape(["html", "j2"]),
                       trim_blocks=True, lstrip_blocks=True)
-    html = env.get_template("report.html.j2").render(**build_context(root))
+    context = build_context(root)
     out.parent.mkdir(parents=True, exist_ok=True)
+    written = write_tables({name: context[name] for name in EXPORTED_TABLES}, out.parent / "tables")
+    exported = sorted({path.stem for path in written}, key=EXPORTED_TABLES.index)
+    html = env.get_template("report.html.j2").render(**context, exported=exported)
     tmp = out.with_suffix(".html.tmp")
     tmp.write_text(html, encoding="utf-8")
-    tmp.replace(out)  # atomic: a killed report stage leaves no finished-looking page
+    tmp.replace(out)  # atomic and last: a killed report stage leaves no finished-looking page
     return out

@@ -11,7 +11,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.nn as nn
@@ -143,6 +143,7 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
 
     amp = MixedPrecision(recipe["precision"], device)
     start_epoch = 0
+    history: List[Dict[str, float]] = []  # every epoch's logged figures, kept in the checkpoint
     state = load_checkpoint(Path(ckpt_dir) / "last.pt")
     if state is not None and state.get("fingerprint") != fingerprint:
         state = None  # a checkpoint of other settings: start afresh
@@ -155,6 +156,10 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
         amp.load_state_dict(state["scaler"])
         start_epoch = state["epoch"]
         set_rng_state(state["rng"])
+        history = list(state["history"])
+    # DVC deletes a stage's logs before re-running it: replay what the checkpoint saw
+    for past in history:
+        _log_epoch(live, info, past, log_prefix)
 
     ddp = DistributedDataParallel(model) if info.distributed else model
     forward = maybe_compile(ddp, recipe["compile"])
@@ -203,22 +208,21 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
         if (epoch + 1) % recipe["eval_every"] == 0 or last:
             val = evaluate(model, val_loader, device)
             figures.update({f"val_{k}": all_reduce_mean(v, info) for k, v in val.items()})
-        if live is not None and info.is_main:
-            live.step = epoch + 1
-            for name, value in figures.items():
-                if name != "epoch":
-                    live.log_metric(f"{log_prefix}{name.replace('_', '/', 1)}", value)
+        _log_epoch(live, info, figures, log_prefix)
+        history.append(figures)
         if info.is_main:
             save_checkpoint(Path(ckpt_dir) / "last.pt", {
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(), "ema": ema.state_dict() if ema is not None else {},
                 "scaler": amp.state_dict(),
-                "epoch": epoch + 1, "rng": rng_state(),
+                "epoch": epoch + 1, "rng": rng_state(), "history": history,
                 "fingerprint": fingerprint,
             })
         if max_steps is not None and step >= max_steps:
             break
 
+    if not figures and history:  # resumed from the final checkpoint: nothing left to train
+        figures = dict(history[-1])
     figures["train_seconds"] = time.perf_counter() - started
     figures["world_size"] = info.world_size
     if info.is_main:
@@ -228,6 +232,15 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
         if ema is not None:
             save_file(_contiguous(ema.module.state_dict()), str(out_dir / "model_ema.safetensors"))
     return figures
+
+
+def _log_epoch(live, info: DistInfo, figures: Dict[str, float], prefix: str) -> None:
+    if live is None or not info.is_main:
+        return
+    live.step = int(figures["epoch"])
+    for name, value in figures.items():
+        if name != "epoch":
+            live.log_metric(f"{prefix}{name.replace('_', '/', 1)}", value)
 
 
 def load_classifier(spec: ClassifierSpec, weights: str | Path, num_classes: int) -> nn.Module:

@@ -2,8 +2,9 @@
 
 DiT's train.py recipe: AdamW (no weight decay), constant learning rate, EMA of the
 weights updated every step (initialised to the model), horizontal flips, label
-dropout for classifier-free guidance inside the model. The objective is the only
-difference between DiT and SiT.
+dropout for classifier-free guidance inside the model, and epochs of a shuffled
+distributed sampler with the last partial batch dropped (:func:`epoch_batch`). The
+objective is the only difference between DiT and SiT.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.nn as nn
@@ -85,6 +86,22 @@ def load_training_set(root: str | Path):
     return PixelSet(data["inputs"].float(), data["labels"].long())
 
 
+def epoch_batch(step: int, *, n: int, per_rank: int, info: DistInfo, seed: int) -> torch.Tensor:
+    """Training-set indices of this rank's batch at ``step``, as DiT's DistributedSampler gives them.
+
+    Each epoch is a permutation of the set seeded by (seed, epoch), dealt to the ranks
+    round-robin (rank r takes positions r, r + world, ...); each rank walks its share in
+    batches of ``per_rank`` and drops the last partial one, as DiT's DataLoader
+    (drop_last=True) does. A function of the step alone, so a resumed run continues the
+    same order without saving any sampler state.
+    """
+    per_epoch = (n // info.world_size) // per_rank
+    epoch, position = divmod(step, per_epoch)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+    share = order[info.rank::info.world_size][: n // info.world_size]
+    return share[position * per_rank:(position + 1) * per_rank]
+
+
 def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, Any], data_root: str | Path,
                     seed: int, out_dir: str | Path, ckpt_dir: str | Path, info: DistInfo, live=None,
                     max_steps: Optional[int] = None, fingerprint: str = "",
@@ -95,7 +112,7 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
     labels = data.labels
     n = len(data)
     per_rank = recipe["batch_size"] // info.world_size
-    if per_rank < 1 or per_rank > n:
+    if per_rank < 1 or per_rank > n // info.world_size:
         raise ValueError(f"gen_recipe.batch_size={recipe['batch_size']} does not fit {info.world_size} process(es) "
                          f"and {n} training examples; choose a batch between world size and the dataset size.")
 
@@ -109,6 +126,7 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
 
     amp = MixedPrecision(recipe["precision"], device)
     step = 0
+    history: List[Dict[str, float]] = []  # every logged (step, loss, lr), kept in the checkpoint
     state = load_checkpoint(Path(ckpt_dir) / "last.pt")
     if state is not None and state.get("fingerprint") == fingerprint:
         model.load_state_dict(state["model"])
@@ -118,6 +136,10 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
         step = state["step"]
         set_rng_state(state["rng"])
         generator.set_state(state["generator"])
+        history = list(state["history"])
+    # DVC deletes a stage's logs before re-running it: replay what the checkpoint saw
+    for past in history:
+        _log_step(live, info, past, log_prefix)
 
     ddp = DistributedDataParallel(model) if info.distributed else model
     forward = maybe_compile(ddp, recipe["compile"])
@@ -126,7 +148,7 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
     running, count = 0.0, 0
     ddp.train()
     while step < total:
-        idx = torch.randint(0, n, (per_rank,), generator=generator)
+        idx = epoch_batch(step, n=n, per_rank=per_rank, info=info, seed=seed)
         if recipe["hflip"]:
             flip = torch.rand(per_rank, generator=generator) < 0.5
         else:
@@ -147,16 +169,15 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
         running += loss.item()
         count += 1
         if step % recipe["log_every"] == 0 or step == total:
-            mean_loss = all_reduce_mean(running / count, info)
+            logged = {"step": step, "loss": all_reduce_mean(running / count, info),
+                      "lr": optimizer.param_groups[0]["lr"]}
             running, count = 0.0, 0
-            if live is not None and info.is_main:
-                live.step = step
-                live.log_metric(f"{log_prefix}train/loss", mean_loss)
-                live.log_metric(f"{log_prefix}train/lr", optimizer.param_groups[0]["lr"])
+            _log_step(live, info, logged, log_prefix)
+            history.append(logged)
         if info.is_main and (step % recipe["ckpt_every"] == 0 or step == total):
             save_checkpoint(Path(ckpt_dir) / "last.pt", {
                 "model": model.state_dict(), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
-                "scaler": amp.state_dict(), "step": step, "rng": rng_state(), "generator": generator.get_state(), "fingerprint": fingerprint,
+                "scaler": amp.state_dict(), "step": step, "rng": rng_state(), "history": history, "generator": generator.get_state(), "fingerprint": fingerprint,
             })
 
     figures = {"steps": float(step), "train_seconds": time.perf_counter() - started, "world_size": info.world_size}
@@ -166,6 +187,14 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
         save_file({k: v.detach().contiguous().cpu() for k, v in ema.module.state_dict().items()},
                   str(out_dir / "model_ema.safetensors"))
     return figures
+
+
+def _log_step(live, info: DistInfo, logged: Dict[str, float], prefix: str) -> None:
+    if live is None or not info.is_main:
+        return
+    live.step = int(logged["step"])
+    live.log_metric(f"{prefix}train/loss", logged["loss"])
+    live.log_metric(f"{prefix}train/lr", logged["lr"])
 
 
 def load_generator(spec: GeneratorSpec, weights: str | Path, recipe: Dict[str, Any]) -> nn.Module:

@@ -1,0 +1,74 @@
+"""What changed against the previous commit: the `dvc params diff` / `dvc metrics diff` view.
+
+Read through ``dvc.api`` (which works from inside a running stage): the params and the
+run metrics of ``HEAD``, from git and DVC's cache, against the workspace. A fresh clone
+whose cache lacks HEAD's metrics shows params only, and says so.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Dict, List
+
+from .flat import flatten
+
+METRIC_KEYS = ("top1", "top5", "fid", "sfid", "kid_mean", "inception_score", "precision", "recall")
+
+
+def _params_at(rev: str, root: Path) -> Dict[str, Any]:
+    import dvc.api
+    return dvc.api.params_show(repo=str(root), rev=rev)
+
+
+def _metrics_at(rev: str, root: Path, targets: List[str]) -> Dict[str, Any]:
+    import dvc.api
+    return dvc.api.metrics_show(*targets, repo=str(root), rev=rev)
+
+
+def params_changes(current: Dict[str, Any], previous: Dict[str, Any]) -> List[Dict[str, str]]:
+    now, before = flatten(current), flatten(previous)
+    return [{"param": k, "previous": str(before.get(k, "absent")), "now": str(now.get(k, "absent"))}
+            for k in sorted(set(now) | set(before)) if now.get(k) != before.get(k)]
+
+
+def metrics_changes(current: Dict[str, Dict[str, Any]], previous: Dict[str, Dict[str, Any]]) -> List[Dict[str, str]]:
+    """Per run and headline metric: previous value, now, change (numbers only)."""
+    rows = []
+    for run in sorted(set(current) | set(previous)):
+        for key in METRIC_KEYS:
+            a, b = previous.get(run, {}).get(key), current.get(run, {}).get(key)
+            if a is None and b is None:
+                continue
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=0, abs_tol=0):
+                continue
+            change = f"{b - a:+.4g}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) else ""
+            rows.append({"run": run, "metric": key, "previous": "absent" if a is None else f"{a:.4g}",
+                         "now": "absent" if b is None else f"{b:.4g}", "change": change})
+    return rows
+
+
+def changes_since(root: Path, params: Dict[str, Any], run_metrics: Dict[str, Dict[str, Any]],
+                  rev: str = "HEAD") -> Dict[str, Any]:
+    """{"rev", "params": rows | None, "metrics": rows | None, "note"} comparing the workspace with ``rev``."""
+    out: Dict[str, Any] = {"rev": rev, "params": None, "metrics": None, "note": ""}
+    try:
+        out["params"] = params_changes(params, _params_at(rev, root))
+    except Exception as err:  # no commit yet, not a git repository, unreadable params
+        out["note"] = f"params of {rev} are not readable ({type(err).__name__}); no comparison."
+        return out
+    targets = {name: f"runs/{branch}/{name}/metrics.json" for branch, names in run_metrics.items() for name in names}
+    previous: Dict[str, Dict[str, Any]] = {}
+    missing = []
+    for name, target in targets.items():
+        try:
+            shown = _metrics_at(rev, root, [target])
+        except Exception:
+            missing.append(name)
+            continue
+        previous[name] = shown  # one target: dvc.api returns that file's content
+    current = {name: metrics for branch in run_metrics.values() for name, metrics in branch.items() if metrics}
+    out["metrics"] = metrics_changes(current, previous)
+    if missing:
+        out["note"] = (f"{len(missing)} run(s) have no metrics at {rev} in this checkout's DVC cache "
+                       f"(not run then, or not pulled): {', '.join(sorted(missing))}.")
+    return out

@@ -1,0 +1,37 @@
+"""The report's tables as CSV and Markdown files beside the HTML, for papers and pull requests."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pandas as pd
+
+CELL_KEYS = ("paper", "ours", "diff", "verdict")
+
+
+def flatten_row(row: Dict[str, Any]) -> Dict[str, Any]:
+    """A table row whose metric cells are dicts (paper, source, ours, diff, verdict) as flat columns."""
+    flat: Dict[str, Any] = {}
+    for key, value in row.items():
+        if isinstance(value, dict) and "verdict" in value:
+            for part in CELL_KEYS:
+                flat[f"{key} {part}"] = value.get(part)
+            flat[f"{key} source"] = value.get("source")
+        elif not isinstance(value, (dict, list)):
+            flat[key] = value
+    return flat
+
+
+def write_tables(tables: Dict[str, List[Dict[str, Any]]], out_dir: str | Path) -> List[Path]:
+    """``out_dir/<name>.csv`` and ``<name>.md`` for every non-empty table; returns the paths written."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, rows in tables.items():
+        if not rows:
+            continue
+        frame = pd.DataFrame.from_records([flatten_row(r) for r in rows]).astype(object).fillna("")
+        frame.to_csv(out_dir / f"{name}.csv", index=False)
+        (out_dir / f"{name}.md").write_text(frame.to_markdown(index=False) + "\n", encoding="utf-8")
+        written += [out_dir / f"{name}.csv", out_dir / f"{name}.md"]
+    return written
