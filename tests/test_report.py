@@ -179,7 +179,10 @@ def test_report_survives_a_nan_metric_and_a_missing_run(project):
     (run / "metrics.json").write_text('{"fid": NaN, "n_seeds": 1}')
     html = render_report(project, project / "reports" / "index.html").read_text()
     row = html[html.index("<td>DiT-S/2</td><td>VCA</td>"):]
-    assert "nan" in row[:row.index("</tr>")].lower()
+    row = row[:row.index("</tr>")]
+    assert "nan" in row.lower() and "not a finite number" in row
+    assert verdict(PaperValue(62.3, "S"), ours(float("nan")), comparable=True, tolerance=1.0,
+                   lower_is_better=True) == "not a finite number"  # never "short of paper"
 
 
 HARNESS = """<!DOCTYPE html><html><body><iframe id="r" src="index.html" width="1280" height="800"></iframe>

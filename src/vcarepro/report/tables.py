@@ -16,6 +16,7 @@ BETTER = "better than paper"
 SHORT = "short of paper"
 NOT_COMPARABLE = "not comparable"
 NOT_RUN = "not run"
+NOT_FINITE = "not a finite number"
 NO_PAPER_VALUE = "paper value not available"
 MATCHES = "matches paper"
 DIFFERS = "differs from paper"
@@ -46,6 +47,8 @@ def verdict(paper: PaperValue, ours: Optional[Measured], *, comparable: bool, to
     """A smoke-scale number is never judged against a paper number."""
     if ours is None:
         return NOT_RUN
+    if not math.isfinite(ours.mean):
+        return NOT_FINITE
     if not paper.available:
         return NO_PAPER_VALUE
     if not comparable:
@@ -77,7 +80,7 @@ class Cell:
     @property
     def diff(self) -> Optional[float]:
         # no difference is printed where the numbers are not comparable: it would read as a result
-        if self.ours is None or not self.paper.available or self.verdict == NOT_COMPARABLE:
+        if self.ours is None or not self.paper.available or self.verdict in (NOT_COMPARABLE, NOT_FINITE):
             return None
         return self.ours.mean - self.paper.value
 
