@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from vcarepro.bench import bench_attention, describe_machine
-from vcarepro.config import load_params
+from vcarepro.config import stage_params
 from vcarepro.io import write_json
 
 
 def main() -> None:
-    p = load_params()["attention_cost"]
+    p = stage_params()["attention_cost"]
     rows = bench_attention(p["sides"], dim=p["dim"], heads=p["heads"], batch=p["batch"],
                            contrast_tokens=p["contrast_tokens"], min_run_time=p["min_run_time"])
     write_json("metrics/attention_cost.json", {"machine": describe_machine(), "config": p,

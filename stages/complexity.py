@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from vcarepro.config import load_params, section
+from vcarepro.config import section, stage_params
 from vcarepro.io import write_json
 from vcarepro.metrics.complexity import model_complexity
 
@@ -14,7 +14,7 @@ def main() -> None:
     parser.add_argument("--out", default="metrics/complexity.json")
     args = parser.parse_args()
 
-    params = load_params(args.params)
+    params = stage_params(args.params)
     settings = section(params, "complexity")
     results = {}
     for name, spec in section(params, "models").items():

@@ -5,7 +5,7 @@ import argparse
 
 import torch
 
-from vcarepro.config import load_params
+from vcarepro.config import stage_params
 from vcarepro.data.folders import ManifestDataset, read_classes
 from vcarepro.io import write_json
 from vcarepro.metrics.aggregate import aggregate_seeds
@@ -17,7 +17,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--run", required=True)
     args = parser.parse_args()
-    run = cls_run(load_params(), args.run)
+    run = cls_run(stage_params(), args.run)
     spec = ClassifierSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, run.shape)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     val = ManifestDataset(CLS_DATA, "val", build_transforms(run.recipe, training=False))

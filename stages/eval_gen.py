@@ -12,7 +12,7 @@ import json
 import numpy as np
 import torch
 
-from vcarepro.config import load_params
+from vcarepro.config import stage_params
 from vcarepro.io import write_json
 from vcarepro.metrics.aggregate import aggregate_seeds
 from vcarepro.metrics.extractors import make_extractor
@@ -24,7 +24,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--run", required=True)
     args = parser.parse_args()
-    params = load_params()
+    params = stage_params()
     run = gen_run(params, args.run)
     e = params["eval_gen"]
     meta = json.loads((GEN_DATA / "meta.json").read_text())

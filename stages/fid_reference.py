@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
-from vcarepro.config import load_params
+from vcarepro.config import stage_params
 from vcarepro.data.folders import ManifestDataset
 from vcarepro.data.latents import adm_center_crop
 from vcarepro.io import atomic_directory, write_json
@@ -41,7 +41,7 @@ def imagenet_batches(image_size: int, batch_size: int, workers: int):
 
 
 def main() -> None:
-    params = load_params()
+    params = stage_params()
     p = params["fid_reference"]
     meta = json.loads((GEN_DATA / "meta.json").read_text())
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -1,14 +1,14 @@
 """DVC stage `prepare_cls`: the classification dataset in the shared layout (data/cls)."""
 from __future__ import annotations
 
-from vcarepro.config import load_params, section
+from vcarepro.config import section, stage_params
 from vcarepro.data.embedded import export_digits
 from vcarepro.data.imagenet import prepare_imagenet
 from vcarepro.pipeline import CLS_DATA
 
 
 def main() -> None:
-    p = section(load_params(), "prepare_cls")
+    p = section(stage_params(), "prepare_cls")
     if p["source"] == "digits":
         counts = export_digits(CLS_DATA, val_fraction=p["val_fraction"], seed=p["split_seed"])
     elif p["source"] == "imagenet":

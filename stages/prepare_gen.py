@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from safetensors.torch import save_file
 
-from vcarepro.config import load_params, section
+from vcarepro.config import section, stage_params
 from vcarepro.data.pixels import load_split_pixels
 from vcarepro.io import atomic_directory, write_json
 from vcarepro.metrics.fid import DIGITS_EXTRACTOR, save_feature_net, train_feature_net
@@ -49,7 +49,7 @@ def prepare_pixels(p) -> dict:
 
 
 def main() -> None:
-    p = section(load_params(), "prepare_gen")
+    p = section(stage_params(), "prepare_gen")
     if p["source"] == "pixels":
         meta = prepare_pixels(p)
     elif p["source"] == "vae_latents":

@@ -1,21 +1,24 @@
 """DVC stage `sample_gen@RUN`: class-balanced samples from every seed's EMA weights, plus a preview grid.
 
 Samples go to ``runs/gen/<run>/samples/seed_<s>.npz`` in the ADM evaluator's format
-(``arr_0`` uint8 N x H x W x 3, ``arr_1`` labels; grayscale digits are repeated to RGB). At paper scale the model samples VAE
-latents, decoded with ``prepare_gen.vae`` batch by batch.
+(``arr_0`` uint8 N x H x W x 3, ``arr_1`` labels; grayscale digits are repeated to RGB).
+At paper scale the model samples VAE latents, decoded with ``prepare_gen.vae`` batch by
+batch. Unfinished work lives in ``checkpoints/gen/<run>/seed_<s>/samples`` and a killed
+stage resumes there at the first unfinished batch.
 """
 from __future__ import annotations
 
 import argparse
 import json
 
+import numpy as np
 import torch
 from torchvision.utils import save_image
 
-from vcarepro.config import load_params
-from vcarepro.data.samples import NpzSampleWriter
+from vcarepro.config import stage_params
+from vcarepro.data.samples import NpzSampleWriter, read_samples
 from vcarepro.io import atomic_directory
-from vcarepro.pipeline import GEN_DATA, gen_run
+from vcarepro.pipeline import GEN_DATA, TRAINING_CODE, data_digest, fingerprint, gen_run, source_digest
 from vcarepro.train.generation import GeneratorSpec, generate_batches, load_generator, pixels_to_uint8
 
 GRID_PER_CLASS = 8
@@ -26,7 +29,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--run", required=True)
     args = parser.parse_args()
-    params = load_params()
+    params = stage_params()
     run = gen_run(params, args.run)
     meta = json.loads((GEN_DATA / "meta.json").read_text())
     spec = GeneratorSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, run.shape)
@@ -43,21 +46,29 @@ def main() -> None:
         to_uint8 = lambda x: pixels_to_uint8(x).expand(-1, 3, -1, -1)  # noqa: E731
         image_shape = (meta["image_size"], meta["image_size"], 3)
     num = run.sampling["num_samples"]
+    code = source_digest(*TRAINING_CODE)
     with atomic_directory(run.paths.root / "samples") as tmp:
         for seed in run.seeds:
-            model = load_generator(spec, run.paths.seed_dir(seed) / "model_ema.safetensors", run.recipe)
-            writer = NpzSampleWriter(tmp / f"seed_{seed}.npz", num, image_shape)
-            preview = {}
-            for start, samples, labels in generate_batches(
+            weights = run.paths.seed_dir(seed) / "model_ema.safetensors"
+            model = load_generator(spec, weights, run.recipe)
+            # unfinished work resumes only for the same weights, sampler settings and code
+            key = fingerprint(data_digest(weights), run.objective, run.sampling, run.recipe["flow_path"],
+                              input_shape, seed, code, params["prepare_gen"]["vae"])
+            writer = NpzSampleWriter(tmp / f"seed_{seed}.npz", num, image_shape,
+                                     work_dir=run.paths.ckpt_dir(seed) / "samples", key=key)
+            if writer.done_batches:
+                print(f"sample_gen {args.run} seed {seed}: resuming after {writer.done_batches} finished batches")
+            for batch, (start, samples, labels) in enumerate(generate_batches(
                     model, run.objective, run.sampling, num_samples=num, num_classes=meta["num_classes"],
-                    input_shape=input_shape, seed=seed, device=device, flow_path=run.recipe["flow_path"]):
-                images = to_uint8(samples).cpu()
-                writer.write(start, images, labels)
-                for image, label in zip(images, labels.tolist()):
-                    if label < GRID_CLASSES and len(preview.setdefault(label, [])) < GRID_PER_CLASS:
-                        preview[label].append(image)
+                    input_shape=input_shape, seed=seed, device=device, flow_path=run.recipe["flow_path"],
+                    start_batch=writer.done_batches), start=writer.done_batches):
+                writer.write(batch, start, to_uint8(samples).cpu(), labels)
             writer.close()
-            grid = torch.stack([img for c in sorted(preview) for img in preview[c]])
+            images, labels = read_samples(tmp / f"seed_{seed}.npz")
+            # the preview: the first ten classes, eight samples each
+            classes = range(min(GRID_CLASSES, meta["num_classes"]))
+            rows = [np.flatnonzero(labels == c)[:GRID_PER_CLASS] for c in classes]
+            grid = torch.from_numpy(images[np.concatenate(rows)]).permute(0, 3, 1, 2)
             save_image(grid.float() / 255.0, str(tmp / f"grid_seed_{seed}.png"), nrow=GRID_PER_CLASS, padding=1)
             print(f"sample_gen {args.run} seed {seed}: {num} samples")
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from vcarepro.config import load_params
+from vcarepro.config import stage_params
 from vcarepro.pipeline import CLS_DATA, TRAINING_CODE, cls_run, data_digest, fingerprint, source_digest
 from vcarepro.train.classification import ClassifierSpec, train_classifier
 from vcarepro.train.seeds import train_seeds
@@ -14,7 +14,7 @@ def main() -> None:
     parser.add_argument("--run", required=True)
     parser.add_argument("--max-steps", type=int, default=None, help="stop early (tests only)")
     args = parser.parse_args()
-    run = cls_run(load_params(), args.run)
+    run = cls_run(stage_params(), args.run)
     spec = ClassifierSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, run.shape)
 
     # a checkpoint resumes only under the same code and data as well as the same settings

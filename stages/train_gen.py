@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from vcarepro.config import load_params
+from vcarepro.config import stage_params
 from vcarepro.pipeline import GEN_DATA, TRAINING_CODE, data_digest, fingerprint, gen_run, source_digest
 from vcarepro.train.generation import GeneratorSpec, train_generator
 from vcarepro.train.seeds import train_seeds
@@ -14,7 +14,7 @@ def main() -> None:
     parser.add_argument("--run", required=True)
     parser.add_argument("--max-steps", type=int, default=None, help="stop early (tests only)")
     args = parser.parse_args()
-    run = gen_run(load_params(), args.run)
+    run = gen_run(stage_params(), args.run)
     spec = GeneratorSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, run.shape)
 
     # a checkpoint resumes only under the same code and data as well as the same settings

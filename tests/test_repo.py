@@ -46,6 +46,8 @@ def test_every_stage_declares_the_param_sections_it_reads():
 def test_complexity_stage_measures_every_model(tmp_path):
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["models"] = {k: v for k, v in params["models"].items() if k.startswith("deit_tiny-")}
+    params["cls_runs"] = {k: v for k, v in params["cls_runs"].items() if v["model"] in params["models"]}
+    params["gen_runs"] = {}
     params["complexity"]["throughput_batch"] = 1
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     out = tmp_path / "complexity.json"

@@ -1,4 +1,4 @@
-"""Sample files in the ADM evaluator's format, written batch by batch."""
+"""Sample files in the ADM evaluator's format, written batch by batch, resumable by index."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,20 +7,67 @@ import torch
 
 from vcarepro.data.samples import NpzSampleWriter, read_samples
 
+IMAGES = torch.randint(0, 256, (10, 3, 4, 5), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+LABELS = torch.arange(10) % 3
 
-def test_samples_written_out_of_order_read_back_as_adm_arrays(tmp_path):
-    images = torch.randint(0, 256, (10, 3, 4, 5), dtype=torch.uint8)
-    labels = torch.arange(10) % 3
-    writer = NpzSampleWriter(tmp_path / "seed_0.npz", 10, (4, 5, 3))
-    writer.write(6, images[6:], labels[6:])
-    assert not (tmp_path / "seed_0.npz").exists()  # nothing finished-looking before close()
-    writer.write(0, images[:6], labels[:6])
+
+def write_batches(writer, batches):
+    for batch in batches:
+        start = batch * 4
+        writer.write(batch, start, IMAGES[start:start + 4], LABELS[start:start + 4])
+
+
+def test_samples_read_back_as_adm_arrays_and_nothing_is_left_behind(tmp_path):
+    writer = NpzSampleWriter(tmp_path / "out" / "seed_0.npz", 10, (4, 5, 3), work_dir=tmp_path / "work", key="k")
+    write_batches(writer, [0, 1])
+    assert not (tmp_path / "out" / "seed_0.npz").exists()  # nothing finished-looking before close()
+    write_batches(writer, [2])
     writer.close()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["seed_0.npz"]  # the memory maps are gone
-    with np.load(tmp_path / "seed_0.npz", allow_pickle=False) as data:
+    assert not (tmp_path / "work").exists() and [p.name for p in (tmp_path / "out").iterdir()] == ["seed_0.npz"]
+    with np.load(tmp_path / "out" / "seed_0.npz", allow_pickle=False) as data:
         assert data.files == ["arr_0", "arr_1"] and data["arr_0"].shape == (10, 4, 5, 3)
-    got, got_labels = read_samples(tmp_path / "seed_0.npz")
-    assert np.array_equal(got, images.permute(0, 2, 3, 1).numpy()) and np.array_equal(got_labels, labels.numpy())
+    got, got_labels = read_samples(tmp_path / "out" / "seed_0.npz")
+    assert np.array_equal(got, IMAGES.permute(0, 2, 3, 1).numpy()) and np.array_equal(got_labels, LABELS.numpy())
+
+
+def test_an_interrupted_sample_set_resumes_by_index_without_duplicates_or_gaps(tmp_path):
+    first = NpzSampleWriter(tmp_path / "seed_0.npz", 10, (4, 5, 3), work_dir=tmp_path / "work", key="k")
+    write_batches(first, [0, 1])
+    del first  # killed: never closed
+    again = NpzSampleWriter(tmp_path / "seed_0.npz", 10, (4, 5, 3), work_dir=tmp_path / "work", key="k")
+    assert again.done_batches == 2
+    with pytest.raises(ValueError, match="batch 1 written after 2 finished batches"):
+        write_batches(again, [1])  # a duplicate is refused
+    write_batches(again, [2])
+    again.close()
+    assert np.array_equal(read_samples(tmp_path / "seed_0.npz")[0], IMAGES.permute(0, 2, 3, 1).numpy())
+
+
+def test_work_left_by_other_settings_is_discarded(tmp_path):
+    first = NpzSampleWriter(tmp_path / "seed_0.npz", 10, (4, 5, 3), work_dir=tmp_path / "work", key="old model")
+    write_batches(first, [0])
+    del first
+    assert NpzSampleWriter(tmp_path / "seed_0.npz", 10, (4, 5, 3), work_dir=tmp_path / "work",
+                           key="new model").done_batches == 0
+    assert NpzSampleWriter(tmp_path / "seed_0.npz", 12, (4, 5, 3), work_dir=tmp_path / "work",
+                           key="new model").done_batches == 0  # another size: afresh too
+
+
+def test_sampling_resumed_at_a_batch_gives_the_uninterrupted_batches(one_torch_thread):
+    from vcarepro.config import compose
+    from vcarepro.train.generation import GeneratorSpec, generate_batches
+
+    params = compose([])
+    model = GeneratorSpec("dit_s2", "mhsa", {}, dict(params["gen_shape"], depth=1, hidden_size=32)).create()
+    sampling = dict(params["sampling"], batch_size=4, ddpm_steps=3)
+    kw = dict(num_samples=10, num_classes=10, input_shape=(1, 8, 8), seed=3, device=torch.device("cpu"))
+    full = list(generate_batches(model, "ddpm", sampling, **kw))
+    tail = list(generate_batches(model, "ddpm", sampling, start_batch=1, **kw))
+    assert [s for s, _, _ in full] == [0, 4, 8] and [s for s, _, _ in tail] == [4, 8]
+    for (_, a, ya), (_, b, yb) in zip(full[1:], tail):
+        assert torch.equal(a, b) and torch.equal(ya, yb)
+    other = list(generate_batches(model, "ddpm", sampling, **{**kw, "seed": 4}))
+    assert not torch.equal(other[0][1], full[0][1])
 
 
 def test_sample_files_that_are_missing_or_not_images_are_clear_errors(tmp_path):

@@ -163,3 +163,34 @@ def test_checkpoints_are_keyed_to_the_code_that_wrote_them():
     assert source_digest(*TRAINING_CODE) == source_digest(*TRAINING_CODE)
     assert source_digest("train") != source_digest("models") != source_digest("train", "models")
     assert "train" in TRAINING_CODE and "models" in TRAINING_CODE and "attention" in TRAINING_CODE
+
+
+def test_a_diverging_classifier_stops_at_once_naming_the_step_and_keeps_its_last_good_checkpoint(
+        tmp_path, digits, embedded, one_torch_thread):
+    from vcarepro.train.classification import NonFiniteLossError
+
+    spec, recipe = tiny_cls(embedded)
+    train_cls(spec, recipe, digits, tmp_path, max_steps=UPDATES_PER_EPOCH)  # one good epoch
+    good = (tmp_path / "ckpt" / "last.pt").read_bytes()
+    # other settings (fingerprint "b"): trained afresh, and diverging within its first epoch
+    with pytest.raises(NonFiniteLossError, match=r"became (nan|inf|-inf) at epoch 0, batch \d+; lower the learning"):
+        train_classifier(spec=spec, recipe=dict(recipe, lr=1e30, warmup_epochs=0), data_root=digits, seed=0,
+                         out_dir=tmp_path / "out2", ckpt_dir=tmp_path / "ckpt", info=CPU, fingerprint="b")
+    assert (tmp_path / "ckpt" / "last.pt").read_bytes() == good and not (tmp_path / "out2").exists()
+
+
+def test_a_diverging_generator_stops_at_once(tmp_path, embedded, one_torch_thread):
+    from safetensors.torch import save_file
+
+    from vcarepro.train.classification import NonFiniteLossError
+
+    data = tmp_path / "gen"
+    data.mkdir()
+    save_file({"inputs": torch.randn(32, 1, 8, 8), "labels": torch.arange(32) % 10}, str(data / "train.safetensors"))
+    (data / "meta.json").write_text('{"kind": "pixels"}')
+    spec = GeneratorSpec("dit_s2", "mhsa", {}, dict(embedded["gen_shape"], depth=1, hidden_size=32))
+    recipe = dict(embedded["gen_recipe"], steps=20, batch_size=8, ckpt_every=100, lr=1e30)
+    with pytest.raises(NonFiniteLossError, match=r"at step \d+; lower the learning rate"):
+        train_generator(spec=spec, objective="ddpm", recipe=recipe, data_root=data, seed=0, out_dir=tmp_path / "out",
+                        ckpt_dir=tmp_path / "ckpt", info=CPU, fingerprint="f")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "ckpt" / "last.pt").exists()

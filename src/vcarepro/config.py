@@ -29,6 +29,31 @@ def load_params(path: str | Path = "params.yaml") -> Dict[str, Any]:
     return params
 
 
+def stage_params(path: str | Path = "params.yaml") -> Dict[str, Any]:
+    """params.yaml for a stage: loaded and validated against :mod:`vcarepro.schema`.
+
+    A bad value stops the stage with one sentence (no traceback) before it writes anything.
+    """
+    from .schema import ParamsError, validate
+
+    params = load_params(path)
+    try:
+        validate(params, str(path))
+    except ParamsError as err:
+        raise SystemExit(str(err)) from None
+    return params
+
+
+def flatten(d: Any, prefix: str = "") -> Dict[str, Any]:
+    """Nested params as dotted keys, the way `dvc params diff` names them."""
+    if isinstance(d, dict):
+        out: Dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out  # an empty section (the paper's shape: no overrides) contributes no knob
+    return {prefix.rstrip("."): d}
+
+
 def section(params: Dict[str, Any], name: str) -> Any:
     try:
         return params[name]

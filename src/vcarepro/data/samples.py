@@ -1,14 +1,19 @@
-"""Generated samples on disk in the ADM evaluator's format.
+"""Generated samples on disk in the ADM evaluator's format, written resumably.
 
-One ``.npz`` per seed: ``arr_0`` uint8 (N, H, W, C) images and ``arr_1`` int64 (N,)
+One ``.npz`` per seed: ``arr_0`` uint8 (N, H, W, 3) images and ``arr_1`` int64 (N,)
 class labels, as openai/guided-diffusion's samplers write them and its evaluator
-(and ours) read them. Sampling writes into ``.npy`` memory maps next to the target
-and zips them (stored, not compressed) at the end, so 50,000 images at 256 px (9.8 GB)
-never sit in memory at once and no ``.npz`` exists until every sample is in it.
+(and ours) read them. Sampling fills ``.npy`` memory maps in a work directory (kept
+outside DVC's outputs, which DVC deletes before re-running a stage) and records each
+finished batch in ``progress.json`` after the maps are flushed; a killed run resumes at
+the first unfinished batch, so there are no duplicates and no gaps. At the end the maps
+are zipped (stored, not compressed) into the ``.npz``, which does not exist until every
+sample is in it; 50,000 images at 256 px (9.8 GB) never sit in memory at once.
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Tuple
@@ -16,36 +21,69 @@ from typing import Tuple
 import numpy as np
 import torch
 
+PROGRESS = "progress.json"
+
 
 class NpzSampleWriter:
-    """Fill ``num`` samples of ``image_shape`` (H, W, C) by index, then ``close()`` into ``path``."""
+    """Fill ``num`` samples of ``image_shape`` (H, W, C) batch by batch in ``work_dir``, then ``close()`` into ``path``.
 
-    def __init__(self, path: str | Path, num: int, image_shape: Tuple[int, int, int]):
+    ``key`` identifies what is being sampled (model, sampler, seed...): work left by a
+    run with another key is discarded, work with the same key is resumed.
+    """
+
+    def __init__(self, path: str | Path, num: int, image_shape: Tuple[int, int, int], *,
+                 work_dir: str | Path | None = None, key: str = ""):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._images_path = self.path.with_name(f".{self.path.stem}.arr_0.npy")
-        self._labels_path = self.path.with_name(f".{self.path.stem}.arr_1.npy")
-        self.images = np.lib.format.open_memmap(self._images_path, mode="w+", dtype=np.uint8,
-                                                shape=(num, *image_shape))
-        self.labels = np.lib.format.open_memmap(self._labels_path, mode="w+", dtype=np.int64, shape=(num,))
+        self.work_dir = Path(work_dir) if work_dir is not None else self.path.with_name(f".{self.path.stem}.work")
+        self.num, self.image_shape, self.key = num, tuple(image_shape), key
+        state = {"key": key, "num": num, "image_shape": list(image_shape)}
+        progress = self._read_progress()
+        if progress is not None and {k: progress.get(k) for k in state} == state:
+            self.done_batches = int(progress["done_batches"])
+            mode = "r+"
+        else:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+            self.work_dir.mkdir(parents=True)
+            self.done_batches = 0
+            mode = "w+"
+        self._state = state
+        self.images = np.lib.format.open_memmap(self.work_dir / "arr_0.npy", mode=mode, dtype=np.uint8,
+                                                shape=(num, *self.image_shape))
+        self.labels = np.lib.format.open_memmap(self.work_dir / "arr_1.npy", mode=mode, dtype=np.int64,
+                                                shape=(num,))
 
-    def write(self, start: int, images_nchw: torch.Tensor, labels: torch.Tensor) -> None:
-        """Store uint8 (B, C, H, W) images and their labels at positions ``start .. start + B``."""
+    def _read_progress(self):
+        try:
+            return json.loads((self.work_dir / PROGRESS).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def write(self, batch: int, start: int, images_nchw: torch.Tensor, labels: torch.Tensor) -> None:
+        """Store batch number ``batch``: uint8 (B, C, H, W) images and labels at ``start .. start + B``."""
+        if batch != self.done_batches:
+            raise ValueError(f"batch {batch} written after {self.done_batches} finished batches; "
+                             "batches must be written in order.")
         stop = start + len(images_nchw)
         self.images[start:stop] = images_nchw.permute(0, 2, 3, 1).cpu().numpy()
         self.labels[start:stop] = labels.cpu().numpy()
+        self.images.flush()
+        self.labels.flush()
+        self.done_batches = batch + 1
+        tmp = self.work_dir / f".{PROGRESS}.tmp"
+        tmp.write_text(json.dumps({**self._state, "done_batches": self.done_batches}))
+        os.replace(tmp, self.work_dir / PROGRESS)  # the batch counts as done only once it is on disk
 
     def close(self) -> Path:
         self.images.flush()
         self.labels.flush()
         del self.images, self.labels
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
-            archive.write(self._images_path, arcname="arr_0.npy")
-            archive.write(self._labels_path, arcname="arr_1.npy")
+            archive.write(self.work_dir / "arr_0.npy", arcname="arr_0.npy")
+            archive.write(self.work_dir / "arr_1.npy", arcname="arr_1.npy")
         os.replace(tmp, self.path)
-        self._images_path.unlink()
-        self._labels_path.unlink()
+        shutil.rmtree(self.work_dir)
         return self.path
 
 

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List
 
-from .flat import flatten
+from ..config import flatten
 
 METRIC_KEYS = ("top1", "top5", "fid", "sfid", "kid_mean", "inception_score", "precision", "recall")
 

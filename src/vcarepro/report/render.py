@@ -14,7 +14,7 @@ from .collect import collect_runs, read_json
 from .environment import describe_environment
 from .export import write_tables
 from .figures import attention_cost_png, curves_png, gains_png
-from .flat import flatten
+from ..config import flatten
 from .reference import load_reference
 from .tables import TableBuilder, runs_frame
 

@@ -8,6 +8,7 @@ layout, the params and the logs.
 from __future__ import annotations
 
 import math
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from ..pipeline import model_options
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, seed_everything, set_rng_state
 from .distributed import DistInfo, all_reduce_mean
 from .precision import MixedPrecision, maybe_compile
+from .preemption import Preempted, stop_on_sigterm
 
 
 class NonFiniteLossError(RuntimeError):
@@ -82,7 +84,12 @@ def make_loader(dataset, recipe: Dict[str, Any], info: DistInfo, training: bool,
     # was resumed; persistent workers would carry their random state across epochs.
     return DataLoader(dataset, batch_size=per_rank, shuffle=training and sampler is None, sampler=sampler,
                       num_workers=workers, pin_memory=info.device.type == "cuda", drop_last=training,
-                      persistent_workers=False, generator=generator)
+                      persistent_workers=False, generator=generator, worker_init_fn=_ignore_sigterm)
+
+
+def _ignore_sigterm(worker_id: int) -> None:
+    """Loader workers leave SIGTERM to the training process, which stops at a step boundary."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 @torch.no_grad()
@@ -166,60 +173,64 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
     step = start_epoch * updates_per_epoch
     started = time.perf_counter()
     figures: Dict[str, float] = {}
-    for epoch in range(start_epoch, recipe["epochs"]):
-        # Data order is a function of (seed, epoch), as DistributedSampler's set_epoch makes
-        # it: a resumed run cannot depend on how far an interrupted epoch had drawn.
-        train_loader.generator.manual_seed(seed * 100_003 + epoch)
-        if isinstance(train_loader.sampler, (DistributedSampler, RepeatAugSampler)):
-            train_loader.sampler.set_epoch(epoch)
-        ddp.train()
-        loss_sum, batches = 0.0, 0
-        optimizer.zero_grad(set_to_none=True)
-        for i, (images, targets) in enumerate(train_loader):
-            images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-            if mixup is not None:
-                images, targets = mixup(images, targets)
-            with amp.autocast():
-                loss = criterion(forward(images), targets)
-            if not math.isfinite(loss.item()):
-                raise NonFiniteLossError(
-                    f"the training loss became {loss.item()} at epoch {epoch}, batch {i}; lower the learning rate "
-                    f"or check the data. The last good checkpoint is {Path(ckpt_dir) / 'last.pt'}.")
-            amp.scaler.scale(loss / accum).backward()
-            loss_sum += loss.item()
-            batches += 1
-            if (i + 1) % accum == 0:
-                if recipe["clip_grad"]:
-                    amp.scaler.unscale_(optimizer)
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), recipe["clip_grad"])
-                amp.scaler.step(optimizer)
-                amp.scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-                step += 1
-                scheduler.step_update(num_updates=step)
-                if ema is not None:
-                    ema.update(model, step=step)
+    with stop_on_sigterm() as stop:
+        for epoch in range(start_epoch, recipe["epochs"]):
+            # Data order is a function of (seed, epoch), as DistributedSampler's set_epoch makes
+            # it: a resumed run cannot depend on how far an interrupted epoch had drawn.
+            train_loader.generator.manual_seed(seed * 100_003 + epoch)
+            if isinstance(train_loader.sampler, (DistributedSampler, RepeatAugSampler)):
+                train_loader.sampler.set_epoch(epoch)
+            ddp.train()
+            loss_sum, batches = 0.0, 0
+            optimizer.zero_grad(set_to_none=True)
+            for i, (images, targets) in enumerate(train_loader):
+                images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+                if mixup is not None:
+                    images, targets = mixup(images, targets)
+                with amp.autocast():
+                    loss = criterion(forward(images), targets)
+                if not math.isfinite(loss.item()):
+                    raise NonFiniteLossError(
+                        f"the training loss became {loss.item()} at epoch {epoch}, batch {i}; lower the learning "
+                        f"rate or check the data. The last good checkpoint is {Path(ckpt_dir) / 'last.pt'}.")
+                amp.scaler.scale(loss / accum).backward()
+                loss_sum += loss.item()
+                batches += 1
+                if (i + 1) % accum == 0:
+                    if recipe["clip_grad"]:
+                        amp.scaler.unscale_(optimizer)
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe["clip_grad"])
+                    amp.scaler.step(optimizer)
+                    amp.scaler.update()
+                    optimizer.zero_grad(set_to_none=True)
+                    step += 1
+                    scheduler.step_update(num_updates=step)
+                    if ema is not None:
+                        ema.update(model, step=step)
+                if max_steps is not None and step >= max_steps:
+                    break
+                if stop.requested:  # the checkpoint of the last finished epoch is the resume point
+                    raise Preempted(f"at epoch {epoch + 1}, batch {i + 1}; resuming repeats epoch {epoch + 1} "
+                                    f"from its start, exactly")
+            scheduler.step(epoch + 1)
+            train_loss = all_reduce_mean(loss_sum / max(batches, 1), info)
+            figures = {"epoch": epoch + 1, "train_loss": train_loss, "train_lr": optimizer.param_groups[0]["lr"]}
+            last = epoch + 1 == recipe["epochs"] or (max_steps is not None and step >= max_steps)
+            if (epoch + 1) % recipe["eval_every"] == 0 or last:
+                val = evaluate(model, val_loader, device)
+                figures.update({f"val_{k}": all_reduce_mean(v, info) for k, v in val.items()})
+            _log_epoch(live, info, figures, log_prefix)
+            history.append(figures)
+            if info.is_main:
+                save_checkpoint(Path(ckpt_dir) / "last.pt", {
+                    "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "ema": ema.state_dict() if ema is not None else {},
+                    "scaler": amp.state_dict(),
+                    "epoch": epoch + 1, "rng": rng_state(), "history": history,
+                    "fingerprint": fingerprint,
+                })
             if max_steps is not None and step >= max_steps:
                 break
-        scheduler.step(epoch + 1)
-        train_loss = all_reduce_mean(loss_sum / max(batches, 1), info)
-        figures = {"epoch": epoch + 1, "train_loss": train_loss, "train_lr": optimizer.param_groups[0]["lr"]}
-        last = epoch + 1 == recipe["epochs"] or (max_steps is not None and step >= max_steps)
-        if (epoch + 1) % recipe["eval_every"] == 0 or last:
-            val = evaluate(model, val_loader, device)
-            figures.update({f"val_{k}": all_reduce_mean(v, info) for k, v in val.items()})
-        _log_epoch(live, info, figures, log_prefix)
-        history.append(figures)
-        if info.is_main:
-            save_checkpoint(Path(ckpt_dir) / "last.pt", {
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "ema": ema.state_dict() if ema is not None else {},
-                "scaler": amp.state_dict(),
-                "epoch": epoch + 1, "rng": rng_state(), "history": history,
-                "fingerprint": fingerprint,
-            })
-        if max_steps is not None and step >= max_steps:
-            break
 
     if not figures and history:  # resumed from the final checkpoint: nothing left to train
         figures = dict(history[-1])

@@ -29,6 +29,7 @@ from .diffusion import GaussianDiffusion
 from .distributed import DistInfo, all_reduce_mean
 from .flow import FlowMatching
 from .precision import MixedPrecision, maybe_compile
+from .preemption import Preempted, stop_on_sigterm
 
 
 @dataclass
@@ -126,6 +127,7 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
 
     amp = MixedPrecision(recipe["precision"], device)
     step = 0
+    running, count = 0.0, 0  # the loss of the steps since the last log line
     history: List[Dict[str, float]] = []  # every logged (step, loss, lr), kept in the checkpoint
     state = load_checkpoint(Path(ckpt_dir) / "last.pt")
     if state is not None and state.get("fingerprint") == fingerprint:
@@ -137,6 +139,7 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
         set_rng_state(state["rng"])
         generator.set_state(state["generator"])
         history = list(state["history"])
+        running, count = state["running"], state["count"]
     # DVC deletes a stage's logs before re-running it: replay what the checkpoint saw
     for past in history:
         _log_step(live, info, past, log_prefix)
@@ -145,40 +148,43 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
     forward = maybe_compile(ddp, recipe["compile"])
     total = recipe["steps"] if max_steps is None else min(recipe["steps"], max_steps)
     started = time.perf_counter()
-    running, count = 0.0, 0
     ddp.train()
-    while step < total:
-        idx = epoch_batch(step, n=n, per_rank=per_rank, info=info, seed=seed)
-        if recipe["hflip"]:
-            flip = torch.rand(per_rank, generator=generator) < 0.5
-        else:
-            flip = torch.zeros(per_rank, dtype=torch.bool)
-        x, y = data.batch(idx, flip, generator).to(device), labels[idx].to(device)
-        with amp.autocast():
-            loss = loss_fn.training_losses(forward, x, y)["loss"]
-        if not math.isfinite(loss.item()):
-            raise NonFiniteLossError(
-                f"the training loss became {loss.item()} at step {step}; lower the learning rate or check the "
-                f"data. The last good checkpoint is {Path(ckpt_dir) / 'last.pt'}.")
-        optimizer.zero_grad(set_to_none=True)
-        amp.scaler.scale(loss).backward()
-        amp.scaler.step(optimizer)
-        amp.scaler.update()
-        ema.update(model, step=step)
-        step += 1
-        running += loss.item()
-        count += 1
-        if step % recipe["log_every"] == 0 or step == total:
-            logged = {"step": step, "loss": all_reduce_mean(running / count, info),
-                      "lr": optimizer.param_groups[0]["lr"]}
-            running, count = 0.0, 0
-            _log_step(live, info, logged, log_prefix)
-            history.append(logged)
-        if info.is_main and (step % recipe["ckpt_every"] == 0 or step == total):
-            save_checkpoint(Path(ckpt_dir) / "last.pt", {
-                "model": model.state_dict(), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
-                "scaler": amp.state_dict(), "step": step, "rng": rng_state(), "history": history, "generator": generator.get_state(), "fingerprint": fingerprint,
-            })
+    with stop_on_sigterm() as stop:
+        while step < total:
+            idx = epoch_batch(step, n=n, per_rank=per_rank, info=info, seed=seed)
+            if recipe["hflip"]:
+                flip = torch.rand(per_rank, generator=generator) < 0.5
+            else:
+                flip = torch.zeros(per_rank, dtype=torch.bool)
+            x, y = data.batch(idx, flip, generator).to(device), labels[idx].to(device)
+            with amp.autocast():
+                loss = loss_fn.training_losses(forward, x, y)["loss"]
+            if not math.isfinite(loss.item()):
+                raise NonFiniteLossError(
+                    f"the training loss became {loss.item()} at step {step}; lower the learning rate or check the "
+                    f"data. The last good checkpoint is {Path(ckpt_dir) / 'last.pt'}.")
+            optimizer.zero_grad(set_to_none=True)
+            amp.scaler.scale(loss).backward()
+            amp.scaler.step(optimizer)
+            amp.scaler.update()
+            ema.update(model, step=step)
+            step += 1
+            running += loss.item()
+            count += 1
+            if step % recipe["log_every"] == 0 or step == total:
+                logged = {"step": step, "loss": all_reduce_mean(running / count, info),
+                          "lr": optimizer.param_groups[0]["lr"]}
+                running, count = 0.0, 0
+                _log_step(live, info, logged, log_prefix)
+                history.append(logged)
+            if info.is_main and (step % recipe["ckpt_every"] == 0 or step == total or stop.requested):
+                save_checkpoint(Path(ckpt_dir) / "last.pt", {
+                    "model": model.state_dict(), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scaler": amp.state_dict(), "step": step, "rng": rng_state(), "generator": generator.get_state(),
+                    "history": history, "running": running, "count": count, "fingerprint": fingerprint,
+                })
+            if stop.requested:
+                raise Preempted(f"at step {step} of {total}")
 
     figures = {"steps": float(step), "train_seconds": time.perf_counter() - started, "world_size": info.world_size}
     if info.is_main:
@@ -205,19 +211,23 @@ def load_generator(spec: GeneratorSpec, weights: str | Path, recipe: Dict[str, A
 
 @torch.no_grad()
 def generate_batches(model: nn.Module, objective: str, sampling: Dict[str, Any], *, num_samples: int,
-                     num_classes: int, input_shape, seed: int, device: torch.device, flow_path: str = "linear"):
+                     num_classes: int, input_shape, seed: int, device: torch.device, flow_path: str = "linear",
+                     start_batch: int = 0):
     """Yield ``(start, samples, labels)`` per sampling batch, in model space, deterministic in ``seed``.
 
+    Labels are class-balanced: 0, 1, ..., num_classes-1, 0, ... in order. Batch ``b`` draws
+    its noise from a generator seeded by (seed, b) alone, so sampling can resume at
+    ``start_batch`` and produce exactly the batches an uninterrupted run would.
     ``flow_path`` is the path a flow model was trained on (``gen_recipe.flow_path``).
-
-    Labels are class-balanced: 0, 1, ..., num_classes-1, 0, ... in order.
     """
     model = model.to(device).eval()
     sampler = make_objective(objective, flow_path)
     labels = torch.arange(num_samples) % num_classes
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    for start in range(0, num_samples, sampling["batch_size"]):
-        y = labels[start:start + sampling["batch_size"]].to(device)
+    size = sampling["batch_size"]
+    for batch in range(start_batch, math.ceil(num_samples / size)):
+        start = batch * size
+        generator = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + batch)
+        y = labels[start:start + size].to(device)
         noise = torch.randn((len(y), *input_shape), generator=generator).to(device)
         if objective == "ddpm":
             x = sampler.sample(model, noise, y, num_steps=sampling["ddpm_steps"], cfg_scale=sampling["cfg_scale"],

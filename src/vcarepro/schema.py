@@ -1,0 +1,140 @@
+"""What every parameter may hold, checked when a stage starts.
+
+A wrong type or an out-of-range value in params.yaml stops the stage before it writes
+anything, with one sentence naming the key, what it holds, what it must hold and where
+to fix it. Sections whose keys are names chosen by the user (``models``, the run
+lists, the shape overrides) are checked for the fields every entry needs.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from .config import flatten
+
+Rule = Tuple[str, Callable[[Any], bool]]
+
+
+def _int(lo: int = 0) -> Rule:
+    return (f"an integer >= {lo}", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= lo)
+
+
+def _num(lo: float = 0.0, hi: Optional[float] = None, open_lo: bool = False, open_hi: bool = False) -> Rule:
+    lo_txt = f"{'>' if open_lo else '>='} {lo:g}"
+    hi_txt = "" if hi is None else f" and {'<' if open_hi else '<='} {hi:g}"
+
+    def ok(v):
+        if not isinstance(v, numbers.Real) or isinstance(v, bool) or v != v:
+            return False
+        return (v > lo if open_lo else v >= lo) and (hi is None or (v < hi if open_hi else v <= hi))
+    return (f"a number {lo_txt}{hi_txt}", ok)
+
+
+def _choice(*options: str) -> Rule:
+    return (f"one of {', '.join(options)}", lambda v: v in options)
+
+
+def _optional(rule: Rule) -> Rule:
+    return (f"null or {rule[0]}", lambda v: v is None or rule[1](v))
+
+
+def _int_or(*words: str) -> Rule:
+    return (f"an integer >= 0 or one of {', '.join(words)}",
+            lambda v: (isinstance(v, int) and not isinstance(v, bool) and v >= 0) or v in words)
+
+
+_STR: Rule = ("a string", lambda v: isinstance(v, str) and v != "")
+_BOOL: Rule = ("true or false", lambda v: isinstance(v, bool))
+_PROB = _num(0.0, 1.0)
+_DECAY = _num(0.0, 1.0, open_hi=True)
+_POS = _num(0.0, open_lo=True)
+
+RULES: Dict[str, Rule] = {
+    "scale": _choice("embedded", "paper"),
+    "distributed.nnodes": _int_or("env"),
+    "distributed.nproc_per_node": _int_or("gpu"),
+    "distributed.node_rank": _int_or("env"),
+    "distributed.rdzv_endpoint": _STR,
+    "distributed.launcher": _choice("torchrun", "srun"),
+    "complexity.cls_img_size": _int(1), "complexity.cls_num_classes": _int(1),
+    "complexity.gen_latent_size": _int(1), "complexity.gen_latent_channels": _int(1),
+    "complexity.gen_num_classes": _int(1), "complexity.throughput_batch": _int(0),
+    "prepare_cls.source": _choice("imagenet", "digits"),
+    "prepare_cls.imagenet_root": _STR,
+    "prepare_cls.subset_classes": ("null or a list of wnids", lambda v: v is None or (
+        isinstance(v, list) and v and all(isinstance(w, str) for w in v))),
+    "prepare_cls.subset_count": _optional(_int(1)),
+    "prepare_cls.expect_full": _BOOL,
+    "prepare_cls.max_bad_fraction": _PROB,
+    "prepare_cls.workers": _int(0),
+    "prepare_cls.val_fraction": _num(0.0, 1.0, open_lo=True, open_hi=True),
+    "prepare_cls.split_seed": _int(0),
+    "prepare_gen.source": _choice("vae_latents", "pixels"),
+    "prepare_gen.image_size": _int(8),
+    "prepare_gen.vae": _STR, "prepare_gen.vae_batch_size": _int(1), "prepare_gen.shard_size": _int(1),
+    "prepare_gen.fid_extractor": _choice("inception", "digits"),
+    "prepare_gen.inception_weights": _STR,
+    "prepare_gen.extractor_epochs": _int(0), "prepare_gen.seed": _int(0),
+    "cls_recipe.img_size": _int(8), "cls_recipe.epochs": _int(1), "cls_recipe.batch_size": _int(1),
+    "cls_recipe.accum_steps": _int(1), "cls_recipe.opt": _STR, "cls_recipe.lr": _POS,
+    "cls_recipe.weight_decay": _num(0.0), "cls_recipe.sched": _STR, "cls_recipe.warmup_epochs": _int(0),
+    "cls_recipe.warmup_lr": _num(0.0), "cls_recipe.min_lr": _num(0.0), "cls_recipe.drop_path": _DECAY,
+    "cls_recipe.auto_augment": _optional(_STR), "cls_recipe.color_jitter": _num(0.0),
+    "cls_recipe.interpolation": _choice("bicubic", "bilinear", "nearest", "random"),
+    "cls_recipe.scale": ("a list [min, max] with 0 < min <= max <= 1", lambda v: isinstance(v, list) and len(v) == 2
+                         and all(_POS[1](x) for x in v) and v[0] <= v[1] <= 1),
+    "cls_recipe.hflip": _PROB, "cls_recipe.reprob": _PROB, "cls_recipe.mixup": _num(0.0),
+    "cls_recipe.cutmix": _num(0.0), "cls_recipe.mixup_switch_prob": _PROB, "cls_recipe.smoothing": _DECAY,
+    "cls_recipe.repeated_aug": _BOOL, "cls_recipe.ema_decay": _DECAY, "cls_recipe.clip_grad": _optional(_POS),
+    "cls_recipe.precision": _choice("fp32", "bf16", "fp16"), "cls_recipe.compile": _optional(_STR),
+    "cls_recipe.crop_pct": _num(0.0, 1.0, open_lo=True), "cls_recipe.workers": _int(0),
+    "cls_recipe.eval_every": _int(1),
+    "gen_recipe.steps": _int(1), "gen_recipe.batch_size": _int(1), "gen_recipe.lr": _POS,
+    "gen_recipe.weight_decay": _num(0.0), "gen_recipe.ema_decay": _DECAY, "gen_recipe.hflip": _BOOL,
+    "gen_recipe.log_every": _int(1), "gen_recipe.ckpt_every": _int(1), "gen_recipe.learn_sigma": _BOOL,
+    "gen_recipe.class_dropout_prob": _DECAY, "gen_recipe.flow_path": _choice("linear", "gvp"),
+    "gen_recipe.precision": _choice("fp32", "bf16", "fp16"), "gen_recipe.compile": _optional(_STR),
+    "sampling.num_samples": _int(1), "sampling.batch_size": _int(1), "sampling.ddpm_steps": _int(1),
+    "sampling.flow_sampler": _choice("sde", "ode"), "sampling.flow_ode_method": _choice("dopri5", "euler", "heun"),
+    "sampling.flow_steps": _int(2), "sampling.cfg_scale": _num(0.0),
+    "attention_cost.sides": ("a list of integers >= 1", lambda v: isinstance(v, list) and v and all(
+        _int(1)[1](x) for x in v)),
+    "attention_cost.dim": _int(1), "attention_cost.heads": _int(1), "attention_cost.contrast_tokens": _int(1),
+    "attention_cost.batch": _int(1), "attention_cost.min_run_time": _POS,
+    "fid_reference.adm_npz": _optional(_STR), "fid_reference.keep_features": _int(2),
+    "fid_reference.batch_size": _int(1), "fid_reference.workers": _int(0), "fid_reference.seed": _int(0),
+    "eval_gen.isc_splits": _int(1), "eval_gen.kid_subset_size": _int(2), "eval_gen.kid_subsets": _int(1),
+    "eval_gen.prc_k": _int(1),
+    "report.reproduce_tolerance_top1": _num(0.0), "report.reproduce_tolerance_fid": _num(0.0),
+}
+FREE_SECTIONS = ("models", "cls_runs", "gen_runs", "cls_shape", "gen_shape")
+FIX = "fix it in conf/ and run `python -m vcarepro.config` (or pass -S to dvc exp run)"
+
+
+class ParamsError(ValueError):
+    pass
+
+
+def validate(params: Dict[str, Any], source: str = "params.yaml") -> None:
+    """Raise :class:`ParamsError` (one sentence) at the first value that breaks its rule."""
+    for key, value in flatten({k: v for k, v in params.items() if k not in FREE_SECTIONS}).items():
+        rule = RULES.get(key)
+        if rule is None:
+            raise ParamsError(f"{source}: {key} is not a known parameter; {FIX}.")
+        if not rule[1](value):
+            raise ParamsError(f"{source}: {key} must be {rule[0]}, got {value!r}; {FIX}.")
+    models = params.get("models", {})
+    for branch in ("cls_runs", "gen_runs"):
+        for name, run in (params.get(branch) or {}).items():
+            if not isinstance(run, dict) or run.get("model") not in models:
+                raise ParamsError(f"{source}: {branch}.{name}.model must name an entry of models "
+                                  f"({', '.join(models)}), got {run.get('model') if isinstance(run, dict) else run!r}; "
+                                  f"{FIX}.")
+            seeds = run.get("seeds")
+            if not (isinstance(seeds, list) and seeds and all(_int(0)[1](s) for s in seeds)
+                    and len(set(seeds)) == len(seeds)):
+                raise ParamsError(f"{source}: {branch}.{name}.seeds must be a non-empty list of distinct integers "
+                                  f">= 0, got {seeds!r}; {FIX}.")
+            if branch == "gen_runs" and run.get("objective") not in ("ddpm", "flow"):
+                raise ParamsError(f"{source}: gen_runs.{name}.objective must be ddpm or flow, got "
+                                  f"{run.get('objective')!r}; {FIX}.")

@@ -1,0 +1,46 @@
+"""SIGTERM as a request to stop cleanly: finish the step, checkpoint, exit non-zero.
+
+Clusters preempt jobs with SIGTERM and a grace period before SIGKILL. Inside
+:func:`stop_on_sigterm` the signal only sets a flag; training loops check
+:meth:`StopRequest.requested` at step boundaries, write their checkpoint, and raise
+:class:`Preempted`, which exits with status 143 (128 + SIGTERM) so that DVC records
+the stage as failed and keeps none of its outputs. Re-running ``dvc repro`` resumes.
+"""
+from __future__ import annotations
+
+import signal
+from contextlib import contextmanager
+from typing import Iterator
+
+
+class Preempted(SystemExit):
+    def __init__(self, where: str):
+        super().__init__(143)
+        self.where = where
+
+    def __str__(self) -> str:
+        return (f"stopped by SIGTERM {self.where}; the checkpoint is saved, re-run `dvc repro` "
+                f"to resume from it.")
+
+
+class StopRequest:
+    def __init__(self) -> None:
+        self.requested = False
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+
+@contextmanager
+def stop_on_sigterm() -> Iterator[StopRequest]:
+    """Turn SIGTERM into a flag for the duration (main thread only; elsewhere the flag never rises)."""
+    request = StopRequest()
+    try:
+        previous = signal.signal(signal.SIGTERM, request._handle)
+    except ValueError:  # not the main thread: leave signals alone
+        yield request
+        return
+    try:
+        yield request
+    finally:
+        signal.signal(signal.SIGTERM, previous)

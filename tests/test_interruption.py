@@ -1,0 +1,104 @@
+"""Kill a real training process mid-run (SIGTERM, SIGKILL); re-running finishes with the uninterrupted result."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vcarepro.train.checkpoint import load_checkpoint, previous_path, save_checkpoint
+
+DRIVER = Path(__file__).resolve().parent / "train_driver.py"
+WEIGHTS = {"cls": "model.safetensors", "gen": "model_ema.safetensors"}
+
+
+def start(branch: str, workdir: Path, seed: int = 0) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(DRIVER), branch, str(workdir), str(seed)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(branch: str, workdir: Path, seed: int = 0) -> str:
+    process = start(branch, workdir, seed)
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 0, err[-2000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    results = {}
+    for branch in ("cls", "gen"):
+        workdir = tmp_path_factory.mktemp(f"straight_{branch}")
+        out = finish(branch, workdir)
+        results[branch] = (load_file(str(workdir / "out" / WEIGHTS[branch])), out.split("finished", 1)[1])
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("branch", ["cls", "gen"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path, uninterrupted, branch, signum):
+    process = start(branch, tmp_path)
+    checkpoint = tmp_path / "ckpt" / "last.pt"
+    deadline = time.monotonic() + 300
+    while not checkpoint.is_file():  # kill it once it has something to resume from
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
+        time.sleep(0.02)
+    process.send_signal(signum)
+    _, err = process.communicate(timeout=300)
+    if signum == signal.SIGTERM:
+        assert process.returncode == 143, err[-2000:]  # stopped, not finished: DVC keeps no outputs
+        assert "stopped by SIGTERM" in err and "re-run `dvc repro` to resume" in err
+        if branch == "gen":  # SIGTERM writes a checkpoint at the very step it stopped, between ckpt_every ones
+            stopped_at = int(err.split("stopped by SIGTERM at step ")[1].split()[0])
+            assert load_checkpoint(tmp_path / "ckpt" / "last.pt")["step"] == stopped_at
+    else:
+        assert process.returncode == -signal.SIGKILL
+    assert not (tmp_path / "out" / WEIGHTS[branch]).exists()  # nothing finished-looking
+    state = load_checkpoint(checkpoint)
+    progress = state["epoch"] if branch == "cls" else state["step"]
+    assert 0 < progress < (8 if branch == "cls" else 600)
+
+    out = finish(branch, tmp_path)
+    weights, figures = uninterrupted[branch]
+    resumed = load_file(str(tmp_path / "out" / WEIGHTS[branch]))
+    assert resumed.keys() == weights.keys() and all(torch.equal(resumed[k], weights[k]) for k in weights)
+    assert out.split("finished", 1)[1].split("'train_seconds'")[0] == figures.split("'train_seconds'")[0]
+
+
+def test_a_truncated_checkpoint_falls_back_to_the_one_before(tmp_path, capsys):
+    path = tmp_path / "last.pt"
+    save_checkpoint(path, {"step": 1, "w": torch.ones(3)})
+    save_checkpoint(path, {"step": 2, "w": torch.ones(3)})
+    assert load_checkpoint(previous_path(path))["step"] == 1 and load_checkpoint(path)["step"] == 2
+    path.write_bytes(path.read_bytes()[:100])  # a disk that lost the tail of the newest file
+    assert load_checkpoint(path)["step"] == 1
+    assert "is unreadable" in capsys.readouterr().err
+    previous_path(path).write_bytes(b"")
+    assert load_checkpoint(path) is None  # nothing readable: start afresh rather than crash
+    assert not list(tmp_path.glob(".last.pt.*.tmp"))  # no stray temporary files
+
+
+@pytest.mark.slow
+def test_same_seed_in_a_fresh_process_gives_identical_bytes_and_another_seed_differs(tmp_path, uninterrupted):
+    weights, figures = uninterrupted["gen"]
+    finish("gen", tmp_path / "again")
+    again = tmp_path / "again"
+    assert (again / "out" / WEIGHTS["gen"]).read_bytes() == save_bytes(weights)
+    first_ckpt = load_checkpoint(again / "ckpt" / "last.pt")
+    finish("gen", tmp_path / "third")
+    assert (tmp_path / "third" / "ckpt" / "last.pt").read_bytes() == (again / "ckpt" / "last.pt").read_bytes()
+    finish("gen", tmp_path / "seed1", seed=1)
+    other = load_file(str(tmp_path / "seed1" / "out" / WEIGHTS["gen"]))
+    assert any(not torch.equal(other[k], weights[k]) for k in weights)  # init, data order, noise all follow the seed
+    assert first_ckpt["step"] == 600
+
+
+def save_bytes(tensors) -> bytes:
+    from safetensors.torch import save
+    return save(tensors)

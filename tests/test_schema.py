@@ -1,0 +1,81 @@
+"""params.yaml is checked when a stage starts: one sentence for a bad value, and no output."""
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vcarepro.config import compose
+from vcarepro.schema import ParamsError, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def scales():
+    return {"embedded": compose([]), "paper": compose(["scale=paper"])}
+
+
+def test_both_scales_and_every_documented_override_validate(scales):
+    for params in scales.values():
+        validate(params)
+    paper = copy.deepcopy(scales["paper"])
+    paper["distributed"].update(nnodes="env", nproc_per_node="gpu", node_rank="env", launcher="srun")
+    paper["prepare_cls"].update(subset_classes=["n01440764", "n01443537"])
+    paper["cls_recipe"].update(precision="fp16", compile="inductor", clip_grad=5.0)
+    paper["sampling"].update(flow_sampler="ode", flow_ode_method="heun")
+    validate(paper)
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("cls_recipe.epochs", "ten", "cls_recipe.epochs must be an integer >= 1, got 'ten'"),
+    ("cls_recipe.lr", -1e-3, "cls_recipe.lr must be a number > 0, got -0.001"),
+    ("cls_recipe.reprob", 1.5, "cls_recipe.reprob must be a number >= 0 and <= 1, got 1.5"),
+    ("cls_recipe.ema_decay", 1.0, "cls_recipe.ema_decay must be a number >= 0 and < 1, got 1.0"),
+    ("cls_recipe.precision", "fp8", "cls_recipe.precision must be one of fp32, bf16, fp16, got 'fp8'"),
+    ("cls_recipe.repeated_aug", "yes", "cls_recipe.repeated_aug must be true or false, got 'yes'"),
+    ("gen_recipe.steps", 0, "gen_recipe.steps must be an integer >= 1, got 0"),
+    ("gen_recipe.lr", float("nan"), "gen_recipe.lr must be a number > 0, got nan"),
+    ("sampling.flow_sampler", "euler", "sampling.flow_sampler must be one of sde, ode, got 'euler'"),
+    ("distributed.nnodes", "two", "distributed.nnodes must be an integer >= 0 or one of env, got 'two'"),
+    ("cls_recipe.epoch", 3, "cls_recipe.epoch is not a known parameter"),
+])
+def test_a_bad_value_is_one_sentence_naming_key_value_and_fix(scales, path, value, message):
+    params = copy.deepcopy(scales["embedded"])
+    section, key = path.split(".")
+    params[section][key] = value
+    with pytest.raises(ParamsError) as err:
+        validate(params)
+    text = str(err.value)
+    assert message in text and "python -m vcarepro.config" in text and "\n" not in text
+
+
+@pytest.mark.parametrize("branch, field, value, message", [
+    ("cls_runs", "model", "deit_huge-vca", "cls_runs.deit_tiny-vca.model must name an entry of models"),
+    ("cls_runs", "seeds", [], "cls_runs.deit_tiny-vca.seeds must be a non-empty list of distinct integers"),
+    ("cls_runs", "seeds", [0, 0], "seeds must be a non-empty list of distinct integers"),
+    ("gen_runs", "objective", "gan", "gen_runs.dit_s2-vca.objective must be ddpm or flow, got 'gan'"),
+])
+def test_runs_name_existing_models_distinct_seeds_and_known_objectives(scales, branch, field, value, message):
+    params = copy.deepcopy(scales["embedded"])
+    run = "deit_tiny-vca" if branch == "cls_runs" else "dit_s2-vca"
+    params[branch][run][field] = value
+    with pytest.raises(ParamsError, match=message.replace("[", r"\[").replace(".", r"\.")):
+        validate(params)
+
+
+def test_a_stage_with_bad_params_exits_with_one_line_and_writes_nothing(tmp_path, scales):
+    params = copy.deepcopy(scales["embedded"])
+    params["prepare_cls"]["val_fraction"] = 1.5
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    result = subprocess.run([sys.executable, str(ROOT / "stages" / "prepare_cls.py")], cwd=tmp_path,
+                            capture_output=True, text=True)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "params.yaml: prepare_cls.val_fraction must be a number > 0 and < 1, got 1.5; fix it in conf/ and run "
+        "`python -m vcarepro.config` (or pass -S to dvc exp run)."]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
