@@ -102,3 +102,30 @@ def test_same_seed_in_a_fresh_process_gives_identical_bytes_and_another_seed_dif
 def save_bytes(tensors) -> bytes:
     from safetensors.torch import save
     return save(tensors)
+
+
+KILLED_BUILD = """
+import os, signal, sys
+from vcarepro.io import atomic_directory
+with atomic_directory(sys.argv[1]) as tmp:
+    (tmp / "manifest.csv").write_text("half written")
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_preparation_killed_midway_leaves_nothing_a_later_stage_would_accept(tmp_path):
+    from vcarepro.io import atomic_directory
+
+    target = tmp_path / "data" / "cls"
+    killed = subprocess.run([sys.executable, "-c", KILLED_BUILD, str(target)], capture_output=True)
+    assert killed.returncode == -signal.SIGKILL
+    assert not target.exists() and len(list(target.parent.glob(".cls.*.tmp"))) == 1  # only the scratch copy
+    with atomic_directory(target) as tmp:
+        (tmp / "manifest.csv").write_text("complete")
+    assert (target / "manifest.csv").read_text() == "complete"
+    assert list(target.parent.iterdir()) == [target]  # the leftover was cleared
+    with pytest.raises(RuntimeError):
+        with atomic_directory(target) as tmp:
+            (tmp / "manifest.csv").write_text("broken")
+            raise RuntimeError("a failed rebuild")
+    assert (target / "manifest.csv").read_text() == "complete" and list(target.parent.iterdir()) == [target]

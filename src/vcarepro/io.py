@@ -27,9 +27,15 @@ def write_json(path: str | Path, payload: Any) -> None:
 
 @contextmanager
 def atomic_directory(path: str | Path) -> Iterator[Path]:
-    """Build a directory under a temporary name and rename it into place only on success."""
+    """Build a directory under a temporary name and rename it into place only on success.
+
+    A process killed inside leaves only its temporary directory, never ``path``; the
+    next build of the same path removes such leftovers first.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
         yield tmp

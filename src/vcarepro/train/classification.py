@@ -178,8 +178,10 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
             # Data order is a function of (seed, epoch), as DistributedSampler's set_epoch makes
             # it: a resumed run cannot depend on how far an interrupted epoch had drawn.
             train_loader.generator.manual_seed(seed * 100_003 + epoch)
-            if isinstance(train_loader.sampler, (DistributedSampler, RepeatAugSampler)):
-                train_loader.sampler.set_epoch(epoch)
+            if isinstance(train_loader.sampler, DistributedSampler):
+                train_loader.sampler.set_epoch(epoch)  # it shuffles with seed + epoch
+            elif isinstance(train_loader.sampler, RepeatAugSampler):
+                train_loader.sampler.set_epoch(seed * 100_003 + epoch)  # timm's shuffles with the epoch alone
             ddp.train()
             loss_sum, batches = 0.0, 0
             optimizer.zero_grad(set_to_none=True)
