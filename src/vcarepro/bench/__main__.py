@@ -1,4 +1,5 @@
-"""python -m vcarepro.bench attention [--batch 8] [--json out.json]
+"""python -m vcarepro.bench [all] [--quick] [--json bench.json]   every benchmark, one table each
+python -m vcarepro.bench attention [--batch 8] [--json out.json]
 python -m vcarepro.bench train-step --run dit_s2-vca [--batch 32] [--device cuda] [--precision bf16]"""
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from . import attention_table, bench_attention, describe_machine, write_json
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vcarepro.bench", description=__doc__)
-    sub = parser.add_subparsers(dest="suite", required=True)
+    sub = parser.add_subparsers(dest="suite")
+    every = sub.add_parser("all", help="every benchmark on this machine (the default)")
+    every.add_argument("--quick", action="store_true", help="shorter timings and sizes (a smoke run)")
+    every.add_argument("--json", default="bench.json", help="write every figure and the machine here")
     att = sub.add_parser("attention", help="VCA vs timm's fused MHSA at DeiT-T width, N = 196, 784, 3136")
     att.add_argument("--sides", type=int, nargs="+", default=[14, 28, 56], help="patch-grid sides (N = side^2)")
     att.add_argument("--batch", type=int, default=8)
@@ -30,8 +34,14 @@ def main(argv=None) -> None:
     step.add_argument("--min-run-time", type=float, default=2.0)
     step.add_argument("--json", help="also write the figures and the machine to this JSON file")
     args = parser.parse_args(argv)
+    if args.suite is None:
+        args = parser.parse_args(["all", *(argv or [])])
 
     machine = describe_machine()
+    if args.suite == "all":
+        from .run_all import run_all
+        run_all(machine, quick=args.quick, json_path=args.json)
+        return
     if args.suite == "train-step":
         from .train_step import bench_gen_step
         print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
