@@ -4,6 +4,7 @@ python -m vcarepro.bench train-step --run dit_s2-vca [--batch 32] [--device cuda
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import asdict
 
 import torch
@@ -33,9 +34,10 @@ def main(argv=None) -> None:
     step.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
     step.add_argument("--min-run-time", type=float, default=2.0)
     step.add_argument("--json", help="also write the figures and the machine to this JSON file")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] not in ("all", "attention", "train-step", "-h", "--help"):
+        argv = ["all", *argv]  # the whole suite is the default
     args = parser.parse_args(argv)
-    if args.suite is None:
-        args = parser.parse_args(["all", *(argv or [])])
 
     machine = describe_machine()
     if args.suite == "all":

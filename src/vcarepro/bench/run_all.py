@@ -47,7 +47,9 @@ def run_all(machine: Dict[str, object], *, quick: bool = False, json_path: str =
 
     noop = bench_dvc_noop()
     out["dvc_noop"] = noop
-    if noop:
+    if "skipped" in noop:
+        print(f"\n6. DVC no-op time: skipped, {noop['skipped']}")
+    elif noop:
         print(f"\n6. DVC with everything up to date: dvc status {noop['dvc_status_s']:.2f} s, "
               f"dvc repro {noop['dvc_repro_s']:.2f} s")
     write_json(json_path, out)

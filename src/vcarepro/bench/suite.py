@@ -173,6 +173,9 @@ def bench_dvc_noop(repo: str | Path = ".") -> Dict[str, float]:
     dvc = shutil.which("dvc")
     if dvc is None:
         return {}
+    pending = subprocess.run([dvc, "status", "--json"], cwd=repo, capture_output=True, text=True)
+    if pending.returncode != 0 or pending.stdout.strip() not in ("{}", ""):
+        return {"skipped": "the pipeline is not up to date; run `dvc repro` first, then the benchmark"}
     out = {}
     for command in ("status", "repro"):
         started = time.perf_counter()
