@@ -11,12 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 
-import numpy as np
 import torch
 from torchvision.utils import save_image
 
 from vcarepro.config import stage_params
-from vcarepro.data.samples import NpzSampleWriter, read_samples
+from vcarepro.data.samples import NpzSampleWriter, discard_work
 from vcarepro.io import atomic_directory
 from vcarepro.pipeline import GEN_DATA, TRAINING_CODE, data_digest, fingerprint, gen_run, source_digest
 from vcarepro.train.generation import GeneratorSpec, generate_batches, load_generator, pixels_to_uint8
@@ -63,14 +62,14 @@ def main() -> None:
                     input_shape=input_shape, seed=seed, device=device, flow_path=run.recipe["flow_path"],
                     start_batch=writer.done_batches), start=writer.done_batches):
                 writer.write(batch, start, to_uint8(samples).cpu(), labels)
+            # the preview, from the memory maps: the first ten classes, eight samples each
+            grid = torch.from_numpy(writer.preview(GRID_PER_CLASS, min(GRID_CLASSES, meta["num_classes"])))
             writer.close()
-            images, labels = read_samples(tmp / f"seed_{seed}.npz")
-            # the preview: the first ten classes, eight samples each
-            classes = range(min(GRID_CLASSES, meta["num_classes"]))
-            rows = [np.flatnonzero(labels == c)[:GRID_PER_CLASS] for c in classes]
-            grid = torch.from_numpy(images[np.concatenate(rows)]).permute(0, 3, 1, 2)
-            save_image(grid.float() / 255.0, str(tmp / f"grid_seed_{seed}.png"), nrow=GRID_PER_CLASS, padding=1)
+            save_image(grid.permute(0, 3, 1, 2).float() / 255.0, str(tmp / f"grid_seed_{seed}.png"),
+                       nrow=GRID_PER_CLASS, padding=1)
             print(f"sample_gen {args.run} seed {seed}: {num} samples")
+    for seed in run.seeds:  # the outputs are committed: the finished work can go
+        discard_work(run.paths.ckpt_dir(seed) / "samples")
 
 
 if __name__ == "__main__":

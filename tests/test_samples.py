@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from vcarepro.data.samples import NpzSampleWriter, read_samples
+from vcarepro.data.samples import NpzSampleWriter, discard_work, read_samples
 
 IMAGES = torch.randint(0, 256, (10, 3, 4, 5), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
 LABELS = torch.arange(10) % 3
@@ -22,8 +22,15 @@ def test_samples_read_back_as_adm_arrays_and_nothing_is_left_behind(tmp_path):
     write_batches(writer, [0, 1])
     assert not (tmp_path / "out" / "seed_0.npz").exists()  # nothing finished-looking before close()
     write_batches(writer, [2])
+    assert writer.preview(per_class=1, classes=3).shape == (3, 4, 5, 3)  # labels 0, 1, 2 from the maps
     writer.close()
-    assert not (tmp_path / "work").exists() and [p.name for p in (tmp_path / "out").iterdir()] == ["seed_0.npz"]
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["seed_0.npz"]
+    # the finished work stays until the stage's output is committed, then goes
+    again = NpzSampleWriter(tmp_path / "out" / "seed_0.npz", 10, (4, 5, 3), work_dir=tmp_path / "work", key="k")
+    assert again.done_batches == 3  # a re-run after a later seed's interruption re-zips, it does not re-sample
+    del again
+    discard_work(tmp_path / "work")
+    assert not (tmp_path / "work").exists()
     with np.load(tmp_path / "out" / "seed_0.npz", allow_pickle=False) as data:
         assert data.files == ["arr_0", "arr_1"] and data["arr_0"].shape == (10, 4, 5, 3)
     got, got_labels = read_samples(tmp_path / "out" / "seed_0.npz")

@@ -41,7 +41,8 @@ def test_both_scales_and_every_documented_override_validate(scales):
     ("gen_recipe.steps", 0, "gen_recipe.steps must be an integer >= 1, got 0"),
     ("gen_recipe.lr", float("nan"), "gen_recipe.lr must be a number > 0, got nan"),
     ("sampling.flow_sampler", "euler", "sampling.flow_sampler must be one of sde, ode, got 'euler'"),
-    ("distributed.nnodes", "two", "distributed.nnodes must be an integer >= 0 or one of env, got 'two'"),
+    ("distributed.nnodes", "two", "distributed.nnodes must be an integer >= 1 or one of env, got 'two'"),
+    ("distributed.nproc_per_node", 0, "distributed.nproc_per_node must be an integer >= 1 or one of gpu, got 0"),
     ("cls_recipe.epoch", 3, "cls_recipe.epoch is not a known parameter"),
 ])
 def test_a_bad_value_is_one_sentence_naming_key_value_and_fix(scales, path, value, message):
@@ -79,3 +80,13 @@ def test_a_stage_with_bad_params_exits_with_one_line_and_writes_nothing(tmp_path
         "params.yaml: prepare_cls.val_fraction must be a number > 0 and < 1, got 1.5; fix it in conf/ and run "
         "`python -m vcarepro.config` (or pass -S to dvc exp run)."]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+def test_per_run_recipe_overrides_are_checked_like_the_recipe(scales):
+    params = copy.deepcopy(scales["paper"])
+    params["cls_runs"]["swin_tiny-vca"]["recipe"]["ema_decay"] = 1.5
+    with pytest.raises(ParamsError, match=r"cls_runs\.swin_tiny-vca\.recipe\.ema_decay must be a number >= 0 and < 1"):
+        validate(params)
+    params["cls_runs"]["swin_tiny-vca"]["recipe"] = {"epoch": 3}
+    with pytest.raises(ParamsError, match=r"recipe\.epoch overrides nothing in cls_recipe"):
+        validate(params)

@@ -38,9 +38,9 @@ def _optional(rule: Rule) -> Rule:
     return (f"null or {rule[0]}", lambda v: v is None or rule[1](v))
 
 
-def _int_or(*words: str) -> Rule:
-    return (f"an integer >= 0 or one of {', '.join(words)}",
-            lambda v: (isinstance(v, int) and not isinstance(v, bool) and v >= 0) or v in words)
+def _int_or(*words: str, lo: int = 0) -> Rule:
+    return (f"an integer >= {lo} or one of {', '.join(words)}",
+            lambda v: (isinstance(v, int) and not isinstance(v, bool) and v >= lo) or v in words)
 
 
 _STR: Rule = ("a string", lambda v: isinstance(v, str) and v != "")
@@ -51,8 +51,8 @@ _POS = _num(0.0, open_lo=True)
 
 RULES: Dict[str, Rule] = {
     "scale": _choice("embedded", "paper"),
-    "distributed.nnodes": _int_or("env"),
-    "distributed.nproc_per_node": _int_or("gpu"),
+    "distributed.nnodes": _int_or("env", lo=1),
+    "distributed.nproc_per_node": _int_or("gpu", lo=1),
     "distributed.node_rank": _int_or("env"),
     "distributed.rdzv_endpoint": _STR,
     "distributed.launcher": _choice("torchrun", "srun"),
@@ -135,6 +135,14 @@ def validate(params: Dict[str, Any], source: str = "params.yaml") -> None:
                     and len(set(seeds)) == len(seeds)):
                 raise ParamsError(f"{source}: {branch}.{name}.seeds must be a non-empty list of distinct integers "
                                   f">= 0, got {seeds!r}; {FIX}.")
+            for key, value in (run.get("recipe") or {}).items():  # per-run overrides of the recipe
+                rule = RULES.get(f"{branch[:3]}_recipe.{key}")
+                if rule is None:
+                    raise ParamsError(f"{source}: {branch}.{name}.recipe.{key} overrides nothing in "
+                                      f"{branch[:3]}_recipe; {FIX}.")
+                if not rule[1](value):
+                    raise ParamsError(f"{source}: {branch}.{name}.recipe.{key} must be {rule[0]}, got {value!r}; "
+                                      f"{FIX}.")
             if branch == "gen_runs" and run.get("objective") not in ("ddpm", "flow"):
                 raise ParamsError(f"{source}: gen_runs.{name}.objective must be ddpm or flow, got "
                                   f"{run.get('objective')!r}; {FIX}.")

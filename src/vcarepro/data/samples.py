@@ -73,7 +73,16 @@ class NpzSampleWriter:
         tmp.write_text(json.dumps({**self._state, "done_batches": self.done_batches}))
         os.replace(tmp, self.work_dir / PROGRESS)  # the batch counts as done only once it is on disk
 
+    def preview(self, per_class: int, classes: int) -> np.ndarray:
+        """The first ``per_class`` finished samples of each of the first ``classes`` labels, (M, H, W, C) uint8."""
+        labels = np.asarray(self.labels)
+        rows = [np.flatnonzero(labels == c)[:per_class] for c in range(classes)]
+        return np.asarray(self.images[np.concatenate(rows)])
+
     def close(self) -> Path:
+        """Zip the finished maps into ``path``. The work directory stays, marked complete, until
+        :func:`discard_work` is called once ``path`` is safely in place: a stage killed after
+        this seed but before its output is committed then re-zips instead of re-sampling."""
         self.images.flush()
         self.labels.flush()
         del self.images, self.labels
@@ -83,8 +92,11 @@ class NpzSampleWriter:
             archive.write(self.work_dir / "arr_0.npy", arcname="arr_0.npy")
             archive.write(self.work_dir / "arr_1.npy", arcname="arr_1.npy")
         os.replace(tmp, self.path)
-        shutil.rmtree(self.work_dir)
         return self.path
+
+
+def discard_work(work_dir: str | Path) -> None:
+    shutil.rmtree(work_dir, ignore_errors=True)
 
 
 def read_samples(path: str | Path) -> Tuple[np.ndarray, np.ndarray]:

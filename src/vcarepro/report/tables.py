@@ -227,6 +227,8 @@ class TableBuilder:
         rows = self.attention_cost["rows"]
         by = {(r["layer"], r["tokens"]): r for r in rows}
         n0, n1 = min(r["tokens"] for r in rows), max(r["tokens"] for r in rows)
+        if n0 == n1:
+            return "measured at one token count only; growth needs two (attention_cost.sides)", None
         ratio = {layer: {k: by[(layer, n1)][k] / by[(layer, n0)][k] for k in ("macs", "forward_backward_ms")}
                  for layer in ("mhsa", "vca")}
         tokens = n1 / n0

@@ -1,6 +1,7 @@
 """Training checkpoints: written atomically, loaded with ``weights_only=True`` (nothing is unpickled)."""
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import random
@@ -11,29 +12,6 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 import torch
-
-
-def rng_state() -> Dict[str, Any]:
-    np_state = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
-        "python": random.getstate(),
-    }
-
-
-def set_rng_state(state: Dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    name, keys, *rest = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
-    random.setstate(_as_tuple(state["python"]))
-
-
-def _as_tuple(x):
-    return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
 def previous_path(path: str | Path) -> Path:
@@ -84,6 +62,16 @@ def load_checkpoint(path: str | Path) -> Optional[Dict[str, Any]]:
             print(f"checkpoint {candidate} is unreadable ({type(err).__name__}: {err}); "
                   f"trying the previous one.", file=sys.stderr, flush=True)
     return None
+
+
+def stream_seed(seed: int, rank: int, position: int) -> int:
+    """One seed per (run seed, rank, epoch or step): random streams that restart exactly on resume.
+
+    Reseeding at every boundary from these three numbers alone means a resumed run, on any
+    rank, draws what an uninterrupted one would, without restoring saved RNG states.
+    """
+    digest = hashlib.blake2b(f"{seed}/{rank}/{position}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")  # < 2**32, as numpy's legacy seeding requires
 
 
 def seed_everything(seed: int) -> None:

@@ -29,8 +29,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 from ..data.folders import ManifestDataset, read_classes
 from ..models import create_classifier
 from ..pipeline import model_options
-from .checkpoint import load_checkpoint, rng_state, save_checkpoint, seed_everything, set_rng_state
-from .distributed import DistInfo, all_reduce_mean
+from .checkpoint import load_checkpoint, save_checkpoint, seed_everything, stream_seed
+from .distributed import DistInfo, all_reduce_mean, any_rank
 from .precision import MixedPrecision, maybe_compile
 from .preemption import Preempted, stop_on_sigterm
 
@@ -128,7 +128,6 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
 
     torch.manual_seed(seed)  # identical initial weights on every rank
     model = spec.create(num_classes=len(classes), drop_path=recipe["drop_path"]).to(device)
-    seed_everything(seed + info.rank)  # augmentation, mixup and drop-path streams differ per rank
     ema = ModelEmaV3(model, decay=recipe["ema_decay"]) if recipe["ema_decay"] > 0 else None
     accum = recipe["accum_steps"]
     lr = recipe["lr"] * recipe["batch_size"] / 512.0  # DeiT's linear scaling rule
@@ -162,7 +161,6 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
             ema.load_state_dict(state["ema"])
         amp.load_state_dict(state["scaler"])
         start_epoch = state["epoch"]
-        set_rng_state(state["rng"])
         history = list(state["history"])
     # DVC deletes a stage's logs before re-running it: replay what the checkpoint saw
     for past in history:
@@ -175,9 +173,11 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
     figures: Dict[str, float] = {}
     with stop_on_sigterm() as stop:
         for epoch in range(start_epoch, recipe["epochs"]):
-            # Data order is a function of (seed, epoch), as DistributedSampler's set_epoch makes
-            # it: a resumed run cannot depend on how far an interrupted epoch had drawn.
-            train_loader.generator.manual_seed(seed * 100_003 + epoch)
+            # Every random stream of the epoch (data order, loader workers' augmentation, mixup,
+            # drop path) restarts from (seed, rank, epoch): a resumed run cannot depend on how far
+            # an interrupted epoch had drawn, and ranks draw independently.
+            seed_everything(stream_seed(seed, info.rank, epoch))
+            train_loader.generator.manual_seed(stream_seed(seed, info.rank, epoch))
             if isinstance(train_loader.sampler, DistributedSampler):
                 train_loader.sampler.set_epoch(epoch)  # it shuffles with seed + epoch
             elif isinstance(train_loader.sampler, RepeatAugSampler):
@@ -211,7 +211,7 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
                         ema.update(model, step=step)
                 if max_steps is not None and step >= max_steps:
                     break
-                if stop.requested:  # the checkpoint of the last finished epoch is the resume point
+                if any_rank(stop.requested, info):  # the last finished epoch's checkpoint is the resume point
                     raise Preempted(f"at epoch {epoch + 1}, batch {i + 1}; resuming repeats epoch {epoch + 1} "
                                     f"from its start, exactly")
             scheduler.step(epoch + 1)
@@ -228,7 +228,7 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
                     "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(), "ema": ema.state_dict() if ema is not None else {},
                     "scaler": amp.state_dict(),
-                    "epoch": epoch + 1, "rng": rng_state(), "history": history,
+                    "epoch": epoch + 1, "history": history,
                     "fingerprint": fingerprint,
                 })
             if max_steps is not None and step >= max_steps:

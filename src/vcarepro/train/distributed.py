@@ -61,3 +61,12 @@ def all_reduce_mean(value: float, info: DistInfo) -> float:
 def shutdown(info: DistInfo) -> None:
     if info.distributed and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def any_rank(flag: bool, info: DistInfo) -> bool:
+    """True on every rank if ``flag`` is true on any (a SIGTERM may reach only some ranks)."""
+    if not info.distributed:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=info.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
