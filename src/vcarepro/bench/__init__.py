@@ -18,17 +18,12 @@ from timm.layers import Attention
 
 from ..attention import VisualContrastAttention
 from ..metrics.complexity import count_flops
+from ..report.environment import cpu_name
 
 
 def describe_machine() -> Dict[str, object]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
     return {
-        "cpu": cpu,
+        "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,

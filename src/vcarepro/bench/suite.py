@@ -13,14 +13,10 @@ from typing import Dict, List, Sequence
 
 import torch
 import torch.nn as nn
-import torch.utils.benchmark as benchmark
 from timm.layers import Attention
 
 from ..attention import VisualContrastAttention
-
-
-def _median_ms(fn, min_run_time: float) -> float:
-    return benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median * 1e3
+from . import _time_ms
 
 
 def bench_models(img_sizes: Sequence[int] = (224, 448, 896), *, batch: int = 1,
@@ -39,7 +35,7 @@ def bench_models(img_sizes: Sequence[int] = (224, 448, 896), *, batch: int = 1,
                 with torch.no_grad():
                     model(x)
             rows.append({"img_size": size, "tokens": (size // 16) ** 2 + 1, "model": name,
-                         "forward_ms": _median_ms(forward, min_run_time)})
+                         "forward_ms": _time_ms(forward, min_run_time)})
     return rows
 
 

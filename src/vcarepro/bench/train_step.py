@@ -14,9 +14,9 @@ import math
 from typing import Any, Dict
 
 import torch
-import torch.utils.benchmark as benchmark
 
 from ..config import compose
+from . import _time_ms
 from ..pipeline import gen_run
 from ..train.generation import GeneratorSpec, make_objective
 from ..train.precision import MixedPrecision
@@ -50,8 +50,7 @@ def bench_gen_step(run_name: str, *, batch: int, device: str = "cpu", precision:
             torch.cuda.synchronize()
 
     step()  # warm-up: allocations, kernel selection
-    seconds = benchmark.Timer(stmt="step()", globals={"step": step}).blocked_autorange(
-        min_run_time=min_run_time).median
+    seconds = _time_ms(step, min_run_time) / 1e3
     global_batch, steps = recipe["batch_size"], recipe["steps"]
     device_steps = steps * math.ceil(global_batch / batch)
     return {

@@ -20,8 +20,6 @@ from .fid import DIGITS_EXTRACTOR, INCEPTION_EXTRACTOR, load_feature_net
 class DigitFeatures:
     """The embedded scale's digit classifier: penultimate features and logits (1- or 3-channel input)."""
 
-    name = DIGITS_EXTRACTOR
-
     def __init__(self, weights: str | Path, device: torch.device, batch_size: int = 500):
         self.net = load_feature_net(weights).to(device).eval()
         self.device = device

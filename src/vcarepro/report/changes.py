@@ -6,7 +6,6 @@ whose cache lacks HEAD's metrics shows params only, and says so.
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -39,7 +38,7 @@ def metrics_changes(current: Dict[str, Dict[str, Any]], previous: Dict[str, Dict
             a, b = previous.get(run, {}).get(key), current.get(run, {}).get(key)
             if a is None and b is None:
                 continue
-            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=0, abs_tol=0):
+            if a == b:
                 continue
             change = f"{b - a:+.4g}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) else ""
             rows.append({"run": run, "metric": key, "previous": "absent" if a is None else f"{a:.4g}",

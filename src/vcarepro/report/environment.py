@@ -21,13 +21,14 @@ def _git(root: Path, *args: str) -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
-def _cpu() -> str:
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo, or what platform knows."""
+    fallback = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
-                        platform.processor())
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), fallback)
     except OSError:
-        return platform.processor() or platform.machine()
+        return fallback
 
 
 def describe_environment(root: Path) -> Dict[str, object]:
@@ -46,7 +47,7 @@ def describe_environment(root: Path) -> Dict[str, object]:
     revision = _git(root, "rev-parse", "HEAD") or "not a git checkout"
     dirty = bool(_git(root, "status", "--porcelain", "--untracked-files=no"))
     device = (torch.cuda.get_device_name(0) + f" (x{torch.cuda.device_count()})" if torch.cuda.is_available()
-              else f"CPU: {_cpu()}, {os.cpu_count()} cores")
+              else f"CPU: {cpu_name()}, {os.cpu_count()} cores")
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "revision": revision + (" with uncommitted changes" if dirty and revision != "not a git checkout" else ""),

@@ -251,14 +251,6 @@ def generate_batches(model: nn.Module, objective: str, sampling: Dict[str, Any],
         yield start, x.float().cpu(), y.cpu()
 
 
-def generate(model: nn.Module, objective: str, sampling: Dict[str, Any], *, num_samples: int, num_classes: int,
-             input_shape, seed: int, device: torch.device, flow_path: str = "linear") -> Dict[str, torch.Tensor]:
-    """All of :func:`generate_batches` at once: ``{"samples", "labels"}``."""
-    batches = list(generate_batches(model, objective, sampling, num_samples=num_samples, num_classes=num_classes,
-                                    input_shape=input_shape, seed=seed, device=device, flow_path=flow_path))
-    return {"samples": torch.cat([b[1] for b in batches]), "labels": torch.cat([b[2] for b in batches])}
-
-
 def pixels_to_uint8(x: torch.Tensor) -> torch.Tensor:
     """Model-space pixels in [-1, 1] to uint8 images."""
     return ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
