@@ -78,8 +78,10 @@ def test_set_input_size_moves_the_attention_grid():
 
 
 def test_contrast_grid_that_does_not_fit_the_model_is_a_clear_error():
-    with pytest.raises(ValueError, match="3x3 contrast-token grid does not divide the 4x4 patch grid"):
-        timm.create_model("vca_deit_tiny_patch16_224", **{**SMALL, "contrast_tokens": 9})
+    # 3x3 tokens on the 4x4 grid pool overlapping windows; 5x5 would repeat queries
+    assert timm.create_model("vca_deit_tiny_patch16_224", **{**SMALL, "contrast_tokens": 9})
+    with pytest.raises(ValueError, match="5x5 contrast-token grid is larger than the 4x4 patch grid"):
+        timm.create_model("vca_deit_tiny_patch16_224", **{**SMALL, "contrast_tokens": 25})
 
 
 def test_wrong_input_resolution_is_a_clear_error():

@@ -11,6 +11,8 @@ from vcarepro.attention import VisualContrastAttention, lambda_init_for_layer
 
 DIM, HEADS = 48, 3          # head_dim 16: small, even (the diff ablation halves it)
 GRID, CONTRAST = (8, 6), (4, 3)
+# contrast grids that do not divide the patch grid: overlapping adaptive windows (PVT's 9 tokens on 56x56)
+UNEVEN = [((8, 6), (3, 4)), ((7, 7), (3, 3)), ((5, 9), (2, 4))]
 
 VARIANTS = {
     "default": {},
@@ -24,10 +26,11 @@ VARIANTS = {
 }
 
 
-def make_vca(prefix: int = 1, layer_index: int = 2, seed: int = 0, **kw) -> VisualContrastAttention:
+def make_vca(prefix: int = 1, layer_index: int = 2, seed: int = 0, grid=GRID, contrast=CONTRAST,
+             **kw) -> VisualContrastAttention:
     torch.manual_seed(seed)
-    attn = VisualContrastAttention(DIM, HEADS, grid_size=GRID, num_prefix_tokens=prefix,
-                                   contrast_tokens=CONTRAST, layer_index=layer_index, qkv_bias=True, **kw)
+    attn = VisualContrastAttention(DIM, HEADS, grid_size=grid, num_prefix_tokens=prefix,
+                                   contrast_tokens=contrast, layer_index=layer_index, qkv_bias=True, **kw)
     # RMSNorm weights and the conv start at constants; perturb them so a swapped
     # or dropped weight shows up in the comparisons below.
     with torch.no_grad():
@@ -37,13 +40,27 @@ def make_vca(prefix: int = 1, layer_index: int = 2, seed: int = 0, **kw) -> Visu
     return attn.eval()
 
 
-def tokens(prefix: int = 1, batch: int = 2, seed: int = 1) -> torch.Tensor:
+def tokens(prefix: int = 1, batch: int = 2, seed: int = 1, grid=GRID) -> torch.Tensor:
     torch.manual_seed(seed)
-    return torch.randn(batch, prefix + GRID[0] * GRID[1], DIM)
+    return torch.randn(batch, prefix + grid[0] * grid[1], DIM)
 
 
 def rms(x, weight, eps=1e-5):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def pooled_queries(q_patches: torch.Tensor, grid, contrast) -> torch.Tensor:
+    """Adaptive average pooling written out: token (i, j) is the mean of rows floor(iH/h)..ceil((i+1)H/h)-1
+    and columns floor(jW/w)..ceil((j+1)W/w)-1 of the row-major patch grid."""
+    (H, W), (h, w) = grid, contrast
+    cells = q_patches.reshape(q_patches.shape[0], H, W, -1)
+    out = []
+    for i in range(h):
+        rows = slice(math.floor(i * H / h), math.ceil((i + 1) * H / h))
+        for j in range(w):
+            cols = slice(math.floor(j * W / w), math.ceil((j + 1) * W / w))
+            out.append(cells[:, rows, cols].mean(dim=(1, 2)))
+    return torch.stack(out, dim=1)
 
 
 def vca_from_equations(m: VisualContrastAttention, x: torch.Tensor) -> torch.Tensor:
@@ -54,14 +71,12 @@ def vca_from_equations(m: VisualContrastAttention, x: torch.Tensor) -> torch.Ten
     n = h * w
     q, k, v = F.linear(x, m.qkv.weight, m.qkv.bias).split(C, dim=-1)
     lam_init = 0.8 - 0.6 * math.exp(-0.3 * m.layer_index)
-    lam = [math.exp(m.lambda_q[s, 0] @ m.lambda_k[s, 0]) - math.exp(m.lambda_q[s, 1] @ m.lambda_k[s, 1]) + lam_init
-           for s in (0, 1)]
+    lam = [math.exp(s.q1 @ s.k1) - math.exp(s.q2 @ s.k2) + lam_init for s in (m.lambda1, m.lambda2)]
     heads = []
     for head in range(m.num_heads):
         c = slice(head * d, (head + 1) * d)
         qh, kh, vh = q[..., c], k[..., c], v[..., c]
-        # average pooling of the patch-grid queries over (H/h) x (W/w) windows
-        t = qh[:, P:].reshape(B, h, H // h, w, W // w, d).mean(dim=(2, 4)).reshape(B, n, d)
+        t = pooled_queries(qh[:, P:], (H, W), (h, w))
         t_pos, t_neg = t + m.embed_pos[:, c], t + m.embed_neg[:, c]
         v_pos = torch.softmax(t_pos @ kh.transpose(1, 2) / math.sqrt(d), -1) @ vh
         v_neg = torch.softmax(t_neg @ kh.transpose(1, 2) / math.sqrt(d), -1) @ vh
@@ -85,6 +100,31 @@ def test_matches_the_equations_head_by_head(prefix, reference):
         got = m(x, reference=reference)
     assert got.shape == x.shape
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("grid, contrast", UNEVEN)
+@pytest.mark.parametrize("reference", [False, True])
+def test_contrast_grids_that_do_not_divide_the_patch_grid_pool_overlapping_windows(grid, contrast, reference):
+    m = make_vca(grid=grid, contrast=contrast)
+    x = tokens(grid=grid)
+    with torch.no_grad():
+        got = m(x, reference=reference)
+        expected = vca_from_equations(m, x)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_pooling_is_pytorchs_adaptive_average_pooling_in_both_paths():
+    # 9 tokens on a 56x56 grid, as in PVT-T's first stage: windows of 19 cells overlapping by one
+    m = VisualContrastAttention(DIM, HEADS, grid_size=56, num_prefix_tokens=0, contrast_tokens=9)
+    q = torch.randn(2, HEADS, 56 * 56, DIM // HEADS)
+    fused, _ = m.contrast_tokens(q, reference=False)
+    ref, _ = m.contrast_tokens(q, reference=True)
+    expected = F.adaptive_avg_pool2d(q.transpose(-1, -2).reshape(2 * HEADS, -1, 56, 56), 3)
+    expected = expected.reshape(2, HEADS, -1, 9).transpose(-1, -2) + m._split_heads(m.embed_pos)
+    torch.testing.assert_close(fused, expected)
+    torch.testing.assert_close(ref, expected, rtol=1e-5, atol=1e-5)
+    window = pooled_queries(q[0, 0:1], (56, 56), (3, 3))[0, 4]  # the centre token: rows and columns 18..37
+    torch.testing.assert_close(window, q[0, 0].reshape(56, 56, -1)[18:38, 18:38].mean(dim=(0, 1)))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -221,14 +261,33 @@ def test_prefix_tokens_get_no_local_term():
 
 # -- clear errors for bad configuration ------------------------------------------------------
 
-def test_contrast_grid_that_does_not_divide_the_patch_grid_is_refused():
-    with pytest.raises(ValueError, match=r"5x5 contrast-token grid does not divide the 14x14 patch grid"):
-        VisualContrastAttention(DIM, HEADS, grid_size=14, contrast_tokens=25)
+def test_contrast_grid_larger_than_the_patch_grid_is_refused():
+    with pytest.raises(ValueError, match=r"7x7 contrast-token grid is larger than the 4x4 patch grid.*"
+                                         r"contrast_tokens=16"):
+        VisualContrastAttention(DIM, HEADS, grid_size=4, contrast_tokens=49)
+    # a resize that shrinks the grid below the contrast grid is refused the same way
+    m = VisualContrastAttention(DIM, HEADS, grid_size=14, contrast_tokens=49)
+    with pytest.raises(ValueError, match="larger than the 6x6 patch grid"):
+        m.set_grid_size(6)
 
 
-def test_emb_only_tokens_need_no_divisible_grid():
-    m = VisualContrastAttention(DIM, HEADS, grid_size=14, contrast_tokens=25, tokens_pos="emb", tokens_neg="emb")
-    assert m(torch.randn(1, 197, DIM)).shape == (1, 197, DIM)
+def test_emb_only_tokens_need_no_pooling_and_no_grid_bound():
+    m = VisualContrastAttention(DIM, HEADS, grid_size=4, contrast_tokens=49, tokens_pos="emb", tokens_neg="emb")
+    assert m(torch.randn(1, 17, DIM)).shape == (1, 17, DIM)
+
+
+def test_lambda_vectors_are_one_dimensional_and_escape_weight_decay_while_embeddings_do_not():
+    """The optimizers here (timm's, as DeiT's, PVT's, Swin's and the lab's code) exempt every 1-D parameter."""
+    from timm.optim._param_groups import param_groups_weight_decay
+
+    m = make_vca()
+    groups = param_groups_weight_decay(m, weight_decay=0.05)
+    names = {id(p): n for n, p in m.named_parameters()}
+    decayed = {names[id(p)] for g in groups if g["weight_decay"] > 0 for p in g["params"]}
+    exempt = {names[id(p)] for g in groups if g["weight_decay"] == 0 for p in g["params"]}
+    assert decayed == {"qkv.weight", "embed_pos", "embed_neg", "local_conv.weight", "proj.weight"}
+    assert exempt == {"qkv.bias", "local_conv.bias", "proj.bias", "stage1_norm.weight", "stage2_norm.weight",
+                      *(f"lambda{s}.{v}" for s in (1, 2) for v in ("q1", "k1", "q2", "k2"))}
 
 
 def test_non_square_contrast_count_is_refused():

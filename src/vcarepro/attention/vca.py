@@ -7,7 +7,7 @@ Tokens ``x`` of shape (B, N, C) are ``num_prefix_tokens`` prefix tokens (the
 class token) followed by an H x W patch grid. Per head (head dim d):
 
 Stage I, global contrast
-    t = avg-pool of the patch-grid queries to an h x w grid (n = h * w tokens)
+    t = adaptive avg-pool of the patch-grid queries to an h x w grid (n = h * w tokens)
     t+ = t + e+,  t- = t + e-          (e+, e- learnable, n x C, split across heads)
     v+ = softmax(t+ k^T / sqrt(d)) v,  v- = softmax(t- k^T / sqrt(d)) v   (all N keys)
     v_hat = (1 - lambda_init) * RMSNorm(v+ - lambda1 * v-)
@@ -22,6 +22,19 @@ Stage II, patch-wise differential attention
 A 3x3 depthwise convolution of v on the patch grid is added to the patch
 outputs (prefix tokens get none); heads are concatenated and projected.
 Cost is O(N n C) instead of MHSA's O(N^2 C).
+
+Pooling is adaptive average pooling as PyTorch defines it: contrast token (i, j)
+averages the rows floor(i H / h) .. ceil((i + 1) H / h) - 1 and likewise the
+columns, so windows overlap where h does not divide H (9 tokens on PVT's 56x56
+stage grid, as the lab's Agent Attention pools with ``nn.AdaptiveAvgPool2d``;
+LeapLabTHU/Agent-Attention ``agent_transformer/models/agent_pvt.py``). Where h
+divides H it is the plain h x h average pooling. A contrast grid larger than the
+patch grid would repeat queries and is refused.
+
+The four lambda vectors of each stage are 1-D parameters, as in the Differential
+Transformer (microsoft/unilm ``Diff-Transformer/multihead_diffattn.py``) and timm's
+``DiffAttention``: the optimizers here leave every 1-D parameter out of weight
+decay, while the contrast embeddings e+ / e- (n x C) are decayed like other weights.
 
 Ablation switches (one module, not copies of it)
 ------------------------------------------------
@@ -53,13 +66,15 @@ this is the definition implemented here.
 
 Two numerically equivalent paths: the fused path runs every attention product
 through ``F.scaled_dot_product_attention`` (Stage II joint is one call whose
-values are [v_hat; -lambda2 * v_hat]); the reference path materialises the
-attention maps and follows the formulas above literally. Tests hold them equal.
+values are [v_hat; -lambda2 * v_hat]) and pools with ``F.adaptive_avg_pool2d``;
+the reference path materialises the attention maps, pools with an explicit
+window-averaging matrix and follows the formulas above literally. Tests hold
+them equal.
 """
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional, Sequence, Tuple, Type, Union
+from typing import List, Literal, Optional, Sequence, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
@@ -86,6 +101,46 @@ RMS_NORM_EPS = 1e-5
 def lambda_init_for_layer(layer_index: int) -> float:
     """Differential Transformer's depth-dependent lambda_init, layer_index from 0."""
     return 0.8 - 0.6 * math.exp(-0.3 * layer_index)
+
+
+class DifferentialLambda(nn.Module):
+    """lambda = exp(q1 . k1) - exp(q2 . k2) + lambda_init, from four 1-D vectors of length head_dim."""
+
+    def __init__(self, head_dim: int, lambda_init: float) -> None:
+        super().__init__()
+        self.lambda_init = lambda_init
+        self.q1 = nn.Parameter(torch.empty(head_dim))
+        self.k1 = nn.Parameter(torch.empty(head_dim))
+        self.q2 = nn.Parameter(torch.empty(head_dim))
+        self.k2 = nn.Parameter(torch.empty(head_dim))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for vector in (self.q1, self.k1, self.q2, self.k2):
+            nn.init.normal_(vector, mean=0.0, std=LAMBDA_INIT_STD)
+
+    def forward(self) -> torch.Tensor:
+        """The scalar lambda, in float32 whatever the parameters' dtype (and outside autocast's reach)."""
+        first = torch.exp((self.q1.float() * self.k1.float()).sum())
+        second = torch.exp((self.q2.float() * self.k2.float()).sum())
+        return first - second + self.lambda_init
+
+
+def adaptive_windows(size: int, out: int) -> List[Tuple[int, int]]:
+    """[start, end) of each of ``out`` adaptive-average-pooling windows over ``size`` cells (PyTorch's rule)."""
+    return [((i * size) // out, -((-(i + 1) * size) // out)) for i in range(out)]
+
+
+def pooling_matrix(grid: Tuple[int, int], pooled: Tuple[int, int]) -> torch.Tensor:
+    """(h*w, H*W) matrix whose row (i, j) averages the adaptive window (i, j) of a row-major H x W grid."""
+    (H, W), (h, w) = grid, pooled
+    matrix = torch.zeros(h * w, H * W)
+    for i, (r0, r1) in enumerate(adaptive_windows(H, h)):
+        for j, (c0, c1) in enumerate(adaptive_windows(W, w)):
+            cells = torch.zeros(H, W)
+            cells[r0:r1, c0:c1] = 1.0 / ((r1 - r0) * (c1 - c0))
+            matrix[i * w + j] = cells.flatten()
+    return matrix
 
 
 def contrast_grid(value: Union[int, Sequence[int]]) -> Tuple[int, int]:
@@ -193,9 +248,9 @@ class VisualContrastAttention(nn.Module):
         self.embed_neg = (
             nn.Parameter(torch.empty(n, dim)) if self.tokens_neg is not None and "emb" in self.tokens_neg else None
         )
-        # [stage, term, head_dim]: lambda_s = exp(q[s,0].k[s,0]) - exp(q[s,1].k[s,1]) + lambda_init
-        self.lambda_q = nn.Parameter(torch.empty(2, 2, self.head_dim))
-        self.lambda_k = nn.Parameter(torch.empty(2, 2, self.head_dim))
+        # lambda1 weighs Stage I's negative stream, lambda2 Stage II's
+        self.lambda1 = DifferentialLambda(self.head_dim, self.lambda_init)
+        self.lambda2 = DifferentialLambda(self.head_dim, self.lambda_init)
         # RMSNorm over the head dimension, shared by the heads (as the Differential
         # Transformer's sub-layer norm); computed in float32 for bf16 safety.
         self.stage1_norm = RmsNormFp32(self.head_dim, eps=RMS_NORM_EPS)
@@ -208,15 +263,23 @@ class VisualContrastAttention(nn.Module):
 
     # -- construction helpers -------------------------------------------------
 
+    @property
+    def pools(self) -> bool:
+        """Whether any stream's contrast tokens come from pooling the queries."""
+        return any(s is not None and "pool" in s for s in (self.tokens_pos, self.tokens_neg))
+
     def _validated_grid(self, grid_size: Union[int, Sequence[int]]) -> Tuple[int, int]:
         H, W = patch_grid(grid_size)
         h, w = self.contrast_grid
-        pools = [s for s in (self.tokens_pos, self.tokens_neg) if s is not None and "pool" in s]
-        if pools and (H % h or W % w):
+        if self.pools and (h > H or w > W):
             raise ValueError(
-                f"the {h}x{w} contrast-token grid does not divide the {H}x{W} patch grid; "
-                f"choose contrast_tokens whose sides divide {H} and {W} (e.g. {_divisor_hint(H, W)})."
+                f"the {h}x{w} contrast-token grid is larger than the {H}x{W} patch grid, so pooling would repeat "
+                f"queries; choose at most {min(H, W) ** 2} contrast tokens (e.g. contrast_tokens={min(H, W) ** 2}) "
+                f"or a larger input."
             )
+        # the reference path's pooling matrix; a buffer so it follows .to(device), not saved in state dicts
+        self.register_buffer("_pool_matrix", pooling_matrix((H, W), (h, w)) if self.pools else None,
+                             persistent=False)
         return (H, W)
 
     def set_grid_size(self, grid_size: Union[int, Sequence[int]]) -> None:
@@ -228,8 +291,8 @@ class VisualContrastAttention(nn.Module):
         for embed in (self.embed_pos, self.embed_neg):
             if embed is not None:
                 trunc_normal_(embed, std=CONTRAST_EMBED_INIT_STD)
-        nn.init.normal_(self.lambda_q, mean=0.0, std=LAMBDA_INIT_STD)
-        nn.init.normal_(self.lambda_k, mean=0.0, std=LAMBDA_INIT_STD)
+        self.lambda1.reset_parameters()
+        self.lambda2.reset_parameters()
 
     def extra_repr(self) -> str:
         return (
@@ -242,8 +305,7 @@ class VisualContrastAttention(nn.Module):
 
     def lambdas(self) -> torch.Tensor:
         """(lambda1, lambda2) as a float32 tensor of shape (2,)."""
-        terms = torch.exp((self.lambda_q.float() * self.lambda_k.float()).sum(-1))
-        return terms[:, 0] - terms[:, 1] + self.lambda_init
+        return torch.stack([self.lambda1(), self.lambda2()])
 
     def _check_tokens(self, N: int) -> None:
         H, W = self.grid_size
@@ -257,16 +319,20 @@ class VisualContrastAttention(nn.Module):
         # (n, C) -> (1, heads, n, d), channel c belongs to head c // d as in the qkv layout
         return embed.view(self.num_contrast_tokens, self.num_heads, self.head_dim).permute(1, 0, 2).unsqueeze(0)
 
-    def contrast_tokens(self, q: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def contrast_tokens(self, q: torch.Tensor, reference: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The n contrast tokens of each stream, (B, heads, n, d); t- is None when unused."""
         B = q.shape[0]
         H, W = self.grid_size
         h, w = self.contrast_grid
         pooled = None
-        if any(s is not None and "pool" in s for s in (self.tokens_pos, self.tokens_neg)):
-            grid = q[:, :, self.num_prefix_tokens:].transpose(-1, -2).reshape(B * self.num_heads, self.head_dim, H, W)
-            pooled = F.avg_pool2d(grid, kernel_size=(H // h, W // w))
-            pooled = pooled.reshape(B, self.num_heads, self.head_dim, h * w).transpose(-1, -2)
+        if self.pools:
+            patches = q[:, :, self.num_prefix_tokens:]
+            if reference:  # each token the plain mean of its window
+                pooled = self._pool_matrix.to(q.dtype) @ patches
+            else:
+                grid = patches.transpose(-1, -2).reshape(B * self.num_heads, self.head_dim, H, W)
+                pooled = F.adaptive_avg_pool2d(grid, (h, w))
+                pooled = pooled.reshape(B, self.num_heads, self.head_dim, h * w).transpose(-1, -2)
 
         def stream(kind: Optional[str], embed: Optional[nn.Parameter]) -> Optional[torch.Tensor]:
             if kind is None:
@@ -364,7 +430,7 @@ class VisualContrastAttention(nn.Module):
         q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
         lam1, lam2 = self.lambdas().unbind(0)
-        t_pos, t_neg = self.contrast_tokens(q)
+        t_pos, t_neg = self.contrast_tokens(q, reference)
 
         v_hat = self._stage1(t_pos, t_neg, k, v, lam1, differential)
         out = self._stage2(q, t_pos, t_neg, v_hat, lam2, differential, reference)
@@ -375,8 +441,3 @@ class VisualContrastAttention(nn.Module):
             out = torch.cat([out[:, :P], out[:, P:] + self._local(v)], dim=1)
         return self.proj_drop(self.proj(out))
 
-
-def _divisor_hint(H: int, W: int) -> str:
-    common = [s for s in range(min(H, W), 0, -1) if H % s == 0 and W % s == 0 and s < min(H, W)]
-    side = common[0] if common else 1
-    return f"{side}x{side}"
