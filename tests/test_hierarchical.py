@@ -1,47 +1,55 @@
-"""Hierarchical backbones (PVT v1, Swin, CSWin), baseline and VCA, as timm models.
+"""Hierarchical backbones (PVT v1, Swin, CSWin): baselines, the lab's VCA layouts and their controls, as timm models.
 
-Full-size models are built only to count parameters; forwards run at small
-inputs where every stage grid stays divisible by the contrast grid.
+Full-size models are built only to count parameters and check placement; forwards run at
+small inputs with per-stage contrast grids no larger than each stage grid.
 """
 from __future__ import annotations
 
 import pytest
 import timm
 import torch
+from timm.models.swin_transformer import WindowAttention
 
 from vcarepro.attention import VisualContrastAttention
-from vcarepro.models import cswin, pvt, swin
+from vcarepro.models import create_classifier, cswin, pvt, swin
 
 ALL_NAMES = {**pvt.MODEL_NAMES, **swin.MODEL_NAMES, **cswin.MODEL_NAMES}
-BASELINES = [names[0] for names in ALL_NAMES.values()]
-VCA_MODELS = [names[1] for names in ALL_NAMES.values()]
+BASELINES = [names["mhsa"] for names in ALL_NAMES.values()]   # the originals and the controls
+VCA_MODELS = [names["vca"] for names in ALL_NAMES.values() if "vca" in names]
 
-# Small configurations: 64x64 input -> stage grids 16/8/4/2, contrast grids 4x4/4x4/2x2/1x1.
-SMALL_CONTRAST = (16, 16, 4, 1)
+# Small configurations: 64x64 input -> stage grids 16/8/4/2; 3x3 tokens on 16x16 pool overlapping windows.
+SMALL_CONTRAST = (9, 16, 4, 1)
 SMALL_DEPTHS = {
     "pvt_tiny": dict(depths=(1, 1, 1, 1)),
+    "pvt_tiny_gap": dict(depths=(1, 1, 1, 1)),
     "vca_pvt_tiny": dict(depths=(1, 1, 1, 1)),
     "swin_tiny_patch4_window7_224": dict(depths=(1, 1, 2, 1), window_size=2),
-    "vca_swin_tiny_patch4_window7_224": dict(depths=(1, 1, 2, 1)),
+    "vca_swin_tiny_patch4_window7_224": dict(depths=(1, 1, 2, 1), window_size=2),
     "cswin_tiny_224": dict(depths=(1, 1, 1, 1)),
+    "cswin_tiny_2418_224": dict(depths=(1, 1, 1, 1)),
     "vca_cswin_tiny_224": dict(depths=(1, 1, 1, 1)),
 }
 
 
 def small(name: str, **kwargs) -> torch.nn.Module:
     extra = dict(contrast_tokens=SMALL_CONTRAST) if name in VCA_MODELS else {}
-    return timm.create_model(name, img_size=64, num_classes=5, **SMALL_DEPTHS[name], **extra, **kwargs)
+    return timm.create_model(name, img_size=64, num_classes=5, **SMALL_DEPTHS[name], **{**extra, **kwargs})
 
 
 def n_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def vca_layers(model: torch.nn.Module):
+    return [m for m in model.modules() if isinstance(m, VisualContrastAttention)]
+
+
 def test_model_names_map_pipeline_archs_to_registered_timm_models():
-    assert set(ALL_NAMES) == {"pvt_tiny", "swin_tiny", "cswin_tiny"}
-    for baseline, vca in ALL_NAMES.values():
-        assert timm.is_model(baseline) and timm.is_model(vca)
-        assert vca.startswith("vca_")
+    assert set(ALL_NAMES) == {"pvt_tiny", "pvt_tiny_gap", "swin_tiny", "cswin_tiny", "cswin_tiny_2418"}
+    for names in ALL_NAMES.values():
+        assert all(timm.is_model(name) for name in names.values())
+        assert names.get("vca", "vca_").startswith("vca_")
+    assert set(VCA_MODELS) == {"vca_pvt_tiny", "vca_swin_tiny_patch4_window7_224", "vca_cswin_tiny_224"}
 
 
 @pytest.mark.parametrize(
@@ -51,27 +59,87 @@ def test_model_names_map_pipeline_archs_to_registered_timm_models():
         ("swin_tiny_patch4_window7_224", 28.3e6, 0.005),  # Swin paper: 28M (timm: 28.29M)
         # CSWin paper: 23M; the official code's modules (reproduced here one for one) hold 22.32M.
         ("cswin_tiny_224", 22.32e6, 0.005),
+        # the lab's backbones with their own attention: 2-4-18-1 CSWin holds 20.39M (shared EVIDENCE.md, section 1)
+        ("cswin_tiny_2418_224", 20.39e6, 0.001),
+        # PVT-T's 13,229,288 less the class token, its position-embedding row and the final norm (weight, bias)
+        ("pvt_tiny_gap", 13_229_288 - 4 * 512, 1e-9),
     ],
 )
 def test_baseline_parameter_counts_match_the_published_models(name, expected, rel):
     assert n_params(timm.create_model(name)) == pytest.approx(expected, rel=rel)
 
 
-@pytest.mark.parametrize("baseline, vca, expected", [
-    ("pvt_tiny", "vca_pvt_tiny", 11.6e6),  # no spatial-reduction convs: fewer parameters (third-party notes: 11.6M)
-    ("swin_tiny_patch4_window7_224", "vca_swin_tiny_patch4_window7_224", None),
-    ("cswin_tiny_224", "vca_cswin_tiny_224", None),
+def test_vca_pvt_tiny_is_the_labs_layout():
+    """agent_pvt.py + cfgs/agent_pvt_t.yaml: AAAA, no spatial reduction, 9-16-49-49 adaptive tokens, no class token,
+    no final norm, mean-pooled head."""
+    model = timm.create_model("vca_pvt_tiny")
+    attns = vca_layers(model)
+    assert [a.layer_index for a in attns] == list(range(8))
+    assert [a.grid_size for a in attns] == [(56, 56)] * 2 + [(28, 28)] * 2 + [(14, 14)] * 2 + [(7, 7)] * 2
+    assert [a.contrast_grid for a in attns] == [(3, 3)] * 2 + [(4, 4)] * 2 + [(7, 7)] * 4
+    assert all(a.num_prefix_tokens == 0 for a in attns)
+    assert not any(".sr." in n for n, _ in model.named_parameters())
+    assert all(s.cls_token is None for s in model.stages) and isinstance(model.norm, torch.nn.Identity)
+    assert model.global_pool == "avg"
+    control = timm.create_model("pvt_tiny_gap")  # the same backbone and head with PVT's own attention
+    assert [s.blocks[0].attn.sr_ratio for s in control.stages] == [8, 4, 2, 1]
+    assert all(s.cls_token is None for s in control.stages) and isinstance(control.norm, torch.nn.Identity)
+    x = torch.randn(1, 3, 64, 64)
+    small_model = small("vca_pvt_tiny").eval()
+    tokens = small_model.forward_features(x)
+    torch.testing.assert_close(small_model.forward_head(tokens), small_model.head(tokens.mean(dim=1)))
+
+
+def test_vca_swin_tiny_is_the_labs_layout():
+    """agent_swin.py + cfgs/agent_swin_t.yaml: window 56 (global) VCA in stages 1-3 with 9-16-49 tokens, Swin's own
+    7x7 window attention in stage 4 (AAAB)."""
+    model = timm.create_model("vca_swin_tiny_patch4_window7_224")
+    stages = [[b.attn for b in stage.blocks] for stage in model.layers]
+    for attns, grid, tokens in zip(stages[:3], (56, 28, 14), ((3, 3), (4, 4), (7, 7))):
+        assert all(isinstance(a, VisualContrastAttention) and a.grid_size == (grid, grid)
+                   and a.contrast_grid == tokens for a in attns)
+    assert all(isinstance(a, WindowAttention) and tuple(a.window_size) == (7, 7) for a in stages[3])
+    assert [a.layer_index for a in vca_layers(model)] == list(range(10))
+    assert any("layers.3.blocks.0.attn.relative_position_bias_table" == n for n, _ in model.named_parameters())
+
+
+def test_vca_cswin_tiny_is_the_labs_layout():
+    """agent_cswin.py + cfgs/agent_cswin_t.yaml: depths 2-4-18-1, VCA in stages 1-2 (9 and 16 tokens), CSWin's
+    cross-shaped attention with LePE in stages 3-4 (AABB)."""
+    model = timm.create_model("vca_cswin_tiny_224")
+    assert [len(s.blocks) for s in model.stages] == [2, 4, 18, 1]
+    attns = [[b.attn for b in s.blocks] for s in model.stages]
+    assert [a.contrast_grid for a in attns[0] + attns[1]] == [(3, 3)] * 2 + [(4, 4)] * 4
+    assert [a.grid_size for a in attns[0] + attns[1]] == [(56, 56)] * 2 + [(28, 28)] * 4
+    assert all(isinstance(a, cswin.CrossShapedWindowAttention) for a in attns[2] + attns[3])
+    assert [a.layer_index for a in vca_layers(model)] == list(range(6))
+    control = timm.create_model("cswin_tiny_2418_224")
+    assert [len(s.blocks) for s in control.stages] == [2, 4, 18, 1] and not vca_layers(control)
+
+
+@pytest.mark.parametrize("name, layout, stages_with_vca", [
+    ("vca_pvt_tiny", "AAAA", [0, 1, 2, 3]), ("vca_pvt_tiny", "BBAA", [2, 3]),
+    ("vca_swin_tiny_patch4_window7_224", "AAAA", [0, 1, 2, 3]), ("vca_swin_tiny_patch4_window7_224", "ABBB", [0]),
+    ("vca_cswin_tiny_224", "AAAA", [0, 1, 2, 3]), ("vca_cswin_tiny_224", "BBBA", [3]),
 ])
-def test_vca_variants_swap_only_the_attention(baseline, vca, expected):
-    model = timm.create_model(vca)
-    attns = [m for m in model.modules() if isinstance(m, VisualContrastAttention)]
-    assert attns and [a.layer_index for a in attns] == list(range(len(attns)))
-    # global VCA on each whole stage grid, default 7x7 contrast tokens (pooling windows 8/4/2/1)
-    assert sorted({a.grid_size for a in attns}, reverse=True) == [(56, 56), (28, 28), (14, 14), (7, 7)]
-    assert {a.contrast_grid for a in attns} == {(7, 7)}
-    assert len(attns) == sum(1 for n, _ in timm.create_model(baseline).named_modules() if n.endswith(".attn"))
-    if expected is not None:
-        assert n_params(model) == pytest.approx(expected, rel=0.01)
+def test_placement_is_a_parameter(name, layout, stages_with_vca):
+    model = small(name, attn_layout=layout)
+    stages = model.layers if name.startswith("vca_swin") else model.stages
+    assert [i for i, s in enumerate(stages) if vca_layers(s)] == stages_with_vca
+    assert model(torch.randn(1, 3, 64, 64)).shape == (1, 5)
+
+
+def test_global_everywhere_is_one_line_of_parameters():
+    model = timm.create_model("vca_swin_tiny_patch4_window7_224", attn_layout="AAAA", contrast_tokens=49)
+    assert {a.contrast_grid for a in vca_layers(model)} == {(7, 7)} and len(vca_layers(model)) == 12
+
+
+@pytest.mark.parametrize("name", VCA_MODELS)
+def test_a_bad_layout_is_one_clear_error(name):
+    with pytest.raises(ValueError, match="attn_layout='AAA' must be 4 letters, one per stage"):
+        timm.create_model(name, attn_layout="AAA")
+    with pytest.raises(ValueError, match="attn_layout='AAAC'"):
+        timm.create_model(name, attn_layout="AAAC")
 
 
 @pytest.mark.parametrize("name", BASELINES + VCA_MODELS)
@@ -98,36 +166,59 @@ def test_state_dict_round_trip(name):
 
 
 @pytest.mark.parametrize("name", VCA_MODELS)
-def test_contrast_grid_that_does_not_divide_a_stage_grid_is_a_clear_error(name):
-    # default 7x7 contrast grid on a 64x64 input: stage grids 16/8/4/2 are not multiples of 7
-    with pytest.raises(ValueError, match="does not divide"):
-        timm.create_model(name, img_size=64, **SMALL_DEPTHS[name])
+def test_contrast_grid_larger_than_a_stage_grid_is_a_clear_error(name):
+    # the lab's 9-16-49-49 tokens on a 64x64 input: stage grids 16/8/4/2, and a 7x7 grid does not fit 4x4
+    layout = "AAAA"
+    with pytest.raises(ValueError, match="contrast-token grid is larger than the"):
+        timm.create_model(name, img_size=64, attn_layout=layout, **SMALL_DEPTHS[name])
 
 
-@pytest.mark.parametrize("name", BASELINES)
-def test_baselines_reject_vca_options(name):
-    with pytest.raises((ValueError, TypeError)):
-        timm.create_model(name, contrast_tokens=49)
+@pytest.mark.parametrize("arch", ALL_NAMES)
+def test_baselines_reject_vca_options(arch):
+    for option in (dict(contrast_tokens=49), dict(attn_layout="AAAA")):
+        with pytest.raises(ValueError, match="only apply to attention='vca'"):
+            create_classifier(arch, "mhsa", **option)
+        if arch != "swin_tiny":  # our own registrations refuse them too (timm's Swin is timm's)
+            with pytest.raises(ValueError, match="only apply to a VCA variant"):
+                timm.create_model(ALL_NAMES[arch]["mhsa"], **option)
 
 
 def test_pvt_class_token_is_the_only_prefix_and_lives_in_the_last_stage():
-    model = timm.create_model("vca_pvt_tiny")
+    model = timm.create_model("vca_pvt_tiny", class_token=True, global_pool="token", head_norm=True)
     prefixes = [[b.attn.num_prefix_tokens for b in s.blocks] for s in model.stages]
     assert prefixes == [[0, 0], [0, 0], [0, 0], [1, 1]]
     assert [s.cls_token is not None for s in model.stages] == [False, False, False, True]
     baseline = timm.create_model("pvt_tiny")
     assert [s.blocks[0].attn.sr_ratio for s in baseline.stages] == [8, 4, 2, 1]
-    assert not any("sr." in n for n, _ in model.named_parameters())
+    assert baseline.global_pool == "token" and isinstance(baseline.norm, torch.nn.LayerNorm)
+    with pytest.raises(ValueError, match="global_pool='token' reads the class token"):
+        timm.create_model("pvt_tiny_gap", global_pool="token")
+
+
+def test_pvt_decays_its_position_embeddings_and_not_its_class_token():
+    """whai362/PVT classification/pvt.py: no_weight_decay() is {'cls_token'}; the position embeddings are decayed."""
+    model = timm.create_model("pvt_tiny")
+    assert model.no_weight_decay() == {"stages.3.cls_token"}
+    assert timm.create_model("vca_pvt_tiny").no_weight_decay() == set()
 
 
 def test_swin_vca_is_global_per_stage_and_follows_a_resize():
-    model = small("vca_swin_tiny_patch4_window7_224")
+    model = small("vca_swin_tiny_patch4_window7_224", attn_layout="AAAA")
     for stage in model.layers:
         for block in stage.blocks:
             assert block.attn.grid_size == tuple(stage.output_resolution)
             assert block.attn_mask is None and not any(block.shift_size)
     model.set_input_size(img_size=128)
     assert [s.blocks[0].attn.grid_size for s in model.layers] == [(32, 32), (16, 16), (8, 8), (4, 4)]
+    assert model(torch.randn(1, 3, 128, 128)).shape == (1, 5)
+
+
+def test_swin_own_stages_keep_their_windows_through_a_resize():
+    model = small("vca_swin_tiny_patch4_window7_224")  # AAAB, window 2 in stage 4's 2x2 grid
+    model.set_input_size(img_size=128)
+    last = model.layers[3].blocks[0]
+    assert isinstance(last.attn, WindowAttention) and tuple(last.window_size) == (4, 4)  # timm's rule: scaled
+    assert [s.blocks[0].attn.grid_size for s in model.layers[:3]] == [(32, 32), (16, 16), (8, 8)]
     assert model(torch.randn(1, 3, 128, 128)).shape == (1, 5)
 
 

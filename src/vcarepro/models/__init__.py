@@ -7,9 +7,13 @@
     ("deit_tiny", "vca")  -> vca_deit_tiny_patch16_224
     ("deit_tiny", "diff") -> diff_deit_tiny_patch16_224
 
-    ("pvt_tiny", "vca")   -> vca_pvt_tiny              (PVT v1, written here)
+    ("pvt_tiny", "vca")   -> vca_pvt_tiny              (PVT v1, written here; the lab's layout)
     ("swin_tiny", "vca")  -> vca_swin_tiny_patch4_window7_224 (timm's Swin, attention swapped)
     ("cswin_tiny", "vca") -> vca_cswin_tiny_224        (CSWin, written here)
+    ("pvt_tiny_gap", "mhsa"), ("cswin_tiny_2418", "mhsa"): the backbones of the lab's layouts
+                             with their own attention (controls)
+
+For PVT, Swin and CSWin, "mhsa" names the backbone's own attention.
 
 The DiT/SiT backbone has its own factory, ``models.dit.create_dit``.
 """
@@ -21,7 +25,8 @@ import timm
 import torch.nn as nn
 
 from . import cswin, deit, pvt, swin  # noqa: F401  (each registers its timm models)
-from .deit import VCA_OPTIONS, VcaVisionTransformer
+from .deit import VcaVisionTransformer
+from .placement import HIERARCHICAL_VCA_OPTIONS
 
 # arch -> {attention: timm model name}
 CLASSIFIER_ARCHS = {
@@ -31,8 +36,7 @@ CLASSIFIER_ARCHS = {
                    "diff": "diff_deit_small_patch16_224"},
 }
 for _module in (pvt, swin, cswin):
-    for _arch, (_baseline, _vca) in _module.MODEL_NAMES.items():
-        CLASSIFIER_ARCHS[_arch] = {"mhsa": _baseline, "vca": _vca}
+    CLASSIFIER_ARCHS.update(_module.MODEL_NAMES)
 CLASSIFIER_ATTENTIONS = ("mhsa", "vca", "diff")
 
 
@@ -52,7 +56,7 @@ def create_classifier(arch: str, attention: str, **kwargs: Any) -> nn.Module:
     """Create a classifier; VCA knobs (``contrast_tokens``, ``stage1``, ...) only with attention='vca'."""
     name = classifier_name(arch, attention)
     if attention != "vca":
-        stray = sorted(set(kwargs) & set(VCA_OPTIONS))
+        stray = sorted(set(kwargs) & set(HIERARCHICAL_VCA_OPTIONS))
         if stray:
             raise ValueError(f"{', '.join(stray)} only apply to attention='vca', not {attention!r}; remove them.")
     return timm.create_model(name, **kwargs)

@@ -14,13 +14,25 @@ the attention output. Classification by mean pooling after a final LayerNorm.
 One deviation, for small inputs only: a stripe width larger than the stage grid is
 clamped to the grid (the original would fail); at 224 nothing changes.
 
-``cswin_tiny_224`` is the baseline; ``vca_cswin_tiny_224`` replaces each block's
-cross-shaped attention (qkv, both stripe branches with their LePE, projection) by
-``VisualContrastAttention`` applied globally on the whole stage grid (our choice;
-the paper does not say how VCA enters CSWin). VCA's own 3x3 depthwise conv of V
-takes LePE's role. ``contrast_tokens`` is one value for all stages (default 7x7:
-pooling windows 8/4/2/1 at 224) or one per stage; ``layer_index`` counts blocks
-across the network.
+Registered models (224 px, 1000 classes):
+
+``cswin_tiny_224``
+    The original CSWin-T (depths 1-2-21-1).
+``vca_cswin_tiny_224``
+    The lab's layout (LeapLabTHU/Agent-Attention ``agent_transformer/cfgs/agent_cswin_t.yaml``:
+    ``Agent_CSWin_64_24181_tiny_224``, ``ATTN_TYPE: AABB``, ``NUM: 9-16-49-49``;
+    ``models/agent_cswin.py``): depths 2-4-18-1, and in stages 1-2 each block's
+    cross-shaped attention (qkv, both stripe branches with their LePE, projection) is
+    replaced by ``VisualContrastAttention`` over the whole stage grid with 9 and 16
+    contrast tokens (the lab's stripe of 56 / 28 covers the grid, one branch); VCA's own
+    3x3 depthwise conv of V takes LePE's role. Stages 3-4 keep CSWin's attention.
+``cswin_tiny_2418_224``
+    The control: CSWin's own attention in the lab's 2-4-18-1 backbone, so that "VCA" and
+    "a different depth split" can be told apart.
+
+``attn_layout`` (``A`` = VCA, ``B`` = cross-shaped attention), ``contrast_tokens`` (one count
+or one per stage) and ``depths`` are parameters; ``layer_index`` counts blocks across the
+network, ``B`` blocks included.
 """
 from __future__ import annotations
 
@@ -35,10 +47,12 @@ from timm.models import generate_default_cfgs, register_model
 
 from ..attention import VisualContrastAttention
 from ..attention.vca import patch_grid
-from .pvt import ContrastTokens, PreNormBlock, _per_stage, build_hierarchical
+from .placement import ContrastTokens, attention_layout, per_stage
+from .pvt import PreNormBlock, build_hierarchical
 
-# pipeline arch name -> (baseline timm name, VCA timm name)
-MODEL_NAMES = {"cswin_tiny": ("cswin_tiny_224", "vca_cswin_tiny_224")}
+# pipeline arch name -> {attention: timm name}; "mhsa" names the backbone's own attention
+MODEL_NAMES = {"cswin_tiny": {"mhsa": "cswin_tiny_224", "vca": "vca_cswin_tiny_224"},
+               "cswin_tiny_2418": {"mhsa": "cswin_tiny_2418_224"}}
 
 
 class StripeAttention(nn.Module):
@@ -133,7 +147,7 @@ class CSWinStage(nn.Module):
 
 
 class CSWinTransformer(nn.Module):
-    """CSWin Transformer with cross-shaped attention (``attention='cswin'``) or global VCA (``'vca'``)."""
+    """CSWin Transformer with cross-shaped attention (``B``) or global VCA (``A``) per stage, as ``attn_layout`` says."""
 
     def __init__(
         self,
@@ -151,17 +165,16 @@ class CSWinTransformer(nn.Module):
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
-        attention: str = "cswin",
+        attn_layout: str = "BBBB",
         contrast_tokens: ContrastTokens = 49,
         vca_kwargs: Optional[Dict[str, Any]] = None,
     ) -> None:
         super().__init__()
         if global_pool != "avg":
             raise ValueError("CSWin classifies from mean-pooled tokens; global_pool must be 'avg'.")
-        if attention not in ("cswin", "vca"):
-            raise ValueError(f"attention={attention!r}; choose 'cswin' or 'vca'.")
         num_stages = len(depths)
-        contrast_per_stage = _per_stage(contrast_tokens, num_stages)
+        uses_vca = attention_layout(attn_layout, num_stages)
+        contrast_per_stage = per_stage(contrast_tokens, num_stages)
         self.num_classes = num_classes
         self.global_pool = global_pool
         dims = [embed_dim * 2 ** i for i in range(num_stages)]
@@ -183,7 +196,7 @@ class CSWinTransformer(nn.Module):
             self.stage_grids.append(grid)
             blocks = []
             for _ in range(depths[i]):
-                if attention == "vca":
+                if uses_vca[i]:
                     attn = VisualContrastAttention(
                         dims[i], num_heads[i], grid_size=grid, num_prefix_tokens=0,
                         contrast_tokens=contrast_per_stage[i], layer_index=layer_index, qkv_bias=qkv_bias,
@@ -261,21 +274,35 @@ def _cfg(**kwargs: Any) -> Dict[str, Any]:
     }
 
 
-default_cfgs = generate_default_cfgs({"cswin_tiny_224": _cfg(), "vca_cswin_tiny_224": _cfg()})
+default_cfgs = generate_default_cfgs({"cswin_tiny_224": _cfg(), "cswin_tiny_2418_224": _cfg(),
+                                     "vca_cswin_tiny_224": _cfg()})
 
 CSWIN_SHAPES = {
     "tiny": dict(embed_dim=64, depths=(1, 2, 21, 1), stripe_widths=(1, 2, 7, 7), num_heads=(2, 4, 8, 16),
                  mlp_ratio=4.0),
 }
+# The lab's CSwin-T backbone (agent_cswin.py, Agent_CSWin_64_24181_tiny_224): depths 2-4-18-1.
+LAB_DEPTHS = dict(depths=(2, 4, 18, 1))
+# The lab's placement in it (cfgs/agent_cswin_t.yaml: ATTN_TYPE AABB, NUM 9-16-49-49).
+LAB_CSWIN_TINY_VCA = dict(attn_layout="AABB", contrast_tokens=(9, 16, 49, 49))
 
 
 @register_model
 def cswin_tiny_224(pretrained: bool = False, **kwargs: Any) -> CSWinTransformer:
-    """CSWin-T with cross-shaped window attention (the original)."""
-    return build_hierarchical(CSWinTransformer, "cswin_tiny_224", pretrained, **{**CSWIN_SHAPES["tiny"], **kwargs, "attention": "cswin"})
+    """CSWin-T with cross-shaped window attention (the original, depths 1-2-21-1)."""
+    return build_hierarchical(CSWinTransformer, "cswin_tiny_224", pretrained, vca=False,
+                              defaults=CSWIN_SHAPES["tiny"], kwargs=kwargs)
+
+
+@register_model
+def cswin_tiny_2418_224(pretrained: bool = False, **kwargs: Any) -> CSWinTransformer:
+    """CSWin-T's attention in the lab's depths 2-4-18-1 (the control for vca_cswin_tiny_224)."""
+    return build_hierarchical(CSWinTransformer, "cswin_tiny_2418_224", pretrained, vca=False,
+                              defaults={**CSWIN_SHAPES["tiny"], **LAB_DEPTHS}, kwargs=kwargs)
 
 
 @register_model
 def vca_cswin_tiny_224(pretrained: bool = False, **kwargs: Any) -> CSWinTransformer:
-    """CSWin-T with global Visual-Contrast Attention in every block."""
-    return build_hierarchical(CSWinTransformer, "vca_cswin_tiny_224", pretrained, **{**CSWIN_SHAPES["tiny"], **kwargs, "attention": "vca"})
+    """CSWin-T in the lab's layout: depths 2-4-18-1, VCA in stages 1-2 (9 and 16 tokens), CSWin's attention in 3-4."""
+    return build_hierarchical(CSWinTransformer, "vca_cswin_tiny_224", pretrained, vca=True,
+                              defaults={**CSWIN_SHAPES["tiny"], **LAB_DEPTHS, **LAB_CSWIN_TINY_VCA}, kwargs=kwargs)

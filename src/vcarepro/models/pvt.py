@@ -5,22 +5,29 @@ shapes of the original (Wang et al., ICCV 2021, github.com/whai362/PVT): four
 stages of non-overlapping patch embeddings (patch 4, then 2, 2, 2), each with an
 absolute position embedding; spatial-reduction attention (keys and values from a
 strided conv + LayerNorm of the tokens, reduction 8/4/2/1); a class token only in
-the last stage, which is also what the head reads.
+the last stage, which the head reads after a final LayerNorm.
 
-``pvt_tiny`` is the baseline (13.2M parameters at 224 / 1000 classes, as published).
+Registered models (224 px, 1000 classes):
 
-``vca_pvt_tiny`` replaces every spatial-reduction attention with
-``VisualContrastAttention`` on that stage's full token grid (so there are no
-reduction convs; VCA's contrast tokens already make attention linear in N).
-Our choices, the paper does not state them:
-  * contrast tokens per stage default to 7x7 in every stage, i.e. pooling windows
-    8/4/2/1 on the 56/28/14/7 grids at 224 (``contrast_tokens`` takes one value
-    per stage);
-  * ``num_prefix_tokens=1`` in the last stage (the class token), 0 elsewhere;
-  * ``layer_index`` (lambda_init's depth) counts blocks across the whole network.
+``pvt_tiny``
+    The original PVT v1-Tiny (13.2M parameters, as published).
+``vca_pvt_tiny``
+    The lab's layout (LeapLabTHU/Agent-Attention ``agent_transformer/models/agent_pvt.py``
+    and ``cfgs/agent_pvt_t.yaml``): the compared attention in all four stages
+    (``attn_layout="AAAA"``) with no spatial-reduction convs (``agent_sr_ratios 1111``),
+    9-16-49-49 contrast tokens pooled adaptively, and that code's head: no class token,
+    no final norm, the classifier reads the mean of the last stage's tokens.
+``pvt_tiny_gap``
+    The control: PVT's own spatial-reduction attention in the lab's backbone (no class
+    token, no final norm, mean-pooled head), so that "VCA" and "a different head" can
+    be told apart.
 
-Parameter names follow a stage layout (``stages.i.patch_embed`` ...), not the
-original ``patch_embed1`` / ``block1`` names.
+Any layout is a parameter: ``attn_layout`` (``A`` = VCA, ``B`` = spatial-reduction
+attention with ``sr_ratios``), ``contrast_tokens`` (one count or one per stage),
+``class_token`` / ``global_pool`` / ``head_norm`` for the head; ``layer_index``
+(lambda_init's depth) counts blocks across the whole network. Parameter names follow
+a stage layout (``stages.i.patch_embed`` ...), not the original ``patch_embed1`` /
+``block1`` names.
 """
 from __future__ import annotations
 
@@ -36,13 +43,11 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from ..attention import VisualContrastAttention
 from ..attention.vca import patch_grid
 from .deit import VCA_OPTIONS
+from .placement import HIERARCHICAL_VCA_OPTIONS, ContrastTokens, attention_layout, per_stage
 
-# pipeline arch name -> (baseline timm name, VCA timm name)
-MODEL_NAMES = {"pvt_tiny": ("pvt_tiny", "vca_pvt_tiny")}
-
-# Knobs of VisualContrastAttention a VCA PVT accepts (contrast_tokens one per stage).
-
-ContrastTokens = Union[int, Sequence[int], Sequence[Union[int, Sequence[int]]]]
+# pipeline arch name -> {attention: timm name}; "mhsa" names the backbone's own attention
+MODEL_NAMES = {"pvt_tiny": {"mhsa": "pvt_tiny", "vca": "vca_pvt_tiny"},
+               "pvt_tiny_gap": {"mhsa": "pvt_tiny_gap"}}
 
 
 class SpatialReductionAttention(nn.Module):
@@ -157,7 +162,7 @@ class PvtStage(nn.Module):
 
 
 class PyramidVisionTransformer(nn.Module):
-    """PVT v1, with spatial-reduction attention (``attention='sra'``) or VCA (``attention='vca'``)."""
+    """PVT v1 with spatial-reduction attention (``B``) or VCA (``A``) per stage, as ``attn_layout`` says."""
 
     def __init__(
         self,
@@ -166,6 +171,8 @@ class PyramidVisionTransformer(nn.Module):
         in_chans: int = 3,
         num_classes: int = 1000,
         global_pool: str = "token",
+        class_token: bool = True,
+        head_norm: bool = True,
         patch_sizes: Sequence[int] = (4, 2, 2, 2),
         embed_dims: Sequence[int] = (64, 128, 320, 512),
         num_heads: Sequence[int] = (1, 2, 5, 8),
@@ -176,21 +183,22 @@ class PyramidVisionTransformer(nn.Module):
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
-        attention: str = "sra",
+        attn_layout: str = "BBBB",
         contrast_tokens: ContrastTokens = 49,
         vca_kwargs: Optional[Dict[str, Any]] = None,
     ) -> None:
         super().__init__()
         if global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool={global_pool!r}; PVT supports 'token' (the original) or 'avg'.")
-        if attention not in ("sra", "vca"):
-            raise ValueError(f"attention={attention!r}; choose 'sra' or 'vca'.")
+        if global_pool == "token" and not class_token:
+            raise ValueError("global_pool='token' reads the class token; pass class_token=True or global_pool='avg'.")
         num_stages = len(depths)
-        contrast_per_stage = _per_stage(contrast_tokens, num_stages)
+        uses_vca = attention_layout(attn_layout, num_stages)
+        contrast_per_stage = per_stage(contrast_tokens, num_stages)
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.num_features = self.head_hidden_size = embed_dims[-1]
-        self.num_prefix_tokens = 1
+        self.num_prefix_tokens = 1 if class_token else 0
         norm_layer = partial(nn.LayerNorm, eps=1e-6)
         dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
 
@@ -206,10 +214,10 @@ class PyramidVisionTransformer(nn.Module):
             grid = (grid[0] // p, grid[1] // p)
             self.stage_grids.append(grid)
             reduction *= p
-            prefix = 1 if i == num_stages - 1 else 0
+            prefix = self.num_prefix_tokens if i == num_stages - 1 else 0  # the class token joins last
             blocks = []
             for _ in range(depths[i]):
-                if attention == "vca":
+                if uses_vca[i]:
                     attn = VisualContrastAttention(
                         embed_dims[i], num_heads[i], grid_size=grid, num_prefix_tokens=prefix,
                         contrast_tokens=contrast_per_stage[i], layer_index=layer_index, qkv_bias=qkv_bias,
@@ -226,7 +234,7 @@ class PyramidVisionTransformer(nn.Module):
             self.feature_info.append(dict(num_chs=embed_dims[i], reduction=reduction, module=f"stages.{i}"))
             in_dim = embed_dims[i]
         self.stages = nn.ModuleList(stages)
-        self.norm = norm_layer(embed_dims[-1])
+        self.norm = norm_layer(embed_dims[-1]) if head_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dims[-1], num_classes) if num_classes > 0 else nn.Identity()
         self.apply(self._init_weights)
@@ -249,7 +257,9 @@ class PyramidVisionTransformer(nn.Module):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set:
-        return {n for n, _ in self.named_parameters() if n.endswith(("pos_embed", "cls_token"))}
+        # the class token only: whai362/PVT classification/pvt.py (and the lab's agent_pvt.py) return
+        # {'cls_token'}, so the position embeddings are decayed
+        return {n for n, _ in self.named_parameters() if n.endswith("cls_token")}
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
@@ -267,7 +277,7 @@ class PyramidVisionTransformer(nn.Module):
         self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Image -> last-stage tokens (B, 1 + H*W, C), normed."""
+        """Image -> last-stage tokens (B, prefix + H*W, C), normed when ``head_norm``."""
         B = x.shape[0]
         for i, stage in enumerate(self.stages):
             if i:
@@ -292,18 +302,6 @@ def _prod(values: Sequence[int]) -> int:
     return out
 
 
-def _per_stage(value: ContrastTokens, num_stages: int) -> List[Union[int, Tuple[int, int]]]:
-    """One contrast-token setting for all stages (49, (7, 7)) or one per stage ((49, 49, 16, 4), ((7, 7), ...))."""
-    if isinstance(value, int):
-        return [value] * num_stages
-    items = list(value)
-    if len(items) == 2 and all(isinstance(v, int) for v in items) and num_stages != 2:
-        return [tuple(items)] * num_stages  # an (h, w) grid shared by all stages
-    if len(items) != num_stages:
-        raise ValueError(f"contrast_tokens needs one value per stage ({num_stages}), got {value!r}.")
-    return items
-
-
 def _cfg(**kwargs: Any) -> Dict[str, Any]:
     # No weights are published for these builds (no url / hf_hub_id). PVT evaluates like DeiT.
     return {
@@ -314,34 +312,49 @@ def _cfg(**kwargs: Any) -> Dict[str, Any]:
     }
 
 
-default_cfgs = generate_default_cfgs({"pvt_tiny": _cfg(), "vca_pvt_tiny": _cfg()})
+default_cfgs = generate_default_cfgs({"pvt_tiny": _cfg(), "pvt_tiny_gap": _cfg(), "vca_pvt_tiny": _cfg()})
 
 PVT_SHAPES = {
     "tiny": dict(patch_sizes=(4, 2, 2, 2), embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8),
                  mlp_ratios=(8, 8, 4, 4), depths=(2, 2, 2, 2), sr_ratios=(8, 4, 2, 1)),
 }
+# The lab's PVT head (agent_pvt.py): no class token, no final norm, the mean of the last stage's tokens.
+LAB_HEAD = dict(class_token=False, global_pool="avg", head_norm=False)
+# The lab's placement in PVT-T (cfgs/agent_pvt_t.yaml: ATTN_TYPE AAAA, NUM 9-16-49-49, PVT_LA_SR_RATIOS 1111).
+LAB_PVT_TINY_VCA = dict(attn_layout="AAAA", contrast_tokens=(9, 16, 49, 49))
 
 
-def build_hierarchical(model_cls, variant: str, pretrained: bool, **kwargs: Any):
-    """Build a PVT / CSWin variant: VCA knobs only for attention='vca', no published weights."""
+def build_hierarchical(model_cls, variant: str, pretrained: bool, *, vca: bool, defaults: Dict[str, Any],
+                       kwargs: Dict[str, Any]):
+    """Build a PVT / CSWin variant over ``defaults``: VCA knobs only for a VCA variant, no published weights."""
     if pretrained:
         raise ValueError(f"no pretrained weights are published for {variant}; create it with pretrained=False.")
-    if kwargs.get("attention") == "vca":
+    if vca:
+        kwargs = dict(kwargs)
         kwargs["vca_kwargs"] = {k: kwargs.pop(k) for k in VCA_OPTIONS if k in kwargs and k != "contrast_tokens"}
     else:
-        stray = sorted(set(kwargs) & set(VCA_OPTIONS))
+        stray = sorted(set(kwargs) & set(HIERARCHICAL_VCA_OPTIONS))
         if stray:
-            raise ValueError(f"{', '.join(stray)} only apply to vca_{variant}; remove them.")
-    return build_model_with_cfg(model_cls, variant, pretrained=False, **kwargs)
+            raise ValueError(f"{', '.join(stray)} only apply to a VCA variant, not {variant}; remove them.")
+    return build_model_with_cfg(model_cls, variant, pretrained=False, **{**defaults, **kwargs})
 
 
 @register_model
 def pvt_tiny(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
-    """PVT v1 Tiny with spatial-reduction attention (the original)."""
-    return build_hierarchical(PyramidVisionTransformer, "pvt_tiny", pretrained, **{**PVT_SHAPES["tiny"], **kwargs, "attention": "sra"})
+    """PVT v1 Tiny with spatial-reduction attention and its class-token head (the original)."""
+    return build_hierarchical(PyramidVisionTransformer, "pvt_tiny", pretrained, vca=False,
+                              defaults=PVT_SHAPES["tiny"], kwargs=kwargs)
+
+
+@register_model
+def pvt_tiny_gap(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
+    """PVT v1 Tiny with spatial-reduction attention and the lab's head (the control for vca_pvt_tiny)."""
+    return build_hierarchical(PyramidVisionTransformer, "pvt_tiny_gap", pretrained, vca=False,
+                              defaults={**PVT_SHAPES["tiny"], **LAB_HEAD}, kwargs=kwargs)
 
 
 @register_model
 def vca_pvt_tiny(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
-    """PVT v1 Tiny with Visual-Contrast Attention in every block (no spatial reduction)."""
-    return build_hierarchical(PyramidVisionTransformer, "vca_pvt_tiny", pretrained, **{**PVT_SHAPES["tiny"], **kwargs, "attention": "vca"})
+    """PVT v1 Tiny in the lab's layout: VCA in every stage (9-16-49-49 tokens, no spatial reduction), lab head."""
+    return build_hierarchical(PyramidVisionTransformer, "vca_pvt_tiny", pretrained, vca=True,
+                              defaults={**PVT_SHAPES["tiny"], **LAB_HEAD, **LAB_PVT_TINY_VCA}, kwargs=kwargs)
