@@ -1,4 +1,10 @@
-"""DVC stage `eval_cls@RUN`: validation top-1 / top-5 of every seed of a run, aggregated."""
+"""DVC stage `eval_cls@RUN`: validation top-1 / top-5 of every seed of a run, aggregated.
+
+``top1`` is the final weights' (``top1_ema`` the final EMA's, where the recipe keeps one),
+evaluated here; ``top1_best`` / ``top1_ema_best`` are the best epoch's, read from the
+validation the training stage ran every epoch (``history.json``), which is what the lab's
+code reports (``max_accuracy``).
+"""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +16,8 @@ from vcarepro.data.folders import ManifestDataset, read_classes
 from vcarepro.io import write_json
 from vcarepro.metrics.aggregate import aggregate_seeds
 from vcarepro.pipeline import CLS_DATA, cls_run
-from vcarepro.train.classification import ClassifierSpec, build_transforms, evaluate, load_classifier
+from vcarepro.train.classification import ClassifierSpec, best_epoch_figures, build_transforms, evaluate, \
+    load_classifier
 
 
 def main() -> None:
@@ -31,9 +38,11 @@ def main() -> None:
         if (weights / "model_ema.safetensors").is_file():  # the recipe keeps an EMA: report both
             ema = load_classifier(spec, weights / "model_ema.safetensors", num_classes).to(device)
             per_seed[seed].update({f"{k}_ema": v for k, v in evaluate(ema, loader, device).items()})
+        per_seed[seed].update(best_epoch_figures(weights))
         print(f"eval_cls {args.run} seed {seed}: " + ", ".join(f"{k}={v:.2f}" for k, v in per_seed[seed].items()))
-    keys = ["top1", "top5", "loss"]
-    metrics = aggregate_seeds(per_seed, keys + [f"{k}_ema" for k in keys if f"{k}_ema" in per_seed[run.seeds[0]]])
+    keys = ["top1", "top5", "loss", "top1_best", "best_epoch"]
+    keys += [f"{k}_ema" for k in keys if f"{k}_ema" in per_seed[run.seeds[0]]]
+    metrics = aggregate_seeds(per_seed, keys)
     metrics["params_m"] = sum(p.numel() for p in model.parameters()) / 1e6
     write_json(run.paths.metrics, metrics)
 

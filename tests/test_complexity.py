@@ -64,3 +64,34 @@ def test_vca_adds_no_flops_to_deit_tiny_at_224():
     # the only extra work is the 3x3 depthwise conv; the attention products shrink
     assert with_vca.macs / base.macs == pytest.approx(1.0, abs=0.005)
     assert round(with_vca.macs / 1e9, 1) == round(base.macs / 1e9, 1) == 1.3
+
+
+@pytest.mark.slow
+def test_every_table1_complexity_cell_of_the_lab_layouts_matches_the_paper():
+    """The +VCA rows at paper shape (what `dvc repro complexity` writes), within the report's tolerance."""
+    from pathlib import Path
+
+    import yaml
+
+    from vcarepro.config import compose
+    from vcarepro.metrics.complexity import model_complexity
+    from vcarepro.report.reference import paper_value
+    from vcarepro.report.tables import MATCHES, exact_verdict
+
+    paper = compose(["scale=paper"])
+    reference = yaml.safe_load((Path(__file__).resolve().parents[1] / "data" / "paper_reference.yaml").read_text())
+    settings = dict(paper["complexity"], throughput_batch=0)
+    tolerance = paper["report"]["complexity_tolerance"]
+    checked = {}
+    for row in reference["table1"]["rows"]:
+        if row["role"] != "vca":
+            continue
+        figures = model_complexity(paper["models"][paper["cls_runs"][row["run"]]["model"]], settings)
+        for key, cell in (("params_m", "params_m"), ("gmacs", "gflops")):
+            value = paper_value(row[cell], reference["sources"])
+            assert exact_verdict(value, figures[key], tolerance) == MATCHES, (row["model"], key, figures[key])
+            checked[(row["model"], key)] = round(figures[key], 2)
+    assert checked == {("DeiT-T", "params_m"): 5.97, ("DeiT-T", "gmacs"): 1.26, ("DeiT-S", "params_m"): 22.56,
+                       ("DeiT-S", "gmacs"): 4.61, ("PVT-T", "params_m"): 11.56, ("PVT-T", "gmacs"): 2.05,
+                       ("Swin-T", "params_m"): 28.55, ("Swin-T", "gmacs"): 4.63, ("CSwin-T", "params_m"): 20.41,
+                       ("CSwin-T", "gmacs"): 4.33}

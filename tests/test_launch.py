@@ -85,7 +85,7 @@ def test_stage_commands_pass_every_distributed_param_to_the_launcher():
 def test_a_training_stage_runs_ddp_on_two_cpu_processes(tmp_path, branch, run, stage):
     params = compose([])
     params["cls_shape"].update(depth=1, embed_dim=32)
-    params["cls_recipe"].update(epochs=1, batch_size=64)
+    params["cls_recipe_overrides"].update(epochs=1, batch_size=64)
     params["gen_shape"].update(depth=1, hidden_size=32)
     params["gen_recipe"].update(steps=3, log_every=1, ckpt_every=3, batch_size=8)
     params["prepare_gen"]["extractor_epochs"] = 1

@@ -28,7 +28,7 @@ def micro_params() -> dict:
     p["models"] = {k: v for k, v in p["models"].items() if k in used}
     p["complexity"]["throughput_batch"] = 0  # FLOPs stay at paper shape, they are cheap
     p["cls_shape"].update(depth=1, embed_dim=32)
-    p["cls_recipe"].update(epochs=1, batch_size=256)
+    p["cls_recipe_overrides"].update(epochs=1, batch_size=256)
     p["gen_shape"].update(depth=1, hidden_size=32)
     p["gen_recipe"].update(steps=4, log_every=2, ckpt_every=2)
     p["sampling"].update(num_samples=70, batch_size=70, ddpm_steps=3, flow_steps=3)

@@ -26,24 +26,27 @@ def test_both_scales_and_every_documented_override_validate(scales):
     paper = copy.deepcopy(scales["paper"])
     paper["distributed"].update(nnodes="env", nproc_per_node="gpu", node_rank="env", launcher="srun")
     paper["prepare_cls"].update(subset_classes=["n01440764", "n01443537"])
-    paper["cls_recipe"].update(precision="fp16", compile="inductor", clip_grad=5.0)
+    paper["cls_recipe_overrides"].update(precision="bf16", compile="inductor", clip_grad=5.0, epochs=30)
     paper["sampling"].update(flow_sampler="ode", flow_ode_method="heun")
     validate(paper)
 
 
 @pytest.mark.parametrize("path, value, message", [
-    ("cls_recipe.epochs", "ten", "cls_recipe.epochs must be an integer >= 1, got 'ten'"),
-    ("cls_recipe.lr", -1e-3, "cls_recipe.lr must be a number > 0, got -0.001"),
-    ("cls_recipe.reprob", 1.5, "cls_recipe.reprob must be a number >= 0 and <= 1, got 1.5"),
-    ("cls_recipe.ema_decay", 1.0, "cls_recipe.ema_decay must be a number >= 0 and < 1, got 1.0"),
-    ("cls_recipe.precision", "fp8", "cls_recipe.precision must be one of fp32, bf16, fp16, got 'fp8'"),
-    ("cls_recipe.repeated_aug", "yes", "cls_recipe.repeated_aug must be true or false, got 'yes'"),
+    ("cls_recipe_overrides.epochs", "ten", "cls_recipe_overrides.epochs must be an integer >= 1, got 'ten'"),
+    ("cls_recipe_overrides.lr", -1e-3, "cls_recipe_overrides.lr must be a number > 0, got -0.001"),
+    ("cls_recipe_overrides.reprob", 1.5, "cls_recipe_overrides.reprob must be a number >= 0 and <= 1, got 1.5"),
+    ("cls_recipe_overrides.ema_decay", 1.0, "cls_recipe_overrides.ema_decay must be a number >= 0 and < 1, got 1.0"),
+    ("cls_recipe_overrides.precision", "fp8",
+     "cls_recipe_overrides.precision must be one of fp32, tf32, bf16, fp16, got 'fp8'"),
+    ("cls_recipe_overrides.repeated_aug", "yes", "cls_recipe_overrides.repeated_aug must be true or false, got 'yes'"),
+    ("cls_recipe_overrides.lr_step", "step", "cls_recipe_overrides.lr_step must be one of epoch, update, got 'step'"),
+    ("cls_recipe_overrides.crop_mode", "border", "crop_mode must be one of center, squash, got 'border'"),
     ("gen_recipe.steps", 0, "gen_recipe.steps must be an integer >= 1, got 0"),
     ("gen_recipe.lr", float("nan"), "gen_recipe.lr must be a number > 0, got nan"),
     ("sampling.flow_sampler", "euler", "sampling.flow_sampler must be one of sde, ode, got 'euler'"),
     ("distributed.nnodes", "two", "distributed.nnodes must be an integer >= 1 or one of env, got 'two'"),
     ("distributed.nproc_per_node", 0, "distributed.nproc_per_node must be an integer >= 1 or one of gpu, got 0"),
-    ("cls_recipe.epoch", 3, "cls_recipe.epoch is not a known parameter"),
+    ("cls_recipe_overrides.epoch", 3, "cls_recipe_overrides.epoch is not a known parameter"),
 ])
 def test_a_bad_value_is_one_sentence_naming_key_value_and_fix(scales, path, value, message):
     params = copy.deepcopy(scales["embedded"])
@@ -82,11 +85,27 @@ def test_a_stage_with_bad_params_exits_with_one_line_and_writes_nothing(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
 
 
-def test_per_run_recipe_overrides_are_checked_like_the_recipe(scales):
+def test_named_recipes_are_complete_and_checked_and_runs_name_one(scales):
     params = copy.deepcopy(scales["paper"])
-    params["cls_runs"]["swin_tiny-vca"]["recipe"]["ema_decay"] = 1.5
-    with pytest.raises(ParamsError, match=r"cls_runs\.swin_tiny-vca\.recipe\.ema_decay must be a number >= 0 and < 1"):
+    params["cls_recipes"]["lab_swin_tiny"]["ema_decay"] = 1.5
+    with pytest.raises(ParamsError, match=r"cls_recipes\.lab_swin_tiny\.ema_decay must be a number >= 0 and < 1"):
         validate(params)
-    params["cls_runs"]["swin_tiny-vca"]["recipe"] = {"epoch": 3}
-    with pytest.raises(ParamsError, match=r"recipe\.epoch overrides nothing in cls_recipe"):
+    params = copy.deepcopy(scales["paper"])
+    del params["cls_recipes"]["swin"]["crop_mode"]
+    with pytest.raises(ParamsError, match=r"cls_recipes\.swin lacks crop_mode; every named recipe holds every knob"):
+        validate(params)
+    params = copy.deepcopy(scales["paper"])
+    params["cls_runs"]["swin_tiny-vca"]["recipe"] = "lab"
+    with pytest.raises(ParamsError, match=r"cls_runs\.swin_tiny-vca\.recipe must name an entry of cls_recipes "
+                                          r"\(deit, pvt, swin, .*\), got 'lab'"):
+        validate(params)
+
+
+def test_per_run_generation_overrides_are_checked_like_the_recipe(scales):
+    params = copy.deepcopy(scales["paper"])
+    params["gen_runs"]["dit_s2-vca"]["recipe"] = {"ema_decay": 1.5}
+    with pytest.raises(ParamsError, match=r"gen_runs\.dit_s2-vca\.recipe\.ema_decay must be a number >= 0 and < 1"):
+        validate(params)
+    params["gen_runs"]["dit_s2-vca"]["recipe"] = {"epoch": 3}
+    with pytest.raises(ParamsError, match=r"recipe\.epoch overrides nothing in gen_recipe"):
         validate(params)

@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 
 from vcarepro.config import compose
 from vcarepro.data.embedded import export_digits
+from vcarepro.pipeline import cls_run
 from vcarepro.train.checkpoint import load_checkpoint
 from vcarepro.train.classification import ClassifierSpec, train_classifier
 from vcarepro.train.distributed import DistInfo
@@ -34,7 +35,7 @@ def embedded():
 
 def tiny_cls(embedded, **recipe):
     spec = ClassifierSpec("deit_tiny", "vca", {}, dict(embedded["cls_shape"], depth=1, embed_dim=32))
-    return spec, dict(embedded["cls_recipe"], epochs=2, batch_size=256, **recipe)
+    return spec, dict(cls_run(embedded, "deit_tiny-vca").recipe, epochs=2, batch_size=256, **recipe)
 
 
 def train_cls(spec, recipe, digits, tmp, **kw):

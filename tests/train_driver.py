@@ -15,6 +15,7 @@ import torch
 
 from vcarepro.config import compose
 from vcarepro.data.embedded import export_digits
+from vcarepro.pipeline import cls_run
 from vcarepro.train.classification import ClassifierSpec, train_classifier
 from vcarepro.train.distributed import DistInfo
 from vcarepro.train.generation import GeneratorSpec, train_generator
@@ -31,7 +32,8 @@ def main(branch: str, workdir: Path, seed: int = 0) -> None:
     common = dict(seed=seed, out_dir=workdir / "out", ckpt_dir=workdir / "ckpt", info=CPU, fingerprint="driver")
     if branch == "cls":
         spec = ClassifierSpec("deit_tiny", "vca", {}, dict(params["cls_shape"], depth=1, embed_dim=32))
-        recipe = dict(params["cls_recipe"], epochs=8, batch_size=64, workers=1, hflip=0.5, reprob=0.25)
+        recipe = dict(cls_run(params, "deit_tiny-vca").recipe, epochs=8, batch_size=64, workers=1, hflip=0.5,
+                      reprob=0.25)
         figures = train_classifier(spec=spec, recipe=recipe, data_root=data, **common)
     else:
         from safetensors.torch import save_file

@@ -115,13 +115,14 @@ class ClsRun:
     name: str
     model: Dict[str, Any]
     shape: Dict[str, Any]
-    recipe: Dict[str, Any]
+    recipe: Dict[str, Any]          # the named recipe with the scale's overrides: what trains
     seeds: List[int]
     paths: RunPaths
+    recipe_name: str                # its entry of cls_recipes
 
 
 def _recipe(params: Dict[str, Any], branch: str, name: str, run: Dict[str, Any]) -> Dict[str, Any]:
-    """The branch recipe with the run's own overrides (a backbone's published recipe) on top."""
+    """The generation recipe with the run's own overrides on top."""
     recipe = dict(section(params, f"{branch}_recipe"))
     overrides = run.get("recipe") or {}
     unknown = sorted(set(overrides) - set(recipe))
@@ -132,10 +133,24 @@ def _recipe(params: Dict[str, Any], branch: str, name: str, run: Dict[str, Any])
     return recipe
 
 
+def cls_recipe(params: Dict[str, Any], recipe_name: str) -> Dict[str, Any]:
+    """A named classification recipe with the scale's overrides on top: what a run of that recipe trains with."""
+    recipes = section(params, "cls_recipes")
+    if recipe_name not in recipes:
+        raise KeyError(f"no recipe {recipe_name!r} under cls_recipes in params.yaml; choose one of "
+                       f"{', '.join(recipes)} (conf/cls_recipe/).")
+    overrides = params.get("cls_recipe_overrides") or {}
+    unknown = sorted(set(overrides) - set(recipes[recipe_name]))
+    if unknown:
+        raise KeyError(f"cls_recipe_overrides sets {', '.join(unknown)}, which recipe {recipe_name!r} does not have; "
+                       f"fix the name in conf/.")
+    return {**recipes[recipe_name], **overrides}
+
+
 def cls_run(params: Dict[str, Any], name: str) -> ClsRun:
     run = _run(params, "cls", name)
     return ClsRun(name, section(params, "models")[run["model"]], dict(section(params, "cls_shape") or {}),
-                  _recipe(params, "cls", name, run), list(run["seeds"]), run_paths("cls", name))
+                  cls_recipe(params, run["recipe"]), list(run["seeds"]), run_paths("cls", name), run["recipe"])
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,23 @@ _PROB = _num(0.0, 1.0)
 _DECAY = _num(0.0, 1.0, open_hi=True)
 _POS = _num(0.0, open_lo=True)
 
+# Every knob of a classification recipe: each entry of cls_recipes holds all of them, cls_recipe_overrides any.
+CLS_RECIPE_RULES: Dict[str, Rule] = {
+    "img_size": _int(8), "epochs": _int(1), "cooldown_epochs": _int(0), "batch_size": _int(1),
+    "accum_steps": _int(1), "opt": _STR, "lr": _POS, "weight_decay": _num(0.0), "sched": _STR,
+    "lr_step": _choice("epoch", "update"), "warmup_epochs": _int(0), "warmup_lr": _num(0.0), "min_lr": _num(0.0),
+    "scale_warmup_min_lr": _BOOL, "drop_path": _DECAY, "auto_augment": _optional(_STR), "color_jitter": _num(0.0),
+    "train_interpolation": _choice("bicubic", "bilinear", "nearest", "random"),
+    "interpolation": _choice("bicubic", "bilinear", "nearest"),
+    "scale": ("a list [min, max] with 0 < min <= max <= 1", lambda v: isinstance(v, list) and len(v) == 2
+              and all(_POS[1](x) for x in v) and v[0] <= v[1] <= 1),
+    "hflip": _PROB, "reprob": _PROB, "mixup": _num(0.0), "cutmix": _num(0.0), "mixup_switch_prob": _PROB,
+    "smoothing": _DECAY, "repeated_aug": _BOOL, "ema_decay": _DECAY, "clip_grad": _optional(_POS),
+    "precision": _choice("fp32", "tf32", "bf16", "fp16"), "compile": _optional(_STR),
+    "crop_pct": _num(0.0, 1.0, open_lo=True), "crop_mode": _choice("center", "squash"), "workers": _int(0),
+    "eval_every": _int(1),
+}
+
 RULES: Dict[str, Rule] = {
     "scale": _choice("embedded", "paper"),
     "distributed.nnodes": _int_or("env", lo=1),
@@ -75,20 +92,6 @@ RULES: Dict[str, Rule] = {
     "prepare_gen.fid_extractor": _choice("inception", "digits"),
     "prepare_gen.inception_weights": _STR,
     "prepare_gen.extractor_epochs": _int(0), "prepare_gen.seed": _int(0),
-    "cls_recipe.img_size": _int(8), "cls_recipe.epochs": _int(1), "cls_recipe.batch_size": _int(1),
-    "cls_recipe.accum_steps": _int(1), "cls_recipe.opt": _STR, "cls_recipe.lr": _POS,
-    "cls_recipe.weight_decay": _num(0.0), "cls_recipe.sched": _STR, "cls_recipe.warmup_epochs": _int(0),
-    "cls_recipe.warmup_lr": _num(0.0), "cls_recipe.min_lr": _num(0.0), "cls_recipe.drop_path": _DECAY,
-    "cls_recipe.auto_augment": _optional(_STR), "cls_recipe.color_jitter": _num(0.0),
-    "cls_recipe.interpolation": _choice("bicubic", "bilinear", "nearest", "random"),
-    "cls_recipe.scale": ("a list [min, max] with 0 < min <= max <= 1", lambda v: isinstance(v, list) and len(v) == 2
-                         and all(_POS[1](x) for x in v) and v[0] <= v[1] <= 1),
-    "cls_recipe.hflip": _PROB, "cls_recipe.reprob": _PROB, "cls_recipe.mixup": _num(0.0),
-    "cls_recipe.cutmix": _num(0.0), "cls_recipe.mixup_switch_prob": _PROB, "cls_recipe.smoothing": _DECAY,
-    "cls_recipe.repeated_aug": _BOOL, "cls_recipe.ema_decay": _DECAY, "cls_recipe.clip_grad": _optional(_POS),
-    "cls_recipe.precision": _choice("fp32", "bf16", "fp16"), "cls_recipe.compile": _optional(_STR),
-    "cls_recipe.crop_pct": _num(0.0, 1.0, open_lo=True), "cls_recipe.workers": _int(0),
-    "cls_recipe.eval_every": _int(1),
     "gen_recipe.steps": _int(1), "gen_recipe.batch_size": _int(1), "gen_recipe.lr": _POS,
     "gen_recipe.weight_decay": _num(0.0), "gen_recipe.ema_decay": _DECAY, "gen_recipe.hflip": _BOOL,
     "gen_recipe.log_every": _int(1), "gen_recipe.ckpt_every": _int(1), "gen_recipe.learn_sigma": _BOOL,
@@ -106,8 +109,9 @@ RULES: Dict[str, Rule] = {
     "eval_gen.isc_splits": _int(1), "eval_gen.kid_subset_size": _int(2), "eval_gen.kid_subsets": _int(1),
     "eval_gen.prc_k": _int(1),
     "report.reproduce_tolerance_top1": _num(0.0), "report.reproduce_tolerance_fid": _num(0.0),
+    "report.complexity_tolerance": _num(0.0),
 }
-FREE_SECTIONS = ("models", "cls_runs", "gen_runs", "cls_shape", "gen_shape")
+FREE_SECTIONS = ("models", "cls_runs", "gen_runs", "cls_shape", "gen_shape", "cls_recipes", "cls_recipe_overrides")
 FIX = "fix it in conf/ and run `python -m vcarepro.config` (or pass -S to dvc exp run)"
 
 
@@ -123,6 +127,14 @@ def validate(params: Dict[str, Any], source: str = "params.yaml") -> None:
             raise ParamsError(f"{source}: {key} is not a known parameter; {FIX}.")
         if not rule[1](value):
             raise ParamsError(f"{source}: {key} must be {rule[0]}, got {value!r}; {FIX}.")
+    recipes = params.get("cls_recipes") or {}
+    for name, recipe in recipes.items():
+        missing = [knob for knob in CLS_RECIPE_RULES if knob not in (recipe or {})]
+        if missing:
+            raise ParamsError(f"{source}: cls_recipes.{name} lacks {', '.join(missing)}; every named recipe holds "
+                              f"every knob (conf/cls_recipe/{name}.yaml inherits them from its defaults); {FIX}.")
+        _check_recipe(recipe, f"cls_recipes.{name}", source)
+    _check_recipe(params.get("cls_recipe_overrides") or {}, "cls_recipe_overrides", source)
     models = params.get("models", {})
     for branch in ("cls_runs", "gen_runs"):
         for name, run in (params.get(branch) or {}).items():
@@ -135,14 +147,27 @@ def validate(params: Dict[str, Any], source: str = "params.yaml") -> None:
                     and len(set(seeds)) == len(seeds)):
                 raise ParamsError(f"{source}: {branch}.{name}.seeds must be a non-empty list of distinct integers "
                                   f">= 0, got {seeds!r}; {FIX}.")
-            for key, value in (run.get("recipe") or {}).items():  # per-run overrides of the recipe
-                rule = RULES.get(f"{branch[:3]}_recipe.{key}")
-                if rule is None:
-                    raise ParamsError(f"{source}: {branch}.{name}.recipe.{key} overrides nothing in "
-                                      f"{branch[:3]}_recipe; {FIX}.")
-                if not rule[1](value):
-                    raise ParamsError(f"{source}: {branch}.{name}.recipe.{key} must be {rule[0]}, got {value!r}; "
-                                      f"{FIX}.")
+            if branch == "cls_runs" and run.get("recipe") not in recipes:
+                raise ParamsError(f"{source}: cls_runs.{name}.recipe must name an entry of cls_recipes "
+                                  f"({', '.join(recipes)}), got {run.get('recipe')!r}; {FIX}.")
+            if branch == "gen_runs":
+                for key, value in (run.get("recipe") or {}).items():  # per-run overrides of gen_recipe
+                    rule = RULES.get(f"gen_recipe.{key}")
+                    if rule is None:
+                        raise ParamsError(f"{source}: gen_runs.{name}.recipe.{key} overrides nothing in "
+                                          f"gen_recipe; {FIX}.")
+                    if not rule[1](value):
+                        raise ParamsError(f"{source}: gen_runs.{name}.recipe.{key} must be {rule[0]}, got "
+                                          f"{value!r}; {FIX}.")
             if branch == "gen_runs" and run.get("objective") not in ("ddpm", "flow"):
                 raise ParamsError(f"{source}: gen_runs.{name}.objective must be ddpm or flow, got "
                                   f"{run.get('objective')!r}; {FIX}.")
+
+
+def _check_recipe(recipe: Dict[str, Any], where: str, source: str) -> None:
+    for knob, value in recipe.items():
+        rule = CLS_RECIPE_RULES.get(knob)
+        if rule is None:
+            raise ParamsError(f"{source}: {where}.{knob} is not a known parameter; {FIX}.")
+        if not rule[1](value):
+            raise ParamsError(f"{source}: {where}.{knob} must be {rule[0]}, got {value!r}; {FIX}.")

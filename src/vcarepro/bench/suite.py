@@ -95,11 +95,13 @@ def bench_train_loop(steps: int = 20, batch: int = 64) -> Dict[str, float]:
     from ..config import compose
     from ..data.embedded import export_digits
     from ..data.folders import ManifestDataset
+    from ..pipeline import cls_run
     from ..train.classification import ClassifierSpec, build_transforms, make_loader, train_classifier
     from ..train.distributed import DistInfo
 
     params = compose([])
-    recipe = dict(params["cls_recipe"], batch_size=batch, epochs=1000, eval_every=10 ** 6, ema_decay=0.99)
+    recipe = dict(cls_run(params, "deit_tiny-mhsa").recipe, batch_size=batch, epochs=1000, eval_every=10 ** 6,
+                  ema_decay=0.99)
     info = DistInfo(0, 1, 0, torch.device("cpu"))
     spec = ClassifierSpec("deit_tiny", "mhsa", {}, params["cls_shape"])
     with tempfile.TemporaryDirectory() as tmp:
@@ -139,9 +141,10 @@ def bench_jpeg_decode(workers: Sequence[int] = (0, 2), images: int = 64, side: i
 
     from ..config import compose
     from ..data.folders import ManifestDataset, write_manifest
+    from ..pipeline import cls_run
     from ..train.classification import build_transforms
 
-    recipe = compose(["scale=paper"])["cls_recipe"]
+    recipe = cls_run(compose(["scale=paper"]), "deit_tiny-mhsa").recipe
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

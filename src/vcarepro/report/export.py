@@ -17,6 +17,8 @@ def flatten_row(row: Dict[str, Any]) -> Dict[str, Any]:
             for part in CELL_KEYS:
                 flat[f"{key} {part}"] = value.get(part)
             flat[f"{key} source"] = value.get("source")
+            if "statistic" in value and key == "top1":
+                flat[f"{key} statistic"] = value["statistic"]
         elif not isinstance(value, (dict, list)):
             flat[key] = value
     return flat

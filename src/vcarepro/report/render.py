@@ -8,7 +8,7 @@ import yaml
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from ..config import compose, load_params
-from ..pipeline import cls_run, gen_run, model_options
+from ..pipeline import cls_recipe, cls_run, gen_run, model_options
 from .changes import changes_since
 from .collect import collect_runs, read_json
 from .environment import describe_environment
@@ -21,15 +21,26 @@ from .tables import TableBuilder, runs_frame
 CLS_CURVES = ["train/loss", "val/loss", "val/top1", "train/lr"]
 GEN_CURVES = ["train/loss"]
 # Sections of params.yaml that define a run; the report lists how they differ from the paper's.
-RECIPE_SECTIONS = ["prepare_cls", "prepare_gen", "cls_shape", "gen_shape", "cls_recipe", "gen_recipe", "sampling"]
+RECIPE_SECTIONS = ["prepare_cls", "prepare_gen", "cls_shape", "gen_shape", "cls_recipes", "cls_recipe_overrides",
+                   "gen_recipe", "sampling"]
+# What an override section's absent knob means.
+UNSET = {"cls_shape": "the model's own", "gen_shape": "the model's own",
+         "cls_recipe_overrides": "each run's named recipe"}
 
 
 def differing_knobs(params: Dict[str, Any], paper: Dict[str, Any]) -> List[Dict[str, str]]:
     ours = flatten({k: params.get(k) for k in RECIPE_SECTIONS})
     theirs = flatten({k: paper.get(k) for k in RECIPE_SECTIONS})
     keys = sorted(set(ours) | set(theirs))
-    return [{"knob": k, "ours": str(ours.get(k, "paper's value")), "paper": str(theirs.get(k, "the model's own"))}
+    unset = lambda k: UNSET.get(k.split(".")[0], "absent")  # noqa: E731
+    return [{"knob": k, "ours": str(ours.get(k, unset(k))), "paper": str(theirs.get(k, unset(k)))}
             for k in keys if ours.get(k) != theirs.get(k)]
+
+
+def recipes_collapse(params: Dict[str, Any]) -> bool:
+    """Whether every named classification recipe trains the same at this scale (the embedded one does)."""
+    resolved = [cls_recipe(params, name) for name in params.get("cls_recipes") or {}]
+    return all(r == resolved[0] for r in resolved)
 
 
 def run_recipe(params: Dict[str, Any], branch: str, name: str) -> Dict[str, Any]:
@@ -37,6 +48,8 @@ def run_recipe(params: Dict[str, Any], branch: str, name: str) -> Dict[str, Any]
     run = cls_run(params, name) if branch == "cls" else gen_run(params, name)
     shape, options = model_options(run.model.get("attention"), run.model.get("vca"), run.shape)
     out = {"recipe": run.recipe, "shape": shape, "vca": options or {}}
+    if branch == "cls":
+        out["recipe_name"] = run.recipe_name
     if branch == "gen":
         out["sampling"] = run.sampling
     return flatten(out)
@@ -70,7 +83,7 @@ def build_context(root: Path) -> Dict[str, Any]:
     gen_comparable = params["scale"] == "paper" and not any(
         k["knob"].startswith(("prepare_gen", "gen_", "sampling")) for k in knobs)
     tables = TableBuilder(reference, params, cls, gen, complexity, attention_cost,
-                          cls_comparable=cls_comparable, gen_comparable=gen_comparable)
+                          cls_comparable=cls_comparable, gen_comparable=gen_comparable, paper_params=paper)
     cls_keys = ["top1", "top5", "loss"]
     gen_keys = ["fid", "kid_mean", "inception_score", "precision", "recall"]
     gains = tables.gains()
@@ -91,6 +104,9 @@ def build_context(root: Path) -> Dict[str, Any]:
         "sources": reference["sources"],
         "claims": tables.claims(),
         "table1": tables.table1(),
+        "decomposition": tables.decomposition(),
+        "recipes_collapse": recipes_collapse(params),
+        "complexity_tolerance": params["report"]["complexity_tolerance"],
         "table2": tables.table2(),
         "dit_original": [{"model": r["model"], "fid": r["fid"][0], "source": r["fid"][1]}
                          for r in reference["dit_original"]],
@@ -110,7 +126,8 @@ def build_context(root: Path) -> Dict[str, Any]:
     }
 
 
-EXPORTED_TABLES = ["table1", "table2", "table3", "table4", "gains", "claims", "cls_runs", "gen_runs", "complexity"]
+EXPORTED_TABLES = ["table1", "decomposition", "table2", "table3", "table4", "gains", "claims", "cls_runs", "gen_runs",
+                   "complexity"]
 
 
 def render_report(root: str | Path = ".", out: str | Path = "reports/index.html") -> Path:

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional
 
 import pandas as pd
 
-from ..pipeline import model_options
+from ..pipeline import cls_recipe, model_options
 from .collect import RunResult
 from .reference import PaperValue, paper_value
 
@@ -59,13 +59,43 @@ def verdict(paper: PaperValue, ours: Optional[Measured], *, comparable: bool, to
     return BETTER if (diff < 0) == lower_is_better else SHORT
 
 
-def exact_verdict(paper: PaperValue, ours: Optional[float]) -> str:
-    """For exact quantities (parameters, FLOPs at paper shape): equal at the paper's printed precision?"""
+def exact_verdict(paper: PaperValue, ours: Optional[float], tolerance: float) -> str:
+    """For exact quantities (parameters, FLOPs at paper shape): within ``tolerance`` of the paper's value?"""
     if ours is None:
         return NOT_RUN
     if not paper.available:
         return NO_PAPER_VALUE
-    return MATCHES if abs(round(ours, 1) - paper.value) < 1e-9 else DIFFERS
+    return MATCHES if abs(ours - paper.value) <= tolerance + 1e-9 else DIFFERS
+
+
+# Which of our top-1 figures answers a paper number, by the statistic the paper's number is
+# (data/paper_reference.yaml): the metrics.json key and how the report names it.
+STATISTICS = {
+    "final": ("top1", "final epoch"),
+    "final_ema": ("top1_ema", "final epoch, EMA weights"),
+    "best": ("top1_best", "best epoch"),
+    "best_ema": ("top1_best_ema", "best epoch, EMA weights"),
+    "unknown": ("top1", "not stated; ours: final epoch"),
+}
+
+
+def difference(a: Optional[Measured], b: Optional[Measured]):
+    """(a - b, its standard error or None): the error only when both sides have several seeds."""
+    if a is None or b is None:
+        return None, None
+    se = None
+    if a.n_seeds > 1 and b.n_seeds > 1:
+        se = math.sqrt(a.std ** 2 / a.n_seeds + b.std ** 2 / b.n_seeds)
+    return a.mean - b.mean, se
+
+
+def difference_text(value: Optional[float], se: Optional[float], a: Optional[Measured], b: Optional[Measured],
+                    digits: int = 2) -> Optional[str]:
+    if value is None:
+        return None
+    if se is not None:
+        return f"{value:+.{digits}f} ± {se:.{digits}f} s.e. (n={b.n_seeds}+{a.n_seeds})"
+    return f"{value:+.{digits}f} (one seed on a side: no error estimate)"
 
 
 @dataclass
@@ -76,6 +106,7 @@ class Cell:
     verdict: str
     conflict: Optional[PaperValue] = None
     digits: int = 1
+    statistic: Optional[str] = None   # which top-1 the paper's number is (and ours was read as)
 
     @property
     def diff(self) -> Optional[float]:
@@ -95,6 +126,7 @@ class Cell:
             "diff": None if self.diff is None else f"{self.diff:+.{self.digits}f}",
             "verdict": self.verdict,
             "verdict_class": self.verdict.replace(" ", "-"),
+            "statistic": self.statistic,
         }
 
 
@@ -102,10 +134,11 @@ class TableBuilder:
     def __init__(self, reference: Dict[str, Any], params: Dict[str, Any], cls: Dict[str, RunResult],
                  gen: Dict[str, RunResult], complexity: Dict[str, Dict[str, float]],
                  attention_cost: Optional[Dict[str, Any]] = None, *, cls_comparable: bool,
-                 gen_comparable: bool) -> None:
+                 gen_comparable: bool, paper_params: Optional[Dict[str, Any]] = None) -> None:
         self.ref = reference
         self.sources = reference["sources"]
         self.params = params
+        self.paper_params = paper_params or params
         self.cls, self.gen = cls, gen
         self.complexity = complexity
         self.attention_cost = attention_cost
@@ -113,15 +146,40 @@ class TableBuilder:
         self.cls_comparable, self.gen_comparable = cls_comparable, gen_comparable
         tol = params["report"]
         self.tol_top1, self.tol_fid = tol["reproduce_tolerance_top1"], tol["reproduce_tolerance_fid"]
+        self.tol_complexity = tol["complexity_tolerance"]
 
     def _pv(self, entry) -> PaperValue:
         return paper_value(entry, self.sources)
 
-    def top1_cell(self, run: str, entry, conflict=None) -> Cell:
-        ours = measured(self.cls.get(run), "top1", self.scale)
+    def same_run(self, run: str) -> Optional[str]:
+        """A run of this scale that trains exactly what ``run`` (a paper-scale run absent here) would.
+
+        Looked for among the runs of the same backbone in Table 1 (same model, same recipe as resolved at this
+        scale): at embedded scale the original and the lab's recipe collapse into the embedded one, so the
+        lab-recipe twin of a baseline is the baseline run itself.
+        """
+        here, paper = self.params.get("cls_runs", {}), self.paper_params.get("cls_runs", {})
+        if run in here or run not in paper:
+            return None
+        model = next((r["model"] for r in self.ref["table1"]["rows"] if r["run"] == run), None)
+        wanted = (paper[run]["model"], cls_recipe(self.params, paper[run]["recipe"]))
+        for row in self.ref["table1"]["rows"]:
+            other = here.get(row["run"])
+            if row["model"] == model and other is not None and \
+                    (other["model"], cls_recipe(self.params, other["recipe"])) == wanted:
+                return row["run"]
+        return None
+
+    def cls_result(self, run: str) -> Optional[RunResult]:
+        return self.cls.get(run) or self.cls.get(self.same_run(run) or "")
+
+    def top1_cell(self, run: str, entry, conflict=None, statistic: str = "final") -> Cell:
+        key, label = STATISTICS[statistic]
+        ours = measured(self.cls_result(run), key, self.scale)
         paper = self._pv(entry)
         return Cell(paper, ours, verdict(paper, ours, comparable=self.cls_comparable, tolerance=self.tol_top1,
-                                         lower_is_better=False), self._pv(conflict) if conflict else None)
+                                         lower_is_better=False), self._pv(conflict) if conflict else None,
+                    statistic=label if paper.available else None)
 
     def fid_cell(self, run: str, entry, conflict=None) -> Cell:
         ours = measured(self.gen.get(run), "fid", self.scale)
@@ -129,25 +187,73 @@ class TableBuilder:
         return Cell(paper, ours, verdict(paper, ours, comparable=self.gen_comparable, tolerance=self.tol_fid,
                                          lower_is_better=True), self._pv(conflict) if conflict else None)
 
-    def _model_of(self, run: str) -> Optional[str]:
-        if run in self.params.get("cls_runs", {}):
-            return self.params["cls_runs"][run]["model"]
-        return run if run in self.params.get("models", {}) else None
-
     def exact_cell(self, run: str, entry, key: str) -> Cell:
         model = self._model_of(run)
         value = self.complexity.get(model, {}).get(key) if model else None
         paper = self._pv(entry)
         ours = None if value is None else Measured(value, 0.0, 1, "paper shape")
-        return Cell(paper, ours, exact_verdict(paper, value), digits=1 if key == "gmacs" else 2)
+        return Cell(paper, ours, exact_verdict(paper, value, self.tol_complexity), digits=1 if key == "gmacs" else 2)
+
+    def _model_of(self, run: str) -> Optional[str]:
+        for runs in (self.params.get("cls_runs", {}), self.paper_params.get("cls_runs", {})):
+            if run in runs:
+                return runs[run]["model"]
+        return run if run in self.params.get("models", {}) else None
+
+    def _recipe_of(self, run: str) -> Optional[str]:
+        for runs in (self.params.get("cls_runs", {}), self.paper_params.get("cls_runs", {})):
+            if run in runs:
+                return runs[run]["recipe"]
+        return None
 
     def table1(self) -> List[Dict[str, Any]]:
         rows = []
         for r in self.ref["table1"]["rows"]:
-            rows.append({"model": r["model"], "attention": r["attention"], "run": r["run"],
-                         "top1": self.top1_cell(r["run"], r["top1"]).as_dict(),
-                         "params_m": self.exact_cell(r["run"], r["params_m"], "params_m").as_dict(),
-                         "gflops": self.exact_cell(r["run"], r["gflops"], "gmacs").as_dict()})
+            same = self.same_run(r["run"])
+            rows.append({"model": r["model"], "attention": r["attention"], "role": ROLES[r["role"]],
+                         "recipe": self._recipe_of(r["run"]), "run": r["run"],
+                         "same_as": same,
+                         "top1": self.top1_cell(r["run"], r.get("top1"), statistic=r.get("statistic", "final")).as_dict(),
+                         "params_m": self.exact_cell(r["run"], r.get("params_m"), "params_m").as_dict(),
+                         "gflops": self.exact_cell(r["run"], r.get("gflops"), "gmacs").as_dict()})
+        return rows
+
+    def decomposition(self) -> List[Dict[str, Any]]:
+        """Per backbone, the paper's gain beside ours split into what the recipe, the backbone and the attention do.
+
+        Ours are final-epoch top-1 differences between our runs: recipe = baseline with the lab's recipe minus
+        with the original one; backbone = the control (the lab's backbone change, own attention) minus the
+        lab-recipe baseline; attention = VCA minus the lab-recipe baseline (or the control, where there is one).
+        """
+        by_model: Dict[str, Dict[str, Any]] = {}
+        for r in self.ref["table1"]["rows"]:
+            by_model.setdefault(r["model"], {})[r["role"]] = r
+        rows = []
+        for model, roles in by_model.items():
+            base, twin, control, vca = (roles.get(k) for k in ("baseline", "twin", "control", "vca"))
+            if base is None or vca is None:
+                continue
+            pb, pv = self._pv(base.get("top1")), self._pv(vca.get("top1"))
+            paper_gain = pv.value - pb.value if pb.available and pv.available else None
+            reference = control or twin
+            parts = [("total: VCA (lab's recipe) minus baseline (original recipe)", vca, base)]
+            if twin is not None:
+                parts.append(("recipe: baseline, lab's recipe minus original", twin, base))
+            if control is not None:
+                parts.append((f"backbone: {control['attention']} minus baseline, both lab's recipe", control, twin))
+            if reference is not None:
+                parts.append((f"attention: VCA minus {'control' if control else 'baseline'}, both lab's recipe",
+                              vca, reference))
+            for label, a, b in parts:
+                ra, rb = self.cls_result(a["run"]), self.cls_result(b["run"])
+                ma, mb = measured(ra, "top1", self.scale), measured(rb, "top1", self.scale)
+                value, se = difference(ma, mb)
+                text = difference_text(value, se, ma, mb)
+                if ra is not None and ra is rb:
+                    text = "0 (the same run at this scale)"
+                rows.append({"model": model, "part": label, "runs": f"{a['run']} − {b['run']}",
+                             "paper": f"{paper_gain:+.1f}" if paper_gain is not None and a is vca and b is base else None,
+                             "ours": text, "scale": None if value is None else self.scale})
         return rows
 
     def table2(self) -> List[Dict[str, Any]]:
@@ -159,7 +265,8 @@ class TableBuilder:
         for r in self.ref[name]["rows"]:
             conflict = r.get("conflict", {})
             rows.append({"variant": r["variant"], "cls_run": r["cls_run"], "gen_run": r["gen_run"],
-                         "top1": self.top1_cell(r["cls_run"], r["top1"], conflict.get("top1")).as_dict(),
+                         "top1": self.top1_cell(r["cls_run"], r["top1"], conflict.get("top1"),
+                                                statistic=self.ref[name].get("statistic", "final")).as_dict(),
                          "fid": self.fid_cell(r["gen_run"], r["fid"], conflict.get("fid")).as_dict()})
         return rows
 
@@ -173,20 +280,16 @@ class TableBuilder:
         for table, metric, results in (("table1", "top1", self.cls), ("table2", "fid", self.gen)):
             by_model: Dict[str, Dict[str, Any]] = {}
             for r in self.ref[table]["rows"]:
-                by_model.setdefault(r["model"], {})[r["attention"]] = r
+                by_model.setdefault(r["model"], {})[_role(r)] = r
             for model, pair in by_model.items():
-                if "MHSA" not in pair or "VCA" not in pair:
+                if "baseline" not in pair or "vca" not in pair:
                     continue
-                base, vca = pair["MHSA"], pair["VCA"]
+                base, vca = pair["baseline"], pair["vca"]
                 pb, pv = self._pv(base[metric]), self._pv(vca[metric])
                 paper_gain = pv.value - pb.value if pb.available and pv.available else None
                 mb = measured(results.get(base["run"]), metric, self.scale)
                 mv = measured(results.get(vca["run"]), metric, self.scale)
-                ours = se = None
-                if mb is not None and mv is not None:
-                    ours = mv.mean - mb.mean
-                    if mb.n_seeds > 1 and mv.n_seeds > 1:
-                        se = math.sqrt(mv.std ** 2 / mv.n_seeds + mb.std ** 2 / mb.n_seeds)
+                ours, se = difference(mv, mb)
                 rows.append({
                     "table": self.ref[table]["title"], "model": model, "metric": metric,
                     "label": f"{model} ({'top-1' if metric == 'top1' else 'FID'})",
@@ -266,6 +369,15 @@ def runs_frame(results: Dict[str, RunResult], runs: Dict[str, Any], models: Dict
                 record[key] = f"{m[key]:.2f}"
         records.append(record)
     return pd.DataFrame.from_records(records)
+
+
+ROLES = {"baseline": "baseline (original recipe)", "twin": "baseline (lab's recipe)",
+         "control": "control (lab's backbone, own attention)", "vca": "VCA (lab's recipe)"}
+
+
+def _role(row: Dict[str, Any]) -> str:
+    """A reference row's role; Table 2's rows are MHSA / VCA pairs without one."""
+    return row.get("role") or ("vca" if row["attention"] == "VCA" else "baseline")
 
 
 def _direction(paper_gain: Optional[float], ours: Optional[float]) -> str:

@@ -7,6 +7,7 @@ layout, the params and the logs.
 """
 from __future__ import annotations
 
+import json
 import math
 import signal
 import time
@@ -27,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ..data.folders import ManifestDataset, read_classes
+from ..io import write_json
 from ..models import create_classifier
 from ..pipeline import model_options
 from .checkpoint import load_checkpoint, save_checkpoint, seed_everything, stream_seed
@@ -55,11 +57,12 @@ class ClassifierSpec:
 
 
 def build_transforms(recipe: Dict[str, Any], training: bool):
-    kw = dict(input_size=recipe["img_size"], interpolation=recipe["interpolation"])
-    if not training:
-        return create_transform(**kw, is_training=False, crop_pct=recipe["crop_pct"])
+    if not training:  # crop_mode squash: resize to a square, then crop (the lab's data/build.py)
+        return create_transform(input_size=recipe["img_size"], interpolation=recipe["interpolation"],
+                                is_training=False, crop_pct=recipe["crop_pct"], crop_mode=recipe["crop_mode"])
     return create_transform(
-        **kw, is_training=True, scale=tuple(recipe["scale"]), hflip=recipe["hflip"],
+        input_size=recipe["img_size"], interpolation=recipe["train_interpolation"], is_training=True,
+        scale=tuple(recipe["scale"]), hflip=recipe["hflip"],
         color_jitter=recipe["color_jitter"] or None, auto_augment=recipe["auto_augment"],
         re_prob=recipe["reprob"], re_mode="pixel", re_count=1,
     )
@@ -70,13 +73,13 @@ def make_loader(dataset, recipe: Dict[str, Any], info: DistInfo, training: bool,
     if per_rank < 1:
         raise ValueError(f"batch_size={recipe['batch_size']} is smaller than world size x accum_steps; raise it.")
     sampler = None
-    if info.distributed:
-        if training and recipe["repeated_aug"]:
-            sampler = RepeatAugSampler(dataset, num_replicas=info.world_size, rank=info.rank, shuffle=True,
-                                       num_repeats=3)
-        else:
-            sampler = DistributedSampler(dataset, num_replicas=info.world_size, rank=info.rank,
-                                         shuffle=training, seed=seed)
+    if training and recipe["repeated_aug"]:
+        # in one process too, as DeiT's and PVT's main.py do (`if True:  # args.distributed`)
+        sampler = RepeatAugSampler(dataset, num_replicas=info.world_size, rank=info.rank, shuffle=True,
+                                   num_repeats=3)
+    elif info.distributed:
+        sampler = DistributedSampler(dataset, num_replicas=info.world_size, rank=info.rank,
+                                     shuffle=training, seed=seed)
     generator = torch.Generator().manual_seed(seed)
     workers = recipe["workers"]
     # Workers are started afresh each epoch, seeded from ``generator`` (reseeded per epoch by
@@ -130,13 +133,9 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
     model = spec.create(num_classes=len(classes), drop_path=recipe["drop_path"]).to(device)
     ema = ModelEmaV3(model, decay=recipe["ema_decay"]) if recipe["ema_decay"] > 0 else None
     accum = recipe["accum_steps"]
-    lr = recipe["lr"] * recipe["batch_size"] / 512.0  # DeiT's linear scaling rule
-    optimizer = create_optimizer_v2(model, opt=recipe["opt"], lr=lr, weight_decay=recipe["weight_decay"])
+    optimizer = build_optimizer(model, recipe)
     updates_per_epoch = max(1, len(train_loader) // accum)
-    scheduler, _ = create_scheduler_v2(optimizer, sched=recipe["sched"], num_epochs=recipe["epochs"],
-                                       warmup_epochs=recipe["warmup_epochs"], warmup_lr=recipe["warmup_lr"],
-                                       min_lr=recipe["min_lr"], step_on_epochs=False,
-                                       updates_per_epoch=updates_per_epoch)
+    scheduler, total_epochs = build_scheduler(optimizer, recipe, updates_per_epoch)
     mixup_active = recipe["mixup"] > 0 or recipe["cutmix"] > 0
     mixup = Mixup(mixup_alpha=recipe["mixup"], cutmix_alpha=recipe["cutmix"], switch_prob=recipe["mixup_switch_prob"],
                   label_smoothing=recipe["smoothing"], num_classes=len(classes)) if mixup_active else None
@@ -172,7 +171,7 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
     started = time.perf_counter()
     figures: Dict[str, float] = {}
     with stop_on_sigterm() as stop:
-        for epoch in range(start_epoch, recipe["epochs"]):
+        for epoch in range(start_epoch, total_epochs):
             # Every random stream of the epoch (data order, loader workers' augmentation, mixup,
             # drop path) restarts from (seed, rank, epoch): a resumed run cannot depend on how far
             # an interrupted epoch had drawn, and ranks draw independently.
@@ -217,10 +216,13 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
             scheduler.step(epoch + 1)
             train_loss = all_reduce_mean(loss_sum / max(batches, 1), info)
             figures = {"epoch": epoch + 1, "train_loss": train_loss, "train_lr": optimizer.param_groups[0]["lr"]}
-            last = epoch + 1 == recipe["epochs"] or (max_steps is not None and step >= max_steps)
+            last = epoch + 1 == total_epochs or (max_steps is not None and step >= max_steps)
             if (epoch + 1) % recipe["eval_every"] == 0 or last:
                 val = evaluate(model, val_loader, device)
                 figures.update({f"val_{k}": all_reduce_mean(v, info) for k, v in val.items()})
+                if ema is not None:  # the EMA's every epoch too, for its best epoch (CSWin reports that)
+                    val = evaluate(ema.module, val_loader, device)
+                    figures.update({f"val_{k}_ema": all_reduce_mean(v, info) for k, v in val.items()})
             _log_epoch(live, info, figures, log_prefix)
             history.append(figures)
             if info.is_main:
@@ -234,8 +236,8 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
             if max_steps is not None and step >= max_steps:
                 break
 
-    if not figures and history:  # resumed from the final checkpoint: nothing left to train
-        figures = dict(history[-1])
+    # a copy: the last epoch's entry of ``history`` must not gain the wall time written below
+    figures = dict(figures or (history[-1] if history else {}))  # empty: resumed from the final checkpoint
     figures["train_seconds"] = time.perf_counter() - started
     figures["world_size"] = info.world_size
     if info.is_main:
@@ -244,7 +246,65 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
         save_file(_contiguous(model.state_dict()), str(out_dir / "model.safetensors"))
         if ema is not None:
             save_file(_contiguous(ema.module.state_dict()), str(out_dir / "model_ema.safetensors"))
+        # every epoch's validation, for the best-epoch figures eval_cls reports (no wall times: it is a DVC output)
+        write_json(out_dir / HISTORY, history)
     return figures
+
+
+HISTORY = "history.json"
+
+
+def best_epoch_figures(seed_dir: str | Path) -> Dict[str, float]:
+    """Best validation top-1 over the epochs a seed was evaluated at, raw and EMA, and the raw one's epoch.
+
+    A run whose training history is missing (trained before it was kept) is an error that says how to fix it.
+    """
+    path = Path(seed_dir) / HISTORY
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing, so the best epoch is unknown; retrain the run "
+                                f"(dvc repro -f -s train_cls@RUN).")
+    evaluated = [h for h in json.loads(path.read_text()) if "val_top1" in h]
+    best = max(evaluated, key=lambda h: h["val_top1"])
+    out = {"top1_best": best["val_top1"], "best_epoch": best["epoch"]}
+    if "val_top1_ema" in evaluated[-1]:
+        best_ema = max(evaluated, key=lambda h: h["val_top1_ema"])
+        out.update(top1_best_ema=best_ema["val_top1_ema"], best_epoch_ema=best_ema["epoch"])
+    return out
+
+
+def scaled_lrs(recipe: Dict[str, Any]) -> Dict[str, float]:
+    """lr (and, where the recipe says so, warm-up and minimum lr) scaled linearly by batch_size / 512.
+
+    DeiT scales only the base lr (facebookresearch/deit main.py); Swin and the lab scale all three
+    (microsoft/Swin-Transformer main.py, LeapLabTHU/Agent-Attention main.py).
+    """
+    factor = recipe["batch_size"] / 512.0
+    bounds = factor if recipe["scale_warmup_min_lr"] else 1.0
+    return {"lr": recipe["lr"] * factor, "warmup_lr": recipe["warmup_lr"] * bounds, "min_lr": recipe["min_lr"] * bounds}
+
+
+def build_optimizer(model: nn.Module, recipe: Dict[str, Any]) -> torch.optim.Optimizer:
+    """timm's optimizer: weight decay on every parameter but the 1-D ones, biases and ``model.no_weight_decay()``.
+
+    That is the rule of every original code here (DeiT's timm, PVT's, Swin's and the lab's set_weight_decay),
+    so VCA's lambda vectors and norm weights are not decayed while its contrast embeddings are.
+    """
+    return create_optimizer_v2(model, opt=recipe["opt"], lr=scaled_lrs(recipe)["lr"],
+                               weight_decay=recipe["weight_decay"])
+
+
+def build_scheduler(optimizer, recipe: Dict[str, Any], updates_per_epoch: int):
+    """timm's scheduler for the recipe, and the number of epochs to train (cooldown included).
+
+    ``lr_step: epoch`` moves the lr once an epoch (DeiT, PVT, CSWin); ``update`` every optimizer step (Swin,
+    the lab). ``cooldown_epochs`` hold min_lr after the cosine, as timm's train.py (CSWin) and the lab's
+    PVT / CSwin configs do.
+    """
+    lrs = scaled_lrs(recipe)
+    return create_scheduler_v2(optimizer, sched=recipe["sched"], num_epochs=recipe["epochs"],
+                               cooldown_epochs=recipe["cooldown_epochs"], warmup_epochs=recipe["warmup_epochs"],
+                               warmup_lr=lrs["warmup_lr"], min_lr=lrs["min_lr"],
+                               step_on_epochs=recipe["lr_step"] == "epoch", updates_per_epoch=updates_per_epoch)
 
 
 def _log_epoch(live, info: DistInfo, figures: Dict[str, float], prefix: str) -> None:

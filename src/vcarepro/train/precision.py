@@ -1,7 +1,9 @@
 """Numeric precision and compilation of a training step, from the recipe.
 
-``precision``: ``fp32``, ``bf16`` (autocast to bfloat16, no loss scaling) or ``fp16``
-(autocast to float16 with a dynamic ``GradScaler``, as DeiT's original NativeScaler).
+``precision``: ``fp32`` (no TF32 anywhere), ``tf32`` (float32 storage, TF32 matmuls and
+convolutions on GPUs: PyTorch 1.11's default, which the lab's fp32 runs had), ``bf16``
+(autocast to bfloat16, no loss scaling) or ``fp16`` (autocast to float16 with a dynamic
+``GradScaler``, as DeiT's original NativeScaler).
 It applies on whatever device the stage runs on, so a recipe says exactly what ran;
 the embedded scale asks for ``fp32``. ``compile`` is ``null`` or a ``torch.compile``
 backend name (``inductor`` on GPUs).
@@ -14,7 +16,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": None, "tf32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class MixedPrecision:
@@ -31,6 +33,8 @@ class MixedPrecision:
         self.device = device
         self.dtype = DTYPES[precision]
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        if device.type == "cuda" and precision in ("fp32", "tf32"):  # process-wide switches; CPUs have no TF32
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
 
     def autocast(self):
         if self.dtype is None:

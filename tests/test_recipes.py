@@ -1,0 +1,175 @@
+"""What each recipe knob does to training, checked on the real builders the training stage uses."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import timm
+import torch
+from timm.data.distributed_sampler import RepeatAugSampler
+
+from vcarepro.attention import VisualContrastAttention
+from vcarepro.config import compose
+from vcarepro.data.embedded import export_digits
+from vcarepro.models import create_classifier
+from vcarepro.pipeline import cls_run
+from vcarepro.train.classification import (ClassifierSpec, best_epoch_figures, build_optimizer, build_scheduler,
+                                           build_transforms, make_loader, scaled_lrs, train_classifier)
+from vcarepro.train.distributed import DistInfo
+
+CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def paper():
+    return compose(["scale=paper"])
+
+
+def lrs_by_epoch(recipe, updates_per_epoch=4):
+    """The lr each optimizer step of each epoch runs with, driven as the training loop drives the scheduler."""
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=scaled_lrs(recipe)["lr"])
+    scheduler, total = build_scheduler(optimizer, recipe, updates_per_epoch)
+    out, step = [], 0
+    for epoch in range(total):
+        seen = []
+        for _ in range(updates_per_epoch):
+            seen.append(optimizer.param_groups[0]["lr"])
+            step += 1
+            scheduler.step_update(num_updates=step)
+        scheduler.step(epoch + 1)
+        out.append(seen)
+    return out
+
+
+def short(recipe, **changes):
+    return {**recipe, "epochs": 8, "warmup_epochs": 2, "batch_size": 512, **changes}
+
+
+def test_cooldown_epochs_hold_min_lr_after_the_cosine(paper):
+    recipe = short(cls_run(paper, "pvt_tiny-vca").recipe)  # lab PVT: 10 cooldown epochs, scaled bounds
+    recipe["cooldown_epochs"] = 3
+    lrs = lrs_by_epoch(recipe)
+    assert len(lrs) == 8 + 3
+    min_lr = scaled_lrs(recipe)["min_lr"]
+    assert all(lr == pytest.approx(min_lr) for epoch in lrs[8:] for lr in epoch)
+    assert lrs[7][0] > min_lr  # the cosine itself ends at the 8th epoch
+
+
+def test_deit_moves_the_lr_once_an_epoch_and_the_lab_every_step(paper):
+    deit, lab = cls_run(paper, "deit_small-mhsa").recipe, cls_run(paper, "deit_small-vca").recipe
+    per_epoch, per_step = lrs_by_epoch(short(deit)), lrs_by_epoch(short(lab))
+    assert all(len(set(epoch)) == 1 for epoch in per_epoch)
+    assert all(len(set(epoch)) == 4 for epoch in per_step[:6])
+    # warm-up from warmup_lr: DeiT's is not scaled by the batch (1e-6), the lab's is (5e-7 x 4096 / 512)
+    assert per_epoch[0][0] == pytest.approx(1e-6)
+    assert lrs_by_epoch(short(lab, batch_size=4096))[0][0] == pytest.approx(5e-7 * 8)
+
+
+@pytest.mark.parametrize("run, lr, warmup_lr, min_lr", [
+    ("swin_tiny-mhsa", 1e-3, 1e-6, 1e-5),           # Swin: all three scaled by 1024 / 512
+    ("deit_tiny-vca", 4e-3, 5e-7 * 8, 5e-6 * 8),    # the lab's DeiT-T at 4096: lr 4e-3
+    ("cswin_tiny-mhsa", 2e-3, 1e-6, 1e-5),          # CSWin: --lr 2e-3 at 2048, bounds as given
+    ("deit_tiny-mhsa", 1e-3, 1e-6, 1e-5),           # DeiT: only lr scaled
+])
+def test_learning_rates_scale_with_the_batch_as_each_original_does(paper, run, lr, warmup_lr, min_lr):
+    got = scaled_lrs(cls_run(paper, run).recipe)
+    assert got == pytest.approx({"lr": lr, "warmup_lr": warmup_lr, "min_lr": min_lr})
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    root = tmp_path_factory.mktemp("digits") / "cls"
+    export_digits(root, val_fraction=0.2, seed=0)
+    return root
+
+
+def test_repeated_augmentation_happens_in_one_process_too(paper, digits):
+    from vcarepro.data.folders import ManifestDataset
+
+    recipe = dict(cls_run(paper, "deit_tiny-mhsa").recipe, batch_size=64, workers=0)
+    assert recipe["repeated_aug"]
+    dataset = ManifestDataset(digits, "train", None)
+    loader = make_loader(dataset, recipe, CPU, training=True, seed=0)
+    assert isinstance(loader.sampler, RepeatAugSampler) and loader.sampler.num_repeats == 3
+    indices = list(loader.sampler)
+    # each image three times in a row (DeiT's RASampler), len(dataset) // 256 * 256 draws an epoch
+    assert len(indices) == len(dataset) // 256 * 256
+    assert indices[0] == indices[1] == indices[2] and indices[3] == indices[4] == indices[5]
+    without = make_loader(dataset, dict(recipe, repeated_aug=False), CPU, training=True, seed=0)
+    assert not isinstance(without.sampler, RepeatAugSampler)
+
+
+def resize_of(transform):
+    from torchvision.transforms import Resize
+    return next(t for t in transform.transforms if isinstance(t, Resize))
+
+
+def test_eval_crop_modes_and_interpolations_follow_the_recipe(paper):
+    from torchvision.transforms import InterpolationMode
+
+    deit, lab, cswin = (cls_run(paper, r).recipe for r in ("deit_tiny-mhsa", "deit_tiny-vca", "cswin_tiny-mhsa"))
+    assert resize_of(build_transforms(deit, training=False)).size == 256          # the shorter side
+    assert tuple(resize_of(build_transforms(lab, training=False)).size) == (256, 256)  # a square (the lab's)
+    assert resize_of(build_transforms(cswin, training=False)).size == 248         # CSWin's crop 0.9
+    assert resize_of(build_transforms(cswin, training=False)).interpolation == InterpolationMode.BICUBIC
+    first = build_transforms(cswin, training=True).transforms[0]  # RandomResizedCrop with random interpolation
+    assert isinstance(first.interpolation, (list, tuple)) and len(first.interpolation) == 2
+
+
+VCA_DECAYED = {"qkv.weight", "embed_pos", "embed_neg", "local_conv.weight", "proj.weight"}
+VCA_EXEMPT = {"qkv.bias", "local_conv.bias", "proj.bias", "stage1_norm.weight", "stage2_norm.weight",
+              *(f"lambda{s}.{v}" for s in (1, 2) for v in ("q1", "k1", "q2", "k2"))}
+SMALL = {"deit_tiny": dict(img_size=32, patch_size=8, depth=1, contrast_tokens=4),
+         "pvt_tiny": dict(img_size=64, depths=(1, 1, 1, 1), contrast_tokens=(9, 16, 16, 4)),
+         "swin_tiny": dict(img_size=64, depths=(1, 1, 1, 1), contrast_tokens=(9, 16, 16, 4), window_size=2),
+         "cswin_tiny": dict(img_size=64, depths=(1, 1, 1, 1), contrast_tokens=(9, 16, 16, 4))}
+
+
+def decay_split(model, recipe):
+    optimizer = build_optimizer(model, recipe)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for g in optimizer.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    exempt = {names[id(p)] for g in optimizer.param_groups if g["weight_decay"] == 0 for p in g["params"]}
+    assert decayed | exempt == set(names.values()) and not decayed & exempt
+    return decayed, exempt
+
+
+@pytest.mark.parametrize("arch", SMALL)
+def test_vca_lambdas_escape_weight_decay_and_its_embeddings_do_not_in_every_backbone(paper, arch):
+    model = create_classifier(arch, "vca", num_classes=5, **SMALL[arch])
+    decayed, exempt = decay_split(model, cls_run(paper, "deit_small-vca").recipe)
+    layers = [n for n, m in model.named_modules() if isinstance(m, VisualContrastAttention)]
+    assert layers
+    for layer in layers:
+        assert {n.removeprefix(layer + ".") for n in decayed if n.startswith(layer + ".")} == VCA_DECAYED
+        assert {n.removeprefix(layer + ".") for n in exempt if n.startswith(layer + ".")} == VCA_EXEMPT
+
+
+def test_each_backbone_exempts_what_its_original_code_exempts(paper):
+    recipe = cls_run(paper, "pvt_tiny-mhsa").recipe
+    _, exempt = decay_split(create_classifier("pvt_tiny", "mhsa", num_classes=5, img_size=64,
+                                              depths=(1, 1, 1, 1)), recipe)
+    assert "stages.3.cls_token" in exempt and not any("pos_embed" in n for n in exempt)  # PVT: {'cls_token'}
+    _, exempt = decay_split(timm.create_model("deit_tiny_patch16_224", num_classes=5, depth=1), recipe)
+    assert {"pos_embed", "cls_token"} <= exempt  # DeiT (timm's ViT): {'pos_embed', 'cls_token', 'dist_token'}
+    _, exempt = decay_split(create_classifier("swin_tiny", "mhsa", num_classes=5, img_size=64, depths=(1, 1, 1, 1),
+                                              window_size=2), recipe)
+    assert any(n.endswith("relative_position_bias_table") for n in exempt)  # Swin: its keyword
+
+
+def test_training_keeps_every_epochs_validation_and_eval_reads_the_best_epoch(tmp_path, digits, one_torch_thread):
+    embedded = compose([])
+    recipe = dict(cls_run(embedded, "deit_tiny-vca").recipe, epochs=3, batch_size=256, ema_decay=0.9)
+    spec = ClassifierSpec("deit_tiny", "vca", {}, dict(embedded["cls_shape"], depth=1, embed_dim=32))
+    train_classifier(spec=spec, recipe=recipe, data_root=digits, seed=0, out_dir=tmp_path / "out",
+                     ckpt_dir=tmp_path / "ckpt", info=CPU, fingerprint="f")
+    history = json.loads((tmp_path / "out" / "history.json").read_text())
+    assert [h["epoch"] for h in history] == [1, 2, 3]
+    assert all({"val_top1", "val_top1_ema", "train_loss", "train_lr"} <= set(h) for h in history)
+    assert not any("seconds" in key for h in history for key in h)  # a DVC output: no wall time
+    best = best_epoch_figures(tmp_path / "out")
+    assert best["top1_best"] == max(h["val_top1"] for h in history)
+    assert history[best["best_epoch"] - 1]["val_top1"] == best["top1_best"]
+    assert best["top1_best_ema"] == max(h["val_top1_ema"] for h in history)
+    with pytest.raises(FileNotFoundError, match="history.json is missing.*retrain the run"):
+        best_epoch_figures(tmp_path / "nowhere")
