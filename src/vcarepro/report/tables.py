@@ -192,7 +192,7 @@ class TableBuilder:
         value = self.complexity.get(model, {}).get(key) if model else None
         paper = self._pv(entry)
         ours = None if value is None else Measured(value, 0.0, 1, "paper shape")
-        return Cell(paper, ours, exact_verdict(paper, value, self.tol_complexity), digits=1 if key == "gmacs" else 2)
+        return Cell(paper, ours, exact_verdict(paper, value, self.tol_complexity), digits=2)
 
     def _model_of(self, run: str) -> Optional[str]:
         for runs in (self.params.get("cls_runs", {}), self.paper_params.get("cls_runs", {})):
