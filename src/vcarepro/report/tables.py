@@ -194,24 +194,22 @@ class TableBuilder:
         ours = None if value is None else Measured(value, 0.0, 1, "paper shape")
         return Cell(paper, ours, exact_verdict(paper, value, self.tol_complexity), digits=2)
 
-    def _model_of(self, run: str) -> Optional[str]:
+    def _cls_run_entry(self, run: str) -> Dict[str, Any]:
+        """A classification run's params entry at this scale, or at paper scale where it runs only there."""
         for runs in (self.params.get("cls_runs", {}), self.paper_params.get("cls_runs", {})):
             if run in runs:
-                return runs[run]["model"]
-        return run if run in self.params.get("models", {}) else None
+                return runs[run]
+        return {}
 
-    def _recipe_of(self, run: str) -> Optional[str]:
-        for runs in (self.params.get("cls_runs", {}), self.paper_params.get("cls_runs", {})):
-            if run in runs:
-                return runs[run]["recipe"]
-        return None
+    def _model_of(self, run: str) -> Optional[str]:
+        return self._cls_run_entry(run).get("model") or (run if run in self.params.get("models", {}) else None)
 
     def table1(self) -> List[Dict[str, Any]]:
         rows = []
         for r in self.ref["table1"]["rows"]:
             same = self.same_run(r["run"])
             rows.append({"model": r["model"], "attention": r["attention"], "role": ROLES[r["role"]],
-                         "recipe": self._recipe_of(r["run"]), "run": r["run"],
+                         "recipe": self._cls_run_entry(r["run"]).get("recipe"), "run": r["run"],
                          "same_as": same,
                          "top1": self.top1_cell(r["run"], r.get("top1"), statistic=r.get("statistic", "final")).as_dict(),
                          "params_m": self.exact_cell(r["run"], r.get("params_m"), "params_m").as_dict(),
