@@ -1,8 +1,10 @@
 """DVC stage `eval_gen@RUN`: FID, sFID, KID, Inception Score and precision/recall of every seed's samples.
 
-Against data/fid_reference (the training images' statistics and kept features), in the
-extractor's feature space: Inception at paper scale (ADM's evaluation: FID-50K), the
-digit classifier at embedded scale. metrics.json also records how the samples were made.
+Against data/fid_reference, in the extractor's feature space: Inception at paper scale
+(ADM's evaluation of FID-50K against its reference batch), the digit classifier at
+embedded scale. metrics.json also records the protocol the number followed: the
+reference (``adm`` or ``own`` statistics), the sampler and its steps, the guidance, the
+labels, the VAE decoder and the training precision.
 """
 from __future__ import annotations
 
@@ -20,6 +22,10 @@ from vcarepro.metrics.fid50k import FeatureStats, evaluate_samples
 from vcarepro.pipeline import FID_REFERENCE, GEN_DATA, gen_run
 
 
+def load_optional(path):
+    return FeatureStats.load(path) if path.is_file() else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--run", required=True)
@@ -30,8 +36,6 @@ def main() -> None:
     meta = json.loads((GEN_DATA / "meta.json").read_text())
     reference_meta = json.loads((FID_REFERENCE / "meta.json").read_text())
     reference = FeatureStats.load(FID_REFERENCE / "stats.npz")
-    spatial_path = FID_REFERENCE / "spatial_stats.npz"
-    spatial = FeatureStats.load(spatial_path) if spatial_path.is_file() else None
     features = np.load(FID_REFERENCE / "features.npy", allow_pickle=False)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     extractor, name = make_extractor(meta, params["prepare_gen"], device,
@@ -41,26 +45,37 @@ def main() -> None:
         try:
             per_seed[seed] = evaluate_samples(
                 run.paths.samples(seed), reference, extractor, reference_features=features,
-                spatial_reference=spatial, min_samples=reference.dim + 1, splits=e["isc_splits"],
-                prc_k=e["prc_k"], kid_subsets=e["kid_subsets"], kid_subset_size=e["kid_subset_size"], seed=seed)
+                spatial_reference=load_optional(FID_REFERENCE / "spatial_stats.npz"),
+                own_reference=load_optional(FID_REFERENCE / "own_stats.npz"),
+                own_spatial_reference=load_optional(FID_REFERENCE / "own_spatial_stats.npz"),
+                min_samples=reference.dim + 1, split_size=e["isc_split_size"], prc_k=e["prc_k"],
+                prc_distance_dtype=e["prc_distance_dtype"], kid_subsets=e["kid_subsets"],
+                kid_subset_size=e["kid_subset_size"], seed=seed)
         except ValueError as err:
             raise SystemExit(f"eval_gen {args.run} seed {seed}: {err}") from None
         print(f"eval_gen {args.run} seed {seed}: " + ", ".join(
             f"{k}={v:.4g}" for k, v in per_seed[seed].items() if k != "num_samples") + f" ({name})")
-    keys = [k for k in ("fid", "sfid", "kid_mean", "inception_score", "precision", "recall") if k in per_seed[run.seeds[0]]]
+    keys = [k for k in ("fid", "sfid", "fid_own", "sfid_own", "kid_mean", "inception_score", "precision", "recall")
+            if k in per_seed[run.seeds[0]]]
     metrics = aggregate_seeds(per_seed, keys)
+    metrics.update(protocol(run, meta, params, reference_meta))
+    metrics.update({"num_samples": per_seed[run.seeds[0]]["num_samples"], "weights": "ema", "extractor": name,
+                    "reference_source": reference_meta["source"], "reference_images": reference_meta["num_images"]})
+    write_json(run.paths.metrics, metrics)
+
+
+def protocol(run, meta, params, reference_meta):
+    """How the samples were made and measured: the fields a FID is comparable by (strings and numbers)."""
     s = run.sampling
-    metrics.update({
-        "num_samples": per_seed[run.seeds[0]]["num_samples"],
+    return {
         "sampler": "ddpm" if run.objective == "ddpm" else f"flow-{s['flow_sampler']}",
         "sampler_steps": s["ddpm_steps"] if run.objective == "ddpm" else s["flow_steps"],
         "cfg_scale": s["cfg_scale"],
-        "weights": "ema",
-        "extractor": name,
-        "reference": reference_meta["source"],
-        "reference_images": reference_meta["num_images"],
-    })
-    write_json(run.paths.metrics, metrics)
+        "labels": s["labels"],
+        "decoder": s["vae_decoder"] if meta["kind"] == "vae_latents" else "none (pixels)",
+        "train_precision": run.recipe["precision"],
+        "reference": reference_meta.get("reference", "own"),
+    }
 
 
 if __name__ == "__main__":

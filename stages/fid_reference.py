@@ -1,17 +1,21 @@
 """DVC stage `fid_reference`: the real-image side of every FID (data/fid_reference).
 
-Statistics (mean, covariance) of the images the generators learn from, and a random
-subset of their features (KID, precision/recall), in the feature space eval_gen uses:
+Statistics (mean, covariance) and reference features (KID, precision/recall), in the
+feature space eval_gen uses:
 
-* paper scale: Inception (torch-fidelity's ``inception-v3-compat``) over ImageNet train,
-  center-cropped to 256 px the ADM way, plus sFID's spatial statistics; or, with
-  ``fid_reference.adm_npz``, the ``mu``/``sigma`` (``mu_s``/``sigma_s``) and the 10,000
-  images of an ADM reference batch, so numbers compare with ADM's evaluator directly;
-* embedded scale: the digit classifier's features over every training digit.
+* paper scale: ADM's reference batch (``fid_reference.adm_npz``,
+  ``VIRTUAL_imagenet256_labeled.npz``): its ``mu``/``sigma`` and ``mu_s``/``sigma_s`` over
+  ImageNet train and the Inception features of its 10,000 images, the reference of DiT's,
+  SiT's and ADM's FID-50K. With ``own_statistics`` (or ``adm_npz: null``) also our own
+  statistics: Inception (torch-fidelity's ``inception-v3-compat``) over ImageNet train,
+  center-cropped to 256 px the ADM way, with sFID's spatial statistics; when both exist,
+  ``meta.json`` records the FID between them.
+* embedded scale: the digit classifier's features over every training digit ("own").
 """
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -23,8 +27,11 @@ from vcarepro.data.folders import ManifestDataset
 from vcarepro.data.latents import adm_center_crop
 from vcarepro.io import atomic_directory, write_json
 from vcarepro.metrics.extractors import make_extractor
-from vcarepro.metrics.fid50k import adm_reference_features, load_adm_reference, reference_from_images
+from vcarepro.metrics.fid50k import reference_from_images, write_reference
 from vcarepro.pipeline import CLS_DATA, FID_REFERENCE, GEN_DATA
+
+ADM_URL = ("https://openaipublic.blob.core.windows.net/diffusion/jul-2021/ref_batches/imagenet/256/"
+           "VIRTUAL_imagenet256_labeled.npz")
 
 
 def _crop_to_uint8(size: int):
@@ -40,37 +47,41 @@ def imagenet_batches(image_size: int, batch_size: int, workers: int):
         yield images
 
 
-def main() -> None:
-    params = stage_params()
-    p = params["fid_reference"]
-    meta = json.loads((GEN_DATA / "meta.json").read_text())
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    extractor, name = make_extractor(meta, params["prepare_gen"], device, batch_size=p["batch_size"])
-    spatial = None
-    if p["adm_npz"]:
-        stats = load_adm_reference(p["adm_npz"])
-        spatial = load_adm_reference(p["adm_npz"], spatial=True)
-        features = adm_reference_features(p["adm_npz"], extractor, batch_size=p["batch_size"])
-        source = f"ADM reference batch {p['adm_npz']}"
-    elif meta["kind"] == "pixels":
+def own_reference(meta, p, extractor):
+    """Our own statistics of the training images: (stats, kept features, spatial stats or None, source)."""
+    if meta["kind"] == "pixels":
         images = load_file(str(GEN_DATA / "train.safetensors"))["images"]
         batches = (images[i:i + p["batch_size"]] for i in range(0, len(images), p["batch_size"]))
         stats, features = reference_from_images(batches, extractor, keep_features=p["keep_features"], seed=p["seed"])
-        source = f"{GEN_DATA}/train.safetensors (the training digits)"
-    else:
-        stats, features, spatial = reference_from_images(
-            imagenet_batches(meta["image_size"], p["batch_size"], p["workers"]), extractor,
-            keep_features=p["keep_features"], seed=p["seed"], spatial=True)
-        source = f"{CLS_DATA} train split, ADM center crop to {meta['image_size']} px"
+        return stats, features, None, f"{GEN_DATA}/train.safetensors (the training digits)"
+    stats, features, spatial = reference_from_images(
+        imagenet_batches(meta["image_size"], p["batch_size"], p["workers"]), extractor,
+        keep_features=p["keep_features"], seed=p["seed"], spatial=True)
+    return stats, features, spatial, f"{CLS_DATA} train split, ADM center crop to {meta['image_size']} px"
+
+
+def main() -> None:
+    params = stage_params()
+    p = params["fid_reference"]
+    adm = Path(p["adm_npz"]) if p["adm_npz"] else None
+    if adm is not None and not adm.is_file():  # before any work: one sentence, no output
+        raise SystemExit(f"fid_reference: ADM's reference batch {adm} is missing; download it on a connected machine "
+                         f"({ADM_URL}, listed in openai/guided-diffusion evaluations/README.md) and put it at {adm}, "
+                         f"or set fid_reference.adm_npz=null to use our own statistics (not comparable with the paper).")
+    meta = json.loads((GEN_DATA / "meta.json").read_text())
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        extractor, name = make_extractor(meta, params["prepare_gen"], device, batch_size=p["batch_size"])
+    except FileNotFoundError as err:
+        raise SystemExit(f"fid_reference: {err}") from None
+    own = (lambda: own_reference(meta, p, extractor)) if p["own_statistics"] or adm is None else None
     with atomic_directory(FID_REFERENCE) as tmp:
-        stats.save(tmp / "stats.npz")
-        if spatial is not None:
-            spatial.save(tmp / "spatial_stats.npz")
-        np.save(tmp / "features.npy", np.asarray(features, dtype=np.float32), allow_pickle=False)
-        write_json(tmp / "meta.json", {"source": source, "extractor": name, "num_images": int(stats.num),
-                                       "num_features_kept": int(len(features)), "feature_dim": int(stats.dim),
-                                       "sfid": spatial is not None})
-    print(f"fid_reference: {stats.num} images ({source}), {len(features)} features kept -> {FID_REFERENCE}")
+        info = write_reference(tmp, extractor, adm_npz=adm, own=own, batch_size=p["batch_size"])
+        write_json(tmp / "meta.json", {**info, "extractor": name})
+    between = info.get("fid_between_references")
+    print(f"fid_reference: {info['reference']} reference, {info['num_images']} images ({info['source']}), "
+          f"{info['num_features_kept']} features kept -> {FID_REFERENCE}"
+          + (f"; FID between ADM's and our own statistics {between:.3f}" if between is not None else ""))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""DVC stage `sample_gen@RUN`: class-balanced samples from every seed's EMA weights, plus a preview grid.
+"""DVC stage `sample_gen@RUN`: samples from every seed's EMA weights, plus a preview grid.
 
 Samples go to ``runs/gen/<run>/samples/seed_<s>.npz`` in the ADM evaluator's format
-(``arr_0`` uint8 N x H x W x 3, ``arr_1`` labels; grayscale digits are repeated to RGB).
-At paper scale the model samples VAE latents, decoded with ``prepare_gen.vae`` batch by
-batch. Unfinished work lives in ``checkpoints/gen/<run>/seed_<s>/samples`` and a killed
+(``arr_0`` uint8 N x H x W x 3, ``arr_1`` labels; grayscale digits are repeated to RGB),
+with labels drawn as ``sampling.labels`` says. At paper scale the model samples VAE
+latents, decoded with ``sampling.vae_decoder`` batch by batch. Unfinished work lives in
+``checkpoints/gen/<run>/seed_<s>/samples`` and a killed
 stage resumes there at the first unfinished batch.
 """
 from __future__ import annotations
@@ -35,7 +36,7 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if meta["kind"] == "vae_latents":
         from vcarepro.data.latents import decode_to_uint8, load_vae
-        vae = load_vae(params["prepare_gen"]["vae"], device)
+        vae = load_vae(run.sampling["vae_decoder"], device)
         input_shape = tuple(meta["latent_shape"])
         to_uint8 = lambda x: decode_to_uint8(vae, x.to(device))  # noqa: E731
         image_shape = (meta["image_size"], meta["image_size"], 3)
@@ -52,7 +53,7 @@ def main() -> None:
             model = load_generator(spec, weights, run.recipe)
             # unfinished work resumes only for the same weights, sampler settings and code
             key = fingerprint(data_digest(weights), run.objective, run.sampling, run.recipe["flow_path"],
-                              input_shape, seed, code, params["prepare_gen"]["vae"])
+                              input_shape, seed, code)
             writer = NpzSampleWriter(tmp / f"seed_{seed}.npz", num, image_shape,
                                      work_dir=run.paths.ckpt_dir(seed) / "samples", key=key)
             if writer.done_batches:

@@ -187,7 +187,8 @@ def test_training_mode_drops_labels_and_eval_mode_does_not():
     assert torch.allclose(dropped, unconditional) and not torch.allclose(conditional, unconditional)
 
 
-def test_forward_with_cfg_guides_every_eps_channel_and_scale_one_is_the_conditional_forward():
+def test_forward_with_cfg_guides_the_first_three_channels_as_the_originals_and_scale_one_is_conditional():
+    """DiT's and SiT's forward_with_cfg: `eps, rest = model_out[:, :3], model_out[:, 3:]` ("exact reproducibility")."""
     model = perturbed(tiny("vca")).eval()
     x, t, y = batch(B=2)
     null = torch.full_like(y, 5)
@@ -196,10 +197,26 @@ def test_forward_with_cfg_guides_every_eps_channel_and_scale_one_is_the_conditio
         cond, uncond = model(x, t, y), model(x, t, null)
         same = model.forward_with_cfg(x2, t2, y2, cfg_scale=1.0)
         guided = model.forward_with_cfg(x2, t2, y2, cfg_scale=4.0)
-    assert torch.allclose(same[:2], cond, atol=1e-6) and torch.allclose(same[2:, :4], cond[:, :4], atol=1e-6)
-    expected_eps = uncond[:, :4] + 4.0 * (cond[:, :4] - uncond[:, :4])
-    assert torch.allclose(guided[:2, :4], expected_eps, atol=1e-5)  # all 4 channels, not the original's 3
-    assert torch.allclose(guided[:2, 4:], cond[:, 4:], atol=1e-6)    # the variance comes from the conditional half
+    assert torch.allclose(same[:2], cond, atol=1e-6) and torch.allclose(same[2:, :3], cond[:, :3], atol=1e-6)
+    expected_eps = uncond[:, :3] + 4.0 * (cond[:, :3] - uncond[:, :3])
+    assert torch.allclose(guided[:2, :3], expected_eps, atol=1e-5)  # channels 0-2 guided
+    assert torch.allclose(guided[:2, 3:], cond[:, 3:], atol=1e-6)   # the 4th latent channel and the variance not
+    assert not torch.allclose(guided[:2, 3], (uncond + 4.0 * (cond - uncond))[:, 3], atol=1e-5)
+
+
+def test_every_tensor_dit_initialises_to_zero_is_zero_and_no_other():
+    """facebookresearch/DiT models.py initialize_weights: every Linear bias, the patch embedding's bias,
+    each block's and the final layer's adaLN modulation, and the final linear layer."""
+    torch.manual_seed(0)
+    model = tiny("mhsa")
+    zero = {name for name, p in model.named_parameters() if not p.detach().any()}
+    linear_biases = {f"{name}.bias" for name, m in model.named_modules()
+                     if isinstance(m, torch.nn.Linear) and m.bias is not None}
+    expected = linear_biases | {"x_embedder.proj.bias", "final_layer.linear.weight",
+                                "final_layer.adaLN_modulation.1.weight"}
+    expected |= {f"blocks.{i}.adaLN_modulation.1.weight" for i in range(len(model.blocks))}
+    assert "x_embedder.proj.bias" in zero
+    assert zero == expected
 
 
 # -- errors ---------------------------------------------------------------------------------------

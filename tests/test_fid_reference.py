@@ -1,6 +1,8 @@
 """ADM-style FID-50K evaluation: statistics, reference files, FID/IS/precision-recall, sample streaming, Inception wiring."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +16,7 @@ from vcarepro.metrics.fid50k import (
     FeatureStats,
     InceptionFeatures,
     StatsAccumulator,
+    adm_reference_features,
     evaluate_samples,
     frechet_distance,
     inception_score,
@@ -21,6 +24,7 @@ from vcarepro.metrics.fid50k import (
     load_adm_reference,
     precision_recall,
     reference_from_images,
+    write_reference,
 )
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -124,14 +128,14 @@ def test_frechet_distance_agrees_with_adm_sqrtm_and_is_zero_for_identical_stats(
 
 
 def test_inception_score_of_uniform_predictions_is_one():
-    mean, std = inception_score(np.zeros((100, 10)), splits=10)
+    mean, std = inception_score(np.zeros((100, 10)), split_size=10)
     assert mean == pytest.approx(1.0, abs=1e-12) and std == pytest.approx(0.0, abs=1e-12)
 
 
 def test_inception_score_of_confident_evenly_spread_predictions_is_the_class_count():
     classes = 5
     logits = 100.0 * np.eye(classes)[np.arange(100) % classes]  # every split of 10 holds each class twice
-    mean, std = inception_score(logits, splits=10)
+    mean, std = inception_score(logits, split_size=10)
     assert mean == pytest.approx(classes, rel=1e-9) and std == pytest.approx(0.0, abs=1e-9)
 
 
@@ -139,9 +143,14 @@ def test_inception_score_splits_the_samples_in_order_as_adm_does():
     # first half all class 0, second half all class 1: each in-order split is one class (IS 1),
     # the whole set is two classes (IS 2); shuffling before splitting would mix them
     logits = 100.0 * np.eye(2)[np.repeat([0, 1], 50)]
-    assert inception_score(logits, splits=2) == pytest.approx((1.0, 0.0), abs=1e-9)
-    assert inception_score(logits, splits=1)[0] == pytest.approx(2.0, rel=1e-9)
-    assert inception_score(logits, splits=2, shuffle=True)[0] > 1.5
+    assert inception_score(logits, split_size=50) == pytest.approx((1.0, 0.0), abs=1e-9)
+    assert inception_score(logits, split_size=100)[0] == pytest.approx(2.0, rel=1e-9)
+    # splits of a fixed size, the last one shorter, as ADM's range(0, N, split_size): rows 0-39 (class 0),
+    # 40-79 (10 of class 0, 30 of class 1: IS = exp(entropy of 1/4, 3/4)), 80-99 (class 1)
+    middle = np.exp(-(0.25 * np.log(0.25) + 0.75 * np.log(0.75)))
+    mean, std = inception_score(logits, split_size=40)
+    assert mean == pytest.approx((1.0 + middle + 1.0) / 3, rel=1e-9)
+    assert std == pytest.approx(np.std([1.0, middle, 1.0]), rel=1e-9)
 
 
 # --------------------------------------------------------------------------- precision and recall
@@ -316,7 +325,7 @@ def test_evaluate_samples_streams_the_file_and_computes_adm_metrics(tmp_path):
     pool, logits, spatial = direct_features(samples, None)
 
     extractor = FakeExtractor(batch_size=7)
-    result = evaluate_samples(path, reference, extractor, min_samples=5, splits=4)
+    result = evaluate_samples(path, reference, extractor, min_samples=5, split_size=10)
     assert extractor.batch_sizes == [7, 7, 7, 7, 7, 5]  # streamed, never the whole file at once
     assert set(result) == {"fid", "inception_score", "inception_score_std", "num_samples"}
     assert result["num_samples"] == 40
@@ -324,11 +333,11 @@ def test_evaluate_samples_streams_the_file_and_computes_adm_metrics(tmp_path):
     assert result["fid"] == pytest.approx(frechet_distance(samples_stats, reference), rel=1e-9)
     assert result["fid"] > 0
     assert (result["inception_score"], result["inception_score_std"]) == pytest.approx(
-        inception_score(logits, splits=4), rel=1e-6)
+        inception_score(logits, split_size=10), rel=1e-6)
 
     with_pr = evaluate_samples(path, reference, FakeExtractor(), reference_features=ref_pool,
                                spatial_reference=FeatureStats(ref_spatial.mean(0), np.cov(ref_spatial, rowvar=False), 50),
-                               min_samples=5, splits=4)
+                               min_samples=5, split_size=10, prc_distance_dtype="float64")
     assert set(with_pr) == set(result) | {"precision", "recall", "sfid", "kid_mean", "kid_std"}
     assert (with_pr["precision"], with_pr["recall"]) == pytest.approx(
         brute_force_precision_recall(ref_pool, pool.astype(np.float32), k=3), abs=1e-12)
@@ -345,7 +354,7 @@ def test_evaluate_samples_against_its_own_statistics_is_perfect(tmp_path):
     np.savez(tmp_path / "samples.npz", samples)
     pool = direct_features(samples, None)[0]
     result = evaluate_samples(tmp_path / "samples.npz", FeatureStats(pool.mean(0), np.cov(pool, rowvar=False), 30),
-                              FakeExtractor(), reference_features=pool, min_samples=5, splits=3)
+                              FakeExtractor(), reference_features=pool, min_samples=5, split_size=10)
     assert abs(result["fid"]) < 1e-8
     assert (result["precision"], result["recall"]) == (1.0, 1.0)
 
@@ -416,3 +425,159 @@ def test_inception_features_with_a_missing_weights_file_fail_clearly_without_dow
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
     with pytest.raises(FileNotFoundError, match=r"torch_home/hub/checkpoints/weights-inception-2015-12-05-6726825d"):
         InceptionFeatures(None, "cpu")
+
+
+# --------------------------------------------------------------------------- ADM's evaluator, transcribed
+# openai/guided-diffusion evaluations/evaluator.py, written out with numpy / scipy so that our evaluator can be
+# held to it on the same features: FIDStatistics.frechet_distance, Evaluator.compute_inception_score,
+# ManifoldEstimator.manifold_radii / evaluate_pr and DistanceBlock (float16, float32 where not finite).
+
+
+def adm_frechet_distance(mu1, sigma1, mu2, sigma2, eps=1e-6):
+    from scipy import linalg
+    diff = mu1 - mu2
+    covmean, _ = linalg.sqrtm(sigma1.dot(sigma2), disp=False)
+    if not np.isfinite(covmean).all():
+        offset = np.eye(sigma1.shape[0]) * eps
+        covmean = linalg.sqrtm((sigma1 + offset).dot(sigma2 + offset))
+    if np.iscomplexobj(covmean):
+        covmean = covmean.real
+    return diff.dot(diff) + np.trace(sigma1) + np.trace(sigma2) - 2 * np.trace(covmean)
+
+
+def adm_inception_score(logits, split_size):
+    preds = np.exp(logits - logits.max(axis=1, keepdims=True))
+    preds = preds / preds.sum(axis=1, keepdims=True)  # the graph's softmax
+    scores = []
+    for i in range(0, len(preds), split_size):
+        part = preds[i:i + split_size]
+        kl = part * (np.log(part) - np.log(np.expand_dims(np.mean(part, 0), 0)))
+        scores.append(np.exp(np.mean(np.sum(kl, 1))))
+    return float(np.mean(scores))
+
+
+def adm_pairwise_distances(U, V):
+    def block(u, v):  # _batch_pairwise_distances
+        norm_u = (u * u).sum(1).reshape(-1, 1)
+        norm_v = (v * v).sum(1).reshape(1, -1)
+        return torch.clamp(norm_u - 2 * u @ v.T + norm_v, min=0.0)
+    u, v = torch.from_numpy(U), torch.from_numpy(V)
+    d16 = block(u.half(), v.half())
+    return (d16.float() if torch.isfinite(d16).all() else block(u.float(), v.float())).numpy()
+
+
+def adm_precision_recall(ref, sample, k=3, batch=10000):
+    def radii(features):
+        out = np.zeros([len(features), 1], dtype=np.float32)
+        for b1 in range(0, len(features), batch):
+            d = np.concatenate([adm_pairwise_distances(features[b1:b1 + batch], features[b2:b2 + batch])
+                                for b2 in range(0, len(features), batch)], axis=1)
+            out[b1:b1 + batch] = np.partition(d, k, axis=1)[:, [k]]
+        return out
+    r1, r2 = radii(ref), radii(sample)
+    status1 = np.zeros([len(ref), 1], dtype=bool)
+    status2 = np.zeros([len(sample), 1], dtype=bool)
+    for b1 in range(0, len(ref), batch):
+        for b2 in range(0, len(sample), batch):
+            d = adm_pairwise_distances(ref[b1:b1 + batch], sample[b2:b2 + batch])[..., None]
+            status1[b1:b1 + batch] |= np.any(d <= r2[b2:b2 + batch], axis=1)
+            status2[b2:b2 + batch] |= np.any(d <= r1[b1:b1 + batch][:, None], axis=0)
+    return float(np.mean(status2)), float(np.mean(status1))
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::scipy.linalg.LinAlgWarning")
+def test_our_evaluator_equals_adms_formulas_on_an_adm_format_reference_batch(random_inception_weights, tmp_path,
+                                                                            monkeypatch):
+    """A reference .npz with ADM's keys and dtypes, random-weight Inception features: FID, sFID, IS and P/R."""
+    monkeypatch.setattr(tf_inception, "load_state_dict_from_url", no_network)
+    extractor = InceptionFeatures(random_inception_weights, "cpu", batch_size=8)
+    reference_images, sample_images = random_images(24, seed=20, side=64), random_images(20, seed=21, side=64)
+    to_nchw = lambda a: torch.from_numpy(a).permute(0, 3, 1, 2)  # noqa: E731
+    ref_pool, _, ref_spatial = extractor.extract(to_nchw(reference_images))
+    # ADM's statistics cover the whole training set, not only the batch's images: a full-rank stand-in
+    rng = np.random.default_rng(5)
+    wide = ref_pool.mean(0) + rng.normal(scale=ref_pool.std(), size=(3000, ref_pool.shape[1]))
+    wide_s = ref_spatial.mean(0) + rng.normal(scale=ref_spatial.std(), size=(3000, ref_spatial.shape[1]))
+    reference = tmp_path / "VIRTUAL_tiny_labeled.npz"
+    np.savez(reference, arr_0=reference_images, mu=wide.mean(0), sigma=np.cov(wide, rowvar=False),
+             mu_s=wide_s.mean(0), sigma_s=np.cov(wide_s, rowvar=False))
+    samples = tmp_path / "samples.npz"
+    np.savez(samples, sample_images, np.arange(20))
+
+    ours = evaluate_samples(samples, load_adm_reference(reference), extractor,
+                            reference_features=adm_reference_features(reference, extractor),
+                            spatial_reference=load_adm_reference(reference, spatial=True), min_samples=5,
+                            split_size=8, prc_distance_dtype="float16")
+
+    with np.load(reference) as ref:
+        mu, sigma, mu_s, sigma_s = ref["mu"], ref["sigma"], ref["mu_s"], ref["sigma_s"]
+    pool, logits, spatial = extractor.extract(to_nchw(sample_images))
+    assert ours["fid"] == pytest.approx(adm_frechet_distance(pool.mean(0), np.cov(pool, rowvar=False), mu, sigma),
+                                        rel=1e-6)
+    assert ours["sfid"] == pytest.approx(
+        adm_frechet_distance(spatial.mean(0), np.cov(spatial, rowvar=False), mu_s, sigma_s), rel=1e-6)
+    assert ours["inception_score"] == pytest.approx(adm_inception_score(logits.astype(np.float64), 8), rel=1e-6)
+    assert (ours["precision"], ours["recall"]) == adm_precision_recall(ref_pool.astype(np.float32),
+                                                                       pool.astype(np.float32))
+    assert ours["num_samples"] == 20 and ours["fid"] > 0 and ours["sfid"] > 0
+
+
+def adm_format_batch(path, images, pool, spatial):
+    """An .npz with the keys and dtypes of ADM's VIRTUAL_*.npz: uint8 images, float64 statistics."""
+    np.savez(path, arr_0=images, mu=pool.mean(0), sigma=np.cov(pool, rowvar=False), mu_s=spatial.mean(0),
+             sigma_s=np.cov(spatial, rowvar=False))
+
+
+def test_the_reference_is_adms_batch_and_our_own_statistics_sit_beside_it_with_the_fid_between(tmp_path):
+    ref_images, train_images = random_images(30, seed=30), random_images(40, seed=31)
+    ref_pool, _, ref_spatial = direct_features(ref_images, None)
+    adm = tmp_path / "VIRTUAL_tiny_labeled.npz"
+    adm_format_batch(adm, ref_images, ref_pool + 0.5, ref_spatial)  # statistics that are not the images' own
+    extractor = FakeExtractor()
+
+    def own():
+        batches = (torch.from_numpy(train_images[i:i + 7]).permute(0, 3, 1, 2) for i in range(0, 40, 7))
+        stats, kept, spatial = reference_from_images(batches, extractor, keep_features=10, seed=0, spatial=True)
+        return stats, kept, spatial, "the training images"
+
+    out = tmp_path / "both"
+    out.mkdir()
+    info = write_reference(out, extractor, adm_npz=adm, own=own)
+    assert info["reference"] == "adm" and info["own_source"] == "the training images"
+    np.testing.assert_allclose(FeatureStats.load(out / "stats.npz").mu, (ref_pool + 0.5).mean(0))
+    np.testing.assert_allclose(np.load(out / "features.npy"), ref_pool.astype(np.float32), rtol=1e-6)  # ADM's images
+    own_stats = FeatureStats.load(out / "own_stats.npz")
+    assert own_stats.num == 40
+    assert info["fid_between_references"] == pytest.approx(
+        frechet_distance(own_stats, FeatureStats.load(out / "stats.npz")), rel=1e-12)
+    assert info["fid_between_references"] > 0 and info["sfid_between_references"] > 0
+
+    alone = tmp_path / "adm_only"
+    alone.mkdir()
+    assert "fid_between_references" not in write_reference(alone, extractor, adm_npz=adm, own=None)
+    assert not (alone / "own_stats.npz").exists()
+    ours = tmp_path / "own_only"
+    ours.mkdir()
+    assert write_reference(ours, extractor, adm_npz=None, own=own)["reference"] == "own"
+
+
+def test_a_missing_adm_batch_is_one_sentence_with_where_to_get_it_and_no_output(tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+
+    from vcarepro.config import compose
+
+    params = compose(["scale=paper"])
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, str(root / "stages" / "fid_reference.py")], cwd=tmp_path,
+                            capture_output=True, text=True)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "weights/VIRTUAL_imagenet256_labeled.npz is missing" in lines[0]
+    assert "https://openaipublic.blob.core.windows.net/diffusion/jul-2021/ref_batches/imagenet/256/" in lines[0]
+    assert "fid_reference.adm_npz=null" in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]

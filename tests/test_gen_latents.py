@@ -59,7 +59,7 @@ def test_latent_branch_prepares_trains_and_decodes(workdir, monkeypatch, one_tor
     assert figures["steps"] == 2
 
     model = load_generator(spec, workdir / "out" / "model_ema.safetensors", recipe)
-    sampling = dict(compose(["scale=paper"])["sampling"], batch_size=3, ddpm_steps=2)
+    sampling = dict(compose(["scale=paper"])["sampling"], batch_size=3, ddpm_steps=2, labels="balanced")
     batches = list(generate_batches(model, "ddpm", sampling, num_samples=5, num_classes=10,
                                     input_shape=tuple(meta["latent_shape"]), seed=0, device=torch.device("cpu")))
     assert [(start, tuple(x.shape), y.tolist()) for start, x, y in batches] == [

@@ -80,6 +80,8 @@ def test_every_stage_runs_and_writes_finite_metrics(repo):
             assert key in metrics and all(math.isfinite(v) for v in numbers), (run, metrics)
             if branch == "gen":  # how the samples were made travels with the numbers
                 assert (metrics["num_samples"], metrics["sampler_steps"], metrics["weights"]) == (70, 3, "ema")
+                assert (metrics["labels"], metrics["reference"], metrics["decoder"], metrics["train_precision"]) == \
+                    ("random", "own", "none (pixels)", "fp32")
                 assert metrics["sampler"] == ("ddpm" if run.startswith("dit") else "flow-sde")
                 assert {"kid_mean", "inception_score", "precision", "recall"} <= set(metrics)
     shown = json.loads(sh("dvc metrics show --json", repo).stdout)

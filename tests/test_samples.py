@@ -77,6 +77,47 @@ def test_sampling_resumed_at_a_batch_gives_the_uninterrupted_batches(one_torch_t
     assert not torch.equal(other[0][1], full[0][1])
 
 
+def test_random_labels_are_uniform_draws_per_batch_and_resume_to_the_same_draws():
+    """DiT's / SiT's sample_ddp.py: torch.randint(0, num_classes, (n,)) per batch."""
+    from scipy.stats import chisquare
+
+    from vcarepro.train.generation import sample_labels
+
+    def labels(mode, seed, batches, size=500, classes=10):
+        out = []
+        for b in batches:
+            generator = torch.Generator().manual_seed(seed * 1_000_003 + b)
+            out.append(sample_labels(mode, b * size, size, classes, generator))
+        return torch.cat(out)
+
+    drawn = labels("random", seed=0, batches=range(20))  # 10,000 labels
+    counts = torch.bincount(drawn, minlength=10).numpy()
+    assert counts.sum() == 10_000 and len(set(counts.tolist())) > 1  # not balanced
+    # multinomial with equal probabilities: a chi-square test far from rejecting (fixed seed, no flakiness)
+    assert chisquare(counts).pvalue > 0.01
+    # per-batch streams: batches 5.. drawn afresh equal the uninterrupted run's
+    assert torch.equal(labels("random", seed=0, batches=range(5, 20)), drawn[5 * 500:])
+    assert not torch.equal(labels("random", seed=1, batches=range(20)), drawn)
+    assert torch.equal(labels("balanced", seed=0, batches=range(2)), torch.arange(1000) % 10)
+    with pytest.raises(ValueError, match="sampling.labels='uniform' is unknown; use one of random, balanced"):
+        labels("uniform", seed=0, batches=[0])
+
+
+def test_sampling_writes_the_labels_it_conditioned_on(one_torch_thread):
+    from vcarepro.config import compose
+    from vcarepro.train.generation import GeneratorSpec, generate_batches
+
+    params = compose([])
+    assert params["sampling"]["labels"] == "random"  # the paper's protocol, at every scale
+    model = GeneratorSpec("dit_s2", "mhsa", {}, dict(params["gen_shape"], depth=1, hidden_size=32)).create()
+    sampling = dict(params["sampling"], batch_size=6, ddpm_steps=2)
+    kw = dict(num_samples=12, num_classes=10, input_shape=(1, 8, 8), seed=0, device=torch.device("cpu"))
+    ys = torch.cat([y for _, _, y in generate_batches(model, "ddpm", sampling, **kw)])
+    assert ys.shape == (12,) and not torch.equal(ys, torch.arange(12) % 10)
+    balanced = torch.cat([y for _, _, y in generate_batches(model, "ddpm", {**sampling, "labels": "balanced"}, **kw)])
+    assert torch.equal(balanced, torch.arange(12) % 10)
+
+
 def test_sample_files_that_are_missing_or_not_images_are_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="run the sample_gen stage"):
         read_samples(tmp_path / "absent.npz")

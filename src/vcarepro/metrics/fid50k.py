@@ -23,14 +23,14 @@ same 2015 TF Inception graph with TF1-compatible resizing to 299 px:
   Not checked here against the real weights (they are not on this machine):
   the first run with them should compare :func:`load_adm_reference` (spatial)
   with statistics from :func:`reference_from_images` on the same images.
-* Inception Score: torch-fidelity's
-  :func:`~torch_fidelity.metric_isc.isc_features_to_metric` over the unbiased
-  logits (pool features times the final layer's weights, no bias: what ADM's
-  ``softmax/logits/MatMul`` graph computes too), in ADM's order (no shuffle).
-* Precision/recall: hand-written, see :func:`precision_recall`.
-
-The one knowing departure from ADM: its distance block casts features to
-float16 for speed; here distances are computed in float64 (or a dtype given).
+* Inception Score: ADM's ``compute_inception_score``, hand-written (torch-fidelity's
+  ``isc_features_to_metric`` cuts N samples into a number of equal chunks; ADM cuts
+  them, in order, into consecutive splits of ``split_size`` = 5,000, the last one
+  possibly shorter), over the softmax of the unbiased logits (pool features times
+  the final layer's weights, no bias: what ADM's ``softmax/logits/MatMul`` graph
+  computes too).
+* Precision/recall: hand-written, see :func:`precision_recall`; its pairwise
+  distances are float16 by default, as ADM's ``DistanceBlock`` computes them.
 """
 from __future__ import annotations
 
@@ -39,14 +39,13 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 import torch
 from numpy.lib import format as npy_format
 from torch_fidelity.metric_fid import KEY_METRIC_FID, fid_statistics_to_metric
 from torch_fidelity.metric_kid import KEY_METRIC_KID_MEAN, KEY_METRIC_KID_STD, kid_features_to_metric
-from torch_fidelity.metric_isc import KEY_METRIC_ISC_MEAN, KEY_METRIC_ISC_STD, isc_features_to_metric
 from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 
 from vcarepro.metrics.fid import INCEPTION_EXTRACTOR, INCEPTION_FEATURE_DIM, INCEPTION_WEIGHTS_FILENAME, \
@@ -302,25 +301,34 @@ class InceptionFeatures:
 # --------------------------------------------------------------------------- IS and precision/recall
 
 
-def inception_score(logits: ArrayLike, splits: int = 10, *, shuffle: bool = False,
-                    seed: int = 2020) -> Tuple[float, float]:
-    """Inception Score (mean, std over ``splits``) of unbiased logits, by torch-fidelity's ``isc_features_to_metric``.
+def inception_score(logits: ArrayLike, split_size: int = 5000) -> Tuple[float, float]:
+    """Inception Score as ADM's evaluator computes it: (mean over splits, std over splits).
 
-    ``shuffle=False`` keeps the samples' order, as ADM's evaluator does
-    (torch-fidelity's own default shuffles with seed 2020); for 50,000
-    samples and 10 splits the chunks are then ADM's 5,000-sample splits.
+    The softmax of the logits is cut, in order, into consecutive splits of ``split_size``
+    samples (50,000 samples: ten splits of 5,000); each split scores exp(mean KL(p(y|x) ||
+    p(y))) with p(y) the split's mean prediction. ADM prints the mean; the std is ours.
     """
-    features = logits if isinstance(logits, torch.Tensor) else torch.from_numpy(np.asarray(logits))
-    if features.dim() != 2 or features.shape[0] < splits or splits < 1:
-        raise ValueError(f"inception_score needs (N, classes) logits with N >= splits >= 1, got {tuple(features.shape)} "
-                         f"and splits={splits}; pass more samples or fewer splits.")
-    out = isc_features_to_metric(features.detach().cpu(), splits=splits, shuffle=shuffle, rng_seed=seed)
-    return float(out[KEY_METRIC_ISC_MEAN]), float(out[KEY_METRIC_ISC_STD])
+    values = logits.detach().cpu().numpy() if isinstance(logits, torch.Tensor) else np.asarray(logits)
+    values = values.astype(np.float64)
+    if values.ndim != 2 or values.shape[0] < 1 or split_size < 1:
+        raise ValueError(f"inception_score needs (N, classes) logits with N >= 1 and split_size >= 1, got "
+                         f"{values.shape} and split_size={split_size}; pass the samples' logits.")
+    values = values - values.max(axis=1, keepdims=True)
+    probs = np.exp(values)
+    probs /= probs.sum(axis=1, keepdims=True)
+    scores = []
+    for start in range(0, len(probs), split_size):
+        part = probs[start:start + split_size]
+        kl = part * (np.log(part) - np.log(part.mean(axis=0, keepdims=True)))
+        scores.append(float(np.exp(kl.sum(axis=1).mean())))
+    return float(np.mean(scores)), float(np.std(scores))
+
+
+DISTANCE_DTYPES = {"float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
 
 
 def precision_recall(real_feats: ArrayLike, fake_feats: ArrayLike, k: int = PR_NEIGHBOURHOOD, batch_size: int = 10000,
-                     *, device: Union[str, torch.device] = "cpu",
-                     dtype: torch.dtype = torch.float64) -> Tuple[float, float]:
+                     *, device: Union[str, torch.device] = "cpu", distance_dtype: str = "float16") -> Tuple[float, float]:
     """Improved precision and recall (Kynkaanniemi et al., 2019) as ADM's ``ManifoldEstimator`` computes them.
 
     Each set spans a manifold: the union of balls around its points, the
@@ -331,12 +339,20 @@ def precision_recall(real_feats: ArrayLike, fake_feats: ArrayLike, k: int = PR_N
     are computed in ``batch_size`` x ``batch_size`` blocks, so 50K x 10K never
     needs a 50K x 50K matrix.
 
+    ``distance_dtype``: ``float16`` does what ADM's ``DistanceBlock`` does: squared
+    distances of the features cast to float16, used (as float32) where the whole block
+    is finite and recomputed in float32 where it is not; radii and comparisons are
+    float32. ``float32`` / ``float64`` compute everything in that dtype.
+
     Hand-written because torch-fidelity's ``prc`` runs on VGG16 features
     (weights that download), while the DiT/SiT numbers use Inception pool
     features, as here.
     """
-    real = _as_tensor(real_feats, device, dtype)
-    fake = _as_tensor(fake_feats, device, dtype)
+    if distance_dtype not in DISTANCE_DTYPES:
+        raise ValueError(f"distance_dtype={distance_dtype!r} is unknown; use one of {', '.join(DISTANCE_DTYPES)}.")
+    work = torch.float64 if distance_dtype == "float64" else torch.float32
+    real = _as_tensor(real_feats, device, work)
+    fake = _as_tensor(fake_feats, device, work)
     if real.dim() != 2 or fake.dim() != 2 or real.shape[1] != fake.shape[1]:
         raise ValueError(f"precision_recall needs two (N, D) feature sets of one D, got {tuple(real.shape)} and "
                          f"{tuple(fake.shape)}; extract both with the same network and layer.")
@@ -345,43 +361,56 @@ def precision_recall(real_feats: ArrayLike, fake_feats: ArrayLike, k: int = PR_N
                          f"and {fake.shape[0]} fake; pass more samples or lower k.")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}; pass a positive block size.")
-    real_radii = _kth_neighbour_sq_radii(real, k, batch_size)
-    fake_radii = _kth_neighbour_sq_radii(fake, k, batch_size)
-    precision = _fraction_inside(fake, real, real_radii, batch_size)
-    recall = _fraction_inside(real, fake, fake_radii, batch_size)
+    distances = _DistanceBlock(DISTANCE_DTYPES[distance_dtype], work)
+    real_radii = _kth_neighbour_sq_radii(real, k, batch_size, distances)
+    fake_radii = _kth_neighbour_sq_radii(fake, k, batch_size, distances)
+    precision = _fraction_inside(fake, real, real_radii, batch_size, distances)
+    recall = _fraction_inside(real, fake, fake_radii, batch_size, distances)
     return precision, recall
 
 
-def _squared_distances(a: torch.Tensor, a_sq: torch.Tensor, b: torch.Tensor, b_sq: torch.Tensor) -> torch.Tensor:
-    # squared, as ADM's distance block: comparing squared distances with squared radii decides the same
-    return (a_sq[:, None] + b_sq[None, :] - 2 * a @ b.T).clamp_min_(0)
+class _DistanceBlock:
+    """Squared pairwise distances of two row blocks, computed in ``compute`` and returned in ``work`` dtype."""
+
+    def __init__(self, compute: torch.dtype, work: torch.dtype):
+        self.compute, self.work = compute, work
+
+    @staticmethod
+    def _squared(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        # squared, as ADM's _batch_pairwise_distances: comparing squared distances with squared radii decides the same
+        a_sq, b_sq = (a * a).sum(dim=1), (b * b).sum(dim=1)
+        return (a_sq[:, None] - 2 * a @ b.T + b_sq[None, :]).clamp_min(0)
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if self.compute == self.work:
+            return self._squared(a, b)
+        block = self._squared(a.to(self.compute), b.to(self.compute))
+        if not torch.isfinite(block).all():  # ADM: tf.cond(all finite, float16 block, float32 block)
+            return self._squared(a, b)
+        return block.to(self.work)
 
 
-def _kth_neighbour_sq_radii(points: torch.Tensor, k: int, batch_size: int) -> torch.Tensor:
-    squared_norms = (points * points).sum(dim=1)
+def _kth_neighbour_sq_radii(points: torch.Tensor, k: int, batch_size: int, distances: _DistanceBlock) -> torch.Tensor:
     radii = torch.empty(points.shape[0], dtype=points.dtype, device=points.device)
     for row in range(0, points.shape[0], batch_size):
         rows = slice(row, row + batch_size)
         nearest = None  # the k + 1 smallest distances so far, self included (at or near 0), ascending
         for col in range(0, points.shape[0], batch_size):
-            cols = slice(col, col + batch_size)
-            block = _squared_distances(points[rows], squared_norms[rows], points[cols], squared_norms[cols])
+            block = distances(points[rows], points[col:col + batch_size])
             candidates = block if nearest is None else torch.cat([nearest, block], dim=1)
             nearest = candidates.topk(min(k + 1, candidates.shape[1]), dim=1, largest=False).values
         radii[rows] = nearest[:, k]  # ADM: index k of the sorted row, index 0 being the point itself
     return radii
 
 
-def _fraction_inside(queries: torch.Tensor, manifold: torch.Tensor, sq_radii: torch.Tensor, batch_size: int) -> float:
-    query_norms = (queries * queries).sum(dim=1)
-    manifold_norms = (manifold * manifold).sum(dim=1)
+def _fraction_inside(queries: torch.Tensor, manifold: torch.Tensor, sq_radii: torch.Tensor, batch_size: int,
+                     distances: _DistanceBlock) -> float:
     inside = torch.zeros(queries.shape[0], dtype=torch.bool, device=queries.device)
     for row in range(0, queries.shape[0], batch_size):
         rows = slice(row, row + batch_size)
         for col in range(0, manifold.shape[0], batch_size):
             cols = slice(col, col + batch_size)
-            block = _squared_distances(queries[rows], query_norms[rows], manifold[cols], manifold_norms[cols])
-            inside[rows] |= (block <= sq_radii[cols][None, :]).any(dim=1)
+            inside[rows] |= (distances(queries[rows], manifold[cols]) <= sq_radii[cols][None, :]).any(dim=1)
     return float(inside.double().mean())
 
 
@@ -438,8 +467,11 @@ def npz_num_images(path: PathLike, *, key: str = "arr_0") -> int:
 def evaluate_samples(npz_path: PathLike, reference: FeatureStats, extractor: Any, *,
                      reference_features: Optional[np.ndarray] = None,
                      spatial_reference: Optional[FeatureStats] = None,
-                     min_samples: int = INCEPTION_FEATURE_DIM + 1, splits: int = 10,
-                     batch_size: Optional[int] = None, prc_k: int = PR_NEIGHBOURHOOD, kid_subsets: int = 100,
+                     own_reference: Optional[FeatureStats] = None,
+                     own_spatial_reference: Optional[FeatureStats] = None,
+                     min_samples: int = INCEPTION_FEATURE_DIM + 1, split_size: int = 5000,
+                     batch_size: Optional[int] = None, prc_k: int = PR_NEIGHBOURHOOD,
+                     prc_distance_dtype: str = "float16", kid_subsets: int = 100,
                      kid_subset_size: int = 1000, seed: int = 0) -> Dict[str, Union[float, int]]:
     """ADM's evaluation of a sample ``.npz`` (``arr_0``: uint8 N x H x W x 3), streamed through ``extractor``.
 
@@ -449,8 +481,9 @@ def evaluate_samples(npz_path: PathLike, reference: FeatureStats, extractor: Any
     given, with ``kid_mean`` / ``kid_std`` (torch-fidelity's KID over ``kid_subsets`` random
     subsets of ``min(kid_subset_size, both set sizes)``, drawn with ``seed``); ``sfid`` when
     ``spatial_reference`` is (then ``extractor`` must have
-    :meth:`InceptionFeatures.extract`). ``extractor(images)`` gets uint8
-    (B, 3, H, W) tensors and returns (pool features, logits).
+    :meth:`InceptionFeatures.extract`); ``fid_own`` (and ``sfid_own``) against a second
+    reference, our own statistics of the training images, when ``own_reference`` is given.
+    ``extractor(images)`` gets uint8 (B, 3, H, W) tensors and returns (pool features, logits).
     """
     npz_path = Path(npz_path)
     num_samples = npz_num_images(npz_path)
@@ -481,19 +514,25 @@ def evaluate_samples(npz_path: PathLike, reference: FeatureStats, extractor: Any
         if reference_features is not None:
             kept_pool.append(pool.astype(np.float32))
 
-    inception_mean, inception_std = inception_score(np.concatenate(logits), splits=splits)
+    inception_mean, inception_std = inception_score(np.concatenate(logits), split_size=split_size)
+    samples_stats = pool_stats.result()
     result: Dict[str, Union[float, int]] = {
-        "fid": frechet_distance(pool_stats.result(), reference),
+        "fid": frechet_distance(samples_stats, reference),
         "inception_score": inception_mean,
         "inception_score_std": inception_std,
     }
+    if own_reference is not None:
+        result["fid_own"] = frechet_distance(samples_stats, own_reference)
     if spatial_stats is not None:
-        result["sfid"] = frechet_distance(spatial_stats.result(), spatial_reference)
+        samples_spatial = spatial_stats.result()
+        result["sfid"] = frechet_distance(samples_spatial, spatial_reference)
+        if own_spatial_reference is not None:
+            result["sfid_own"] = frechet_distance(samples_spatial, own_spatial_reference)
     if reference_features is not None:
         device = getattr(extractor, "device", "cpu")
         fake_features = np.concatenate(kept_pool)
         result["precision"], result["recall"] = precision_recall(reference_features, fake_features, k=prc_k,
-                                                                 device=device)
+                                                                 device=device, distance_dtype=prc_distance_dtype)
         subset = min(kid_subset_size, len(reference_features), len(fake_features))
         kid = kid_features_to_metric(torch.from_numpy(np.asarray(reference_features)),
                                      torch.from_numpy(fake_features), kid_subsets=kid_subsets,
@@ -549,6 +588,42 @@ def adm_reference_features(path: PathLike, extractor: Any, *, batch_size: Option
     if not features:
         raise ValueError(f"{path} holds no images in arr_0; pass a reference batch with images.")
     return np.concatenate(features)
+
+
+def write_reference(out_dir: PathLike, extractor: Any, *, adm_npz: Optional[PathLike],
+                    own: Optional[Callable[[], Tuple[FeatureStats, np.ndarray, Optional[FeatureStats], str]]],
+                    batch_size: int = 100) -> Dict[str, Any]:
+    """Write the reference side of every FID into ``out_dir``; returns what goes into its ``meta.json``.
+
+    With ``adm_npz`` (ADM's reference batch) its statistics are the reference (``stats.npz``,
+    ``spatial_stats.npz``) and its images' pool features the precision/recall and KID reference
+    (``features.npy``); ``own`` (a callable giving our own statistics, kept features, spatial
+    statistics and a description) then adds ``own_stats.npz`` / ``own_spatial_stats.npz`` and the
+    FID between the two references. Without ``adm_npz`` our own statistics are the reference.
+    """
+    out_dir = Path(out_dir)
+    if adm_npz is not None:
+        stats, spatial = load_adm_reference(adm_npz), load_adm_reference(adm_npz, spatial=True)
+        features = adm_reference_features(adm_npz, extractor, batch_size=batch_size)
+        info: Dict[str, Any] = {"reference": "adm", "source": f"ADM reference batch {adm_npz}"}
+        extra = own() if own is not None else None
+    else:
+        stats, features, spatial, source = own()
+        info, extra = {"reference": "own", "source": source}, None
+    stats.save(out_dir / "stats.npz")
+    if spatial is not None:
+        spatial.save(out_dir / "spatial_stats.npz")
+    np.save(out_dir / "features.npy", np.asarray(features, dtype=np.float32), allow_pickle=False)
+    if extra is not None:  # both references: ours beside ADM's, and how far apart they are
+        own_stats, _, own_spatial, own_source = extra
+        own_stats.save(out_dir / "own_stats.npz")
+        info.update(own_source=own_source, fid_between_references=frechet_distance(own_stats, stats))
+        if own_spatial is not None and spatial is not None:
+            own_spatial.save(out_dir / "own_spatial_stats.npz")
+            info["sfid_between_references"] = frechet_distance(own_spatial, spatial)
+    info.update(num_images=int(stats.num), num_features_kept=int(len(features)), feature_dim=int(stats.dim),
+                sfid=spatial is not None)
+    return info
 
 
 # --------------------------------------------------------------------------- helpers

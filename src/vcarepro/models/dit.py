@@ -26,6 +26,9 @@ from ..attention import VisualContrastAttention
 from .deit import VCA_OPTIONS
 
 DIT_ATTENTIONS = ("mhsa", "vca", "diff")
+# Classifier-free guidance acts on the first 3 output channels, as facebookresearch/DiT and
+# willisma/SiT models.py forward_with_cfg do (`eps, rest = model_out[:, :3], model_out[:, 3:]`).
+CFG_CHANNELS = 3
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -214,9 +217,11 @@ class DiT(nn.Module):
         grid = int(self.x_embedder.num_patches ** 0.5)
         self.pos_embed.data.copy_(get_2d_sincos_pos_embed(self.pos_embed.shape[-1], grid).unsqueeze(0))
 
-        # The patch embedding is a Linear on flattened patches, so initialise it like one.
+        # The patch embedding is a Linear on flattened patches, so initialise it like one, zero bias
+        # included (facebookresearch/DiT models.py initialize_weights).
         w = self.x_embedder.proj.weight.data
         nn.init.xavier_uniform_(w.view([w.shape[0], -1]))
+        nn.init.constant_(self.x_embedder.proj.bias, 0)
 
         nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
@@ -258,9 +263,9 @@ class DiT(nn.Module):
         """
         half = x[: len(x) // 2]
         model_out = self.forward(torch.cat([half, half], dim=0), t, y)
-        # The original guides only the first 3 channels (a quirk kept for exact
-        # reproducibility of its FID); the standard form, used here, guides every eps channel.
-        eps, rest = model_out[:, :self.in_channels], model_out[:, self.in_channels:]
+        # As the originals: guidance on the first CFG_CHANNELS channels only ("for exact
+        # reproducibility"; the standard form would guide all in_channels). It matters for cfg > 1 only.
+        eps, rest = model_out[:, :CFG_CHANNELS], model_out[:, CFG_CHANNELS:]
         cond_eps, uncond_eps = torch.split(eps, len(eps) // 2, dim=0)
         half_eps = uncond_eps + cfg_scale * (cond_eps - uncond_eps)
         return torch.cat([torch.cat([half_eps, half_eps], dim=0), rest], dim=1)

@@ -70,6 +70,13 @@ def run_recipe_diffs(params: Dict[str, Any], paper: Dict[str, Any]) -> List[Dict
     return out
 
 
+def fid_protocol_text(protocol: Dict[str, Any]) -> str:
+    samplers = ", ".join(f"{name} {steps} steps ({objective})" for objective, (name, steps) in protocol["samplers"].items())
+    return (f"{protocol['num_samples']} samples with {protocol['labels']} labels, {samplers}, cfg {protocol['cfg_scale']}, "
+            f"decoded by {protocol['decoder']}, models trained in {protocol['train_precision']}, FID against "
+            f"{'ADM' if protocol['reference'] == 'adm' else 'our own'} reference statistics")
+
+
 def build_context(root: Path) -> Dict[str, Any]:
     params = load_params(root / "params.yaml")
     reference = load_reference(root / "data" / "paper_reference.yaml")
@@ -108,6 +115,7 @@ def build_context(root: Path) -> Dict[str, Any]:
         "recipes_collapse": recipes_collapse(params),
         "complexity_tolerance": params["report"]["complexity_tolerance"],
         "table2": tables.table2(),
+        "fid_protocol_text": fid_protocol_text(reference["fid_protocol"]),
         "dit_original": [{"model": r["model"], "fid": r["fid"][0], "source": r["fid"][1]}
                          for r in reference["dit_original"]],
         "table3": tables.ablation("table3"),

@@ -107,6 +107,7 @@ class Cell:
     conflict: Optional[PaperValue] = None
     digits: int = 1
     statistic: Optional[str] = None   # which top-1 the paper's number is (and ours was read as)
+    reason: Optional[str] = None      # why a number measured at paper scale is not comparable
 
     @property
     def diff(self) -> Optional[float]:
@@ -127,6 +128,7 @@ class Cell:
             "verdict": self.verdict,
             "verdict_class": self.verdict.replace(" ", "-"),
             "statistic": self.statistic,
+            "reason": self.reason,
         }
 
 
@@ -181,11 +183,42 @@ class TableBuilder:
                                          lower_is_better=False), self._pv(conflict) if conflict else None,
                     statistic=label if paper.available else None)
 
+    def fid_protocol_deviations(self, run: str) -> List[str]:
+        """How the run's FID was measured differently from the paper's protocol (data/paper_reference.yaml)."""
+        result = self.gen.get(run)
+        metrics = result.metrics if result is not None and result.metrics else {}
+        if not metrics:
+            return []
+        expected = dict(self.ref["fid_protocol"])
+        objective = self.params.get("gen_runs", {}).get(run, {}).get("objective")
+        expected["sampler"], expected["sampler_steps"] = expected.pop("samplers").get(objective, (None, None))
+        out = []
+        for key, want in expected.items():
+            got = metrics.get(key)
+            if got is not None and got != want:
+                out.append(PROTOCOL_DEVIATIONS.get(key, "{key} {got}").format(key=key, got=got, want=want))
+        return out
+
     def fid_cell(self, run: str, entry, conflict=None) -> Cell:
         ours = measured(self.gen.get(run), "fid", self.scale)
         paper = self._pv(entry)
-        return Cell(paper, ours, verdict(paper, ours, comparable=self.gen_comparable, tolerance=self.tol_fid,
-                                         lower_is_better=True), self._pv(conflict) if conflict else None)
+        deviations = self.fid_protocol_deviations(run) if self.gen_comparable else []
+        cell = Cell(paper, ours, verdict(paper, ours, comparable=self.gen_comparable and not deviations,
+                                         tolerance=self.tol_fid, lower_is_better=True),
+                    self._pv(conflict) if conflict else None)
+        if deviations and cell.verdict == NOT_COMPARABLE:
+            cell.reason = "; ".join(deviations)
+        return cell
+
+    def protocol_text(self, run: str) -> Optional[str]:
+        """The protocol a run's FID followed, in words, from its metrics.json."""
+        result = self.gen.get(run)
+        m = result.metrics if result is not None and result.metrics else None
+        if not m or "reference" not in m:
+            return None
+        return (f"{m['sampler']} {m['sampler_steps']} steps, cfg {m['cfg_scale']}, {m['labels']} labels, "
+                f"{m.get('num_samples')} samples, decoder {m['decoder']}, {m['reference']} reference, "
+                f"trained {m['train_precision']}")
 
     def exact_cell(self, run: str, entry, key: str) -> Cell:
         model = self._model_of(run)
@@ -256,7 +289,8 @@ class TableBuilder:
 
     def table2(self) -> List[Dict[str, Any]]:
         return [{"model": r["model"], "attention": r["attention"], "run": r["run"],
-                 "fid": self.fid_cell(r["run"], r["fid"]).as_dict()} for r in self.ref["table2"]["rows"]]
+                 "fid": self.fid_cell(r["run"], r["fid"]).as_dict(), "protocol": self.protocol_text(r["run"])}
+                for r in self.ref["table2"]["rows"]]
 
     def ablation(self, name: str) -> List[Dict[str, Any]]:
         rows = []
@@ -368,6 +402,18 @@ def runs_frame(results: Dict[str, RunResult], runs: Dict[str, Any], models: Dict
         records.append(record)
     return pd.DataFrame.from_records(records)
 
+
+# How a FID's protocol differs from the paper's, in words ({got}: the run's, {want}: the paper's).
+PROTOCOL_DEVIATIONS = {
+    "reference": "{got} reference statistics (the paper's: ADM's reference batch)",
+    "labels": "{got} labels (the paper's: {want})",
+    "decoder": "decoder {got} (the paper's: {want})",
+    "train_precision": "trained in {got} (the paper's: {want})",
+    "cfg_scale": "cfg {got} (the paper's: {want})",
+    "num_samples": "{got} samples (the paper's: {want})",
+    "sampler": "sampler {got} (the paper's: {want})",
+    "sampler_steps": "{got} sampler steps (the paper's: {want})",
+}
 
 ROLES = {"baseline": "baseline (original recipe)", "twin": "baseline (lab's recipe)",
          "control": "control (lab's backbone, own attention)", "vca": "VCA (lab's recipe)"}
