@@ -302,3 +302,21 @@ def test_table2_judges_only_fids_that_followed_the_papers_protocol(tmp_path):
     assert "own reference statistics (the paper&#39;s: ADM&#39;s reference batch)" in mhsa
     assert "trained in bf16 (the paper&#39;s: tf32)" in mhsa
     assert "50000 samples with random labels" in table  # the paper's protocol, stated
+
+
+def test_changes_since_head_is_one_line_when_heads_metrics_are_not_in_the_cache(monkeypatch):
+    from vcarepro.report import changes
+
+    params = compose([])
+    monkeypatch.setattr(changes, "_params_at", lambda rev, root: params)
+    monkeypatch.setattr(changes, "_metrics_at", lambda rev, root, targets: {t: None for t in targets})
+    out = changes.changes_since(Path("."), params, {"cls": {"deit_tiny-vca": {"top1": 70.0}}, "gen": {}})
+    assert out["metrics"] is None and out["params"] == []
+    assert out["note"].startswith("HEAD's run metrics are not in this checkout's DVC cache (a fresh clone")
+    monkeypatch.setattr(changes, "_metrics_at",
+                        lambda rev, root, targets: {t: ({"top1": 60.0} if "vca" in t else None) for t in targets})
+    out = changes.changes_since(Path("."), params, {"cls": {"deit_tiny-vca": {"top1": 70.0},
+                                                            "deit_tiny-mhsa": {"top1": 50.0}}, "gen": {}})
+    assert [(r["run"], r["previous"], r["now"]) for r in out["metrics"]] == [
+        ("deit_tiny-mhsa", "absent", "50"), ("deit_tiny-vca", "60", "70")]
+    assert out["note"].startswith("1 run(s) have no metrics at HEAD") and "deit_tiny-mhsa" in out["note"]

@@ -1,13 +1,14 @@
 """What changed against the previous commit: the `dvc params diff` / `dvc metrics diff` view.
 
-Read through ``dvc.api`` (which works from inside a running stage): the params and the
-run metrics of ``HEAD``, from git and DVC's cache, against the workspace. A fresh clone
-whose cache lacks HEAD's metrics shows params only, and says so.
+Read through DVC (which works from inside a running stage): the params and the run
+metrics of ``HEAD``, from git and DVC's cache, against the workspace. The metrics of every
+run are read in one pass over the repository. A fresh clone whose cache lacks HEAD's
+metrics shows params only, and says so in one line.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from ..config import flatten
 
@@ -19,9 +20,16 @@ def _params_at(rev: str, root: Path) -> Dict[str, Any]:
     return dvc.api.params_show(repo=str(root), rev=rev)
 
 
-def _metrics_at(rev: str, root: Path, targets: List[str]) -> Dict[str, Any]:
-    import dvc.api
-    return dvc.api.metrics_show(*targets, repo=str(root), rev=rev)
+def _metrics_at(rev: str, root: Path, targets: List[str]) -> Dict[str, Optional[Dict[str, Any]]]:
+    """{target: its metrics at ``rev``, or None where that revision's file is not in DVC's cache}."""
+    from dvc.repo import Repo
+
+    with Repo(str(root)) as repo:  # one index of the revision for every target (dvc.api reads it per call)
+        shown = repo.metrics.show(targets=targets, revs=[rev], on_error="return")
+    if "error" in shown.get(rev, {}):
+        raise shown[rev]["error"]
+    files = shown.get(rev, {}).get("data", {})
+    return {target: files.get(target, {}).get("data") for target in targets}
 
 
 def params_changes(current: Dict[str, Any], previous: Dict[str, Any]) -> List[Dict[str, str]]:
@@ -56,18 +64,20 @@ def changes_since(root: Path, params: Dict[str, Any], run_metrics: Dict[str, Dic
         out["note"] = f"params of {rev} are not readable ({type(err).__name__}); no comparison."
         return out
     targets = {name: f"runs/{branch}/{name}/metrics.json" for branch, names in run_metrics.items() for name in names}
-    previous: Dict[str, Dict[str, Any]] = {}
-    missing = []
-    for name, target in targets.items():
-        try:
-            shown = _metrics_at(rev, root, [target])
-        except Exception:
-            missing.append(name)
-            continue
-        previous[name] = shown  # one target: dvc.api returns that file's content
+    try:
+        shown = _metrics_at(rev, root, list(targets.values()))
+    except Exception as err:
+        out["note"] = f"metrics of {rev} are not readable ({type(err).__name__}); params only."
+        return out
+    previous = {name: shown[target] for name, target in targets.items() if shown.get(target) is not None}
+    missing = sorted(set(targets) - set(previous))
+    if targets and not previous:
+        out["note"] = (f"{rev}'s run metrics are not in this checkout's DVC cache (a fresh clone: `dvc pull`, or "
+                       f"`dvc repro` at {rev}, brings them); params only.")
+        return out
     current = {name: metrics for branch in run_metrics.values() for name, metrics in branch.items() if metrics}
     out["metrics"] = metrics_changes(current, previous)
     if missing:
         out["note"] = (f"{len(missing)} run(s) have no metrics at {rev} in this checkout's DVC cache "
-                       f"(not run then, or not pulled): {', '.join(sorted(missing))}.")
+                       f"(not run then, or not pulled): {', '.join(missing)}.")
     return out

@@ -1,0 +1,344 @@
+"""Run a stage's Python command in a warm interpreter: torch and timm imported once, not 47 times.
+
+Every DVC stage is its own process, and each used to spend most of its start-up importing
+torch, timm and this package (about 9 s on a 2-core machine, so minutes over the embedded
+pipeline). ``python stages/run.py SCRIPT ARGS...`` (or ``-m MODULE ARGS...``) runs the same
+command, but in a child forked from a local server that holds those modules already:
+
+* the client (this file, standard library only, loaded by ``stages/run.py`` without
+  importing the package) connects to a Unix socket in a private temporary directory, starting
+  the server (``python warm.py serve``) if none answers;
+* it hands over its command line, working directory, environment and its stdin / stdout /
+  stderr file descriptors, so the child reads and writes exactly where the stage would;
+* the server forks; the child becomes its own process group, takes those descriptors,
+  directory, environment and ``sys.argv``, and runs the script with :mod:`runpy` as
+  ``__main__``; its exit status (or the signal that ended it) comes back to the client,
+  which ends the same way;
+* SIGINT, SIGTERM and SIGHUP reaching the client are forwarded to the child's process group
+  (a SIGTERM still stops training at a step boundary with exit 143); if the client dies
+  without a word (SIGKILL), the server kills the child.
+
+Nothing listens on the network: the socket is a file in a directory only this user can
+enter. The server's key is a hash of the interpreter and of every ``.py`` file of the
+package, so edited code gets a fresh server (the old one idles out after
+``VCAREPRO_WARM_IDLE`` seconds, 60 by default). ``VCAREPRO_WARM=0`` runs every command in
+a fresh interpreter instead, as does any failure to reach a server.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import List, Optional
+
+PACKAGE = Path(__file__).resolve().parent
+# Modules the stages import; the server imports them once, each child inherits them.
+PRELOAD = ("torch", "timm", "vcarepro", "vcarepro.launch", "vcarepro.train.classification",
+           "vcarepro.train.generation", "vcarepro.metrics.complexity", "vcarepro.metrics.fid50k",
+           "vcarepro.data.samples", "vcarepro.bench", "vcarepro.report.render", "dvclive")
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+START_TIMEOUT = 120.0  # seconds for a new server to import everything and listen
+
+
+def enabled() -> bool:
+    return os.environ.get("VCAREPRO_WARM", "1") != "0"
+
+
+def server_key() -> str:
+    """What a server's preloaded state depends on: the interpreter and this package's code."""
+    digest = hashlib.sha256(f"{sys.executable}\0{sys.version}\0{sys.prefix}".encode())
+    for path in sorted(PACKAGE.rglob("*.py")):
+        digest.update(str(path.relative_to(PACKAGE)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:20]
+
+
+def socket_path(key: str) -> Path:
+    folder = Path(tempfile.gettempdir()) / f"vcarepro-warm-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    if folder.stat().st_uid != os.getuid() or folder.stat().st_mode & 0o077:
+        raise PermissionError(f"{folder} is not private to this user; remove it or set VCAREPRO_WARM=0.")
+    return folder / f"{key}.sock"
+
+
+# -- the wire: one JSON object a line ---------------------------------------------------------
+
+def _send(sock: socket.socket, message: dict, fds: Optional[List[int]] = None) -> None:
+    data = (json.dumps(message) + "\n").encode()
+    if fds:
+        socket.send_fds(sock, [data], fds)
+    else:
+        sock.sendall(data)
+
+
+class _Lines:
+    def __init__(self, sock: socket.socket):
+        self.sock, self.buffer = sock, b""
+
+    def read(self, max_fds: int = 0):
+        """The next message (and the descriptors sent with it), or (None, []) at the end of the stream."""
+        fds: List[int] = []
+        while b"\n" not in self.buffer:
+            if max_fds:
+                data, new_fds, _, _ = socket.recv_fds(self.sock, 65536, max_fds)
+                fds += new_fds
+            else:
+                data = self.sock.recv(65536)
+            if not data:
+                return None, fds
+            self.buffer += data
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line), fds
+
+
+# -- client -------------------------------------------------------------------------------------
+
+def run(command: List[str]) -> int:
+    """Run ``command`` (``[script, args...]`` or ``["-m", module, args...]``) warm; returns its exit status."""
+    if not command:
+        raise SystemExit("usage: python stages/run.py SCRIPT [ARGS...] | -m MODULE [ARGS...]")
+    if enabled():
+        try:
+            sock = _connect()
+        except OSError as err:
+            print(f"warm start unavailable ({err}); running in a fresh interpreter.", file=sys.stderr)
+        else:
+            return _run_on(sock, command)
+    return subprocess.call([sys.executable, *command])
+
+
+def _connect() -> socket.socket:
+    key = server_key()
+    path = socket_path(key)
+    try:
+        return _open(path)
+    except OSError:
+        pass
+    subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "serve", str(path), key],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True, close_fds=True)
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        try:
+            return _open(path)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _open(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _run_on(sock: socket.socket, command: List[str]) -> int:
+    request = {"argv": command, "cwd": os.getcwd(), "env": dict(os.environ)}
+    _send(sock, request, fds=[0, 1, 2])
+    lines = _Lines(sock)
+    started, _ = lines.read()
+    if started is None or "pid" not in started:
+        raise SystemExit("the warm server closed the connection before starting the command; "
+                         "run it with VCAREPRO_WARM=0 to see why.")
+    child = started["pid"]
+
+    def forward(signum, frame):
+        try:
+            os.killpg(child, signum)
+        except ProcessLookupError:
+            pass
+
+    for signum in FORWARDED:
+        signal.signal(signum, forward)
+    finished, _ = lines.read()
+    if finished is None:
+        raise SystemExit("the warm server stopped while the command ran; re-run it (or set VCAREPRO_WARM=0).")
+    if finished.get("signal"):
+        signal.signal(finished["signal"], signal.SIG_DFL)
+        os.kill(os.getpid(), finished["signal"])  # end the way the command ended, as a fresh process would
+    return int(finished["exit"])
+
+
+# -- server -------------------------------------------------------------------------------------
+
+def serve(path: str, key: str, idle: Optional[float] = None) -> None:
+    """Import the stages' modules, then fork one child per request until ``idle`` seconds pass without one."""
+    idle = float(os.environ.get("VCAREPRO_WARM_IDLE", "60")) if idle is None else idle
+    if sys.path and Path(sys.path[0] or ".").resolve() == PACKAGE:
+        sys.path.pop(0)  # this file's folder must not shadow anything (it holds io.py, config.py, ...)
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except Exception:  # a module that cannot load here is imported by the child itself, or fails there
+            pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    tmp = f"{path}.{os.getpid()}"
+    listener.bind(tmp)
+    listener.listen(16)
+    os.replace(tmp, path)  # clients find the socket only once the server listens on it
+    inode = os.stat(path).st_ino
+    listener.settimeout(idle)
+    waiters: List[threading.Thread] = []
+    try:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except socket.timeout:
+                waiters = [t for t in waiters if t.is_alive()]
+                if not waiters:
+                    break
+                continue
+            started = _start(conn)  # the fork happens here, in the main thread
+            if started is not None:
+                waiter = threading.Thread(target=_finish, args=(conn, started), daemon=True)
+                waiter.start()
+                waiters.append(waiter)
+    finally:
+        listener.close()
+        try:
+            if os.stat(path).st_ino == inode:  # not a newer server's socket
+                os.unlink(path)
+        except OSError:
+            pass
+
+
+def _start(conn: socket.socket) -> Optional[int]:
+    """Read one request and fork its child; the child's pid, or None for a request that never came whole."""
+    conn.settimeout(10)
+    try:
+        request, fds = _Lines(conn).read(max_fds=3)
+    except (OSError, ValueError):
+        request, fds = None, []
+    if request is None or len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return None
+    pid = os.fork()
+    if pid == 0:
+        _child(request, fds)  # never returns
+    for fd in fds:
+        os.close(fd)
+    try:
+        _send(conn, {"pid": pid})
+    except OSError:
+        pass
+    return pid
+
+
+def _finish(conn: socket.socket, pid: int) -> None:
+    status = _wait(pid, conn)
+    try:
+        _send(conn, status)
+    except OSError:
+        pass
+    conn.close()
+
+
+def _wait(pid: int, conn: socket.socket) -> dict:
+    """The child's end; if the client goes away first (killed), the child's process group goes too."""
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            if os.WIFSIGNALED(status):
+                return {"exit": 128 + os.WTERMSIG(status), "signal": os.WTERMSIG(status)}
+            return {"exit": os.WEXITSTATUS(status)}
+        conn.settimeout(0.05)
+        try:
+            if conn.recv(1, socket.MSG_PEEK) == b"":
+                raise ConnectionResetError
+        except socket.timeout:
+            continue
+        except OSError:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.waitpid(pid, 0)
+            return {"exit": 137, "signal": signal.SIGKILL}
+
+
+def _child(request: dict, fds: List[int]) -> None:
+    code = 1
+    try:
+        os.setpgid(0, 0)  # its own group: forwarded signals reach its workers too
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        for signum in FORWARDED:
+            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.stdin = open(0, "r", closefd=False)
+        sys.stdout = open(1, "w", closefd=False)
+        sys.stderr = open(2, "w", closefd=False)
+        code = _execute(request["argv"])
+    except SystemExit as stop:
+        code = _exit_code(stop)
+    except BaseException as err:
+        _print_traceback(err)
+        code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+
+def _execute(argv: List[str]) -> int:
+    import runpy
+
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path[0] = os.getcwd()
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            sys.path[0] = str(Path(argv[0]).resolve().parent)
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as stop:
+        return _exit_code(stop)
+    return 0
+
+
+def _print_traceback(err: BaseException) -> None:
+    """The traceback a fresh interpreter would print: from the script's frames on, not this runner's."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>"):
+        tb = tb.tb_next
+    traceback.print_exception(type(err), err, tb)
+
+
+def _exit_code(stop: SystemExit) -> int:
+    if stop.code is None:
+        return 0
+    if isinstance(stop.code, int):
+        return stop.code
+    print(stop.code, file=sys.stderr)  # SystemExit("message"): printed, status 1, as the interpreter does
+    return 1
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["serve"]:
+        serve(sys.argv[2], sys.argv[3])
+    else:
+        raise SystemExit(run(sys.argv[1:]))

@@ -1,0 +1,125 @@
+"""The warm runner: a stage's command behaves as in a fresh interpreter, only its start-up is shared."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vcarepro import warm
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ROOT / "stages" / "run.py"
+ENV = {**os.environ, "VCAREPRO_WARM_IDLE": "20"}
+
+SCRIPT = """
+import os, sys, time
+print("out", os.getcwd(), os.environ.get("PROBE"), "torch" in sys.modules, sys.argv[1:], flush=True)
+print("err", file=sys.stderr, flush=True)
+if sys.argv[1] == "exit":
+    sys.exit(int(sys.argv[2]))
+if sys.argv[1] == "message":
+    raise SystemExit("a stage's one-sentence error")
+if sys.argv[1] == "raise":
+    raise KeyError("boom")
+if sys.argv[1] == "sleep":
+    import signal
+    signal.signal(signal.SIGTERM, lambda *a: (open(sys.argv[2], "w").write("stopped"), sys.exit(143)))
+    while True:
+        open(sys.argv[2] + ".beat", "w").write(str(time.time()))
+        time.sleep(0.05)
+"""
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "probe.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def run(args, cwd, **env):
+    return subprocess.run([sys.executable, str(RUN), *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          env={**ENV, **env}, timeout=300)
+
+
+def test_output_directory_environment_arguments_and_exit_status_are_the_callers(script, tmp_path):
+    result = run([script, "exit", 3], tmp_path, PROBE="42")
+    assert result.returncode == 3
+    assert result.stdout.split()[:4] == ["out", str(tmp_path), "42", "True"]  # warm: torch was already imported
+    assert "['exit', '3']" in result.stdout and result.stderr.strip() == "err"
+
+
+def test_errors_end_as_a_fresh_interpreter_ends_them(script, tmp_path):
+    message = run([script, "message"], tmp_path)
+    assert message.returncode == 1 and message.stderr.strip().endswith("a stage's one-sentence error")
+    crash = run([script, "raise"], tmp_path)
+    assert crash.returncode == 1
+    lines = crash.stderr.splitlines()
+    assert lines[lines.index("Traceback (most recent call last):") + 1].startswith(f'  File "{script}"')  # not ours
+    assert crash.stderr.strip().endswith("KeyError: 'boom'")
+
+
+def test_a_fresh_interpreter_is_one_switch_away(script, tmp_path):
+    result = run([script, "exit", 0], tmp_path, VCAREPRO_WARM="0")
+    assert result.returncode == 0 and result.stdout.split()[3] == "False"
+
+
+def test_modules_run_with_dash_m(tmp_path):
+    result = run(["-m", "json.tool", "--help"], tmp_path)
+    assert result.returncode == 0 and "json.tool" in result.stdout
+
+
+def wait_for(path: Path, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_sigterm_reaches_the_command_which_ends_as_it_chooses(script, tmp_path):
+    marker = tmp_path / "marker"
+    client = subprocess.Popen([sys.executable, str(RUN), str(script), "sleep", str(marker)], cwd=tmp_path, env=ENV,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for(Path(str(marker) + ".beat"))
+    client.send_signal(signal.SIGTERM)
+    assert client.wait(timeout=60) == 143 and marker.read_text() == "stopped"
+
+
+def test_a_killed_client_takes_its_command_with_it(script, tmp_path):
+    marker = tmp_path / "marker"
+    beat = Path(str(marker) + ".beat")
+    client = subprocess.Popen([sys.executable, str(RUN), str(script), "sleep", str(marker)], cwd=tmp_path, env=ENV,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for(beat)
+    client.kill()
+    client.wait(timeout=60)
+    time.sleep(1.0)
+    last = beat.stat().st_mtime
+    time.sleep(0.5)
+    assert beat.stat().st_mtime == last  # no heartbeat any more: the command is gone
+    assert not marker.exists()
+
+
+def test_edited_code_gets_a_new_server(tmp_path, monkeypatch):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(warm, "PACKAGE", package)
+    before = warm.server_key()
+    assert warm.server_key() == before
+    (package / "a.py").write_text("x = 2\n")
+    assert warm.server_key() != before
+
+
+def test_the_socket_lives_in_a_folder_only_this_user_can_enter(monkeypatch, tmp_path):
+    monkeypatch.setattr(warm.tempfile, "gettempdir", lambda: str(tmp_path))
+    path = warm.socket_path("k")
+    assert path.parent.stat().st_mode & 0o777 == 0o700 and path.name == "k.sock"
+    path.parent.chmod(0o755)
+    with pytest.raises(PermissionError, match="not private to this user; remove it or set VCAREPRO_WARM=0"):
+        warm.socket_path("k")
