@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -121,10 +122,11 @@ def test_report_lists_the_knobs_that_differ_from_the_papers_recipe(project):
 
 
 def add_vca_and_baseline(project, base_top1=60.0, vca_top1=(62.0, 66.0)):
-    """DeiT-T baseline (two seeds, std 2.0) beside the VCA run of the fixture, and an attention_cost file."""
+    """DeiT-T baseline (two seeds, 58 and 62) beside the VCA run of the fixture, and an attention_cost file."""
     run = project / "runs" / "cls" / "deit_tiny-mhsa"
     run.mkdir(parents=True)
-    (run / "metrics.json").write_text(json.dumps({"top1": base_top1, "top1_std": 2.0, "n_seeds": 2}))
+    (run / "metrics.json").write_text(json.dumps({"top1": base_top1, "top1_std": 2.83, "top1_seed0": base_top1 - 2,
+                                                  "top1_seed1": base_top1 + 2, "n_seeds": 2}))
     (project / "metrics" / "attention_cost.json").write_text(json.dumps({
         "machine": {"cpu": "Test CPU"}, "config": {},
         "rows": [{"tokens": n, "layer": layer, "forward_ms": 1.0, "forward_backward_ms": t, "macs": m}
@@ -138,10 +140,30 @@ def test_report_shows_the_vca_gain_beside_the_papers_with_its_direction(project)
     section = html[html.index("What VCA brings"):]
     row = section[section.index("<td>DeiT-T</td>"):]
     row = row[:row.index("</tr>")]
-    # ours: 88.25 - 60.0 = +28.25, s.e. sqrt(1.5^2/2 + 2.0^2/2) = 1.77; the paper's: 75.6 - 72.2 = +3.4
-    assert "+28.25 ± 1.77 s.e. (n=2+2)" in row and "+3.4" in row and "same direction as paper" in row
+    # ours: 88.25 - 60.0 = +28.25 over seeds (87.2, 89.3) and (58, 62), Welch's 95% interval [+14.81, +41.69]
+    # (2.26 s.e. on 1.51 degrees of freedom); the paper's: 75.6 - 72.2 = +3.4
+    assert "+28.25 [+14.81, +41.69] (95% Welch, n=2 vs 2)" in row
+    assert "+3.4" in row and "same direction as paper (resolved)" in row
     assert "embedded" in row  # the scale travels with the number
     assert section.count("not run") >= 4  # DeiT-S, PVT, Swin, CSWin have no runs here
+
+
+def test_a_gain_whose_interval_holds_zero_or_rests_on_one_seed_gets_no_direction(project):
+    add_vca_and_baseline(project, base_top1=86.0)   # seeds 84 and 88 against VCA's 87.2 and 89.3
+    gen = project / "runs" / "gen"
+    for run, seeds in (("dit_s2-mhsa", [60.0, 62.0, 61.0]), ("dit_s2-vca", [59.0, 62.5, 60.0]),
+                       ("sit_s2-mhsa", [55.0]), ("sit_s2-vca", [50.0])):
+        (gen / run).mkdir(parents=True)
+        (gen / run / "metrics.json").write_text(json.dumps(
+            {"fid": statistics.fmean(seeds), "fid_std": statistics.stdev(seeds) if len(seeds) > 1 else 0.0,
+             "n_seeds": len(seeds), **{f"fid_seed{i}": v for i, v in enumerate(seeds)}}))
+    html = render_report(project, project / "reports" / "index.html").read_text()
+    section = html[html.index("What VCA brings"):html.index("<h2>Table 3")]
+    rows = {r.split("</td>")[1].removeprefix("<td>"): r for r in section.split("<tr>")[2:]}
+    assert "not resolved with 2 seeds" in rows["DeiT-T"] and "seeds per run would resolve it" in rows["DeiT-T"]
+    assert "not resolved with 3 seeds" in rows["DiT-S/2"] and "direction as paper" not in rows["DiT-S/2"]
+    assert "one seed: no error estimate" in rows["SiT-S/2"] and "direction" not in rows["SiT-S/2"]
+    assert "direction as paper" not in section and "opposite direction" not in section
 
 
 def test_table1_shows_each_backbones_rows_and_splits_the_gain_into_recipe_and_attention(project):
@@ -159,9 +181,10 @@ def test_table1_shows_each_backbones_rows_and_splits_the_gain_into_recipe_and_at
     split = table[table.index("Where the gain comes from"):]
     rows = [r for r in split.split("<tr>") if "<td>DeiT-T</td>" in r]
     assert len(rows) == 3  # total, recipe, attention
-    assert "+3.4" in rows[0] and "+28.25 ± 1.77 s.e. (n=2+2)" in rows[0]  # 75.6 - 72.2; 88.25 - 60.0
+    assert "+3.4" in rows[0] and "+28.25 [+14.81, +41.69]" in rows[0]  # 75.6 - 72.2; 88.25 - 60.0
+    assert "same direction as paper (resolved)" in rows[0]
     assert "recipe:" in rows[1] and "0 (the same run at this scale)" in rows[1]
-    assert "attention:" in rows[2] and "+28.25 ± 1.77 s.e." in rows[2]
+    assert "attention:" in rows[2] and "+28.25 [+14.81, +41.69]" in rows[2] and "positive (resolved)" in rows[2]
     cswin = [r for r in split.split("<tr>") if "<td>CSwin-T</td>" in r]
     assert [r.count("backbone:") for r in cswin] == [0, 0, 1, 0] and all("not run" in r for r in cswin)
 
@@ -179,8 +202,8 @@ def test_report_exports_every_table_as_csv_and_markdown(project):
     add_vca_and_baseline(project)
     render_report(project, project / "reports" / "index.html")
     tables = project / "reports" / "tables"
-    for name in ("table1", "decomposition", "table2", "table3", "table4", "gains", "claims", "cls_runs", "gen_runs",
-                 "complexity"):
+    for name in ("table1", "decomposition", "table2", "table3", "table4", "gains", "table3_gains", "table4_gains",
+                 "claims", "cls_runs", "gen_runs", "complexity"):
         assert (tables / f"{name}.csv").is_file() and (tables / f"{name}.md").is_file(), name
     table1 = (tables / "table1.csv").read_text().splitlines()
     assert table1[0].startswith("model,attention,role,recipe,run,same_as,top1 paper,top1 ours,top1 diff,top1 verdict,"

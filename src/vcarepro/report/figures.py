@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import base64
 import io
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import matplotlib
 
@@ -12,8 +12,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def curves_png(title: str, curves: Dict[str, Dict[int, List[tuple]]], metrics: List[str],
-               xlabel: str = "step") -> Optional[str]:
-    """One panel per metric, one line per seed; None when no metric has data."""
+               xlabel: str = "step", references: Optional[Dict[str, Tuple[float, str]]] = None) -> Optional[str]:
+    """One panel per metric, one line per seed, and a dashed line per ``references`` entry (metric -> (value, label)).
+
+    None when no metric has data.
+    """
     present = [m for m in metrics if curves.get(m)]
     if not present:
         return None
@@ -22,6 +25,10 @@ def curves_png(title: str, curves: Dict[str, Dict[int, List[tuple]]], metrics: L
         for seed, points in sorted(curves[metric].items()):
             steps, values = zip(*points)
             ax.plot(steps, values, label=f"seed {seed}", linewidth=1.2)
+        if references and metric in references:
+            value, label = references[metric]
+            ax.axhline(value, color="black", linestyle="--", linewidth=0.9, label=f"{label} {value:.1f}")
+            ax.legend(fontsize=6)
         ax.set_title(metric, fontsize=9)
         ax.set_xlabel(xlabel, fontsize=8)
         ax.tick_params(labelsize=7)
@@ -40,7 +47,7 @@ def _png(fig) -> str:
 
 
 def gains_png(rows: List[dict]) -> Optional[str]:
-    """VCA minus baseline per row: ours (at the scale measured, with s.e. bars) beside the paper's."""
+    """VCA minus baseline per row: ours (at the scale measured, with its 95% interval) beside the paper's."""
     rows = [r for r in rows if r["ours_value"] is not None or r["paper_value"] is not None]
     if not rows:
         return None
@@ -53,9 +60,12 @@ def gains_png(rows: List[dict]) -> Optional[str]:
         y = range(len(subset))
         paper = [r["paper_value"] if r["paper_value"] is not None else 0.0 for r in subset]
         ours = [r["ours_value"] if r["ours_value"] is not None else 0.0 for r in subset]
-        err = [r["ours_se"] or 0.0 for r in subset]
+        # asymmetric bars from the interval's ends; none where a side has one seed (no error estimate)
+        err = [[v - r["ours_low"] if r["ours_low"] is not None else 0.0 for v, r in zip(ours, subset)],
+               [r["ours_high"] - v if r["ours_high"] is not None else 0.0 for v, r in zip(ours, subset)]]
         ax.barh([i + 0.2 for i in y], paper, height=0.4, label="paper", color="#999999")
-        ax.barh([i - 0.2 for i in y], ours, height=0.4, xerr=err, label="ours (its scale)", color="#3366aa")
+        ax.barh([i - 0.2 for i in y], ours, height=0.4, xerr=err, capsize=2, label="ours (its scale, 95% interval)",
+                color="#3366aa")
         ax.set_yticks(list(y))
         ax.set_yticklabels([r["label"] for r in subset], fontsize=7)
         ax.axvline(0, color="black", linewidth=0.8)

@@ -83,6 +83,9 @@ def build_context(root: Path) -> Dict[str, Any]:
     paper = compose(["scale=paper"], config_dir=root / "conf")
     complexity = read_json(root / "metrics" / "complexity.json") or {}
     attention_cost = read_json(root / "metrics" / "attention_cost.json")
+    cls_reference = read_json(root / "metrics" / "cls_reference.json")
+    reference_line = ({"val/top1": (cls_reference["logreg_top1"], "logistic regression")}
+                      if cls_reference and cls_reference.get("computed") else {})
     cls = collect_runs(root / "runs", "cls", list(params["cls_runs"]))
     gen = collect_runs(root / "runs", "gen", list(params["gen_runs"]))
     knobs = differing_knobs(params, paper)
@@ -91,7 +94,7 @@ def build_context(root: Path) -> Dict[str, Any]:
         k["knob"].startswith(("prepare_gen", "gen_", "sampling")) for k in knobs)
     tables = TableBuilder(reference, params, cls, gen, complexity, attention_cost,
                           cls_comparable=cls_comparable, gen_comparable=gen_comparable, paper_params=paper)
-    cls_keys = ["top1", "top5", "loss"]
+    cls_keys = ["top1", "top5", "loss", "plateau_spread"]
     gen_keys = ["fid", "kid_mean", "inception_score", "precision", "recall"]
     gains = tables.gains()
     environment = describe_environment(root)
@@ -101,6 +104,7 @@ def build_context(root: Path) -> Dict[str, Any]:
         "environment": environment,
         "changes": changes_since(root, params, run_metrics),
         "gains": gains,
+        "cls_reference": cls_reference,
         "gains_png": gains_png(gains),
         "attention_cost_png": attention_cost_png(attention_cost),
         "run_diffs": run_recipe_diffs(params, paper),
@@ -120,13 +124,17 @@ def build_context(root: Path) -> Dict[str, Any]:
                          for r in reference["dit_original"]],
         "table3": tables.ablation("table3"),
         "table4": tables.ablation("table4"),
+        **{f"{k}_gains": tables.ablation_gains(k) for k in ("table3", "table4")},
+        "ablation_reference": {k: next(r["variant"] for r in reference[k]["rows"] if r.get("reference"))
+                               for k in ("table3", "table4")},
         "titles": {k: reference[k]["title"] for k in ("table1", "table2", "table3", "table4")},
         "cls_runs": runs_frame(cls, params["cls_runs"], params["models"], cls_keys, params["cls_shape"]).to_dict("records"),
         "gen_runs": runs_frame(gen, params["gen_runs"], params["models"], gen_keys, params["gen_shape"]).to_dict("records"),
         "fid_extractor": params["prepare_gen"]["fid_extractor"],
         "num_samples": params["sampling"]["num_samples"],
         "complexity": [{"model": name, **{k: f"{v:.3f}" for k, v in fig.items()}} for name, fig in complexity.items()],
-        "cls_curves": [(name, curves_png(name, r.curves, CLS_CURVES, xlabel="epoch")) for name, r in cls.items()],
+        "cls_curves": [(name, curves_png(name, r.curves, CLS_CURVES, xlabel="epoch",
+                                                        references=reference_line)) for name, r in cls.items()],
         "gen_curves": [(name, curves_png(name, r.curves, GEN_CURVES, xlabel="step")) for name, r in gen.items()],
         "grids": [(name, sorted(r.grids.items())) for name, r in gen.items() if r.grids],
         "params_yaml": yaml.safe_dump({k: params[k] for k in ["scale", *RECIPE_SECTIONS, "cls_runs", "gen_runs"]
@@ -134,8 +142,8 @@ def build_context(root: Path) -> Dict[str, Any]:
     }
 
 
-EXPORTED_TABLES = ["table1", "decomposition", "table2", "table3", "table4", "gains", "claims", "cls_runs", "gen_runs",
-                   "complexity"]
+EXPORTED_TABLES = ["table1", "decomposition", "table2", "table3", "table4", "gains", "table3_gains", "table4_gains",
+                   "claims", "cls_runs", "gen_runs", "complexity"]
 
 
 def render_report(root: str | Path = ".", out: str | Path = "reports/index.html") -> Path:

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import pandas as pd
 
+from ..metrics.intervals import Difference, direction, seeds_note, welch
 from ..pipeline import cls_recipe, model_options
 from .collect import RunResult
 from .reference import PaperValue, paper_value
+from vcarepro.errors import BadInput
 
 REPRODUCED = "reproduced"
 BETTER = "better than paper"
@@ -28,6 +30,7 @@ class Measured:
     std: float
     n_seeds: int
     scale: str
+    values: Tuple[float, ...] = ()   # per seed, in seed order (what intervals are computed from)
 
     def text(self, digits: int = 1) -> str:
         if self.n_seeds > 1:
@@ -39,7 +42,11 @@ def measured(result: Optional[RunResult], key: str, scale: str) -> Optional[Meas
     if result is None or result.metrics is None or key not in result.metrics:
         return None
     m = result.metrics
-    return Measured(float(m[key]), float(m.get(f"{key}_std", 0.0)), int(m.get("n_seeds", 1)), scale)
+    prefix = f"{key}_seed"
+    per_seed = sorted((int(k[len(prefix):]), float(v)) for k, v in m.items()
+                      if k.startswith(prefix) and k[len(prefix):].isdigit())
+    return Measured(float(m[key]), float(m.get(f"{key}_std", 0.0)), int(m.get("n_seeds", 1)), scale,
+                    tuple(v for _, v in per_seed) or (float(m[key]),))
 
 
 def verdict(paper: PaperValue, ours: Optional[Measured], *, comparable: bool, tolerance: float,
@@ -79,23 +86,11 @@ STATISTICS = {
 }
 
 
-def difference(a: Optional[Measured], b: Optional[Measured]):
-    """(a - b, its standard error or None): the error only when both sides have several seeds."""
+def difference(a: Optional[Measured], b: Optional[Measured]) -> Optional[Difference]:
+    """a - b with Welch's 95% interval over the per-seed values (no interval when a side has one seed)."""
     if a is None or b is None:
-        return None, None
-    se = None
-    if a.n_seeds > 1 and b.n_seeds > 1:
-        se = math.sqrt(a.std ** 2 / a.n_seeds + b.std ** 2 / b.n_seeds)
-    return a.mean - b.mean, se
-
-
-def difference_text(value: Optional[float], se: Optional[float], a: Optional[Measured], b: Optional[Measured],
-                    digits: int = 2) -> Optional[str]:
-    if value is None:
         return None
-    if se is not None:
-        return f"{value:+.{digits}f} ± {se:.{digits}f} s.e. (n={b.n_seeds}+{a.n_seeds})"
-    return f"{value:+.{digits}f} (one seed on a side: no error estimate)"
+    return welch(a.values, b.values)
 
 
 @dataclass
@@ -278,13 +273,15 @@ class TableBuilder:
             for label, a, b in parts:
                 ra, rb = self.cls_result(a["run"]), self.cls_result(b["run"])
                 ma, mb = measured(ra, "top1", self.scale), measured(rb, "top1", self.scale)
-                value, se = difference(ma, mb)
-                text = difference_text(value, se, ma, mb)
-                if ra is not None and ra is rb:
-                    text = "0 (the same run at this scale)"
+                diff = difference(ma, mb)
+                total = a is vca and b is base
+                same = ra is not None and ra is rb
                 rows.append({"model": model, "part": label, "runs": f"{a['run']} − {b['run']}",
-                             "paper": f"{paper_gain:+.1f}" if paper_gain is not None and a is vca and b is base else None,
-                             "ours": text, "scale": None if value is None else self.scale})
+                             "paper": f"{paper_gain:+.1f}" if paper_gain is not None and total else None,
+                             "ours": "0 (the same run at this scale)" if same else (diff and diff.text()),
+                             "scale": None if diff is None else self.scale,
+                             "verdict": None if same else (direction(diff, paper_gain) if total else sign(diff)),
+                             "seeds_note": None if same else seeds_note(diff)})
         return rows
 
     def table2(self) -> List[Dict[str, Any]]:
@@ -305,8 +302,8 @@ class TableBuilder:
     def gains(self) -> List[Dict[str, Any]]:
         """VCA minus baseline for every model of Tables 1 and 2: ours, at the scale measured, beside the paper's.
 
-        At a small scale the direction of the effect is what a reader can compare; a
-        standard error is given when both runs have several seeds.
+        At a small scale the direction of the effect is what a reader can compare, and only where our
+        95% interval excludes zero (Welch's, over the per-seed values).
         """
         rows = []
         for table, metric, results in (("table1", "top1", self.cls), ("table2", "fid", self.gen)):
@@ -317,23 +314,46 @@ class TableBuilder:
                 if "baseline" not in pair or "vca" not in pair:
                     continue
                 base, vca = pair["baseline"], pair["vca"]
-                pb, pv = self._pv(base[metric]), self._pv(vca[metric])
-                paper_gain = pv.value - pb.value if pb.available and pv.available else None
-                mb = measured(results.get(base["run"]), metric, self.scale)
-                mv = measured(results.get(vca["run"]), metric, self.scale)
-                ours, se = difference(mv, mb)
-                rows.append({
-                    "table": self.ref[table]["title"], "model": model, "metric": metric,
-                    "label": f"{model} ({'top-1' if metric == 'top1' else 'FID'})",
-                    "paper_value": paper_gain, "ours_value": ours, "ours_se": se,
-                    "paper": None if paper_gain is None else f"{paper_gain:+.1f}",
-                    "source": f"{pb.source}/{pv.source}" if paper_gain is not None else None,
-                    "ours": None if ours is None else (f"{ours:+.2f}" + (f" ± {se:.2f} s.e. (n={mb.n_seeds}+{mv.n_seeds})"
-                                                                          if se is not None else "")),
-                    "scale": None if ours is None else self.scale,
-                    "direction": _direction(paper_gain, ours),
-                })
+                rows.append(self._gain_row(self.ref[table]["title"], model, metric, base[metric], vca[metric],
+                                           results.get(base["run"]), results.get(vca["run"])))
         return rows
+
+    def ablation_gains(self, name: str) -> List[Dict[str, Any]]:
+        """Each ablation row minus the table's reference row (``reference: true``), per branch, with intervals."""
+        table = self.ref[name]
+        reference = [r for r in table["rows"] if r.get("reference")]
+        if len(reference) != 1:
+            raise BadInput(f"{name} in data/paper_reference.yaml needs exactly one row with reference: true.")
+        ref = reference[0]
+        rows = []
+        for r in table["rows"]:
+            if r is ref:
+                continue
+            for metric, run_key, results in (("top1", "cls_run", self.cls), ("fid", "gen_run", self.gen)):
+                row = self._gain_row(table["title"], r["variant"], metric, ref[metric], r[metric],
+                                     results.get(ref[run_key]), results.get(r[run_key]))
+                row["runs"] = f"{r[run_key]} − {ref[run_key]}"
+                rows.append(row)
+        return rows
+
+    def _gain_row(self, table: str, label: str, metric: str, paper_base, paper_other,
+                  base: Optional[RunResult], other: Optional[RunResult]) -> Dict[str, Any]:
+        """other minus base: the paper's difference, ours with its 95% interval, and the verdict they support."""
+        pb, po = self._pv(paper_base), self._pv(paper_other)
+        paper_gain = po.value - pb.value if pb.available and po.available else None
+        diff = difference(measured(other, metric, self.scale), measured(base, metric, self.scale))
+        return {
+            "table": table, "model": label, "metric": metric,
+            "label": f"{label} ({'top-1' if metric == 'top1' else 'FID'})",
+            "paper_value": paper_gain, "ours_value": None if diff is None else diff.value,
+            "ours_low": None if diff is None else diff.low, "ours_high": None if diff is None else diff.high,
+            "paper": None if paper_gain is None else f"{paper_gain:+.1f}",
+            "source": f"{pb.source}/{po.source}" if paper_gain is not None else None,
+            "ours": None if diff is None else diff.text(),
+            "scale": None if diff is None else self.scale,
+            "direction": direction(diff, paper_gain),
+            "seeds_note": seeds_note(diff),
+        }
 
     def claims(self) -> List[Dict[str, str]]:
         """The abstract's claims, checked with the complexity stage's measurements at paper shape."""
@@ -424,11 +444,8 @@ def _role(row: Dict[str, Any]) -> str:
     return row.get("role") or ("vca" if row["attention"] == "VCA" else "baseline")
 
 
-def _direction(paper_gain: Optional[float], ours: Optional[float]) -> str:
-    if ours is None:
-        return NOT_RUN
-    if paper_gain is None:
-        return "paper gain not available"
-    if ours == 0 or paper_gain == 0:
-        return "no change on one side"
-    return "same direction as paper" if (ours > 0) == (paper_gain > 0) else "opposite direction"
+def sign(diff: Optional[Difference]) -> str:
+    """For a difference without a paper counterpart: its sign, only where the interval resolves it."""
+    if diff is None or not diff.has_interval or not diff.resolved:
+        return direction(diff, None)
+    return "positive (resolved)" if diff.value > 0 else "negative (resolved)"

@@ -1,0 +1,67 @@
+"""Differences between runs: Welch's interval, and a direction only where the interval supports one."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from scipy import stats
+
+from vcarepro.metrics.intervals import (NO_PAPER_CHANGE, ONE_SEED, OPPOSITE, SAME, direction, not_resolved,
+                                        seeds_note, welch)
+
+# Welch's own kind of example: unequal sizes and spreads
+A = [27.5, 21.0, 19.0, 23.6, 17.0, 17.9, 16.9, 20.1, 21.9, 22.6, 23.1, 19.6, 19.0, 21.7, 21.4]
+B = [27.1, 22.0, 20.8, 23.4, 23.4, 23.5, 25.8, 22.0, 24.8, 20.2, 21.9, 22.1, 22.9, 20.5, 24.4, 21.0]
+
+
+def test_welch_interval_equals_scipys_unequal_variance_t_interval():
+    ours = welch(A, B)
+    theirs = stats.ttest_ind(A, B, equal_var=False).confidence_interval(0.95)
+    assert ours.low == pytest.approx(theirs.low, rel=1e-10) and ours.high == pytest.approx(theirs.high, rel=1e-10)
+    assert ours.value == pytest.approx(sum(A) / len(A) - sum(B) / len(B))
+    assert ours.resolved and ours.high < 0  # this example's difference is resolved, negative
+    assert "95% Welch, n=15 vs 16" in ours.text()
+
+
+def test_one_seed_on_a_side_has_no_interval_and_never_a_direction():
+    diff = welch([80.0], [70.0, 71.0, 72.0])
+    assert not diff.has_interval and not diff.resolved
+    assert direction(diff, paper_gain=3.4) == ONE_SEED
+    assert "one seed" in diff.text() and "[" not in diff.text()
+    assert seeds_note(diff) is None
+
+
+def test_an_interval_that_holds_zero_gets_no_direction_however_the_means_fall():
+    # DiT-S/2 of the issue: a mean gain of the paper's sign whose interval holds zero
+    base, vca = [60.0, 61.5, 59.0], [60.2, 58.1, 61.0]
+    diff = welch(vca, base)
+    assert diff.low < 0 < diff.high
+    assert direction(diff, paper_gain=-6.1) == not_resolved(3) == "not resolved with 3 seeds"
+    assert direction(diff, paper_gain=+6.1) == "not resolved with 3 seeds"
+
+
+@pytest.mark.parametrize("paper_gain, expected", [(3.4, SAME), (-3.4, OPPOSITE), (0.0, NO_PAPER_CHANGE)])
+def test_a_resolved_difference_is_compared_with_the_papers_sign(paper_gain, expected):
+    diff = welch([90.0, 91.0, 92.0], [80.0, 81.0, 82.0])
+    assert diff.resolved and diff.low > 0
+    assert direction(diff, paper_gain) == expected
+
+
+def test_seeds_needed_is_the_smallest_count_whose_interval_would_exclude_the_observed_difference():
+    diff = welch([1.0, 3.0, 2.0], [1.5, 0.0, 2.0])   # +0.83, spreads 1.0 and 1.04: not resolved with 3
+    assert not diff.resolved
+    n = diff.seeds_to_resolve()
+
+    def half_width(k):
+        df = (diff.sd_a ** 2 / k + diff.sd_b ** 2 / k) ** 2 / (
+            (diff.sd_a ** 2 / k) ** 2 / (k - 1) + (diff.sd_b ** 2 / k) ** 2 / (k - 1))
+        return stats.t.ppf(0.975, df) * math.sqrt((diff.sd_a ** 2 + diff.sd_b ** 2) / k)
+
+    assert half_width(n) < abs(diff.value) <= half_width(n - 1)
+    assert seeds_note(diff) == f"about {n} seeds per run would resolve it at the observed spread"
+
+
+def test_no_observed_difference_is_never_resolvable_by_more_seeds():
+    diff = welch([1.0, 2.0], [2.0, 1.0])
+    assert diff.value == 0 and not diff.resolved
+    assert "would not give it a direction" in seeds_note(diff)
