@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from vcarepro.errors import run_stage
 from vcarepro.bench import bench_attention, describe_machine
 from vcarepro.config import stage_params
 from vcarepro.io import write_json
@@ -25,4 +26,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

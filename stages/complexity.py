@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from vcarepro.errors import run_stage
 from vcarepro.config import section, stage_params
 from vcarepro.io import write_json
 from vcarepro.metrics.complexity import model_complexity
@@ -25,4 +26,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

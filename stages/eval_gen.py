@@ -14,6 +14,7 @@ import json
 import numpy as np
 import torch
 
+from vcarepro.errors import run_stage
 from vcarepro.config import stage_params
 from vcarepro.io import write_json
 from vcarepro.metrics.aggregate import aggregate_seeds
@@ -79,4 +80,4 @@ def protocol(run, meta, params, reference_meta):
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
+from vcarepro.errors import run_stage
 from vcarepro.config import stage_params
 from vcarepro.data.folders import ManifestDataset
 from vcarepro.data.latents import adm_center_crop
@@ -85,4 +86,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

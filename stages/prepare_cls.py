@@ -1,6 +1,7 @@
 """DVC stage `prepare_cls`: the classification dataset in the shared layout (data/cls)."""
 from __future__ import annotations
 
+from vcarepro.errors import run_stage
 from vcarepro.config import section, stage_params
 from vcarepro.data.embedded import export_digits
 from vcarepro.data.imagenet import prepare_imagenet
@@ -22,4 +23,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

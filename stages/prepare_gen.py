@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from safetensors.torch import save_file
 
+from vcarepro.errors import run_stage
 from vcarepro.config import section, stage_params
 from vcarepro.data.pixels import load_split_pixels
 from vcarepro.io import atomic_directory, write_json
@@ -60,4 +61,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -1,6 +1,12 @@
 """DVC stage `report`: reports/index.html and reports/tables/ (CSV, Markdown) from params, metrics, logs,
 samples and the paper's numbers."""
+from vcarepro.errors import run_stage
 from vcarepro.report.render import render_report
 
-if __name__ == "__main__":
+
+def main() -> None:
     print(f"report: {render_report('.', 'reports/index.html')}")
+
+
+if __name__ == "__main__":
+    run_stage(main)

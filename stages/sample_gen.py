@@ -15,6 +15,7 @@ import json
 import torch
 from torchvision.utils import save_image
 
+from vcarepro.errors import run_stage
 from vcarepro.config import stage_params
 from vcarepro.data.samples import NpzSampleWriter, discard_work
 from vcarepro.io import atomic_directory
@@ -74,4 +75,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

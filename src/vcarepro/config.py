@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, Sequence
 
 import yaml
+from vcarepro.errors import BadInput, MissingInput, UnknownName
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,11 +22,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def load_params(path: str | Path = "params.yaml") -> Dict[str, Any]:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found; run the stage from the repository root, where params.yaml lives.")
+        raise MissingInput(f"{path} not found; run the stage from the repository root, where params.yaml lives.")
     with path.open() as f:
         params = yaml.safe_load(f) or {}
     if not isinstance(params, dict):
-        raise ValueError(f"{path} must hold a mapping of parameter sections, not {type(params).__name__}.")
+        raise BadInput(f"{path} must hold a mapping of parameter sections, not {type(params).__name__}.")
     return params
 
 
@@ -58,7 +59,7 @@ def section(params: Dict[str, Any], name: str) -> Any:
     try:
         return params[name]
     except KeyError:
-        raise KeyError(f"params.yaml has no '{name}' section; regenerate it with `python -m vcarepro.config`.") from None
+        raise UnknownName(f"params.yaml has no '{name}' section; regenerate it with `python -m vcarepro.config`.") from None
 
 
 def compose(overrides: Sequence[str] = (), config_dir: str | Path = REPO_ROOT / "conf") -> Dict[str, Any]:

@@ -28,10 +28,12 @@ import sys
 import tempfile
 from typing import Callable, List, Mapping, Optional
 
+from vcarepro.errors import BadInput
+
 DEFAULT_PORT = 29500
 
 
-class LaunchError(ValueError):
+class LaunchError(BadInput):
     pass
 
 

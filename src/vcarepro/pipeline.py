@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from .config import section
+from vcarepro.errors import BadInput, UnknownName
 
 RUNS_DIR = Path("runs")
 # Resumable training state lives outside runs/ and outside DVC: it is scratch for a
@@ -56,14 +57,14 @@ TRAINING_CODE = ("attention", "models", "train", "data", "pipeline.py")
 def _run(params: Dict[str, Any], branch: str, name: str) -> Dict[str, Any]:
     runs = section(params, f"{branch}_runs")
     if name not in runs:
-        raise KeyError(f"no run {name!r} under {branch}_runs in params.yaml; choose one of {', '.join(runs)}.")
+        raise UnknownName(f"no run {name!r} under {branch}_runs in params.yaml; choose one of {', '.join(runs)}.")
     run = runs[name]
     models = section(params, "models")
     if run["model"] not in models:
-        raise KeyError(f"run {name!r} names model {run['model']!r}, which is not under models in params.yaml.")
+        raise UnknownName(f"run {name!r} names model {run['model']!r}, which is not under models in params.yaml.")
     seeds = run.get("seeds") or []
     if not seeds or len(set(seeds)) != len(seeds) or not all(isinstance(s, int) for s in seeds):
-        raise ValueError(f"run {name!r} needs a list of distinct integer seeds, got {seeds!r}.")
+        raise BadInput(f"run {name!r} needs a list of distinct integer seeds, got {seeds!r}.")
     return run
 
 
@@ -127,7 +128,7 @@ def _recipe(params: Dict[str, Any], branch: str, name: str, run: Dict[str, Any])
     overrides = run.get("recipe") or {}
     unknown = sorted(set(overrides) - set(recipe))
     if unknown:
-        raise KeyError(f"run {name!r} overrides {', '.join(unknown)}, which {branch}_recipe does not have; "
+        raise UnknownName(f"run {name!r} overrides {', '.join(unknown)}, which {branch}_recipe does not have; "
                        f"fix the name or add the knob to {branch}_recipe in conf/config.yaml.")
     recipe.update(overrides)
     return recipe
@@ -137,12 +138,12 @@ def cls_recipe(params: Dict[str, Any], recipe_name: str) -> Dict[str, Any]:
     """A named classification recipe with the scale's overrides on top: what a run of that recipe trains with."""
     recipes = section(params, "cls_recipes")
     if recipe_name not in recipes:
-        raise KeyError(f"no recipe {recipe_name!r} under cls_recipes in params.yaml; choose one of "
+        raise UnknownName(f"no recipe {recipe_name!r} under cls_recipes in params.yaml; choose one of "
                        f"{', '.join(recipes)} (conf/cls_recipe/).")
     overrides = params.get("cls_recipe_overrides") or {}
     unknown = sorted(set(overrides) - set(recipes[recipe_name]))
     if unknown:
-        raise KeyError(f"cls_recipe_overrides sets {', '.join(unknown)}, which recipe {recipe_name!r} does not have; "
+        raise UnknownName(f"cls_recipe_overrides sets {', '.join(unknown)}, which recipe {recipe_name!r} does not have; "
                        f"fix the name in conf/.")
     return {**recipes[recipe_name], **overrides}
 
@@ -171,7 +172,7 @@ OBJECTIVES = ("ddpm", "flow")
 def gen_run(params: Dict[str, Any], name: str) -> GenRun:
     run = _run(params, "gen", name)
     if run.get("objective") not in OBJECTIVES:
-        raise ValueError(f"run {name!r} has objective {run.get('objective')!r}; choose one of {', '.join(OBJECTIVES)}.")
+        raise BadInput(f"run {name!r} has objective {run.get('objective')!r}; choose one of {', '.join(OBJECTIVES)}.")
     return GenRun(name, section(params, "models")[run["model"]], run["objective"],
                   dict(section(params, "gen_shape") or {}), _recipe(params, "gen", name, run),
                   section(params, "sampling"), list(run["seeds"]), run_paths("gen", name))

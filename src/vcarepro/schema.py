@@ -11,6 +11,7 @@ import numbers
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from .config import flatten
+from .errors import BadInput
 
 Rule = Tuple[str, Callable[[Any], bool]]
 
@@ -63,7 +64,7 @@ CLS_RECIPE_RULES: Dict[str, Rule] = {
     "smoothing": _DECAY, "repeated_aug": _BOOL, "ema_decay": _DECAY, "clip_grad": _optional(_POS),
     "precision": _choice("fp32", "tf32", "bf16", "fp16"), "compile": _optional(_STR),
     "crop_pct": _num(0.0, 1.0, open_lo=True), "crop_mode": _choice("center", "squash"), "workers": _int(0),
-    "eval_every": _int(1),
+    "eval_every": _int(1), "train_augment": _BOOL, "cache_images": _BOOL,
 }
 
 RULES: Dict[str, Rule] = {
@@ -73,6 +74,8 @@ RULES: Dict[str, Rule] = {
     "distributed.node_rank": _int_or("env"),
     "distributed.rdzv_endpoint": _STR,
     "distributed.launcher": _choice("torchrun", "srun"),
+    "distributed.seed_processes": _int(1),
+    "cls_reference.max_train_images": _int(0), "cls_reference.c": _POS,
     "complexity.cls_img_size": _int(1), "complexity.cls_num_classes": _int(1),
     "complexity.gen_latent_size": _int(1), "complexity.gen_latent_channels": _int(1),
     "complexity.gen_num_classes": _int(1), "complexity.throughput_batch": _int(0),
@@ -117,7 +120,7 @@ FREE_SECTIONS = ("models", "cls_runs", "gen_runs", "cls_shape", "gen_shape", "cl
 FIX = "fix it in conf/ and run `python -m vcarepro.config` (or pass -S to dvc exp run)"
 
 
-class ParamsError(ValueError):
+class ParamsError(BadInput):
     pass
 
 

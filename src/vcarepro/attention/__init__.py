@@ -7,6 +7,7 @@ is Visual-Contrast Attention, written here because no library has it.
 from timm.layers import Attention, DiffAttention
 
 from .vca import VisualContrastAttention, lambda_init_for_layer
+from vcarepro.errors import BadInput
 
 ATTENTION_LAYERS = {
     "mhsa": Attention,
@@ -20,7 +21,7 @@ def attention_class(name: str):
     try:
         return ATTENTION_LAYERS[name]
     except KeyError:
-        raise ValueError(
+        raise BadInput(
             f"unknown attention {name!r}; choose one of {', '.join(map(repr, ATTENTION_LAYERS))}."
         ) from None
 

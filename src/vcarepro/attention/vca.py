@@ -80,6 +80,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import RmsNormFp32, trunc_normal_, use_fused_attn
+from vcarepro.errors import BadInput
 
 StageKind = Literal["vca", "diff"]
 TokenKind = Literal["pool", "emb", "pool+emb"]
@@ -148,7 +149,7 @@ def contrast_grid(value: Union[int, Sequence[int]]) -> Tuple[int, int]:
     if isinstance(value, int):
         side = math.isqrt(value)
         if value < 1 or side * side != value:
-            raise ValueError(
+            raise BadInput(
                 f"contrast_tokens={value} is not a square number; pass a square count such as 49 "
                 f"or an explicit (h, w) grid such as (7, 7)."
             )
@@ -167,7 +168,7 @@ def patch_grid(value: Union[int, Sequence[int]]) -> Tuple[int, int]:
 
 def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
     if value not in choices:
-        raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(map(repr, choices))}.")
+        raise BadInput(f"unknown {name} {value!r}; choose one of {', '.join(map(repr, choices))}.")
 
 
 class VisualContrastAttention(nn.Module):
@@ -203,20 +204,20 @@ class VisualContrastAttention(nn.Module):
     ) -> None:
         super().__init__()
         if dim % num_heads != 0:
-            raise ValueError(f"dim={dim} is not divisible by num_heads={num_heads}; pick a head count that divides it.")
+            raise BadInput(f"dim={dim} is not divisible by num_heads={num_heads}; pick a head count that divides it.")
         _check_choice("stage1", stage1, STAGE_KINDS)
         _check_choice("stage2", stage2, STAGE_KINDS)
         _check_choice("tokens_pos", tokens_pos, TOKEN_KINDS)
         _check_choice("tokens_neg", tokens_neg, TOKEN_KINDS)
         _check_choice("stage2_softmax", stage2_softmax, SOFTMAX_KINDS)
         if num_prefix_tokens < 0:
-            raise ValueError(f"num_prefix_tokens={num_prefix_tokens} must be >= 0.")
+            raise BadInput(f"num_prefix_tokens={num_prefix_tokens} must be >= 0.")
 
         self.dim = dim
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         if "diff" in (stage1, stage2) and self.head_dim % 2:
-            raise ValueError(
+            raise BadInput(
                 f"a 'diff' stage splits each head in two halves, but head_dim={self.head_dim} is odd; "
                 f"use an even head dimension."
             )
@@ -237,7 +238,7 @@ class VisualContrastAttention(nn.Module):
         self.grid_size = self._validated_grid(grid_size)
 
         if qk_norm and norm_layer is None:
-            raise ValueError("qk_norm=True needs a norm_layer (e.g. nn.LayerNorm).")
+            raise BadInput("qk_norm=True needs a norm_layer (e.g. nn.LayerNorm).")
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
@@ -272,7 +273,7 @@ class VisualContrastAttention(nn.Module):
         H, W = patch_grid(grid_size)
         h, w = self.contrast_grid
         if self.pools and (h > H or w > W):
-            raise ValueError(
+            raise BadInput(
                 f"the {h}x{w} contrast-token grid is larger than the {H}x{W} patch grid, so pooling would repeat "
                 f"queries; choose at most {min(H, W) ** 2} contrast tokens (e.g. contrast_tokens={min(H, W) ** 2}) "
                 f"or a larger input."
@@ -310,7 +311,7 @@ class VisualContrastAttention(nn.Module):
     def _check_tokens(self, N: int) -> None:
         H, W = self.grid_size
         if N != self.num_prefix_tokens + H * W:
-            raise ValueError(
+            raise BadInput(
                 f"VCA got {N} tokens but expects {self.num_prefix_tokens} prefix + {H}x{W} grid = "
                 f"{self.num_prefix_tokens + H * W}; build the model for this input size (img_size / patch_size)."
             )
@@ -421,7 +422,7 @@ class VisualContrastAttention(nn.Module):
         the default follows timm's ``use_fused_attn()``.
         """
         if attn_mask is not None or is_causal:
-            raise ValueError("VCA does not support attention masks or causal attention; call it with neither.")
+            raise BadInput("VCA does not support attention masks or causal attention; call it with neither.")
         B, N, C = x.shape
         self._check_tokens(N)
         reference = (not self.fused_attn) if reference is None else reference

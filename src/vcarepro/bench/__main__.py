@@ -9,6 +9,7 @@ from dataclasses import asdict
 
 import torch
 
+from ..errors import run_stage
 from . import attention_table, bench_attention, describe_machine, write_json
 
 
@@ -70,4 +71,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

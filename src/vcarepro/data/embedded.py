@@ -17,12 +17,13 @@ from sklearn.model_selection import train_test_split
 
 from ..io import atomic_directory, write_json
 from .folders import CLASSES, write_manifest
+from vcarepro.errors import BadInput
 
 
 def export_digits(out: str | Path, *, val_fraction: float = 0.2, seed: int = 0) -> dict:
     """Write the digits to ``out`` (replaced atomically); returns the counts per split."""
     if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction={val_fraction} must lie strictly between 0 and 1.")
+        raise BadInput(f"val_fraction={val_fraction} must lie strictly between 0 and 1.")
     digits = load_digits()
     images = np.rint(digits.images * (255.0 / 16.0)).astype(np.uint8)  # 0..16 -> 0..255
     labels = digits.target.astype(int)

@@ -33,6 +33,7 @@ from PIL import Image
 
 from ..io import atomic_directory, write_json
 from .folders import CLASSES, write_manifest
+from vcarepro.errors import BadInput, MissingInput
 
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png"}
 
@@ -66,14 +67,14 @@ def index_imagenet_folders(root: str | Path, out: str | Path) -> dict:
     root = Path(root)
     train, val = root / "train", root / "val"
     if not train.is_dir() or not val.is_dir():
-        raise FileNotFoundError(
+        raise MissingInput(
             f"expected ImageNet class folders at {train} and {val}; set prepare_cls.imagenet_root in conf/ "
             f"(or pick scale=embedded)."
         )
     wnids = _class_dirs(train)
     val_wnids = _class_dirs(val)
     if wnids != val_wnids:
-        raise ValueError(f"{train} and {val} hold different class folders ({len(wnids)} vs {len(val_wnids)}); "
+        raise BadInput(f"{train} and {val} hold different class folders ({len(wnids)} vs {len(val_wnids)}); "
                          f"extract val into class folders too.")
     rows = []
     for split, folder in (("train", train), ("val", val)):
@@ -111,12 +112,12 @@ def prepare_imagenet(
     """
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"ImageNet root {root} is not a directory; set prepare_cls.imagenet_root to the "
+        raise MissingInput(f"ImageNet root {root} is not a directory; set prepare_cls.imagenet_root to the "
                                 f"folder holding {TRAIN_TAR} or train/ (or pick scale=embedded).")
     if subset_classes is not None and subset_count is not None:
-        raise ValueError("give subset_classes or subset_count, not both.")
+        raise BadInput("give subset_classes or subset_count, not both.")
     if not 0.0 <= max_bad_fraction <= 1.0:
-        raise ValueError(f"max_bad_fraction must lie in [0, 1], got {max_bad_fraction}.")
+        raise BadInput(f"max_bad_fraction must lie in [0, 1], got {max_bad_fraction}.")
     workers = workers or os.cpu_count() or 1
     subset = subset_classes is not None or subset_count is not None
 
@@ -142,7 +143,7 @@ def prepare_imagenet(
         bad = report["bad"]["count"]
         if results and bad / len(results) > max_bad_fraction:
             first = ", ".join(b["path"] for b in report["bad"]["files"][:3])
-            raise ValueError(f"{bad} of {len(results)} ImageNet images are unreadable (first: {first}); "
+            raise BadInput(f"{bad} of {len(results)} ImageNet images are unreadable (first: {first}); "
                              f"fix or re-download them, or raise max_bad_fraction (now {max_bad_fraction}) "
                              f"to skip them.")
         for r in results:
@@ -217,15 +218,15 @@ class _Layout:
             if layout.val_dir is None and val.is_dir():
                 layout.val_dir = val
         if layout.train_dir is None and TRAIN_TAR not in files:
-            raise FileNotFoundError(_expected_inputs(root, "train"))
+            raise MissingInput(_expected_inputs(root, "train"))
         if layout.val_dir is None and VAL_TAR not in files:
-            raise FileNotFoundError(_expected_inputs(root, "val"))
+            raise MissingInput(_expected_inputs(root, "val"))
         if layout.val_dir is not None:
             layout.val_flat = not _class_dirs(layout.val_dir)
         needs_labels = layout.val_dir is None or layout.val_flat
         has_devkit = DEVKIT_TAR in files or (META_MAT in files and GROUND_TRUTH in files)
         if needs_labels and not has_devkit and KAGGLE_VAL not in files:
-            raise FileNotFoundError(_expected_inputs(root, "labels"))
+            raise MissingInput(_expected_inputs(root, "labels"))
         return layout
 
     @property
@@ -273,7 +274,7 @@ class _Metadata:
                 ids = ground_truth.decode().split()
                 unknown = sorted({i for i in ids if int(i) not in id_to_wnid})
                 if unknown:
-                    raise ValueError(f"{where} names ILSVRC2012_IDs {', '.join(unknown[:5])} that are no leaf synset "
+                    raise BadInput(f"{where} names ILSVRC2012_IDs {', '.join(unknown[:5])} that are no leaf synset "
                                      f"of meta.mat; the ground truth and meta.mat do not belong together.")
                 meta.val_labels = {f"ILSVRC2012_val_{n:08d}": id_to_wnid[int(i)] for n, i in enumerate(ids, 1)}
         if KAGGLE_SYNSETS in files:
@@ -285,7 +286,7 @@ class _Metadata:
             with files[KAGGLE_VAL].open(newline="") as f:
                 reader = csv.DictReader(f)
                 if not {"ImageId", "PredictionString"} <= set(reader.fieldnames or ()):
-                    raise ValueError(f"{files[KAGGLE_VAL]} lacks the columns ImageId,PredictionString of Kaggle's "
+                    raise BadInput(f"{files[KAGGLE_VAL]} lacks the columns ImageId,PredictionString of Kaggle's "
                                      f"{KAGGLE_VAL}.")
                 meta.val_labels = {row["ImageId"]: row["PredictionString"].split()[0] for row in reader
                                    if row["PredictionString"].strip()}
@@ -307,7 +308,7 @@ def _devkit_files(files: Dict[str, Path]) -> Tuple[Optional[bytes], Optional[byt
                 elif path.name == GROUND_TRUTH and truth is None:
                     truth = devkit.extractfile(member).read()
         if mat is None or truth is None:
-            raise FileNotFoundError(f"{files[DEVKIT_TAR]} lacks data/{META_MAT} or data/{GROUND_TRUTH}; "
+            raise MissingInput(f"{files[DEVKIT_TAR]} lacks data/{META_MAT} or data/{GROUND_TRUTH}; "
                                     f"expected the ILSVRC2012 devkit (ILSVRC2012_devkit_t12/data/...).")
     return mat, truth
 
@@ -321,7 +322,7 @@ def _parse_meta_mat(raw: bytes, where: Path) -> Tuple[Dict[int, str], Dict[str, 
         leaves = synsets[synsets["num_children"] == 0]
         ids, wnids, words = leaves["ILSVRC2012_ID"], leaves["WNID"], leaves["words"]
     except (KeyError, ValueError, TypeError) as err:
-        raise ValueError(f"{where}: {META_MAT} is not the ILSVRC2012 devkit's (expected a 'synsets' struct with "
+        raise BadInput(f"{where}: {META_MAT} is not the ILSVRC2012 devkit's (expected a 'synsets' struct with "
                          f"ILSVRC2012_ID, WNID, words, num_children): {err}") from None
     return ({int(i): str(w) for i, w in zip(ids, wnids)}, {str(w): str(n) for w, n in zip(wnids, words)})
 
@@ -331,14 +332,14 @@ def _parse_meta_mat(raw: bytes, where: Path) -> Tuple[Dict[int, str], Dict[str, 
 
 def _check_class_count(wnids: Sequence[str], expect_full: bool, where: Path) -> None:
     if expect_full and len(wnids) != EXPECTED["classes"]:
-        raise ValueError(f"expected {EXPECTED['classes']} ImageNet-1K classes, found {len(wnids)} in {where}; "
+        raise BadInput(f"expected {EXPECTED['classes']} ImageNet-1K classes, found {len(wnids)} in {where}; "
                          f"complete the download, or pass expect_full=False (or a subset) for a partial copy.")
 
 
 def _check_image_counts(found: Counter, layout: _Layout) -> None:
     for split, where in (("train", layout.train_where), ("val", layout.val_where)):
         if found[split] != EXPECTED[split]:
-            raise ValueError(f"expected {EXPECTED[split]:,} ImageNet-1K {split} images, found {found[split]:,} "
+            raise BadInput(f"expected {EXPECTED[split]:,} ImageNet-1K {split} images, found {found[split]:,} "
                              f"in {where}; complete the download, or pass expect_full=False for a partial copy.")
 
 
@@ -347,14 +348,14 @@ def _choose_classes(wnids: List[str], subset_classes: Optional[Sequence[str]], s
     if subset_classes is not None:
         missing = sorted(set(subset_classes) - set(wnids))
         if missing:
-            raise ValueError(f"subset_classes names {len(missing)} wnids absent from {where} "
+            raise BadInput(f"subset_classes names {len(missing)} wnids absent from {where} "
                              f"(first: {', '.join(missing[:5])}).")
         if not subset_classes:
-            raise ValueError("subset_classes is empty; name at least one wnid.")
+            raise BadInput("subset_classes is empty; name at least one wnid.")
         return sorted(set(subset_classes))
     if subset_count is not None:
         if not 0 < subset_count <= len(wnids):
-            raise ValueError(f"subset_count must lie in 1..{len(wnids)} (the classes in {where}), got {subset_count}.")
+            raise BadInput(f"subset_count must lie in 1..{len(wnids)} (the classes in {where}), got {subset_count}.")
         return sorted(random.Random(seed).sample(sorted(wnids), subset_count))
     return list(wnids)
 
@@ -423,7 +424,7 @@ def _safe_member_name(name: str, archive: Path) -> str:
     """The file name of a tar member, refusing absolute paths and '..' (the name is never used as a path)."""
     path = PurePosixPath(name.replace("\\", "/"))
     if path.is_absolute() or ".." in path.parts or re.match(r"^[A-Za-z]:", name):
-        raise ValueError(f"{archive} holds an unsafe member path {name!r} (absolute or with '..'); refusing to "
+        raise BadInput(f"{archive} holds an unsafe member path {name!r} (absolute or with '..'); refusing to "
                          f"extract it: re-download the archive.")
     return path.name
 
@@ -447,7 +448,7 @@ def _extract_class_tar(job: Tuple[str, int, int, str, str, str]) -> List[_Checke
             if member.isdir():
                 continue
             if not member.isfile():
-                raise ValueError(f"{label}:{wnid}.tar holds {member.name!r}, which is not a regular file (a link?); "
+                raise BadInput(f"{label}:{wnid}.tar holds {member.name!r}, which is not a regular file (a link?); "
                                  f"refusing to extract it: re-download the archive.")
             if Path(name).suffix.lower() not in IMAGE_SUFFIXES:
                 continue
@@ -498,17 +499,17 @@ def _val_jobs(layout: _Layout, meta: _Metadata, train_wnids: set, label_of: Dict
         if wnid is None:
             source = ", ".join(str(layout.files[k]) for k in (DEVKIT_TAR, GROUND_TRUTH, KAGGLE_VAL)
                                if k in layout.files)
-            raise ValueError(f"validation image {name} in {where} has no label in {source}; "
+            raise BadInput(f"validation image {name} in {where} has no label in {source}; "
                              f"expected names ILSVRC2012_val_%08d.JPEG covered by the labels.")
         if wnid not in train_wnids:
-            raise ValueError(f"validation image {name} in {where} is labelled {wnid}, which has no train class "
+            raise BadInput(f"validation image {name} in {where} is labelled {wnid}, which has no train class "
                              f"folder or class tar in {layout.train_where}.")
         return wnid
 
     if layout.val_dir is not None and not layout.val_flat:
         unknown = sorted(set(_class_dirs(layout.val_dir)) - train_wnids)
         if unknown:
-            raise ValueError(f"{layout.val_dir} holds class folders absent from {layout.train_where} "
+            raise BadInput(f"{layout.val_dir} holds class folders absent from {layout.train_where} "
                              f"(first: {', '.join(unknown[:5])}); train and val must share their classes.")
         items = [(w, p) for w in label_of for p in _images_in(layout.val_dir / w)]
     elif layout.val_dir is not None:
@@ -533,7 +534,7 @@ def _extract_val_tar(tar_path: Path, wnid_of, label_of: Dict[str, int], out: Pat
             if member.isdir() or Path(name).suffix.lower() not in IMAGE_SUFFIXES:
                 continue
             if not member.isfile():
-                raise ValueError(f"{tar_path} holds {member.name!r}, which is not a regular file (a link?); "
+                raise BadInput(f"{tar_path} holds {member.name!r}, which is not a regular file (a link?); "
                                  f"refusing to extract it: re-download the archive.")
             wnid = wnid_of(name, tar_path)
             if wnid not in label_of:

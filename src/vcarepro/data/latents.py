@@ -42,6 +42,7 @@ from numpy.lib.format import open_memmap
 from PIL import Image
 
 from ..io import write_json
+from vcarepro.errors import BadInput, MissingInput
 
 INDEX = "index.json"
 MEAN, STD = 0, 1  # positions on the moments axis
@@ -123,7 +124,7 @@ def load_vae(name_or_path: str, device: torch.device):
         if Path(name_or_path).is_dir():
             raise  # a local directory that does not hold a VAE: diffusers' message says what is missing
         target = name_or_path.rstrip("/").split("/")[-1]
-        raise FileNotFoundError(
+        raise MissingInput(
             f"VAE {name_or_path!r} is neither a local directory nor in the Hugging Face cache; on a machine "
             f"with internet run `huggingface-cli download {name_or_path} --local-dir weights/{target}`, copy "
             f"that folder here and set prepare_gen.vae to it."
@@ -162,7 +163,7 @@ def encode_to_shards(
     items = list(items)
     total = len(items)
     if total == 0:
-        raise ValueError("encode_to_shards got no images.")
+        raise BadInput("encode_to_shards got no images.")
     counts = [min(shard_size, total - start) for start in range(0, total, shard_size)]
     vae = vae.to(device)
     latent_shape: Optional[List[int]] = None
@@ -229,7 +230,7 @@ class LatentShards:
         self.root = Path(root)
         index_path = self.root / INDEX
         if not index_path.is_file():
-            raise FileNotFoundError(
+            raise MissingInput(
                 f"{self.root} is not a finished latent preparation (no {INDEX}); run dvc repro prepare_gen.")
         self.index = json.loads(index_path.read_text())
         self.num_images: int = self.index["num_images"]
@@ -259,7 +260,7 @@ class LatentShards:
         indices = np.asarray(torch.as_tensor(indices).cpu(), dtype=np.int64).reshape(-1)
         variants = np.asarray(torch.as_tensor(flip).cpu(), dtype=bool).reshape(-1).astype(np.int64)
         if variants.shape != indices.shape:
-            raise ValueError(f"flip has {variants.size} entries for {indices.size} indices.")
+            raise BadInput(f"flip has {variants.size} entries for {indices.size} indices.")
         if indices.size and (indices.min() < 0 or indices.max() >= self.num_images):
             raise IndexError(f"latent indices must lie in [0, {self.num_images}).")
         gathered = np.empty((indices.size, 2, *self.latent_shape), dtype=np.float16)

@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 from .folders import read_classes, read_manifest
+from vcarepro.errors import BadInput
 
 
 def load_split_pixels(cls_root: str | Path, split: str, image_size: int) -> Dict[str, torch.Tensor]:
@@ -29,7 +30,7 @@ def load_split_pixels(cls_root: str | Path, split: str, image_size: int) -> Dict
         images.append(arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1))
         labels.append(label)
     if len({a.shape for a in images}) != 1:
-        raise ValueError(f"{cls_root} mixes grayscale and colour images; convert them to one mode first.")
+        raise BadInput(f"{cls_root} mixes grayscale and colour images; convert them to one mode first.")
     uint8 = torch.from_numpy(np.stack(images))
     return {"images": uint8, "inputs": uint8.float() / 127.5 - 1.0, "labels": torch.tensor(labels, dtype=torch.long),
             "num_classes": torch.tensor(len(read_classes(cls_root)))}

@@ -20,6 +20,7 @@ from typing import Tuple
 
 import numpy as np
 import torch
+from vcarepro.errors import BadInput, MissingInput
 
 PROGRESS = "progress.json"
 
@@ -61,7 +62,7 @@ class NpzSampleWriter:
     def write(self, batch: int, start: int, images_nchw: torch.Tensor, labels: torch.Tensor) -> None:
         """Store batch number ``batch``: uint8 (B, C, H, W) images and labels at ``start .. start + B``."""
         if batch != self.done_batches:
-            raise ValueError(f"batch {batch} written after {self.done_batches} finished batches; "
+            raise BadInput(f"batch {batch} written after {self.done_batches} finished batches; "
                              "batches must be written in order.")
         stop = start + len(images_nchw)
         self.images[start:stop] = images_nchw.permute(0, 2, 3, 1).cpu().numpy()
@@ -103,12 +104,12 @@ def read_samples(path: str | Path) -> Tuple[np.ndarray, np.ndarray]:
     """``(images (N, H, W, C) uint8, labels (N,) int64)`` from a sample ``.npz`` (nothing unpickled)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing; run the sample_gen stage for this run first.")
+        raise MissingInput(f"{path} is missing; run the sample_gen stage for this run first.")
     with np.load(path, allow_pickle=False) as data:
         if "arr_0" not in data.files:
-            raise ValueError(f"{path} has no arr_0 image array; give an ADM-format sample batch.")
+            raise BadInput(f"{path} has no arr_0 image array; give an ADM-format sample batch.")
         images = data["arr_0"]
         labels = data["arr_1"] if "arr_1" in data.files else np.full(len(images), -1, dtype=np.int64)
     if images.dtype != np.uint8 or images.ndim != 4:
-        raise ValueError(f"{path}: arr_0 must be uint8 (N, H, W, C), got {images.dtype} {images.shape}.")
+        raise BadInput(f"{path}: arr_0 must be uint8 (N, H, W, C), got {images.dtype} {images.shape}.")
     return images, labels

@@ -4,18 +4,19 @@ from __future__ import annotations
 import math
 import statistics
 from typing import Dict, Iterable, Mapping
+from vcarepro.errors import BadInput
 
 
 def aggregate_seeds(per_seed: Mapping[int, Mapping[str, float]], keys: Iterable[str]) -> Dict[str, float]:
     """{'top1': mean, 'top1_std': sample std (0 for one seed), 'top1_seed0': ..., 'n_seeds': k}."""
     if not per_seed:
-        raise ValueError("no seeds to aggregate; the run lists no seeds.")
+        raise BadInput("no seeds to aggregate; the run lists no seeds.")
     out: Dict[str, float] = {"n_seeds": len(per_seed)}
     for key in keys:
         values = [float(fig[key]) for fig in per_seed.values()]
         bad = [v for v in values if not math.isfinite(v)]
         if bad:
-            raise ValueError(f"{key} is not finite for some seed ({bad[0]}); the run diverged, see its logs.")
+            raise BadInput(f"{key} is not finite for some seed ({bad[0]}); the run diverged, see its logs.")
         out[key] = statistics.fmean(values)
         out[f"{key}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
         for seed, fig in per_seed.items():

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .fid import DIGITS_EXTRACTOR, INCEPTION_EXTRACTOR, load_feature_net
+from vcarepro.errors import BadInput
 
 
 class DigitFeatures:
@@ -41,4 +42,4 @@ def make_extractor(gen_meta: Dict[str, Any], prepare_gen: Dict[str, Any], device
     if gen_meta["fid_extractor"] == "inception":
         from .fid50k import InceptionFeatures
         return InceptionFeatures(prepare_gen["inception_weights"], device, batch_size=batch_size), INCEPTION_EXTRACTOR
-    raise ValueError(f"fid_extractor={gen_meta['fid_extractor']!r} is unknown; use 'digits' or 'inception'.")
+    raise BadInput(f"fid_extractor={gen_meta['fid_extractor']!r} is unknown; use 'digits' or 'inception'.")

@@ -38,6 +38,7 @@ from safetensors.torch import load_file, save_file
 from torch.utils.data import Dataset
 from torch_fidelity.feature_extractor_base import FeatureExtractorBase
 from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
+from vcarepro.errors import BadInput
 
 DIGITS_EXTRACTOR = "vcarepro-digits"
 INCEPTION_EXTRACTOR = "inception-v3-compat"
@@ -66,7 +67,7 @@ class DigitFeatureNet(nn.Module):
     def __init__(self, *, input_size: int = 32, width: int = 32, feature_dim: int = 64, num_classes: int = 10):
         super().__init__()
         if input_size < 8 or width % 8 != 0:
-            raise ValueError(f"DigitFeatureNet needs input_size >= 8 and width divisible by 8 (GroupNorm's 8 groups), "
+            raise BadInput(f"DigitFeatureNet needs input_size >= 8 and width divisible by 8 (GroupNorm's 8 groups), "
                              f"got input_size={input_size}, width={width}; change them accordingly.")
         self.config = dict(input_size=input_size, width=width, feature_dim=feature_dim, num_classes=num_classes)
         self.input_size = input_size
@@ -84,7 +85,7 @@ class DigitFeatureNet(nn.Module):
 
     def _prepare(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4 or x.shape[1] not in (1, 3):
-            raise ValueError(f"DigitFeatureNet expects (B, 1 or 3, H, W) images, got {tuple(x.shape)}; "
+            raise BadInput(f"DigitFeatureNet expects (B, 1 or 3, H, W) images, got {tuple(x.shape)}; "
                              "add a channel axis or convert to grayscale/RGB first.")
         x = x.float().mean(dim=1, keepdim=True)
         if x.shape[-2:] != (self.input_size, self.input_size):
@@ -123,7 +124,7 @@ def train_feature_net(images_uint8: ImageArray, labels: ImageArray, *, epochs: i
     images = _as_uint8_images(images_uint8, "images_uint8")
     targets = torch.as_tensor(np.asarray(labels), dtype=torch.long)
     if targets.shape != (images.shape[0],):
-        raise ValueError(f"labels must have shape ({images.shape[0]},) to match the images, got {tuple(targets.shape)}; "
+        raise BadInput(f"labels must have shape ({images.shape[0]},) to match the images, got {tuple(targets.shape)}; "
                          "pass one integer class per image.")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -185,15 +186,15 @@ def read_feature_net_config(path: Union[str, Path]) -> Dict[str, int]:
     """Constructor config stored in a file written by :func:`save_feature_net`, read from the header only."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"Digit feature-net weights not found at {path}; train them with train_feature_net and "
+        raise BadInput(f"Digit feature-net weights not found at {path}; train them with train_feature_net and "
                          "save_feature_net, then pass that file as weights_path.")
     try:
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
     except Exception as error:  # safetensors raises its own error types for non-safetensors files
-        raise ValueError(f"{path} is not a safetensors file ({error}); pass a file written by save_feature_net.") from None
+        raise BadInput(f"{path} is not a safetensors file ({error}); pass a file written by save_feature_net.") from None
     if metadata.get("format") != _FORMAT:
-        raise ValueError(f"{path} was not written by save_feature_net (no '{_FORMAT}' header); "
+        raise BadInput(f"{path} was not written by save_feature_net (no '{_FORMAT}' header); "
                          "pass a file written by save_feature_net.")
     return json.loads(metadata["config"])
 
@@ -220,13 +221,13 @@ class FeatureExtractorDigits(FeatureExtractorBase):
                  **kwargs):
         super().__init__(name, features_list)
         if feature_extractor_weights_path is None:
-            raise ValueError(f"Feature extractor '{name}' needs trained weights; pass feature_extractor_weights_path "
+            raise BadInput(f"Feature extractor '{name}' needs trained weights; pass feature_extractor_weights_path "
                              "(a file written by vcarepro.metrics.fid.save_feature_net).")
         self.net = load_feature_net(feature_extractor_weights_path)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         if x.dtype != torch.uint8 or x.dim() != 4 or x.shape[1] != 3:
-            raise ValueError(f"Expected uint8 Bx3xHxW images, got {x.dtype} {tuple(x.shape)}; "
+            raise BadInput(f"Expected uint8 Bx3xHxW images, got {x.dtype} {tuple(x.shape)}; "
                              "convert samples to uint8 RGB before extracting features.")
         features = self.net.features(x.float() / 255.0)
         out = {"features": features, "logits": self.net.classify(features)}
@@ -258,7 +259,7 @@ def register_digit_feature_extractor(name: str = DIGITS_EXTRACTOR) -> None:
     # compared by qualified name, not identity, so that re-importing this module stays a no-op
     if (registered.__module__, registered.__qualname__) != (FeatureExtractorDigits.__module__,
                                                              FeatureExtractorDigits.__qualname__):
-        raise ValueError(f"torch-fidelity already has a different feature extractor named '{name}' "
+        raise BadInput(f"torch-fidelity already has a different feature extractor named '{name}' "
                          f"({registered.__module__}.{registered.__qualname__}); register ours under another name.")
 
 
@@ -304,17 +305,17 @@ def compute_generation_metrics(real_uint8: ImageArray, fake_uint8: ImageArray, *
     real = _as_uint8_images(real_uint8, "real_uint8")
     fake = _as_uint8_images(fake_uint8, "fake_uint8")
     if real.shape[-2:] != fake.shape[-2:]:
-        raise ValueError(f"Real and fake images differ in size ({tuple(real.shape[-2:])} vs {tuple(fake.shape[-2:])}); "
+        raise BadInput(f"Real and fake images differ in size ({tuple(real.shape[-2:])} vs {tuple(fake.shape[-2:])}); "
                          "resize one set to the other's resolution first.")
     weights = _resolve_weights(extractor, weights_path)
     _check_enough_samples(real.shape[0], fake.shape[0], _feature_dim(extractor, weights))
     if kid_subset_size is None:
         kid_subset_size = min(KID_MAX_SUBSET_SIZE, real.shape[0], fake.shape[0])
     if not 2 <= kid_subset_size <= min(real.shape[0], fake.shape[0]):
-        raise ValueError(f"kid_subset_size={kid_subset_size} must lie in [2, {min(real.shape[0], fake.shape[0])}] "
+        raise BadInput(f"kid_subset_size={kid_subset_size} must lie in [2, {min(real.shape[0], fake.shape[0])}] "
                          "(the smaller set's size); lower it or leave it None.")
     if cuda and not torch.cuda.is_available():
-        raise ValueError("cuda=True but no CUDA device is available; pass cuda=False.")
+        raise BadInput("cuda=True but no CUDA device is available; pass cuda=False.")
     scores = torch_fidelity.calculate_metrics(
         input1=UInt8ImageDataset(real), input2=UInt8ImageDataset(fake),
         feature_extractor=extractor, feature_extractor_weights_path=str(weights),
@@ -342,19 +343,19 @@ def _resolve_weights(extractor: str, weights_path: Optional[Union[str, Path]]) -
     if extractor == INCEPTION_EXTRACTOR:
         path = Path(weights_path) if weights_path is not None else default_inception_weights_path()
         if not path.is_file():
-            raise ValueError(f"Inception weights not found at {path}; copy {INCEPTION_WEIGHTS_FILENAME} (from "
+            raise BadInput(f"Inception weights not found at {path}; copy {INCEPTION_WEIGHTS_FILENAME} (from "
                              "torch-fidelity's v0.2.0 GitHub release) there or pass its path as weights_path.")
         return path
     if extractor == DIGITS_EXTRACTOR:
         if weights_path is None:
-            raise ValueError("The digits extractor needs weights_path; train and save one with train_feature_net "
+            raise BadInput("The digits extractor needs weights_path; train and save one with train_feature_net "
                              "and save_feature_net, then pass that file.")
         path = Path(weights_path)
         if not path.is_file():
-            raise ValueError(f"Digit feature-net weights not found at {path}; train them with train_feature_net and "
+            raise BadInput(f"Digit feature-net weights not found at {path}; train them with train_feature_net and "
                              "save_feature_net, then pass that file as weights_path.")
         return path
-    raise ValueError(f"Unknown extractor '{extractor}'; use '{DIGITS_EXTRACTOR}' or '{INCEPTION_EXTRACTOR}'.")
+    raise BadInput(f"Unknown extractor '{extractor}'; use '{DIGITS_EXTRACTOR}' or '{INCEPTION_EXTRACTOR}'.")
 
 
 def _feature_dim(extractor: str, weights: Path) -> int:
@@ -366,19 +367,19 @@ def _feature_dim(extractor: str, weights: Path) -> int:
 def _check_enough_samples(num_real: int, num_fake: int, feature_dim: int) -> None:
     minimum = feature_dim + 1
     if min(num_real, num_fake) < minimum:
-        raise ValueError(f"FID needs at least {minimum} images per set (feature dimension {feature_dim} + 1) but got "
+        raise BadInput(f"FID needs at least {minimum} images per set (feature dimension {feature_dim} + 1) but got "
                          f"{num_real} real and {num_fake} fake; generate or load more images.")
 
 
 def _as_uint8_images(images: ImageArray, what: str) -> torch.Tensor:
     tensor = torch.from_numpy(np.ascontiguousarray(images)) if isinstance(images, np.ndarray) else images
     if not isinstance(tensor, torch.Tensor):
-        raise ValueError(f"{what} must be a numpy array or torch tensor, got {type(images).__name__}; "
+        raise BadInput(f"{what} must be a numpy array or torch tensor, got {type(images).__name__}; "
                          "stack the images into one (N, C, H, W) uint8 array.")
     if tensor.dtype != torch.uint8:
-        raise ValueError(f"{what} must be uint8 in [0, 255], got {tensor.dtype}; "
+        raise BadInput(f"{what} must be uint8 in [0, 255], got {tensor.dtype}; "
                          "convert with (x * 255).round().clamp(0, 255).to(torch.uint8) or equivalent.")
     if tensor.dim() != 4 or tensor.shape[1] not in (1, 3) or tensor.shape[0] == 0:
-        raise ValueError(f"{what} must have shape (N, C, H, W) with N >= 1 and C in (1, 3), got {tuple(tensor.shape)}; "
+        raise BadInput(f"{what} must have shape (N, C, H, W) with N >= 1 and C in (1, 3), got {tuple(tensor.shape)}; "
                          "add the channel axis or move it to position 1.")
     return tensor.cpu()

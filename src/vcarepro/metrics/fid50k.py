@@ -50,6 +50,7 @@ from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorIncepti
 
 from vcarepro.metrics.fid import INCEPTION_EXTRACTOR, INCEPTION_FEATURE_DIM, INCEPTION_WEIGHTS_FILENAME, \
     default_inception_weights_path
+from vcarepro.errors import BadInput, MissingInput
 
 PathLike = Union[str, Path]
 ArrayLike = Union[np.ndarray, torch.Tensor]
@@ -79,7 +80,7 @@ class FeatureStats:
         self.sigma = np.asarray(self.sigma, dtype=np.float64)
         self.num = int(self.num)
         if self.mu.ndim != 1 or self.sigma.shape != (self.mu.shape[0],) * 2:
-            raise ValueError(f"FeatureStats needs mu of shape (D,) and sigma of shape (D, D), got {self.mu.shape} and "
+            raise BadInput(f"FeatureStats needs mu of shape (D,) and sigma of shape (D, D), got {self.mu.shape} and "
                              f"{self.sigma.shape}; pass the mean vector and the covariance matrix of one feature set.")
 
     @property
@@ -104,12 +105,12 @@ class FeatureStats:
         """Read a file written by :meth:`save`."""
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"Feature statistics not found at {path}; run the stage that computes them "
+            raise MissingInput(f"Feature statistics not found at {path}; run the stage that computes them "
                                     "(FeatureStats.save) or fix the path.")
         with np.load(path, allow_pickle=False) as data:
             missing = [key for key in ("mu", "sigma", "num") if key not in data.files]
             if missing:
-                raise ValueError(f"{path} lacks the keys {missing} of a FeatureStats file; pass a file written by "
+                raise BadInput(f"{path} lacks the keys {missing} of a FeatureStats file; pass a file written by "
                                  "FeatureStats.save.")
             return cls(mu=data["mu"], sigma=data["sigma"], num=int(data["num"]))
 
@@ -132,7 +133,7 @@ class StatsAccumulator:
     def update(self, features: ArrayLike) -> None:
         x = _as_float64(features)
         if x.ndim != 2 or x.shape[1] != self.dim:
-            raise ValueError(f"StatsAccumulator({self.dim}) expects (B, {self.dim}) features, got {x.shape}; "
+            raise BadInput(f"StatsAccumulator({self.dim}) expects (B, {self.dim}) features, got {x.shape}; "
                              "pass one feature vector per row.")
         if x.shape[0] == 0:
             return
@@ -145,7 +146,7 @@ class StatsAccumulator:
 
     def result(self) -> FeatureStats:
         if self.num < 2:
-            raise ValueError(f"A covariance needs at least 2 feature vectors, got {self.num}; feed more images.")
+            raise BadInput(f"A covariance needs at least 2 feature vectors, got {self.num}; feed more images.")
         centred_mean = self._sum / self.num
         sigma = (self._outer - self.num * np.outer(centred_mean, centred_mean)) / (self.num - 1)
         sigma = (sigma + sigma.T) / 2  # exact symmetry, which rounding in the sums does not guarantee
@@ -164,7 +165,7 @@ class FeatureReservoir:
 
     def __init__(self, capacity: int, dim: int, *, seed: int = 0, dtype=np.float32):
         if capacity < 1:
-            raise ValueError(f"FeatureReservoir needs capacity >= 1, got {capacity}; keep at least one feature vector.")
+            raise BadInput(f"FeatureReservoir needs capacity >= 1, got {capacity}; keep at least one feature vector.")
         self.capacity = int(capacity)
         self.seen = 0
         self._rows = np.empty((self.capacity, int(dim)), dtype=dtype)
@@ -173,7 +174,7 @@ class FeatureReservoir:
     def update(self, features: ArrayLike) -> None:
         x = _as_float64(features) if isinstance(features, torch.Tensor) else np.asarray(features)
         if x.ndim != 2 or x.shape[1] != self._rows.shape[1]:
-            raise ValueError(f"FeatureReservoir expects (B, {self._rows.shape[1]}) features, got {x.shape}; "
+            raise BadInput(f"FeatureReservoir expects (B, {self._rows.shape[1]}) features, got {x.shape}; "
                              "pass one feature vector per row.")
         filling = max(0, min(self.capacity - self.seen, x.shape[0]))
         self._rows[self.seen:self.seen + filling] = x[:filling]
@@ -196,13 +197,13 @@ def load_adm_reference(path: PathLike, *, spatial: bool = False) -> FeatureStats
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"ADM reference batch not found at {path}; download VIRTUAL_imagenet256_labeled.npz "
+        raise MissingInput(f"ADM reference batch not found at {path}; download VIRTUAL_imagenet256_labeled.npz "
                                 "from openai/guided-diffusion's evaluations README on a connected machine and put it there.")
     keys = ("mu_s", "sigma_s") if spatial else ("mu", "sigma")
     with np.load(path, allow_pickle=False) as data:
         missing = [key for key in keys if key not in data.files]
         if missing:
-            raise ValueError(f"{path} has no {' or '.join(missing)} (keys: {sorted(data.files)}), so it is not an ADM "
+            raise BadInput(f"{path} has no {' or '.join(missing)} (keys: {sorted(data.files)}), so it is not an ADM "
                              "reference batch; pass the VIRTUAL_*.npz file from openai/guided-diffusion's evaluations.")
         mu, sigma = data[keys[0]], data[keys[1]]
     num = _npz_array_shape(path, "arr_0")[0] if "arr_0" in _npz_keys(path) else 0
@@ -217,7 +218,7 @@ def frechet_distance(a: FeatureStats, b: FeatureStats) -> float:
     to rounding for the positive semi-definite covariances FID deals with.
     """
     if a.dim != b.dim:
-        raise ValueError(f"Cannot compare {a.dim}-d with {b.dim}-d feature statistics; compute both with the same "
+        raise BadInput(f"Cannot compare {a.dim}-d with {b.dim}-d feature statistics; compute both with the same "
                          "feature extractor and layer.")
     stats = [{"mu": s.mu.astype(np.float64), "sigma": s.sigma.astype(np.float64)} for s in (a, b)]
     return float(fid_statistics_to_metric(stats[0], stats[1], verbose=False)[KEY_METRIC_FID])
@@ -251,10 +252,10 @@ class InceptionFeatures:
                  batch_size: int = 100):
         path = Path(weights_path) if weights_path is not None else default_inception_weights_path()
         if not path.is_file():
-            raise FileNotFoundError(f"Inception weights not found at {path}; copy {INCEPTION_WEIGHTS_FILENAME} (from "
+            raise MissingInput(f"Inception weights not found at {path}; copy {INCEPTION_WEIGHTS_FILENAME} (from "
                                     "torch-fidelity's v0.2.0 GitHub release) there or pass its path as weights_path.")
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}; pass a positive number of images per pass.")
+            raise BadInput(f"batch_size must be >= 1, got {batch_size}; pass a positive number of images per pass.")
         self.weights_path = path
         self.device = torch.device(device)
         self.batch_size = int(batch_size)
@@ -274,7 +275,7 @@ class InceptionFeatures:
         """Pool features, unbiased logits and spatial (sFID) features of uint8 (B, 3, H, W) images."""
         images = torch.as_tensor(images_uint8)
         if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
-            raise ValueError(f"InceptionFeatures expects uint8 (B, 3, H, W) images, got {images.dtype} "
+            raise BadInput(f"InceptionFeatures expects uint8 (B, 3, H, W) images, got {images.dtype} "
                              f"{tuple(images.shape)}; convert NHWC arrays with .permute(0, 3, 1, 2).")
         pools, logits, spatials = [], [], []
         for start in range(0, images.shape[0], self.batch_size):
@@ -311,7 +312,7 @@ def inception_score(logits: ArrayLike, split_size: int = 5000) -> Tuple[float, f
     values = logits.detach().cpu().numpy() if isinstance(logits, torch.Tensor) else np.asarray(logits)
     values = values.astype(np.float64)
     if values.ndim != 2 or values.shape[0] < 1 or split_size < 1:
-        raise ValueError(f"inception_score needs (N, classes) logits with N >= 1 and split_size >= 1, got "
+        raise BadInput(f"inception_score needs (N, classes) logits with N >= 1 and split_size >= 1, got "
                          f"{values.shape} and split_size={split_size}; pass the samples' logits.")
     values = values - values.max(axis=1, keepdims=True)
     probs = np.exp(values)
@@ -349,18 +350,18 @@ def precision_recall(real_feats: ArrayLike, fake_feats: ArrayLike, k: int = PR_N
     features, as here.
     """
     if distance_dtype not in DISTANCE_DTYPES:
-        raise ValueError(f"distance_dtype={distance_dtype!r} is unknown; use one of {', '.join(DISTANCE_DTYPES)}.")
+        raise BadInput(f"distance_dtype={distance_dtype!r} is unknown; use one of {', '.join(DISTANCE_DTYPES)}.")
     work = torch.float64 if distance_dtype == "float64" else torch.float32
     real = _as_tensor(real_feats, device, work)
     fake = _as_tensor(fake_feats, device, work)
     if real.dim() != 2 or fake.dim() != 2 or real.shape[1] != fake.shape[1]:
-        raise ValueError(f"precision_recall needs two (N, D) feature sets of one D, got {tuple(real.shape)} and "
+        raise BadInput(f"precision_recall needs two (N, D) feature sets of one D, got {tuple(real.shape)} and "
                          f"{tuple(fake.shape)}; extract both with the same network and layer.")
     if min(real.shape[0], fake.shape[0]) <= k:
-        raise ValueError(f"precision_recall with k={k} needs more than {k} points per set, got {real.shape[0]} real "
+        raise BadInput(f"precision_recall with k={k} needs more than {k} points per set, got {real.shape[0]} real "
                          f"and {fake.shape[0]} fake; pass more samples or lower k.")
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}; pass a positive block size.")
+        raise BadInput(f"batch_size must be >= 1, got {batch_size}; pass a positive block size.")
     distances = _DistanceBlock(DISTANCE_DTYPES[distance_dtype], work)
     real_radii = _kth_neighbour_sq_radii(real, k, batch_size, distances)
     fake_radii = _kth_neighbour_sq_radii(fake, k, batch_size, distances)
@@ -428,7 +429,7 @@ def iter_npz_images(path: PathLike, batch_size: int, *, key: str = "arr_0") -> I
     path = Path(path)
     _require_file(path)
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}; pass a positive number of images per batch.")
+        raise BadInput(f"batch_size must be >= 1, got {batch_size}; pass a positive number of images per batch.")
     if path.suffix == ".npy":
         array = np.load(path, mmap_mode="r", allow_pickle=False)
         _check_image_array(path, array.shape, array.dtype)
@@ -441,14 +442,14 @@ def iter_npz_images(path: PathLike, batch_size: int, *, key: str = "arr_0") -> I
             shape, fortran_order, dtype = _read_npy_header(stream)
             _check_image_array(path, shape, dtype)
             if fortran_order:
-                raise ValueError(f"{path}:{key} is stored in Fortran order, which cannot be streamed by rows; "
+                raise BadInput(f"{path}:{key} is stored in Fortran order, which cannot be streamed by rows; "
                                  "re-save it with np.savez(np.ascontiguousarray(images)).")
             row_bytes = int(np.prod(shape[1:])) * dtype.itemsize
             for start in range(0, shape[0], batch_size):
                 count = min(batch_size, shape[0] - start)
                 batch = np.empty((count,) + tuple(shape[1:]), dtype=dtype)
                 if _read_into(stream, memoryview(batch).cast("B")) != count * row_bytes:
-                    raise ValueError(f"{path}:{key} ends after {start} of {shape[0]} images; the file is truncated, "
+                    raise BadInput(f"{path}:{key} ends after {start} of {shape[0]} images; the file is truncated, "
                                      "write it again.")
                 yield batch
 
@@ -488,10 +489,10 @@ def evaluate_samples(npz_path: PathLike, reference: FeatureStats, extractor: Any
     npz_path = Path(npz_path)
     num_samples = npz_num_images(npz_path)
     if num_samples < min_samples:
-        raise ValueError(f"FID needs at least {min_samples} samples (feature dimension + 1) but {npz_path} holds "
+        raise BadInput(f"FID needs at least {min_samples} samples (feature dimension + 1) but {npz_path} holds "
                          f"{num_samples}; raise sampling.num_samples.")
     if spatial_reference is not None and not hasattr(extractor, "extract"):
-        raise ValueError(f"sFID needs an extractor with .extract() (InceptionFeatures), got "
+        raise BadInput(f"sFID needs an extractor with .extract() (InceptionFeatures), got "
                          f"{type(extractor).__name__}; pass InceptionFeatures or drop spatial_reference.")
     batch_size = batch_size or getattr(extractor, "batch_size", 100)
 
@@ -507,7 +508,7 @@ def evaluate_samples(npz_path: PathLike, reference: FeatureStats, extractor: Any
             pool, logit = extractor(images)
         pool = _as_float64(pool)
         if pool.shape[1] != reference.dim:
-            raise ValueError(f"The extractor gives {pool.shape[1]}-d features but the reference statistics are "
+            raise BadInput(f"The extractor gives {pool.shape[1]}-d features but the reference statistics are "
                              f"{reference.dim}-d; compute both with the same extractor.")
         pool_stats.update(pool)
         logits.append(np.asarray(logit.cpu() if isinstance(logit, torch.Tensor) else logit, dtype=np.float32))
@@ -570,7 +571,7 @@ def reference_from_images(image_iter: Iterable[ArrayLike], extractor: Any, *, ke
         pool_stats.update(pool)
         reservoir.update(pool)
     if pool_stats is None:
-        raise ValueError("reference_from_images got no images; check the dataset path and split.")
+        raise BadInput("reference_from_images got no images; check the dataset path and split.")
     if spatial:
         return pool_stats.result(), reservoir.result(), spatial_stats.result()
     return pool_stats.result(), reservoir.result()
@@ -580,13 +581,13 @@ def adm_reference_features(path: PathLike, extractor: Any, *, batch_size: Option
     """Pool features (float32) of the ``arr_0`` images of an ADM reference batch: ADM's precision/recall reference."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"ADM reference batch not found at {path}; download VIRTUAL_imagenet256_labeled.npz "
+        raise MissingInput(f"ADM reference batch not found at {path}; download VIRTUAL_imagenet256_labeled.npz "
                                 "from openai/guided-diffusion's evaluations README on a connected machine and put it there.")
     batch_size = batch_size or getattr(extractor, "batch_size", 100)
     features = [_as_float64(extractor(torch.from_numpy(batch).permute(0, 3, 1, 2))[0]).astype(np.float32)
                 for batch in iter_npz_images(path, batch_size)]
     if not features:
-        raise ValueError(f"{path} holds no images in arr_0; pass a reference batch with images.")
+        raise BadInput(f"{path} holds no images in arr_0; pass a reference batch with images.")
     return np.concatenate(features)
 
 
@@ -642,7 +643,7 @@ def _as_tensor(x: ArrayLike, device, dtype) -> torch.Tensor:
 
 def _require_file(path: Path) -> None:
     if not path.is_file():
-        raise FileNotFoundError(f"Sample file not found at {path}; run the sampling stage first or fix the path.")
+        raise MissingInput(f"Sample file not found at {path}; run the sampling stage first or fix the path.")
 
 
 def _npz_keys(path: Path) -> list:
@@ -654,7 +655,7 @@ def _npz_member(archive: zipfile.ZipFile, path: Path, key: str) -> str:
     member = key + ".npy"
     if member not in archive.namelist():
         keys = sorted(name[:-4] for name in archive.namelist() if name.endswith(".npy"))
-        raise ValueError(f"{path} has no '{key}' array (keys: {keys}); write samples with np.savez(path, images) as "
+        raise BadInput(f"{path} has no '{key}' array (keys: {keys}); write samples with np.savez(path, images) as "
                          "ADM's and DiT's samplers do.")
     return member
 
@@ -664,7 +665,7 @@ def _npz_array_shape(path: Path, key: str) -> Tuple[int, ...]:
         with zipfile.ZipFile(path) as archive, archive.open(_npz_member(archive, path, key)) as stream:
             return tuple(_read_npy_header(stream)[0])
     except zipfile.BadZipFile:
-        raise ValueError(f"{path} is not an .npz (zip) file; write samples with np.savez.") from None
+        raise BadInput(f"{path} is not an .npz (zip) file; write samples with np.savez.") from None
 
 
 def _read_into(stream, buffer: memoryview) -> int:
@@ -684,10 +685,10 @@ def _read_npy_header(stream) -> Tuple[Tuple[int, ...], bool, np.dtype]:
         return npy_format.read_array_header_1_0(stream)
     if version in ((2, 0), (3, 0)):
         return npy_format.read_array_header_2_0(stream)
-    raise ValueError(f"Unsupported .npy format version {version}; re-save the array with a current numpy.")
+    raise BadInput(f"Unsupported .npy format version {version}; re-save the array with a current numpy.")
 
 
 def _check_image_array(path: Path, shape: Tuple[int, ...], dtype: np.dtype) -> None:
     if np.dtype(dtype) != np.uint8 or len(shape) != 4 or shape[-1] != 3:
-        raise ValueError(f"{path} holds {np.dtype(dtype)} {tuple(shape)}, not uint8 (N, H, W, 3) images; save samples "
+        raise BadInput(f"{path} holds {np.dtype(dtype)} {tuple(shape)}, not uint8 (N, H, W, 3) images; save samples "
                          "as ADM does: np.savez(path, uint8_nhwc_images).")

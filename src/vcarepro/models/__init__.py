@@ -27,6 +27,7 @@ import torch.nn as nn
 from . import cswin, deit, pvt, swin  # noqa: F401  (each registers its timm models)
 from .deit import VcaVisionTransformer
 from .placement import HIERARCHICAL_VCA_OPTIONS
+from vcarepro.errors import BadInput
 
 # arch -> {attention: timm model name}
 CLASSIFIER_ARCHS = {
@@ -43,10 +44,10 @@ CLASSIFIER_ATTENTIONS = ("mhsa", "vca", "diff")
 def classifier_name(arch: str, attention: str) -> str:
     """The timm model name for an (architecture, attention) pair."""
     if arch not in CLASSIFIER_ARCHS:
-        raise ValueError(f"unknown model {arch!r}; choose one of {', '.join(map(repr, CLASSIFIER_ARCHS))}.")
+        raise BadInput(f"unknown model {arch!r}; choose one of {', '.join(map(repr, CLASSIFIER_ARCHS))}.")
     names = CLASSIFIER_ARCHS[arch]
     if attention not in names:
-        raise ValueError(
+        raise BadInput(
             f"unknown attention {attention!r} for {arch}; choose one of {', '.join(map(repr, names))}."
         )
     return names[attention]
@@ -58,7 +59,7 @@ def create_classifier(arch: str, attention: str, **kwargs: Any) -> nn.Module:
     if attention != "vca":
         stray = sorted(set(kwargs) & set(HIERARCHICAL_VCA_OPTIONS))
         if stray:
-            raise ValueError(f"{', '.join(stray)} only apply to attention='vca', not {attention!r}; remove them.")
+            raise BadInput(f"{', '.join(stray)} only apply to attention='vca', not {attention!r}; remove them.")
     return timm.create_model(name, **kwargs)
 
 

@@ -49,6 +49,7 @@ from ..attention import VisualContrastAttention
 from ..attention.vca import patch_grid
 from .placement import ContrastTokens, attention_layout, per_stage
 from .pvt import PreNormBlock, build_hierarchical
+from vcarepro.errors import BadInput
 
 # pipeline arch name -> {attention: timm name}; "mhsa" names the backbone's own attention
 MODEL_NAMES = {"cswin_tiny": {"mhsa": "cswin_tiny_224", "vca": "vca_cswin_tiny_224"},
@@ -63,7 +64,7 @@ class StripeAttention(nn.Module):
         super().__init__()
         H, W = grid_size
         if H % stripe[0] or W % stripe[1]:
-            raise ValueError(f"stripes {stripe} do not tile the {H}x{W} grid; use an img_size whose stage grids "
+            raise BadInput(f"stripes {stripe} do not tile the {H}x{W} grid; use an img_size whose stage grids "
                              f"are multiples of the stripe widths.")
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.scale = self.head_dim ** -0.5
@@ -107,7 +108,7 @@ class CrossShapedWindowAttention(nn.Module):
             self.branches = nn.ModuleList([StripeAttention(dim, num_heads, grid_size, (H, W), attn_drop)])
         else:
             if num_heads % 2 or dim % 2:
-                raise ValueError(f"cross-shaped attention splits dim={dim} / heads={num_heads} in two; use even ones.")
+                raise BadInput(f"cross-shaped attention splits dim={dim} / heads={num_heads} in two; use even ones.")
             half = dim // 2
             self.branches = nn.ModuleList([
                 StripeAttention(half, num_heads // 2, grid_size, (H, min(stripe_width, W)), attn_drop),  # vertical
@@ -171,7 +172,7 @@ class CSWinTransformer(nn.Module):
     ) -> None:
         super().__init__()
         if global_pool != "avg":
-            raise ValueError("CSWin classifies from mean-pooled tokens; global_pool must be 'avg'.")
+            raise BadInput("CSWin classifies from mean-pooled tokens; global_pool must be 'avg'.")
         num_stages = len(depths)
         uses_vca = attention_layout(attn_layout, num_stages)
         contrast_per_stage = per_stage(contrast_tokens, num_stages)
@@ -243,7 +244,7 @@ class CSWinTransformer(nn.Module):
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         if global_pool not in (None, "avg"):
-            raise ValueError("CSWin classifies from mean-pooled tokens; global_pool must be 'avg'.")
+            raise BadInput("CSWin classifies from mean-pooled tokens; global_pool must be 'avg'.")
         self.num_classes = num_classes
         self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
 

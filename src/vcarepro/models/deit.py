@@ -14,6 +14,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import VisionTransformer, build_model_with_cfg, generate_default_cfgs, register_model
 
 from ..attention import VisualContrastAttention
+from vcarepro.errors import BadInput
 
 # Knobs of VisualContrastAttention that a model accepts as keyword arguments.
 VCA_OPTIONS = ("contrast_tokens", "stage1", "stage2", "tokens_pos", "tokens_neg", "stage2_softmax", "local_conv")
@@ -41,12 +42,12 @@ class VcaVisionTransformer(VisionTransformer):
         **kwargs: Any,
     ) -> None:
         if kwargs.get("dynamic_img_size"):
-            raise ValueError(
+            raise BadInput(
                 "VCA models need a fixed token grid; build the model with the img_size you feed it "
                 "(or call set_input_size) instead of dynamic_img_size=True."
             )
         if kwargs.get("attn_layer") not in (None, "attn"):
-            raise ValueError("a VCA model sets its own attention; do not pass attn_layer.")
+            raise BadInput("a VCA model sets its own attention; do not pass attn_layer.")
         super().__init__(weight_init="skip", **kwargs)
         for index, block in enumerate(self.blocks):
             mhsa = block.attn
@@ -120,7 +121,7 @@ DEIT_SHAPES = {
 
 def _build(model_cls, variant: str, pretrained: bool, **kwargs: Any) -> VisionTransformer:
     if pretrained:
-        raise ValueError(
+        raise BadInput(
             f"no pretrained weights are published for {variant}; create it with pretrained=False "
             f"and train it (dvc repro), or load a checkpoint with checkpoint_path=."
         )

@@ -24,6 +24,7 @@ from timm.layers import Attention, DiffAttention, Mlp, PatchEmbed
 
 from ..attention import VisualContrastAttention
 from .deit import VCA_OPTIONS
+from vcarepro.errors import BadInput
 
 DIT_ATTENTIONS = ("mhsa", "vca", "diff")
 # Classifier-free guidance acts on the first 3 output channels, as facebookresearch/DiT and
@@ -114,7 +115,7 @@ def build_attention(
                                        layer_index=block_index, qkv_bias=True, **vca_options)
     if attention == "diff":
         return DiffAttention(hidden_size, num_heads=num_heads, qkv_bias=True, depth=block_index)
-    raise ValueError(f"unknown attention {attention!r}; choose one of {', '.join(map(repr, DIT_ATTENTIONS))}.")
+    raise BadInput(f"unknown attention {attention!r}; choose one of {', '.join(map(repr, DIT_ATTENTIONS))}.")
 
 
 class DiTBlock(nn.Module):
@@ -176,7 +177,7 @@ class DiT(nn.Module):
         super().__init__()
         vca_options = _checked_vca_options(attention, vca_options)
         if input_size % patch_size:
-            raise ValueError(f"input_size={input_size} is not divisible by patch_size={patch_size}.")
+            raise BadInput(f"input_size={input_size} is not divisible by patch_size={patch_size}.")
         self.learn_sigma = learn_sigma
         self.in_channels = in_channels
         self.out_channels = in_channels * 2 if learn_sigma else in_channels
@@ -242,7 +243,7 @@ class DiT(nn.Module):
         p = self.x_embedder.patch_size[0]
         h = w = int(x.shape[1] ** 0.5)
         if h * w != x.shape[1]:
-            raise ValueError(f"unpatchify expects a square token grid, got {x.shape[1]} tokens.")
+            raise BadInput(f"unpatchify expects a square token grid, got {x.shape[1]} tokens.")
         x = x.reshape(x.shape[0], h, w, p, p, c)
         x = torch.einsum("nhwpqc->nchpwq", x)
         return x.reshape(x.shape[0], c, h * p, w * p)
@@ -273,13 +274,13 @@ class DiT(nn.Module):
 
 def _checked_vca_options(attention: str, vca_options: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
     if attention not in DIT_ATTENTIONS:
-        raise ValueError(f"unknown attention {attention!r}; choose one of {', '.join(map(repr, DIT_ATTENTIONS))}.")
+        raise BadInput(f"unknown attention {attention!r}; choose one of {', '.join(map(repr, DIT_ATTENTIONS))}.")
     options = dict(vca_options or {})
     if options and attention != "vca":
-        raise ValueError(f"{', '.join(sorted(options))} only apply to attention='vca', not {attention!r}; remove them.")
+        raise BadInput(f"{', '.join(sorted(options))} only apply to attention='vca', not {attention!r}; remove them.")
     unknown = sorted(set(options) - set(VCA_OPTIONS))
     if unknown:
-        raise ValueError(f"unknown VCA option(s) {', '.join(unknown)}; choose from {', '.join(VCA_OPTIONS)}.")
+        raise BadInput(f"unknown VCA option(s) {', '.join(unknown)}; choose from {', '.join(VCA_OPTIONS)}.")
     return options
 
 
@@ -290,7 +291,7 @@ def _checked_vca_options(attention: str, vca_options: Optional[Mapping[str, Any]
 def get_1d_sincos_pos_embed(embed_dim: int, pos: torch.Tensor) -> torch.Tensor:
     """(M,) positions -> (M, embed_dim) as [sin(pos * omega) | cos(pos * omega)]."""
     if embed_dim % 2:
-        raise ValueError(f"sin-cos embedding needs an even dimension, got {embed_dim}.")
+        raise BadInput(f"sin-cos embedding needs an even dimension, got {embed_dim}.")
     omega = torch.arange(embed_dim // 2, dtype=torch.float64) / (embed_dim / 2.0)
     omega = 1.0 / 10000 ** omega
     out = pos.reshape(-1).double()[:, None] * omega[None]
@@ -304,7 +305,7 @@ def get_2d_sincos_pos_embed(embed_dim: int, grid_size: int) -> torch.Tensor:
     row index (MAE's meshgrid puts w first); DiT checkpoints depend on this order.
     """
     if embed_dim % 2:
-        raise ValueError(f"2-D sin-cos embedding needs an even dimension, got {embed_dim}.")
+        raise BadInput(f"2-D sin-cos embedding needs an even dimension, got {embed_dim}.")
     coords = torch.arange(grid_size, dtype=torch.float64)
     rows, cols = torch.meshgrid(coords, coords, indexing="ij")
     emb = torch.cat([get_1d_sincos_pos_embed(embed_dim // 2, cols), get_1d_sincos_pos_embed(embed_dim // 2, rows)], dim=1)
@@ -339,18 +340,18 @@ def create_dit(arch: str, attention: str = "mhsa", **overrides: Any) -> DiT:
     VCA knobs may be given flat (``contrast_tokens=16``) or as ``vca_options={...}``.
     """
     if arch not in DIT_CONFIGS:
-        raise ValueError(f"unknown DiT arch {arch!r}; choose one of {', '.join(map(repr, DIT_CONFIGS))}.")
+        raise BadInput(f"unknown DiT arch {arch!r}; choose one of {', '.join(map(repr, DIT_CONFIGS))}.")
     if attention not in DIT_ATTENTIONS:
-        raise ValueError(f"unknown attention {attention!r}; choose one of {', '.join(map(repr, DIT_ATTENTIONS))}.")
+        raise BadInput(f"unknown attention {attention!r}; choose one of {', '.join(map(repr, DIT_ATTENTIONS))}.")
     vca_options = dict(overrides.pop("vca_options", None) or {})
     for name in VCA_OPTIONS:
         if name in overrides:
             if name in vca_options:
-                raise ValueError(f"{name} given both flat and in vca_options; give it once.")
+                raise BadInput(f"{name} given both flat and in vca_options; give it once.")
             vca_options[name] = overrides.pop(name)
     unknown = sorted(set(overrides) - set(_DIT_ARGS))
     if unknown:
-        raise ValueError(f"unknown DiT argument(s) {', '.join(unknown)}; choose from {', '.join(_DIT_ARGS)}.")
+        raise BadInput(f"unknown DiT argument(s) {', '.join(unknown)}; choose from {', '.join(_DIT_ARGS)}.")
     kwargs = {**DIT_CONFIGS[arch], **overrides}
     return DiT(attention=attention, vca_options=vca_options, **kwargs)
 

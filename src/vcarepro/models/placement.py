@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import List, Sequence, Tuple, Union
 
 from .deit import VCA_OPTIONS
+from vcarepro.errors import BadInput
 
 ContrastTokens = Union[int, Sequence[int], Sequence[Union[int, Sequence[int]]]]
 
@@ -24,7 +25,7 @@ HIERARCHICAL_VCA_OPTIONS = (*VCA_OPTIONS, "attn_layout")
 def attention_layout(layout: str, num_stages: int) -> List[bool]:
     """``"AAAB"`` -> [True, True, True, False]: whether each stage uses the compared attention."""
     if not isinstance(layout, str) or len(layout) != num_stages or set(layout) - {COMPARED, OWN}:
-        raise ValueError(f"attn_layout={layout!r} must be {num_stages} letters, one per stage: {COMPARED} for the "
+        raise BadInput(f"attn_layout={layout!r} must be {num_stages} letters, one per stage: {COMPARED} for the "
                          f"compared attention, {OWN} for the backbone's own (e.g. {'A' * (num_stages - 1) + 'B'!r}).")
     return [letter == COMPARED for letter in layout]
 
@@ -37,5 +38,5 @@ def per_stage(value: ContrastTokens, num_stages: int) -> List[Union[int, Tuple[i
     if len(items) == 2 and all(isinstance(v, int) for v in items) and num_stages != 2:
         return [tuple(items)] * num_stages  # an (h, w) grid shared by all stages
     if len(items) != num_stages:
-        raise ValueError(f"contrast_tokens needs one value per stage ({num_stages}), got {value!r}.")
+        raise BadInput(f"contrast_tokens needs one value per stage ({num_stages}), got {value!r}.")
     return items

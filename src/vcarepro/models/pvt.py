@@ -44,6 +44,7 @@ from ..attention import VisualContrastAttention
 from ..attention.vca import patch_grid
 from .deit import VCA_OPTIONS
 from .placement import HIERARCHICAL_VCA_OPTIONS, ContrastTokens, attention_layout, per_stage
+from vcarepro.errors import BadInput
 
 # pipeline arch name -> {attention: timm name}; "mhsa" names the backbone's own attention
 MODEL_NAMES = {"pvt_tiny": {"mhsa": "pvt_tiny", "vca": "vca_pvt_tiny"},
@@ -73,9 +74,9 @@ class SpatialReductionAttention(nn.Module):
     ) -> None:
         super().__init__()
         if dim % num_heads:
-            raise ValueError(f"dim={dim} is not divisible by num_heads={num_heads}.")
+            raise BadInput(f"dim={dim} is not divisible by num_heads={num_heads}.")
         if sr_ratio > 1 and num_prefix_tokens:
-            raise ValueError("spatial reduction with prefix tokens is not defined in PVT; use sr_ratio=1 there.")
+            raise BadInput("spatial reduction with prefix tokens is not defined in PVT; use sr_ratio=1 there.")
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim ** -0.5
@@ -189,9 +190,9 @@ class PyramidVisionTransformer(nn.Module):
     ) -> None:
         super().__init__()
         if global_pool not in ("token", "avg"):
-            raise ValueError(f"global_pool={global_pool!r}; PVT supports 'token' (the original) or 'avg'.")
+            raise BadInput(f"global_pool={global_pool!r}; PVT supports 'token' (the original) or 'avg'.")
         if global_pool == "token" and not class_token:
-            raise ValueError("global_pool='token' reads the class token; pass class_token=True or global_pool='avg'.")
+            raise BadInput("global_pool='token' reads the class token; pass class_token=True or global_pool='avg'.")
         num_stages = len(depths)
         uses_vca = attention_layout(attn_layout, num_stages)
         contrast_per_stage = per_stage(contrast_tokens, num_stages)
@@ -209,7 +210,7 @@ class PyramidVisionTransformer(nn.Module):
         for i in range(num_stages):
             p = patch_sizes[i]
             if grid[0] % p or grid[1] % p:
-                raise ValueError(f"stage {i} grid {grid} is not divisible by its patch size {p}; "
+                raise BadInput(f"stage {i} grid {grid} is not divisible by its patch size {p}; "
                                  f"use an img_size divisible by {_prod(patch_sizes)}.")
             grid = (grid[0] // p, grid[1] // p)
             self.stage_grids.append(grid)
@@ -328,14 +329,14 @@ def build_hierarchical(model_cls, variant: str, pretrained: bool, *, vca: bool, 
                        kwargs: Dict[str, Any]):
     """Build a PVT / CSWin variant over ``defaults``: VCA knobs only for a VCA variant, no published weights."""
     if pretrained:
-        raise ValueError(f"no pretrained weights are published for {variant}; create it with pretrained=False.")
+        raise BadInput(f"no pretrained weights are published for {variant}; create it with pretrained=False.")
     if vca:
         kwargs = dict(kwargs)
         kwargs["vca_kwargs"] = {k: kwargs.pop(k) for k in VCA_OPTIONS if k in kwargs and k != "contrast_tokens"}
     else:
         stray = sorted(set(kwargs) & set(HIERARCHICAL_VCA_OPTIONS))
         if stray:
-            raise ValueError(f"{', '.join(stray)} only apply to a VCA variant, not {variant}; remove them.")
+            raise BadInput(f"{', '.join(stray)} only apply to a VCA variant, not {variant}; remove them.")
     return build_model_with_cfg(model_cls, variant, pretrained=False, **{**defaults, **kwargs})
 
 

@@ -36,6 +36,7 @@ from timm.models.swin_transformer import calc_stage_window_sizes
 from ..attention import VisualContrastAttention
 from ..attention.vca import patch_grid
 from .placement import ContrastTokens, attention_layout, per_stage
+from vcarepro.errors import BadInput
 
 # pipeline arch name -> {attention: timm name}; "mhsa" names the backbone's own attention
 MODEL_NAMES = {"swin_tiny": {"mhsa": "swin_tiny_patch4_window7_224", "vca": "vca_swin_tiny_patch4_window7_224"}}
@@ -48,7 +49,7 @@ class SwinVisualContrastAttention(VisualContrastAttention):
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:  # type: ignore[override]
         if mask is not None:
-            raise ValueError("global VCA got a shifted-window mask; the block's window must cover its whole grid.")
+            raise BadInput("global VCA got a shifted-window mask; the block's window must cover its whole grid.")
         return super().forward(x)
 
     def set_window_size(self, window_size: Tuple[int, int]) -> None:
@@ -74,14 +75,14 @@ class VcaSwinTransformer(SwinTransformer):
         **kwargs: Any,
     ) -> None:
         if kwargs.get("dynamic_img_size") or kwargs.get("strict_img_size") is False:
-            raise ValueError("VCA models need a fixed token grid; build the model with the img_size you feed it.")
+            raise BadInput("VCA models need a fixed token grid; build the model with the img_size you feed it.")
         if kwargs.get("always_partition"):
-            raise ValueError("global VCA bypasses window partitioning; do not pass always_partition=True.")
+            raise BadInput("global VCA bypasses window partitioning; do not pass always_partition=True.")
         depths = kwargs.get("depths", (2, 2, 6, 2))
         uses_vca = attention_layout(attn_layout, len(depths))
         own_window = kwargs.pop("window_size", 7)
         if not (isinstance(own_window, int) or (len(own_window) == 2 and all(isinstance(v, int) for v in own_window))):
-            raise ValueError(f"window_size={own_window!r}: give one int or (h, w) for Swin's own (B) stages; the VCA "
+            raise BadInput(f"window_size={own_window!r}: give one int or (h, w) for Swin's own (B) stages; the VCA "
                              f"(A) stages see their whole grid.")
         own_window = to_2tuple(own_window)
         grids = _stage_grids(kwargs.get("img_size", 224), kwargs.get("patch_size", 4), len(depths))
@@ -123,7 +124,7 @@ class VcaSwinTransformer(SwinTransformer):
     def set_input_size(self, img_size=None, patch_size=None, window_size=None, window_ratio=None,
                        always_partition=None) -> None:
         if window_size is not None or window_ratio is not None or always_partition:
-            raise ValueError("the VCA stages have no windows; change img_size / patch_size only.")
+            raise BadInput("the VCA stages have no windows; change img_size / patch_size only.")
         img_size = img_size if img_size is not None else self.patch_embed.img_size
         patch = patch_size if patch_size is not None else self.patch_embed.patch_size
         grids = _stage_grids(img_size, patch, len(self.layers))
@@ -157,7 +158,7 @@ default_cfgs = generate_default_cfgs({
 def vca_swin_tiny_patch4_window7_224(pretrained: bool = False, **kwargs: Any) -> VcaSwinTransformer:
     """Swin-T (timm's shapes) in the lab's layout: global VCA in stages 1-3 (9-16-49 tokens), Swin's windows in 4."""
     if pretrained:
-        raise ValueError("no pretrained weights are published for vca_swin_tiny_patch4_window7_224; "
+        raise BadInput("no pretrained weights are published for vca_swin_tiny_patch4_window7_224; "
                          "create it with pretrained=False.")
     model_args = dict(patch_size=4, embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), **LAB_SWIN_TINY_VCA)
     return build_model_with_cfg(VcaSwinTransformer, "vca_swin_tiny_patch4_window7_224", pretrained=False,

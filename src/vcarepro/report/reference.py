@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 import yaml
+from vcarepro.errors import BadInput, MissingInput
 
 
 @dataclass(frozen=True)
@@ -22,12 +23,12 @@ def paper_value(entry: Any, sources: Dict[str, str]) -> PaperValue:
     if entry is None:
         return PaperValue(None, None)
     if not (isinstance(entry, (list, tuple)) and len(entry) == 2):
-        raise ValueError(f"paper reference entry {entry!r} must be [value, source]; fix data/paper_reference.yaml.")
+        raise BadInput(f"paper reference entry {entry!r} must be [value, source]; fix data/paper_reference.yaml.")
     value, source = entry
     if (value is None) != (source is None):
-        raise ValueError(f"paper reference entry {entry!r} needs both a value and a source, or neither.")
+        raise BadInput(f"paper reference entry {entry!r} needs both a value and a source, or neither.")
     if source is not None and source not in sources:
-        raise ValueError(f"paper reference source {source!r} is not one of {', '.join(sources)}; "
+        raise BadInput(f"paper reference source {source!r} is not one of {', '.join(sources)}; "
                          f"add it under sources in data/paper_reference.yaml.")
     return PaperValue(None if value is None else float(value), source)
 
@@ -35,9 +36,9 @@ def paper_value(entry: Any, sources: Dict[str, str]) -> PaperValue:
 def load_reference(path: str | Path) -> Dict[str, Any]:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing; it ships with the repository (git checkout {path}).")
+        raise MissingInput(f"{path} is missing; it ships with the repository (git checkout {path}).")
     ref = yaml.safe_load(path.read_text())
     for key in ("sources", "table1", "table2", "fid_protocol", "table3", "table4", "claims"):
         if key not in ref:
-            raise ValueError(f"{path} has no '{key}' section; restore it from git.")
+            raise BadInput(f"{path} has no '{key}' section; restore it from git.")
     return ref

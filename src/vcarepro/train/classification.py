@@ -32,12 +32,13 @@ from ..io import write_json
 from ..models import create_classifier
 from ..pipeline import model_options
 from .checkpoint import load_checkpoint, save_checkpoint, seed_everything, stream_seed
-from .distributed import DistInfo, all_reduce_mean, any_rank
+from .distributed import DistInfo, all_reduce_mean, any_rank, say
 from .precision import MixedPrecision, maybe_compile
 from .preemption import Preempted, stop_on_sigterm
+from vcarepro.errors import BadInput, MissingInput, UserError
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(UserError, RuntimeError):
     pass
 
 
@@ -57,7 +58,11 @@ class ClassifierSpec:
 
 
 def build_transforms(recipe: Dict[str, Any], training: bool):
-    if not training:  # crop_mode squash: resize to a square, then crop (the lab's data/build.py)
+    """timm's transform for the recipe: training augmentation, or the evaluation resize and crop.
+
+    ``train_augment: false`` gives training images the evaluation transform (deterministic).
+    """
+    if not training or not recipe["train_augment"]:  # crop_mode squash: resize to a square, then crop (the lab's data/build.py)
         return create_transform(input_size=recipe["img_size"], interpolation=recipe["interpolation"],
                                 is_training=False, crop_pct=recipe["crop_pct"], crop_mode=recipe["crop_mode"])
     return create_transform(
@@ -71,7 +76,7 @@ def build_transforms(recipe: Dict[str, Any], training: bool):
 def make_loader(dataset, recipe: Dict[str, Any], info: DistInfo, training: bool, seed: int) -> DataLoader:
     per_rank = recipe["batch_size"] // (info.world_size * recipe["accum_steps"])
     if per_rank < 1:
-        raise ValueError(f"batch_size={recipe['batch_size']} is smaller than world size x accum_steps; raise it.")
+        raise BadInput(f"batch_size={recipe['batch_size']} is smaller than world size x accum_steps; raise it.")
     sampler = None
     if training and recipe["repeated_aug"]:
         # in one process too, as DeiT's and PVT's main.py do (`if True:  # args.distributed`)
@@ -124,8 +129,10 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
     """
     device = info.device
     classes = read_classes(data_root)
-    train_set = ManifestDataset(data_root, "train", build_transforms(recipe, training=True))
-    val_set = ManifestDataset(data_root, "val", build_transforms(recipe, training=False))
+    # only deterministic transforms may be cached: a cached augmentation would repeat every epoch
+    train_set = ManifestDataset(data_root, "train", build_transforms(recipe, training=True),
+                                cache=recipe["cache_images"] and not recipe["train_augment"])
+    val_set = ManifestDataset(data_root, "val", build_transforms(recipe, training=False), cache=recipe["cache_images"])
     train_loader = make_loader(train_set, recipe, info, training=True, seed=seed)
     val_loader = make_loader(val_set, recipe, info, training=False, seed=seed)
 
@@ -149,9 +156,11 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
     amp = MixedPrecision(recipe["precision"], device)
     start_epoch = 0
     history: List[Dict[str, float]] = []  # every epoch's logged figures, kept in the checkpoint
-    state = load_checkpoint(Path(ckpt_dir) / "last.pt")
+    ckpt_path = Path(ckpt_dir) / "last.pt"
+    state = load_checkpoint(ckpt_path)
     if state is not None and state.get("fingerprint") != fingerprint:
-        state = None  # a checkpoint of other settings: start afresh
+        say(info, f"seed {seed}: {ckpt_path} was made with other settings, code or data; starting afresh")
+        state = None
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -161,6 +170,9 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
         amp.load_state_dict(state["scaler"])
         start_epoch = state["epoch"]
         history = list(state["history"])
+        say(info, f"seed {seed}: resuming at epoch {start_epoch + 1} of {total_epochs} from {ckpt_path}"
+             if start_epoch < total_epochs else
+             f"seed {seed}: already trained ({total_epochs} of {total_epochs} epochs in {ckpt_path}); writing its outputs")
     # DVC deletes a stage's logs before re-running it: replay what the checkpoint saw
     for past in history:
         _log_epoch(live, info, past, log_prefix)
@@ -252,20 +264,26 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
 
 
 HISTORY = "history.json"
+# The plateau check: the spread (max - min) of validation top-1 over the last this many evaluated epochs.
+PLATEAU_EPOCHS = 3
 
 
 def best_epoch_figures(seed_dir: str | Path) -> Dict[str, float]:
     """Best validation top-1 over the epochs a seed was evaluated at, raw and EMA, and the raw one's epoch.
 
+    ``plateau_spread``: max - min of the raw top-1 over the last ``PLATEAU_EPOCHS`` evaluations (in points;
+    within 1 the curve has flattened).
+
     A run whose training history is missing (trained before it was kept) is an error that says how to fix it.
     """
     path = Path(seed_dir) / HISTORY
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing, so the best epoch is unknown; retrain the run "
+        raise MissingInput(f"{path} is missing, so the best epoch is unknown; retrain the run "
                                 f"(dvc repro -f -s train_cls@RUN).")
     evaluated = [h for h in json.loads(path.read_text()) if "val_top1" in h]
     best = max(evaluated, key=lambda h: h["val_top1"])
-    out = {"top1_best": best["val_top1"], "best_epoch": best["epoch"]}
+    last = [h["val_top1"] for h in evaluated[-PLATEAU_EPOCHS:]]
+    out = {"top1_best": best["val_top1"], "best_epoch": best["epoch"], "plateau_spread": max(last) - min(last)}
     if "val_top1_ema" in evaluated[-1]:
         best_ema = max(evaluated, key=lambda h: h["val_top1_ema"])
         out.update(top1_best_ema=best_ema["val_top1_ema"], best_epoch_ema=best_ema["epoch"])

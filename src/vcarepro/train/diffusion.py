@@ -27,6 +27,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from diffusers import DDPMScheduler
+from vcarepro.errors import BadInput
 
 Model = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -138,7 +139,7 @@ class GaussianDiffusion:
     def _split(model_output: torch.Tensor, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         C = x.shape[1]
         if model_output.shape != (x.shape[0], 2 * C, *x.shape[2:]):
-            raise ValueError(
+            raise BadInput(
                 f"the model must return eps and the learned variance, shape {(x.shape[0], 2 * C, *x.shape[2:])}, "
                 f"got {tuple(model_output.shape)}; build it with learn_sigma=True."
             )
@@ -211,7 +212,7 @@ class GaussianDiffusion:
         guided = cfg_scale != 1.0
         if guided:
             if not hasattr(model, "forward_with_cfg"):
-                raise ValueError("cfg_scale != 1 needs a model with forward_with_cfg (and a null class).")
+                raise BadInput("cfg_scale != 1 needs a model with forward_with_cfg (and a null class).")
             y = torch.cat([y, torch.full_like(y, model.num_classes)])
         x = noise
         for t in scheduler.timesteps:

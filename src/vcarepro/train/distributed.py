@@ -45,6 +45,12 @@ def init_distributed() -> DistInfo:
     return DistInfo(rank, world_size, local_rank, device)
 
 
+def say(info: DistInfo, message: str) -> None:
+    """Print ``message`` on rank 0 only."""
+    if info.is_main:
+        print(message, flush=True)
+
+
 def barrier(info: DistInfo) -> None:
     if info.distributed:
         dist.barrier()

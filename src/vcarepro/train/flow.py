@@ -29,6 +29,7 @@ import math
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
+from vcarepro.errors import BadInput
 
 Model = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -40,7 +41,7 @@ LAST_STEPS = ("Mean", "Euler", "Tweedie", None)
 
 def _check_choice(name: str, value, choices) -> None:
     if value not in choices:
-        raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(map(repr, choices))}.")
+        raise BadInput(f"unknown {name} {value!r}; choose one of {', '.join(map(repr, choices))}.")
 
 
 def _like(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -59,7 +60,7 @@ class FlowMatching:
         _check_choice("path", path, PATHS)
         for name, eps in (("train_eps", train_eps), ("sample_eps", sample_eps)):
             if not 0.0 <= eps < 0.5:
-                raise ValueError(f"{name}={eps} must lie in [0, 0.5).")
+                raise BadInput(f"{name}={eps} must lie in [0, 0.5).")
         self.path = path
         self.train_eps = train_eps
         self.sample_eps = sample_eps
@@ -118,7 +119,7 @@ class FlowMatching:
         if model_output.shape[1] == 2 * C:  # learn_sigma backbone: SiT keeps the first half
             return model_output[:, :C]
         if model_output.shape[1] != C:
-            raise ValueError(f"the model returned {model_output.shape[1]} channels for a {C}-channel input; "
+            raise BadInput(f"the model returned {model_output.shape[1]} channels for a {C}-channel input; "
                              f"expected {C} or {2 * C}.")
         return model_output
 
@@ -130,7 +131,7 @@ class FlowMatching:
         if cfg_scale == 1.0:
             return self._velocity_channels(model(x, t, y), x)
         if not hasattr(model, "forward_with_cfg"):
-            raise ValueError("cfg_scale != 1 needs a model with forward_with_cfg (and a null class).")
+            raise BadInput("cfg_scale != 1 needs a model with forward_with_cfg (and a null class).")
         B = x.shape[0]
         y2 = torch.cat([y, torch.full_like(y, model.num_classes)])
         out = model.forward_with_cfg(torch.cat([x, x]), torch.cat([t, t]), y2, cfg_scale)
@@ -156,7 +157,7 @@ class FlowMatching:
         """
         _check_choice("ODE method", method, ODE_METHODS)
         if num_steps < 2:
-            raise ValueError(f"num_steps={num_steps}: the time grid needs at least 2 points.")
+            raise BadInput(f"num_steps={num_steps}: the time grid needs at least 2 points.")
         times = torch.linspace(self.sample_eps, 1 - self.sample_eps, num_steps, device=noise.device,
                                dtype=torch.float64).to(noise.dtype)
         B = noise.shape[0]
@@ -216,12 +217,12 @@ class FlowMatching:
         _check_choice("diffusion form", diffusion_form, DIFFUSION_FORMS)
         _check_choice("last step", last_step, LAST_STEPS)
         if num_steps < 2:
-            raise ValueError(f"num_steps={num_steps}: the time grid needs at least 2 points.")
+            raise BadInput(f"num_steps={num_steps}: the time grid needs at least 2 points.")
         if last_step is None:
             last_step_size = 0.0
         # SBDM's D(t) is singular at t = 0, so only that form starts at sample_eps.
         if diffusion_form == "SBDM" and self.sample_eps <= 0:
-            raise ValueError("diffusion_form='SBDM' is singular at t=0; build FlowMatching with sample_eps > 0.")
+            raise BadInput("diffusion_form='SBDM' is singular at t=0; build FlowMatching with sample_eps > 0.")
         t0 = self.sample_eps if diffusion_form == "SBDM" else 0.0
         t1 = 1.0 - last_step_size if last_step_size > 0 else 1.0 - self.sample_eps
         times = torch.linspace(t0, t1, num_steps, dtype=torch.float64)

@@ -27,10 +27,11 @@ from ..pipeline import model_options
 from .checkpoint import load_checkpoint, save_checkpoint, seed_everything, stream_seed
 from .classification import NonFiniteLossError
 from .diffusion import GaussianDiffusion
-from .distributed import DistInfo, all_reduce_mean, any_rank
+from .distributed import DistInfo, all_reduce_mean, any_rank, say
 from .flow import FlowMatching
 from .precision import MixedPrecision, maybe_compile
 from .preemption import Preempted, stop_on_sigterm
+from vcarepro.errors import BadInput, MissingInput
 
 
 @dataclass
@@ -54,7 +55,7 @@ def make_objective(objective: str, flow_path: str = "linear"):
         return GaussianDiffusion()
     if objective == "flow":
         return FlowMatching(path=flow_path)
-    raise ValueError(f"unknown objective {objective!r}; choose 'ddpm' (DiT) or 'flow' (SiT).")
+    raise BadInput(f"unknown objective {objective!r}; choose 'ddpm' (DiT) or 'flow' (SiT).")
 
 
 class PixelSet:
@@ -79,7 +80,7 @@ def load_training_set(root: str | Path):
     root = Path(root)
     meta_path = root / "meta.json"
     if not meta_path.is_file():
-        raise FileNotFoundError(f"{meta_path} is missing; run the prepare_gen stage (dvc repro prepare_gen) first.")
+        raise MissingInput(f"{meta_path} is missing; run the prepare_gen stage (dvc repro prepare_gen) first.")
     meta = json.loads(meta_path.read_text())
     if meta["kind"] == "vae_latents":
         from ..data.latents import LatentShards  # diffusers is imported only where latents are used
@@ -121,7 +122,7 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
     n = len(data)
     per_rank = recipe["batch_size"] // info.world_size
     if per_rank < 1 or per_rank > n // info.world_size:
-        raise ValueError(f"gen_recipe.batch_size={recipe['batch_size']} does not fit {info.world_size} process(es) "
+        raise BadInput(f"gen_recipe.batch_size={recipe['batch_size']} does not fit {info.world_size} process(es) "
                          f"and {n} training examples; choose a batch between world size and the dataset size.")
 
     torch.manual_seed(seed)  # identical initial weights on every rank
@@ -135,8 +136,13 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
     step = 0
     running, count = 0.0, 0  # the loss of the steps since the last log line
     history: List[Dict[str, float]] = []  # every logged (step, loss, lr), kept in the checkpoint
-    state = load_checkpoint(Path(ckpt_dir) / "last.pt")
-    if state is not None and state.get("fingerprint") == fingerprint:
+    total = recipe["steps"] if max_steps is None else min(recipe["steps"], max_steps)
+    ckpt_path = Path(ckpt_dir) / "last.pt"
+    state = load_checkpoint(ckpt_path)
+    if state is not None and state.get("fingerprint") != fingerprint:
+        say(info, f"seed {seed}: {ckpt_path} was made with other settings, code or data; starting afresh")
+        state = None
+    if state is not None:
         model.load_state_dict(state["model"])
         ema.load_state_dict(state["ema"])
         optimizer.load_state_dict(state["optimizer"])
@@ -144,13 +150,14 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
         step = state["step"]
         history = list(state["history"])
         running, count = state["running"], state["count"]
+        say(info, f"seed {seed}: resuming at step {step} of {total} from {ckpt_path}" if step < total else
+             f"seed {seed}: already trained ({total} of {total} steps in {ckpt_path}); writing its outputs")
     # DVC deletes a stage's logs before re-running it: replay what the checkpoint saw
     for past in history:
         _log_step(live, info, past, log_prefix)
 
     ddp = DistributedDataParallel(model) if info.distributed else model
     forward = maybe_compile(ddp, recipe["compile"])
-    total = recipe["steps"] if max_steps is None else min(recipe["steps"], max_steps)
     started = time.perf_counter()
     ddp.train()
     with stop_on_sigterm() as stop:
@@ -249,7 +256,7 @@ def generate_batches(model: nn.Module, objective: str, sampling: Dict[str, Any],
             x = sampler.sample_ode(model, noise, y, num_steps=sampling["flow_steps"],
                                    method=sampling["flow_ode_method"], cfg_scale=sampling["cfg_scale"])
         else:
-            raise ValueError(f"sampling.flow_sampler={sampling['flow_sampler']!r} is unknown; use 'sde' or 'ode'.")
+            raise BadInput(f"sampling.flow_sampler={sampling['flow_sampler']!r} is unknown; use 'sde' or 'ode'.")
         yield start, x.float().cpu(), y.cpu()
 
 
@@ -262,7 +269,7 @@ def sample_labels(mode: str, start: int, count: int, num_classes: int, generator
         return torch.randint(0, num_classes, (count,), generator=generator)
     if mode == "balanced":
         return torch.arange(start, start + count) % num_classes
-    raise ValueError(f"sampling.labels={mode!r} is unknown; use one of {', '.join(LABEL_MODES)}.")
+    raise BadInput(f"sampling.labels={mode!r} is unknown; use one of {', '.join(LABEL_MODES)}.")
 
 
 def pixels_to_uint8(x: torch.Tensor) -> torch.Tensor:

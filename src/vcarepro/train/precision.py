@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
+from vcarepro.errors import BadInput
 
 DTYPES = {"fp32": None, "tf32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -28,7 +29,7 @@ class MixedPrecision:
 
     def __init__(self, precision: str, device: torch.device):
         if precision not in DTYPES:
-            raise ValueError(f"precision={precision!r} is unknown; use one of {', '.join(DTYPES)}.")
+            raise BadInput(f"precision={precision!r} is unknown; use one of {', '.join(DTYPES)}.")
         self.precision = precision
         self.device = device
         self.dtype = DTYPES[precision]
