@@ -11,6 +11,7 @@ import argparse
 
 import torch
 
+from vcarepro.errors import run_stage
 from vcarepro.config import stage_params
 from vcarepro.data.folders import ManifestDataset, read_classes
 from vcarepro.io import write_json
@@ -40,7 +41,7 @@ def main() -> None:
             per_seed[seed].update({f"{k}_ema": v for k, v in evaluate(ema, loader, device).items()})
         per_seed[seed].update(best_epoch_figures(weights))
         print(f"eval_cls {args.run} seed {seed}: " + ", ".join(f"{k}={v:.2f}" for k, v in per_seed[seed].items()))
-    keys = ["top1", "top5", "loss", "top1_best", "best_epoch"]
+    keys = ["top1", "top5", "loss", "top1_best", "best_epoch", "plateau_spread"]
     keys += [f"{k}_ema" for k in keys if f"{k}_ema" in per_seed[run.seeds[0]]]
     metrics = aggregate_seeds(per_seed, keys)
     metrics["params_m"] = sum(p.numel() for p in model.parameters()) / 1e6
@@ -48,4 +49,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

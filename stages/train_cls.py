@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from vcarepro.errors import run_stage
 from vcarepro.config import stage_params
 from vcarepro.pipeline import CLS_DATA, TRAINING_CODE, cls_run, data_digest, fingerprint, source_digest
 from vcarepro.train.classification import ClassifierSpec, train_classifier
@@ -14,7 +15,8 @@ def main() -> None:
     parser.add_argument("--run", required=True)
     parser.add_argument("--max-steps", type=int, default=None, help="stop early (tests only)")
     args = parser.parse_args()
-    run = cls_run(stage_params(), args.run)
+    params = stage_params()
+    run = cls_run(params, args.run)
     spec = ClassifierSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, run.shape)
 
     # a checkpoint resumes only under the same code and data as well as the same settings
@@ -28,8 +30,9 @@ def main() -> None:
             fingerprint=fingerprint(run.model, run.shape, run.recipe, seed, args.max_steps, code, data),
             log_prefix=f"seed_{seed}/")
 
-    train_seeds(f"train_cls {args.run}", run.seeds, run.paths.live_dir, train_one)
+    train_seeds(f"train_cls {args.run}", run.seeds, run.paths.live_dir, train_one,
+                seed_processes=params["distributed"]["seed_processes"])
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

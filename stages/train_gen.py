@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from vcarepro.errors import run_stage
 from vcarepro.config import stage_params
 from vcarepro.pipeline import GEN_DATA, TRAINING_CODE, data_digest, fingerprint, gen_run, source_digest
 from vcarepro.train.generation import GeneratorSpec, train_generator
@@ -14,7 +15,8 @@ def main() -> None:
     parser.add_argument("--run", required=True)
     parser.add_argument("--max-steps", type=int, default=None, help="stop early (tests only)")
     args = parser.parse_args()
-    run = gen_run(stage_params(), args.run)
+    params = stage_params()
+    run = gen_run(params, args.run)
     spec = GeneratorSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, run.shape)
 
     # a checkpoint resumes only under the same code and data as well as the same settings
@@ -28,8 +30,9 @@ def main() -> None:
             live=live, max_steps=args.max_steps, log_prefix=f"seed_{seed}/",
             fingerprint=fingerprint(run.model, run.objective, run.shape, run.recipe, seed, args.max_steps, code, data))
 
-    train_seeds(f"train_gen {args.run}", run.seeds, run.paths.live_dir, train_one)
+    train_seeds(f"train_gen {args.run}", run.seeds, run.paths.live_dir, train_one,
+                seed_processes=params["distributed"]["seed_processes"])
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -147,6 +147,34 @@ class RecordingLive:
         self.logged.append((self.step, name, value))
 
 
+def test_seeds_trained_in_forked_workers_equal_seeds_trained_one_after_another(tmp_path, digits, embedded,
+                                                                             one_torch_thread, capsys):
+    from vcarepro.train.seeds import train_seeds
+
+    spec, recipe = tiny_cls(embedded)
+
+    def trainer(root):
+        def train_one(seed, info, live):
+            return train_classifier(spec=spec, recipe=recipe, data_root=digits, seed=seed,
+                                    out_dir=root / f"out{seed}", ckpt_dir=root / f"ckpt{seed}", info=info, live=live,
+                                    fingerprint="f", log_prefix=f"seed_{seed}/")
+        return train_one
+
+    train_seeds("one", [0, 1, 2], tmp_path / "a" / "live", trainer(tmp_path / "a"), seed_processes=1)
+    assert "worker processes" not in capsys.readouterr().out
+    train_seeds("side", [0, 1, 2], tmp_path / "b" / "live", trainer(tmp_path / "b"), seed_processes=2)
+    out = capsys.readouterr().out
+    assert "training seeds [0, 1, 2] in 2 worker processes, 1 thread(s) each" in out
+    assert "seed 2: already trained (2 of 2 epochs" in out  # the stage's pass reads each worker's result back
+    for seed in (0, 1, 2):  # one thread each way: the same arithmetic, so the same weights and history
+        a, b = (load_file(str(tmp_path / d / f"out{seed}" / "model.safetensors")) for d in ("a", "b"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        assert (tmp_path / "a" / f"out{seed}" / "history.json").read_text() == \
+            (tmp_path / "b" / f"out{seed}" / "history.json").read_text()
+    summary = (tmp_path / "b" / "live" / "metrics.json").read_text()
+    assert '"seed_2"' in summary and '"train_seconds"' in summary
+
+
 def test_a_rerun_after_a_finished_checkpoint_replays_the_logs_and_returns_the_figures(tmp_path, digits, embedded,
                                                                                       one_torch_thread):
     spec, recipe = tiny_cls(embedded)

@@ -33,7 +33,7 @@ def main(branch: str, workdir: Path, seed: int = 0) -> None:
     if branch == "cls":
         spec = ClassifierSpec("deit_tiny", "vca", {}, dict(params["cls_shape"], depth=1, embed_dim=32))
         recipe = dict(cls_run(params, "deit_tiny-vca").recipe, epochs=8, batch_size=64, workers=1, hflip=0.5,
-                      reprob=0.25)
+                      reprob=0.25, train_augment=True, cache_images=False)  # augmented: its streams must resume
         figures = train_classifier(spec=spec, recipe=recipe, data_root=data, **common)
     else:
         from safetensors.torch import save_file

@@ -17,6 +17,7 @@ from typing import Callable, List, Optional, Tuple
 
 from PIL import Image
 from torch.utils.data import Dataset
+from vcarepro.errors import BadInput, MissingInput
 
 MANIFEST = "manifest.csv"
 CLASSES = "classes.json"
@@ -33,16 +34,16 @@ class ClassInfo:
 def read_classes(root: str | Path) -> List[ClassInfo]:
     path = Path(root) / CLASSES
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing; run the prepare_cls stage (dvc repro prepare_cls) first.")
+        raise MissingInput(f"{path} is missing; run the prepare_cls stage (dvc repro prepare_cls) first.")
     return [ClassInfo(**c) for c in json.loads(path.read_text())]
 
 
 def read_manifest(root: str | Path, split: str) -> List[Tuple[str, int]]:
     if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}.")
+        raise BadInput(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}.")
     path = Path(root) / MANIFEST
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing; run the prepare_cls stage (dvc repro prepare_cls) first.")
+        raise MissingInput(f"{path} is missing; run the prepare_cls stage (dvc repro prepare_cls) first.")
     with path.open(newline="") as f:
         return [(row["path"], int(row["label"])) for row in csv.DictReader(f) if row["split"] == split]
 
@@ -55,15 +56,21 @@ def write_manifest(root: str | Path, rows: List[Tuple[str, str, int]]) -> None:
 
 
 class ManifestDataset(Dataset):
-    """Images of one split of a prepared layout, as RGB PIL images through ``transform``."""
+    """Images of one split of a prepared layout, as RGB PIL images through ``transform``.
 
-    def __init__(self, root: str | Path, split: str, transform: Optional[Callable] = None) -> None:
+    ``cache=True`` keeps each transformed item after its first read (the caller guarantees the
+    transform is deterministic); loader workers fill their own copies, so use it with workers=0.
+    """
+
+    def __init__(self, root: str | Path, split: str, transform: Optional[Callable] = None,
+                 cache: bool = False) -> None:
         self.root = Path(root)
         self.samples = read_manifest(self.root, split)
         self.classes = read_classes(self.root)
         self.transform = transform
+        self._cache: Optional[dict] = {} if cache else None
         if not self.samples:
-            raise ValueError(f"the {split} split of {self.root} is empty; re-run prepare_cls.")
+            raise BadInput(f"the {split} split of {self.root} is empty; re-run prepare_cls.")
 
     @property
     def targets(self) -> List[int]:
@@ -73,6 +80,14 @@ class ManifestDataset(Dataset):
         return len(self.samples)
 
     def __getitem__(self, index: int):
+        if self._cache is not None and index in self._cache:
+            return self._cache[index]
+        item = self._read(index)
+        if self._cache is not None:
+            self._cache[index] = item
+        return item
+
+    def _read(self, index: int):
         rel, label = self.samples[index]
         with Image.open(self.root / rel) as img:
             img = img.convert("RGB")

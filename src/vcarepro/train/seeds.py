@@ -1,18 +1,39 @@
-"""Every seed of a run, in one launched stage: rank 0 owns the dvclive log and the prints."""
+"""Every seed of a run, in one launched stage: rank 0 owns the dvclive log and the prints.
+
+With ``seed_processes > 1`` (one process, no process group: the embedded scale on a laptop's
+CPU cores) the seeds are first trained side by side in forked worker processes, each with an
+equal share of the CPU threads: small models on a CPU spend much of a step in single-threaded
+dispatch, which two processes overlap and two threads of one process do not. Workers write
+only their checkpoints. The stage's own process then goes through the seeds in order as
+before, resuming each from its worker's final checkpoint, so the run's log, weights and
+history come from one place whichever way the seeds were trained. A seed whose worker failed
+is trained (resumed) in the stage's process, where its error is raised as usual.
+"""
 from __future__ import annotations
 
+import json
+import multiprocessing
+import os
 import sys
-from typing import Callable, Dict, Iterable
+import tempfile
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List
 
+import torch
 from dvclive import Live
 
 from .distributed import DistInfo, barrier, init_distributed, shutdown
 from .preemption import Preempted
 
 
-def train_seeds(label: str, seeds: Iterable[int], live_dir, train_one: Callable[[int, DistInfo, Live], Dict]) -> None:
+def train_seeds(label: str, seeds: Iterable[int], live_dir, train_one: Callable[[int, DistInfo, Live], Dict],
+                seed_processes: int = 1) -> None:
     """Run ``train_one(seed, info, live)`` for each seed; one log per run, one metric family per seed."""
+    seeds = list(seeds)
     info = init_distributed()
+    in_workers: Dict[int, Dict] = {}
+    if seed_processes > 1 and not info.distributed and len(seeds) > 1:
+        in_workers = train_in_workers(label, seeds, info, train_one, seed_processes)
     live = Live(str(live_dir), dvcyaml=False, save_dvc_exp=False) if info.is_main else None
     try:
         for seed in seeds:
@@ -21,6 +42,8 @@ def train_seeds(label: str, seeds: Iterable[int], live_dir, train_one: Callable[
             except Preempted as stop:
                 print(f"{label} seed {seed}: {stop}", file=sys.stderr, flush=True)
                 raise
+            if seed in in_workers:  # the wall time of the training, not of the resume that read it back
+                figures["train_seconds"] = in_workers[seed]["train_seconds"]
             if live is not None:
                 live.summary[f"seed_{seed}"] = figures
                 print(f"{label} seed {seed}: " + ", ".join(f"{k}={v:.4g}" for k, v in figures.items()), flush=True)
@@ -29,3 +52,47 @@ def train_seeds(label: str, seeds: Iterable[int], live_dir, train_one: Callable[
             live.end()
     finally:
         shutdown(info)
+
+
+def train_in_workers(label: str, seeds: List[int], info: DistInfo, train_one, processes: int) -> Dict[int, Dict]:
+    """Train ``seeds`` in ``processes`` forked workers (seed i in worker i mod processes); {seed: figures} of those that finished."""
+    processes = min(processes, len(seeds))
+    threads = max(1, torch.get_num_threads() // processes)
+    with tempfile.TemporaryDirectory(prefix="vcarepro-seeds-") as tmp:
+        context = multiprocessing.get_context("fork")  # the imports and the loaded data are shared, not redone
+        workers = [context.Process(target=_worker, args=(label, seeds[k::processes], info, train_one, threads,
+                                                         Path(tmp)), daemon=False)
+                   for k in range(processes)]
+        print(f"{label}: training seeds {seeds} in {processes} worker processes, {threads} thread(s) each",
+              flush=True)
+        try:
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+        finally:
+            for w in workers:  # the stage was interrupted: stop the workers with it
+                if w.is_alive():
+                    w.terminate()
+                    w.join()
+        done = {}
+        for seed in seeds:
+            path = Path(tmp) / f"seed_{seed}.json"
+            if path.is_file():
+                done[seed] = json.loads(path.read_text())
+        failed = [s for s in seeds if s not in done]
+        if failed:
+            print(f"{label}: seeds {failed} did not finish in a worker; training them here", file=sys.stderr,
+                  flush=True)
+        return done
+
+
+def _worker(label: str, seeds: List[int], info: DistInfo, train_one, threads: int, out: Path) -> None:
+    torch.set_num_threads(threads)
+    for seed in seeds:
+        try:
+            figures = train_one(seed, info, None)
+        except BaseException:  # noqa: BLE001 - the stage's process retrains the seed and reports the error
+            os._exit(1)
+        (out / f"seed_{seed}.json").write_text(json.dumps(figures))
+    os._exit(0)  # no atexit handlers of the parent's (dvclive, the warm server) in a forked child

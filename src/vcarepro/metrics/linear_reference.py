@@ -1,0 +1,50 @@
+"""A non-neural reference on the classification split: scikit-learn's logistic regression on raw pixels.
+
+It tells a reader where a converged classifier should land on the embedded digits (a ViT well
+under it has not been trained enough). Images are read from the prepared layout exactly as
+listed in its manifest, as grayscale at their stored size, scaled to [0, 1] and standardised
+with the training split's statistics. Only small splits are fitted: on ImageNet a pixel-space
+linear model says nothing and would take hours, so the stage records that it was not computed.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict
+
+import numpy as np
+from PIL import Image
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from ..data.folders import read_manifest
+from vcarepro.errors import BadInput
+
+MAX_ITER = 5000   # lbfgs reaches its tolerance on the digits well within this
+
+
+def _pixels(root: Path, split: str):
+    rows = read_manifest(root, split)
+    x = np.stack([np.asarray(Image.open(root / rel).convert("L"), dtype=np.float64).ravel() / 255.0
+                  for rel, _ in rows])
+    return x, np.array([label for _, label in rows])
+
+
+def logistic_regression_top1(root: str | Path, *, max_train_images: int, c: float = 1.0,
+                             seed: int = 0) -> Dict[str, object]:
+    """Validation top-1 (%) of a multinomial logistic regression fitted on the training split's pixels."""
+    root = Path(root)
+    n_train = len(read_manifest(root, "train"))
+    if n_train > max_train_images:
+        return {"computed": False,
+                "reason": f"{n_train} training images exceed cls_reference.max_train_images={max_train_images}"}
+    x_train, y_train = _pixels(root, "train")
+    x_val, y_val = _pixels(root, "val")
+    if x_train.shape[1] != x_val.shape[1]:
+        raise BadInput(f"the train and val images of {root} differ in size; re-run prepare_cls.")
+    model = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=MAX_ITER, random_state=seed))
+    model.fit(x_train, y_train)
+    top1 = 100.0 * float((model.predict(x_val) == y_val).mean())
+    return {"computed": True, "method": "logistic regression on standardised raw pixels (scikit-learn)",
+            "logreg_top1": top1, "c": c, "n_train": int(len(y_train)), "n_val": int(len(y_val)),
+            "features": int(x_train.shape[1])}
