@@ -68,7 +68,7 @@ CLS_RECIPE_RULES: Dict[str, Rule] = {
 }
 
 RULES: Dict[str, Rule] = {
-    "scale": _choice("embedded", "paper"),
+    "scale": _choice("embedded", "proxy", "paper"),
     "distributed.nnodes": _int_or("env", lo=1),
     "distributed.nproc_per_node": _int_or("gpu", lo=1),
     "distributed.node_rank": _int_or("env"),
