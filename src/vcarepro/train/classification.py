@@ -335,6 +335,8 @@ def _log_epoch(live, info: DistInfo, figures: Dict[str, float], prefix: str) -> 
 
 
 def load_classifier(spec: ClassifierSpec, weights: str | Path, num_classes: int) -> nn.Module:
+    if not Path(weights).is_file():
+        raise MissingInput(f"trained weights {weights} are missing; train the run first (dvc repro train_cls@RUN).")
     model = spec.create(num_classes=num_classes)
     model.load_state_dict(load_file(str(weights)))
     return model.eval()

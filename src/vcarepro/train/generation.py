@@ -219,6 +219,8 @@ def _log_step(live, info: DistInfo, logged: Dict[str, float], prefix: str) -> No
 
 
 def load_generator(spec: GeneratorSpec, weights: str | Path, recipe: Dict[str, Any]) -> nn.Module:
+    if not Path(weights).is_file():
+        raise MissingInput(f"trained weights {weights} are missing; train the run first (dvc repro train_gen@RUN).")
     model = spec.create(learn_sigma=recipe["learn_sigma"], class_dropout_prob=recipe["class_dropout_prob"])
     model.load_state_dict(load_file(str(weights)))
     return model.eval()

@@ -1,0 +1,83 @@
+"""A user error in a stage is one line naming the problem and the fix, no traceback, a non-zero status;
+anything unexpected keeps its traceback."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vcarepro.config import compose
+from vcarepro.errors import USER_ERROR_STATUS, BadInput, MissingInput, UnknownName, UserError, run_stage
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def stage(tmp_path, script, *args, params=None):
+    """Run ``stages/<script>`` with ``params`` as params.yaml in an empty project directory."""
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params or compose([])))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, str(ROOT / "stages" / script), *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def one_error_line(result) -> str:
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:") or "params.yaml:" in line]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_a_missing_imagenet_root_is_one_line_naming_the_setting(tmp_path):
+    params = compose([])
+    params["prepare_cls"].update(source="imagenet", imagenet_root=str(tmp_path / "nowhere"))
+    result = stage(tmp_path, "prepare_cls.py", params=params)
+    assert result.returncode == USER_ERROR_STATUS
+    line = one_error_line(result)
+    assert "nowhere" in line and "prepare_cls.imagenet_root" in line
+    assert not (tmp_path / "data" / "cls").exists()  # nothing DVC could cache as finished
+
+
+@pytest.mark.slow
+def test_missing_weights_and_unknown_runs_are_one_line(tmp_path):
+    result = stage(tmp_path, "train_cls.py", "--run", "nope")
+    assert result.returncode == USER_ERROR_STATUS and "no run 'nope' under cls_runs" in one_error_line(result)
+    from vcarepro.data.embedded import export_digits
+    export_digits(tmp_path / "data" / "cls")
+    result = stage(tmp_path, "eval_cls.py", "--run", "deit_tiny-vca")
+    line = one_error_line(result)
+    assert result.returncode == USER_ERROR_STATUS and "trained weights" in line and "dvc repro train_cls" in line
+
+
+@pytest.mark.slow
+def test_a_bad_parameter_is_one_line_naming_the_key(tmp_path):
+    params = compose([])
+    params["cls_recipe_overrides"]["lr"] = -1.0
+    line = one_error_line(stage(tmp_path, "train_cls.py", "--run", "deit_tiny-vca", params=params))
+    assert "cls_recipe_overrides.lr" in line
+
+
+def test_user_errors_are_still_the_builtins_they_were():
+    assert issubclass(BadInput, ValueError) and issubclass(MissingInput, FileNotFoundError)
+    assert issubclass(UnknownName, KeyError) and str(UnknownName("no run 'x'; pick one.")) == "no run 'x'; pick one."
+
+
+def test_run_stage_prints_a_user_error_alone_and_lets_anything_else_through(capsys):
+    def bad():
+        raise MissingInput("weights/x.pth not found; copy it there.")
+
+    with pytest.raises(SystemExit) as stop:
+        run_stage(bad)
+    assert stop.value.code == USER_ERROR_STATUS
+    assert capsys.readouterr().err == "error: weights/x.pth not found; copy it there.\n"
+
+    def bug():
+        return 1 / 0
+
+    with pytest.raises(ZeroDivisionError):   # a bug keeps its traceback
+        run_stage(bug)
+    assert not issubclass(ZeroDivisionError, UserError)
