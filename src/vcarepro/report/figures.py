@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 
 
 def curves_png(title: str, curves: Dict[str, Dict[int, List[tuple]]], metrics: List[str],
@@ -78,21 +79,34 @@ def gains_png(rows: List[dict]) -> Optional[str]:
 
 
 def attention_cost_png(cost: Optional[dict]) -> Optional[str]:
-    """MACs and forward+backward time of one attention layer against token count, log-log."""
+    """MACs and forward+backward time of one attention layer against token count, log-log.
+
+    The x ticks are the measured token counts; both axes label decades in plain numbers and leave the
+    minor ticks unlabelled (matplotlib's default labels them too, and on a log axis they collide).
+    """
     if not cost or not cost.get("rows"):
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(8, 2.8))
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.0))
+    tokens = sorted({r["tokens"] for r in cost["rows"]})
     for layer, style in (("mhsa", "o-"), ("vca", "s-")):
         rows = sorted((r for r in cost["rows"] if r["layer"] == layer), key=lambda r: r["tokens"])
         n = [r["tokens"] for r in rows]
         axes[0].loglog(n, [r["macs"] / 1e9 for r in rows], style, label=layer.upper())
         axes[1].loglog(n, [r["forward_backward_ms"] for r in rows], style, label=layer.upper())
     axes[0].set_ylabel("GMACs (exact)", fontsize=8)
-    axes[1].set_ylabel(f"ms forward+backward ({cost['machine'].get('cpu') or 'this machine'})", fontsize=7)
+    axes[1].set_ylabel("ms, forward + backward", fontsize=8)
+    axes[1].set_title(cost["machine"].get("cpu") or "this machine", fontsize=7)
+    plain = ticker.FuncFormatter(lambda v, _: f"{v:g}")
     for ax in axes:
         ax.set_xlabel("tokens N", fontsize=8)
+        ax.set_xticks(tokens)
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.0f}"))
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        ax.yaxis.set_major_locator(ticker.LogLocator(base=10))
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
         ax.grid(alpha=0.3, which="both")
-        ax.tick_params(labelsize=7)
+        ax.tick_params(labelsize=8)
         ax.legend(fontsize=7)
     fig.tight_layout()
     return _png(fig)
