@@ -122,6 +122,18 @@ def test_the_train_step_benchmark_projects_a_full_run_from_its_step_time(one_tor
     assert row["projected_device_hours"] == pytest.approx(400_000 * 128 * row["ms_per_step"] / 1e3 / 3600)
 
 
+def test_the_proxy_classification_step_projects_epochs_of_imagenet_100(one_torch_thread, monkeypatch):
+    from vcarepro.bench import train_step
+
+    monkeypatch.setattr(train_step, "_time_ms", lambda step, min_run_time: 250.0)  # a fixed step time
+    row = train_step.bench_train_step("deit_tiny-vca", scale="proxy", batch=8, device="cpu", precision="fp32")
+    # 100 epochs x floor(126,689 / 1024) = 123 updates, each 128 device steps of 8, at 0.25 s
+    assert (row["objective"], row["global_batch"], row["recipe_steps"]) == ("classification", 1024, 100 * 123)
+    assert row["projected_device_hours"] == pytest.approx(100 * 123 * 128 * 0.25 / 3600)
+    with pytest.raises(KeyError, match="no run 'sit_s2-vca' at scale proxy"):
+        train_step.bench_train_step("sit_s2-vca", scale="proxy", batch=2)
+
+
 def test_dit_batches_walk_shuffled_epochs_dealt_disjointly_to_ranks():
     from vcarepro.train.generation import epoch_batch
 
@@ -164,7 +176,7 @@ def test_seeds_trained_in_forked_workers_equal_seeds_trained_one_after_another(t
     assert "worker processes" not in capsys.readouterr().out
     train_seeds("side", [0, 1, 2], tmp_path / "b" / "live", trainer(tmp_path / "b"), seed_processes=2)
     out = capsys.readouterr().out
-    assert "training seeds [0, 1, 2] in 2 worker processes, 1 thread(s) each" in out
+    assert "seeds [0, 1, 2] in 2 worker processes, 1 thread(s) each" in out
     assert "seed 2: already trained (2 of 2 epochs" in out  # the stage's pass reads each worker's result back
     for seed in (0, 1, 2):  # one thread each way: the same arithmetic, so the same weights and history
         a, b = (load_file(str(tmp_path / d / f"out{seed}" / "model.safetensors")) for d in ("a", "b"))

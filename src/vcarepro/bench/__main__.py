@@ -29,7 +29,8 @@ def main(argv=None) -> None:
     att.add_argument("--device", default="cpu")
     att.add_argument("--json", help="also write the figures and the machine to this JSON file")
     step = sub.add_parser("train-step", help="a paper-scale DiT/SiT training step, and the GPU-hours of a full run")
-    step.add_argument("--run", default="dit_s2-vca", help="a gen_runs entry of the paper scale")
+    step.add_argument("--run", default="dit_s2-vca", help="a gen_runs or cls_runs entry of --scale")
+    step.add_argument("--scale", default="paper", choices=["paper", "proxy"])
     step.add_argument("--batch", type=int, default=32, help="images per device (DiT: 256 over 8 GPUs)")
     step.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     step.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
@@ -46,10 +47,10 @@ def main(argv=None) -> None:
         run_all(machine, quick=args.quick, json_path=args.json)
         return
     if args.suite == "train-step":
-        from .train_step import bench_gen_step
+        from .train_step import bench_train_step
         print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
-        row = bench_gen_step(args.run, batch=args.batch, device=args.device, precision=args.precision,
-                             min_run_time=args.min_run_time)
+        row = bench_train_step(args.run, scale=args.scale, batch=args.batch, device=args.device,
+                               precision=args.precision, min_run_time=args.min_run_time)
         print(f"{row['run']} ({row['objective']}), {row['precision']} on {row['device']}, batch {row['batch_per_device']}: "
               f"{row['ms_per_step']:.1f} ms/step, {row['images_per_second']:.1f} images/s")
         print(f"projected: {row['recipe_steps']} steps at global batch {row['global_batch']} = "

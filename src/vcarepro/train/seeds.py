@@ -17,7 +17,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List
+from typing import Callable, Dict, Iterable, List, Optional
 
 import torch
 from dvclive import Live
@@ -33,7 +33,7 @@ def train_seeds(label: str, seeds: Iterable[int], live_dir, train_one: Callable[
     info = init_distributed()
     in_workers: Dict[int, Dict] = {}
     if seed_processes > 1 and not info.distributed and len(seeds) > 1:
-        in_workers = train_in_workers(label, seeds, info, train_one, seed_processes)
+        in_workers = run_in_workers(label, seeds, lambda seed: train_one(seed, info, None), seed_processes)
     live = Live(str(live_dir), dvcyaml=False, save_dvc_exp=False) if info.is_main else None
     try:
         for seed in seeds:
@@ -54,17 +54,21 @@ def train_seeds(label: str, seeds: Iterable[int], live_dir, train_one: Callable[
         shutdown(info)
 
 
-def train_in_workers(label: str, seeds: List[int], info: DistInfo, train_one, processes: int) -> Dict[int, Dict]:
-    """Train ``seeds`` in ``processes`` forked workers (seed i in worker i mod processes); {seed: figures} of those that finished."""
+def run_in_workers(label: str, seeds: List[int], work: Callable[[int], Optional[Dict]],
+                   processes: int) -> Dict[int, Dict]:
+    """``work(seed)`` for every seed in ``processes`` forked workers (seed i in worker i mod processes).
+
+    Returns {seed: what ``work`` returned (or {})} for the seeds that finished; the caller redoes the others,
+    and reads the finished ones back from what ``work`` left on disk.
+    """
     processes = min(processes, len(seeds))
     threads = max(1, torch.get_num_threads() // processes)
     with tempfile.TemporaryDirectory(prefix="vcarepro-seeds-") as tmp:
         context = multiprocessing.get_context("fork")  # the imports and the loaded data are shared, not redone
-        workers = [context.Process(target=_worker, args=(label, seeds[k::processes], info, train_one, threads,
-                                                         Path(tmp)), daemon=False)
+        workers = [context.Process(target=_worker, args=(seeds[k::processes], work, threads, Path(tmp)),
+                                   daemon=False)
                    for k in range(processes)]
-        print(f"{label}: training seeds {seeds} in {processes} worker processes, {threads} thread(s) each",
-              flush=True)
+        print(f"{label}: seeds {seeds} in {processes} worker processes, {threads} thread(s) each", flush=True)
         try:
             for w in workers:
                 w.start()
@@ -82,17 +86,17 @@ def train_in_workers(label: str, seeds: List[int], info: DistInfo, train_one, pr
                 done[seed] = json.loads(path.read_text())
         failed = [s for s in seeds if s not in done]
         if failed:
-            print(f"{label}: seeds {failed} did not finish in a worker; training them here", file=sys.stderr,
+            print(f"{label}: seeds {failed} did not finish in a worker; running them here", file=sys.stderr,
                   flush=True)
         return done
 
 
-def _worker(label: str, seeds: List[int], info: DistInfo, train_one, threads: int, out: Path) -> None:
+def _worker(seeds: List[int], work, threads: int, out: Path) -> None:
     torch.set_num_threads(threads)
     for seed in seeds:
         try:
-            figures = train_one(seed, info, None)
-        except BaseException:  # noqa: BLE001 - the stage's process retrains the seed and reports the error
+            result = work(seed)
+        except BaseException:  # noqa: BLE001 - the stage's process redoes the seed and reports the error
             os._exit(1)
-        (out / f"seed_{seed}.json").write_text(json.dumps(figures))
+        (out / f"seed_{seed}.json").write_text(json.dumps(result or {}))
     os._exit(0)  # no atexit handlers of the parent's (dvclive, the warm server) in a forked child
