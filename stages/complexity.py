@@ -7,6 +7,7 @@ from vcarepro.errors import run_stage
 from vcarepro.config import section, stage_params
 from vcarepro.io import write_json
 from vcarepro.metrics.complexity import model_complexity
+from vcarepro.train.seeds import run_in_workers
 
 
 def main() -> None:
@@ -17,9 +18,16 @@ def main() -> None:
 
     params = stage_params(args.params)
     settings = section(params, "complexity")
+    models = section(params, "models")
+    names = list(models)
+    done = {}
+    if settings["processes"] > 1 and not settings["throughput_batch"]:  # counts only: nothing timed to disturb
+        done = run_in_workers("complexity", list(range(len(names))),
+                              lambda i: model_complexity(models[names[i]], settings), settings["processes"],
+                              what="models")
     results = {}
-    for name, spec in section(params, "models").items():
-        results[name] = model_complexity(spec, settings)
+    for i, name in enumerate(names):
+        results[name] = done.get(i) or model_complexity(models[name], settings)
         print(f"{name:32s} " + "  ".join(f"{k}={v:.3f}" for k, v in results[name].items()), flush=True)
 
     write_json(args.out, results)  # atomic: a killed stage leaves no finished-looking file

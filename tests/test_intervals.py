@@ -65,3 +65,7 @@ def test_no_observed_difference_is_never_resolvable_by_more_seeds():
     diff = welch([1.0, 2.0], [2.0, 1.0])
     assert diff.value == 0 and not diff.resolved
     assert "would not give it a direction" in seeds_note(diff)
+    # equal means that rounding makes -1.4e-14 apart are equal, not "more than 1000 seeds" away
+    diff = welch([95.0, 94.16666666666667, 89.16666666666667], [91.66666666666667, 93.33333333333333, 93.33333333333333])
+    assert diff.value == 0.0 and diff.text().startswith("+0.00 [")
+    assert "would not give it a direction" in seeds_note(diff)

@@ -78,7 +78,7 @@ RULES: Dict[str, Rule] = {
     "cls_reference.max_train_images": _int(0), "cls_reference.c": _POS,
     "complexity.cls_img_size": _int(1), "complexity.cls_num_classes": _int(1),
     "complexity.gen_latent_size": _int(1), "complexity.gen_latent_channels": _int(1),
-    "complexity.gen_num_classes": _int(1), "complexity.throughput_batch": _int(0),
+    "complexity.gen_num_classes": _int(1), "complexity.throughput_batch": _int(0), "complexity.processes": _int(1),
     "prepare_cls.source": _choice("imagenet", "digits"),
     "prepare_cls.imagenet_root": _STR,
     "prepare_cls.subset_classes": ("null or a list of wnids", lambda v: v is None or (

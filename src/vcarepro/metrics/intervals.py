@@ -98,7 +98,10 @@ def welch(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> Diffe
     if not a or not b:
         raise BadInput("a difference needs at least one value on each side.")
     a, b = [float(x) for x in a], [float(x) for x in b]
-    value = statistics.fmean(a) - statistics.fmean(b)
+    mean_a, mean_b = statistics.fmean(a), statistics.fmean(b)
+    value = mean_a - mean_b
+    if abs(value) <= 1e-9 * max(abs(mean_a), abs(mean_b), 1.0):
+        value = 0.0  # equal means up to rounding (92.78 - 92.78 is -1.4e-14): no difference, and no "-0.00"
     sd_a = statistics.stdev(a) if len(a) > 1 else 0.0
     sd_b = statistics.stdev(b) if len(b) > 1 else 0.0
     if len(a) < 2 or len(b) < 2:

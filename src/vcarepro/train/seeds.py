@@ -55,7 +55,7 @@ def train_seeds(label: str, seeds: Iterable[int], live_dir, train_one: Callable[
 
 
 def run_in_workers(label: str, seeds: List[int], work: Callable[[int], Optional[Dict]],
-                   processes: int) -> Dict[int, Dict]:
+                   processes: int, what: str = "seeds") -> Dict[int, Dict]:
     """``work(seed)`` for every seed in ``processes`` forked workers (seed i in worker i mod processes).
 
     Returns {seed: what ``work`` returned (or {})} for the seeds that finished; the caller redoes the others,
@@ -68,7 +68,7 @@ def run_in_workers(label: str, seeds: List[int], work: Callable[[int], Optional[
         workers = [context.Process(target=_worker, args=(seeds[k::processes], work, threads, Path(tmp)),
                                    daemon=False)
                    for k in range(processes)]
-        print(f"{label}: seeds {seeds} in {processes} worker processes, {threads} thread(s) each", flush=True)
+        print(f"{label}: {what} {seeds} in {processes} worker processes, {threads} thread(s) each", flush=True)
         try:
             for w in workers:
                 w.start()
@@ -86,7 +86,7 @@ def run_in_workers(label: str, seeds: List[int], work: Callable[[int], Optional[
                 done[seed] = json.loads(path.read_text())
         failed = [s for s in seeds if s not in done]
         if failed:
-            print(f"{label}: seeds {failed} did not finish in a worker; running them here", file=sys.stderr,
+            print(f"{label}: {what} {failed} did not finish in a worker; running them here", file=sys.stderr,
                   flush=True)
         return done
 
