@@ -64,6 +64,16 @@ def load_checkpoint(path: str | Path) -> Optional[Dict[str, Any]]:
     return None
 
 
+def resumable_checkpoint(ckpt_dir: str | Path, fingerprint: str, seed: int, say) -> Optional[Dict[str, Any]]:
+    """``ckpt_dir/last.pt`` if it was made with ``fingerprint``; otherwise None, said through ``say``."""
+    path = Path(ckpt_dir) / "last.pt"
+    state = load_checkpoint(path)
+    if state is not None and state.get("fingerprint") != fingerprint:
+        say(f"seed {seed}: {path} was made with other settings, code or data; starting afresh")
+        return None
+    return state
+
+
 def stream_seed(seed: int, rank: int, position: int) -> int:
     """One seed per (run seed, rank, epoch or step): random streams that restart exactly on resume.
 

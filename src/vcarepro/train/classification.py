@@ -31,7 +31,7 @@ from ..data.folders import ManifestDataset, read_classes
 from ..io import write_json
 from ..models import create_classifier
 from ..pipeline import model_options
-from .checkpoint import load_checkpoint, save_checkpoint, seed_everything, stream_seed
+from .checkpoint import resumable_checkpoint, save_checkpoint, seed_everything, stream_seed
 from .distributed import DistInfo, all_reduce_mean, any_rank, say
 from .precision import MixedPrecision, maybe_compile
 from .preemption import Preempted, stop_on_sigterm
@@ -157,10 +157,7 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
     start_epoch = 0
     history: List[Dict[str, float]] = []  # every epoch's logged figures, kept in the checkpoint
     ckpt_path = Path(ckpt_dir) / "last.pt"
-    state = load_checkpoint(ckpt_path)
-    if state is not None and state.get("fingerprint") != fingerprint:
-        say(info, f"seed {seed}: {ckpt_path} was made with other settings, code or data; starting afresh")
-        state = None
+    state = resumable_checkpoint(ckpt_dir, fingerprint, seed, lambda message: say(info, message))
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])

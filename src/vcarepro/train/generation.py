@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..models.dit import create_dit
 from ..pipeline import model_options
-from .checkpoint import load_checkpoint, save_checkpoint, seed_everything, stream_seed
+from .checkpoint import resumable_checkpoint, save_checkpoint, seed_everything, stream_seed
 from .classification import NonFiniteLossError
 from .diffusion import GaussianDiffusion
 from .distributed import DistInfo, all_reduce_mean, any_rank, say
@@ -138,10 +138,7 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
     history: List[Dict[str, float]] = []  # every logged (step, loss, lr), kept in the checkpoint
     total = recipe["steps"] if max_steps is None else min(recipe["steps"], max_steps)
     ckpt_path = Path(ckpt_dir) / "last.pt"
-    state = load_checkpoint(ckpt_path)
-    if state is not None and state.get("fingerprint") != fingerprint:
-        say(info, f"seed {seed}: {ckpt_path} was made with other settings, code or data; starting afresh")
-        state = None
+    state = resumable_checkpoint(ckpt_dir, fingerprint, seed, lambda message: say(info, message))
     if state is not None:
         model.load_state_dict(state["model"])
         ema.load_state_dict(state["ema"])
