@@ -1,6 +1,8 @@
 """The training loops themselves: precision, torch.compile, checkpoint contents and resume."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -159,25 +161,40 @@ class RecordingLive:
         self.logged.append((self.step, name, value))
 
 
-def test_seeds_trained_in_forked_workers_equal_seeds_trained_one_after_another(tmp_path, digits, embedded,
-                                                                             one_torch_thread, capsys):
-    from vcarepro.train.seeds import train_seeds
+SEEDS_SCRIPT = """
+import sys, torch
+from pathlib import Path
+from vcarepro.config import compose
+from vcarepro.pipeline import cls_run
+from vcarepro.train.classification import ClassifierSpec, train_classifier
+from vcarepro.train.seeds import train_seeds
+torch.set_num_threads(1)
+digits, root, processes = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+p = compose([])
+spec = ClassifierSpec("deit_tiny", "vca", {}, dict(p["cls_shape"], depth=1, embed_dim=32))
+recipe = dict(cls_run(p, "deit_tiny-vca").recipe, epochs=2, batch_size=256)
+def train_one(seed, info, live):
+    return train_classifier(spec=spec, recipe=recipe, data_root=digits, seed=seed, out_dir=root / f"out{seed}",
+                            ckpt_dir=root / f"ckpt{seed}", info=info, live=live, fingerprint="f",
+                            log_prefix=f"seed_{seed}/")
+train_seeds("run", [0, 1, 2], root / "live", train_one, seed_processes=processes)
+"""
 
-    spec, recipe = tiny_cls(embedded)
 
-    def trainer(root):
-        def train_one(seed, info, live):
-            return train_classifier(spec=spec, recipe=recipe, data_root=digits, seed=seed,
-                                    out_dir=root / f"out{seed}", ckpt_dir=root / f"ckpt{seed}", info=info, live=live,
-                                    fingerprint="f", log_prefix=f"seed_{seed}/")
-        return train_one
+def test_seeds_trained_in_forked_workers_equal_seeds_trained_one_after_another(tmp_path, digits):
+    # in fresh processes: a process that has run autograd cannot fork workers that do (torch's
+    # "Autograd and Fork"); a stage forks before any backward, and so does this script
+    def run(name, processes):
+        result = subprocess.run([sys.executable, "-c", SEEDS_SCRIPT, str(digits), str(tmp_path / name), str(processes)],
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return result
 
-    train_seeds("one", [0, 1, 2], tmp_path / "a" / "live", trainer(tmp_path / "a"), seed_processes=1)
-    assert "worker processes" not in capsys.readouterr().out
-    train_seeds("side", [0, 1, 2], tmp_path / "b" / "live", trainer(tmp_path / "b"), seed_processes=2)
-    out = capsys.readouterr().out
-    assert "seeds [0, 1, 2] in 2 worker processes, 1 thread(s) each" in out
-    assert "seed 2: already trained (2 of 2 epochs" in out  # the stage's pass reads each worker's result back
+    one, side = run("a", 1), run("b", 2)
+    assert "worker processes" not in one.stdout
+    assert "run: seeds [0, 1, 2] in 2 worker processes, 1 thread(s) each" in side.stdout
+    assert "did not finish in a worker" not in side.stderr
+    assert "seed 2: already trained (2 of 2 epochs" in side.stdout  # the stage's pass reads each worker's result back
     for seed in (0, 1, 2):  # one thread each way: the same arithmetic, so the same weights and history
         a, b = (load_file(str(tmp_path / d / f"out{seed}" / "model.safetensors")) for d in ("a", "b"))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -185,6 +202,19 @@ def test_seeds_trained_in_forked_workers_equal_seeds_trained_one_after_another(t
             (tmp_path / "b" / f"out{seed}" / "history.json").read_text()
     summary = (tmp_path / "b" / "live" / "metrics.json").read_text()
     assert '"seed_2"' in summary and '"train_seconds"' in summary
+
+
+def test_a_seed_whose_worker_fails_is_trained_by_the_stage_with_the_reason_said(capsys):
+    from vcarepro.train.seeds import run_in_workers
+
+    def work(seed):
+        if seed == 1:
+            raise ValueError("no data for seed 1")
+        return {"seed": seed}
+
+    done = run_in_workers("run", [0, 1, 2], work, 2)
+    assert done == {0: {"seed": 0}, 2: {"seed": 2}}
+    assert "run: seeds 1 (ValueError: no data for seed 1) did not finish in a worker" in capsys.readouterr().err
 
 
 def test_a_rerun_after_a_finished_checkpoint_replays_the_logs_and_returns_the_figures(tmp_path, digits, embedded,

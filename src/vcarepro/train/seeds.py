@@ -7,7 +7,10 @@ dispatch, which two processes overlap and two threads of one process do not. Wor
 only their checkpoints. The stage's own process then goes through the seeds in order as
 before, resuming each from its worker's final checkpoint, so the run's log, weights and
 history come from one place whichever way the seeds were trained. A seed whose worker failed
-is trained (resumed) in the stage's process, where its error is raised as usual.
+is trained (resumed) in the stage's process, where its error is raised as usual; the line that
+says so gives the worker's error. Workers must be forked before the process runs any backward
+pass (torch's "Autograd and Fork": the engine's threads do not survive a fork), which a stage
+does; a process that has trained already gets that error from every worker.
 """
 from __future__ import annotations
 
@@ -79,15 +82,17 @@ def run_in_workers(label: str, seeds: List[int], work: Callable[[int], Optional[
                 if w.is_alive():
                     w.terminate()
                     w.join()
-        done = {}
+        done, failed = {}, []
         for seed in seeds:
             path = Path(tmp) / f"seed_{seed}.json"
             if path.is_file():
                 done[seed] = json.loads(path.read_text())
-        failed = [s for s in seeds if s not in done]
+            else:
+                error = Path(tmp) / f"seed_{seed}.error"
+                failed.append(f"{seed} ({error.read_text()})" if error.is_file() else str(seed))
         if failed:
-            print(f"{label}: {what} {failed} did not finish in a worker; running them here", file=sys.stderr,
-                  flush=True)
+            print(f"{label}: {what} {', '.join(failed)} did not finish in a worker; running them here",
+                  file=sys.stderr, flush=True)
         return done
 
 
@@ -96,7 +101,8 @@ def _worker(seeds: List[int], work, threads: int, out: Path) -> None:
     for seed in seeds:
         try:
             result = work(seed)
-        except BaseException:  # noqa: BLE001 - the stage's process redoes the seed and reports the error
+        except BaseException as err:  # noqa: BLE001 - the stage's process redoes the seed and reports the error
+            (out / f"seed_{seed}.error").write_text(f"{type(err).__name__}: {err}")
             os._exit(1)
         (out / f"seed_{seed}.json").write_text(json.dumps(result or {}))
     os._exit(0)  # no atexit handlers of the parent's (dvclive, the warm server) in a forked child
