@@ -16,7 +16,7 @@ from .export import write_tables
 from .figures import attention_cost_png, curves_png, gains_png
 from ..config import flatten
 from .reference import load_reference
-from .tables import TableBuilder, runs_frame
+from .tables import TableBuilder, runs_frame, verdict_class
 
 CLS_CURVES = ["train/loss", "val/loss", "val/top1", "train/lr"]
 GEN_CURVES = ["train/loss"]
@@ -125,8 +125,7 @@ def build_context(root: Path) -> Dict[str, Any]:
         "table3": tables.ablation("table3"),
         "table4": tables.ablation("table4"),
         **{f"{k}_gains": tables.ablation_gains(k) for k in ("table3", "table4")},
-        "ablation_reference": {k: next(r["variant"] for r in reference[k]["rows"] if r.get("reference"))
-                               for k in ("table3", "table4")},
+        "ablation_reference": {k: tables.reference_row(k)["variant"] for k in ("table3", "table4")},
         "titles": {k: reference[k]["title"] for k in ("table1", "table2", "table3", "table4")},
         "cls_runs": runs_frame(cls, params["cls_runs"], params["models"], cls_keys, params["cls_shape"]).to_dict("records"),
         "gen_runs": runs_frame(gen, params["gen_runs"], params["models"], gen_keys, params["gen_shape"]).to_dict("records"),
@@ -151,6 +150,7 @@ def render_report(root: str | Path = ".", out: str | Path = "reports/index.html"
     root, out = Path(root), Path(out)
     env = Environment(loader=PackageLoader("vcarepro", "templates"), autoescape=select_autoescape(["html", "j2"]),
                       trim_blocks=True, lstrip_blocks=True)
+    env.filters["verdict_class"] = verdict_class
     context = build_context(root)
     out.parent.mkdir(parents=True, exist_ok=True)
     written = write_tables({name: context[name] for name in EXPORTED_TABLES}, out.parent / "tables")

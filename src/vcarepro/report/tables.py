@@ -24,6 +24,11 @@ MATCHES = "matches paper"
 DIFFERS = "differs from paper"
 
 
+def verdict_class(verdict: Optional[str]) -> str:
+    """A verdict as a CSS class: "same direction as paper (resolved)" -> "same-direction-as-paper-resolved"."""
+    return (verdict or "").replace(" ", "-").replace("(", "").replace(")", "")
+
+
 @dataclass
 class Measured:
     mean: float
@@ -121,7 +126,7 @@ class Cell:
             "scale": None if self.ours is None else self.ours.scale,
             "diff": None if self.diff is None else f"{self.diff:+.{self.digits}f}",
             "verdict": self.verdict,
-            "verdict_class": self.verdict.replace(" ", "-"),
+            "verdict_class": verdict_class(self.verdict),
             "statistic": self.statistic,
             "reason": self.reason,
         }
@@ -320,11 +325,7 @@ class TableBuilder:
 
     def ablation_gains(self, name: str) -> List[Dict[str, Any]]:
         """Each ablation row minus the table's reference row (``reference: true``), per branch, with intervals."""
-        table = self.ref[name]
-        reference = [r for r in table["rows"] if r.get("reference")]
-        if len(reference) != 1:
-            raise BadInput(f"{name} in data/paper_reference.yaml needs exactly one row with reference: true.")
-        ref = reference[0]
+        table, ref = self.ref[name], self.reference_row(name)
         rows = []
         for r in table["rows"]:
             if r is ref:
@@ -335,6 +336,13 @@ class TableBuilder:
                 row["runs"] = f"{r[run_key]} − {ref[run_key]}"
                 rows.append(row)
         return rows
+
+    def reference_row(self, name: str) -> Dict[str, Any]:
+        """The row of ablation table ``name`` that the others are compared with (``reference: true``)."""
+        reference = [r for r in self.ref[name]["rows"] if r.get("reference")]
+        if len(reference) != 1:
+            raise BadInput(f"{name} in data/paper_reference.yaml needs exactly one row with reference: true.")
+        return reference[0]
 
     def _gain_row(self, table: str, label: str, metric: str, paper_base, paper_other,
                   base: Optional[RunResult], other: Optional[RunResult]) -> Dict[str, Any]:
@@ -373,7 +381,7 @@ class TableBuilder:
                 evidence, holds = self._scaling_evidence()
             verdict_text = "holds" if holds else ("does not hold" if holds is False else "not checked here")
             out.append({"claim": text, "source": c["source"], "evidence": evidence, "verdict": verdict_text,
-                        "verdict_class": verdict_text.replace(" ", "-")})
+                        "verdict_class": verdict_class(verdict_text)})
         return out
 
 
