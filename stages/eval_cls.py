@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--run", required=True)
     args = parser.parse_args()
     run = cls_run(stage_params(), args.run)
-    spec = ClassifierSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, run.shape)
+    spec = ClassifierSpec.for_run(run)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     val = ManifestDataset(CLS_DATA, "val", build_transforms(run.recipe, training=False))
     loader = torch.utils.data.DataLoader(val, batch_size=256, num_workers=run.recipe["workers"])

@@ -33,7 +33,7 @@ def main() -> None:
     params = stage_params()
     run = gen_run(params, args.run)
     meta = json.loads((GEN_DATA / "meta.json").read_text())
-    spec = GeneratorSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, run.shape)
+    spec = GeneratorSpec.for_run(run)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if meta["kind"] == "vae_latents":
         from vcarepro.data.latents import decode_to_uint8, load_vae

@@ -17,7 +17,7 @@ def main() -> None:
     args = parser.parse_args()
     params = stage_params()
     run = cls_run(params, args.run)
-    spec = ClassifierSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, run.shape)
+    spec = ClassifierSpec.for_run(run)
 
     # a checkpoint resumes only under the same code and data as well as the same settings
     code = source_digest(*TRAINING_CODE)

@@ -188,7 +188,7 @@ def test_every_table1_run_builds_and_trains_a_step_on_tiny_inputs(paper, name):
         shape.pop("contrast_tokens", None)
     if run.model["arch"] == "swin_tiny":
         shape["window_size"] = 2  # Swin's own 7x7 windows do not tile a 64 px input's stages
-    spec = ClassifierSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, shape)
+    spec = ClassifierSpec(run.model["arch"], run.model["attention"], run.model.get("options") or {}, shape)
     model = spec.create(num_classes=5, drop_path=run.recipe["drop_path"])
     loss = torch.nn.functional.cross_entropy(model(torch.randn(2, 3, 64, 64)), torch.tensor([0, 3]))
     loss.backward()
@@ -197,7 +197,7 @@ def test_every_table1_run_builds_and_trains_a_step_on_tiny_inputs(paper, name):
 
 
 def test_matrix_holds_every_ablation_row_and_two_seeds_for_headline_pairs(embedded):
-    cls_variants = {tuple(sorted((embedded["models"][r["model"]].get("vca") or {}).items()))
+    cls_variants = {tuple(sorted((embedded["models"][r["model"]].get("options") or {}).items()))
                     for r in embedded["cls_runs"].values()}
     assert (("stage1", "diff"), ("stage2", "diff")) in cls_variants
     assert (("stage2", "diff"),) in cls_variants and (("stage1", "diff"),) in cls_variants
@@ -212,7 +212,7 @@ def test_matrix_holds_every_ablation_row_and_two_seeds_for_headline_pairs(embedd
 
 def test_run_resolution_and_its_errors(embedded):
     run = cls_run(embedded, "deit_tiny-vca-stage1_only")
-    assert run.model == {"arch": "deit_tiny", "attention": "vca", "vca": {"stage2": "diff"}}
+    assert run.model == {"arch": "deit_tiny", "attention": "vca", "options": {"stage2": "diff"}}
     assert run.shape == embedded["cls_shape"] and run.paths.metrics.as_posix() == "runs/cls/deit_tiny-vca-stage1_only/metrics.json"
     assert gen_run(embedded, "sit_s2-vca").objective == "flow"
     with pytest.raises(KeyError, match="no run 'deit_huge' under cls_runs"):
@@ -235,7 +235,7 @@ def test_params_flow_into_the_models_each_stage_builds(embedded):
     shape = embedded["cls_shape"]
     for name, attention in (("deit_tiny-vca-stage1_only", "vca"), ("deit_tiny-mhsa", "mhsa")):
         run = cls_run(embedded, name)
-        model = ClassifierSpec(run.model["arch"], attention, run.model.get("vca") or {}, run.shape).create(10)
+        model = ClassifierSpec(run.model["arch"], attention, run.model.get("options") or {}, run.shape).create(10)
         assert len(model.blocks) == shape["depth"] and model.embed_dim == shape["embed_dim"]
         assert model.patch_embed.grid_size == (shape["img_size"] // shape["patch_size"],) * 2
         if attention == "vca":  # the scale's contrast-token count reaches VCA, the run's switch too
@@ -243,7 +243,7 @@ def test_params_flow_into_the_models_each_stage_builds(embedded):
             assert attn.num_contrast_tokens == shape["contrast_tokens"] and attn.stage2 == "diff"
     gshape = embedded["gen_shape"]
     run = gen_run(embedded, "dit_s2-vca-emb_both")
-    dit = GeneratorSpec(run.model["arch"], run.model["attention"], run.model["vca"], run.shape).create()
+    dit = GeneratorSpec.for_run(run).create()
     assert len(dit.blocks) == gshape["depth"] and dit.in_channels == gshape["in_channels"]
     assert dit.blocks[0].attn.num_contrast_tokens == gshape["contrast_tokens"]
     assert dit.blocks[0].attn.tokens_pos == "emb" and dit.blocks[0].attn.tokens_neg == "emb"
@@ -257,7 +257,7 @@ def test_every_table2_run_builds_and_trains_a_step_at_its_latent_shape(paper, na
 
     run = gen_run(paper, name)
     # the paper's width, patch, heads and contrast grid on 32x32x4 latents; one block keeps it fast
-    spec = GeneratorSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, {"depth": 1})
+    spec = GeneratorSpec.for_run(run, shape={"depth": 1})
     model = spec.create(learn_sigma=run.recipe["learn_sigma"], class_dropout_prob=run.recipe["class_dropout_prob"])
     objective = make_objective(run.objective, run.recipe["flow_path"])
     loss = objective.training_losses(model, torch.randn(2, 4, 32, 32), torch.tensor([3, 999]))["loss"]

@@ -130,9 +130,9 @@ def test_each_block_gets_the_selected_attention_with_its_depth():
         assert block.attn.lambda_init == pytest.approx(lambda_init_for_layer(i))
 
 
-def test_vca_options_reach_the_layer_flat_or_as_a_dict():
+def test_attention_options_reach_the_layer_flat_or_as_a_dict():
     flat = tiny("vca", stage2="diff", local_conv=False)
-    nested = create_dit("dit_s2", "vca", **TINY, vca_options=dict(contrast_tokens=4, stage2="diff", local_conv=False))
+    nested = create_dit("dit_s2", "vca", **TINY, attention_options=dict(contrast_tokens=4, stage2="diff", local_conv=False))
     for model in (flat, nested):
         attn = model.blocks[1].attn
         assert attn.stage2 == "diff" and attn.local_conv is None
@@ -224,15 +224,15 @@ def test_every_tensor_dit_initialises_to_zero_is_zero_and_no_other():
 def test_unknown_names_and_misplaced_options_fail_clearly():
     with pytest.raises(ValueError, match="unknown DiT arch 'dit_m2'; choose one of 'dit_xl2'"):
         create_dit("dit_m2")
-    with pytest.raises(ValueError, match="unknown attention 'linear'; choose one of 'mhsa', 'vca', 'diff'"):
+    with pytest.raises(ValueError, match="unknown attention 'linear'; choose one of 'mhsa', 'diff', 'vca', 'agent'"):
         create_dit("dit_s2", "linear")
     with pytest.raises(ValueError, match="unknown attention"):
         DiT(**TINY, attention="linear")
-    with pytest.raises(ValueError, match="contrast_tokens only apply to attention='vca', not 'mhsa'"):
+    with pytest.raises(ValueError, match="contrast_tokens does not apply to attention 'mhsa'"):
         create_dit("dit_s2", "mhsa", **TINY, contrast_tokens=4)
-    with pytest.raises(ValueError, match="only apply to attention='vca', not 'diff'"):
-        create_dit("dit_s2", "diff", **TINY, vca_options=dict(stage1="diff"))
-    with pytest.raises(ValueError, match="unknown VCA option"):
-        create_dit("dit_s2", "vca", **TINY_VCA, vca_options=dict(grid_size=4))
+    with pytest.raises(ValueError, match="do not apply to attention 'diff'"):
+        create_dit("dit_s2", "diff", **TINY, attention_options=dict(stage1="diff"))
+    with pytest.raises(ValueError, match="unknown vca option"):
+        create_dit("dit_s2", "vca", **TINY_VCA, attention_options=dict(grid_size=4))
     with pytest.raises(ValueError, match="unknown DiT argument"):
         create_dit("dit_s2", **TINY, dropout=0.1)

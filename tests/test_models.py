@@ -137,7 +137,7 @@ def test_factory_names_and_errors():
         create_classifier("pvt_tiny", "diff")
     with pytest.raises(ValueError, match="unknown attention 'linear'"):
         create_classifier("deit_tiny", "linear")
-    with pytest.raises(ValueError, match="contrast_tokens only apply to attention='vca'"):
+    with pytest.raises(ValueError, match="contrast_tokens does not apply to attention 'mhsa'"):
         create_classifier("deit_tiny", "mhsa", contrast_tokens=49)
     with pytest.raises(ValueError, match="fixed token grid"):
         create_classifier("deit_tiny", "vca", dynamic_img_size=True)

@@ -51,7 +51,7 @@ def test_the_proxy_data_is_cmcs_imagenet_100_and_its_fid_reference_is_its_own(pr
 def test_every_proxy_classifier_builds_and_takes_a_step_with_its_recipe_at_tiny_shape(proxy, run):
     r = cls_run(proxy, run)
     torch.manual_seed(0)
-    spec = ClassifierSpec(r.model["arch"], r.model["attention"], r.model.get("vca") or {},
+    spec = ClassifierSpec(r.model["arch"], r.model["attention"], r.model.get("options") or {},
                           {"img_size": 32, "depth": 1, "contrast_tokens": 4})   # 2x2 patch grid at 32 px
     model = spec.create(num_classes=100, drop_path=r.recipe["drop_path"])
     optimizer = build_optimizer(model, r.recipe)
@@ -73,7 +73,7 @@ def test_every_proxy_classifier_builds_and_takes_a_step_with_its_recipe_at_tiny_
 def test_every_proxy_generator_builds_and_takes_a_step_with_its_recipe_at_tiny_shape(proxy, run):
     r = gen_run(proxy, run)
     torch.manual_seed(0)
-    spec = GeneratorSpec(r.model["arch"], r.model["attention"], r.model.get("vca") or {},
+    spec = GeneratorSpec(r.model["arch"], r.model["attention"], r.model.get("options") or {},
                          {"input_size": 8, "depth": 1, "num_classes": 100, "contrast_tokens": 4})
     model = spec.create(learn_sigma=r.recipe["learn_sigma"], class_dropout_prob=r.recipe["class_dropout_prob"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=r.recipe["lr"], weight_decay=r.recipe["weight_decay"])

@@ -220,7 +220,7 @@ def test_report_shows_each_runs_recipe_against_the_paper_and_the_environment(pro
     epochs = compose([])["cls_recipe_overrides"]["epochs"]
     assert f"<code>recipe.epochs</code></td><td>{epochs}</td><td>300</td>" in run
     # as used, against the paper shape's default (49, the model's own)
-    assert "<code>vca.contrast_tokens</code></td><td>4</td><td>the model&#39;s own</td>" in run
+    assert "<code>options.contrast_tokens</code></td><td>4</td><td>the model&#39;s own</td>" in run
     env = html[html.index("<h2>Environment</h2>"):]
     import torch
     assert f"<td>torch</td><td>{torch.__version__} (CUDA {torch.version.cuda})</td>" in env

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List
 
+from .attention_names import POOLED_TOKEN_OPTION
 from .config import section
 from vcarepro.errors import BadInput, UnknownName
 
@@ -68,19 +69,17 @@ def _run(params: Dict[str, Any], branch: str, name: str) -> Dict[str, Any]:
     return run
 
 
-def model_options(attention: str, vca: Dict[str, Any], shape: Dict[str, Any]):
-    """(shape overrides without contrast_tokens, the VCA options the run uses or None for non-VCA).
+def model_options(attention: str, options: Dict[str, Any], shape: Dict[str, Any]):
+    """(shape overrides without contrast_tokens, the attention options the run uses).
 
-    A scale's ``contrast_tokens`` shape override replaces the model's paper-shape
-    count, and applies to VCA models only.
+    A scale's ``contrast_tokens`` shape override replaces the model's paper-shape count of
+    pooled tokens, for the attentions that pool (VCA's contrast tokens, Agent's agent tokens).
     """
     shape = dict(shape or {})
-    contrast_tokens = shape.pop("contrast_tokens", None)
-    if attention != "vca":
-        return shape, None
-    options = dict(vca or {})
-    if contrast_tokens is not None:
-        options["contrast_tokens"] = contrast_tokens
+    pooled_tokens = shape.pop("contrast_tokens", None)
+    options = dict(options or {})
+    if pooled_tokens is not None and attention in POOLED_TOKEN_OPTION:
+        options[POOLED_TOKEN_OPTION[attention]] = pooled_tokens
     return shape, options
 
 

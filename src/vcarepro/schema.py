@@ -115,6 +115,8 @@ RULES: Dict[str, Rule] = {
     "eval_gen.prc_k": _int(1), "eval_gen.prc_distance_dtype": _choice("float16", "float32", "float64"),
     "report.reproduce_tolerance_top1": _num(0.0), "report.reproduce_tolerance_fid": _num(0.0),
     "report.complexity_tolerance": _num(0.0),
+    "family_seeds": ("a non-empty list of distinct integers >= 0", lambda v: isinstance(v, list) and v and len(set(
+        map(str, v))) == len(v) and all(_int(0)[1](x) for x in v)),
 }
 FREE_SECTIONS = ("models", "cls_runs", "gen_runs", "cls_shape", "gen_shape", "cls_recipes", "cls_recipe_overrides")
 FIX = "fix it in conf/ and run `python -m vcarepro.config` (or pass -S to dvc exp run)"

@@ -1,30 +1,107 @@
-"""Attention layers compared in the paper, by name.
+"""Attention layers compared here, by name, behind one constructor interface.
 
 ``mhsa`` is timm's own ``Attention`` (so a baseline DeiT is exactly timm's DeiT),
-``diff`` is timm's ``DiffAttention`` (the Differential Transformer), and ``vca``
-is Visual-Contrast Attention, written here because no library has it.
+``diff`` is timm's ``DiffAttention`` (the Differential Transformer), ``vca`` is
+Visual-Contrast Attention, written here because no library has it. The rest of the
+family comes from the same lab as VCA and shares its pooled tokens or depthwise term;
+each is written here after its official module (the file is named in its docstring):
+
+    agent       Agent Attention (ECCV 2024)                         attention/agent.py
+    flatten     focused linear attention, FLatten (ICCV 2023)       attention/flatten.py
+    inline      injective linear attention, InLine (NeurIPS 2024)   attention/inline.py
+    circulant   Circulant Attention (arXiv 2512.21542)              attention/circulant.py
+    mhsa+dwc    control: MHSA plus VCA's depthwise local term       attention/controls.py
+
+(VCA without its local term, the other control, is ``vca`` with ``local_conv=False``.)
+
+:func:`build_attention` makes any of them for block ``layer_index`` of a model whose tokens
+are ``num_prefix_tokens`` prefix tokens followed by a ``grid_size`` patch grid; the
+grid-aware layers take that layout, timm's two do not need it.
 """
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, Dict, Optional, Sequence, Tuple, Type, Union
+
+import torch.nn as nn
 from timm.layers import Attention, DiffAttention
 
+from ..attention_names import ATTENTIONS, CONTROLS, FAMILY, POOLED_TOKEN_OPTION
 from .vca import VisualContrastAttention, lambda_init_for_layer
 from vcarepro.errors import BadInput
 
-ATTENTION_LAYERS = {
-    "mhsa": Attention,
-    "diff": DiffAttention,
-    "vca": VisualContrastAttention,
+# name -> "module:Class" under vcarepro.attention (imported on first use)
+_LAYER_PATHS = {
+    "vca": "vca:VisualContrastAttention",
+    "agent": "agent:AgentAttention",
+    "flatten": "flatten:FocusedLinearAttention",
+    "inline": "inline:InLineAttention",
+    "circulant": "circulant:CirculantAttention",
+    "mhsa+dwc": "controls:MhsaLocalConv",
 }
+# timm's layers, which see (B, N, C) only and need no token layout
+_TIMM_LAYERS = {"mhsa": Attention, "diff": DiffAttention}
 
 
-def attention_class(name: str):
+
+def attention_class(name: str) -> Type[nn.Module]:
     """The attention class for ``name``; a clear error for an unknown one."""
-    try:
-        return ATTENTION_LAYERS[name]
-    except KeyError:
-        raise BadInput(
-            f"unknown attention {name!r}; choose one of {', '.join(map(repr, ATTENTION_LAYERS))}."
-        ) from None
+    if name in _TIMM_LAYERS:
+        return _TIMM_LAYERS[name]
+    if name not in _LAYER_PATHS:
+        raise BadInput(f"unknown attention {name!r}; choose one of {', '.join(map(repr, ATTENTIONS))}.")
+    module, cls = _LAYER_PATHS[name].split(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
 
 
-__all__ = ["ATTENTION_LAYERS", "Attention", "DiffAttention", "VisualContrastAttention",
-           "attention_class", "lambda_init_for_layer"]
+_LAYOUT_AND_COMMON = ("self", "dim", "num_heads", "grid_size", "num_prefix_tokens", "layer_index", "qkv_bias",
+                      "qk_norm", "proj_bias", "attn_drop", "proj_drop", "norm_layer")
+
+
+def attention_options(name: str) -> Tuple[str, ...]:
+    """The layer's own knobs (``contrast_tokens``, ``agent_tokens``, ...): what ``options`` may hold."""
+    if name in _TIMM_LAYERS:
+        attention_class(name)  # unknown names fail the same way
+        return ()
+    parameters = inspect.signature(attention_class(name).__init__).parameters
+    return tuple(p for p in parameters if p not in _LAYOUT_AND_COMMON)
+
+
+def build_attention(
+    name: str,
+    dim: int,
+    num_heads: int,
+    *,
+    grid_size: Union[int, Sequence[int]],
+    num_prefix_tokens: int,
+    layer_index: int = 0,
+    qkv_bias: bool = False,
+    qk_norm: bool = False,
+    proj_bias: bool = True,
+    attn_drop: float = 0.0,
+    proj_drop: float = 0.0,
+    norm_layer: Optional[Type[nn.Module]] = None,
+    options: Optional[Dict[str, Any]] = None,
+) -> nn.Module:
+    """The attention ``name`` for one block; ``options`` are the layer's own knobs (none for timm's)."""
+    cls = attention_class(name)
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(attention_options(name)))
+    if unknown:
+        known = attention_options(name)
+        raise BadInput(f"{', '.join(unknown)} {'is not an option' if len(unknown) == 1 else 'are not options'} of "
+                       f"attention {name!r}; " + (f"choose from {', '.join(known)}." if known else "it has none."))
+    common = dict(qkv_bias=qkv_bias, qk_norm=qk_norm, proj_bias=proj_bias, attn_drop=attn_drop,
+                  proj_drop=proj_drop, norm_layer=norm_layer)
+    if name in _TIMM_LAYERS:
+        if name == "diff":  # lambda_init follows depth, as in the Differential Transformer
+            return cls(dim, num_heads=num_heads, depth=layer_index, **common)
+        return cls(dim, num_heads=num_heads, **common)
+    return cls(dim, num_heads, grid_size=grid_size, num_prefix_tokens=num_prefix_tokens, layer_index=layer_index,
+               **common, **options)
+
+
+__all__ = ["ATTENTIONS", "Attention", "CONTROLS", "DiffAttention", "FAMILY",
+           "POOLED_TOKEN_OPTION", "VisualContrastAttention", "attention_class", "attention_options", "build_attention",
+           "lambda_init_for_layer"]

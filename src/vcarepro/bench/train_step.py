@@ -47,7 +47,7 @@ def bench_cls_step(run_name: str, *, params: Dict[str, Any], train_images: int, 
                    precision: str = "bf16", min_run_time: float = 2.0) -> Dict[str, Any]:
     run = cls_run(params, run_name)
     recipe = run.recipe
-    spec = ClassifierSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, run.shape)
+    spec = ClassifierSpec.for_run(run)
     dev = torch.device(device)
     torch.manual_seed(0)
     model = spec.create(num_classes=1000, drop_path=recipe["drop_path"]).to(dev)
@@ -85,7 +85,7 @@ def bench_gen_step(run_name: str, *, params: Dict[str, Any] = None, batch: int, 
     params = params or compose(["scale=paper"])
     run = gen_run(params, run_name)
     recipe = run.recipe
-    spec = GeneratorSpec(run.model["arch"], run.model["attention"], run.model.get("vca") or {}, run.shape)
+    spec = GeneratorSpec.for_run(run)
     dev = torch.device(device)
     torch.manual_seed(0)
     model = spec.create(learn_sigma=recipe["learn_sigma"], class_dropout_prob=recipe["class_dropout_prob"]).to(dev)

@@ -5,7 +5,8 @@ math SDPA backend: the fused CPU attention kernels are invisible to the counter,
 so counting under them would silently drop every attention product. The
 counter reports 2 FLOPs per multiply-accumulate; vision papers (and the DeiT,
 PVT, Swin tables this paper copies) quote multiply-accumulates as "FLOPs", so
-both are returned and ``macs`` is the one comparable to the paper.
+both are returned and ``macs`` is the one comparable to the paper. FFTs, which the counter
+does not see, are added at 5 n log2 n flops per complex transform of n points.
 """
 from __future__ import annotations
 
@@ -34,8 +35,14 @@ class FlopCount:
 
 
 def count_flops(fn: Callable[[], object]) -> FlopCount:
-    """FLOPs of one call of ``fn`` (forward only unless ``fn`` runs backward), math SDPA kernel."""
-    counter = FlopCounterMode(display=False)
+    """FLOPs of one call of ``fn`` (forward only unless ``fn`` runs backward), math SDPA kernel.
+
+    torch's counter ignores FFTs; Circulant Attention's are counted at the usual 5 n log2 n
+    flops per complex transform (``attention.circulant.flop_counter_mapping``).
+    """
+    from ..attention.circulant import flop_counter_mapping
+
+    counter = FlopCounterMode(display=False, custom_mapping=flop_counter_mapping())
     with sdpa_kernel(SDPBackend.MATH), counter:
         fn()
     by_op = {str(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
@@ -104,7 +111,7 @@ def generator_complexity(arch: str, attention: str, options: Optional[dict] = No
     from ..models.dit import create_dit
 
     model = create_dit(arch, attention, input_size=latent_size, in_channels=latent_channels,
-                       num_classes=num_classes, **({"vca_options": options} if attention == "vca" else {}))
+                       num_classes=num_classes, attention_options=options)
     model.eval()
 
     def call(batch: int):
@@ -130,7 +137,7 @@ def generator_complexity(arch: str, attention: str, options: Optional[dict] = No
 
 def model_complexity(spec: Dict[str, object], settings: Dict[str, object]) -> Dict[str, float]:
     """Complexity of a params.yaml model spec at the paper's shape given by ``settings`` (params ``complexity``)."""
-    arch, attention, options = spec["arch"], spec["attention"], spec.get("vca") or None
+    arch, attention, options = spec["arch"], spec["attention"], spec.get("options") or None
     if str(arch).startswith("dit_"):
         return generator_complexity(arch, attention, options, latent_size=settings["gen_latent_size"],
                                     latent_channels=settings["gen_latent_channels"],

@@ -6,6 +6,8 @@
     ("deit_tiny", "mhsa") -> timm's own deit_tiny_patch16_224
     ("deit_tiny", "vca")  -> vca_deit_tiny_patch16_224
     ("deit_tiny", "diff") -> diff_deit_tiny_patch16_224
+    ("deit_tiny", "agent") -> dropin_deit_tiny_patch16_224 with attention="agent" (likewise flatten,
+                             inline, circulant, mhsa+dwc: DeiT-T with only the attention swapped)
 
     ("pvt_tiny", "vca")   -> vca_pvt_tiny              (PVT v1, written here; the lab's layout)
     ("swin_tiny", "vca")  -> vca_swin_tiny_patch4_window7_224 (timm's Swin, attention swapped)
@@ -24,9 +26,10 @@ from typing import Any
 import timm
 import torch.nn as nn
 
-from . import cswin, deit, pvt, swin  # noqa: F401  (each registers its timm models)
+from . import cswin, deit, family, pvt, swin  # noqa: F401  (each registers its timm models)
 from .deit import VcaVisionTransformer
 from .placement import HIERARCHICAL_VCA_OPTIONS
+from ..attention import ATTENTIONS, attention_options
 from vcarepro.errors import BadInput
 
 # arch -> {attention: timm model name}
@@ -36,9 +39,15 @@ CLASSIFIER_ARCHS = {
     "deit_small": {"mhsa": "deit_small_patch16_224", "vca": "vca_deit_small_patch16_224",
                    "diff": "diff_deit_small_patch16_224"},
 }
-for _module in (pvt, swin, cswin):
+# DeiT with any other attention of the family: the drop-in models, told which by attention=.
+DROPIN_MODELS = {"deit_tiny": "dropin_deit_tiny_patch16_224", "deit_small": "dropin_deit_small_patch16_224"}
+for _arch, _dropin in DROPIN_MODELS.items():
+    CLASSIFIER_ARCHS[_arch].update({a: _dropin for a in ATTENTIONS if a not in CLASSIFIER_ARCHS[_arch]})
+for _module in (pvt, swin, cswin, family):
     CLASSIFIER_ARCHS.update(_module.MODEL_NAMES)
-CLASSIFIER_ATTENTIONS = ("mhsa", "vca", "diff")
+CLASSIFIER_ATTENTIONS = ATTENTIONS
+# Every attention's own knobs, and the placement knob of the hierarchical VCA models
+_ALL_OPTIONS = {o for a in ATTENTIONS for o in attention_options(a)} | set(HIERARCHICAL_VCA_OPTIONS)
 
 
 def classifier_name(arch: str, attention: str) -> str:
@@ -54,14 +63,17 @@ def classifier_name(arch: str, attention: str) -> str:
 
 
 def create_classifier(arch: str, attention: str, **kwargs: Any) -> nn.Module:
-    """Create a classifier; VCA knobs (``contrast_tokens``, ``stage1``, ...) only with attention='vca'."""
+    """Create a classifier; an attention's own knobs (``contrast_tokens``, ``agent_tokens``, ...) only with it."""
     name = classifier_name(arch, attention)
-    if attention != "vca":
-        stray = sorted(set(kwargs) & set(HIERARCHICAL_VCA_OPTIONS))
-        if stray:
-            raise BadInput(f"{', '.join(stray)} only apply to attention='vca', not {attention!r}; remove them.")
+    own = set(attention_options(attention)) | (set(HIERARCHICAL_VCA_OPTIONS) if attention == "vca" else set())
+    stray = sorted((set(kwargs) & _ALL_OPTIONS) - own)
+    if stray:
+        raise BadInput(f"{', '.join(stray)} {'does' if len(stray) == 1 else 'do'} not apply to attention "
+                       f"{attention!r}; remove {'it' if len(stray) == 1 else 'them'}.")
+    if name in DROPIN_MODELS.values():
+        kwargs["attention"] = attention
     return timm.create_model(name, **kwargs)
 
 
-__all__ = ["CLASSIFIER_ARCHS", "CLASSIFIER_ATTENTIONS", "VcaVisionTransformer", "classifier_name",
+__all__ = ["CLASSIFIER_ARCHS", "CLASSIFIER_ATTENTIONS", "DROPIN_MODELS", "VcaVisionTransformer", "classifier_name",
            "create_classifier"]

@@ -13,64 +13,52 @@ import torch.nn as nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import VisionTransformer, build_model_with_cfg, generate_default_cfgs, register_model
 
-from ..attention import VisualContrastAttention
+from ..attention import attention_options, build_attention
 from vcarepro.errors import BadInput
 
 # Knobs of VisualContrastAttention that a model accepts as keyword arguments.
-VCA_OPTIONS = ("contrast_tokens", "stage1", "stage2", "tokens_pos", "tokens_neg", "stage2_softmax", "local_conv")
+VCA_OPTIONS = attention_options("vca")
 
 
-class VcaVisionTransformer(VisionTransformer):
-    """timm's ``VisionTransformer`` whose blocks use Visual-Contrast Attention.
+class SwappedAttentionVisionTransformer(VisionTransformer):
+    """timm's ``VisionTransformer`` whose blocks use another attention (any of ``vcarepro.attention``).
 
-    Everything but the attention is timm's: the blocks are built as usual, then
-    each ``Attention`` is swapped for a VCA layer with the same projection
-    settings, and timm's ViT init runs once over the finished network.
+    Everything but the attention is timm's: the blocks are built as usual, then each
+    ``Attention`` is swapped for the named layer with the same projection settings, the
+    block index as its ``layer_index`` (VCA's lambda_init follows depth), and timm's ViT
+    init runs once over the finished network. ``**options`` not taken by timm's ViT are
+    the attention's own knobs (``contrast_tokens``, ``agent_tokens``, ...).
     """
 
-    def __init__(
-        self,
-        *,
-        contrast_tokens: Union[int, Sequence[int]] = 49,
-        stage1: str = "vca",
-        stage2: str = "vca",
-        tokens_pos: str = "pool+emb",
-        tokens_neg: str = "pool+emb",
-        stage2_softmax: str = "joint",
-        local_conv: bool = True,
-        weight_init: str = "",
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, attention: str, weight_init: str = "", **kwargs: Any) -> None:
+        own = attention_options(attention)
+        options = {k: kwargs.pop(k) for k in list(kwargs) if k in own}
         if kwargs.get("dynamic_img_size"):
             raise BadInput(
-                "VCA models need a fixed token grid; build the model with the img_size you feed it "
+                f"{attention} models need a fixed token grid; build the model with the img_size you feed it "
                 "(or call set_input_size) instead of dynamic_img_size=True."
             )
         if kwargs.get("attn_layer") not in (None, "attn"):
-            raise BadInput("a VCA model sets its own attention; do not pass attn_layer.")
+            raise BadInput(f"a {attention} model sets its own attention; do not pass attn_layer.")
         super().__init__(weight_init="skip", **kwargs)
+        self.attention = attention
         for index, block in enumerate(self.blocks):
             mhsa = block.attn
             qk_norm = not isinstance(mhsa.q_norm, nn.Identity)
-            block.attn = VisualContrastAttention(
+            block.attn = build_attention(
+                attention,
                 self.embed_dim,
                 mhsa.num_heads,
                 grid_size=self.patch_embed.grid_size,
                 num_prefix_tokens=self.num_prefix_tokens,
-                contrast_tokens=contrast_tokens,
                 layer_index=index,
-                stage1=stage1,
-                stage2=stage2,
-                tokens_pos=tokens_pos,
-                tokens_neg=tokens_neg,
-                stage2_softmax=stage2_softmax,
-                local_conv=local_conv,
                 qkv_bias=mhsa.qkv.bias is not None,
                 qk_norm=qk_norm,
                 proj_bias=mhsa.proj.bias is not None,
                 attn_drop=mhsa.attn_drop.p,
                 proj_drop=mhsa.proj_drop.p,
                 norm_layer=type(mhsa.q_norm) if qk_norm else None,
+                options=options,
             )
         self.weight_init_mode = "reset" if weight_init == "skip" else weight_init
         if weight_init != "skip":
@@ -83,7 +71,15 @@ class VcaVisionTransformer(VisionTransformer):
     ) -> None:
         super().set_input_size(img_size=img_size, patch_size=patch_size)
         for block in self.blocks:
-            block.attn.set_grid_size(self.patch_embed.grid_size)
+            if hasattr(block.attn, "set_grid_size"):
+                block.attn.set_grid_size(self.patch_embed.grid_size)
+
+
+class VcaVisionTransformer(SwappedAttentionVisionTransformer):
+    """timm's ``VisionTransformer`` whose blocks use Visual-Contrast Attention."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(attention="vca", **kwargs)
 
 
 def _cfg(**kwargs: Any) -> Dict[str, Any]:
@@ -110,6 +106,8 @@ default_cfgs = generate_default_cfgs({
     "vca_deit_small_patch16_224": _cfg(),
     "diff_deit_tiny_patch16_224": _cfg(),
     "diff_deit_small_patch16_224": _cfg(),
+    "dropin_deit_tiny_patch16_224": _cfg(),
+    "dropin_deit_small_patch16_224": _cfg(),
 })
 
 # Model shapes as in DeiT (and timm's deit_*_patch16_224).
@@ -142,6 +140,25 @@ def vca_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VcaVis
 def vca_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> VcaVisionTransformer:
     """DeiT-Small with Visual-Contrast Attention in every block."""
     return _build(VcaVisionTransformer, "vca_deit_small_patch16_224", pretrained, **{**DEIT_SHAPES["small"], **kwargs})
+
+
+@register_model
+def dropin_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> SwappedAttentionVisionTransformer:
+    """DeiT-Tiny exactly, but every block's attention is ``attention=`` (any of vcarepro.attention).
+
+    The like-for-like comparison: 3 heads, class token, DeiT's head. A method's published DeiT
+    model may change more than its attention (InLine's 6 heads, Circulant's missing class token);
+    those are registered as ``<method>_deit_tiny_patch16_224`` (models/family.py).
+    """
+    return _build(SwappedAttentionVisionTransformer, "dropin_deit_tiny_patch16_224", pretrained,
+                  **{**DEIT_SHAPES["tiny"], **kwargs})
+
+
+@register_model
+def dropin_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> SwappedAttentionVisionTransformer:
+    """DeiT-Small exactly, but every block's attention is ``attention=`` (any of vcarepro.attention)."""
+    return _build(SwappedAttentionVisionTransformer, "dropin_deit_small_patch16_224", pretrained,
+                  **{**DEIT_SHAPES["small"], **kwargs})
 
 
 @register_model

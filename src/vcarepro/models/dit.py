@@ -5,10 +5,11 @@ here so that the baseline matches the original exactly (diffusers'
 ``DiTTransformer2DModel`` does not: see PITFALLS.md). The same backbone serves SiT,
 whose network is DiT's; only the training objective differs (``vcarepro.train``).
 
-Per block the attention is one of
+Per block the attention is any of ``vcarepro.attention.ATTENTIONS``:
     "mhsa"  timm's ``Attention`` (the original DiT),
     "vca"   Visual-Contrast Attention on the patch grid (no prefix tokens),
-    "diff"  timm's ``DiffAttention`` (the Differential Transformer).
+    "diff"  timm's ``DiffAttention`` (the Differential Transformer),
+and the rest of the family (agent, flatten, inline, circulant, mhsa+dwc) on the same grid.
 Everything else (adaLN-Zero blocks, embedders, init, fixed sin-cos positions) is
 the original's, so parameter counts of the "mhsa" variant equal the original's.
 """
@@ -20,13 +21,12 @@ from typing import Any, Dict, Mapping, Optional
 
 import torch
 import torch.nn as nn
-from timm.layers import Attention, DiffAttention, Mlp, PatchEmbed
+from timm.layers import Mlp, PatchEmbed
 
-from ..attention import VisualContrastAttention
-from .deit import VCA_OPTIONS
+from ..attention import ATTENTIONS, attention_options, build_attention
 from vcarepro.errors import BadInput
 
-DIT_ATTENTIONS = ("mhsa", "vca", "diff")
+DIT_ATTENTIONS = ATTENTIONS
 # Classifier-free guidance acts on the first 3 output channels, as facebookresearch/DiT and
 # willisma/SiT models.py forward_with_cfg do (`eps, rest = model_out[:, :3], model_out[:, 3:]`).
 CFG_CHANNELS = 3
@@ -97,25 +97,18 @@ class LabelEmbedder(nn.Module):
 #                                 Core DiT model                                #
 #################################################################################
 
-def build_attention(
+def dit_attention(
     attention: str,
     hidden_size: int,
     num_heads: int,
     *,
     block_index: int,
     grid_size: int,
-    vca_options: Mapping[str, Any],
+    options: Mapping[str, Any],
 ) -> nn.Module:
-    """The attention layer of block ``block_index``; qkv bias on, as in DiT."""
-    if attention == "mhsa":
-        return Attention(hidden_size, num_heads=num_heads, qkv_bias=True)
-    if attention == "vca":
-        # DiT has no class token: the tokens are exactly the patch grid.
-        return VisualContrastAttention(hidden_size, num_heads, grid_size=grid_size, num_prefix_tokens=0,
-                                       layer_index=block_index, qkv_bias=True, **vca_options)
-    if attention == "diff":
-        return DiffAttention(hidden_size, num_heads=num_heads, qkv_bias=True, depth=block_index)
-    raise BadInput(f"unknown attention {attention!r}; choose one of {', '.join(map(repr, DIT_ATTENTIONS))}.")
+    """The attention layer of block ``block_index``; qkv bias on, as in DiT. No prefix tokens: the grid is all."""
+    return build_attention(attention, hidden_size, num_heads, grid_size=grid_size, num_prefix_tokens=0,
+                           layer_index=block_index, qkv_bias=True, options=options)
 
 
 class DiTBlock(nn.Module):
@@ -172,10 +165,10 @@ class DiT(nn.Module):
         num_classes: int = 1000,
         learn_sigma: bool = True,
         attention: str = "mhsa",
-        vca_options: Optional[Mapping[str, Any]] = None,
+        attention_options: Optional[Mapping[str, Any]] = None,
     ) -> None:
         super().__init__()
-        vca_options = _checked_vca_options(attention, vca_options)
+        attention_options = _checked_options(attention, attention_options)
         if input_size % patch_size:
             raise BadInput(f"input_size={input_size} is not divisible by patch_size={patch_size}.")
         self.learn_sigma = learn_sigma
@@ -197,8 +190,8 @@ class DiT(nn.Module):
         self.blocks = nn.ModuleList([
             DiTBlock(
                 hidden_size, num_heads,
-                build_attention(attention, hidden_size, num_heads, block_index=i, grid_size=grid_size,
-                                vca_options=vca_options),
+                dit_attention(attention, hidden_size, num_heads, block_index=i, grid_size=grid_size,
+                              options=attention_options),
                 mlp_ratio=mlp_ratio,
             )
             for i in range(depth)
@@ -272,15 +265,17 @@ class DiT(nn.Module):
         return torch.cat([torch.cat([half_eps, half_eps], dim=0), rest], dim=1)
 
 
-def _checked_vca_options(attention: str, vca_options: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+def _checked_options(attention: str, options: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
     if attention not in DIT_ATTENTIONS:
         raise BadInput(f"unknown attention {attention!r}; choose one of {', '.join(map(repr, DIT_ATTENTIONS))}.")
-    options = dict(vca_options or {})
-    if options and attention != "vca":
-        raise BadInput(f"{', '.join(sorted(options))} only apply to attention='vca', not {attention!r}; remove them.")
-    unknown = sorted(set(options) - set(VCA_OPTIONS))
+    options = dict(options or {})
+    known = attention_options(attention)
+    if options and not known:
+        raise BadInput(f"{', '.join(sorted(options))} do not apply to attention {attention!r}, which has no options; "
+                       f"remove them.")
+    unknown = sorted(set(options) - set(known))
     if unknown:
-        raise BadInput(f"unknown VCA option(s) {', '.join(unknown)}; choose from {', '.join(VCA_OPTIONS)}.")
+        raise BadInput(f"unknown {attention} option(s) {', '.join(unknown)}; choose from {', '.join(known)}.")
     return options
 
 
@@ -337,23 +332,27 @@ _DIT_ARGS = tuple(p for p in inspect.signature(DiT.__init__).parameters if p != 
 def create_dit(arch: str, attention: str = "mhsa", **overrides: Any) -> DiT:
     """Build ``arch`` (a DIT_CONFIGS key) with ``attention``; overrides replace any DiT argument.
 
-    VCA knobs may be given flat (``contrast_tokens=16``) or as ``vca_options={...}``.
+    The attention's knobs may be given flat (``contrast_tokens=16``) or as ``attention_options={...}``.
     """
     if arch not in DIT_CONFIGS:
         raise BadInput(f"unknown DiT arch {arch!r}; choose one of {', '.join(map(repr, DIT_CONFIGS))}.")
     if attention not in DIT_ATTENTIONS:
         raise BadInput(f"unknown attention {attention!r}; choose one of {', '.join(map(repr, DIT_ATTENTIONS))}.")
-    vca_options = dict(overrides.pop("vca_options", None) or {})
-    for name in VCA_OPTIONS:
+    options = dict(overrides.pop("attention_options", None) or {})
+    for name in attention_options(attention):
         if name in overrides:
-            if name in vca_options:
-                raise BadInput(f"{name} given both flat and in vca_options; give it once.")
-            vca_options[name] = overrides.pop(name)
+            if name in options:
+                raise BadInput(f"{name} given both flat and in attention_options; give it once.")
+            options[name] = overrides.pop(name)
+    stray = sorted(set(overrides) & {o for a in ATTENTIONS for o in attention_options(a)})
+    if stray:
+        raise BadInput(f"{', '.join(stray)} {'does' if len(stray) == 1 else 'do'} not apply to attention "
+                       f"{attention!r}; remove {'it' if len(stray) == 1 else 'them'}.")
     unknown = sorted(set(overrides) - set(_DIT_ARGS))
     if unknown:
         raise BadInput(f"unknown DiT argument(s) {', '.join(unknown)}; choose from {', '.join(_DIT_ARGS)}.")
     kwargs = {**DIT_CONFIGS[arch], **overrides}
-    return DiT(attention=attention, vca_options=vca_options, **kwargs)
+    return DiT(attention=attention, attention_options=options, **kwargs)
 
 
 __all__ = ["DIT_ATTENTIONS", "DIT_CONFIGS", "DiT", "DiTBlock", "FinalLayer", "LabelEmbedder", "TimestepEmbedder",

@@ -44,10 +44,10 @@ def recipes_collapse(params: Dict[str, Any]) -> bool:
 
 
 def run_recipe(params: Dict[str, Any], branch: str, name: str) -> Dict[str, Any]:
-    """Everything that defines one run as it trains: recipe (with its overrides), shape, VCA options, sampling."""
+    """Everything that defines one run as it trains: recipe (with its overrides), shape, attention options, sampling."""
     run = cls_run(params, name) if branch == "cls" else gen_run(params, name)
-    shape, options = model_options(run.model.get("attention"), run.model.get("vca"), run.shape)
-    out = {"recipe": run.recipe, "shape": shape, "vca": options or {}}
+    shape, options = model_options(run.model.get("attention"), run.model.get("options"), run.shape)
+    out = {"recipe": run.recipe, "shape": shape, "options": options}
     if branch == "cls":
         out["recipe_name"] = run.recipe_name
     if branch == "gen":

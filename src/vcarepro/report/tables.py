@@ -407,15 +407,15 @@ def runs_frame(results: Dict[str, RunResult], runs: Dict[str, Any], models: Dict
                keys: List[str], shape: Dict[str, Any]) -> pd.DataFrame:
     """Every run of a branch: its model, seeds and aggregated metrics.
 
-    VCA options are the ones the run actually used: the model's, with the scale's
+    Attention options are the ones the run actually used: the model's, with the scale's
     contrast-token count (``shape``) in place of the paper-shape one.
     """
     records = []
     for name, run in runs.items():
         spec = models.get(run["model"], {})
-        _, options = model_options(spec.get("attention"), spec.get("vca"), shape)
+        _, options = model_options(spec.get("attention"), spec.get("options"), shape)
         record = {"run": name, "model": run["model"], "attention": spec.get("attention"),
-                  "VCA options": ", ".join(f"{k}={v}" for k, v in (options or {}).items()),
+                  "attention options": ", ".join(f"{k}={v}" for k, v in (options or {}).items()),
                   "seeds": ", ".join(map(str, run["seeds"]))}
         if "objective" in run:
             record["objective"] = run["objective"]

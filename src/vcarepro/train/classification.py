@@ -48,13 +48,19 @@ class ClassifierSpec:
 
     arch: str
     attention: str
-    vca: Dict[str, Any]
+    options: Dict[str, Any]
     shape: Dict[str, Any]
 
+    @classmethod
+    def for_run(cls, run, shape: Dict[str, Any] = None) -> "ClassifierSpec":
+        """The spec of a pipeline run (``pipeline.ClsRun``); ``shape`` replaces the scale's shape overrides."""
+        return cls(run.model["arch"], run.model["attention"], run.model.get("options") or {},
+                   run.shape if shape is None else shape)
+
     def create(self, num_classes: int, drop_path: float = 0.0) -> nn.Module:
-        shape, options = model_options(self.attention, self.vca, self.shape)
+        shape, options = model_options(self.attention, self.options, self.shape)
         return create_classifier(self.arch, self.attention, num_classes=num_classes,
-                                 drop_path_rate=drop_path, **shape, **(options or {}))
+                                 drop_path_rate=drop_path, **shape, **options)
 
 
 def build_transforms(recipe: Dict[str, Any], training: bool):

@@ -38,15 +38,19 @@ from vcarepro.errors import BadInput, MissingInput
 class GeneratorSpec:
     arch: str
     attention: str
-    vca: Dict[str, Any]
+    options: Dict[str, Any]
     shape: Dict[str, Any]
 
+    @classmethod
+    def for_run(cls, run, shape: Dict[str, Any] = None) -> "GeneratorSpec":
+        """The spec of a pipeline run (``pipeline.GenRun``); ``shape`` replaces the scale's shape overrides."""
+        return cls(run.model["arch"], run.model["attention"], run.model.get("options") or {},
+                   run.shape if shape is None else shape)
+
     def create(self, *, learn_sigma: bool = True, class_dropout_prob: float = 0.1) -> nn.Module:
-        shape, options = model_options(self.attention, self.vca, self.shape)
-        kwargs = dict(shape, learn_sigma=learn_sigma, class_dropout_prob=class_dropout_prob)
-        if options is not None:
-            kwargs["vca_options"] = options
-        return create_dit(self.arch, self.attention, **kwargs)
+        shape, options = model_options(self.attention, self.options, self.shape)
+        return create_dit(self.arch, self.attention, learn_sigma=learn_sigma, class_dropout_prob=class_dropout_prob,
+                          attention_options=options, **shape)
 
 
 def make_objective(objective: str, flow_path: str = "linear"):

@@ -1,0 +1,381 @@
+"""Agent Attention.
+
+Paper: "Agent Attention: On the Integration of Softmax and Linear Attention",
+Han et al., ECCV 2024, arXiv 2312.08874. Official code: LeapLabTHU/Agent-Attention,
+``agent_transformer/models/agent_deit.py`` (``AgentAttention``, the DeiT layer
+with a class token); the Swin and PVT layers (``agent_swin.py``, ``agent_pvt.py``)
+are the same without one.
+
+Tokens ``x`` of shape (B, N, C) are ``num_prefix_tokens`` prefix tokens (DeiT's
+class token) followed by the row-major H x W patch grid. Per head (head dim d):
+
+    a = adaptive avg-pool of the patch-grid queries to an h x w grid (n = h * w agent tokens)
+    agent aggregation  (n x N):  S = softmax(a k^T / sqrt(d) + B_an),   v_a = S v
+    agent broadcast    (N x n):  T = softmax(q a^T / sqrt(d) + B_na),   o = T v_a
+
+so the cost is O(N n C) instead of MHSA's O(N^2 C). A depthwise k x k
+convolution of v on the patch grid is added to the patch outputs; heads are
+concatenated and projected.
+
+Class token (the official DeiT layer): it is neither pooled into the agents nor
+convolved, but it is an ordinary key/value in the aggregation and an ordinary
+query in the broadcast, with a learned bias of its own per head and agent
+(official ``ac_bias`` / ``ca_bias``). Here that is generalised to any number P of
+prefix tokens, each with its own (head, agent) bias in both directions; P = 1 is
+the official layer, P = 0 (DiT, Swin, PVT) has no such biases.
+
+Position biases (all learned, per head and agent; official names in brackets):
+    B_an[a, (r, c)] = up(agent_patch_bias)[a, r, c] + agent_row_bias[a, r] + agent_col_bias[a, c]
+    B_na[(r, c), a] = up(patch_agent_bias)[a, r, c] + row_agent_bias[r, a] + col_agent_bias[c, a]
+    B_an[a, p]      = agent_prefix_bias[a, p],   B_na[p, a] = prefix_agent_bias[p, a]
+``up`` is bilinear resizing (align_corners=False) of a fixed 7 x 7 grid to H x W,
+done in every forward (official ``an_bias`` / ``na_bias``), so it follows any grid.
+The row / column biases (official ``ah_bias``, ``aw_bias``, ``ha_bias``, ``wa_bias``)
+have one entry per patch row / column: the official code sizes them to its
+window (``img_size // patch_size``, 14 on DeiT at 224). Here they are sized to
+``grid_size`` at construction (16 for DiT's 16 x 16 latent grid) and, when the
+grid changes (``set_grid_size``) or a state dict saved at another grid is loaded,
+they are resized by 1-D linear interpolation (align_corners=False), which is
+what the official ``load_pretrained`` (``agent_transformer/utils.py``) does to
+fine-tune at another resolution. The parameter count therefore grows with the
+grid, as the published Agent-DeiT-S does (22.7M at 224, 23.1M at 448).
+
+The official layer reads its grid as sqrt(N) x sqrt(N); this one takes (H, W), so
+non-square grids and non-square agent grids work. Pooling is PyTorch's adaptive
+average pooling, as the official ``nn.AdaptiveAvgPool2d``; an agent grid larger
+than the patch grid would repeat queries and is refused.
+
+Both softmaxes are normalised, so unlike kernelised linear attentions there are
+no unbounded kernel sums to overflow in bf16; the biases are built in float32.
+
+Two numerically equivalent paths: the fused path runs both products through
+``F.scaled_dot_product_attention`` with the biases as additive masks and pools
+with ``F.adaptive_avg_pool2d``; the reference path materialises the n x N and
+N x n attention maps with the biases added to the logits, and pools with an
+explicit window-averaging matrix. Tests hold them equal.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Optional, Sequence, Tuple, Type, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.layers import trunc_normal_, use_fused_attn
+from vcarepro.attention.vca import adaptive_windows, patch_grid
+from vcarepro.errors import BadInput
+
+# Agent tokens per layer: ``AgentAttention(agent_num=49)`` in agent_deit.py, and
+# ``AGENT.NUM: 49-49-49-49`` in cfgs/agent_deit_t.yaml and agent_deit_s.yaml (81 for DeiT-B).
+AGENT_TOKENS = 49
+# Depthwise conv on v: ``nn.Conv2d(dim, dim, kernel_size=(3, 3), padding=1, groups=dim)`` in agent_deit.py.
+DWC_KERNEL = 3
+# Side of the coarse agent<->patch bias grids: ``an_bias`` / ``na_bias`` are
+# (num_heads, agent_num, 7, 7) in agent_deit.py (and agent_swin.py, agent_pvt.py),
+# whatever the agent count or window, and are resized bilinearly to the window.
+COARSE_BIAS_SIDE = 7
+# Every bias starts at ``trunc_normal_(std=.02)`` in agent_deit.py; the conv keeps PyTorch's default init.
+BIAS_INIT_STD = 0.02
+
+# Our parameter name -> the official one in agent_deit.py (same shapes, so a checkpoint converts by renaming;
+# the prefix biases have P = 1 columns there).
+OFFICIAL_NAMES = {
+    "agent_patch_bias": "an_bias",
+    "patch_agent_bias": "na_bias",
+    "agent_row_bias": "ah_bias",
+    "agent_col_bias": "aw_bias",
+    "row_agent_bias": "ha_bias",
+    "col_agent_bias": "wa_bias",
+    "agent_prefix_bias": "ac_bias",
+    "prefix_agent_bias": "ca_bias",
+    "local_conv": "dwc",
+}
+# Biases with one entry per patch row (axis 3) or column (axis 3 / 4 as below): name -> (axis, "rows" | "cols").
+_GRID_BIASES = {
+    "agent_row_bias": (3, "rows"),   # (1, heads, n, H, 1)
+    "agent_col_bias": (4, "cols"),   # (1, heads, n, 1, W)
+    "row_agent_bias": (2, "rows"),   # (1, heads, H, 1, n)
+    "col_agent_bias": (3, "cols"),   # (1, heads, 1, W, n)
+}
+
+
+def agent_grid(value: Union[int, Sequence[int]]) -> Tuple[int, int]:
+    """A square number of agent tokens (49 -> 7x7) or an explicit (h, w) agent grid."""
+    if isinstance(value, int):
+        side = math.isqrt(max(value, 0))
+        if value < 1 or side * side != value:
+            raise BadInput(
+                f"agent_tokens={value} is not a square number; pass a square count such as 49 "
+                f"or an explicit (h, w) grid such as (7, 7)."
+            )
+        return (side, side)
+    h, w = (int(v) for v in value)
+    if h < 1 or w < 1:
+        raise BadInput(f"agent_tokens={tuple(value)} has an empty side; give a grid of at least 1x1 such as (7, 7).")
+    return (h, w)
+
+
+def pooling_matrix(grid: Tuple[int, int], pooled: Tuple[int, int]) -> torch.Tensor:
+    """(h*w, H*W) float64 matrix whose row (i, j) averages the adaptive window (i, j) of a row-major H x W grid.
+
+    Built in float64 (VCA's float32 matrix rounds 1/30 and the like), so the reference path is exact in float64.
+    """
+    (H, W), (h, w) = grid, pooled
+    matrix = torch.zeros(h, w, H, W, dtype=torch.float64)
+    for i, (r0, r1) in enumerate(adaptive_windows(H, h)):
+        for j, (c0, c1) in enumerate(adaptive_windows(W, w)):
+            matrix[i, j, r0:r1, c0:c1] = 1.0 / ((r1 - r0) * (c1 - c0))
+    return matrix.reshape(h * w, H * W)
+
+
+def resize_along(tensor: torch.Tensor, axis: int, size: int) -> torch.Tensor:
+    """1-D linear resize (align_corners=False) of ``tensor`` along ``axis``, computed in float32 at least."""
+    if tensor.shape[axis] == size:
+        return tensor
+    moved = tensor.movedim(axis, -1)
+    flat = moved.reshape(1, -1, moved.shape[-1]).to(torch.promote_types(tensor.dtype, torch.float32))
+    out = F.interpolate(flat, size=size, mode="linear", align_corners=False)
+    return out.reshape(*moved.shape[:-1], size).movedim(-1, axis).to(tensor.dtype)
+
+
+class AgentAttention(nn.Module):
+    """Agent Attention, a drop-in replacement for timm's ``Attention``.
+
+    Like VCA it needs the token layout: ``grid_size`` (H, W) of the patch grid and
+    ``num_prefix_tokens`` in front of it. ``dwc_kernel=0`` drops the depthwise
+    convolution and ``position_bias=False`` drops every bias (the paper's ablations).
+    """
+
+    fused_attn: bool
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *,
+        grid_size: Union[int, Sequence[int]],
+        num_prefix_tokens: int = 1,
+        layer_index: int = 0,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: Optional[Type[nn.Module]] = None,
+        agent_tokens: Union[int, Sequence[int]] = AGENT_TOKENS,
+        dwc_kernel: int = DWC_KERNEL,
+        position_bias: bool = True,
+        coarse_bias_side: int = COARSE_BIAS_SIDE,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise BadInput(f"dim={dim} is not divisible by num_heads={num_heads}; pick a head count that divides it.")
+        if num_prefix_tokens < 0:
+            raise BadInput(f"num_prefix_tokens={num_prefix_tokens} must be >= 0.")
+        if dwc_kernel < 0 or (dwc_kernel and dwc_kernel % 2 == 0):
+            raise BadInput(
+                f"dwc_kernel={dwc_kernel} must be 0 (no depthwise convolution) or odd such as 3, "
+                f"so that the convolution keeps the grid size."
+            )
+        if coarse_bias_side < 1:
+            raise BadInput(f"coarse_bias_side={coarse_bias_side} must be at least 1 (the official value is 7).")
+        if qk_norm and norm_layer is None:
+            raise BadInput("qk_norm=True needs a norm_layer (e.g. nn.LayerNorm).")
+
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.num_prefix_tokens = num_prefix_tokens
+        self.layer_index = layer_index  # accepted for the common interface; agent attention does not vary with depth
+        self.agent_grid = agent_grid(agent_tokens)
+        self.num_agents = self.agent_grid[0] * self.agent_grid[1]
+        self.dwc_kernel = dwc_kernel
+        self.attn_drop_p = attn_drop
+        self.fused_attn = use_fused_attn()
+        self.grid_size = self._validated_grid(grid_size)
+
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.local_conv = (
+            nn.Conv2d(dim, dim, dwc_kernel, padding=dwc_kernel // 2, groups=dim) if dwc_kernel else None
+        )
+
+        heads, n, P = num_heads, self.num_agents, num_prefix_tokens
+        (H, W), s = self.grid_size, coarse_bias_side
+        self.position_bias = position_bias
+        if position_bias:
+            self.agent_patch_bias = nn.Parameter(torch.empty(heads, n, s, s))
+            self.patch_agent_bias = nn.Parameter(torch.empty(heads, n, s, s))
+            self.agent_row_bias = nn.Parameter(torch.empty(1, heads, n, H, 1))
+            self.agent_col_bias = nn.Parameter(torch.empty(1, heads, n, 1, W))
+            self.row_agent_bias = nn.Parameter(torch.empty(1, heads, H, 1, n))
+            self.col_agent_bias = nn.Parameter(torch.empty(1, heads, 1, W, n))
+            self.agent_prefix_bias = nn.Parameter(torch.empty(1, heads, n, P)) if P else None
+            self.prefix_agent_bias = nn.Parameter(torch.empty(1, heads, P, n)) if P else None
+
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.init_weights()
+
+    # -- construction helpers -------------------------------------------------
+
+    def _validated_grid(self, grid_size: Union[int, Sequence[int]]) -> Tuple[int, int]:
+        H, W = patch_grid(grid_size)
+        h, w = self.agent_grid
+        if h > H or w > W:
+            raise BadInput(
+                f"the {h}x{w} agent grid is larger than the {H}x{W} patch grid, so pooling would repeat queries; "
+                f"choose at most {min(H, W) ** 2} agent tokens (e.g. agent_tokens={min(H, W) ** 2}) or a larger input."
+            )
+        # the reference path's pooling matrix; a buffer so it follows .to(device), not saved in state dicts
+        self.register_buffer("_pool_matrix", pooling_matrix((H, W), (h, w)), persistent=False)
+        return (H, W)
+
+    def _grid_bias_names(self):
+        return list(_GRID_BIASES) if self.position_bias else []
+
+    def set_grid_size(self, grid_size: Union[int, Sequence[int]]) -> None:
+        """Follow a change of input resolution (timm's ``set_input_size``).
+
+        The coarse 7x7 biases follow by themselves; the row / column biases are
+        resized by linear interpolation, as the official ``load_pretrained`` does.
+        """
+        self.grid_size = self._validated_grid(grid_size)
+        H, W = self.grid_size
+        for name in self._grid_bias_names():
+            axis, kind = _GRID_BIASES[name]
+            old = getattr(self, name)
+            with torch.no_grad():
+                new = resize_along(old.detach(), axis, H if kind == "rows" else W)
+            if new.shape != old.shape:
+                setattr(self, name, nn.Parameter(new, requires_grad=old.requires_grad))
+
+    def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        # A checkpoint saved at another grid: resize its row / column biases to this grid, as the
+        # official load_pretrained (agent_transformer/utils.py) does before loading.
+        H, W = self.grid_size
+        for name in self._grid_bias_names():
+            key = prefix + name
+            axis, kind = _GRID_BIASES[name]
+            saved = state_dict.get(key)
+            if isinstance(saved, torch.Tensor) and saved.dim() == 5:
+                state_dict[key] = resize_along(saved, axis, H if kind == "rows" else W)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def init_weights(self) -> None:
+        """Initialise the biases as the official layer (timm's ViT init then handles the Linears)."""
+        if self.position_bias:
+            for name in OFFICIAL_NAMES:
+                p = getattr(self, name)
+                if isinstance(p, nn.Parameter):
+                    trunc_normal_(p, std=BIAS_INIT_STD)
+
+    def extra_repr(self) -> str:
+        return (
+            f"grid_size={self.grid_size}, agent_grid={self.agent_grid}, prefix={self.num_prefix_tokens}, "
+            f"dwc_kernel={self.dwc_kernel}, position_bias={self.position_bias}"
+        )
+
+    # -- pieces shared by both paths ------------------------------------------
+
+    def _check_tokens(self, N: int) -> None:
+        H, W = self.grid_size
+        if N != self.num_prefix_tokens + H * W:
+            raise BadInput(
+                f"Agent attention got {N} tokens but expects {self.num_prefix_tokens} prefix + {H}x{W} grid = "
+                f"{self.num_prefix_tokens + H * W}; build the model for this input size (img_size / patch_size)."
+            )
+
+    def position_biases(self) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """(B_an, B_na): additive logits (float32 at least) of shape (1, heads, n, N) and (1, heads, N, n); None if off.
+
+        Token order along N is the input's: prefix tokens first, then the row-major patch grid.
+        """
+        if not self.position_bias:
+            return None, None
+        heads, n, P = self.num_heads, self.num_agents, self.num_prefix_tokens
+        H, W = self.grid_size
+        dtype = torch.promote_types(self.agent_patch_bias.dtype, torch.float32)  # bf16 parameters: sum in fp32
+        # the row / column biases are sized to the grid (set_grid_size keeps them so)
+        rows_a, cols_a = self.agent_row_bias.to(dtype), self.agent_col_bias.to(dtype)
+        rows_n, cols_n = self.row_agent_bias.to(dtype), self.col_agent_bias.to(dtype)
+        coarse_an = F.interpolate(self.agent_patch_bias.to(dtype), size=(H, W), mode="bilinear", align_corners=False)
+        coarse_na = F.interpolate(self.patch_agent_bias.to(dtype), size=(H, W), mode="bilinear", align_corners=False)
+        agent_to_patch = coarse_an.reshape(1, heads, n, H * W) + (rows_a + cols_a).reshape(1, heads, n, H * W)
+        patch_to_agent = (coarse_na.reshape(1, heads, n, H * W).transpose(-1, -2)
+                          + (rows_n + cols_n).reshape(1, heads, H * W, n))
+        if P:
+            agent_to_patch = torch.cat([self.agent_prefix_bias.to(dtype), agent_to_patch], dim=-1)
+            patch_to_agent = torch.cat([self.prefix_agent_bias.to(dtype), patch_to_agent], dim=-2)
+        return agent_to_patch, patch_to_agent
+
+    def agents(self, q: torch.Tensor, reference: bool = False) -> torch.Tensor:
+        """The n agent tokens (B, heads, n, d): adaptive average pooling of the patch-grid queries."""
+        B = q.shape[0]
+        (H, W), (h, w) = self.grid_size, self.agent_grid
+        patches = q[:, :, self.num_prefix_tokens:]
+        if reference:  # each agent the plain mean of its window
+            return self._pool_matrix.to(q) @ patches
+        grid = patches.transpose(-1, -2).reshape(B * self.num_heads, self.head_dim, H, W)
+        pooled = F.adaptive_avg_pool2d(grid, (h, w))
+        return pooled.reshape(B, self.num_heads, self.head_dim, h * w).transpose(-1, -2)
+
+    def _local(self, v: torch.Tensor) -> torch.Tensor:
+        # v: (B, heads, N, d) -> depthwise conv on the patch grid -> (B, H*W, C)
+        B = v.shape[0]
+        H, W = self.grid_size
+        grid = v[:, :, self.num_prefix_tokens:].transpose(-1, -2).reshape(B, self.dim, H, W)
+        return self.local_conv(grid).flatten(2).transpose(1, 2)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor],
+                reference: bool) -> torch.Tensor:
+        """softmax(q k^T / sqrt(d) + bias) v: materialised for the reference path, SDPA otherwise."""
+        if bias is not None:
+            bias = bias.to(q.dtype)
+        if reference:
+            logits = (q * self.scale) @ k.transpose(-2, -1)
+            if bias is not None:
+                logits = logits + bias
+            return self.attn_drop(logits.softmax(dim=-1)) @ v
+        dropout_p = self.attn_drop_p if self.training else 0.0
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=self.scale)
+
+    # -- forward ----------------------------------------------------------------------
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: Optional[torch.Tensor] = None,
+        is_causal: bool = False,
+        reference: Optional[bool] = None,
+    ) -> torch.Tensor:
+        """``attn_mask`` / ``is_causal`` are accepted for timm's ``Block`` and must be unset.
+
+        ``reference=True`` forces the materialised-map path, ``False`` the fused one;
+        the default follows timm's ``use_fused_attn()``.
+        """
+        if attn_mask is not None or is_causal:
+            raise BadInput(
+                "Agent attention does not support attention masks or causal attention; call it with neither."
+            )
+        B, N, C = x.shape
+        self._check_tokens(N)
+        reference = (not self.fused_attn) if reference is None else reference
+
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        agents = self.agents(q, reference)
+        agent_to_token, token_to_agent = self.position_biases()
+
+        agent_v = self._attend(agents, k, v, agent_to_token, reference)   # aggregation: n x N map
+        out = self._attend(q, agents, agent_v, token_to_agent, reference)  # broadcast: N x n map
+        out = out.transpose(1, 2).reshape(B, N, C)
+
+        if self.local_conv is not None:
+            P = self.num_prefix_tokens
+            out = torch.cat([out[:, :P], out[:, P:] + self._local(v)], dim=1)
+        return self.proj_drop(self.proj(out))

@@ -1,0 +1,387 @@
+"""Circulant Attention (CA).
+
+Paper: "Vision Transformers are Circulant Attention Learners", Han, Li, Wang, Huang,
+AAAI 2026, arXiv 2512.21542. Official code: LeapLabTHU/Circulant-Attention,
+``models/ca_deit.py`` (``CirculantAttention``, its ``Block`` and ``VisionTransformer``).
+
+Tokens ``x`` of shape (B, N, C) are ``num_prefix_tokens`` prefix tokens followed by
+the row-major H x W patch grid (M = H * W patches). Grid positions add cyclically:
+for n = (r, c) and s = (sr, sc), n + s = ((r + sr) mod H, (c + sc) mod W).
+
+Self-attention is replaced by attention whose matrix is block circulant with
+circulant blocks (BCCB): row i of A is row 0 shifted by i, so A[i, j] = a[j - i]
+for a kernel a over the M cyclic shifts. Per group of d channels (d = ``head_dim``):
+
+    q, k, v = x Wq, x Wk, x Wv                     (no bias in the official layer)
+    l[s]    = rho * sum_{c in group} sum_n q_c[n] k_c[n + s] / sqrt(d)     (cross-correlation)
+    a       = softmax over the M shifts s of l
+    o_c[i]  = sum_s a[s] v_c[i + s]          i.e.  o_c = A v_c,  A[i, j] = a[j - i]
+    y       = proj(o * SiLU(x Wg + bg))       (the gate; ``gate=False`` drops it)
+
+l[s] / rho is the mean of the logits q_i . k_j / sqrt(d) along the cyclic diagonal
+j - i = s, times M: l / (rho M) is the orthogonal (Frobenius-nearest) projection of
+q k^T / sqrt(d) onto BCCB matrices, and A is the row softmax of that BCCB logit matrix
+(a row softmax of a BCCB matrix is BCCB). The factor rho (``logit_divisor``):
+
+    "sqrt_n" (default): rho = M^-1/2, what ca_deit.py computes: rfft2(x, norm='ortho'),
+              then irfft2(conj(Q) K, norm='ortho'), whose product is M^-1/2 times the
+              plain correlation sum. The code comment there says it implements the
+              paper's 1/N; it does not: its logits are sqrt(M) (14 at 224 / patch 16)
+              times those of the equation.
+    "n":      rho = 1 / M, the equation as the README (and paper eq. 15) writes it,
+              a = softmax(F^-1(conj(F Q) . F K) / (N sqrt(d))): exactly the BCCB projection.
+
+d = 1 is the method: the official layer uses one kernel per channel ("We use d=1 in
+practice, as discussed in Table 5", ca_deit.py); d > 1 sums the correlation over d
+channels and shares the kernel among them (the README's `. 1_{d x 1}`), an ablation.
+``num_heads`` is therefore NOT used: the official ``Block`` takes ``num_heads`` (3 for
+DeiT-T, 6 for DeiT-S) and never passes it to ``CirculantAttention``. It is accepted for
+the common constructor only; ``self.num_heads`` is the number of kernels, dim / d
+(= dim for the method), and ``self.head_dim`` is d.
+
+Fast path, O(M log M) per channel (all FFTs over the grid, torch.fft.rfft2 / irfft2):
+    Q, K, V = F(q), F(k), F(v);  l = rho F^-1(conj(Q) K) / sqrt(d);  o = F^-1(conj(F(a)) V)
+With no prefix token that needs real-domain keys it follows the official order: the FFT
+of x (C transforms), then the real qkv weights applied to the spectrum's real and
+imaginary parts (linearity; 2C transforms fewer than transforming q, k, v, but
+2 H (W//2 + 1) / (H W) times the qkv multiply-adds, 224/196 at 14x14); a qkv bias then
+enters only the zero-frequency bin (M * b). With "global" prefix tokens q, k, v are
+computed per token (the prefix queries need the patches' keys and values) and the
+patches' q, k, v transformed (3C transforms). FFTs, the
+softmax and the products run in float32 (float64 for float64 input): torch.fft has no
+bf16 on CPU, and the official ``Linear`` also casts its output to float32.
+
+Reference path: q k^T / sqrt(d) per group materialised (M x M), averaged along each
+cyclic diagonal into the BCCB logit matrix, row softmax, A v -- no FFT.
+
+Prefix tokens (DeiT's class token): the official model has none (it mean-pools the
+patches), and a token outside the grid has no place in a cyclic shift. Patch tokens
+therefore attend to the grid only (their attention to prefix tokens is 0, so the grid
+block of A is exactly the BCCB matrix). What prefix tokens do is ``prefix_attention``:
+    "global" (default): each prefix token is an ordinary query over all N tokens
+              (prefix and patches) with the same groups of d channels, softmax(q_p k^T /
+              sqrt(d)) v, so with d = 1 it is per-channel softmax attention, O(P N C);
+              the class token keeps gathering information as in DeiT.
+    "none":   prefix tokens get no attention output (only the gate, proj bias, residual
+              and MLP act on them): for models that pool the patches.
+The gate applies to every token, prefix tokens included.
+
+attn_drop drops shifts of the kernel a (the same shifts for every row, so A stays
+BCCB) and, for "global" prefix rows, ordinary attention weights; the official layer
+has no attention dropout. qk_norm is refused: with d = 1 a norm over the head
+dimension maps every query and key to a constant.
+
+``flop_counter_mapping()`` gives torch's FlopCounterMode the cost of the FFT ops, which
+it otherwise counts as zero.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, Literal, Optional, Sequence, Tuple, Type, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from vcarepro.attention.vca import patch_grid
+from vcarepro.errors import BadInput
+
+LogitDivisor = Literal["sqrt_n", "n"]
+PrefixAttention = Literal["global", "none"]
+
+LOGIT_DIVISORS = ("sqrt_n", "n")
+PREFIX_ATTENTIONS = ("global", "none")
+
+# Channels per circulant kernel, d: "We use d=1 in practice, as discussed in Table 5"
+# (comment in CirculantAttention.forward, models/ca_deit.py).
+HEAD_DIM = 1
+# Output gate SiLU(Linear(x)): ``self.gate = nn.Sequential(nn.Linear(dim, dim), nn.SiLU())``
+# in CirculantAttention.__init__, models/ca_deit.py (a biased Linear).
+GATE = True
+# Logit scale: ca_deit.py's rfft2/irfft2 with norm='ortho' give M^-1/2 times the correlation sum.
+LOGIT_DIVISOR = "sqrt_n"
+# Our choice (the official model has no prefix token); see the module docstring.
+PREFIX_ATTENTION = "global"
+
+# FLOP convention for the FFT ops: 5 n log2 n real flops per complex transform of n points
+# (n the product of the transformed sizes), half that for a real-input (r2c) or
+# real-output (c2r) transform of n real points.
+COMPLEX_FFT_FLOPS_PER_POINT_LOG2 = 5.0
+REAL_FFT_FLOPS_PER_POINT_LOG2 = 2.5
+
+
+def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise BadInput(f"unknown {name} {value!r}; choose one of {', '.join(map(repr, choices))}.")
+
+
+def shift_table(grid: Tuple[int, int]) -> torch.Tensor:
+    """(M, M) long tensor: entry [i, j] is the shift s = j - i (row-major index) on the cyclic H x W grid."""
+    H, W = grid
+    r = torch.arange(H).repeat_interleave(W)
+    c = torch.arange(W).repeat(H)
+    return ((r[None, :] - r[:, None]) % H) * W + (c[None, :] - c[:, None]) % W
+
+
+# -- FLOP counting ------------------------------------------------------------------------
+
+def _fft_flops(shape: Sequence[int], dim: Sequence[int], per_point_log2: float) -> int:
+    n = math.prod(int(shape[d]) for d in dim)
+    transforms = math.prod(int(s) for s in shape) // max(n, 1)
+    return int(round(per_point_log2 * transforms * n * math.log2(n))) if n > 1 else 0
+
+
+def _r2c_flops(self_shape, dim, normalization=None, onesided=True, out_shape=None, **kwargs) -> int:
+    return _fft_flops(self_shape, dim, REAL_FFT_FLOPS_PER_POINT_LOG2)        # n = the real input's size
+
+
+def _c2r_flops(self_shape, dim, normalization=None, last_dim_size=None, out_shape=None, **kwargs) -> int:
+    return _fft_flops(out_shape, dim, REAL_FFT_FLOPS_PER_POINT_LOG2)         # n = the real output's size
+
+
+def _c2c_flops(self_shape, dim, normalization=None, forward=True, out_shape=None, **kwargs) -> int:
+    return _fft_flops(self_shape, dim, COMPLEX_FFT_FLOPS_PER_POINT_LOG2)
+
+
+def flop_counter_mapping() -> Dict[Any, Callable[..., int]]:
+    """``custom_mapping`` for ``torch.utils.flop_counter.FlopCounterMode`` that counts the FFT ops.
+
+    Complex FFT (aten._fft_c2c): 5 n log2 n flops per transform of n points (n the product of the
+    transformed sizes); real-to-complex (_fft_r2c) and complex-to-real (_fft_c2r): 2.5 n log2 n with n
+    the real signal's size. Backward passes use the same ops, so they are counted too. The counter
+    reports flops (2 per multiply-accumulate), so these add n log2 n * 2.5 (or 1.25) "MACs".
+    """
+    aten = torch.ops.aten
+    return {aten._fft_r2c: _r2c_flops, aten._fft_c2r: _c2r_flops, aten._fft_c2c: _c2c_flops}
+
+
+# -- the layer ------------------------------------------------------------------------------
+
+class CirculantAttention(nn.Module):
+    """Circulant Attention, a drop-in replacement for timm's ``Attention`` (see the module docstring).
+
+    ``num_heads`` is accepted and ignored (the method is one kernel per channel); ``head_dim`` is the
+    number of channels sharing a kernel (1, as published). Parameter names match ca_deit.py
+    (``qkv``, ``gate.0``, ``proj``), so an official state dict loads.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *,
+        grid_size: Union[int, Sequence[int]],
+        num_prefix_tokens: int = 1,
+        layer_index: int = 0,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: Optional[Type[nn.Module]] = None,
+        head_dim: int = HEAD_DIM,
+        gate: bool = GATE,
+        logit_divisor: LogitDivisor = LOGIT_DIVISOR,
+        prefix_attention: PrefixAttention = PREFIX_ATTENTION,
+    ) -> None:
+        super().__init__()
+        if not isinstance(head_dim, int) or head_dim < 1 or dim % head_dim:
+            raise BadInput(f"head_dim={head_dim} must be a positive divisor of dim={dim}; the method uses 1.")
+        if num_prefix_tokens < 0:
+            raise BadInput(f"num_prefix_tokens={num_prefix_tokens} must be >= 0.")
+        if qk_norm:
+            raise BadInput("circulant attention does not support qk_norm (with one channel per kernel a norm over "
+                           "it makes every query and key constant); build it with qk_norm=False.")
+        _check_choice("logit_divisor", logit_divisor, LOGIT_DIVISORS)
+        _check_choice("prefix_attention", prefix_attention, PREFIX_ATTENTIONS)
+
+        self.dim = dim
+        self.head_dim = head_dim
+        self.num_heads = dim // head_dim        # kernels, not the num_heads argument (ignored)
+        self.num_prefix_tokens = num_prefix_tokens
+        self.layer_index = layer_index          # accepted for the common interface; unused
+        self.logit_divisor = logit_divisor
+        self.prefix_attention = prefix_attention
+        self.attn_drop_p = attn_drop
+        self.grid_size = self._validated_grid(grid_size)
+
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.gate = nn.Sequential(nn.Linear(dim, dim), nn.SiLU()) if gate else None
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    # -- construction helpers ---------------------------------------------------
+
+    @staticmethod
+    def _validated_grid(grid_size: Union[int, Sequence[int]]) -> Tuple[int, int]:
+        H, W = patch_grid(grid_size)
+        if H < 1 or W < 1:
+            raise BadInput(f"grid_size {(H, W)} must have positive sides.")
+        return (H, W)
+
+    def set_grid_size(self, grid_size: Union[int, Sequence[int]]) -> None:
+        """Follow a change of input resolution: nothing in the layer depends on the grid but the FFT sizes."""
+        self.grid_size = self._validated_grid(grid_size)
+
+    def init_weights(self) -> None:
+        """No parameters of its own: qkv, gate and proj are Linears, which timm's ViT init handles
+        (ca_deit.py's ``_init_vit_weights``: trunc_normal std .02, zero bias, for all three)."""
+
+    def extra_repr(self) -> str:
+        return (f"grid_size={self.grid_size}, prefix={self.num_prefix_tokens}, head_dim={self.head_dim}, "
+                f"gate={self.gate is not None}, logit_divisor={self.logit_divisor}, "
+                f"prefix_attention={self.prefix_attention}")
+
+    # -- shared pieces ----------------------------------------------------------
+
+    def _check_tokens(self, N: int) -> None:
+        H, W = self.grid_size
+        if N != self.num_prefix_tokens + H * W:
+            raise BadInput(
+                f"circulant attention got {N} tokens but expects {self.num_prefix_tokens} prefix + {H}x{W} grid = "
+                f"{self.num_prefix_tokens + H * W}; build the model for this input size (img_size / patch_size)."
+            )
+
+    def logit_scale(self) -> float:
+        """rho / sqrt(d): the factor on the plain cross-correlation sum."""
+        M = self.grid_size[0] * self.grid_size[1]
+        rho = M ** -0.5 if self.logit_divisor == "sqrt_n" else 1.0 / M
+        return rho * self.head_dim ** -0.5
+
+    @staticmethod
+    def _work_dtype(x: torch.Tensor) -> torch.dtype:
+        # float32 for bf16 / fp16 / fp32 input, float64 for float64
+        return torch.promote_types(x.dtype, torch.float32)
+
+    def _groups(self, t: torch.Tensor) -> torch.Tensor:
+        # (B, L, C) -> (B, kernels, L, d), channel c in kernel c // d
+        B, L, _ = t.shape
+        return t.reshape(B, L, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def _prefix_global(self, q_prefix: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Prefix queries over all N tokens, per group of d channels: (B, P, C)."""
+        B, P, C = q_prefix.shape
+        dropout_p = self.attn_drop_p if self.training else 0.0
+        out = F.scaled_dot_product_attention(self._groups(q_prefix), self._groups(k), self._groups(v),
+                                             dropout_p=dropout_p, scale=self.head_dim ** -0.5)
+        return out.transpose(1, 2).reshape(B, P, C)
+
+    def _finish(self, x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+        out = mixed.to(x.dtype)
+        if self.gate is not None:
+            gate = self.gate(x)
+            out = out.to(gate.dtype) * gate
+        return self.proj_drop(self.proj(out))
+
+    # -- fast path: FFTs over the grid -------------------------------------------------
+
+    def _qkv_spectrum(self, x_grid: torch.Tensor, work: torch.dtype) -> torch.Tensor:
+        """Spectra of q, k, v from the spectrum of x: (B, H, W//2+1, 3C) complex (official order)."""
+        B, H, W, C = x_grid.shape
+        spectrum = torch.fft.rfft2(x_grid.to(work), dim=(1, 2))
+        parts = torch.view_as_real(spectrum).movedim(-1, -2)          # (B, H, Wr, 2, C): real, imaginary
+        weight = self.qkv.weight
+        out = F.linear(parts.to(weight.dtype), weight).to(work)      # real weights act on both parts
+        if self.qkv.bias is not None:                                 # a constant's spectrum: M * b at frequency 0
+            dc = torch.zeros_like(out[0])
+            dc[0, 0, 0] = self.qkv.bias.to(work) * (H * W)
+            out = out + dc
+        return torch.view_as_complex(out.movedim(-2, -1).contiguous())
+
+    def _circulant_fft(self, q_f: torch.Tensor, k_f: torch.Tensor, v_f: torch.Tensor) -> torch.Tensor:
+        """o = A v on the grid from the spectra (B, H, Wr, C): returns (B, M, C) real."""
+        B, H, Wr, C = q_f.shape
+        W = self.grid_size[1]
+        G, d = self.num_heads, self.head_dim
+        corr = torch.conj(q_f) * k_f
+        if d > 1:
+            corr = corr.reshape(B, H, Wr, G, d).sum(-1)
+        logits = torch.fft.irfft2(corr, s=(H, W), dim=(1, 2)) * self.logit_scale()   # (B, H, W, G)
+        kernel = self.attn_drop(logits.reshape(B, H * W, G).softmax(dim=1))
+        kernel_f = torch.fft.rfft2(kernel.reshape(B, H, W, G), dim=(1, 2))
+        out_f = torch.conj(kernel_f).unsqueeze(-1) * v_f.reshape(B, H, Wr, G, d)
+        out = torch.fft.irfft2(out_f.reshape(B, H, Wr, C), s=(H, W), dim=(1, 2))
+        return out.reshape(B, H * W, C)
+
+    def _forward_fft(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        H, W = self.grid_size
+        P = self.num_prefix_tokens
+        work = self._work_dtype(x)
+        if P and self.prefix_attention == "global":
+            # prefix queries need the patches' keys and values per token: project, then transform q, k, v
+            qkv = self.qkv(x).to(work)
+            q, k, v = qkv.chunk(3, dim=-1)
+            spectra = torch.fft.rfft2(qkv[:, P:].reshape(B, H, W, 3 * C), dim=(1, 2))
+            grid = self._circulant_fft(*spectra.chunk(3, dim=-1))
+            prefix = self._prefix_global(q[:, :P], k, v).to(work)
+        else:
+            spectra = self._qkv_spectrum(x[:, P:].reshape(B, H, W, C), work)
+            grid = self._circulant_fft(*spectra.chunk(3, dim=-1))
+            prefix = grid.new_zeros(B, P, C)
+        return torch.cat([prefix, grid], dim=1)
+
+    # -- reference path: the attention matrix ----------------------------------------------
+
+    def attention_matrix(self, x: torch.Tensor) -> torch.Tensor:
+        """The full (B, kernels, N, N) attention matrix, built from the equations without FFTs.
+
+        Rows and columns are the input's tokens (prefix first). The patch-patch block is the row
+        softmax of the BCCB projection of q k^T / sqrt(d) (times rho M), so it is BCCB; patch rows
+        give 0 to prefix columns; prefix rows follow ``prefix_attention``.
+        """
+        return self._attention_matrix(x)[0]
+
+    def _attention_matrix(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        B, N, C = x.shape
+        self._check_tokens(N)
+        H, W = self.grid_size
+        M, P, G = H * W, self.num_prefix_tokens, self.num_heads
+        work = self._work_dtype(x)
+        q, k, v = (self._groups(t) for t in self.qkv(x).to(work).chunk(3, dim=-1))   # (B, G, N, d)
+        scores = q @ k.transpose(-2, -1) * self.head_dim ** -0.5                      # plain logits (B, G, N, N)
+
+        shifts = shift_table((H, W)).to(x.device)                                     # [i, j] -> s = j - i
+        patch_scores = scores[..., P:, P:]
+        # mean along each cyclic diagonal j - i = s: the nearest BCCB matrix (Frobenius), kernel form
+        diagonal_sum = torch.zeros(B, G, M, dtype=work, device=x.device)
+        diagonal_sum.scatter_add_(-1, shifts.reshape(1, 1, M * M).expand(B, G, -1), patch_scores.reshape(B, G, -1))
+        projected = (diagonal_sum / M)[..., shifts]                                    # BCCB (B, G, M, M)
+        rho_m = M ** 0.5 if self.logit_divisor == "sqrt_n" else 1.0                   # rho * M
+        circulant = (projected * rho_m).softmax(dim=-1)
+        if self.training and self.attn_drop_p > 0:                                    # drop kernel shifts
+            keep = self.attn_drop(torch.ones(B, G, M, dtype=work, device=x.device))
+            circulant = circulant * keep[..., shifts]
+
+        attn = scores.new_zeros(B, G, N, N)
+        attn[..., P:, P:] = circulant
+        if P and self.prefix_attention == "global":
+            attn[..., :P, :] = self.attn_drop(scores[..., :P, :].softmax(dim=-1))
+        return attn, v
+
+    def _forward_reference(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        attn, v = self._attention_matrix(x)
+        return (attn @ v).transpose(1, 2).reshape(B, N, C)
+
+    # -- forward ---------------------------------------------------------------------------
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: Optional[torch.Tensor] = None,
+        is_causal: bool = False,
+        reference: Optional[bool] = None,
+    ) -> torch.Tensor:
+        """``attn_mask`` / ``is_causal`` are accepted for timm's ``Block`` and must be unset.
+
+        Default: the FFT path; ``reference=True`` materialises the N x N attention matrix.
+        """
+        if attn_mask is not None or is_causal:
+            raise BadInput("circulant attention does not support attention masks or causal attention; "
+                           "call it with neither.")
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise BadInput(f"circulant attention expects tokens (B, N, {self.dim}), got shape {tuple(x.shape)}.")
+        self._check_tokens(x.shape[1])
+        mixed = self._forward_reference(x) if reference else self._forward_fft(x)
+        return self._finish(x, mixed)

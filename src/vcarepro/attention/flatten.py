@@ -1,0 +1,324 @@
+"""Focused Linear Attention (FLatten).
+
+Paper: "FLatten Transformer: Vision Transformer using Focused Linear Attention",
+Han, Pan, Han, Song, Huang, ICCV 2023, arXiv 2308.00442. Official code:
+LeapLabTHU/FLatten-Transformer, class ``FocusedLinearAttention`` in
+``models/flatten_swin.py`` (also ``flatten_pvt.py``, ``flatten_pvt_v2.py``,
+``flatten_cswin.py``: the same computation since commit e205a01, "fix numerical
+instability", 2024-05-28).
+
+Tokens ``x`` of shape (B, N, C) are ``num_prefix_tokens`` prefix tokens followed by
+an H x W patch grid. q, k, v = x W_qkv (full width C), then
+
+    k <- k + E                                 E: a learnable row per token (N x C)
+    a(x) = (ReLU(x) + 1e-6) / softplus(s)      s: learnable, one per channel (C)
+    phi(x) = ||a|| / ||a ** p|| * a ** p       focusing function, p = focusing_factor
+
+with the norms and the power taken over all C channels of a token, *before* the
+heads are split (as the official code does). Per head h (head dim d), with
+Q = phi(q)_h, K = phi(k)_h, V = v_h:
+
+    A = Q K^T / (rowsum(Q K^T) + N * 1e-6)     (N x N, rows sum to ~1)
+    O_h = A V
+
+Heads are concatenated, a depthwise k x k convolution of v on the patch grid is
+added ("rank restoration"; one d-channel kernel shared by all heads, as the
+official ``dwc = Conv2d(head_dim, head_dim, groups=head_dim)`` applied to
+v reshaped to (B * heads, d, H, W)), and the result is projected.
+
+Efficient path: A V = Q (K^T V) / (Q K^T 1 + N eps), associated as
+``Q @ (K^T V / N) / (Q . mean(K) + eps)``: O(N d^2) per head instead of O(N^2 d).
+Reference path: A materialised (N x N) and multiplied by V, the focusing power
+taken literally. Tests hold them equal.
+
+Numerical safety (fp16 overflow in the official code before e205a01, FLatten
+issues 15 and 18): the efficient path
+  * scales K^T V and the key sum by 1/N (the official fix: K and V each times
+    N^-1/2, the normaliser with mean(K)), so the sums do not grow with N;
+  * raises a to the power p after dividing by its largest channel (phi is
+    invariant to that rescale, and (a / max a) ** p lies in (0, 1], so the power
+    cannot overflow whatever p and the activations);
+  * computes the feature maps, K^T V, the normaliser and the product in float32
+    with autocast off whatever the input dtype (bf16/fp16), casting the result
+    back before the output projection. bf16 has float32's range, so the float32
+    island is for precision (eps = 1e-6 is below bf16's resolution near 1), fp16
+    is where the range matters.
+
+Prefix tokens (DeiT's class token): the official models have none (FLatten-PVT
+comments the class token out and mean-pools, ``flatten_pvt.py``
+``forward_features``). Here prefix tokens are ordinary queries and keys of the
+one linear attention; see ``prefix_pos_encoding`` for their key position rows.
+They have no grid position, so they get no depthwise-convolution term and
+their values do not enter the convolution (zero padding, as at the grid border).
+
+The positional encoding E has one row per token position. ``set_grid_size``
+resizes its grid rows by bicubic interpolation, as the official fine-tuning
+code resizes ``positional_encoding`` (``utils.py`` ``load_pretrained``), and
+keeps the prefix rows.
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal, Optional, Sequence, Type, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from vcarepro.attention.vca import patch_grid
+from vcarepro.errors import BadInput
+
+PosEncoding = Literal["learned", "none"]
+POS_ENCODINGS = ("learned", "none")
+
+# Focusing power p; models/flatten_swin.py FocusedLinearAttention(focusing_factor=3),
+# config.py _C.MODEL.LA.FOCUSING_FACTOR = 3 (every released model).
+FOCUSING_FACTOR = 3
+# Depthwise-conv kernel; FocusedLinearAttention(kernel_size=5), config.py _C.MODEL.LA.KERNEL_SIZE = 5.
+DWC_KERNEL = 5
+# Added after the ReLU so every feature is positive; flatten_swin.py: kernel_function(q) + 1e-6.
+FEATURE_EPS = 1e-6
+# Added to Q . mean(K); flatten_swin.py: z = 1 / (q @ k.mean(dim=-2, ...).transpose(-2, -1) + 1e-6).
+NORMALIZER_EPS = 1e-6
+# s starts at 0, so the features start divided by softplus(0) = ln 2; flatten_swin.py:
+# self.scale = nn.Parameter(torch.zeros(size=(1, 1, dim))).
+SCALE_INIT = 0.0
+# E starts at 0; flatten_swin.py: self.positional_encoding = nn.Parameter(torch.zeros(1, Wh * Ww, dim)),
+# never re-initialised (the official models' _init_weights touch only Linear and LayerNorm).
+POS_ENCODING_INIT = 0.0
+# How E follows a new grid; utils.py load_pretrained: F.interpolate(..., mode='bicubic').
+POS_ENCODING_INTERPOLATION = "bicubic"
+
+
+def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise BadInput(f"unknown {name} {value!r}; choose one of {', '.join(map(repr, choices))}.")
+
+
+def focus(a: torch.Tensor, power: float, literal: bool = False) -> torch.Tensor:
+    """phi(a) = ||a|| / ||a ** p|| * a ** p over the last dimension (a > 0).
+
+    ``literal=False`` raises a / max(a) to the power instead: the same function,
+    but the power cannot overflow.
+    """
+    norm = a.norm(dim=-1, keepdim=True)
+    base = a if literal else a / a.amax(dim=-1, keepdim=True)
+    powered = base ** power
+    return powered / powered.norm(dim=-1, keepdim=True) * norm
+
+
+class FocusedLinearAttention(nn.Module):
+    """Focused Linear Attention, a drop-in replacement for timm's ``Attention``.
+
+    It needs the token layout: ``grid_size`` (H, W) of the patch grid (for the
+    depthwise convolution and the per-position key encoding) and
+    ``num_prefix_tokens`` in front of it.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *,
+        grid_size: Union[int, Sequence[int]],
+        num_prefix_tokens: int = 1,
+        layer_index: int = 0,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: Optional[Type[nn.Module]] = None,
+        focusing_factor: float = FOCUSING_FACTOR,
+        dwc_kernel: Optional[int] = DWC_KERNEL,
+        pos_encoding: PosEncoding = "learned",
+        # The official layer has one E row per token it is given; it is never given a
+        # class token. True gives each prefix token its own learned key row (what the
+        # official table would hold for a class token in the sequence, and what DeiT's
+        # own position embedding gives it); False leaves prefix keys without one.
+        prefix_pos_encoding: bool = True,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise BadInput(f"dim={dim} is not divisible by num_heads={num_heads}; pick a head count that divides it.")
+        if num_prefix_tokens < 0:
+            raise BadInput(f"num_prefix_tokens={num_prefix_tokens} must be >= 0.")
+        if not (isinstance(focusing_factor, (int, float)) and math.isfinite(focusing_factor) and focusing_factor > 0):
+            raise BadInput(
+                f"focusing_factor={focusing_factor!r} must be a positive number (the paper uses 3; 1 is plain "
+                f"ReLU linear attention)."
+            )
+        if dwc_kernel is not None and (not isinstance(dwc_kernel, int) or dwc_kernel < 1 or dwc_kernel % 2 == 0):
+            raise BadInput(
+                f"dwc_kernel={dwc_kernel!r} must be a positive odd integer (5 in the paper) so the convolution keeps "
+                f"the grid size, or None for no depthwise convolution."
+            )
+        _check_choice("pos_encoding", pos_encoding, POS_ENCODINGS)
+        if attn_drop:
+            raise BadInput(
+                f"attn_drop={attn_drop} has nothing to drop: focused linear attention never forms its attention map "
+                f"(the official layer defines attn_drop and never applies it); use attn_drop=0."
+            )
+        if qk_norm and norm_layer is None:
+            raise BadInput("qk_norm=True needs a norm_layer (e.g. nn.LayerNorm).")
+
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.num_prefix_tokens = num_prefix_tokens
+        self.layer_index = layer_index
+        self.focusing_factor = focusing_factor
+        self.dwc_kernel = dwc_kernel
+        self.pos_encoding_kind = pos_encoding
+        self.prefix_pos_encoding = prefix_pos_encoding
+        self.grid_size = patch_grid(grid_size)
+
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        # timm's convention: a per-head norm of q and k straight after the projection (here
+        # before E is added and before the feature map).
+        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        # s and E keep the official 3-D shapes (1, 1, C) and (1, L, C): the official optimizer
+        # (optimizer.py set_weight_decay_and_lr) and timm's both exempt only 1-D parameters and
+        # biases from weight decay, so both are decayed, as in the official training.
+        self.scale = nn.Parameter(torch.empty(1, 1, dim))
+        H, W = self.grid_size
+        self.pos_encoding = (
+            nn.Parameter(torch.empty(1, self._pos_prefix_rows + H * W, dim)) if pos_encoding == "learned" else None
+        )
+        self.dwc = (
+            nn.Conv2d(self.head_dim, self.head_dim, dwc_kernel, padding=dwc_kernel // 2, groups=self.head_dim)
+            if dwc_kernel is not None else None
+        )
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.init_weights()
+
+    # -- construction helpers -------------------------------------------------
+
+    @property
+    def _pos_prefix_rows(self) -> int:
+        return self.num_prefix_tokens if self.prefix_pos_encoding else 0
+
+    def init_weights(self) -> None:
+        """The official initialisation of FLatten's own parameters (timm's ViT init handles the Linears)."""
+        nn.init.constant_(self.scale, SCALE_INIT)
+        if self.pos_encoding is not None:
+            nn.init.constant_(self.pos_encoding, POS_ENCODING_INIT)
+        if self.dwc is not None:
+            self.dwc.reset_parameters()  # PyTorch's default, which the official models leave in place
+
+    def set_grid_size(self, grid_size: Union[int, Sequence[int]]) -> None:
+        """Follow a change of input resolution: E's grid rows are resized bicubically, prefix rows kept."""
+        new = patch_grid(grid_size)
+        if min(new) < 1:
+            raise BadInput(f"grid_size={grid_size!r} must have at least one row and one column.")
+        if self.pos_encoding is not None and new != self.grid_size:
+            (H, W), (h, w), P = self.grid_size, new, self._pos_prefix_rows
+            table = self.pos_encoding.detach()
+            work = torch.float64 if table.dtype == torch.float64 else torch.float32  # no half bicubic on CPU
+            grid = table[:, P:].reshape(1, H, W, self.dim).permute(0, 3, 1, 2).to(work)
+            grid = F.interpolate(grid, size=(h, w), mode=POS_ENCODING_INTERPOLATION, align_corners=False)
+            grid = grid.permute(0, 2, 3, 1).reshape(1, h * w, self.dim).to(table.dtype)
+            self.pos_encoding = nn.Parameter(torch.cat([table[:, :P], grid], dim=1))
+        self.grid_size = new
+
+    def extra_repr(self) -> str:
+        return (
+            f"grid_size={self.grid_size}, prefix={self.num_prefix_tokens}, focusing_factor={self.focusing_factor}, "
+            f"dwc_kernel={self.dwc_kernel}, pos_encoding={self.pos_encoding_kind}, "
+            f"prefix_pos_encoding={self.prefix_pos_encoding}"
+        )
+
+    # -- pieces shared by both paths ------------------------------------------
+
+    def _check_tokens(self, N: int) -> None:
+        H, W = self.grid_size
+        if N != self.num_prefix_tokens + H * W:
+            raise BadInput(
+                f"FocusedLinearAttention got {N} tokens but expects {self.num_prefix_tokens} prefix + {H}x{W} grid = "
+                f"{self.num_prefix_tokens + H * W}; build the model for this input size (img_size / patch_size)."
+            )
+
+    def _key_encoding(self, dtype: torch.dtype) -> Optional[torch.Tensor]:
+        """E as (1, N, C) with zero rows for prefix tokens that have none; None without E."""
+        if self.pos_encoding is None:
+            return None
+        table = self.pos_encoding.to(dtype)
+        missing = self.num_prefix_tokens - self._pos_prefix_rows
+        return F.pad(table, (0, 0, missing, 0)) if missing else table
+
+    def feature_maps(self, q: torch.Tensor, k: torch.Tensor, literal: bool = False):
+        """phi(q), phi(k) over all C channels of each token, (B, N, C) in, (B, N, C) out."""
+        encoding = self._key_encoding(k.dtype)
+        if encoding is not None:
+            k = k + encoding
+        s = F.softplus(self.scale.to(q.dtype))
+        q = (F.relu(q) + FEATURE_EPS) / s
+        k = (F.relu(k) + FEATURE_EPS) / s
+        return focus(q, self.focusing_factor, literal), focus(k, self.focusing_factor, literal)
+
+    def _split_heads(self, t: torch.Tensor) -> torch.Tensor:
+        B, N, _ = t.shape
+        return t.reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def _local(self, v: torch.Tensor) -> torch.Tensor:
+        """Depthwise conv of the grid values, one kernel shared by the heads: (B, heads, N, d) -> (B, H*W, C)."""
+        B = v.shape[0]
+        H, W = self.grid_size
+        grid = v[:, :, self.num_prefix_tokens:].transpose(-1, -2).reshape(B * self.num_heads, self.head_dim, H, W)
+        local = self.dwc(grid).reshape(B, self.dim, H * W)
+        return local.transpose(1, 2)
+
+    @staticmethod
+    def _linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Q (K^T V / N) / (Q . mean(K) + eps), linear in N; each factor scaled by N^-1/2 as the official fix."""
+        N = k.shape[-2]
+        kv = (k * N ** -0.5).transpose(-2, -1) @ (v * N ** -0.5)
+        z = 1.0 / (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1) + NORMALIZER_EPS)
+        return (q @ kv) * z
+
+    def attention_map(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """The normalised N x N map Q K^T / (rowsum + N eps), per head: (B, heads, N, N)."""
+        scores = q @ k.transpose(-2, -1)
+        return scores / (scores.sum(dim=-1, keepdim=True) + k.shape[-2] * NORMALIZER_EPS)
+
+    # -- forward ----------------------------------------------------------------------
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: Optional[torch.Tensor] = None,
+        is_causal: bool = False,
+        reference: Optional[bool] = None,
+    ) -> torch.Tensor:
+        """``attn_mask`` / ``is_causal`` are accepted for timm's ``Block`` and must be unset.
+
+        ``reference=True`` materialises the N x N map; the default is the linear association.
+        """
+        if attn_mask is not None or is_causal:
+            raise BadInput(
+                "FocusedLinearAttention does not support attention masks or causal attention; call it with neither."
+            )
+        B, N, C = x.shape
+        self._check_tokens(N)
+
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        # the feature maps mix all heads' channels, so they work on (B, N, C)
+        q, k = (t.transpose(1, 2).reshape(B, N, C) for t in (q, k))
+
+        # float32 island (float64 stays float64): see the module docstring
+        work = torch.float64 if x.dtype == torch.float64 else torch.float32
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            fq, fk = self.feature_maps(q.to(work), k.to(work), literal=bool(reference))
+            fq, fk, vw = self._split_heads(fq), self._split_heads(fk), v.to(work)
+            if reference:
+                out = self.attention_map(fq, fk) @ vw
+            else:
+                out = self._linear(fq, fk, vw)
+        out = out.to(v.dtype).transpose(1, 2).reshape(B, N, C)
+
+        if self.dwc is not None:
+            P = self.num_prefix_tokens
+            out = torch.cat([out[:, :P], out[:, P:] + self._local(v)], dim=1)
+        return self.proj_drop(self.proj(out))

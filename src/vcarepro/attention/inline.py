@@ -1,0 +1,292 @@
+"""InLine attention: injective linear attention with a local attention residual.
+
+Paper: "Bridging the Divide: Reconsidering Softmax and Linear Attention",
+Han et al., NeurIPS 2024, arXiv 2412.06590. Official code: LeapLabTHU/InLine,
+``models/inline_deit.py`` (``InLineAttention``); the Swin / PVT / CSWin files
+hold the same layer without a class token.
+
+Tokens ``x`` of shape (B, N, C) are ``num_prefix_tokens`` prefix tokens (the
+class token) followed by an H x W patch grid. Per head (head dim d), with a
+kernel phi (the identity in every published model) and s = d^-1/2 / N:
+
+Global term, the injective linear attention map (rows sum to 1)
+    A_ij = s phi(q_i) . phi(k_j) - (1/N) sum_l s phi(q_i) . phi(k_l) + 1/N
+    g_i  = sum_j A_ij v_j
+Computed linearly in N by associativity, on centred keys and values (k_c, v_c):
+    g_i  = s phi(q_i) (sum_j phi(k_j)_c^T v_j,c) + mean_j v_j
+which is the official form s phi(q_i) (sum_j phi(k_j)^T v_j) + (1 - d^-1/2 phi(q_i) . mean_j phi(k_j)) mean_j v_j
+rearranged (centred keys sum to zero) so that no two large terms cancel in bf16 / fp16.
+
+Local term (the "local attention residual"), patch tokens only
+    r    = W2 GELU(W1 mean_n(x_n) + b1) + b2       grouped per head, r in R^(9C)
+    l_i  = sum over the 3 x 3 neighbours j of patch i of r[c, offset(i, j)] v_j[c]
+    i.e. a 3x3 depthwise convolution of v over the patch grid whose kernel,
+    one per sample and channel, is predicted from the mean input token.
+
+    o = proj(concat_heads(g) + l)
+
+The paper writes A without the factor d^-1/2 / N; the official code folds it
+into phi(q) (comment above its ``kv = ...`` line), so A here is what the
+released models compute. It does not change the row sums: the map minus its
+row mean plus 1/N sums to 1 for any scores, which is what makes the map
+injective (a query scaled by c gets a different map) where plain normalised
+linear attention phi(q)phi(k)^T / sum_l phi(q)phi(k_l) is scale invariant.
+The entries can be negative: it is not a probability distribution.
+
+Class token, as the official DeiT model handles it: prefix tokens are queries,
+keys and values of the global term like any token (N counts them), they are
+part of the mean token that predicts the local kernel, and they get no local
+term (the convolution runs over the patch grid only). With no prefix tokens
+(DiT) this is exactly the Swin / PVT form of the layer.
+
+Half-precision safety: the key / value sum is formed from k and v each scaled
+by sqrt(d^-1/2 / N) (as the official code does), so it is a mean and cannot
+grow with N; the other sums are means too. Centring k and v first keeps the
+result accurate when the keys share a large mean (the official form's two
+terms then nearly cancel: with q, k, v entries in [9, 11] at N = 4096 it is
+off by 16% in fp16 and 140% in bf16, the centred form by 0.03% and 0.2%).
+
+Two numerically equivalent paths: the default one above (O(N d^2) per head,
+local term by a grouped ``conv2d``), and ``reference=True``, which materialises
+the N x N map A from its definition and sums the nine shifted neighbours of
+the local term explicitly. Tests hold them equal.
+
+Parameter names (``qkv``, ``proj``, ``residual.0``, ``residual.2``) and shapes
+are the official ones, so a released InLine-DeiT checkpoint's attention
+weights load into this layer.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence, Tuple, Type, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from vcarepro.attention.vca import patch_grid
+from vcarepro.errors import BadInput
+
+# Kernel functions phi offered by the official code (models/inline_swin.py,
+# InLineAttention(kernel_func=...)); none of the released models passes one, so
+# every published InLine model, and models/inline_deit.py, uses the identity.
+KERNELS = ("identity", "relu", "leakyrelu", "exp")
+DEFAULT_KERNEL = "identity"
+# exp_kernel(x, t=0.2) = exp(0.2 x) in models/inline_swin.py.
+EXP_KERNEL_TEMPERATURE = 0.2
+# The local residual predicts one 3x3 kernel per channel: the second Conv1d of
+# InLineAttention.residual outputs dim * 9 channels, reshaped to (B*C, 1, 3, 3)
+# and applied with padding 1 (models/inline_deit.py).
+LOCAL_KERNEL_SIZE = 3
+# Published models all have the local residual (models/inline_deit.py always builds it).
+DEFAULT_LOCAL_RESIDUAL = True
+
+
+def kernel_function(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """phi for a kernel name in KERNELS (elementwise)."""
+    if name == "identity":
+        return lambda t: t
+    if name == "relu":
+        return F.relu
+    if name == "leakyrelu":
+        return F.leaky_relu  # nn.LeakyReLU's default slope 0.01, as the official code uses
+    if name == "exp":
+        return lambda t: torch.exp(EXP_KERNEL_TEMPERATURE * t)
+    raise BadInput(f"unknown kernel {name!r}; choose one of {', '.join(map(repr, KERNELS))}.")
+
+
+class InLineAttention(nn.Module):
+    """Injective linear attention with the local attention residual, a drop-in for timm's ``Attention``.
+
+    Knobs beyond timm's: ``kernel`` is the feature map phi applied to queries and
+    keys ("identity", the published choice; "relu", "leakyrelu", "exp");
+    ``local_residual`` switches the predicted 3x3 depthwise term on (published)
+    or off (the paper's ablation without local modelling).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *,
+        grid_size: Union[int, Sequence[int]],
+        num_prefix_tokens: int = 1,
+        layer_index: int = 0,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: Optional[Type[nn.Module]] = None,
+        kernel: str = DEFAULT_KERNEL,
+        local_residual: bool = DEFAULT_LOCAL_RESIDUAL,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise BadInput(f"dim={dim} is not divisible by num_heads={num_heads}; pick a head count that divides it.")
+        if num_prefix_tokens < 0:
+            raise BadInput(f"num_prefix_tokens={num_prefix_tokens} must be >= 0.")
+        if attn_drop:
+            raise BadInput(
+                f"attn_drop={attn_drop}: InLine never forms the attention map on its linear path (the official "
+                f"code ignores attn_drop too); set attn_drop=0 and use proj_drop or drop_path instead."
+            )
+        if qk_norm and norm_layer is None:
+            raise BadInput("qk_norm=True needs a norm_layer (e.g. nn.LayerNorm).")
+        self.phi = kernel_function(kernel)
+        self.kernel = kernel
+
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.num_prefix_tokens = num_prefix_tokens
+        self.layer_index = layer_index  # accepted for the common interface; InLine does not vary with depth
+        self.grid_size = self._validated_grid(grid_size)
+
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        # Predicts the local kernels from the mean token: two 1x1 convolutions grouped by
+        # head with a GELU between, dim -> dim -> 9 * dim (models/inline_deit.py,
+        # InLineAttention.residual). Conv1d, not Linear, so official checkpoints load.
+        taps = LOCAL_KERNEL_SIZE * LOCAL_KERNEL_SIZE
+        self.residual = nn.Sequential(
+            nn.Conv1d(dim, dim, kernel_size=1, groups=num_heads),
+            nn.GELU(),
+            nn.Conv1d(dim, dim * taps, kernel_size=1, groups=num_heads),
+        ) if local_residual else None
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.init_weights()
+
+    # -- construction helpers -------------------------------------------------
+
+    @staticmethod
+    def _validated_grid(grid_size: Union[int, Sequence[int]]) -> Tuple[int, int]:
+        H, W = patch_grid(grid_size)
+        if H < 1 or W < 1:
+            raise BadInput(f"grid_size={grid_size} has an empty side; give the patch grid as (H, W) with H, W >= 1.")
+        return (H, W)
+
+    def set_grid_size(self, grid_size: Union[int, Sequence[int]]) -> None:
+        """Follow a change of input resolution; nothing in InLine is tied to the grid but the token check."""
+        self.grid_size = self._validated_grid(grid_size)
+
+    def init_weights(self) -> None:
+        """PyTorch's default init for the local-kernel predictor, as in the official models (timm's ViT
+        init only touches Linear and norm layers, so the official Conv1d kept its default)."""
+        if self.residual is not None:
+            for layer in self.residual:
+                if isinstance(layer, nn.Conv1d):
+                    layer.reset_parameters()
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, num_heads={self.num_heads}, grid_size={self.grid_size}, "
+                f"prefix={self.num_prefix_tokens}, kernel={self.kernel}, local_residual={self.residual is not None}")
+
+    # -- pieces shared by both paths ------------------------------------------
+
+    def _check_tokens(self, N: int) -> None:
+        H, W = self.grid_size
+        if N != self.num_prefix_tokens + H * W:
+            raise BadInput(
+                f"InLine got {N} tokens but expects {self.num_prefix_tokens} prefix + {H}x{W} grid = "
+                f"{self.num_prefix_tokens + H * W}; build the model for this input size (img_size / patch_size)."
+            )
+
+    def _qkv(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """phi(q), phi(k), v, each (B, heads, N, d)."""
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        return self.phi(q), self.phi(k), v
+
+    def local_kernels(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, 3, 3): one 3x3 kernel per sample and channel, predicted from the mean of all N tokens."""
+        B, _, C = x.shape
+        r = self.residual(x.mean(dim=1).unsqueeze(-1))  # (B, 9C, 1); channel c owns outputs 9c .. 9c+8
+        return r.reshape(B, C, LOCAL_KERNEL_SIZE, LOCAL_KERNEL_SIZE)
+
+    def _patch_values(self, v: torch.Tensor) -> torch.Tensor:
+        # (B, heads, N, d) -> (B, C, H, W) over the patch grid; channel c = head * d + j as in qkv
+        B = v.shape[0]
+        H, W = self.grid_size
+        return v[:, :, self.num_prefix_tokens:].transpose(-1, -2).reshape(B, self.dim, H, W)
+
+    # -- the two paths ----------------------------------------------------------
+
+    def _global_linear(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """sum_j A_ij v_j by associativity, O(N d^2) per head, on centred keys and values.
+
+        sum_j A_ij v_j = s phi(q_i) sum_j (k_j - k_mean)^T (v_j - v_mean) + v_mean, because the centred
+        keys sum to zero. The official form s q (sum_j k_j^T v_j) + (1 - N s q . k_mean) v_mean adds two
+        terms that nearly cancel when the keys share a large mean, losing the result in bf16 / fp16."""
+        N = k.shape[2]
+        k_mean, v_mean = k.mean(dim=2, keepdim=True), v.mean(dim=2, keepdim=True)
+        root = (self.scale / N) ** 0.5  # each factor carries sqrt(s): the d x d sum is a mean (fp16/bf16-safe)
+        kv = ((k - k_mean) * root).transpose(-2, -1) @ ((v - v_mean) * root)  # (B, heads, d, d)
+        return q @ kv + v_mean
+
+    def attention_scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """The injective linear attention map A (B, heads, N, N) from phi(q), phi(k); rows sum to 1."""
+        N = k.shape[2]
+        scores = (q @ k.transpose(-2, -1)) * (self.scale / N)
+        return scores - scores.mean(dim=-1, keepdim=True) + 1.0 / N
+
+    def attention_map(self, x: torch.Tensor) -> torch.Tensor:
+        """The map A (B, heads, N, N) that the layer applies to the values of tokens ``x``."""
+        self._check_tokens(x.shape[1])
+        q, k, _ = self._qkv(x)
+        return self.attention_scores(q, k)
+
+    def _local_conv(self, v: torch.Tensor, kernels: torch.Tensor) -> torch.Tensor:
+        """Per-sample depthwise 3x3 conv of the patch values as one grouped conv2d -> (B, H*W, C)."""
+        B, C = kernels.shape[:2]
+        H, W = self.grid_size
+        grid = self._patch_values(v).reshape(1, B * C, H, W)
+        out = F.conv2d(grid, kernels.reshape(B * C, 1, LOCAL_KERNEL_SIZE, LOCAL_KERNEL_SIZE),
+                       padding=LOCAL_KERNEL_SIZE // 2, groups=B * C)
+        return out.reshape(B, C, H * W).transpose(1, 2)
+
+    def _local_shifts(self, v: torch.Tensor, kernels: torch.Tensor) -> torch.Tensor:
+        """The same term as nine weighted shifted copies of the zero-padded grid -> (B, H*W, C)."""
+        B, C = kernels.shape[:2]
+        H, W = self.grid_size
+        pad = LOCAL_KERNEL_SIZE // 2
+        padded = F.pad(self._patch_values(v), (pad, pad, pad, pad))
+        out = torch.zeros_like(padded[..., :H, :W])
+        for dy in range(LOCAL_KERNEL_SIZE):
+            for dx in range(LOCAL_KERNEL_SIZE):
+                out = out + kernels[:, :, dy, dx, None, None] * padded[:, :, dy:dy + H, dx:dx + W]
+        return out.reshape(B, C, H * W).transpose(1, 2)
+
+    # -- forward ----------------------------------------------------------------------
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: Optional[torch.Tensor] = None,
+        is_causal: bool = False,
+        reference: Optional[bool] = None,
+    ) -> torch.Tensor:
+        """``attn_mask`` / ``is_causal`` are accepted for timm's ``Block`` and must be unset.
+
+        ``reference=True`` materialises the N x N map; the default is the linear path.
+        """
+        if attn_mask is not None or is_causal:
+            raise BadInput("InLine does not support attention masks or causal attention; call it with neither.")
+        B, N, C = x.shape
+        self._check_tokens(N)
+        q, k, v = self._qkv(x)
+        if reference:
+            out = self.attention_scores(q, k) @ v
+        else:
+            out = self._global_linear(q, k, v)
+        out = out.transpose(1, 2).reshape(B, N, C)
+
+        if self.residual is not None:
+            kernels = self.local_kernels(x)
+            local = (self._local_shifts if reference else self._local_conv)(v, kernels)
+            P = self.num_prefix_tokens
+            out = torch.cat([out[:, :P], out[:, P:] + local], dim=1)
+        return self.proj_drop(self.proj(out))

@@ -1,0 +1,122 @@
+"""The attention family's DeiT models as their authors published them, timm-registered.
+
+The pipeline compares attentions like for like: ``dropin_deit_*`` (models/deit.py) is DeiT
+with only the attention swapped. A method's published DeiT model can change more than the
+attention; those models are registered here under the method's name so that their
+parameters and FLOPs can be checked against the published rows (tests/test_family.py):
+
+    agent_deit_{tiny,small}_patch16_224   nothing else changes: the drop-in with 49 agent tokens
+        (LeapLabTHU/Agent-Attention agent_transformer/models/agent_deit.py, cfgs/agent_deit_{t,s}.yaml)
+    flatten_deit_tiny_patch16_224         nothing else changes (the FLatten repository has no DeiT file;
+        the paper's DeiT-T row is the layer in every block)
+    inline_deit_tiny_patch16_224          6 heads instead of DeiT-T's 3 (head dim 32)
+    inline_deit_small_patch16_288         not DeiT-S: width 320, 10 heads, trained at 288 px
+        (LeapLabTHU/InLine models/inline_deit.py inline_deit_*, cfgs/inline_deit_{t,s}.yaml)
+    circulant_deit_{tiny,small}_patch16_224  no class token, no position embedding, a 3x3 depthwise
+        convolution as position encoding before every block, final norm then the mean of the tokens,
+        bias-free qkv (LeapLabTHU/Circulant-Attention models/ca_deit.py Block.cpe, forward_features)
+
+The published numbers themselves are in data/paper_reference.yaml (section ``family``).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.nn as nn
+from timm.models import generate_default_cfgs, register_model
+from timm.models.vision_transformer import Block
+
+from .deit import DEIT_SHAPES, SwappedAttentionVisionTransformer, _build, _cfg
+
+
+class ConvPositionBlock(Block):
+    """timm's ``Block`` with Circulant Attention's convolutional position encoding in front.
+
+    x = x + dwconv3x3(x) on the patch grid (ca_deit.py ``Block.cpe``: a biased depthwise 3x3
+    convolution, applied before ``norm1``); prefix tokens pass unchanged.
+    """
+
+    def __init__(self, dim: int, *args: Any, **kwargs: Any) -> None:
+        super().__init__(dim, *args, **kwargs)
+        self.cpe = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                is_causal: bool = False) -> torch.Tensor:
+        B, N, C = x.shape
+        H, W = self.attn.grid_size          # the swapped-in attention knows the token layout
+        P = self.attn.num_prefix_tokens
+        grid = x[:, P:].transpose(1, 2).reshape(B, C, H, W)
+        x = torch.cat([x[:, :P], x[:, P:] + self.cpe(grid).flatten(2).transpose(1, 2)], dim=1)
+        return super().forward(x, attn_mask=attn_mask, is_causal=is_causal)
+
+
+# ca_deit.py VisionTransformer: no class token, no position embedding, norm then mean, bias-free qkv.
+CIRCULANT_BACKBONE = dict(class_token=False, pos_embed="none", global_pool="avg", fc_norm=False, qkv_bias=False,
+                          block_fn=ConvPositionBlock)
+# inline_deit.py inline_deit_tiny: DeiT-T's width and depth with 6 heads; inline_deit_small: 320 wide, 10 heads.
+INLINE_TINY = dict(DEIT_SHAPES["tiny"], num_heads=6)
+INLINE_SMALL = dict(patch_size=16, embed_dim=320, depth=12, num_heads=10, img_size=288)
+
+# pipeline arch name -> {attention: timm name}, for the published DeiT-T models (the complexity stage
+# counts them at paper shape beside the like-for-like drop-ins)
+MODEL_NAMES = {f"{a}_deit_tiny": {a: f"{a}_deit_tiny_patch16_224"} for a in ("agent", "flatten", "inline", "circulant")}
+
+default_cfgs = generate_default_cfgs({
+    "agent_deit_tiny_patch16_224": _cfg(),
+    "agent_deit_small_patch16_224": _cfg(),
+    "flatten_deit_tiny_patch16_224": _cfg(),
+    "inline_deit_tiny_patch16_224": _cfg(),
+    "inline_deit_small_patch16_288": _cfg(input_size=(3, 288, 288)),
+    # ca_deit.py's _cfg: crop 0.9
+    "circulant_deit_tiny_patch16_224": _cfg(crop_pct=0.9),
+    "circulant_deit_small_patch16_224": _cfg(crop_pct=0.9),
+})
+
+
+def _published(variant: str, attention: str, pretrained: bool, shape: dict, kwargs: dict):
+    return _build(SwappedAttentionVisionTransformer, variant, pretrained, **{**shape, "attention": attention, **kwargs})
+
+
+@register_model
+def agent_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> SwappedAttentionVisionTransformer:
+    """Agent-DeiT-T as published: DeiT-T with Agent Attention (49 agent tokens) in all 12 blocks."""
+    return _published("agent_deit_tiny_patch16_224", "agent", pretrained, DEIT_SHAPES["tiny"], kwargs)
+
+
+@register_model
+def agent_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> SwappedAttentionVisionTransformer:
+    """Agent-DeiT-S as published: DeiT-S with Agent Attention (49 agent tokens) in all 12 blocks."""
+    return _published("agent_deit_small_patch16_224", "agent", pretrained, DEIT_SHAPES["small"], kwargs)
+
+
+@register_model
+def flatten_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> SwappedAttentionVisionTransformer:
+    """FLatten-DeiT-T: DeiT-T with focused linear attention in all 12 blocks."""
+    return _published("flatten_deit_tiny_patch16_224", "flatten", pretrained, DEIT_SHAPES["tiny"], kwargs)
+
+
+@register_model
+def inline_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> SwappedAttentionVisionTransformer:
+    """InLine-DeiT-T as published: DeiT-T's width and depth with 6 heads, InLine attention in every block."""
+    return _published("inline_deit_tiny_patch16_224", "inline", pretrained, INLINE_TINY, kwargs)
+
+
+@register_model
+def inline_deit_small_patch16_288(pretrained: bool = False, **kwargs: Any) -> SwappedAttentionVisionTransformer:
+    """InLine-DeiT-S as published: width 320, 10 heads, 288 px (not DeiT-S's shape)."""
+    return _published("inline_deit_small_patch16_288", "inline", pretrained, INLINE_SMALL, kwargs)
+
+
+@register_model
+def circulant_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> SwappedAttentionVisionTransformer:
+    """CA-DeiT-T as published: no class token or position embedding, a conv position encoding per block."""
+    return _published("circulant_deit_tiny_patch16_224", "circulant", pretrained, DEIT_SHAPES["tiny"],
+                      {**CIRCULANT_BACKBONE, **kwargs})
+
+
+@register_model
+def circulant_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> SwappedAttentionVisionTransformer:
+    """CA-DeiT-S as published: no class token or position embedding, a conv position encoding per block."""
+    return _published("circulant_deit_small_patch16_224", "circulant", pretrained, DEIT_SHAPES["small"],
+                      {**CIRCULANT_BACKBONE, **kwargs})
