@@ -343,3 +343,64 @@ def test_changes_since_head_is_one_line_when_heads_metrics_are_not_in_the_cache(
     assert [(r["run"], r["previous"], r["now"]) for r in out["metrics"]] == [
         ("deit_tiny-mhsa", "absent", "50"), ("deit_tiny-vca", "60", "70")]
     assert out["note"].startswith("1 run(s) have no metrics at HEAD") and "deit_tiny-mhsa" in out["note"]
+
+
+def write_seeds(project, branch, run, metric, seeds):
+    path = project / "runs" / branch / run
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "metrics.json").write_text(json.dumps(
+        {metric: statistics.fmean(seeds), f"{metric}_std": statistics.stdev(seeds) if len(seeds) > 1 else 0.0,
+         "n_seeds": len(seeds), **{f"{metric}_seed{i}": v for i, v in enumerate(seeds)}}))
+
+
+def family_section(html):
+    return html[html.index("<h2>The attention family"):html.index("<h2>Classification runs")]
+
+
+def test_family_section_says_not_run_and_how_to_run_it_when_the_switch_is_off(project):
+    html = render_report(project, project / "reports" / "index.html").read_text()
+    section = family_section(html)
+    assert "dvc exp run -S family=all" in section
+    row = section[section.index("<tr><td>Agent"):]
+    row = row[:row.index("</tr>")]
+    # the published row with its source mark, beside "not run" for our runs
+    assert "74.9<span class=\"src\">[M]</span>" in row and "not run" in row
+    decomposition = section[section.index("Where VCA's gain comes from"):]
+    assert decomposition.count("not run") == 10   # five differences per branch, none measured
+    assert "Agent" in (project / "reports" / "tables" / "family.csv").read_text()   # exported with the rest
+
+
+def test_family_section_shows_each_member_against_mhsa_and_vca_with_intervals(project):
+    params = compose(["family=all"])
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    (project / "metrics" / "complexity.json").write_text(json.dumps({
+        "deit_tiny-mhsa": {"params_m": 5.717, "gmacs": 1.254}, "deit_tiny-vca": {"params_m": 5.974, "gmacs": 1.257},
+        "deit_tiny-agent": {"params_m": 6.016, "gmacs": 1.168},
+        "deit_tiny-agent-published": {"params_m": 6.016, "gmacs": 1.168},
+        "deit_tiny-inline-published": {"params_m": 6.478, "gmacs": 1.309}}))
+    write_seeds(project, "cls", "deit_tiny-mhsa", "top1", [80.0, 81.0, 82.0])
+    write_seeds(project, "cls", "deit_tiny-agent", "top1", [90.0, 91.0, 92.0])
+    write_seeds(project, "cls", "deit_tiny-mhsa_dwc", "top1", [80.5, 81.0, 81.5])
+    write_seeds(project, "cls", "deit_tiny-vca-no_dwc", "top1", [70.0, 80.0, 90.0])
+    write_seeds(project, "gen", "dit_s2-mhsa", "fid", [30.0, 31.0, 32.0])
+    write_seeds(project, "gen", "dit_s2-agent", "fid", [20.0, 21.0, 22.0])
+    html = render_report(project, project / "reports" / "index.html").read_text()
+    section = family_section(html)
+    assert "dvc exp run -S family=all" not in section.split("<table>")[0]   # the switch is on: no "not run" note
+    row = section[section.index("<tr><td>Agent"):]
+    row = row[:row.index("</tr>")]
+    # Agent minus MHSA, both branches: +10.00 top-1 with a resolved positive sign, -10.00 FID
+    assert "+10.00 [" in row and "positive (resolved)" in row
+    assert "-10.00 [" in row and "negative (resolved)" in row
+    # the published model's counts at paper shape against the published 6.0M / 1.2G
+    assert "6.02" in row and "matches paper" in row
+    inline = section[section.index("<tr><td>InLine"):]
+    inline = inline[:inline.index("</tr>")]
+    assert "1.31" in inline and "differs from paper" in inline   # 1.309 GMACs against the published 1.1G
+    decomposition = section[section.index("Where VCA's gain comes from"):]
+    rows = decomposition.split("<tr>")[2:]
+    mhsa_dwc = next(r for r in rows if "depthwise term added to MHSA" in r and "DeiT-T" in r)
+    assert "+0.00" in mhsa_dwc and "not resolved with 3 seeds" in mhsa_dwc and "resolved)" not in mhsa_dwc
+    alone = next(r for r in rows if "contrast alone" in r and "DeiT-T" in r)
+    assert "not resolved with 3 seeds" in alone   # +-10 points of spread: no sign
+    assert "not run" in next(r for r in rows if "total" in r and "DiT-S/2" in r)  # no dit_s2-vca here

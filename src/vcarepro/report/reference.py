@@ -38,7 +38,7 @@ def load_reference(path: str | Path) -> Dict[str, Any]:
     if not path.is_file():
         raise MissingInput(f"{path} is missing; it ships with the repository (git checkout {path}).")
     ref = yaml.safe_load(path.read_text())
-    for key in ("sources", "table1", "table2", "fid_protocol", "table3", "table4", "claims"):
+    for key in ("sources", "table1", "table2", "fid_protocol", "table3", "table4", "family", "claims"):
         if key not in ref:
             raise BadInput(f"{path} has no '{key}' section; restore it from git.")
     return ref

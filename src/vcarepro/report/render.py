@@ -16,7 +16,7 @@ from .export import write_tables
 from .figures import attention_cost_png, curves_png, gains_png
 from ..config import flatten
 from .reference import load_reference
-from .tables import TableBuilder, runs_frame, verdict_class
+from .tables import FAMILY_COMMAND, TableBuilder, runs_frame, verdict_class
 
 CLS_CURVES = ["train/loss", "val/loss", "val/top1", "train/lr"]
 GEN_CURVES = ["train/loss"]
@@ -126,7 +126,12 @@ def build_context(root: Path) -> Dict[str, Any]:
         "table4": tables.ablation("table4"),
         **{f"{k}_gains": tables.ablation_gains(k) for k in ("table3", "table4")},
         "ablation_reference": {k: tables.reference_row(k)["variant"] for k in ("table3", "table4")},
-        "titles": {k: reference[k]["title"] for k in ("table1", "table2", "table3", "table4")},
+        "titles": {k: reference[k]["title"] for k in ("table1", "table2", "table3", "table4", "family")},
+        "family": tables.family(),
+        "family_decomposition": tables.family_decomposition(),
+        "family_on": any(r["cls_run"] in params["cls_runs"] or r["gen_run"] in params["gen_runs"]
+                         for r in reference["family"]["rows"]),
+        "family_command": FAMILY_COMMAND,
         "cls_runs": runs_frame(cls, params["cls_runs"], params["models"], cls_keys, params["cls_shape"]).to_dict("records"),
         "gen_runs": runs_frame(gen, params["gen_runs"], params["models"], gen_keys, params["gen_shape"]).to_dict("records"),
         "fid_extractor": params["prepare_gen"]["fid_extractor"],
@@ -142,7 +147,7 @@ def build_context(root: Path) -> Dict[str, Any]:
 
 
 EXPORTED_TABLES = ["table1", "decomposition", "table2", "table3", "table4", "gains", "table3_gains", "table4_gains",
-                   "claims", "cls_runs", "gen_runs", "complexity"]
+                   "family", "family_decomposition", "claims", "cls_runs", "gen_runs", "complexity"]
 
 
 def render_report(root: str | Path = ".", out: str | Path = "reports/index.html") -> Path:

@@ -20,6 +20,8 @@ NOT_COMPARABLE = "not comparable"
 NOT_RUN = "not run"
 NOT_FINITE = "not a finite number"
 NO_PAPER_VALUE = "paper value not available"
+# How a user runs the attention family (conf/family/all.yaml) when the report shows it as not run
+FAMILY_COMMAND = "dvc exp run -S family=all"
 MATCHES = "matches paper"
 DIFFERS = "differs from paper"
 
@@ -362,6 +364,85 @@ class TableBuilder:
             "direction": direction(diff, paper_gain),
             "seeds_note": seeds_note(diff),
         }
+
+    # -- the attention family (issue 15) ------------------------------------------------------------
+
+    def _branch_difference(self, metric: str, run_a: Optional[str], run_b: Optional[str]) -> Optional[Difference]:
+        results = self.cls_result if metric == "top1" else self.gen.get
+        if not run_a or not run_b:
+            return None
+        return difference(measured(results(run_a), metric, self.scale), measured(results(run_b), metric, self.scale))
+
+    def family(self) -> List[Dict[str, Any]]:
+        """Each family member beside MHSA and VCA: its published DeiT-T row, our counts, our runs' numbers.
+
+        The published row is the method's own (source M), trained with its own recipe; our runs drop each
+        layer into DeiT-T / DiT-S/2 with everything else equal (the recipe of the VCA row). Differences
+        carry Welch's 95% interval and a sign only where it excludes zero.
+        """
+        fam = self.ref["family"]
+        base, vca = fam["baseline"], fam["vca"]
+        rows = []
+        for r in [{"attention": "mhsa", "label": "MHSA (baseline)", **base},
+                  {"attention": "vca", "label": "VCA", **vca}, *fam["rows"]]:
+            cls_model = self._model_of(r["cls_run"]) or self.paper_params.get("cls_runs", {}).get(
+                r["cls_run"], {}).get("model")
+            # the complexity stage counts each published model as models["<drop-in model>-published"]
+            published = self.complexity.get(f"{cls_model}-published", {}) if r.get("published_model") else {}
+            dropin = self.complexity.get(cls_model, {}) if cls_model else {}
+            row = {"attention": r["attention"], "label": r["label"], "cite": r.get("cite"),
+                   "published_model": r.get("published_model"), "cls_run": r["cls_run"], "gen_run": r["gen_run"]}
+            for key, entry in (("top1", r.get("top1")), ("params_m", r.get("params_m")), ("gflops", r.get("gflops"))):
+                pv = self._pv(entry)
+                row[f"published_{key}"] = None if not pv.available else f"{pv.value:.1f}"
+                row[f"published_{key}_source"] = pv.source
+            for key, ours_key in (("params_m", "params_m"), ("gflops", "gmacs")):
+                value = published.get(ours_key)
+                row[f"ours_published_{key}"] = None if value is None else f"{value:.2f}"
+                row[f"ours_published_{key}_verdict"] = (
+                    None if value is None else exact_verdict(self._pv(r.get(key)), value, self.tol_complexity))
+                row[f"dropin_{key}"] = None if ours_key not in dropin else f"{dropin[ours_key]:.2f}"
+            for metric, run_key, base_run, vca_run in (("top1", "cls_run", base["cls_run"], vca["cls_run"]),
+                                                       ("fid", "gen_run", base["gen_run"], vca["gen_run"])):
+                results = self.cls_result if metric == "top1" else self.gen.get
+                ours = measured(results(r[run_key]), metric, self.scale)
+                row[metric] = None if ours is None else ours.text(2 if metric == "fid" else 1)
+                row[f"{metric}_scale"] = None if ours is None else self.scale
+                for label, a, b in (("vs_mhsa", r[run_key], base_run), ("vca_minus", vca_run, r[run_key])):
+                    if a == b:
+                        row[f"{metric}_{label}"] = row[f"{metric}_{label}_verdict"] = None
+                        continue
+                    diff = self._branch_difference(metric, a, b)
+                    row[f"{metric}_{label}"] = None if diff is None else diff.text()
+                    row[f"{metric}_{label}_verdict"] = None if diff is None else sign(diff)
+            rows.append(row)
+        return rows
+
+    def family_decomposition(self) -> List[Dict[str, Any]]:
+        """MHSA -> MHSA+DWC -> VCA-DWC -> VCA per branch: how much of VCA's gain is its depthwise term.
+
+        For FID a negative difference is the better one; the verdict names only a resolved sign.
+        """
+        steps = self.ref["family"]["decomposition"]
+        if len(steps) != 4:
+            raise BadInput("family.decomposition in data/paper_reference.yaml needs the four steps MHSA, "
+                           "MHSA + depthwise term, VCA without it, VCA, in that order.")
+        mhsa, mhsa_dwc, vca_no_dwc, vca = steps
+        parts = [("depthwise term added to MHSA", mhsa_dwc, mhsa),
+                 ("contrast alone: VCA without its depthwise term minus MHSA", vca_no_dwc, mhsa),
+                 ("depthwise term added to VCA", vca, vca_no_dwc),
+                 ("contrast beside the depthwise term: VCA minus MHSA + depthwise term", vca, mhsa_dwc),
+                 ("total: VCA minus MHSA", vca, mhsa)]
+        rows = []
+        for branch, metric, run_key in (("DeiT-T", "top1", "cls_run"), ("DiT-S/2", "fid", "gen_run")):
+            for label, a, b in parts:
+                diff = self._branch_difference(metric, a[run_key], b[run_key])
+                rows.append({"branch": branch, "metric": "top-1" if metric == "top1" else "FID (lower is better)",
+                             "part": label, "runs": f"{a[run_key]} − {b[run_key]}",
+                             "ours": None if diff is None else diff.text(),
+                             "scale": None if diff is None else self.scale,
+                             "verdict": None if diff is None else sign(diff), "seeds_note": seeds_note(diff)})
+        return rows
 
     def claims(self) -> List[Dict[str, str]]:
         """The abstract's claims, checked with the complexity stage's measurements at paper shape."""
