@@ -31,3 +31,128 @@ def test_vca_compiles_as_one_graph_and_matches_eager(one_torch_thread):
     torch.testing.assert_close(compiled(x), layer(x))
     compiled(x).sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+# --- the attention family's speed bench (python -m vcarepro.bench attention, stage attention_cost) ---
+
+import pytest  # noqa: E402
+
+from vcarepro.bench import (BENCH_LAYERS, LINEAR_LAYERS, NOT_COMPILED, bench_attention,  # noqa: E402
+                            family_speed_table, speed_targets)
+from vcarepro.report.figures import attention_cost_png  # noqa: E402
+
+TINY = dict(dim=24, heads=3, batch=1, contrast_tokens=4, min_run_time=0.001)
+
+
+@pytest.fixture(scope="module")
+def tiny_rows():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return bench_attention((4, 8), **TINY)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_every_layer_of_the_family_is_measured_at_every_token_count(tiny_rows):
+    assert BENCH_LAYERS == ("mhsa", "diff", "vca", "agent", "flatten", "inline", "circulant", "mhsa+dwc", "vca-dwc")
+    assert {(r.layer, r.tokens) for r in tiny_rows} == {(name, n) for name in BENCH_LAYERS for n in (16, 64)}
+    for r in tiny_rows:
+        assert r.macs > 0 and r.forward_ms > 0 and r.forward_backward_ms > 0
+        assert r.compiled_forward_ms is None and r.compiled_forward_backward_ms is None and r.compile_error is None
+
+
+def test_linear_members_macs_grow_with_the_token_count_and_mhsas_with_its_square(tiny_rows):
+    macs = {(r.layer, r.tokens): r.macs for r in tiny_rows}
+    for name in LINEAR_LAYERS:  # 4x the tokens
+        bound = 4 * 1.1 * (6 / 4 if name == "circulant" else 1)  # circulant's FFTs: N log N
+        assert macs[(name, 64)] / macs[(name, 16)] <= bound, name
+    for name in ("mhsa", "diff", "mhsa+dwc"):
+        assert macs[(name, 64)] / macs[(name, 16)] > 4 * 1.5, name  # the N x N map dominates already
+    # VCA without its local term is VCA less the depthwise conv, nothing else
+    assert macs[("vca-dwc", 64)] < macs[("vca", 64)]
+
+
+def test_layers_narrow_the_bench_and_macs_scale_with_the_batch():
+    one = bench_attention((4,), layers=["vca"], **TINY)
+    two = bench_attention((4,), layers=["vca"], **dict(TINY, batch=2))
+    assert [r.layer for r in one] == ["vca"] and two[0].macs == 2 * one[0].macs
+
+
+def test_a_layer_that_fails_to_compile_is_recorded_not_fatal(monkeypatch):
+    def broken(layer, **kwargs):
+        raise RuntimeError("inductor: no C++ compiler\nlong traceback")
+    monkeypatch.setattr(torch, "compile", broken)
+    (row,) = bench_attention((4,), layers=["agent"], compile=True, **TINY)
+    assert row.compile_error == "RuntimeError: inductor: no C++ compiler"
+    assert row.compiled_forward_ms is None and row.forward_ms > 0
+    assert "failed" in family_speed_table([row])
+
+
+@pytest.mark.slow
+def test_compiled_timings_are_measured_on_a_tiny_layer():
+    (row,) = bench_attention((4,), layers=["vca"], compile=True, **TINY)
+    assert row.compile_error is None, row.compile_error
+    assert row.compiled_forward_ms > 0 and row.compiled_forward_backward_ms > 0
+
+
+def synthetic(vca_ms=(1.0, 4.0, 16.0), agent_ms=(1.0, 4.0, 16.0), mhsa_ms=(2.0, 20.0, 300.0), compiled=None,
+              circulant_macs=(1.0, 4.0, 16.0 * 1.5)):
+    """Rows at N = 196, 784, 3136; times in ms, MACs in units of 1e6; compiled: VCA's and Agent's compiled ms."""
+    rows = []
+    for i, n in enumerate((196, 784, 3136)):
+        for layer, ms, macs in (("mhsa", mhsa_ms[i], 16 ** i * 1.0), ("vca", vca_ms[i], 4 ** i),
+                                ("agent", agent_ms[i], 4 ** i), ("circulant", vca_ms[i], circulant_macs[i])):
+            c = None if compiled is None else compiled[layer][i] if layer in compiled else None
+            rows.append({"tokens": n, "layer": layer, "forward_ms": ms, "forward_backward_ms": 3 * ms,
+                         "macs": int(macs * 1e6), "compiled_forward_ms": c,
+                         "compiled_forward_backward_ms": None if c is None else 3 * c, "compile_error": None})
+    return rows
+
+
+def test_speed_targets_pass_when_the_measured_ratios_meet_them():
+    compiled = {"vca": (1.5, 3.0, 12.0), "agent": (1.5, 3.0, 11.0), "mhsa": (1.8, 15.0, 200.0)}
+    lines = speed_targets(synthetic(compiled=compiled))
+    text = "\n".join(lines)
+    assert lines[0].startswith("1. ") and "PASS" in lines[0] and "0.75x" in lines[0]  # 1.5 compiled / 2.0 eager
+    assert [line.split(": ")[1].split(" ")[0] for line in lines if line.startswith("2. ")] == ["PASS"] * 4
+    assert "vca linear in N (196->3136, 16x tokens): PASS (MACs 16.00x" in text
+    assert "circulant linear in N" in text and "N log N" in text and "FAIL" not in text
+    assert "mhsa MACs 256.0x" in text  # the quadratic members are reported beside, without a verdict
+
+
+def test_speed_targets_fail_when_vca_is_slower_or_grows_faster():
+    compiled = {"vca": (2.5, 3.0, 12.0), "agent": (1.5, 3.0, 11.0)}
+    lines = speed_targets(synthetic(vca_ms=(1.0, 4.0, 20.0), compiled=compiled, circulant_macs=(1.0, 8.0, 64.0)))
+    assert "FAIL" in lines[0] and "1.25x" in lines[0]  # compiled VCA 2.5 ms against eager MHSA 2.0 ms
+    eager_forward = next(line for line in lines if line.startswith("2. VCA/Agent eager forward "))
+    assert "FAIL" in eager_forward and "N=3136 1.25x" in eager_forward
+    assert "FAIL" in next(line for line in lines if line.startswith("3. circulant"))
+    assert "PASS" in next(line for line in lines if line.startswith("3. vca"))
+
+
+def test_speed_targets_say_what_was_not_measured():
+    lines = speed_targets(synthetic())
+    assert "NOT MEASURED (attention_cost.compile: false)" in lines[0]
+    assert sum("NOT MEASURED" in line for line in lines if line.startswith("2. ")) == 2  # the compiled pair
+    no_agent = speed_targets([r for r in synthetic() if r["layer"] != "agent"])
+    assert "NOT MEASURED (needs vca and agent)" in "\n".join(no_agent)
+
+
+def test_family_speed_table_has_a_row_per_layer_and_four_columns_per_token_count(tiny_rows):
+    table = family_speed_table(tiny_rows)
+    lines = table.splitlines()
+    assert lines[0].startswith("| layer | N=16 GMACs | N=16 fwd ms | N=16 f+b ms | N=16 compiled fwd ms | N=64 GMACs")
+    body = [line for line in lines[2:] if line.startswith("| ")]
+    assert [line.split(" | ")[0].removeprefix("| ") for line in body] == list(BENCH_LAYERS)
+    assert all(line.count("|") == 1 + 1 + 8 for line in body)
+    assert NOT_COMPILED in table
+
+
+def test_the_attention_cost_figure_draws_nine_layers_with_and_without_compiled_times(tiny_rows):
+    from dataclasses import asdict
+    rows = [asdict(r) for r in tiny_rows]
+    assert attention_cost_png({"machine": {"cpu": "Test CPU"}, "rows": rows}).startswith("data:image/png;base64,")
+    for r in rows:
+        r["compiled_forward_backward_ms"] = r["forward_backward_ms"] / 2
+    assert attention_cost_png({"machine": {}, "rows": rows}).startswith("data:image/png;base64,")

@@ -1,17 +1,22 @@
-"""Hierarchical backbones (PVT v1, Swin, CSWin): baselines, the lab's VCA layouts and their controls, as timm models.
+"""Hierarchical backbones (PVT v1, Swin, CSWin): baselines, the lab's layouts with VCA or any other attention of the
+family, and their controls, as timm models.
 
 Full-size models are built only to count parameters and check placement; forwards run at
 small inputs with per-stage contrast grids no larger than each stage grid.
 """
 from __future__ import annotations
 
+import hashlib
+import re
+
 import pytest
 import timm
 import torch
 from timm.models.swin_transformer import WindowAttention
 
-from vcarepro.attention import VisualContrastAttention
-from vcarepro.models import create_classifier, cswin, pvt, swin
+from vcarepro.attention import POOLED_TOKEN_OPTION, VisualContrastAttention, attention_class
+from vcarepro.models import LAB_MODELS, classifier_name, create_classifier, cswin, pvt, swin
+from vcarepro.models.placement import LAB_MODEL_ATTENTIONS
 
 ALL_NAMES = {**pvt.MODEL_NAMES, **swin.MODEL_NAMES, **cswin.MODEL_NAMES}
 BASELINES = [names["mhsa"] for names in ALL_NAMES.values()]   # the originals and the controls
@@ -50,6 +55,9 @@ def test_model_names_map_pipeline_archs_to_registered_timm_models():
         assert all(timm.is_model(name) for name in names.values())
         assert names.get("vca", "vca_").startswith("vca_")
     assert set(VCA_MODELS) == {"vca_pvt_tiny", "vca_swin_tiny_patch4_window7_224", "vca_cswin_tiny_224"}
+    assert set(LAB_MODEL_ATTENTIONS) == {"agent", "flatten", "inline", "circulant", "mhsa+dwc"}
+    for arch, lab_model in zip(("pvt_tiny", "swin_tiny", "cswin_tiny"), LAB_MODELS):
+        assert {classifier_name(arch, a) for a in LAB_MODEL_ATTENTIONS} == {lab_model}
 
 
 @pytest.mark.parametrize(
@@ -175,11 +183,11 @@ def test_contrast_grid_larger_than_a_stage_grid_is_a_clear_error(name):
 
 @pytest.mark.parametrize("arch", ALL_NAMES)
 def test_baselines_reject_vca_options(arch):
-    for option in (dict(contrast_tokens=49), dict(attn_layout="AAAA")):
+    for option in (dict(contrast_tokens=49), dict(attn_layout="AAAA"), dict(agent_tokens=49)):
         with pytest.raises(ValueError, match="not apply to attention"):
             create_classifier(arch, "mhsa", **option)
         if arch != "swin_tiny":  # our own registrations refuse them too (timm's Swin is timm's)
-            with pytest.raises(ValueError, match="only apply to a VCA variant"):
+            with pytest.raises(ValueError, match="appl(y|ies) to a VCA variant or another compared attention"):
                 timm.create_model(ALL_NAMES[arch]["mhsa"], **option)
 
 
@@ -248,3 +256,134 @@ def test_cswin_full_branch_is_multi_head_attention_plus_lepe():
     lepe = attn.branches[0].get_v(v.transpose(1, 2).reshape(2, 8, 4, 4)).flatten(2).transpose(1, 2)
     ref = ref.transpose(1, 2).reshape(2, 16, 8) + lepe
     torch.testing.assert_close(attn(x), attn.proj(ref))
+
+
+# -- the lab's layouts with any attention of the family (issue 15) -------------------------------------------------
+
+# arch -> (its stages, the backbone's own attention, the lab's layout)
+LAB_BACKBONES = {
+    "pvt_tiny": (lambda m: m.stages, pvt.SpatialReductionAttention, pvt.LAB_PVT_TINY_LAYOUT),
+    "swin_tiny": (lambda m: m.layers, WindowAttention, swin.LAB_SWIN_TINY_LAYOUT),
+    "cswin_tiny": (lambda m: m.stages, cswin.CrossShapedWindowAttention, cswin.LAB_CSWIN_TINY_LAYOUT),
+}
+# 64x64 inputs, stage grids 16/8/4/2; PVT's lab layout has no B stage, so the small one keeps PVT's in the last
+SMALL_LAB = {
+    "pvt_tiny": dict(depths=(1, 1, 1, 1), attn_layout="AAAB"),
+    "swin_tiny": dict(depths=(1, 1, 2, 1), window_size=2),
+    "cswin_tiny": dict(depths=(1, 1, 1, 1)),
+}
+# pooled tokens per stage at 64 px: at least 2x2 in the last stage (one agent makes the broadcast softmax constant)
+SMALL_POOLED = (9, 16, 4, 4)
+
+
+def small_lab(arch: str, attention: str, **kwargs) -> torch.nn.Module:
+    pooled = {POOLED_TOKEN_OPTION[attention]: SMALL_POOLED} if attention in POOLED_TOKEN_OPTION else {}
+    return create_classifier(arch, attention, img_size=64, num_classes=5, **SMALL_LAB[arch], **{**pooled, **kwargs})
+
+
+def stage_layers(arch: str, model: torch.nn.Module):
+    stages, _, _ = LAB_BACKBONES[arch]
+    return [[block.attn for block in stage.blocks] for stage in stages(model)]
+
+
+@pytest.mark.parametrize("attention", LAB_MODEL_ATTENTIONS)
+@pytest.mark.parametrize("arch", LAB_BACKBONES)
+def test_a_stages_hold_the_named_attention_and_b_stages_the_backbones_own(arch, attention):
+    torch.manual_seed(0)
+    model = small_lab(arch, attention)
+    _, own, _ = LAB_BACKBONES[arch]
+    layout = SMALL_LAB[arch].get("attn_layout", LAB_BACKBONES[arch][2])
+    for letter, layers in zip(layout, stage_layers(arch, model)):
+        assert all(isinstance(a, attention_class(attention) if letter == "A" else own) for a in layers), letter
+    if attention == "agent":  # the per-stage count reaches each A stage
+        compared = [layers[0] for letter, layers in zip(layout, stage_layers(arch, model)) if letter == "A"]
+        assert [a.agent_grid for a in compared] == [(3, 3), (4, 4), (2, 2), (2, 2)][:len(compared)]
+    features = model.forward_features(torch.randn(2, 3, 64, 64))
+    out = model.forward_head(features)
+    assert out.shape == (2, 5) and torch.isfinite(out).all()
+    (out.square().sum() + features.mean()).backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("arch", LAB_BACKBONES)
+def test_agent_in_the_lab_layouts_is_the_labs_agent_model(arch):
+    """agent_{pvt,swin,cswin}.py + cfgs: 9-16-49-49 agent tokens in the A stages; Agent-Swin-T holds 28.90M and
+    Agent-CSwin-T 20.46M (shared EVIDENCE.md, section 1), Agent-PVT-T 11.6M (Agent Attention, Table 2)."""
+    model = create_classifier(arch, "agent")
+    _, _, layout = LAB_BACKBONES[arch]
+    for letter, grid, layers in zip(layout, [(3, 3), (4, 4), (7, 7), (7, 7)], stage_layers(arch, model)):
+        assert all(a.agent_grid == grid for a in layers) if letter == "A" else not any(
+            isinstance(a, attention_class("agent")) for a in layers)
+    expected, rel = {"pvt_tiny": (11.6e6, 0.005), "swin_tiny": (28.90e6, 0.0005), "cswin_tiny": (20.46e6, 0.0005)}[arch]
+    assert n_params(model) == pytest.approx(expected, rel=rel)
+
+
+@pytest.mark.parametrize("arch", LAB_BACKBONES)
+def test_contrast_tokens_for_an_attention_without_them_is_a_clear_error(arch):
+    lab_model = classifier_name(arch, "agent")
+    for attention in LAB_MODEL_ATTENTIONS:
+        instead = "its per-stage count is agent_tokens" if attention == "agent" else "it has no pooled tokens"
+        with pytest.raises(ValueError, match=re.escape(f"contrast_tokens does not apply to attention "
+                                                       f"{attention!r}: {instead}")):
+            timm.create_model(lab_model, compared_attention=attention, contrast_tokens=49)
+        with pytest.raises(ValueError, match=re.escape(f"contrast_tokens does not apply to attention {attention!r}")):
+            create_classifier(arch, attention, contrast_tokens=49)
+    with pytest.raises(ValueError, match="agent_tokens needs one value per stage"):
+        timm.create_model(lab_model, compared_attention="agent", agent_tokens=(9, 16, 49))
+    with pytest.raises((ValueError, TypeError), match="focusing_factr"):  # Swin: timm's own TypeError
+        timm.create_model(lab_model, compared_attention="flatten", focusing_factr=3)
+    with pytest.raises(ValueError, match="for compared_attention='agent' use the lab_"):
+        timm.create_model(ALL_NAMES[arch]["vca"], compared_attention="agent")
+
+
+def test_an_attentions_own_options_reach_every_a_stage():
+    model = small_lab("cswin_tiny", "flatten", focusing_factor=2.0, dwc_kernel=3)
+    compared = [a for layers in stage_layers("cswin_tiny", model)[:2] for a in layers]
+    assert all(a.focusing_factor == 2.0 and a.dwc.kernel_size == (3, 3) for a in compared)
+
+
+def fingerprint(model: torch.nn.Module):
+    """(hash of the parameter names and shapes, position-weighted sum of every value): equal for equal state dicts,
+    and robust to last-bit differences between CPUs."""
+    layout, total = hashlib.sha256(), 0.0
+    for k, (name, t) in enumerate(model.state_dict().items()):
+        layout.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
+        flat = t.detach().double().flatten()
+        total += (k + 1) * float((flat * torch.cos(torch.arange(flat.numel(), dtype=torch.float64))).sum())
+    return layout.hexdigest()[:16], total
+
+
+# Taken with the seeded models below before the A stages took any attention (issue 15); at that commit the
+# state dicts were also byte-identical (sha256) to today's, as were the logits and the generator's state after
+# construction (the next two draws of torch.randn, below).
+VCA_FINGERPRINTS = {
+    "vca_pvt_tiny": ("886f69ad66a4db27", 3984.815326106875, (-0.9343059062957764, 0.32944491505622864)),
+    "small vca_pvt_tiny": ("5465f09eed4ebccb", 2131.339728805844, (0.21119685471057892, 0.6265062093734741)),
+    "small vca_swin_tiny_patch4_window7_224": ("31d71cbdee934e66", 3741.9092266695952,
+                                               (-0.7129661440849304, 0.0404818169772625)),
+    "small vca_cswin_tiny_224": ("45bc5a07bea66cf7", 1661.584689074993, (1.3120273351669312, -1.7292418479919434)),
+}
+
+
+@pytest.mark.parametrize("key", VCA_FINGERPRINTS)
+def test_vca_models_are_unchanged_by_the_selectable_attention(key):
+    """Same parameters, same init order and random draws: a seeded VCA model is the one trained before."""
+    torch.manual_seed(0)
+    name = key.split()[-1]
+    model = small(name) if key.startswith("small") else timm.create_model(name)
+    after = tuple(torch.randn(2).tolist())
+    layout, total, draws = VCA_FINGERPRINTS[key]
+    assert fingerprint(model) == (layout, pytest.approx(total, rel=1e-9, abs=1e-9))
+    assert after == pytest.approx(draws, rel=1e-6)
+
+
+@pytest.mark.parametrize("vca_model, lab_model", zip(VCA_MODELS, LAB_MODELS))
+def test_the_generic_lab_model_with_vca_is_the_vca_model(vca_model, lab_model):
+    small_args = dict(img_size=64, num_classes=5, contrast_tokens=SMALL_CONTRAST, **SMALL_DEPTHS[vca_model])
+    torch.manual_seed(0)
+    expected = timm.create_model(vca_model, **small_args).state_dict()
+    torch.manual_seed(0)
+    got = timm.create_model(lab_model, compared_attention="vca", **small_args).state_dict()
+    assert list(got) == list(expected) and all(torch.equal(got[k], expected[k]) for k in got)

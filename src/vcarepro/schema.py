@@ -10,6 +10,7 @@ from __future__ import annotations
 import numbers
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from .attention_names import ATTENTIONS, CONTROLS
 from .config import flatten
 from .errors import BadInput
 
@@ -49,6 +50,8 @@ _BOOL: Rule = ("true or false", lambda v: isinstance(v, bool))
 _PROB = _num(0.0, 1.0)
 _DECAY = _num(0.0, 1.0, open_hi=True)
 _POS = _num(0.0, open_lo=True)
+# the layers attention_cost can measure (vcarepro.bench.BENCH_LAYERS): the family and its two controls
+_BENCH_LAYERS = (*ATTENTIONS, *(c for c in CONTROLS if c not in ATTENTIONS))
 
 # Every knob of a classification recipe: each entry of cls_recipes holds all of them, cls_recipe_overrides any.
 CLS_RECIPE_RULES: Dict[str, Rule] = {
@@ -107,7 +110,10 @@ RULES: Dict[str, Rule] = {
     "attention_cost.sides": ("a list of integers >= 1", lambda v: isinstance(v, list) and v and all(
         _int(1)[1](x) for x in v)),
     "attention_cost.dim": _int(1), "attention_cost.heads": _int(1), "attention_cost.contrast_tokens": _int(1),
-    "attention_cost.batch": _int(1), "attention_cost.min_run_time": _POS,
+    "attention_cost.batch": _int(1), "attention_cost.min_run_time": _POS, "attention_cost.compile": _BOOL,
+    "attention_cost.layers": (f"a non-empty list of distinct names from {', '.join(_BENCH_LAYERS)}",
+                              lambda v: isinstance(v, list) and v and len(set(v)) == len(v)
+                              and all(x in _BENCH_LAYERS for x in v)),
     "fid_reference.adm_npz": _optional(_STR), "fid_reference.own_statistics": _BOOL,
     "fid_reference.keep_features": _int(2),
     "fid_reference.batch_size": _int(1), "fid_reference.workers": _int(0), "fid_reference.seed": _int(0),

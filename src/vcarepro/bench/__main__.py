@@ -1,5 +1,5 @@
 """python -m vcarepro.bench [all] [--quick] [--json bench.json]   every benchmark, one table each
-python -m vcarepro.bench attention [--batch 8] [--json out.json]
+python -m vcarepro.bench attention [--batch 8] [--layers vca agent ...] [--no-compile] [--json out.json]
 python -m vcarepro.bench train-step --run dit_s2-vca [--batch 32] [--device cuda] [--precision bf16]"""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import asdict
 import torch
 
 from ..errors import run_stage
-from . import attention_table, bench_attention, describe_machine, write_json
+from . import BENCH_LAYERS, bench_attention, describe_machine, family_speed_table, speed_targets, write_json
 
 
 def main(argv=None) -> None:
@@ -19,12 +19,18 @@ def main(argv=None) -> None:
     every = sub.add_parser("all", help="every benchmark on this machine (the default)")
     every.add_argument("--quick", action="store_true", help="shorter timings and sizes (a smoke run)")
     every.add_argument("--json", default="bench.json", help="write every figure and the machine here")
-    att = sub.add_parser("attention", help="VCA vs timm's fused MHSA at DeiT-T width, N = 196, 784, 3136")
+    att = sub.add_parser("attention", help="every attention of the family at DeiT-T width, N = 196, 784, 3136, "
+                                           "eager and compiled, and the speed targets")
     att.add_argument("--sides", type=int, nargs="+", default=[14, 28, 56], help="patch-grid sides (N = side^2)")
     att.add_argument("--batch", type=int, default=8)
     att.add_argument("--dim", type=int, default=192)
     att.add_argument("--heads", type=int, default=3)
-    att.add_argument("--contrast-tokens", type=int, default=49)
+    att.add_argument("--contrast-tokens", type=int, default=49,
+                     help="pooled tokens of every layer that pools (VCA's contrast tokens, Agent's agent tokens)")
+    att.add_argument("--layers", nargs="+", default=list(BENCH_LAYERS), choices=BENCH_LAYERS, metavar="LAYER",
+                     help=f"the layers to measure (default every one: {' '.join(BENCH_LAYERS)})")
+    att.add_argument("--no-compile", dest="compile", action="store_false",
+                     help="skip torch.compile timings (on a CPU each layer and N compiles for seconds)")
     att.add_argument("--min-run-time", type=float, default=1.0, help="seconds of timing per measurement")
     att.add_argument("--device", default="cpu")
     att.add_argument("--json", help="also write the figures and the machine to this JSON file")
@@ -62,13 +68,21 @@ def main(argv=None) -> None:
 
     print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
     rows = bench_attention(args.sides, dim=args.dim, heads=args.heads, batch=args.batch,
-                           contrast_tokens=args.contrast_tokens, min_run_time=args.min_run_time,
-                           device=args.device)
+                           contrast_tokens=args.contrast_tokens, layers=args.layers, compile=args.compile,
+                           min_run_time=args.min_run_time, device=args.device,
+                           log=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
     print(f"attention layer, width {args.dim}, {args.heads} heads, batch {args.batch}, "
-          f"{args.contrast_tokens} contrast tokens, median wall time")
-    print(attention_table(rows))
+          f"{args.contrast_tokens} pooled tokens, no prefix tokens, median wall time (ms)"
+          + ("" if args.compile else "; torch.compile skipped (--no-compile)"))
+    print(family_speed_table(rows))
+    targets = speed_targets(rows)
+    print("\n".join(targets))
+    failed = [f"{r.layer} N={r.tokens}: {r.compile_error}" for r in rows if r.compile_error]
+    if failed:
+        print("torch.compile failed for: " + "; ".join(failed))
     if args.json:
-        write_json(args.json, {"machine": machine, "config": vars(args), "attention": [asdict(r) for r in rows]})
+        write_json(args.json, {"machine": machine, "config": vars(args), "attention": [asdict(r) for r in rows],
+                               "targets": targets})
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@
     ("pvt_tiny", "vca")   -> vca_pvt_tiny              (PVT v1, written here; the lab's layout)
     ("swin_tiny", "vca")  -> vca_swin_tiny_patch4_window7_224 (timm's Swin, attention swapped)
     ("cswin_tiny", "vca") -> vca_cswin_tiny_224        (CSWin, written here)
+    ("pvt_tiny", "agent")  -> lab_pvt_tiny with compared_attention="agent" (likewise swin_tiny, cswin_tiny and
+                             flatten, inline, circulant, mhsa+dwc: the lab's layout with that attention)
     ("pvt_tiny_gap", "mhsa"), ("cswin_tiny_2418", "mhsa"): the backbones of the lab's layouts
                              with their own attention (controls)
 
@@ -46,6 +48,8 @@ for _arch, _dropin in DROPIN_MODELS.items():
 for _module in (pvt, swin, cswin, family):
     CLASSIFIER_ARCHS.update(_module.MODEL_NAMES)
 CLASSIFIER_ATTENTIONS = ATTENTIONS
+# The lab's hierarchical layouts with any attention, told which by compared_attention=.
+LAB_MODELS = (pvt.LAB_MODEL, swin.LAB_MODEL, cswin.LAB_MODEL)
 # Every attention's own knobs, and the placement knob of the hierarchical VCA models
 _ALL_OPTIONS = {o for a in ATTENTIONS for o in attention_options(a)} | set(HIERARCHICAL_VCA_OPTIONS)
 
@@ -65,15 +69,17 @@ def classifier_name(arch: str, attention: str) -> str:
 def create_classifier(arch: str, attention: str, **kwargs: Any) -> nn.Module:
     """Create a classifier; an attention's own knobs (``contrast_tokens``, ``agent_tokens``, ...) only with it."""
     name = classifier_name(arch, attention)
-    own = set(attention_options(attention)) | (set(HIERARCHICAL_VCA_OPTIONS) if attention == "vca" else set())
+    own = set(attention_options(attention)) | ({"attn_layout"} if attention == "vca" or name in LAB_MODELS else set())
     stray = sorted((set(kwargs) & _ALL_OPTIONS) - own)
     if stray:
         raise BadInput(f"{', '.join(stray)} {'does' if len(stray) == 1 else 'do'} not apply to attention "
                        f"{attention!r}; remove {'it' if len(stray) == 1 else 'them'}.")
     if name in DROPIN_MODELS.values():
         kwargs["attention"] = attention
+    elif name in LAB_MODELS:
+        kwargs["compared_attention"] = attention
     return timm.create_model(name, **kwargs)
 
 
-__all__ = ["CLASSIFIER_ARCHS", "CLASSIFIER_ATTENTIONS", "DROPIN_MODELS", "VcaVisionTransformer", "classifier_name",
-           "create_classifier"]
+__all__ = ["CLASSIFIER_ARCHS", "CLASSIFIER_ATTENTIONS", "DROPIN_MODELS", "LAB_MODELS", "VcaVisionTransformer",
+           "classifier_name", "create_classifier"]

@@ -1,4 +1,4 @@
-"""CSWin-T (Cross-Shaped Window Transformer), baseline and Visual-Contrast Attention, timm-registered.
+"""CSWin-T (Cross-Shaped Window Transformer), baseline, Visual-Contrast Attention and the family, timm-registered.
 
 timm has no CSWin, so it is written here on timm layers after the shapes of the
 original (Dong et al., CVPR 2022, github.com/microsoft/CSWin-Transformer, CSWin-T
@@ -26,13 +26,17 @@ Registered models (224 px, 1000 classes):
     replaced by ``VisualContrastAttention`` over the whole stage grid with 9 and 16
     contrast tokens (the lab's stripe of 56 / 28 covers the grid, one branch); VCA's own
     3x3 depthwise conv of V takes LePE's role. Stages 3-4 keep CSWin's attention.
+``lab_cswin_tiny_224``
+    The same layout with any attention of the family in the ``A`` stages
+    (``compared_attention="agent"`` is the lab's own Agent-CSWin-T, 9 and 16 agent tokens).
 ``cswin_tiny_2418_224``
     The control: CSWin's own attention in the lab's 2-4-18-1 backbone, so that "VCA" and
     "a different depth split" can be told apart.
 
-``attn_layout`` (``A`` = VCA, ``B`` = cross-shaped attention), ``contrast_tokens`` (one count
-or one per stage) and ``depths`` are parameters; ``layer_index`` counts blocks across the
-network, ``B`` blocks included.
+``attn_layout`` (``A`` = the compared attention, ``B`` = cross-shaped attention),
+``compared_attention`` (default VCA) with its own options, its pooled tokens (one count or one
+per stage, models/placement.py) and ``depths`` are parameters; ``layer_index`` counts blocks
+across the network, ``B`` blocks included.
 """
 from __future__ import annotations
 
@@ -45,14 +49,17 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import trunc_normal_
 from timm.models import generate_default_cfgs, register_model
 
-from ..attention import VisualContrastAttention
+from ..attention import build_attention
 from ..attention.vca import patch_grid
-from .placement import ContrastTokens, attention_layout, per_stage
-from .pvt import PreNormBlock, build_hierarchical
+from .placement import LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, stage_options
+from .pvt import PreNormBlock
 from vcarepro.errors import BadInput
 
+# The lab's layout with any attention of the family (compared_attention=...).
+LAB_MODEL = "lab_cswin_tiny_224"
 # pipeline arch name -> {attention: timm name}; "mhsa" names the backbone's own attention
-MODEL_NAMES = {"cswin_tiny": {"mhsa": "cswin_tiny_224", "vca": "vca_cswin_tiny_224"},
+MODEL_NAMES = {"cswin_tiny": {"mhsa": "cswin_tiny_224", "vca": "vca_cswin_tiny_224",
+                              **{a: LAB_MODEL for a in LAB_MODEL_ATTENTIONS}},
                "cswin_tiny_2418": {"mhsa": "cswin_tiny_2418_224"}}
 
 
@@ -148,7 +155,8 @@ class CSWinStage(nn.Module):
 
 
 class CSWinTransformer(nn.Module):
-    """CSWin Transformer with cross-shaped attention (``B``) or global VCA (``A``) per stage, as ``attn_layout`` says."""
+    """CSWin Transformer with cross-shaped attention (``B``) or a global compared attention (``A``) per stage, as
+    ``attn_layout`` says; ``**attention_kwargs`` are the compared attention's own options."""
 
     def __init__(
         self,
@@ -167,15 +175,16 @@ class CSWinTransformer(nn.Module):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         attn_layout: str = "BBBB",
-        contrast_tokens: ContrastTokens = 49,
-        vca_kwargs: Optional[Dict[str, Any]] = None,
+        compared_attention: str = "vca",
+        **attention_kwargs: Any,
     ) -> None:
         super().__init__()
         if global_pool != "avg":
             raise BadInput("CSWin classifies from mean-pooled tokens; global_pool must be 'avg'.")
         num_stages = len(depths)
-        uses_vca = attention_layout(attn_layout, num_stages)
-        contrast_per_stage = per_stage(contrast_tokens, num_stages)
+        uses_compared = attention_layout(attn_layout, num_stages)
+        options_per_stage = stage_options(compared_attention, attention_kwargs, num_stages)
+        self.compared_attention = compared_attention
         self.num_classes = num_classes
         self.global_pool = global_pool
         dims = [embed_dim * 2 ** i for i in range(num_stages)]
@@ -197,11 +206,11 @@ class CSWinTransformer(nn.Module):
             self.stage_grids.append(grid)
             blocks = []
             for _ in range(depths[i]):
-                if uses_vca[i]:
-                    attn = VisualContrastAttention(
-                        dims[i], num_heads[i], grid_size=grid, num_prefix_tokens=0,
-                        contrast_tokens=contrast_per_stage[i], layer_index=layer_index, qkv_bias=qkv_bias,
-                        attn_drop=attn_drop_rate, proj_drop=drop_rate, **(vca_kwargs or {}))
+                if uses_compared[i]:
+                    attn = build_attention(
+                        compared_attention, dims[i], num_heads[i], grid_size=grid, num_prefix_tokens=0,
+                        layer_index=layer_index, qkv_bias=qkv_bias, attn_drop=attn_drop_rate, proj_drop=drop_rate,
+                        options=options_per_stage[i])
                 else:
                     attn = CrossShapedWindowAttention(
                         dims[i], num_heads[i], grid_size=grid, stripe_width=min(stripe_widths[i], *grid),
@@ -226,7 +235,7 @@ class CSWinTransformer(nn.Module):
         elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
-        elif isinstance(module, VisualContrastAttention):
+        elif callable(getattr(module, "init_weights", None)):  # an attention's own parameters (VCA's, Agent's biases)
             module.init_weights()
 
     @torch.jit.ignore
@@ -276,7 +285,7 @@ def _cfg(**kwargs: Any) -> Dict[str, Any]:
 
 
 default_cfgs = generate_default_cfgs({"cswin_tiny_224": _cfg(), "cswin_tiny_2418_224": _cfg(),
-                                     "vca_cswin_tiny_224": _cfg()})
+                                     "vca_cswin_tiny_224": _cfg(), LAB_MODEL: _cfg()})
 
 CSWIN_SHAPES = {
     "tiny": dict(embed_dim=64, depths=(1, 2, 21, 1), stripe_widths=(1, 2, 7, 7), num_heads=(2, 4, 8, 16),
@@ -284,26 +293,36 @@ CSWIN_SHAPES = {
 }
 # The lab's CSwin-T backbone (agent_cswin.py, Agent_CSWin_64_24181_tiny_224): depths 2-4-18-1.
 LAB_DEPTHS = dict(depths=(2, 4, 18, 1))
-# The lab's placement in it (cfgs/agent_cswin_t.yaml: ATTN_TYPE AABB, NUM 9-16-49-49).
-LAB_CSWIN_TINY_VCA = dict(attn_layout="AABB", contrast_tokens=(9, 16, 49, 49))
+# The lab's placement in it (cfgs/agent_cswin_t.yaml: ATTN_TYPE AABB, NUM 9-16-49-49 = placement.LAB_STAGE_TOKENS).
+LAB_CSWIN_TINY_LAYOUT = "AABB"
 
 
 @register_model
 def cswin_tiny_224(pretrained: bool = False, **kwargs: Any) -> CSWinTransformer:
     """CSWin-T with cross-shaped window attention (the original, depths 1-2-21-1)."""
-    return build_hierarchical(CSWinTransformer, "cswin_tiny_224", pretrained, vca=False,
+    return build_hierarchical(CSWinTransformer, "cswin_tiny_224", pretrained,
                               defaults=CSWIN_SHAPES["tiny"], kwargs=kwargs)
 
 
 @register_model
 def cswin_tiny_2418_224(pretrained: bool = False, **kwargs: Any) -> CSWinTransformer:
     """CSWin-T's attention in the lab's depths 2-4-18-1 (the control for vca_cswin_tiny_224)."""
-    return build_hierarchical(CSWinTransformer, "cswin_tiny_2418_224", pretrained, vca=False,
+    return build_hierarchical(CSWinTransformer, "cswin_tiny_2418_224", pretrained,
                               defaults={**CSWIN_SHAPES["tiny"], **LAB_DEPTHS}, kwargs=kwargs)
 
 
 @register_model
 def vca_cswin_tiny_224(pretrained: bool = False, **kwargs: Any) -> CSWinTransformer:
     """CSWin-T in the lab's layout: depths 2-4-18-1, VCA in stages 1-2 (9 and 16 tokens), CSWin's attention in 3-4."""
-    return build_hierarchical(CSWinTransformer, "vca_cswin_tiny_224", pretrained, vca=True,
-                              defaults={**CSWIN_SHAPES["tiny"], **LAB_DEPTHS, **LAB_CSWIN_TINY_VCA}, kwargs=kwargs)
+    return build_hierarchical(CSWinTransformer, "vca_cswin_tiny_224", pretrained, layout=LAB_CSWIN_TINY_LAYOUT,
+                              compared_attention="vca", defaults={**CSWIN_SHAPES["tiny"], **LAB_DEPTHS}, kwargs=kwargs)
+
+
+@register_model
+def lab_cswin_tiny_224(pretrained: bool = False, **kwargs: Any) -> CSWinTransformer:
+    """CSWin-T in the lab's layout (depths 2-4-18-1, AABB) with ``compared_attention=`` in stages 1-2.
+
+    ``compared_attention="agent"`` is the lab's Agent-CSWin-T (agent_cswin.py): 9 and 16 agent tokens.
+    """
+    return build_hierarchical(CSWinTransformer, LAB_MODEL, pretrained, layout=LAB_CSWIN_TINY_LAYOUT,
+                              defaults={**CSWIN_SHAPES["tiny"], **LAB_DEPTHS}, kwargs=kwargs)

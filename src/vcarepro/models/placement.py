@@ -2,15 +2,24 @@
 
 The layout is a string with one letter per stage, as in the lab's Agent Attention code
 (LeapLabTHU/Agent-Attention ``agent_transformer/cfgs/*.yaml``, ``MODEL.AGENT.ATTN_TYPE``):
-``A`` puts the compared attention (here VCA) in every block of the stage, ``B`` keeps the
-backbone's own attention (PVT's spatial reduction, Swin's windows, CSWin's stripes).
-``contrast_tokens`` gives one count for every stage or one per stage (the lab's
-``MODEL.AGENT.NUM``, e.g. 9-16-49-49); a ``B`` stage ignores its count.
+``A`` puts the compared attention in every block of the stage, ``B`` keeps the backbone's
+own attention (PVT's spatial reduction, Swin's windows, CSWin's stripes).
+
+The compared attention is any layer of :mod:`vcarepro.attention`, named by
+``compared_attention`` (``"vca"`` by default; the lab's own layer is ``"agent"``) and built
+by :func:`~vcarepro.attention.build_attention`. Its own knobs pass through as keyword
+arguments. The per-stage token count (the lab's ``MODEL.AGENT.NUM``, 9-16-49-49) goes to its
+pooled-token option (``contrast_tokens`` for VCA, ``agent_tokens`` for Agent), which takes one
+count for every stage or one per stage; an attention without pooled tokens has no count,
+and a ``B`` stage ignores its count.
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple, Union
+from typing import Any, Dict, List, Sequence, Tuple, Union
 
+from timm.models import build_model_with_cfg
+
+from ..attention import ATTENTIONS, POOLED_TOKEN_OPTION, attention_options
 from .deit import VCA_OPTIONS
 from vcarepro.errors import BadInput
 
@@ -18,8 +27,19 @@ ContrastTokens = Union[int, Sequence[int], Sequence[Union[int, Sequence[int]]]]
 
 COMPARED, OWN = "A", "B"
 
-# What a VCA hierarchical model accepts beyond its backbone's arguments; a baseline refuses them.
+# The attentions a pipeline arch of a lab layout maps to its generic lab_* model (vca has its vca_* model, mhsa
+# is the backbone's own attention). Any name of vcarepro.attention builds; timm's diff is left out of the
+# pipeline as in the lab's layouts, which place the lab's own layers.
+LAB_MODEL_ATTENTIONS = ("agent", "flatten", "inline", "circulant", "mhsa+dwc")
+# The lab's pooled tokens per stage in PVT-T, Swin-T and CSWin-T (cfgs/agent_{pvt,swin,cswin}_t.yaml: NUM 9-16-49-49).
+LAB_STAGE_TOKENS = (9, 16, 49, 49)
+
+# VCA's options and the layout: the knobs create_classifier knows for a hierarchical VCA model.
 HIERARCHICAL_VCA_OPTIONS = (*VCA_OPTIONS, "attn_layout")
+# What places any compared attention (beside that attention's own options).
+PLACEMENT_OPTIONS = ("attn_layout", "compared_attention")
+# Everything a backbone with its own attention only (a baseline or control) refuses.
+_COMPARED_ONLY = {o for a in ATTENTIONS for o in attention_options(a)} | set(PLACEMENT_OPTIONS)
 
 
 def attention_layout(layout: str, num_stages: int) -> List[bool]:
@@ -30,13 +50,72 @@ def attention_layout(layout: str, num_stages: int) -> List[bool]:
     return [letter == COMPARED for letter in layout]
 
 
-def per_stage(value: ContrastTokens, num_stages: int) -> List[Union[int, Tuple[int, int]]]:
-    """One contrast-token setting for all stages (49, (7, 7)) or one per stage ((9, 16, 49, 49), ((3, 3), ...))."""
+def per_stage(value: ContrastTokens, num_stages: int,
+              option: str = "contrast_tokens") -> List[Union[int, Tuple[int, int]]]:
+    """One token setting for all stages (49, (7, 7)) or one per stage ((9, 16, 49, 49), ((3, 3), ...))."""
     if isinstance(value, int):
         return [value] * num_stages
     items = list(value)
     if len(items) == 2 and all(isinstance(v, int) for v in items) and num_stages != 2:
         return [tuple(items)] * num_stages  # an (h, w) grid shared by all stages
     if len(items) != num_stages:
-        raise BadInput(f"contrast_tokens needs one value per stage ({num_stages}), got {value!r}.")
+        raise BadInput(f"{option} needs one value per stage ({num_stages}), got {value!r}.")
     return items
+
+
+def stage_options(compared_attention: str, options: Dict[str, Any], num_stages: int) -> List[Dict[str, Any]]:
+    """The compared attention's own knobs for each stage: its pooled-token count split per stage, the rest shared.
+
+    A clear error for an unknown attention, an option it does not have, and ``contrast_tokens``
+    given to an attention whose pooled tokens are named otherwise or that pools none.
+    """
+    own = attention_options(compared_attention)  # an unknown name fails here, listing the known ones
+    pooled = POOLED_TOKEN_OPTION.get(compared_attention)
+    if "contrast_tokens" in options and pooled != "contrast_tokens":
+        instead = f"its per-stage count is {pooled}" if pooled else "it has no pooled tokens, so no per-stage count"
+        raise BadInput(f"contrast_tokens does not apply to attention {compared_attention!r}: {instead}; "
+                       f"remove contrast_tokens.")
+    unknown = sorted(set(options) - set(own))
+    if unknown:
+        raise BadInput(f"{', '.join(unknown)} {'is not an argument' if len(unknown) == 1 else 'are not arguments'} "
+                       f"of the model nor of attention {compared_attention!r}"
+                       + (f" (its options: {', '.join(own)})." if own else " (it has no options)."))
+    shared = {k: v for k, v in options.items() if k != pooled}
+    if pooled in options:
+        return [{**shared, pooled: tokens} for tokens in per_stage(options[pooled], num_stages, pooled)]
+    return [dict(shared) for _ in range(num_stages)]
+
+
+def lab_placement(attn_layout: str, compared_attention: str,
+                  stage_tokens: ContrastTokens = LAB_STAGE_TOKENS) -> Dict[str, Any]:
+    """A lab layout's keyword arguments: the layout, the attention, and its pooled tokens per stage if it pools."""
+    placement: Dict[str, Any] = dict(attn_layout=attn_layout, compared_attention=compared_attention)
+    if compared_attention in POOLED_TOKEN_OPTION:
+        placement[POOLED_TOKEN_OPTION[compared_attention]] = stage_tokens
+    return placement
+
+
+def build_hierarchical(model_cls, variant: str, pretrained: bool, *, defaults: Dict[str, Any],
+                       kwargs: Dict[str, Any], layout: str = "", compared_attention: str = ""):
+    """Build a hierarchical variant over ``defaults`` (no published weights).
+
+    With a ``layout`` it is a lab-layout model: ``compared_attention`` (from ``kwargs`` when not
+    fixed by the variant, default VCA) fills the ``A`` stages with the lab's per-stage tokens.
+    Without one it is a backbone with its own attention, which refuses every compared-attention knob.
+    """
+    if pretrained:
+        raise BadInput(f"no pretrained weights are published for {variant}; create it with pretrained=False.")
+    if not layout:
+        stray = sorted(set(kwargs) & _COMPARED_ONLY)
+        if stray:
+            raise BadInput(f"{', '.join(stray)} only appl{'ies' if len(stray) == 1 else 'y'} to a VCA variant or "
+                           f"another compared attention (vca_* / lab_* models), not {variant}; remove "
+                           f"{'it' if len(stray) == 1 else 'them'}.")
+        return build_model_with_cfg(model_cls, variant, pretrained=False, **{**defaults, **kwargs})
+    kwargs = dict(kwargs)
+    chosen = kwargs.pop("compared_attention", compared_attention or "vca")
+    if compared_attention and chosen != compared_attention:
+        raise BadInput(f"{variant} holds {compared_attention!r}; for compared_attention={chosen!r} use the "
+                       f"lab_* model of the same backbone.")
+    return build_model_with_cfg(model_cls, variant, pretrained=False,
+                                **{**defaults, **lab_placement(layout, chosen), **kwargs})

@@ -1,4 +1,4 @@
-"""PVT v1 (Pyramid Vision Transformer) Tiny, baseline and Visual-Contrast Attention, timm-registered.
+"""PVT v1 (Pyramid Vision Transformer) Tiny, baseline, Visual-Contrast Attention and the family, timm-registered.
 
 timm ships PVT v2 only, so PVT v1 is written here on timm layers, following the
 shapes of the original (Wang et al., ICCV 2021, github.com/whai362/PVT): four
@@ -17,13 +17,19 @@ Registered models (224 px, 1000 classes):
     (``attn_layout="AAAA"``) with no spatial-reduction convs (``agent_sr_ratios 1111``),
     9-16-49-49 contrast tokens pooled adaptively, and that code's head: no class token,
     no final norm, the classifier reads the mean of the last stage's tokens.
+``lab_pvt_tiny``
+    The same layout with any attention of the family in the ``A`` stages,
+    ``compared_attention="agent"`` (the lab's own Agent-PVT-T: 9-16-49-49 agent tokens),
+    ``"flatten"``, ``"inline"``, ``"circulant"``, ``"mhsa+dwc"``, ...; ``"vca"`` is ``vca_pvt_tiny``.
 ``pvt_tiny_gap``
     The control: PVT's own spatial-reduction attention in the lab's backbone (no class
     token, no final norm, mean-pooled head), so that "VCA" and "a different head" can
     be told apart.
 
-Any layout is a parameter: ``attn_layout`` (``A`` = VCA, ``B`` = spatial-reduction
-attention with ``sr_ratios``), ``contrast_tokens`` (one count or one per stage),
+Any layout is a parameter: ``attn_layout`` (``A`` = the compared attention, ``B`` =
+spatial-reduction attention with ``sr_ratios``), ``compared_attention`` (any name of
+``vcarepro.attention``, default VCA) with its own options as keyword arguments, its pooled
+tokens (``contrast_tokens`` / ``agent_tokens``) one count or one per stage (models/placement.py),
 ``class_token`` / ``global_pool`` / ``head_norm`` for the head; ``layer_index``
 (lambda_init's depth) counts blocks across the whole network. Parameter names follow
 a stage layout (``stages.i.patch_embed`` ...), not the original ``patch_embed1`` /
@@ -38,16 +44,17 @@ import torch
 import torch.nn as nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import DropPath, Mlp, trunc_normal_
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model
 
-from ..attention import VisualContrastAttention
+from ..attention import build_attention
 from ..attention.vca import patch_grid
-from .deit import VCA_OPTIONS
-from .placement import HIERARCHICAL_VCA_OPTIONS, ContrastTokens, attention_layout, per_stage
+from .placement import LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, stage_options
 from vcarepro.errors import BadInput
 
+# The lab's layout with any attention of the family (compared_attention=...).
+LAB_MODEL = "lab_pvt_tiny"
 # pipeline arch name -> {attention: timm name}; "mhsa" names the backbone's own attention
-MODEL_NAMES = {"pvt_tiny": {"mhsa": "pvt_tiny", "vca": "vca_pvt_tiny"},
+MODEL_NAMES = {"pvt_tiny": {"mhsa": "pvt_tiny", "vca": "vca_pvt_tiny", **{a: LAB_MODEL for a in LAB_MODEL_ATTENTIONS}},
                "pvt_tiny_gap": {"mhsa": "pvt_tiny_gap"}}
 
 
@@ -163,7 +170,8 @@ class PvtStage(nn.Module):
 
 
 class PyramidVisionTransformer(nn.Module):
-    """PVT v1 with spatial-reduction attention (``B``) or VCA (``A``) per stage, as ``attn_layout`` says."""
+    """PVT v1 with spatial-reduction attention (``B``) or the compared attention (``A``) per stage, as
+    ``attn_layout`` says; ``**attention_kwargs`` are the compared attention's own options."""
 
     def __init__(
         self,
@@ -185,8 +193,8 @@ class PyramidVisionTransformer(nn.Module):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         attn_layout: str = "BBBB",
-        contrast_tokens: ContrastTokens = 49,
-        vca_kwargs: Optional[Dict[str, Any]] = None,
+        compared_attention: str = "vca",
+        **attention_kwargs: Any,
     ) -> None:
         super().__init__()
         if global_pool not in ("token", "avg"):
@@ -194,8 +202,9 @@ class PyramidVisionTransformer(nn.Module):
         if global_pool == "token" and not class_token:
             raise BadInput("global_pool='token' reads the class token; pass class_token=True or global_pool='avg'.")
         num_stages = len(depths)
-        uses_vca = attention_layout(attn_layout, num_stages)
-        contrast_per_stage = per_stage(contrast_tokens, num_stages)
+        uses_compared = attention_layout(attn_layout, num_stages)
+        options_per_stage = stage_options(compared_attention, attention_kwargs, num_stages)
+        self.compared_attention = compared_attention
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.num_features = self.head_hidden_size = embed_dims[-1]
@@ -218,11 +227,11 @@ class PyramidVisionTransformer(nn.Module):
             prefix = self.num_prefix_tokens if i == num_stages - 1 else 0  # the class token joins last
             blocks = []
             for _ in range(depths[i]):
-                if uses_vca[i]:
-                    attn = VisualContrastAttention(
-                        embed_dims[i], num_heads[i], grid_size=grid, num_prefix_tokens=prefix,
-                        contrast_tokens=contrast_per_stage[i], layer_index=layer_index, qkv_bias=qkv_bias,
-                        attn_drop=attn_drop_rate, proj_drop=drop_rate, **(vca_kwargs or {}))
+                if uses_compared[i]:
+                    attn = build_attention(
+                        compared_attention, embed_dims[i], num_heads[i], grid_size=grid, num_prefix_tokens=prefix,
+                        layer_index=layer_index, qkv_bias=qkv_bias, attn_drop=attn_drop_rate, proj_drop=drop_rate,
+                        options=options_per_stage[i])
                 else:
                     attn = SpatialReductionAttention(
                         embed_dims[i], num_heads[i], grid_size=grid, num_prefix_tokens=prefix,
@@ -253,7 +262,7 @@ class PyramidVisionTransformer(nn.Module):
             trunc_normal_(module.pos_embed, std=0.02)
             if module.cls_token is not None:
                 trunc_normal_(module.cls_token, std=0.02)
-        elif isinstance(module, VisualContrastAttention):
+        elif callable(getattr(module, "init_weights", None)):  # an attention's own parameters (VCA's, Agent's biases)
             module.init_weights()
 
     @torch.jit.ignore
@@ -313,7 +322,8 @@ def _cfg(**kwargs: Any) -> Dict[str, Any]:
     }
 
 
-default_cfgs = generate_default_cfgs({"pvt_tiny": _cfg(), "pvt_tiny_gap": _cfg(), "vca_pvt_tiny": _cfg()})
+default_cfgs = generate_default_cfgs({"pvt_tiny": _cfg(), "pvt_tiny_gap": _cfg(), "vca_pvt_tiny": _cfg(),
+                                     LAB_MODEL: _cfg()})
 
 PVT_SHAPES = {
     "tiny": dict(patch_sizes=(4, 2, 2, 2), embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8),
@@ -321,41 +331,37 @@ PVT_SHAPES = {
 }
 # The lab's PVT head (agent_pvt.py): no class token, no final norm, the mean of the last stage's tokens.
 LAB_HEAD = dict(class_token=False, global_pool="avg", head_norm=False)
-# The lab's placement in PVT-T (cfgs/agent_pvt_t.yaml: ATTN_TYPE AAAA, NUM 9-16-49-49, PVT_LA_SR_RATIOS 1111).
-LAB_PVT_TINY_VCA = dict(attn_layout="AAAA", contrast_tokens=(9, 16, 49, 49))
-
-
-def build_hierarchical(model_cls, variant: str, pretrained: bool, *, vca: bool, defaults: Dict[str, Any],
-                       kwargs: Dict[str, Any]):
-    """Build a PVT / CSWin variant over ``defaults``: VCA knobs only for a VCA variant, no published weights."""
-    if pretrained:
-        raise BadInput(f"no pretrained weights are published for {variant}; create it with pretrained=False.")
-    if vca:
-        kwargs = dict(kwargs)
-        kwargs["vca_kwargs"] = {k: kwargs.pop(k) for k in VCA_OPTIONS if k in kwargs and k != "contrast_tokens"}
-    else:
-        stray = sorted(set(kwargs) & set(HIERARCHICAL_VCA_OPTIONS))
-        if stray:
-            raise BadInput(f"{', '.join(stray)} only apply to a VCA variant, not {variant}; remove them.")
-    return build_model_with_cfg(model_cls, variant, pretrained=False, **{**defaults, **kwargs})
+# The lab's placement in PVT-T (cfgs/agent_pvt_t.yaml: ATTN_TYPE AAAA, NUM 9-16-49-49, PVT_LA_SR_RATIOS 1111);
+# the tokens per stage are placement.LAB_STAGE_TOKENS.
+LAB_PVT_TINY_LAYOUT = "AAAA"
 
 
 @register_model
 def pvt_tiny(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
     """PVT v1 Tiny with spatial-reduction attention and its class-token head (the original)."""
-    return build_hierarchical(PyramidVisionTransformer, "pvt_tiny", pretrained, vca=False,
+    return build_hierarchical(PyramidVisionTransformer, "pvt_tiny", pretrained,
                               defaults=PVT_SHAPES["tiny"], kwargs=kwargs)
 
 
 @register_model
 def pvt_tiny_gap(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
     """PVT v1 Tiny with spatial-reduction attention and the lab's head (the control for vca_pvt_tiny)."""
-    return build_hierarchical(PyramidVisionTransformer, "pvt_tiny_gap", pretrained, vca=False,
+    return build_hierarchical(PyramidVisionTransformer, "pvt_tiny_gap", pretrained,
                               defaults={**PVT_SHAPES["tiny"], **LAB_HEAD}, kwargs=kwargs)
 
 
 @register_model
 def vca_pvt_tiny(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
     """PVT v1 Tiny in the lab's layout: VCA in every stage (9-16-49-49 tokens, no spatial reduction), lab head."""
-    return build_hierarchical(PyramidVisionTransformer, "vca_pvt_tiny", pretrained, vca=True,
-                              defaults={**PVT_SHAPES["tiny"], **LAB_HEAD, **LAB_PVT_TINY_VCA}, kwargs=kwargs)
+    return build_hierarchical(PyramidVisionTransformer, "vca_pvt_tiny", pretrained, layout=LAB_PVT_TINY_LAYOUT,
+                              compared_attention="vca", defaults={**PVT_SHAPES["tiny"], **LAB_HEAD}, kwargs=kwargs)
+
+
+@register_model
+def lab_pvt_tiny(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
+    """PVT v1 Tiny in the lab's layout with ``compared_attention=`` (any of vcarepro.attention) in every stage.
+
+    ``compared_attention="agent"`` is the lab's Agent-PVT-T (agent_pvt.py): 9-16-49-49 agent tokens.
+    """
+    return build_hierarchical(PyramidVisionTransformer, LAB_MODEL, pretrained, layout=LAB_PVT_TINY_LAYOUT,
+                              defaults={**PVT_SHAPES["tiny"], **LAB_HEAD}, kwargs=kwargs)

@@ -1,4 +1,4 @@
-"""Swin-T with Visual-Contrast Attention, timm-registered.
+"""Swin-T with Visual-Contrast Attention (or another attention of the family), timm-registered.
 
 The baseline is timm's own ``swin_tiny_patch4_window7_224`` (28.3M parameters).
 
@@ -11,75 +11,107 @@ contrast tokens; stage 4 keeps Swin's own 7x7 window attention with its relative
 bias (the lab's 'B' stage uses window max(7, 56 // 8) = 7). Swin's hierarchy, patch
 merging, MLPs and norms are timm's, unchanged.
 
-``attn_layout`` (``A`` = global VCA, ``B`` = Swin's windows) and ``contrast_tokens`` (one
-count or one per stage) are parameters: ``attn_layout="AAAA", contrast_tokens=49`` puts
-VCA everywhere. ``window_size`` applies to the ``B`` stages. At other resolutions the ``A``
-stages stay global (the lab fixes a 56 window, which would partition larger grids);
-that is our choice.
+``lab_swin_tiny_patch4_window7_224`` is the same layout with ``compared_attention=`` any
+attention of the family in the ``A`` stages: ``"agent"`` is the lab's own Agent-Swin-T
+(9-16-49 agent tokens), then ``"flatten"``, ``"inline"``, ``"circulant"``, ``"mhsa+dwc"``, ...
+
+``attn_layout`` (``A`` = the global compared attention, ``B`` = Swin's windows),
+``compared_attention`` (default VCA) with its own options, and its pooled tokens (one count
+or one per stage, models/placement.py) are parameters: ``attn_layout="AAAA",
+contrast_tokens=49`` puts VCA everywhere. ``window_size`` applies to the ``B`` stages. At
+other resolutions the ``A`` stages stay global (the lab fixes a 56 window, which would
+partition larger grids); that is our choice.
 
 How: timm skips windowing when a block's window is at least its feature map (window =
 grid, shift = 0, no mask), so each ``A`` stage is built with its window equal to its grid
-and each of its blocks' ``attn`` is swapped for VCA, which then receives the full
-(B, H*W, C) sequence in row-major order, no prefix tokens. ``layer_index`` counts blocks
-across the network, ``B`` blocks included.
+and each of its blocks' ``attn`` is swapped for the compared attention, which then receives
+the full (B, H*W, C) sequence in row-major order, no prefix tokens. The layer is made by
+``build_attention`` (its validation and init), then given timm's ``WindowAttention`` call
+signature (``mask=``, ``set_window_size``) by a subclass that adds only those two methods.
+``layer_index`` counts blocks across the network, ``B`` blocks included.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Type
 
 import torch
+import torch.nn as nn
 from timm.layers import to_2tuple
-from timm.models import SwinTransformer, build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import SwinTransformer, generate_default_cfgs, register_model
 from timm.models.swin_transformer import _cfg as _swin_cfg
 from timm.models.swin_transformer import calc_stage_window_sizes
 
-from ..attention import VisualContrastAttention
+from ..attention import ATTENTIONS, VisualContrastAttention, attention_class, attention_options, build_attention
 from ..attention.vca import patch_grid
-from .placement import ContrastTokens, attention_layout, per_stage
+from .placement import LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, stage_options
 from vcarepro.errors import BadInput
 
+# The lab's layout with any attention of the family (compared_attention=...).
+LAB_MODEL = "lab_swin_tiny_patch4_window7_224"
 # pipeline arch name -> {attention: timm name}; "mhsa" names the backbone's own attention
-MODEL_NAMES = {"swin_tiny": {"mhsa": "swin_tiny_patch4_window7_224", "vca": "vca_swin_tiny_patch4_window7_224"}}
-# The lab's placement in Swin-T (cfgs/agent_swin_t.yaml).
-LAB_SWIN_TINY_VCA = dict(attn_layout="AAAB", contrast_tokens=(9, 16, 49, 49))
+MODEL_NAMES = {"swin_tiny": {"mhsa": "swin_tiny_patch4_window7_224", "vca": "vca_swin_tiny_patch4_window7_224",
+                             **{a: LAB_MODEL for a in LAB_MODEL_ATTENTIONS}}}
+# The lab's placement in Swin-T (cfgs/agent_swin_t.yaml: ATTN_TYPE AAAB, NUM 9-16-49-49 = placement.LAB_STAGE_TOKENS).
+LAB_SWIN_TINY_LAYOUT = "AAAB"
 
 
-class SwinVisualContrastAttention(VisualContrastAttention):
-    """VCA with the call signature of timm's ``WindowAttention`` (``mask=``), on the whole stage grid."""
+class WholeGridWindow:
+    """Mixin: an attention over the whole stage grid with the call signature of timm's ``WindowAttention``."""
 
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:  # type: ignore[override]
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         if mask is not None:
-            raise BadInput("global VCA got a shifted-window mask; the block's window must cover its whole grid.")
+            raise BadInput(f"global {type(self).__name__} got a shifted-window mask; the block's window must cover "
+                           f"its whole grid.")
         return super().forward(x)
 
     def set_window_size(self, window_size: Tuple[int, int]) -> None:
-        # timm calls this on a resize; the "window" is the whole stage grid here.
-        self.set_grid_size(window_size)
+        # timm calls this on a resize; the "window" is the whole stage grid here (timm's own layers need no grid).
+        if hasattr(super(), "set_grid_size"):
+            self.set_grid_size(window_size)
+
+
+class SwinVisualContrastAttention(WholeGridWindow, VisualContrastAttention):
+    """VCA with the call signature of timm's ``WindowAttention`` (``mask=``), on the whole stage grid."""
+
+
+def _whole_grid_class(name: str) -> Type[nn.Module]:
+    layer = attention_class(name)
+    if layer is VisualContrastAttention:
+        return SwinVisualContrastAttention
+    # a module-level class, so that a pickled model finds it by name
+    return type(f"SwinGlobal{layer.__name__}", (WholeGridWindow, layer),
+                {"__module__": __name__, "__doc__": f"{layer.__name__} over the whole stage grid, called as timm's "
+                                                    f"WindowAttention."})
+
+
+WHOLE_GRID_LAYERS: Dict[str, Type[nn.Module]] = {name: _whole_grid_class(name) for name in ATTENTIONS}
+globals().update({cls.__name__: cls for cls in WHOLE_GRID_LAYERS.values()})
 
 
 class VcaSwinTransformer(SwinTransformer):
-    """timm's ``SwinTransformer`` with global Visual-Contrast Attention in the ``A`` stages of ``attn_layout``."""
+    """timm's ``SwinTransformer`` with a global compared attention (VCA by default) in the ``A`` stages of
+    ``attn_layout``. Keyword arguments that are options of ``compared_attention`` go to it, the rest to timm
+    (with ``compared_attention="circulant"``, ``head_dim`` is Circulant's)."""
 
     def __init__(
         self,
         *,
         attn_layout: str = "AAAA",
-        contrast_tokens: ContrastTokens = 49,
-        stage1: str = "vca",
-        stage2: str = "vca",
-        tokens_pos: str = "pool+emb",
-        tokens_neg: str = "pool+emb",
-        stage2_softmax: str = "joint",
-        local_conv: bool = True,
+        compared_attention: str = "vca",
         weight_init: str = "",
         **kwargs: Any,
     ) -> None:
+        own = set(attention_options(compared_attention)) | {"contrast_tokens"}  # stage_options refuses a stray one
+        attention_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in own}
         if kwargs.get("dynamic_img_size") or kwargs.get("strict_img_size") is False:
-            raise BadInput("VCA models need a fixed token grid; build the model with the img_size you feed it.")
+            raise BadInput(f"{compared_attention} models need a fixed token grid; build the model with the img_size "
+                           f"you feed it.")
         if kwargs.get("always_partition"):
-            raise BadInput("global VCA bypasses window partitioning; do not pass always_partition=True.")
+            raise BadInput(f"global {compared_attention} bypasses window partitioning; do not pass "
+                           f"always_partition=True.")
         depths = kwargs.get("depths", (2, 2, 6, 2))
         uses_vca = attention_layout(attn_layout, len(depths))
+        options_per_stage = stage_options(compared_attention, attention_kwargs, len(depths))
         own_window = kwargs.pop("window_size", 7)
         if not (isinstance(own_window, int) or (len(own_window) == 2 and all(isinstance(v, int) for v in own_window))):
             raise BadInput(f"window_size={own_window!r}: give one int or (h, w) for Swin's own (B) stages; the VCA "
@@ -88,10 +120,10 @@ class VcaSwinTransformer(SwinTransformer):
         grids = _stage_grids(kwargs.get("img_size", 224), kwargs.get("patch_size", 4), len(depths))
         kwargs["window_size"] = [grid if vca else own_window for grid, vca in zip(grids, uses_vca)]
         super().__init__(weight_init="skip", **kwargs)
-        self.uses_vca = uses_vca
-        tokens_per_stage = per_stage(contrast_tokens, len(self.layers))
+        self.uses_vca = uses_vca  # whether each stage holds the compared attention
+        self.compared_attention = compared_attention
         layer_index = 0
-        for stage, tokens, vca in zip(self.layers, tokens_per_stage, self.uses_vca):
+        for stage, options, vca in zip(self.layers, options_per_stage, self.uses_vca):
             if not vca:  # Swin's own window attention stays
                 layer_index += len(stage.blocks)
                 continue
@@ -99,23 +131,20 @@ class VcaSwinTransformer(SwinTransformer):
                 window = block.attn
                 if block.window_size != tuple(stage.output_resolution) or any(block.shift_size):
                     raise AssertionError("timm did not collapse the window to the stage grid")  # guard a timm change
-                block.attn = SwinVisualContrastAttention(
+                attn = build_attention(
+                    compared_attention,
                     window.qkv.in_features,
                     window.num_heads,
                     grid_size=stage.output_resolution,
                     num_prefix_tokens=0,
-                    contrast_tokens=tokens,
                     layer_index=layer_index,
-                    stage1=stage1,
-                    stage2=stage2,
-                    tokens_pos=tokens_pos,
-                    tokens_neg=tokens_neg,
-                    stage2_softmax=stage2_softmax,
-                    local_conv=local_conv,
                     qkv_bias=window.qkv.bias is not None,
                     attn_drop=window.attn_drop.p,
                     proj_drop=window.proj_drop.p,
+                    options=options,
                 )
+                attn.__class__ = WHOLE_GRID_LAYERS[compared_attention]  # adds methods only: same state, same init
+                block.attn = attn
                 layer_index += 1
         self.weight_init_mode = "reset" if weight_init == "skip" else weight_init
         if weight_init != "skip":
@@ -124,7 +153,7 @@ class VcaSwinTransformer(SwinTransformer):
     def set_input_size(self, img_size=None, patch_size=None, window_size=None, window_ratio=None,
                        always_partition=None) -> None:
         if window_size is not None or window_ratio is not None or always_partition:
-            raise BadInput("the VCA stages have no windows; change img_size / patch_size only.")
+            raise BadInput("the compared attention's stages have no windows; change img_size / patch_size only.")
         img_size = img_size if img_size is not None else self.patch_embed.img_size
         patch = patch_size if patch_size is not None else self.patch_embed.patch_size
         grids = _stage_grids(img_size, patch, len(self.layers))
@@ -149,17 +178,26 @@ def _stage_grids(img_size, patch_size, num_stages: int) -> List[Tuple[int, int]]
 
 
 default_cfgs = generate_default_cfgs({
-    # No weights are published for this build (no url / hf_hub_id); eval as timm's Swin.
+    # No weights are published for these builds (no url / hf_hub_id); eval as timm's Swin.
     "vca_swin_tiny_patch4_window7_224": _swin_cfg(),
+    LAB_MODEL: _swin_cfg(),
 })
+SWIN_TINY_SHAPE = dict(patch_size=4, embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24))
 
 
 @register_model
 def vca_swin_tiny_patch4_window7_224(pretrained: bool = False, **kwargs: Any) -> VcaSwinTransformer:
     """Swin-T (timm's shapes) in the lab's layout: global VCA in stages 1-3 (9-16-49 tokens), Swin's windows in 4."""
-    if pretrained:
-        raise BadInput("no pretrained weights are published for vca_swin_tiny_patch4_window7_224; "
-                         "create it with pretrained=False.")
-    model_args = dict(patch_size=4, embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), **LAB_SWIN_TINY_VCA)
-    return build_model_with_cfg(VcaSwinTransformer, "vca_swin_tiny_patch4_window7_224", pretrained=False,
-                                **dict(model_args, **kwargs))
+    return build_hierarchical(VcaSwinTransformer, "vca_swin_tiny_patch4_window7_224", pretrained,
+                              layout=LAB_SWIN_TINY_LAYOUT, compared_attention="vca", defaults=SWIN_TINY_SHAPE,
+                              kwargs=kwargs)
+
+
+@register_model
+def lab_swin_tiny_patch4_window7_224(pretrained: bool = False, **kwargs: Any) -> VcaSwinTransformer:
+    """Swin-T in the lab's layout with ``compared_attention=`` global in stages 1-3, Swin's windows in 4.
+
+    ``compared_attention="agent"`` is the lab's Agent-Swin-T (agent_swin.py): 9-16-49 agent tokens.
+    """
+    return build_hierarchical(VcaSwinTransformer, LAB_MODEL, pretrained, layout=LAB_SWIN_TINY_LAYOUT,
+                              defaults=SWIN_TINY_SHAPE, kwargs=kwargs)

@@ -79,26 +79,44 @@ def gains_png(rows: List[dict]) -> Optional[str]:
 
 
 def attention_cost_png(cost: Optional[dict]) -> Optional[str]:
-    """MACs and forward+backward time of one attention layer against token count, log-log.
+    """MACs and forward+backward time of one attention layer against token count, log-log, one line per layer.
 
+    Three panels: exact MACs, eager time and compiled time (the last says why it is empty when the
+    stage did not compile). Each layer has its own colour and marker, in one legend beside the panels.
     The x ticks are the measured token counts; both axes label decades in plain numbers and leave the
     minor ticks unlabelled (matplotlib's default labels them too, and on a log axis they collide).
     """
     if not cost or not cost.get("rows"):
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3.0))
-    tokens = sorted({r["tokens"] for r in cost["rows"]})
-    for layer, style in (("mhsa", "o-"), ("vca", "s-")):
-        rows = sorted((r for r in cost["rows"] if r["layer"] == layer), key=lambda r: r["tokens"])
-        n = [r["tokens"] for r in rows]
-        axes[0].loglog(n, [r["macs"] / 1e9 for r in rows], style, label=layer.upper())
-        axes[1].loglog(n, [r["forward_backward_ms"] for r in rows], style, label=layer.upper())
-    axes[0].set_ylabel("GMACs (exact)", fontsize=8)
-    axes[1].set_ylabel("ms, forward + backward", fontsize=8)
-    axes[1].set_title(cost["machine"].get("cpu") or "this machine", fontsize=7)
+    rows = cost["rows"]
+    tokens = sorted({r["tokens"] for r in rows})
+    layers = list(dict.fromkeys(r["layer"] for r in rows))
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    markers = "osD^v<>pP*Xh"
+    colours = plt.get_cmap("tab10").colors
+    panels = (("macs", 1e-9, "GMACs (exact)"), ("forward_backward_ms", 1.0, "ms, forward + backward, eager"),
+              ("compiled_forward_backward_ms", 1.0, "ms, forward + backward, torch.compile"))
+    for i, layer in enumerate(layers):
+        mine = sorted((r for r in rows if r["layer"] == layer), key=lambda r: r["tokens"])
+        style = dict(marker=markers[i % len(markers)], color=colours[i % len(colours)], markersize=4,
+                     linewidth=1.2, linestyle="-" if i < len(colours) else "--", label=layer)
+        for ax, (key, scale, _) in zip(axes, panels):
+            points = [(r["tokens"], r[key] * scale) for r in mine if r.get(key) is not None]
+            if points:
+                ax.loglog(*zip(*points), **style)
     plain = ticker.FuncFormatter(lambda v, _: f"{v:g}")
-    for ax in axes:
+    for ax, (key, _, label) in zip(axes, panels):
+        ax.set_ylabel(label, fontsize=8)
         ax.set_xlabel("tokens N", fontsize=8)
+        ax.tick_params(labelsize=8)
+        if not ax.lines:  # nothing measured on this panel: say why instead of an empty frame
+            failed = [r for r in rows if r.get("compile_error")]
+            why = ("torch.compile failed for every layer" if failed
+                   else "not measured\n(attention_cost.compile: false)")
+            ax.text(0.5, 0.5, why, ha="center", va="center", fontsize=8, transform=ax.transAxes)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            continue
         ax.set_xticks(tokens)
         ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.0f}"))
         ax.xaxis.set_minor_formatter(ticker.NullFormatter())
@@ -106,7 +124,10 @@ def attention_cost_png(cost: Optional[dict]) -> Optional[str]:
         ax.yaxis.set_major_formatter(plain)
         ax.yaxis.set_minor_formatter(ticker.NullFormatter())
         ax.grid(alpha=0.3, which="both")
-        ax.tick_params(labelsize=8)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+    axes[1].set_title(cost["machine"].get("cpu") or "this machine", fontsize=7)
+    handles, labels = axes[0].get_legend_handles_labels()
+    # outside the panels, in a strip kept free on the right, so nine lines never cover a curve
+    fig.tight_layout(rect=(0, 0, 0.89, 1))
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(0.895, 0.5), fontsize=7, frameon=False,
+               ncol=1 if len(labels) <= 12 else 2)
     return _png(fig)

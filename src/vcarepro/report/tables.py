@@ -470,7 +470,11 @@ class TableBuilder:
         """How one attention layer's MACs and time grow from the smallest to the largest token count."""
         rows = self.attention_cost["rows"]
         by = {(r["layer"], r["tokens"]): r for r in rows}
-        n0, n1 = min(r["tokens"] for r in rows), max(r["tokens"] for r in rows)
+        # the claim compares VCA with MHSA; the other layers the stage measures do not enter it
+        tokens = sorted({r["tokens"] for r in rows if ("mhsa", r["tokens"]) in by and ("vca", r["tokens"]) in by})
+        if not tokens:
+            return "VCA and MHSA were not both measured (attention_cost.layers)", None
+        n0, n1 = tokens[0], tokens[-1]
         if n0 == n1:
             return "measured at one token count only; growth needs two (attention_cost.sides)", None
         ratio = {layer: {k: by[(layer, n1)][k] / by[(layer, n0)][k] for k in ("macs", "forward_backward_ms")}
