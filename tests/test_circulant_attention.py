@@ -16,7 +16,7 @@ GRIDS = [(4, 6), (5, 5), (3, 7)]          # non-square, odd square, odd last sid
 VARIANTS = {
     "default": {},
     "qkv_bias": dict(qkv_bias=True),
-    "head_dim_4": dict(head_dim=4),
+    "head_dim_4": dict(channels_per_kernel=4),
     "divisor_n": dict(logit_divisor="n"),
     "prefix_none": dict(prefix_attention="none"),
     "no_gate": dict(gate=False),
@@ -134,7 +134,7 @@ def test_paths_agree_on_the_deit_grid(prefix):
         torch.testing.assert_close(m(x), m(x, reference=True), rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("kw", [{}, dict(head_dim=2), dict(logit_divisor="n"), dict(prefix_attention="none"),
+@pytest.mark.parametrize("kw", [{}, dict(channels_per_kernel=2), dict(logit_divisor="n"), dict(prefix_attention="none"),
                                 dict(gate=False, qkv_bias=True)])
 @pytest.mark.parametrize("prefix", [0, 1, 2])
 @pytest.mark.parametrize("reference", [False, True])
@@ -164,7 +164,7 @@ def test_default_layer_is_the_official_algorithm_and_divisor_n_is_the_readme_equ
 @pytest.mark.parametrize("grid", GRIDS)
 def test_attention_matrix_is_bccb_on_the_grid_and_rows_are_distributions(prefix_attention, grid):
     P = 1
-    m = make_ca(P, grid, prefix_attention=prefix_attention, head_dim=2)
+    m = make_ca(P, grid, prefix_attention=prefix_attention, channels_per_kernel=2)
     with torch.no_grad():
         A = m.attention_matrix(tokens(P, grid))
     H, W = grid
@@ -256,14 +256,14 @@ def test_parameter_count_is_the_official_modules(dim):
     assert sum(p.numel() for p in CirculantAttention(dim, 3, grid_size=14, qkv_bias=True).parameters()) == \
         5 * dim * dim + 5 * dim
     # neither the head count nor the grid changes anything
-    assert sum(p.numel() for p in CirculantAttention(dim, 6, grid_size=(7, 9), head_dim=4).parameters()) == \
+    assert sum(p.numel() for p in CirculantAttention(dim, 6, grid_size=(7, 9), channels_per_kernel=4).parameters()) == \
         5 * dim * dim + 2 * dim
 
 
 def test_num_heads_is_ignored_and_head_dim_sets_the_kernels():
     a, b = CirculantAttention(DIM, 3, grid_size=4), CirculantAttention(DIM, 8, grid_size=4)
     assert (a.num_heads, a.head_dim) == (b.num_heads, b.head_dim) == (DIM, 1)
-    assert CirculantAttention(DIM, 3, grid_size=4, head_dim=4).num_heads == DIM // 4
+    assert CirculantAttention(DIM, 3, grid_size=4, channels_per_kernel=4).num_heads == DIM // 4
 
 
 @pytest.mark.parametrize("kw", [{}, dict(qkv_bias=True, prefix_attention="none")])
@@ -347,8 +347,8 @@ def test_wrong_channel_count_is_refused():
 
 
 @pytest.mark.parametrize("kw, pattern", [
-    (dict(head_dim=5), "head_dim=5 must be a positive divisor of dim=24"),
-    (dict(head_dim=0), "head_dim=0 must be a positive divisor"),
+    (dict(channels_per_kernel=5), "channels_per_kernel=5 must be a positive divisor of dim=24"),
+    (dict(channels_per_kernel=0), "channels_per_kernel=0 must be a positive divisor"),
     (dict(logit_divisor="sqrt"), "unknown logit_divisor 'sqrt'"),
     (dict(prefix_attention="cls"), "unknown prefix_attention 'cls'"),
     (dict(num_prefix_tokens=-1), "num_prefix_tokens=-1 must be >= 0"),

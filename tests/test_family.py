@@ -335,7 +335,7 @@ def test_deit_with_every_attention_trains_and_runs_in_bf16(name, options, one_to
         with torch.autocast("cpu", dtype=torch.bfloat16):
             approx = model(x)
     assert torch.isfinite(approx).all()
-    assert relative_error(approx, exact) < 5e-2
+    assert relative_error(approx, exact) < 2e-2
 
 
 def perturb_adaln_zero(model: nn.Module) -> None:
@@ -374,7 +374,7 @@ def test_dit_with_every_attention_trains_and_runs_in_bf16(name, options, one_tor
         with torch.autocast("cpu", dtype=torch.bfloat16):
             approx = model(x, t, y)
     assert exact.abs().max() > 0 and torch.isfinite(approx).all()
-    assert relative_error(approx, exact) < 5e-2
+    assert relative_error(approx, exact) < 2e-2
 
 
 # ---------------------------------------------------------------------------------------------

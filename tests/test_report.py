@@ -401,6 +401,6 @@ def test_family_section_shows_each_member_against_mhsa_and_vca_with_intervals(pr
     rows = decomposition.split("<tr>")[2:]
     mhsa_dwc = next(r for r in rows if "depthwise term added to MHSA" in r and "DeiT-T" in r)
     assert "+0.00" in mhsa_dwc and "not resolved with 3 seeds" in mhsa_dwc and "resolved)" not in mhsa_dwc
-    alone = next(r for r in rows if "contrast alone" in r and "DeiT-T" in r)
+    alone = next(r for r in rows if "without its depthwise term, minus MHSA" in r and "DeiT-T" in r)
     assert "not resolved with 3 seeds" in alone   # +-10 points of spread: no sign
     assert "not run" in next(r for r in rows if "total" in r and "DiT-S/2" in r)  # no dit_s2-vca here

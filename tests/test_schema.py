@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -69,6 +70,18 @@ def test_runs_name_existing_models_distinct_seeds_and_known_objectives(scales, b
     run = "deit_tiny-vca" if branch == "cls_runs" else "dit_s2-vca"
     params[branch][run][field] = value
     with pytest.raises(ParamsError, match=message.replace("[", r"\[").replace(".", r"\.")):
+        validate(params)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"arch": "deit_tiny", "attention": "vca", "vca": {"contrast_tokens": 16}},
+     "models.deit_tiny-vca has vca (the attention's knobs now live under options:)"),
+    ({"arch": "deit_tiny", "attention": "linear"}, "models.deit_tiny-vca.attention must be one of mhsa, diff, vca"),
+])
+def test_model_entries_hold_a_known_attention_and_no_stray_keys(scales, spec, message):
+    params = copy.deepcopy(scales["embedded"])
+    params["models"]["deit_tiny-vca"] = spec   # an old-style entry would otherwise train the default VCA silently
+    with pytest.raises(ParamsError, match=re.escape(message)):
         validate(params)
 
 

@@ -52,7 +52,7 @@ def data_digest(*paths: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
-TRAINING_CODE = ("attention", "models", "train", "data", "pipeline.py")
+TRAINING_CODE = ("attention", "attention_names.py", "models", "train", "data", "pipeline.py")
 
 
 def _run(params: Dict[str, Any], branch: str, name: str) -> Dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numbers
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from .attention_names import ATTENTIONS, CONTROLS
+from .attention_names import ATTENTIONS, BENCH_LAYERS
 from .config import flatten
 from .errors import BadInput
 
@@ -51,7 +51,7 @@ _PROB = _num(0.0, 1.0)
 _DECAY = _num(0.0, 1.0, open_hi=True)
 _POS = _num(0.0, open_lo=True)
 # the layers attention_cost can measure (vcarepro.bench.BENCH_LAYERS): the family and its two controls
-_BENCH_LAYERS = (*ATTENTIONS, *(c for c in CONTROLS if c not in ATTENTIONS))
+_BENCH_LAYERS = BENCH_LAYERS
 
 # Every knob of a classification recipe: each entry of cls_recipes holds all of them, cls_recipe_overrides any.
 CLS_RECIPE_RULES: Dict[str, Rule] = {
@@ -128,6 +128,10 @@ FREE_SECTIONS = ("models", "cls_runs", "gen_runs", "cls_shape", "gen_shape", "cl
 FIX = "fix it in conf/ and run `python -m vcarepro.config` (or pass -S to dvc exp run)"
 
 
+# What a `models` entry holds: the architecture, the attention by name, and that attention's own knobs.
+MODEL_KEYS = {"arch", "attention", "options"}
+
+
 class ParamsError(BadInput):
     pass
 
@@ -149,6 +153,15 @@ def validate(params: Dict[str, Any], source: str = "params.yaml") -> None:
         _check_recipe(recipe, f"cls_recipes.{name}", source)
     _check_recipe(params.get("cls_recipe_overrides") or {}, "cls_recipe_overrides", source)
     models = params.get("models", {})
+    for name, spec in models.items():
+        extra = sorted(set(spec or {}) - MODEL_KEYS) if isinstance(spec, dict) else ["(not a mapping)"]
+        if extra:
+            hint = " (the attention's knobs now live under options:)" if "vca" in extra else ""
+            raise ParamsError(f"{source}: models.{name} has {', '.join(extra)}{hint}; a model entry holds only "
+                              f"{', '.join(sorted(MODEL_KEYS))}; {FIX}.")
+        if spec.get("attention") not in ATTENTIONS:
+            raise ParamsError(f"{source}: models.{name}.attention must be one of {', '.join(ATTENTIONS)}, got "
+                              f"{spec.get('attention')!r}; {FIX}.")
     for branch in ("cls_runs", "gen_runs"):
         for name, run in (params.get(branch) or {}).items():
             if not isinstance(run, dict) or run.get("model") not in models:

@@ -68,6 +68,11 @@ def attention_options(name: str) -> Tuple[str, ...]:
     return tuple(p for p in parameters if p not in _LAYOUT_AND_COMMON)
 
 
+def all_attention_options() -> frozenset:
+    """Every option of every attention: what a model refuses unless its own attention takes it."""
+    return frozenset(o for a in ATTENTIONS for o in attention_options(a))
+
+
 def build_attention(
     name: str,
     dim: int,
@@ -103,5 +108,5 @@ def build_attention(
 
 
 __all__ = ["ATTENTIONS", "Attention", "CONTROLS", "DiffAttention", "FAMILY",
-           "POOLED_TOKEN_OPTION", "VisualContrastAttention", "attention_class", "attention_options", "build_attention",
+           "POOLED_TOKEN_OPTION", "VisualContrastAttention", "all_attention_options", "attention_class", "attention_options", "build_attention",
            "lambda_init_for_layer"]

@@ -63,7 +63,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import trunc_normal_, use_fused_attn
-from vcarepro.attention.vca import adaptive_windows, patch_grid
+from vcarepro.attention.vca import patch_grid, pooling_matrix
 from vcarepro.errors import BadInput
 
 # Agent tokens per layer: ``AgentAttention(agent_num=49)`` in agent_deit.py, and
@@ -114,19 +114,6 @@ def agent_grid(value: Union[int, Sequence[int]]) -> Tuple[int, int]:
     if h < 1 or w < 1:
         raise BadInput(f"agent_tokens={tuple(value)} has an empty side; give a grid of at least 1x1 such as (7, 7).")
     return (h, w)
-
-
-def pooling_matrix(grid: Tuple[int, int], pooled: Tuple[int, int]) -> torch.Tensor:
-    """(h*w, H*W) float64 matrix whose row (i, j) averages the adaptive window (i, j) of a row-major H x W grid.
-
-    Built in float64 (VCA's float32 matrix rounds 1/30 and the like), so the reference path is exact in float64.
-    """
-    (H, W), (h, w) = grid, pooled
-    matrix = torch.zeros(h, w, H, W, dtype=torch.float64)
-    for i, (r0, r1) in enumerate(adaptive_windows(H, h)):
-        for j, (c0, c1) in enumerate(adaptive_windows(W, w)):
-            matrix[i, j, r0:r1, c0:c1] = 1.0 / ((r1 - r0) * (c1 - c0))
-    return matrix.reshape(h * w, H * W)
 
 
 def resize_along(tensor: torch.Tensor, axis: int, size: int) -> torch.Tensor:
@@ -232,7 +219,7 @@ class AgentAttention(nn.Module):
                 f"choose at most {min(H, W) ** 2} agent tokens (e.g. agent_tokens={min(H, W) ** 2}) or a larger input."
             )
         # the reference path's pooling matrix; a buffer so it follows .to(device), not saved in state dicts
-        self.register_buffer("_pool_matrix", pooling_matrix((H, W), (h, w)), persistent=False)
+        self.register_buffer("_pool_matrix", pooling_matrix((H, W), (h, w), dtype=torch.float64), persistent=False)
         return (H, W)
 
     def _grid_bias_names(self):

@@ -10,7 +10,7 @@ for n = (r, c) and s = (sr, sc), n + s = ((r + sr) mod H, (c + sc) mod W).
 
 Self-attention is replaced by attention whose matrix is block circulant with
 circulant blocks (BCCB): row i of A is row 0 shifted by i, so A[i, j] = a[j - i]
-for a kernel a over the M cyclic shifts. Per group of d channels (d = ``head_dim``):
+for a kernel a over the M cyclic shifts. Per group of d channels (d = ``channels_per_kernel``):
 
     q, k, v = x Wq, x Wk, x Wv                     (no bias in the official layer)
     l[s]    = rho * sum_{c in group} sum_n q_c[n] k_c[n + s] / sqrt(d)     (cross-correlation)
@@ -82,7 +82,7 @@ from typing import Any, Callable, Dict, Literal, Optional, Sequence, Tuple, Type
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from vcarepro.attention.vca import patch_grid
+from vcarepro.attention.vca import check_choice, patch_grid
 from vcarepro.errors import BadInput
 
 LogitDivisor = Literal["sqrt_n", "n"]
@@ -107,11 +107,6 @@ PREFIX_ATTENTION = "global"
 # real-output (c2r) transform of n real points.
 COMPLEX_FFT_FLOPS_PER_POINT_LOG2 = 5.0
 REAL_FFT_FLOPS_PER_POINT_LOG2 = 2.5
-
-
-def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise BadInput(f"unknown {name} {value!r}; choose one of {', '.join(map(repr, choices))}.")
 
 
 def shift_table(grid: Tuple[int, int]) -> torch.Tensor:
@@ -159,7 +154,7 @@ def flop_counter_mapping() -> Dict[Any, Callable[..., int]]:
 class CirculantAttention(nn.Module):
     """Circulant Attention, a drop-in replacement for timm's ``Attention`` (see the module docstring).
 
-    ``num_heads`` is accepted and ignored (the method is one kernel per channel); ``head_dim`` is the
+    ``num_heads`` is accepted and ignored (the method is one kernel per channel); ``channels_per_kernel`` is the
     number of channels sharing a kernel (1, as published). Parameter names match ca_deit.py
     (``qkv``, ``gate.0``, ``proj``), so an official state dict loads.
     """
@@ -178,25 +173,26 @@ class CirculantAttention(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         norm_layer: Optional[Type[nn.Module]] = None,
-        head_dim: int = HEAD_DIM,
+        channels_per_kernel: int = HEAD_DIM,
         gate: bool = GATE,
         logit_divisor: LogitDivisor = LOGIT_DIVISOR,
         prefix_attention: PrefixAttention = PREFIX_ATTENTION,
     ) -> None:
         super().__init__()
-        if not isinstance(head_dim, int) or head_dim < 1 or dim % head_dim:
-            raise BadInput(f"head_dim={head_dim} must be a positive divisor of dim={dim}; the method uses 1.")
+        if not isinstance(channels_per_kernel, int) or channels_per_kernel < 1 or dim % channels_per_kernel:
+            raise BadInput(f"channels_per_kernel={channels_per_kernel} must be a positive divisor of dim={dim}; "
+                           f"the method uses 1.")
         if num_prefix_tokens < 0:
             raise BadInput(f"num_prefix_tokens={num_prefix_tokens} must be >= 0.")
         if qk_norm:
             raise BadInput("circulant attention does not support qk_norm (with one channel per kernel a norm over "
                            "it makes every query and key constant); build it with qk_norm=False.")
-        _check_choice("logit_divisor", logit_divisor, LOGIT_DIVISORS)
-        _check_choice("prefix_attention", prefix_attention, PREFIX_ATTENTIONS)
+        check_choice("logit_divisor", logit_divisor, LOGIT_DIVISORS)
+        check_choice("prefix_attention", prefix_attention, PREFIX_ATTENTIONS)
 
         self.dim = dim
-        self.head_dim = head_dim
-        self.num_heads = dim // head_dim        # kernels, not the num_heads argument (ignored)
+        self.head_dim = channels_per_kernel
+        self.num_heads = dim // channels_per_kernel        # kernels, not the num_heads argument (ignored)
         self.num_prefix_tokens = num_prefix_tokens
         self.layer_index = layer_index          # accepted for the common interface; unused
         self.logit_divisor = logit_divisor

@@ -21,11 +21,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import use_fused_attn
 
-from .vca import patch_grid
+from .vca import local_conv_layer, local_term, patch_grid
 from vcarepro.errors import BadInput
 
-# VCA's local term: a 3x3 depthwise convolution of v (models/vca.py ``local_conv``).
-LOCAL_CONV_KERNEL = 3
 
 
 class MhsaLocalConv(nn.Module):
@@ -74,7 +72,7 @@ class MhsaLocalConv(nn.Module):
         self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
-        self.local_conv = nn.Conv2d(dim, dim, LOCAL_CONV_KERNEL, padding=LOCAL_CONV_KERNEL // 2, groups=dim)
+        self.local_conv = local_conv_layer(dim)   # exactly VCA's (attention/vca.py)
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
 
@@ -89,10 +87,7 @@ class MhsaLocalConv(nn.Module):
         return f"grid_size={self.grid_size}, prefix={self.num_prefix_tokens}"
 
     def _local(self, v: torch.Tensor) -> torch.Tensor:
-        B = v.shape[0]
-        H, W = self.grid_size
-        grid = v[:, :, self.num_prefix_tokens:].transpose(-1, -2).reshape(B, self.dim, H, W)
-        return self.local_conv(grid).flatten(2).transpose(1, 2)
+        return local_term(self.local_conv, v, self.grid_size, self.num_prefix_tokens)
 
     def forward(
         self,

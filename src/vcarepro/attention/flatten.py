@@ -64,7 +64,7 @@ from typing import Literal, Optional, Sequence, Type, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from vcarepro.attention.vca import patch_grid
+from vcarepro.attention.vca import check_choice, patch_grid
 from vcarepro.errors import BadInput
 
 PosEncoding = Literal["learned", "none"]
@@ -87,11 +87,6 @@ SCALE_INIT = 0.0
 POS_ENCODING_INIT = 0.0
 # How E follows a new grid; utils.py load_pretrained: F.interpolate(..., mode='bicubic').
 POS_ENCODING_INTERPOLATION = "bicubic"
-
-
-def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise BadInput(f"unknown {name} {value!r}; choose one of {', '.join(map(repr, choices))}.")
 
 
 def focus(a: torch.Tensor, power: float, literal: bool = False) -> torch.Tensor:
@@ -152,7 +147,7 @@ class FocusedLinearAttention(nn.Module):
                 f"dwc_kernel={dwc_kernel!r} must be a positive odd integer (5 in the paper) so the convolution keeps "
                 f"the grid size, or None for no depthwise convolution."
             )
-        _check_choice("pos_encoding", pos_encoding, POS_ENCODINGS)
+        check_choice("pos_encoding", pos_encoding, POS_ENCODINGS)
         if attn_drop:
             raise BadInput(
                 f"attn_drop={attn_drop} has nothing to drop: focused linear attention never forms its attention map "

@@ -95,6 +95,8 @@ SOFTMAX_KINDS = ("joint", "separate")
 CONTRAST_EMBED_INIT_STD = 0.02
 # Init std of the lambda re-parametrisation vectors, as in the Differential Transformer.
 LAMBDA_INIT_STD = 0.1
+# VCA's local term: a 3x3 depthwise convolution of v on the patch grid (shared with the mhsa+dwc control).
+LOCAL_CONV_KERNEL = 3
 # RMSNorm epsilon, as in the Differential Transformer (and timm's DiffAttention).
 RMS_NORM_EPS = 1e-5
 
@@ -132,16 +134,19 @@ def adaptive_windows(size: int, out: int) -> List[Tuple[int, int]]:
     return [((i * size) // out, -((-(i + 1) * size) // out)) for i in range(out)]
 
 
-def pooling_matrix(grid: Tuple[int, int], pooled: Tuple[int, int]) -> torch.Tensor:
-    """(h*w, H*W) matrix whose row (i, j) averages the adaptive window (i, j) of a row-major H x W grid."""
+def pooling_matrix(grid: Tuple[int, int], pooled: Tuple[int, int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(h*w, H*W) matrix whose row (i, j) averages the adaptive window (i, j) of a row-major H x W grid.
+
+    Built in float64 and cast to ``dtype`` (float64 keeps a reference path exact in float64).
+    """
     (H, W), (h, w) = grid, pooled
-    matrix = torch.zeros(h * w, H * W)
+    matrix = torch.zeros(h * w, H * W, dtype=torch.float64)
     for i, (r0, r1) in enumerate(adaptive_windows(H, h)):
         for j, (c0, c1) in enumerate(adaptive_windows(W, w)):
-            cells = torch.zeros(H, W)
+            cells = torch.zeros(H, W, dtype=torch.float64)
             cells[r0:r1, c0:c1] = 1.0 / ((r1 - r0) * (c1 - c0))
             matrix[i * w + j] = cells.flatten()
-    return matrix
+    return matrix.to(dtype)
 
 
 def contrast_grid(value: Union[int, Sequence[int]]) -> Tuple[int, int]:
@@ -166,9 +171,23 @@ def patch_grid(value: Union[int, Sequence[int]]) -> Tuple[int, int]:
     return (H, W)
 
 
-def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
+def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
+    """A clear error for a switch value outside ``choices``."""
     if value not in choices:
         raise BadInput(f"unknown {name} {value!r}; choose one of {', '.join(map(repr, choices))}.")
+
+
+def local_conv_layer(dim: int) -> nn.Conv2d:
+    """VCA's local term: a 3x3 depthwise convolution over the C = heads * d channels of v."""
+    return nn.Conv2d(dim, dim, LOCAL_CONV_KERNEL, padding=LOCAL_CONV_KERNEL // 2, groups=dim)
+
+
+def local_term(conv: nn.Conv2d, v: torch.Tensor, grid_size: Tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
+    """v (B, heads, N, d) -> the depthwise convolution of its patch-grid part -> (B, H*W, C); prefix tokens get none."""
+    B, heads, _, d = v.shape
+    H, W = grid_size
+    grid = v[:, :, num_prefix_tokens:].transpose(-1, -2).reshape(B, heads * d, H, W)
+    return conv(grid).flatten(2).transpose(1, 2)
 
 
 class VisualContrastAttention(nn.Module):
@@ -205,11 +224,11 @@ class VisualContrastAttention(nn.Module):
         super().__init__()
         if dim % num_heads != 0:
             raise BadInput(f"dim={dim} is not divisible by num_heads={num_heads}; pick a head count that divides it.")
-        _check_choice("stage1", stage1, STAGE_KINDS)
-        _check_choice("stage2", stage2, STAGE_KINDS)
-        _check_choice("tokens_pos", tokens_pos, TOKEN_KINDS)
-        _check_choice("tokens_neg", tokens_neg, TOKEN_KINDS)
-        _check_choice("stage2_softmax", stage2_softmax, SOFTMAX_KINDS)
+        check_choice("stage1", stage1, STAGE_KINDS)
+        check_choice("stage2", stage2, STAGE_KINDS)
+        check_choice("tokens_pos", tokens_pos, TOKEN_KINDS)
+        check_choice("tokens_neg", tokens_neg, TOKEN_KINDS)
+        check_choice("stage2_softmax", stage2_softmax, SOFTMAX_KINDS)
         if num_prefix_tokens < 0:
             raise BadInput(f"num_prefix_tokens={num_prefix_tokens} must be >= 0.")
 
@@ -256,7 +275,7 @@ class VisualContrastAttention(nn.Module):
         # Transformer's sub-layer norm); computed in float32 for bf16 safety.
         self.stage1_norm = RmsNormFp32(self.head_dim, eps=RMS_NORM_EPS)
         self.stage2_norm = RmsNormFp32(self.head_dim, eps=RMS_NORM_EPS)
-        self.local_conv = nn.Conv2d(dim, dim, 3, padding=1, groups=dim) if local_conv else None
+        self.local_conv = local_conv_layer(dim) if local_conv else None
 
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
@@ -346,11 +365,7 @@ class VisualContrastAttention(nn.Module):
         return stream(self.tokens_pos, self.embed_pos), stream(self.tokens_neg, self.embed_neg)
 
     def _local(self, v: torch.Tensor) -> torch.Tensor:
-        # v: (B, heads, N, d) -> depthwise 3x3 conv on the patch grid -> (B, H*W, C)
-        B = v.shape[0]
-        H, W = self.grid_size
-        grid = v[:, :, self.num_prefix_tokens:].transpose(-1, -2).reshape(B, self.dim, H, W)
-        return self.local_conv(grid).flatten(2).transpose(1, 2)
+        return local_term(self.local_conv, v, self.grid_size, self.num_prefix_tokens)
 
     # -- attention primitives ---------------------------------------------------
 

@@ -18,15 +18,17 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 import torch
 import torch.utils.benchmark as benchmark
 
-from ..attention import ATTENTIONS, CONTROLS, POOLED_TOKEN_OPTION, build_attention
+from ..attention import POOLED_TOKEN_OPTION, build_attention
+from ..attention_names import BENCH_LAYERS   # every attention, then VCA without its local term ("vca-dwc")
 from ..metrics.complexity import count_flops
 from ..report.environment import cpu_name
 
-# Every layer measured: the family with mhsa+dwc, then the other control, VCA without its local term.
-BENCH_LAYERS = (*ATTENTIONS, *(c for c in CONTROLS if c not in ATTENTIONS))
 # Layers whose cost grows linearly in the token count N (circulant: N log N, through its FFTs);
 # mhsa, diff and mhsa+dwc keep an N x N map and grow quadratically.
 LINEAR_LAYERS = ("vca", "vca-dwc", "agent", "flatten", "inline", "circulant")
+# A linear layer's time may grow up to this multiple of the token ratio (small N pays fixed per-call
+# costs, so time ratios scatter around the token ratio on a noisy CPU); the README's earlier target.
+TIME_SLACK = 1.5
 N_LOG_N_LAYERS = ("circulant",)
 # A bench row name that is another attention with options: name -> (attention, options)
 _VARIANTS = {"vca-dwc": ("vca", {"local_conv": False})}
@@ -227,8 +229,9 @@ def speed_targets(rows: Sequence[Row]) -> List[str]:
     1. compiled VCA no slower than eager MHSA at N = 196 (forward);
     2. VCA within 1.2x of Agent attention's time at every N (forward and forward+backward, eager,
        and compiled when measured);
-    3. every linear member's MACs grow at most 1.1x the token ratio from the smallest to the largest
-       N (circulant: times the log factor of its FFTs), with the time ratio reported beside.
+    3. every linear member's time (forward and forward+backward) grows at most TIME_SLACK (1.5) times
+       the token ratio from the smallest to the largest N, and its exact MACs at most 1.1x (circulant:
+       both bounds times the log factor of its FFTs).
     """
     rows = [_as_dict(r) for r in rows]
     by = {(r["layer"], r["tokens"]): r for r in rows}
@@ -282,9 +285,13 @@ def speed_targets(rows: Sequence[Row]) -> List[str]:
         if layer in N_LOG_N_LAYERS:
             bound *= math.log2(n1) / math.log2(n0)
             note = f", N log N: bound includes the FFT's log factor log2({n1})/log2({n0})"
-        out.append(f"3. {layer} linear in N ({n0}->{n1}, {growth:.0f}x tokens): {_verdict(macs <= bound)} "
-                   f"(MACs {macs:.2f}x <= {bound:.1f}x{note}; time forward {b['forward_ms'] / a['forward_ms']:.1f}x, "
-                   f"forward+backward {b['forward_backward_ms'] / a['forward_backward_ms']:.1f}x)")
+        # the time is what the target is about; exact MACs are linear by construction and only a sanity check
+        times = [b[k] / a[k] for k in ("forward_ms", "forward_backward_ms")]
+        time_bound = TIME_SLACK * bound / 1.1
+        out.append(f"3. {layer} linear in N ({n0}->{n1}, {growth:.0f}x tokens): "
+                   f"{_verdict(macs <= bound and max(times) <= time_bound)} "
+                   f"(time forward {times[0]:.1f}x, forward+backward {times[1]:.1f}x <= {time_bound:.1f}x; "
+                   f"MACs {macs:.2f}x <= {bound:.1f}x{note})")
     quadratic = [name for name in dict.fromkeys(r["layer"] for r in rows)
                  if name not in LINEAR_LAYERS and (name, n0) in by and (name, n1) in by]
     if quadratic:

@@ -14,7 +14,8 @@ def run_all(machine: Dict[str, object], *, quick: bool = False, json_path: str =
     out: Dict[str, object] = {"machine": machine, "quick": quick}
 
     sides = (14, 28) if quick else (14, 28, 56)
-    attention = bench_attention(sides, min_run_time=timing)
+    # MHSA against VCA here; `python -m vcarepro.bench attention` times the whole family
+    attention = bench_attention(sides, layers=("mhsa", "vca"), min_run_time=timing)
     out["attention"] = [asdict(r) for r in attention]
     print("\n1. One attention layer (DeiT-T width 192, 3 heads, 49 contrast tokens, batch 8), median ms")
     print(attention_table(attention))

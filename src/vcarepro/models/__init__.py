@@ -31,7 +31,7 @@ import torch.nn as nn
 from . import cswin, deit, family, pvt, swin  # noqa: F401  (each registers its timm models)
 from .deit import VcaVisionTransformer
 from .placement import HIERARCHICAL_VCA_OPTIONS
-from ..attention import ATTENTIONS, attention_options
+from ..attention import ATTENTIONS, all_attention_options, attention_options
 from vcarepro.errors import BadInput
 
 # arch -> {attention: timm model name}
@@ -51,7 +51,7 @@ CLASSIFIER_ATTENTIONS = ATTENTIONS
 # The lab's hierarchical layouts with any attention, told which by compared_attention=.
 LAB_MODELS = (pvt.LAB_MODEL, swin.LAB_MODEL, cswin.LAB_MODEL)
 # Every attention's own knobs, and the placement knob of the hierarchical VCA models
-_ALL_OPTIONS = {o for a in ATTENTIONS for o in attention_options(a)} | set(HIERARCHICAL_VCA_OPTIONS)
+_ALL_OPTIONS = all_attention_options() | set(HIERARCHICAL_VCA_OPTIONS)
 
 
 def classifier_name(arch: str, attention: str) -> str:

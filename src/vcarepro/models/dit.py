@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 from timm.layers import Mlp, PatchEmbed
 
-from ..attention import ATTENTIONS, attention_options, build_attention
+from ..attention import ATTENTIONS, all_attention_options, attention_options, build_attention
 from vcarepro.errors import BadInput
 
 DIT_ATTENTIONS = ATTENTIONS
@@ -344,7 +344,7 @@ def create_dit(arch: str, attention: str = "mhsa", **overrides: Any) -> DiT:
             if name in options:
                 raise BadInput(f"{name} given both flat and in attention_options; give it once.")
             options[name] = overrides.pop(name)
-    stray = sorted(set(overrides) & {o for a in ATTENTIONS for o in attention_options(a)})
+    stray = sorted(set(overrides) & all_attention_options())
     if stray:
         raise BadInput(f"{', '.join(stray)} {'does' if len(stray) == 1 else 'do'} not apply to attention "
                        f"{attention!r}; remove {'it' if len(stray) == 1 else 'them'}.")

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Sequence, Tuple, Union
 
 from timm.models import build_model_with_cfg
 
-from ..attention import ATTENTIONS, POOLED_TOKEN_OPTION, attention_options
+from ..attention import ATTENTIONS, POOLED_TOKEN_OPTION, all_attention_options, attention_options
 from .deit import VCA_OPTIONS
 from vcarepro.errors import BadInput
 
@@ -39,7 +39,7 @@ HIERARCHICAL_VCA_OPTIONS = (*VCA_OPTIONS, "attn_layout")
 # What places any compared attention (beside that attention's own options).
 PLACEMENT_OPTIONS = ("attn_layout", "compared_attention")
 # Everything a backbone with its own attention only (a baseline or control) refuses.
-_COMPARED_ONLY = {o for a in ATTENTIONS for o in attention_options(a)} | set(PLACEMENT_OPTIONS)
+_COMPARED_ONLY = all_attention_options() | set(PLACEMENT_OPTIONS)
 
 
 def attention_layout(layout: str, num_stages: int) -> List[bool]:

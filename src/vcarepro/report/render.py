@@ -132,6 +132,8 @@ def build_context(root: Path) -> Dict[str, Any]:
         "family_on": any(r["cls_run"] in params["cls_runs"] or r["gen_run"] in params["gen_runs"]
                          for r in reference["family"]["rows"]),
         "family_command": FAMILY_COMMAND,
+        "family_seeds": params["family_seeds"],
+        "attention_cost_config": (attention_cost or {}).get("config") or params["attention_cost"],
         "cls_runs": runs_frame(cls, params["cls_runs"], params["models"], cls_keys, params["cls_shape"]).to_dict("records"),
         "gen_runs": runs_frame(gen, params["gen_runs"], params["models"], gen_keys, params["gen_shape"]).to_dict("records"),
         "fid_extractor": params["prepare_gen"]["fid_extractor"],

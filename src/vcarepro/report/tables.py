@@ -373,6 +373,10 @@ class TableBuilder:
             return None
         return difference(measured(results(run_a), metric, self.scale), measured(results(run_b), metric, self.scale))
 
+    def _run_used(self, run: str) -> str:
+        """The run whose numbers stand for ``run`` at this scale (the baseline itself for its lab-recipe twin)."""
+        return self.same_run(run) or run
+
     def family(self) -> List[Dict[str, Any]]:
         """Each family member beside MHSA and VCA: its published DeiT-T row, our counts, our runs' numbers.
 
@@ -429,16 +433,16 @@ class TableBuilder:
                            "MHSA + depthwise term, VCA without it, VCA, in that order.")
         mhsa, mhsa_dwc, vca_no_dwc, vca = steps
         parts = [("depthwise term added to MHSA", mhsa_dwc, mhsa),
-                 ("contrast alone: VCA without its depthwise term minus MHSA", vca_no_dwc, mhsa),
+                 ("VCA's attention without its depthwise term, minus MHSA", vca_no_dwc, mhsa),
                  ("depthwise term added to VCA", vca, vca_no_dwc),
-                 ("contrast beside the depthwise term: VCA minus MHSA + depthwise term", vca, mhsa_dwc),
+                 ("VCA minus MHSA + depthwise term (both with the term)", vca, mhsa_dwc),
                  ("total: VCA minus MHSA", vca, mhsa)]
         rows = []
         for branch, metric, run_key in (("DeiT-T", "top1", "cls_run"), ("DiT-S/2", "fid", "gen_run")):
             for label, a, b in parts:
                 diff = self._branch_difference(metric, a[run_key], b[run_key])
                 rows.append({"branch": branch, "metric": "top-1" if metric == "top1" else "FID (lower is better)",
-                             "part": label, "runs": f"{a[run_key]} − {b[run_key]}",
+                             "part": label, "runs": f"{self._run_used(a[run_key])} − {self._run_used(b[run_key])}",
                              "ours": None if diff is None else diff.text(),
                              "scale": None if diff is None else self.scale,
                              "verdict": None if diff is None else sign(diff), "seeds_note": seeds_note(diff)})
