@@ -395,7 +395,8 @@ class TableBuilder:
             published = self.complexity.get(f"{cls_model}-published", {}) if r.get("published_model") else {}
             dropin = self.complexity.get(cls_model, {}) if cls_model else {}
             row = {"attention": r["attention"], "label": r["label"], "cite": r.get("cite"),
-                   "published_model": r.get("published_model"), "cls_run": r["cls_run"], "gen_run": r["gen_run"]}
+                   "published_model": r.get("published_model"), "cls_run": self._run_used(r["cls_run"]),
+                   "gen_run": r["gen_run"]}
             for key, entry in (("top1", r.get("top1")), ("params_m", r.get("params_m")), ("gflops", r.get("gflops"))):
                 pv = self._pv(entry)
                 row[f"published_{key}"] = None if not pv.available else f"{pv.value:.1f}"
