@@ -3,15 +3,13 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 
 import pytest
-import yaml
 
 from vcarepro.attention_names import FAMILY
 from vcarepro.config import compose
 
-from test_pipeline import ROOT, sh
+from test_pipeline import reproduced_repo
 
 MEMBERS = [*FAMILY, "mhsa_dwc", "vca-no_dwc"]
 CLS_RUNS = ["deit_tiny-mhsa", "deit_tiny-vca", *(f"deit_tiny-{m}" for m in MEMBERS)]
@@ -38,17 +36,7 @@ def family_params() -> dict:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("family") / "repo"
-    tracked = sh("git ls-files --cached --others --exclude-standard", ROOT).stdout.split()
-    outputs = ("runs/", "reports/", "metrics/", "checkpoints/", "data/cls", "data/gen", "data/fid_reference", "dvc.lock")
-    for rel in tracked:
-        if (ROOT / rel).is_file() and not rel.startswith(outputs):
-            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, repo / rel)
-    (repo / "params.yaml").write_text(yaml.safe_dump(family_params(), sort_keys=False))
-    sh("git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm micro", repo)
-    sh("dvc repro", repo)
-    return repo
+    return reproduced_repo(tmp_path_factory.mktemp("family") / "repo", family_params())
 
 
 @pytest.mark.slow

@@ -52,18 +52,23 @@ def stage_names(params: dict) -> set:
     return names
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("pipeline") / "repo"
+def reproduced_repo(repo: Path, params: dict) -> Path:
+    """This project's tracked files (no outputs) with ``params`` in a new git repository, after `dvc repro`."""
     tracked = sh("git ls-files --cached --others --exclude-standard", ROOT).stdout.split()
     outputs = ("runs/", "reports/", "metrics/", "checkpoints/", "data/cls", "data/gen", "data/fid_reference", "dvc.lock")
     for rel in tracked:
         if (ROOT / rel).is_file() and not rel.startswith(outputs):
             (repo / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / rel, repo / rel)
-    (repo / "params.yaml").write_text(yaml.safe_dump(micro_params(), sort_keys=False))
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     sh("git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm micro", repo)
     sh("dvc repro", repo)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    repo = reproduced_repo(tmp_path_factory.mktemp("pipeline") / "repo", micro_params())
     sh("git add -A && git -c user.name=t -c user.email=t@t commit -qm results", repo)  # dvc.lock, .gitignores
     return repo
 
