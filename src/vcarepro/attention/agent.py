@@ -54,8 +54,6 @@ with ``F.adaptive_avg_pool2d``; the reference path materialises the n x N and
 N x n attention maps with the biases added to the logits, and pools with an
 explicit window-averaging matrix. Tests hold them equal.
 """
-from __future__ import annotations
-
 import math
 from typing import Any, Dict, Optional, Sequence, Tuple, Type, Union
 
@@ -63,7 +61,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import trunc_normal_, use_fused_attn
-from vcarepro.attention.vca import patch_grid, pooling_matrix
+from vcarepro.attention.vca import check_token_count, check_unmasked, patch_grid, pooling_matrix
 from vcarepro.errors import BadInput
 
 # Agent tokens per layer: ``AgentAttention(agent_num=49)`` in agent_deit.py, and
@@ -270,19 +268,14 @@ class AgentAttention(nn.Module):
     # -- pieces shared by both paths ------------------------------------------
 
     def _check_tokens(self, N: int) -> None:
-        H, W = self.grid_size
-        if N != self.num_prefix_tokens + H * W:
-            raise BadInput(
-                f"Agent attention got {N} tokens but expects {self.num_prefix_tokens} prefix + {H}x{W} grid = "
-                f"{self.num_prefix_tokens + H * W}; build the model for this input size (img_size / patch_size)."
-            )
+        check_token_count(N, self.num_prefix_tokens, self.grid_size, "Agent attention")
 
     def position_biases(self) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         """(B_an, B_na): additive logits (float32 at least) of shape (1, heads, n, N) and (1, heads, N, n); None if off.
 
         Token order along N is the input's: prefix tokens first, then the row-major patch grid.
         """
-        if not self.position_bias:
+        if not self.position_bias or not hasattr(self, "agent_patch_bias"):  # hasattr: static for TorchScript
             return None, None
         heads, n, P = self.num_heads, self.num_agents, self.num_prefix_tokens
         H, W = self.grid_size
@@ -295,9 +288,10 @@ class AgentAttention(nn.Module):
         agent_to_patch = coarse_an.reshape(1, heads, n, H * W) + (rows_a + cols_a).reshape(1, heads, n, H * W)
         patch_to_agent = (coarse_na.reshape(1, heads, n, H * W).transpose(-1, -2)
                           + (rows_n + cols_n).reshape(1, heads, H * W, n))
-        if P:
-            agent_to_patch = torch.cat([self.agent_prefix_bias.to(dtype), agent_to_patch], dim=-1)
-            patch_to_agent = torch.cat([self.prefix_agent_bias.to(dtype), patch_to_agent], dim=-2)
+        agent_prefix, prefix_agent = self.agent_prefix_bias, self.prefix_agent_bias
+        if P and agent_prefix is not None and prefix_agent is not None:  # both exist exactly when P > 0
+            agent_to_patch = torch.cat([agent_prefix.to(dtype), agent_to_patch], dim=-1)
+            patch_to_agent = torch.cat([prefix_agent.to(dtype), patch_to_agent], dim=-2)
         return agent_to_patch, patch_to_agent
 
     def agents(self, q: torch.Tensor, reference: bool = False) -> torch.Tensor:
@@ -316,7 +310,9 @@ class AgentAttention(nn.Module):
         B = v.shape[0]
         H, W = self.grid_size
         grid = v[:, :, self.num_prefix_tokens:].transpose(-1, -2).reshape(B, self.dim, H, W)
-        return self.local_conv(grid).flatten(2).transpose(1, 2)
+        conv = self.local_conv
+        assert conv is not None
+        return conv(grid).flatten(2).transpose(1, 2)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor],
                 reference: bool) -> torch.Tensor:
@@ -345,21 +341,18 @@ class AgentAttention(nn.Module):
         ``reference=True`` forces the materialised-map path, ``False`` the fused one;
         the default follows timm's ``use_fused_attn()``.
         """
-        if attn_mask is not None or is_causal:
-            raise BadInput(
-                "Agent attention does not support attention masks or causal attention; call it with neither."
-            )
+        check_unmasked(attn_mask, is_causal, "Agent attention")
         B, N, C = x.shape
         self._check_tokens(N)
-        reference = (not self.fused_attn) if reference is None else reference
+        use_reference = (not self.fused_attn) if reference is None else reference
 
         q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
-        agents = self.agents(q, reference)
+        agents = self.agents(q, use_reference)
         agent_to_token, token_to_agent = self.position_biases()
 
-        agent_v = self._attend(agents, k, v, agent_to_token, reference)   # aggregation: n x N map
-        out = self._attend(q, agents, agent_v, token_to_agent, reference)  # broadcast: N x n map
+        agent_v = self._attend(agents, k, v, agent_to_token, use_reference)   # aggregation: n x N map
+        out = self._attend(q, agents, agent_v, token_to_agent, use_reference)  # broadcast: N x n map
         out = out.transpose(1, 2).reshape(B, N, C)
 
         if self.local_conv is not None:

@@ -74,15 +74,14 @@ dimension maps every query and key to a constant.
 ``flop_counter_mapping()`` gives torch's FlopCounterMode the cost of the FFT ops, which
 it otherwise counts as zero.
 """
-from __future__ import annotations
-
 import math
 from typing import Any, Callable, Dict, Literal, Optional, Sequence, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from vcarepro.attention.vca import check_choice, patch_grid
+from timm.layers import register_notrace_module
+from vcarepro.attention.vca import check_choice, check_token_count, check_unmasked, patch_grid
 from vcarepro.errors import BadInput
 
 LogitDivisor = Literal["sqrt_n", "n"]
@@ -149,8 +148,17 @@ def flop_counter_mapping() -> Dict[Any, Callable[..., int]]:
     return {aten._fft_r2c: _r2c_flops, aten._fft_c2r: _c2r_flops, aten._fft_c2c: _c2c_flops}
 
 
+def _shape_text(x: torch.Tensor) -> str:
+    """(2, 5, 48), as ``tuple(x.shape)`` prints, also under TorchScript."""
+    dims = [str(d) for d in x.shape]
+    return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
+
+
 # -- the layer ------------------------------------------------------------------------------
 
+# A leaf for torch.fx (timm's notrace module): its checks and FFT path branch on the input's dtype and shape
+# (the working precision, the (B, N, C) check) and write the qkv bias into one frequency bin in place.
+@register_notrace_module
 class CirculantAttention(nn.Module):
     """Circulant Attention, a drop-in replacement for timm's ``Attention`` (see the module docstring).
 
@@ -231,12 +239,7 @@ class CirculantAttention(nn.Module):
     # -- shared pieces ----------------------------------------------------------
 
     def _check_tokens(self, N: int) -> None:
-        H, W = self.grid_size
-        if N != self.num_prefix_tokens + H * W:
-            raise BadInput(
-                f"circulant attention got {N} tokens but expects {self.num_prefix_tokens} prefix + {H}x{W} grid = "
-                f"{self.num_prefix_tokens + H * W}; build the model for this input size (img_size / patch_size)."
-            )
+        check_token_count(N, self.num_prefix_tokens, self.grid_size, "circulant attention")
 
     def logit_scale(self) -> float:
         """rho / sqrt(d): the factor on the plain cross-correlation sum."""
@@ -309,11 +312,13 @@ class CirculantAttention(nn.Module):
             qkv = self.qkv(x).to(work)
             q, k, v = qkv.chunk(3, dim=-1)
             spectra = torch.fft.rfft2(qkv[:, P:].reshape(B, H, W, 3 * C), dim=(1, 2))
-            grid = self._circulant_fft(*spectra.chunk(3, dim=-1))
+            q_f, k_f, v_f = spectra.chunk(3, dim=-1)
+            grid = self._circulant_fft(q_f, k_f, v_f)
             prefix = self._prefix_global(q[:, :P], k, v).to(work)
         else:
             spectra = self._qkv_spectrum(x[:, P:].reshape(B, H, W, C), work)
-            grid = self._circulant_fft(*spectra.chunk(3, dim=-1))
+            q_f, k_f, v_f = spectra.chunk(3, dim=-1)
+            grid = self._circulant_fft(q_f, k_f, v_f)
             prefix = grid.new_zeros(B, P, C)
         return torch.cat([prefix, grid], dim=1)
 
@@ -334,7 +339,8 @@ class CirculantAttention(nn.Module):
         H, W = self.grid_size
         M, P, G = H * W, self.num_prefix_tokens, self.num_heads
         work = self._work_dtype(x)
-        q, k, v = (self._groups(t) for t in self.qkv(x).to(work).chunk(3, dim=-1))   # (B, G, N, d)
+        q, k, v = self.qkv(x).to(work).chunk(3, dim=-1)
+        q, k, v = self._groups(q), self._groups(k), self._groups(v)                     # (B, G, N, d)
         scores = q @ k.transpose(-2, -1) * self.head_dim ** -0.5                      # plain logits (B, G, N, N)
 
         shifts = shift_table((H, W)).to(x.device)                                     # [i, j] -> s = j - i
@@ -342,12 +348,12 @@ class CirculantAttention(nn.Module):
         # mean along each cyclic diagonal j - i = s: the nearest BCCB matrix (Frobenius), kernel form
         diagonal_sum = torch.zeros(B, G, M, dtype=work, device=x.device)
         diagonal_sum.scatter_add_(-1, shifts.reshape(1, 1, M * M).expand(B, G, -1), patch_scores.reshape(B, G, -1))
-        projected = (diagonal_sum / M)[..., shifts]                                    # BCCB (B, G, M, M)
+        projected = (diagonal_sum / M)[:, :, shifts]                                  # BCCB (B, G, M, M)
         rho_m = M ** 0.5 if self.logit_divisor == "sqrt_n" else 1.0                   # rho * M
         circulant = (projected * rho_m).softmax(dim=-1)
         if self.training and self.attn_drop_p > 0:                                    # drop kernel shifts
             keep = self.attn_drop(torch.ones(B, G, M, dtype=work, device=x.device))
-            circulant = circulant * keep[..., shifts]
+            circulant = circulant * keep[:, :, shifts]
 
         attn = scores.new_zeros(B, G, N, N)
         attn[..., P:, P:] = circulant
@@ -373,11 +379,9 @@ class CirculantAttention(nn.Module):
 
         Default: the FFT path; ``reference=True`` materialises the N x N attention matrix.
         """
-        if attn_mask is not None or is_causal:
-            raise BadInput("circulant attention does not support attention masks or causal attention; "
-                           "call it with neither.")
+        check_unmasked(attn_mask, is_causal, "circulant attention")
         if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise BadInput(f"circulant attention expects tokens (B, N, {self.dim}), got shape {tuple(x.shape)}.")
+            raise BadInput(f"circulant attention expects tokens (B, N, {self.dim}), got shape {_shape_text(x)}.")
         self._check_tokens(x.shape[1])
-        mixed = self._forward_reference(x) if reference else self._forward_fft(x)
+        mixed = self._forward_reference(x) if reference is not None and reference else self._forward_fft(x)
         return self._finish(x, mixed)

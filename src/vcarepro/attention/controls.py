@@ -12,8 +12,6 @@ separate them:
 MHSA -> MHSA+DWC -> VCA-DWC -> VCA then splits VCA's gain into the convolution's share and
 the contrast's.
 """
-from __future__ import annotations
-
 from typing import Optional, Sequence, Type, Union
 
 import torch
@@ -21,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import use_fused_attn
 
-from .vca import local_conv_layer, local_term, patch_grid
+from .vca import check_token_count, check_unmasked, local_conv_layer, patch_grid, value_grid
 from vcarepro.errors import BadInput
 
 
@@ -87,7 +85,8 @@ class MhsaLocalConv(nn.Module):
         return f"grid_size={self.grid_size}, prefix={self.num_prefix_tokens}"
 
     def _local(self, v: torch.Tensor) -> torch.Tensor:
-        return local_term(self.local_conv, v, self.grid_size, self.num_prefix_tokens)
+        # vca.local_term, written out: TorchScript takes no module as a function argument
+        return self.local_conv(value_grid(v, self.grid_size, self.num_prefix_tokens)).flatten(2).transpose(1, 2)
 
     def forward(
         self,
@@ -97,19 +96,13 @@ class MhsaLocalConv(nn.Module):
         reference: Optional[bool] = None,
     ) -> torch.Tensor:
         """``reference=True`` materialises the attention map; the default follows ``use_fused_attn()``."""
-        if attn_mask is not None or is_causal:
-            raise BadInput("MHSA+DWC does not support attention masks or causal attention; call it with neither.")
+        check_unmasked(attn_mask, is_causal, "MHSA+DWC")
         B, N, C = x.shape
-        H, W = self.grid_size
-        if N != self.num_prefix_tokens + H * W:
-            raise BadInput(
-                f"MHSA+DWC got {N} tokens but expects {self.num_prefix_tokens} prefix + {H}x{W} grid = "
-                f"{self.num_prefix_tokens + H * W}; build the model for this input size (img_size / patch_size)."
-            )
+        check_token_count(N, self.num_prefix_tokens, self.grid_size, "MHSA+DWC")
         q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
-        reference = (not self.fused_attn) if reference is None else reference
-        if reference:
+        use_reference = (not self.fused_attn) if reference is None else reference
+        if use_reference:
             attn = self.attn_drop(((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1))
             out = attn @ v
         else:

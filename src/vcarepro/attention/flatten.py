@@ -64,7 +64,8 @@ from typing import Literal, Optional, Sequence, Type, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from vcarepro.attention.vca import check_choice, patch_grid
+from timm.layers import register_notrace_module
+from vcarepro.attention.vca import check_choice, check_token_count, check_unmasked, patch_grid
 from vcarepro.errors import BadInput
 
 PosEncoding = Literal["learned", "none"]
@@ -101,6 +102,9 @@ def focus(a: torch.Tensor, power: float, literal: bool = False) -> torch.Tensor:
     return powered / powered.norm(dim=-1, keepdim=True) * norm
 
 
+# A leaf for torch.fx (timm's notrace module): its float32 island (autocast off on the input's device,
+# float64 kept) branches on the input's dtype and device.
+@register_notrace_module
 class FocusedLinearAttention(nn.Module):
     """Focused Linear Attention, a drop-in replacement for timm's ``Attention``.
 
@@ -227,12 +231,7 @@ class FocusedLinearAttention(nn.Module):
     # -- pieces shared by both paths ------------------------------------------
 
     def _check_tokens(self, N: int) -> None:
-        H, W = self.grid_size
-        if N != self.num_prefix_tokens + H * W:
-            raise BadInput(
-                f"FocusedLinearAttention got {N} tokens but expects {self.num_prefix_tokens} prefix + {H}x{W} grid = "
-                f"{self.num_prefix_tokens + H * W}; build the model for this input size (img_size / patch_size)."
-            )
+        check_token_count(N, self.num_prefix_tokens, self.grid_size, "FocusedLinearAttention")
 
     def _key_encoding(self, dtype: torch.dtype) -> Optional[torch.Tensor]:
         """E as (1, N, C) with zero rows for prefix tokens that have none; None without E."""
@@ -290,10 +289,7 @@ class FocusedLinearAttention(nn.Module):
 
         ``reference=True`` materialises the N x N map; the default is the linear association.
         """
-        if attn_mask is not None or is_causal:
-            raise BadInput(
-                "FocusedLinearAttention does not support attention masks or causal attention; call it with neither."
-            )
+        check_unmasked(attn_mask, is_causal, "FocusedLinearAttention")
         B, N, C = x.shape
         self._check_tokens(N)
 

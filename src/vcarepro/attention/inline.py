@@ -55,15 +55,13 @@ Parameter names (``qkv``, ``proj``, ``residual.0``, ``residual.2``) and shapes
 are the official ones, so a released InLine-DeiT checkpoint's attention
 weights load into this layer.
 """
-from __future__ import annotations
-
 from typing import Callable, Optional, Sequence, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from vcarepro.attention.vca import patch_grid
+from vcarepro.attention.vca import check_token_count, check_unmasked, patch_grid
 from vcarepro.errors import BadInput
 
 # Kernel functions phi offered by the official code (models/inline_swin.py,
@@ -134,6 +132,8 @@ class InLineAttention(nn.Module):
             raise BadInput("qk_norm=True needs a norm_layer (e.g. nn.LayerNorm).")
         self.phi = kernel_function(kernel)
         self.kernel = kernel
+        self.exp_temperature = EXP_KERNEL_TEMPERATURE
+        self.local_kernel_size = LOCAL_KERNEL_SIZE  # an attribute, which TorchScript reads (a global it does not)
 
         self.dim = dim
         self.num_heads = num_heads
@@ -187,25 +187,33 @@ class InLineAttention(nn.Module):
     # -- pieces shared by both paths ------------------------------------------
 
     def _check_tokens(self, N: int) -> None:
-        H, W = self.grid_size
-        if N != self.num_prefix_tokens + H * W:
-            raise BadInput(
-                f"InLine got {N} tokens but expects {self.num_prefix_tokens} prefix + {H}x{W} grid = "
-                f"{self.num_prefix_tokens + H * W}; build the model for this input size (img_size / patch_size)."
-            )
+        check_token_count(N, self.num_prefix_tokens, self.grid_size, "InLine")
 
     def _qkv(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """phi(q), phi(k), v, each (B, heads, N, d)."""
         B, N, C = x.shape
         q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
-        return self.phi(q), self.phi(k), v
+        return self._kernel(q), self._kernel(k), v
+
+    def _kernel(self, t: torch.Tensor) -> torch.Tensor:
+        """phi by name, as :func:`kernel_function` (``self.phi``) computes it; a branch, not a stored function,
+        so that the layer scripts."""
+        if self.kernel == "relu":
+            return F.relu(t)
+        if self.kernel == "leakyrelu":
+            return F.leaky_relu(t)
+        if self.kernel == "exp":
+            return torch.exp(self.exp_temperature * t)
+        return t
 
     def local_kernels(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, 3, 3): one 3x3 kernel per sample and channel, predicted from the mean of all N tokens."""
         B, _, C = x.shape
-        r = self.residual(x.mean(dim=1).unsqueeze(-1))  # (B, 9C, 1); channel c owns outputs 9c .. 9c+8
-        return r.reshape(B, C, LOCAL_KERNEL_SIZE, LOCAL_KERNEL_SIZE)
+        residual = self.residual
+        assert residual is not None
+        r = residual(x.mean(dim=1).unsqueeze(-1))  # (B, 9C, 1); channel c owns outputs 9c .. 9c+8
+        return r.reshape(B, C, self.local_kernel_size, self.local_kernel_size)
 
     def _patch_values(self, v: torch.Tensor) -> torch.Tensor:
         # (B, heads, N, d) -> (B, C, H, W) over the patch grid; channel c = head * d + j as in qkv
@@ -244,19 +252,19 @@ class InLineAttention(nn.Module):
         B, C = kernels.shape[:2]
         H, W = self.grid_size
         grid = self._patch_values(v).reshape(1, B * C, H, W)
-        out = F.conv2d(grid, kernels.reshape(B * C, 1, LOCAL_KERNEL_SIZE, LOCAL_KERNEL_SIZE),
-                       padding=LOCAL_KERNEL_SIZE // 2, groups=B * C)
+        out = F.conv2d(grid, kernels.reshape(B * C, 1, self.local_kernel_size, self.local_kernel_size),
+                       padding=self.local_kernel_size // 2, groups=B * C)
         return out.reshape(B, C, H * W).transpose(1, 2)
 
     def _local_shifts(self, v: torch.Tensor, kernels: torch.Tensor) -> torch.Tensor:
         """The same term as nine weighted shifted copies of the zero-padded grid -> (B, H*W, C)."""
         B, C = kernels.shape[:2]
         H, W = self.grid_size
-        pad = LOCAL_KERNEL_SIZE // 2
+        pad = self.local_kernel_size // 2
         padded = F.pad(self._patch_values(v), (pad, pad, pad, pad))
         out = torch.zeros_like(padded[..., :H, :W])
-        for dy in range(LOCAL_KERNEL_SIZE):
-            for dx in range(LOCAL_KERNEL_SIZE):
+        for dy in range(self.local_kernel_size):
+            for dx in range(self.local_kernel_size):
                 out = out + kernels[:, :, dy, dx, None, None] * padded[:, :, dy:dy + H, dx:dx + W]
         return out.reshape(B, C, H * W).transpose(1, 2)
 
@@ -273,12 +281,12 @@ class InLineAttention(nn.Module):
 
         ``reference=True`` materialises the N x N map; the default is the linear path.
         """
-        if attn_mask is not None or is_causal:
-            raise BadInput("InLine does not support attention masks or causal attention; call it with neither.")
+        check_unmasked(attn_mask, is_causal, "InLine")
         B, N, C = x.shape
         self._check_tokens(N)
+        use_reference = False if reference is None else reference
         q, k, v = self._qkv(x)
-        if reference:
+        if use_reference:
             out = self.attention_scores(q, k) @ v
         else:
             out = self._global_linear(q, k, v)
@@ -286,7 +294,7 @@ class InLineAttention(nn.Module):
 
         if self.residual is not None:
             kernels = self.local_kernels(x)
-            local = (self._local_shifts if reference else self._local_conv)(v, kernels)
+            local = self._local_shifts(v, kernels) if use_reference else self._local_conv(v, kernels)
             P = self.num_prefix_tokens
             out = torch.cat([out[:, :P], out[:, P:] + local], dim=1)
         return self.proj_drop(self.proj(out))

@@ -70,16 +70,19 @@ values are [v_hat; -lambda2 * v_hat]) and pools with ``F.adaptive_avg_pool2d``;
 the reference path materialises the attention maps, pools with an explicit
 window-averaging matrix and follows the formulas above literally. Tests hold
 them equal.
-"""
-from __future__ import annotations
 
+The layer is written in TorchScript's subset (no closures, no bound methods as
+values, no postponed annotations), so a model using it scripts as timm's DeiT
+does; its input checks are timm no-trace functions, so torch.fx traces it
+(tests/test_timm_vit.py).
+"""
 import math
 from typing import List, Literal, Optional, Sequence, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import RmsNormFp32, trunc_normal_, use_fused_attn
+from timm.layers import RmsNormFp32, register_notrace_function, trunc_normal_, use_fused_attn
 from vcarepro.errors import BadInput
 
 StageKind = Literal["vca", "diff"]
@@ -171,6 +174,30 @@ def patch_grid(value: Union[int, Sequence[int]]) -> Tuple[int, int]:
     return (H, W)
 
 
+@register_notrace_function
+def check_token_count(num_tokens: int, num_prefix_tokens: int, grid_size: Tuple[int, int], layer: str) -> None:
+    """A clear error when the layer gets another token count than its grid's.
+
+    Registered with timm as a no-trace function: under torch.fx (``create_feature_extractor``,
+    ``FeatureGraphNet``) it becomes one graph call, run on the real count at execution, instead of
+    Python control flow on a traced value; eager mode runs it as is.
+    """
+    H, W = grid_size
+    if num_tokens != num_prefix_tokens + H * W:
+        raise BadInput(
+            f"{layer} got {num_tokens} tokens but expects {num_prefix_tokens} prefix + {H}x{W} grid = "
+            f"{num_prefix_tokens + H * W}; build the model for this input size (img_size / patch_size)."
+        )
+
+
+@register_notrace_function
+def check_unmasked(attn_mask: Optional[torch.Tensor], is_causal: bool, layer: str) -> None:
+    """A clear error for an attention mask or causal attention, which timm's ``Block`` may pass and these
+    layers do not support (a no-trace function for torch.fx, like :func:`check_token_count`)."""
+    if attn_mask is not None or is_causal:
+        raise BadInput(f"{layer} does not support attention masks or causal attention; call it with neither.")
+
+
 def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
     """A clear error for a switch value outside ``choices``."""
     if value not in choices:
@@ -182,12 +209,16 @@ def local_conv_layer(dim: int) -> nn.Conv2d:
     return nn.Conv2d(dim, dim, LOCAL_CONV_KERNEL, padding=LOCAL_CONV_KERNEL // 2, groups=dim)
 
 
-def local_term(conv: nn.Conv2d, v: torch.Tensor, grid_size: Tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
-    """v (B, heads, N, d) -> the depthwise convolution of its patch-grid part -> (B, H*W, C); prefix tokens get none."""
+def value_grid(v: torch.Tensor, grid_size: Tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
+    """v (B, heads, N, d) -> its patch-grid part as an image (B, C, H, W), channel c = head * d + j as in qkv."""
     B, heads, _, d = v.shape
     H, W = grid_size
-    grid = v[:, :, num_prefix_tokens:].transpose(-1, -2).reshape(B, heads * d, H, W)
-    return conv(grid).flatten(2).transpose(1, 2)
+    return v[:, :, num_prefix_tokens:].transpose(-1, -2).reshape(B, heads * d, H, W)
+
+
+def local_term(conv: nn.Conv2d, v: torch.Tensor, grid_size: Tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
+    """v (B, heads, N, d) -> the depthwise convolution of its patch-grid part -> (B, H*W, C); prefix tokens get none."""
+    return conv(value_grid(v, grid_size, num_prefix_tokens)).flatten(2).transpose(1, 2)
 
 
 class VisualContrastAttention(nn.Module):
@@ -249,6 +280,8 @@ class VisualContrastAttention(nn.Module):
         self.tokens_pos = tokens_pos
         self.uses_negative_stream = "vca" in (stage1, stage2)
         self.tokens_neg = tokens_neg if self.uses_negative_stream else None
+        # whether any stream's contrast tokens come from pooling the queries
+        self.pools = any(s is not None and "pool" in s for s in (self.tokens_pos, self.tokens_neg))
         self.stage2_softmax = stage2_softmax
         self.layer_index = layer_index
         self.lambda_init = lambda_init_for_layer(layer_index)
@@ -282,11 +315,6 @@ class VisualContrastAttention(nn.Module):
         self.init_weights()
 
     # -- construction helpers -------------------------------------------------
-
-    @property
-    def pools(self) -> bool:
-        """Whether any stream's contrast tokens come from pooling the queries."""
-        return any(s is not None and "pool" in s for s in (self.tokens_pos, self.tokens_neg))
 
     def _validated_grid(self, grid_size: Union[int, Sequence[int]]) -> Tuple[int, int]:
         H, W = patch_grid(grid_size)
@@ -328,12 +356,7 @@ class VisualContrastAttention(nn.Module):
         return torch.stack([self.lambda1(), self.lambda2()])
 
     def _check_tokens(self, N: int) -> None:
-        H, W = self.grid_size
-        if N != self.num_prefix_tokens + H * W:
-            raise BadInput(
-                f"VCA got {N} tokens but expects {self.num_prefix_tokens} prefix + {H}x{W} grid = "
-                f"{self.num_prefix_tokens + H * W}; build the model for this input size (img_size / patch_size)."
-            )
+        check_token_count(N, self.num_prefix_tokens, self.grid_size, "VCA")
 
     def _split_heads(self, embed: torch.Tensor) -> torch.Tensor:
         # (n, C) -> (1, heads, n, d), channel c belongs to head c // d as in the qkv layout
@@ -344,28 +367,38 @@ class VisualContrastAttention(nn.Module):
         B = q.shape[0]
         H, W = self.grid_size
         h, w = self.contrast_grid
-        pooled = None
+        pooled: Optional[torch.Tensor] = None
         if self.pools:
             patches = q[:, :, self.num_prefix_tokens:]
-            if reference:  # each token the plain mean of its window
-                pooled = self._pool_matrix.to(q.dtype) @ patches
+            pool_matrix = self._pool_matrix
+            if reference and pool_matrix is not None:  # each token the plain mean of its window
+                pooled = pool_matrix.to(q.dtype) @ patches
             else:
                 grid = patches.transpose(-1, -2).reshape(B * self.num_heads, self.head_dim, H, W)
                 pooled = F.adaptive_avg_pool2d(grid, (h, w))
                 pooled = pooled.reshape(B, self.num_heads, self.head_dim, h * w).transpose(-1, -2)
+        t_pos = self._stream(self.tokens_pos, self.embed_pos, pooled, q)
+        assert t_pos is not None  # the positive stream always exists
+        return t_pos, self._stream(self.tokens_neg, self.embed_neg, pooled, q)
 
-        def stream(kind: Optional[str], embed: Optional[nn.Parameter]) -> Optional[torch.Tensor]:
-            if kind is None:
-                return None
-            if kind == "pool":
-                return pooled
-            e = self._split_heads(embed).to(q.dtype)
-            return e.expand(B, -1, -1, -1) if kind == "emb" else pooled + e
-
-        return stream(self.tokens_pos, self.embed_pos), stream(self.tokens_neg, self.embed_neg)
+    def _stream(self, kind: Optional[str], embed: Optional[torch.Tensor], pooled: Optional[torch.Tensor],
+                q: torch.Tensor) -> Optional[torch.Tensor]:
+        """One stream's tokens from the pooled queries and / or its embedding; None for an unused stream."""
+        if kind is None:
+            return None
+        if kind == "pool":
+            return pooled
+        assert embed is not None
+        e = self._split_heads(embed).to(q.dtype)
+        if kind == "emb":
+            return e.expand(q.shape[0], -1, -1, -1)
+        assert pooled is not None
+        return pooled + e
 
     def _local(self, v: torch.Tensor) -> torch.Tensor:
-        return local_term(self.local_conv, v, self.grid_size, self.num_prefix_tokens)
+        conv = self.local_conv
+        assert conv is not None
+        return conv(value_grid(v, self.grid_size, self.num_prefix_tokens)).flatten(2).transpose(1, 2)
 
     # -- attention primitives ---------------------------------------------------
 
@@ -380,43 +413,77 @@ class VisualContrastAttention(nn.Module):
 
     @staticmethod
     def _halves(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        return x.chunk(2, dim=-1)
+        first, second = x.chunk(2, dim=-1)
+        return first, second
 
-    def _differential_fused(self, qa, ka, qb, kb, v, lam, scale):
-        """softmax(qa ka^T) v - lam * softmax(qb kb^T) v with SDPA calls."""
-        if ka is kb:  # same keys: one call over the stacked queries
+    def _differential_fused(self, qa: torch.Tensor, ka: torch.Tensor, qb: torch.Tensor, kb: torch.Tensor,
+                            v: torch.Tensor, lam: torch.Tensor, scale: float, same_keys: bool = False) -> torch.Tensor:
+        """softmax(qa ka^T) v - lam * softmax(qb kb^T) v with SDPA calls (one call when ka is kb)."""
+        if same_keys or ka is kb:  # same keys: one call over the stacked queries
             out = self._attend(torch.cat([qa, qb], dim=2), ka, v, scale)
-            out_a, out_b = out.split([qa.shape[2], qb.shape[2]], dim=2)
+            n_a = qa.shape[2]
+            out_a, out_b = out[:, :, :n_a], out[:, :, n_a:]
         else:
             out_a, out_b = self._attend(qa, ka, v, scale), self._attend(qb, kb, v, scale)
         return out_a - lam.to(out_a.dtype) * out_b
 
-    def _differential_reference(self, qa, ka, qb, kb, v, lam, scale):
+    def _differential_reference(self, qa: torch.Tensor, ka: torch.Tensor, qb: torch.Tensor, kb: torch.Tensor,
+                                v: torch.Tensor, lam: torch.Tensor, scale: float,
+                                same_keys: bool = False) -> torch.Tensor:
         """(softmax(qa ka^T) - lam * softmax(qb kb^T)) v, the attention maps materialised."""
         attn = self._probs(qa, ka, scale) - lam.to(qa.dtype) * self._probs(qb, kb, scale)
         return attn @ v
 
+    def _differential(self, qa: torch.Tensor, ka: torch.Tensor, qb: torch.Tensor, kb: torch.Tensor,
+                      v: torch.Tensor, lam: torch.Tensor, scale: float, reference: bool,
+                      same_keys: bool = False) -> torch.Tensor:
+        """The differential product on the reference or the fused path (a flag, not a bound method: TorchScript)."""
+        if reference:
+            return self._differential_reference(qa, ka, qb, kb, v, lam, scale)
+        return self._differential_fused(qa, ka, qb, kb, v, lam, scale, same_keys)
+
+    def _is_reference(self, differential) -> bool:
+        # the stage helpers' Python interface names a path by its bound method
+        return differential == self._differential_reference
+
     # -- the two stages -------------------------------------------------------------
 
     def _stage1(self, t_pos, t_neg, k, v, lam, differential):
-        if self.stage1 == "vca":
-            out = differential(t_pos, k, t_neg, k, v, lam, self.scale)
-        else:
-            (t1, t2), (k1, k2) = self._halves(t_pos), self._halves(k)
-            out = differential(t1, k1, t2, k2, v, lam, (self.head_dim // 2) ** -0.5)
-        return (1.0 - self.lambda_init) * self.stage1_norm(out)
+        """Stage I with ``differential`` = ``self._differential_fused`` or ``self._differential_reference``."""
+        return self._global_contrast(t_pos, t_neg, k, v, lam, self._is_reference(differential))
 
     def _stage2(self, q, t_pos, t_neg, v_hat, lam, differential, reference: bool):
+        """Stage II with ``differential`` as in ``_stage1``; ``reference`` picks the joint softmax's path."""
+        return self._patch_contrast(q, t_pos, t_neg, v_hat, lam, self._is_reference(differential), reference)
+
+    def _global_contrast(self, t_pos: torch.Tensor, t_neg: Optional[torch.Tensor], k: torch.Tensor,
+                         v: torch.Tensor, lam: torch.Tensor, reference: bool) -> torch.Tensor:
+        if self.stage1 == "vca":
+            assert t_neg is not None
+            out = self._differential(t_pos, k, t_neg, k, v, lam, self.scale, reference, same_keys=True)
+        else:
+            (t1, t2), (k1, k2) = self._halves(t_pos), self._halves(k)
+            out = self._differential(t1, k1, t2, k2, v, lam, (self.head_dim // 2) ** -0.5, reference)
+        return (1.0 - self.lambda_init) * self.stage1_norm(out)
+
+    def _patch_contrast(self, q: torch.Tensor, t_pos: torch.Tensor, t_neg: Optional[torch.Tensor],
+                        v_hat: torch.Tensor, lam: torch.Tensor, differential_reference: bool,
+                        reference: bool) -> torch.Tensor:
         if self.stage2 == "diff":
             (q1, q2), (t1, t2) = self._halves(q), self._halves(t_pos)
-            out = differential(q1, t1, q2, t2, v_hat, lam, (self.head_dim // 2) ** -0.5)
+            out = self._differential(q1, t1, q2, t2, v_hat, lam, (self.head_dim // 2) ** -0.5,
+                                     differential_reference)
         elif self.stage2_softmax == "separate":
-            out = differential(q, t_pos, q, t_neg, v_hat, lam, self.scale)
+            assert t_neg is not None
+            out = self._differential(q, t_pos, q, t_neg, v_hat, lam, self.scale, differential_reference)
         elif reference:
+            assert t_neg is not None
             attn = self._probs(q, torch.cat([t_pos, t_neg], dim=2), self.scale)
-            attn_pos, attn_neg = attn.split(self.num_contrast_tokens, dim=-1)
+            n = self.num_contrast_tokens
+            attn_pos, attn_neg = attn[..., :n], attn[..., n:]
             out = (attn_pos - lam.to(q.dtype) * attn_neg) @ v_hat
         else:
+            assert t_neg is not None
             # one joint softmax over [t+; t-]: A+ v_hat - lam A- v_hat = A [v_hat; -lam v_hat]
             values = torch.cat([v_hat, -lam.to(v_hat.dtype) * v_hat], dim=2)
             out = self._attend(q, torch.cat([t_pos, t_neg], dim=2), values, self.scale)
@@ -436,20 +503,19 @@ class VisualContrastAttention(nn.Module):
         ``reference=True`` forces the materialised-map path, ``False`` the fused one;
         the default follows timm's ``use_fused_attn()``.
         """
-        if attn_mask is not None or is_causal:
-            raise BadInput("VCA does not support attention masks or causal attention; call it with neither.")
+        check_unmasked(attn_mask, is_causal, "VCA")
         B, N, C = x.shape
         self._check_tokens(N)
-        reference = (not self.fused_attn) if reference is None else reference
-        differential = self._differential_reference if reference else self._differential_fused
+        use_reference = (not self.fused_attn) if reference is None else reference
 
         q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
-        lam1, lam2 = self.lambdas().unbind(0)
-        t_pos, t_neg = self.contrast_tokens(q, reference)
+        lams = self.lambdas()
+        lam1, lam2 = lams[0], lams[1]
+        t_pos, t_neg = self.contrast_tokens(q, use_reference)
 
-        v_hat = self._stage1(t_pos, t_neg, k, v, lam1, differential)
-        out = self._stage2(q, t_pos, t_neg, v_hat, lam2, differential, reference)
+        v_hat = self._global_contrast(t_pos, t_neg, k, v, lam1, use_reference)
+        out = self._patch_contrast(q, t_pos, t_neg, v_hat, lam2, use_reference, use_reference)
         out = out.transpose(1, 2).reshape(B, N, C)
 
         if self.local_conv is not None:

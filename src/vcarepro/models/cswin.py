@@ -48,10 +48,12 @@ import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import trunc_normal_
 from timm.models import generate_default_cfgs, register_model
+from timm.models._features import feature_take_indices
 
 from ..attention import build_attention
 from ..attention.vca import patch_grid
-from .placement import LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, stage_options
+from .placement import (LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, hierarchical_cfg,
+                        set_stage_grids, stage_options)
 from .pvt import PreNormBlock
 from vcarepro.errors import BadInput
 
@@ -63,19 +65,24 @@ MODEL_NAMES = {"cswin_tiny": {"mhsa": "cswin_tiny_224", "vca": "vca_cswin_tiny_2
                "cswin_tiny_2418": {"mhsa": "cswin_tiny_2418_224"}}
 
 
+def _check_tiling(grid_size: Tuple[int, int], stripe: Tuple[int, int]) -> None:
+    H, W = grid_size
+    if H % stripe[0] or W % stripe[1]:
+        raise BadInput(f"stripes {tuple(stripe)} do not tile the {H}x{W} stage grid; use an img_size whose stage "
+                       f"grids are multiples of the stripe widths, or other stripe_widths (CSWin at 384 px uses "
+                       f"stripe_widths=(1, 2, 12, 12)).")
+
+
 class StripeAttention(nn.Module):
     """Multi-head attention inside non-overlapping (stripe_h x stripe_w) stripes, plus LePE."""
 
     def __init__(self, dim: int, num_heads: int, grid_size: Tuple[int, int], stripe: Tuple[int, int],
                  attn_drop: float = 0.0) -> None:
         super().__init__()
-        H, W = grid_size
-        if H % stripe[0] or W % stripe[1]:
-            raise BadInput(f"stripes {stripe} do not tile the {H}x{W} grid; use an img_size whose stage grids "
-                             f"are multiples of the stripe widths.")
+        _check_tiling(grid_size, stripe)
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.scale = self.head_dim ** -0.5
-        self.grid_size, self.stripe = grid_size, stripe
+        self.grid_size, self.stripe = tuple(grid_size), tuple(stripe)
         self.attn_drop_p = attn_drop
         self.get_v = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)  # LePE
 
@@ -124,12 +131,32 @@ class CrossShapedWindowAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
+    @property
+    def grid_size(self) -> Tuple[int, int]:
+        return self.branches[0].grid_size
+
+    def set_grid_size(self, grid_size: Tuple[int, int]) -> None:
+        """A new stage grid: stripes keep their width and span the new height / width (one full branch stays
+        full). Stripes that do not tile the new grid are a BadInput and change nothing."""
+        H, W = grid_size
+        if len(self.branches) == 1:
+            stripes = [(H, W)]
+        else:
+            stripes = [(H, self.branches[0].stripe[1]), (self.branches[1].stripe[0], W)]
+        for stripe in stripes:
+            _check_tiling((H, W), stripe)
+        for branch, stripe in zip(self.branches, stripes):
+            branch.grid_size, branch.stripe = (H, W), stripe
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x).chunk(3, dim=-1)
+        # the branch count is fixed at construction: index the chunks (torch.fx and TorchScript unroll this loop)
         n = len(self.branches)
-        parts = zip(q.chunk(n, -1), k.chunk(n, -1), v.chunk(n, -1))
-        out = torch.cat([branch(*qkv) for branch, qkv in zip(self.branches, parts)], dim=-1)
-        return self.proj_drop(self.proj(out))
+        qs, ks, vs = q.chunk(n, -1), k.chunk(n, -1), v.chunk(n, -1)
+        outs: List[torch.Tensor] = []
+        for i, branch in enumerate(self.branches):
+            outs.append(branch(qs[i], ks[i], vs[i]))
+        return self.proj_drop(self.proj(torch.cat(outs, dim=-1)))
 
 
 class ConvEmbed(nn.Module):
@@ -191,19 +218,17 @@ class CSWinTransformer(nn.Module):
         self.num_features = self.head_hidden_size = dims[-1]
         dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
 
-        H, W = patch_grid(img_size)
-        grid = ((H + 2 * 2 - 7) // 4 + 1, (W + 2 * 2 - 7) // 4 + 1)  # the stem's output grid
-        self.stage_grids: List[Tuple[int, int]] = []
+        self.img_size = patch_grid(img_size)
+        self.stage_grids: List[Tuple[int, int]] = _stage_grids(img_size, num_stages)
         self.feature_info: List[Dict[str, Any]] = []
         stages, layer_index, reduction = [], 0, 4
         for i in range(num_stages):
+            grid = self.stage_grids[i]
             if i:
-                grid = ((grid[0] - 1) // 2 + 1, (grid[1] - 1) // 2 + 1)
                 reduction *= 2
                 embed = ConvEmbed(dims[i - 1], dims[i], 3, 2, 1)
             else:
                 embed = ConvEmbed(in_chans, dims[0], 7, 4, 2)
-            self.stage_grids.append(grid)
             blocks = []
             for _ in range(depths[i]):
                 if uses_compared[i]:
@@ -244,8 +269,11 @@ class CSWinTransformer(nn.Module):
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
+        # as timm's Swin: the merge into a stage joins that stage's first block
         return dict(stem=r"^stages\.0\.embed",
-                    blocks=r"^stages\.(\d+)" if coarse else [(r"^stages\.(\d+)\.blocks\.(\d+)", None)])
+                    blocks=r"^stages\.(\d+)" if coarse else [(r"^stages\.(\d+)\.embed", (0,)),
+                                                                (r"^stages\.(\d+)\.blocks\.(\d+)", None),
+                                                                (r"^norm", (99999,))])
 
     @torch.jit.ignore
     def get_classifier(self) -> nn.Module:
@@ -257,12 +285,74 @@ class CSWinTransformer(nn.Module):
         self.num_classes = num_classes
         self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
 
+    def set_input_size(self, img_size: Optional[Union[int, Sequence[int]]] = None) -> None:
+        """Follow a new input resolution: every stage's grid and its attention's (stripes keep their widths, VCA
+        its contrast tokens). A resolution that cannot work (stripes that do not tile a stage grid, a contrast grid
+        larger than a stage grid) is a BadInput and changes nothing."""
+        if img_size is None:
+            return
+        grids = _stage_grids(img_size, len(self.stages))
+        set_stage_grids([[block.attn for block in stage.blocks] for stage in self.stages], grids)
+        self.stage_grids, self.img_size = grids, patch_grid(img_size)
+
+    def _to_map(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        """Stage ``i``'s tokens (B, H*W, C) -> its feature map (B, C, H, W)."""
+        H, W = self.stage_grids[i]
+        return x.transpose(1, 2).reshape(x.shape[0], -1, H, W)
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: Optional[Union[int, List[int]]] = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
+        """The stages' feature maps (B, C, H, W) at strides 4/8/16/32 (timm's convention: ``indices`` an int takes
+        the last n, a list those stages); ``norm`` applies the final norm to the last stage's map."""
+        if output_fmt != "NCHW":
+            raise BadInput(f"output_fmt={output_fmt!r}: CSWin's intermediates are NCHW.")
+        take_indices, max_index = feature_take_indices(len(self.stages), indices)
+        last = len(self.stages) - 1
+        intermediates: List[torch.Tensor] = []
+        for i, stage in enumerate(self.stages):
+            if stop_early and i > max_index:
+                break
+            if i:
+                x = self._to_map(x, i - 1)
+            x = stage(x)
+            if i == last:
+                x_normed = self.norm(x)
+                if i in take_indices:
+                    intermediates.append(self._to_map(x_normed if norm else x, i))
+                x = x_normed
+            elif i in take_indices:
+                intermediates.append(self._to_map(x, i))
+        if intermediates_only:
+            return intermediates
+        return x, intermediates
+
+    def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> List[int]:
+        """Drop the stages after the last one ``indices`` takes (and the norm / head), as timm's models do."""
+        take_indices, max_index = feature_take_indices(len(self.stages), indices)
+        prune_end = max_index < len(self.stages) - 1
+        self.stages = self.stages[:max_index + 1]
+        self.stage_grids = self.stage_grids[:max_index + 1]
+        if prune_norm or prune_end:
+            self.norm = nn.Identity()
+        if prune_end:
+            self.num_features = self.head_hidden_size = self.feature_info[max_index]["num_chs"]
+        if prune_head or prune_end:
+            self.reset_classifier(0)
+        return take_indices
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Image -> last-stage tokens (B, H*W, C), normed."""
-        B = x.shape[0]
         for i, stage in enumerate(self.stages):
             if i:
-                x = x.transpose(1, 2).reshape(B, -1, *self.stage_grids[i - 1])
+                x = self._to_map(x, i - 1)
             x = stage(x)
         return self.norm(x)
 
@@ -274,17 +364,29 @@ class CSWinTransformer(nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
+def _stage_grids(img_size: Union[int, Sequence[int]], num_stages: int) -> List[Tuple[int, int]]:
+    """Each stage's token grid: the 7x7 / 4 stem (padding 2), then a 3x3 / 2 merge (padding 1) per stage."""
+    H, W = patch_grid(img_size)
+    grid = ((H + 2 * 2 - 7) // 4 + 1, (W + 2 * 2 - 7) // 4 + 1)
+    grids = [grid]
+    for _ in range(num_stages - 1):
+        grid = ((grid[0] - 1) // 2 + 1, (grid[1] - 1) // 2 + 1)
+        grids.append(grid)
+    return grids
+
+
+CSWIN_PAPER = dict(paper_ids="arXiv:2107.00652",
+                   paper_name="CSWin Transformer: A General Vision Transformer Backbone with Cross-Shaped Windows")
+
+
 def _cfg(**kwargs: Any) -> Dict[str, Any]:
-    # No weights are published for these builds (no url / hf_hub_id); eval as CSWin (crop 0.9, bicubic).
-    return {
-        "url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None,
-        "crop_pct": 0.9, "interpolation": "bicubic", "fixed_input_size": True,
-        "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD,
-        "first_conv": "stages.0.embed.proj", "classifier": "head", **kwargs,
-    }
+    # CSWin evaluates with crop 0.9, bicubic; no weights are published for these builds.
+    return hierarchical_cfg(
+        pool_size=None, crop_pct=0.9, interpolation="bicubic", mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD,
+        first_conv="stages.0.embed.proj", classifier="head", **kwargs)
 
 
-default_cfgs = generate_default_cfgs({"cswin_tiny_224": _cfg(), "cswin_tiny_2418_224": _cfg(),
+default_cfgs = generate_default_cfgs({"cswin_tiny_224": _cfg(**CSWIN_PAPER), "cswin_tiny_2418_224": _cfg(**CSWIN_PAPER),
                                      "vca_cswin_tiny_224": _cfg(), LAB_MODEL: _cfg()})
 
 CSWIN_SHAPES = {

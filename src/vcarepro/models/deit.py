@@ -4,6 +4,10 @@ The baseline is timm's own ``deit_*_patch16_224``. ``vca_deit_*`` is the same
 network with every block's ``Attention`` replaced by ``VisualContrastAttention``
 (layer index = block index, so lambda_init follows depth). ``diff_deit_*`` uses
 timm's ``DiffAttention`` in every block.
+
+They are ordinary timm models (tests/test_timm_vit.py): a complete pretrained cfg, features_only /
+forward_intermediates, torch.fx tracing, TorchScript (all but FLatten), set_input_size, layer-wise lr
+decay, and ``pretrained=True`` with ``pretrained_cfg_overlay=dict(file=...)`` for weights a user trained.
 """
 from __future__ import annotations
 
@@ -11,7 +15,9 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import torch.nn as nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import to_2tuple
 from timm.models import VisionTransformer, build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models._builder import resolve_pretrained_cfg
 
 from ..attention import attention_options, build_attention
 from vcarepro.errors import BadInput
@@ -69,10 +75,14 @@ class SwappedAttentionVisionTransformer(VisionTransformer):
         img_size: Optional[Tuple[int, int]] = None,
         patch_size: Optional[Tuple[int, int]] = None,
     ) -> None:
-        super().set_input_size(img_size=img_size, patch_size=patch_size)
+        # The attentions first: one that cannot work at the new grid refuses before anything has moved.
+        new_img = to_2tuple(img_size) if img_size is not None else self.patch_embed.img_size
+        new_patch = to_2tuple(patch_size) if patch_size is not None else self.patch_embed.patch_size
+        grid = (new_img[0] // new_patch[0], new_img[1] // new_patch[1])
         for block in self.blocks:
             if hasattr(block.attn, "set_grid_size"):
-                block.attn.set_grid_size(self.patch_embed.grid_size)
+                block.attn.set_grid_size(grid)
+        super().set_input_size(img_size=img_size, patch_size=patch_size)
 
 
 class VcaVisionTransformer(SwappedAttentionVisionTransformer):
@@ -83,8 +93,9 @@ class VcaVisionTransformer(SwappedAttentionVisionTransformer):
 
 
 def _cfg(**kwargs: Any) -> Dict[str, Any]:
-    # No published VCA weights exist, so no url / hf_hub_id. Evaluation follows DeiT:
-    # resize 256, center crop 224 (crop_pct 0.875), bicubic.
+    # No published VCA weights exist, so no url / hf_hub_id: pretrained=True needs a file the caller gives
+    # (pretrained_cfg_overlay=dict(file=...)). Evaluation follows DeiT: resize 256, center crop 224
+    # (crop_pct 0.875), bicubic. The license is the project's (pyproject.toml: MIT), for any weights it trains.
     return {
         "url": "",
         "num_classes": 1000,
@@ -97,15 +108,23 @@ def _cfg(**kwargs: Any) -> Dict[str, Any]:
         "std": IMAGENET_DEFAULT_STD,
         "first_conv": "patch_embed.proj",
         "classifier": "head",
+        "license": "mit",
+        "paper_ids": "arXiv:2511.00833",
+        "paper_name": "Linear Differential Vision Transformer: Learning Visual Contrasts via Pairwise Differentials",
+        "notes": ("no pretrained weights are published; train them with this pipeline (dvc repro) and load them "
+                  "with pretrained=True, pretrained_cfg_overlay=dict(file='model.safetensors')",),
         **kwargs,
     }
 
 
+# the baseline's own paper (the drop-ins keep VCA's: they are this project's comparison)
+DIFF_PAPER = dict(paper_ids="arXiv:2410.05258", paper_name="Differential Transformer")
+
 default_cfgs = generate_default_cfgs({
     "vca_deit_tiny_patch16_224": _cfg(),
     "vca_deit_small_patch16_224": _cfg(),
-    "diff_deit_tiny_patch16_224": _cfg(),
-    "diff_deit_small_patch16_224": _cfg(),
+    "diff_deit_tiny_patch16_224": _cfg(**DIFF_PAPER),
+    "diff_deit_small_patch16_224": _cfg(**DIFF_PAPER),
     "dropin_deit_tiny_patch16_224": _cfg(),
     "dropin_deit_small_patch16_224": _cfg(),
 })
@@ -117,14 +136,21 @@ DEIT_SHAPES = {
 }
 
 
+def _has_weights_source(variant: str, kwargs: Dict[str, Any]) -> bool:
+    """Whether the resolved pretrained cfg names weights timm can load (a file, a state dict, a url or a hub id)."""
+    cfg = resolve_pretrained_cfg(variant, pretrained_cfg=kwargs.get("pretrained_cfg"),
+                                 pretrained_cfg_overlay=kwargs.get("pretrained_cfg_overlay"))
+    return any(getattr(cfg, field, None) for field in ("file", "state_dict", "url", "hf_hub_id"))
+
+
 def _build(model_cls, variant: str, pretrained: bool, **kwargs: Any) -> VisionTransformer:
-    if pretrained:
+    if pretrained and not _has_weights_source(variant, kwargs):
         raise BadInput(
-            f"no pretrained weights are published for {variant}; create it with pretrained=False "
-            f"and train it (dvc repro), or load a checkpoint with checkpoint_path=."
+            f"no pretrained weights are published for {variant}; pass your own with "
+            f"pretrained_cfg_overlay=dict(file='model.safetensors'), or create it with pretrained=False."
         )
     return build_model_with_cfg(
-        model_cls, variant, pretrained=False,
+        model_cls, variant, pretrained=pretrained,
         feature_cfg=dict(out_indices=kwargs.pop("out_indices", 3), feature_cls="getter"),
         **kwargs,
     )

@@ -48,7 +48,10 @@ class ConvPositionBlock(Block):
         P = self.attn.num_prefix_tokens
         grid = x[:, P:].transpose(1, 2).reshape(B, C, H, W)
         x = torch.cat([x[:, :P], x[:, P:] + self.cpe(grid).flatten(2).transpose(1, 2)], dim=1)
-        return super().forward(x, attn_mask=attn_mask, is_causal=is_causal)
+        # timm's Block.forward, written out (TorchScript has no super())
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask, is_causal=is_causal)))
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return x
 
 
 # ca_deit.py VisionTransformer: no class token, no position embedding, norm then mean, bias-free qkv.
@@ -62,15 +65,23 @@ INLINE_SMALL = dict(patch_size=16, embed_dim=320, depth=12, num_heads=10, img_si
 # counts them at paper shape beside the like-for-like drop-ins)
 MODEL_NAMES = {f"{a}_deit_tiny": {a: f"{a}_deit_tiny_patch16_224"} for a in ("agent", "flatten", "inline", "circulant")}
 
+# Each published model's own paper; the weights are the project's (none published, see deit._cfg).
+AGENT_PAPER = dict(paper_ids="arXiv:2312.08874",
+                   paper_name="Agent Attention: On the Integration of Softmax and Linear Attention")
+FLATTEN_PAPER = dict(paper_ids="arXiv:2308.00442",
+                     paper_name="FLatten Transformer: Vision Transformer using Focused Linear Attention")
+INLINE_PAPER = dict(paper_ids="arXiv:2412.06590", paper_name="Bridging the Divide: Reconsidering Softmax and Linear Attention")
+CIRCULANT_PAPER = dict(paper_ids="arXiv:2512.21542", paper_name="Vision Transformers are Circulant Attention Learners")
+
 default_cfgs = generate_default_cfgs({
-    "agent_deit_tiny_patch16_224": _cfg(),
-    "agent_deit_small_patch16_224": _cfg(),
-    "flatten_deit_tiny_patch16_224": _cfg(),
-    "inline_deit_tiny_patch16_224": _cfg(),
-    "inline_deit_small_patch16_288": _cfg(input_size=(3, 288, 288)),
+    "agent_deit_tiny_patch16_224": _cfg(**AGENT_PAPER),
+    "agent_deit_small_patch16_224": _cfg(**AGENT_PAPER),
+    "flatten_deit_tiny_patch16_224": _cfg(**FLATTEN_PAPER),
+    "inline_deit_tiny_patch16_224": _cfg(**INLINE_PAPER),
+    "inline_deit_small_patch16_288": _cfg(input_size=(3, 288, 288), **INLINE_PAPER),
     # ca_deit.py's _cfg: crop 0.9
-    "circulant_deit_tiny_patch16_224": _cfg(crop_pct=0.9),
-    "circulant_deit_small_patch16_224": _cfg(crop_pct=0.9),
+    "circulant_deit_tiny_patch16_224": _cfg(crop_pct=0.9, **CIRCULANT_PAPER),
+    "circulant_deit_small_patch16_224": _cfg(crop_pct=0.9, **CIRCULANT_PAPER),
 })
 
 

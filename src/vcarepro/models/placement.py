@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Sequence, Tuple, Union
 
 from timm.models import build_model_with_cfg
+from timm.models._builder import _resolve_pretrained_source, resolve_pretrained_cfg
 
 from ..attention import ATTENTIONS, POOLED_TOKEN_OPTION, all_attention_options, attention_options
 from .deit import VCA_OPTIONS
@@ -95,27 +96,72 @@ def lab_placement(attn_layout: str, compared_attention: str,
     return placement
 
 
+VCA_PAPER = dict(paper_ids="arXiv:2511.00833",
+                 paper_name="Linear Differential Vision Transformer: Learning Visual Contrasts via Pairwise "
+                            "Differentials")
+
+
+def hierarchical_cfg(**kwargs: Any) -> Dict[str, Any]:
+    """The pretrained cfg fields every hierarchical model of this project carries (the VCA paper unless a backbone
+    names its own); the license is the project's (code, and any weights it trains). No weights are published."""
+    return {"url": "", "num_classes": 1000, "input_size": (3, 224, 224), "fixed_input_size": True,
+            "license": "mit", **VCA_PAPER,
+            "notes": ("no weights are published for this build; train them with this pipeline and load them with "
+                      "pretrained=True, pretrained_cfg_overlay=dict(file='model.safetensors')",), **kwargs}
+
+
+def set_stage_grids(stage_attentions: Sequence[Sequence[Any]], grids: Sequence[Tuple[int, int]]) -> None:
+    """Give every stage's attention layers their new grid, all or none: if one refuses (a contrast grid larger
+    than its stage grid), the ones already changed go back and its BadInput is raised."""
+    done = []
+    try:
+        for layers, grid in zip(stage_attentions, grids):
+            for layer in layers:
+                if hasattr(layer, "set_grid_size"):
+                    old = layer.grid_size
+                    layer.set_grid_size(grid)
+                    done.append((layer, old))
+    except BadInput:
+        for layer, old in reversed(done):
+            layer.set_grid_size(old)
+        raise
+
+
+def _check_weights_source(variant: str, kwargs: Dict[str, Any]) -> None:
+    """pretrained=True loads only what the caller supplies (a file or a state_dict): a clear error otherwise."""
+    cfg = resolve_pretrained_cfg(variant, pretrained_cfg=kwargs.get("pretrained_cfg"),
+                                 pretrained_cfg_overlay=kwargs.get("pretrained_cfg_overlay"))
+    load_from, _ = _resolve_pretrained_source(cfg.to_dict())
+    if not load_from:
+        raise BadInput(f"no pretrained weights are published for {variant}; pass your own with "
+                       f"pretrained_cfg_overlay=dict(file='model.safetensors'), or create it with pretrained=False.")
+
+
 def build_hierarchical(model_cls, variant: str, pretrained: bool, *, defaults: Dict[str, Any],
                        kwargs: Dict[str, Any], layout: str = "", compared_attention: str = ""):
-    """Build a hierarchical variant over ``defaults`` (no published weights).
+    """Build a hierarchical variant over ``defaults``; ``pretrained=True`` loads the caller's own weights.
 
     With a ``layout`` it is a lab-layout model: ``compared_attention`` (from ``kwargs`` when not
     fixed by the variant, default VCA) fills the ``A`` stages with the lab's per-stage tokens.
     Without one it is a backbone with its own attention, which refuses every compared-attention knob.
+    ``features_only=True`` returns the four stages' maps (NCHW, strides 4/8/16/32) through the
+    model's ``forward_intermediates``, or those of ``out_indices``.
     """
     if pretrained:
-        raise BadInput(f"no pretrained weights are published for {variant}; create it with pretrained=False.")
+        _check_weights_source(variant, kwargs)
+    kwargs = dict(kwargs)
+    feature_cfg = dict(out_indices=kwargs.pop("out_indices", (0, 1, 2, 3)), feature_cls="getter")
     if not layout:
         stray = sorted(set(kwargs) & _COMPARED_ONLY)
         if stray:
             raise BadInput(f"{', '.join(stray)} only appl{'ies' if len(stray) == 1 else 'y'} to a VCA variant or "
                            f"another compared attention (vca_* / lab_* models), not {variant}; remove "
                            f"{'it' if len(stray) == 1 else 'them'}.")
-        return build_model_with_cfg(model_cls, variant, pretrained=False, **{**defaults, **kwargs})
-    kwargs = dict(kwargs)
+        return build_model_with_cfg(model_cls, variant, pretrained=pretrained, feature_cfg=feature_cfg,
+                                    **{**defaults, **kwargs})
     chosen = kwargs.pop("compared_attention", compared_attention or "vca")
     if compared_attention and chosen != compared_attention:
         raise BadInput(f"{variant} holds {compared_attention!r}; for compared_attention={chosen!r} use the "
                        f"lab_* model of the same backbone.")
-    return build_model_with_cfg(model_cls, variant, pretrained=False,
+    return build_model_with_cfg(model_cls, variant, pretrained=pretrained, feature_cfg=feature_cfg,
                                 **{**defaults, **lab_placement(layout, chosen), **kwargs})

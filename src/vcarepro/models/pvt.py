@@ -43,12 +43,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import DropPath, Mlp, trunc_normal_
+from timm.layers import DropPath, Mlp, resample_abs_pos_embed, trunc_normal_
 from timm.models import generate_default_cfgs, register_model
+from timm.models._features import feature_take_indices
 
 from ..attention import build_attention
 from ..attention.vca import patch_grid
-from .placement import LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, stage_options
+from .placement import (LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, hierarchical_cfg,
+                        set_stage_grids, stage_options)
 from vcarepro.errors import BadInput
 
 # The lab's layout with any attention of the family (compared_attention=...).
@@ -160,6 +162,7 @@ class PvtStage(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + num_prefix_tokens, dim))
         self.pos_drop = nn.Dropout(drop_rate)
         self.blocks = nn.Sequential(*blocks)
+        self.num_prefix_tokens = num_prefix_tokens
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) image or feature map -> (B, prefix + H'W', C') tokens."""
@@ -212,17 +215,15 @@ class PyramidVisionTransformer(nn.Module):
         norm_layer = partial(nn.LayerNorm, eps=1e-6)
         dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
 
-        grid = patch_grid(img_size)
-        self.stage_grids: List[Tuple[int, int]] = []  # each stage's token grid, to reshape between stages
+        self.patch_sizes = tuple(patch_sizes)
+        self.img_size = patch_grid(img_size)
+        # each stage's token grid, to reshape between stages
+        self.stage_grids: List[Tuple[int, int]] = _stage_grids(img_size, patch_sizes)
         stages, in_dim, layer_index, self.feature_info = [], in_chans, 0, []
         reduction = 1
         for i in range(num_stages):
             p = patch_sizes[i]
-            if grid[0] % p or grid[1] % p:
-                raise BadInput(f"stage {i} grid {grid} is not divisible by its patch size {p}; "
-                                 f"use an img_size divisible by {_prod(patch_sizes)}.")
-            grid = (grid[0] // p, grid[1] // p)
-            self.stage_grids.append(grid)
+            grid = self.stage_grids[i]
             reduction *= p
             prefix = self.num_prefix_tokens if i == num_stages - 1 else 0  # the class token joins last
             blocks = []
@@ -273,8 +274,12 @@ class PyramidVisionTransformer(nn.Module):
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
-        return dict(stem=r"^stages\.0\.(patch_embed|pos_embed)",
-                    blocks=r"^stages\.(\d+)" if coarse else [(r"^stages\.(\d+)\.blocks\.(\d+)", None)])
+        # as timm's Swin: a stage's embedding (patch embed, position embedding, class token) joins its first block
+        return dict(stem=r"^stages\.0\.(?:patch_embed|pos_embed)",
+                    blocks=r"^stages\.(\d+)" if coarse else [
+                        (r"^stages\.(\d+)\.(?:patch_embed|pos_embed|cls_token)", (0,)),
+                        (r"^stages\.(\d+)\.blocks\.(\d+)", None),
+                        (r"^norm", (99999,))])
 
     @torch.jit.ignore
     def get_classifier(self) -> nn.Module:
@@ -286,13 +291,80 @@ class PyramidVisionTransformer(nn.Module):
             self.global_pool = global_pool
         self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
 
+    def set_input_size(self, img_size: Optional[Union[int, Sequence[int]]] = None) -> None:
+        """Follow a new input resolution: every stage's grid, its attention's grid (and with it VCA's pooling),
+        and its position embedding (resampled as timm's ViTs do). A resolution that cannot work changes nothing."""
+        if img_size is None:
+            return
+        grids = _stage_grids(img_size, self.patch_sizes)
+        set_stage_grids([[block.attn for block in stage.blocks] for stage in self.stages], grids)
+        for stage, old, new in zip(self.stages, self.stage_grids, grids):
+            stage.pos_embed = nn.Parameter(resample_abs_pos_embed(
+                stage.pos_embed.detach(), new_size=list(new), old_size=list(old),
+                num_prefix_tokens=stage.num_prefix_tokens, verbose=False))
+        self.stage_grids, self.img_size = grids, patch_grid(img_size)
+
+    def _to_map(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        """Stage ``i``'s tokens -> its patch grid (B, C, H, W); the class token is not part of the map."""
+        H, W = self.stage_grids[i]
+        if i == len(self.stages) - 1:
+            x = x[:, self.num_prefix_tokens:]
+        return x.transpose(1, 2).reshape(x.shape[0], -1, H, W)
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: Optional[Union[int, List[int]]] = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
+        """The stages' patch grids (B, C, H, W) at strides 4/8/16/32 (timm's convention: ``indices`` an int takes
+        the last n, a list those stages); ``norm`` applies the final norm to the last stage's map."""
+        if output_fmt != "NCHW":
+            raise BadInput(f"output_fmt={output_fmt!r}: PVT's intermediates are NCHW.")
+        take_indices, max_index = feature_take_indices(len(self.stages), indices)
+        last = len(self.stages) - 1
+        intermediates: List[torch.Tensor] = []
+        for i, stage in enumerate(self.stages):
+            if stop_early and i > max_index:
+                break
+            if i:
+                x = self._to_map(x, i - 1)
+            x = stage(x)
+            if i == last:
+                x_normed = self.norm(x)
+                if i in take_indices:
+                    intermediates.append(self._to_map(x_normed if norm else x, i))
+                x = x_normed
+            elif i in take_indices:
+                intermediates.append(self._to_map(x, i))
+        if intermediates_only:
+            return intermediates
+        return x, intermediates
+
+    def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> List[int]:
+        """Drop the stages after the last one ``indices`` takes (and the norm / head), as timm's models do."""
+        take_indices, max_index = feature_take_indices(len(self.stages), indices)
+        prune_end = max_index < len(self.stages) - 1
+        self.stages = self.stages[:max_index + 1]
+        self.stage_grids = self.stage_grids[:max_index + 1]
+        if prune_norm or prune_end:
+            self.norm = nn.Identity()
+        if prune_end:
+            self.num_features = self.head_hidden_size = self.feature_info[max_index]["num_chs"]
+            self.num_prefix_tokens = 0
+        if prune_head or prune_end:
+            self.reset_classifier(0, "avg")
+        return take_indices
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Image -> last-stage tokens (B, prefix + H*W, C), normed when ``head_norm``."""
-        B = x.shape[0]
         for i, stage in enumerate(self.stages):
             if i:
-                H, W = self.stage_grids[i - 1]
-                x = x.transpose(1, 2).reshape(B, -1, H, W)
+                x = self._to_map(x, i - 1)
             x = stage(x)
         return self.norm(x)
 
@@ -312,18 +384,32 @@ def _prod(values: Sequence[int]) -> int:
     return out
 
 
+def _stage_grids(img_size: Union[int, Sequence[int]], patch_sizes: Sequence[int]) -> List[Tuple[int, int]]:
+    """Each stage's token grid: the image divided by the patch sizes so far; a clear error if one does not divide."""
+    grid, grids = patch_grid(img_size), []
+    for i, p in enumerate(patch_sizes):
+        if grid[0] % p or grid[1] % p:
+            raise BadInput(f"img_size={img_size!r} does not work: stage {i} grid {grid} is not divisible by its patch "
+                           f"size {p}; use an img_size divisible by {_prod(patch_sizes)}.")
+        grid = (grid[0] // p, grid[1] // p)
+        grids.append(grid)
+    return grids
+
+
+PVT_PAPER = dict(paper_ids="arXiv:2102.12122",
+                 paper_name="Pyramid Vision Transformer: A Versatile Backbone for Dense Prediction without "
+                            "Convolutions")
+
+
 def _cfg(**kwargs: Any) -> Dict[str, Any]:
-    # No weights are published for these builds (no url / hf_hub_id). PVT evaluates like DeiT.
-    return {
-        "url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None,
-        "crop_pct": 0.875, "interpolation": "bicubic", "fixed_input_size": True,
-        "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD,
-        "first_conv": "stages.0.patch_embed.proj", "classifier": "head", **kwargs,
-    }
+    # PVT evaluates like DeiT (crop 0.875, bicubic); no weights are published for these builds.
+    return hierarchical_cfg(
+        pool_size=None, crop_pct=0.875, interpolation="bicubic", mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD,
+        first_conv="stages.0.patch_embed.proj", classifier="head", **kwargs)
 
 
-default_cfgs = generate_default_cfgs({"pvt_tiny": _cfg(), "pvt_tiny_gap": _cfg(), "vca_pvt_tiny": _cfg(),
-                                     LAB_MODEL: _cfg()})
+default_cfgs = generate_default_cfgs({"pvt_tiny": _cfg(**PVT_PAPER), "pvt_tiny_gap": _cfg(**PVT_PAPER),
+                                     "vca_pvt_tiny": _cfg(), LAB_MODEL: _cfg()})
 
 PVT_SHAPES = {
     "tiny": dict(patch_sizes=(4, 2, 2, 2), embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8),

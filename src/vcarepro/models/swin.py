@@ -26,24 +26,26 @@ How: timm skips windowing when a block's window is at least its feature map (win
 grid, shift = 0, no mask), so each ``A`` stage is built with its window equal to its grid
 and each of its blocks' ``attn`` is swapped for the compared attention, which then receives
 the full (B, H*W, C) sequence in row-major order, no prefix tokens. The layer is made by
-``build_attention`` (its validation and init), then given timm's ``WindowAttention`` call
-signature (``mask=``, ``set_window_size``) by a subclass that adds only those two methods.
+``build_attention`` (its validation and init) and stays its own class; the block becomes a
+``WholeGridBlock``, timm's block with only its attention call (no partition, no mask) and its
+resize (the layer's ``set_grid_size``) replaced.
 ``layer_index`` counts blocks across the network, ``B`` blocks included.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple, Type
+from typing import Any, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 from timm.layers import to_2tuple
 from timm.models import SwinTransformer, generate_default_cfgs, register_model
 from timm.models.swin_transformer import _cfg as _swin_cfg
-from timm.models.swin_transformer import calc_stage_window_sizes
+from timm.models.swin_transformer import SwinTransformerBlock, calc_stage_window_sizes
 
-from ..attention import ATTENTIONS, VisualContrastAttention, attention_class, attention_options, build_attention
+from ..attention import attention_options, build_attention
 from ..attention.vca import patch_grid
-from .placement import LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, stage_options
+from .placement import (LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, hierarchical_cfg,
+                        set_stage_grids, stage_options)
 from vcarepro.errors import BadInput
 
 # The lab's layout with any attention of the family (compared_attention=...).
@@ -55,37 +57,24 @@ MODEL_NAMES = {"swin_tiny": {"mhsa": "swin_tiny_patch4_window7_224", "vca": "vca
 LAB_SWIN_TINY_LAYOUT = "AAAB"
 
 
-class WholeGridWindow:
-    """Mixin: an attention over the whole stage grid with the call signature of timm's ``WindowAttention``."""
+class WholeGridBlock(SwinTransformerBlock):
+    """timm's Swin block whose attention sees the whole stage grid: no partition, no shift, no mask.
 
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if mask is not None:
-            raise BadInput(f"global {type(self).__name__} got a shifted-window mask; the block's window must cover "
-                           f"its whole grid.")
-        return super().forward(x)
+    The attention is the compared layer itself, called on (B, H*W, C) as in a plain ViT, so torch.fx finds its
+    module's no-trace functions and its state dict is the layer's own. The block's state is timm's, unchanged.
+    """
 
-    def set_window_size(self, window_size: Tuple[int, int]) -> None:
-        # timm calls this on a resize; the "window" is the whole stage grid here (timm's own layers need no grid).
-        if hasattr(super(), "set_grid_size"):
-            self.set_grid_size(window_size)
+    def _attn(self, x: torch.Tensor) -> torch.Tensor:
+        B, H, W, C = x.shape
+        return self.attn(x.reshape(B, H * W, C)).reshape(B, H, W, C)
 
-
-class SwinVisualContrastAttention(WholeGridWindow, VisualContrastAttention):
-    """VCA with the call signature of timm's ``WindowAttention`` (``mask=``), on the whole stage grid."""
-
-
-def _whole_grid_class(name: str) -> Type[nn.Module]:
-    layer = attention_class(name)
-    if layer is VisualContrastAttention:
-        return SwinVisualContrastAttention
-    # a module-level class, so that a pickled model finds it by name
-    return type(f"SwinGlobal{layer.__name__}", (WholeGridWindow, layer),
-                {"__module__": __name__, "__doc__": f"{layer.__name__} over the whole stage grid, called as timm's "
-                                                    f"WindowAttention."})
-
-
-WHOLE_GRID_LAYERS: Dict[str, Type[nn.Module]] = {name: _whole_grid_class(name) for name in ATTENTIONS}
-globals().update({cls.__name__: cls for cls in WHOLE_GRID_LAYERS.values()})
+    def set_input_size(self, feat_size: Tuple[int, int], window_size: Tuple[int, int],
+                       always_partition: Optional[bool] = None) -> None:
+        # the "window" is the whole stage grid (timm's own window sizes are ignored here)
+        self.attn.set_grid_size(feat_size)
+        self.input_resolution = tuple(feat_size)
+        self.window_size, self.shift_size = tuple(feat_size), (0, 0)
+        self.window_area = feat_size[0] * feat_size[1]
 
 
 class VcaSwinTransformer(SwinTransformer):
@@ -143,7 +132,7 @@ class VcaSwinTransformer(SwinTransformer):
                     proj_drop=window.proj_drop.p,
                     options=options,
                 )
-                attn.__class__ = WHOLE_GRID_LAYERS[compared_attention]  # adds methods only: same state, same init
+                block.__class__ = WholeGridBlock  # adds methods only: same state, same init
                 block.attn = attn
                 layer_index += 1
         self.weight_init_mode = "reset" if weight_init == "skip" else weight_init
@@ -157,6 +146,10 @@ class VcaSwinTransformer(SwinTransformer):
         img_size = img_size if img_size is not None else self.patch_embed.img_size
         patch = patch_size if patch_size is not None else self.patch_embed.patch_size
         grids = _stage_grids(img_size, patch, len(self.layers))
+        # all or nothing: the compared attentions check their new grids first (a contrast grid larger than a stage
+        # grid is a BadInput that leaves the model as it was); timm then resizes every stage
+        set_stage_grids([[block.attn for block in stage.blocks] if vca else []
+                         for stage, vca in zip(self.layers, self.uses_vca)], grids)
         # Swin's own stages keep timm's rule (the window scales with the grid); VCA stages see the whole grid
         patch_grid_new = tuple(g // p for g, p in zip(patch_grid(img_size), patch_grid(patch)))
         own = calc_stage_window_sizes(patch_grid_new, self._ref_window_sizes, self._ref_grid_size)
@@ -177,11 +170,9 @@ def _stage_grids(img_size, patch_size, num_stages: int) -> List[Tuple[int, int]]
     return grids
 
 
-default_cfgs = generate_default_cfgs({
-    # No weights are published for these builds (no url / hf_hub_id); eval as timm's Swin.
-    "vca_swin_tiny_patch4_window7_224": _swin_cfg(),
-    LAB_MODEL: _swin_cfg(),
-})
+# Eval as timm's Swin (its _cfg: crop 0.9, bicubic, head.fc); no weights are published for these builds.
+default_cfgs = generate_default_cfgs({name: hierarchical_cfg(**_swin_cfg())
+                                      for name in ("vca_swin_tiny_patch4_window7_224", LAB_MODEL)})
 SWIN_TINY_SHAPE = dict(patch_size=4, embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24))
 
 
