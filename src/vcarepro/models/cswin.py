@@ -48,13 +48,12 @@ import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import trunc_normal_
 from timm.models import generate_default_cfgs, register_model
-from timm.models._features import feature_take_indices
 
 from ..attention import build_attention
 from ..attention.vca import patch_grid
 from .placement import (LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, hierarchical_cfg,
                         set_stage_grids, stage_options)
-from .pvt import PreNormBlock
+from .pvt import PreNormBlock, StageIntermediates
 from vcarepro.errors import BadInput
 
 # The lab's layout with any attention of the family (compared_attention=...).
@@ -181,7 +180,7 @@ class CSWinStage(nn.Module):
         return self.blocks(self.embed(x))
 
 
-class CSWinTransformer(nn.Module):
+class CSWinTransformer(StageIntermediates, nn.Module):
     """CSWin Transformer with cross-shaped attention (``B``) or a global compared attention (``A``) per stage, as
     ``attn_layout`` says; ``**attention_kwargs`` are the compared attention's own options."""
 
@@ -300,53 +299,8 @@ class CSWinTransformer(nn.Module):
         H, W = self.stage_grids[i]
         return x.transpose(1, 2).reshape(x.shape[0], -1, H, W)
 
-    def forward_intermediates(
-        self,
-        x: torch.Tensor,
-        indices: Optional[Union[int, List[int]]] = None,
-        norm: bool = False,
-        stop_early: bool = False,
-        output_fmt: str = "NCHW",
-        intermediates_only: bool = False,
-    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
-        """The stages' feature maps (B, C, H, W) at strides 4/8/16/32 (timm's convention: ``indices`` an int takes
-        the last n, a list those stages); ``norm`` applies the final norm to the last stage's map."""
-        if output_fmt != "NCHW":
-            raise BadInput(f"output_fmt={output_fmt!r}: CSWin's intermediates are NCHW.")
-        take_indices, max_index = feature_take_indices(len(self.stages), indices)
-        last = len(self.stages) - 1
-        intermediates: List[torch.Tensor] = []
-        for i, stage in enumerate(self.stages):
-            if stop_early and i > max_index:
-                break
-            if i:
-                x = self._to_map(x, i - 1)
-            x = stage(x)
-            if i == last:
-                x_normed = self.norm(x)
-                if i in take_indices:
-                    intermediates.append(self._to_map(x_normed if norm else x, i))
-                x = x_normed
-            elif i in take_indices:
-                intermediates.append(self._to_map(x, i))
-        if intermediates_only:
-            return intermediates
-        return x, intermediates
-
-    def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
-                                  prune_head: bool = True) -> List[int]:
-        """Drop the stages after the last one ``indices`` takes (and the norm / head), as timm's models do."""
-        take_indices, max_index = feature_take_indices(len(self.stages), indices)
-        prune_end = max_index < len(self.stages) - 1
-        self.stages = self.stages[:max_index + 1]
-        self.stage_grids = self.stage_grids[:max_index + 1]
-        if prune_norm or prune_end:
-            self.norm = nn.Identity()
-        if prune_end:
-            self.num_features = self.head_hidden_size = self.feature_info[max_index]["num_chs"]
-        if prune_head or prune_end:
-            self.reset_classifier(0)
-        return take_indices
+    def _drop_head(self, prune_end: bool) -> None:
+        self.reset_classifier(0)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Image -> last-stage tokens (B, H*W, C), normed."""

@@ -172,7 +172,63 @@ class PvtStage(nn.Module):
         return self.blocks(self.pos_drop(x + self.pos_embed))
 
 
-class PyramidVisionTransformer(nn.Module):
+class StageIntermediates:
+    """timm's ``forward_intermediates`` / ``prune_intermediate_layers`` for a backbone of token stages (PVT, CSWin).
+
+    The backbone has ``stages``, ``stage_grids``, ``norm``, ``feature_info``, ``_to_map(x, i)`` (stage i's tokens
+    to its (B, C, H, W) map) and ``_drop_head(prune_end)`` (what pruning does to its head).
+    """
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: Optional[Union[int, List[int]]] = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
+        """The stages' patch grids (B, C, H, W) at strides 4/8/16/32 (timm's convention: ``indices`` an int takes
+        the last n, a list those stages); ``norm`` applies the final norm to the last stage's map."""
+        if output_fmt != "NCHW":
+            raise BadInput(f"output_fmt={output_fmt!r}: {type(self).__name__}'s intermediates are NCHW.")
+        take_indices, max_index = feature_take_indices(len(self.stages), indices)
+        last = len(self.stages) - 1
+        intermediates: List[torch.Tensor] = []
+        for i, stage in enumerate(self.stages):
+            if stop_early and i > max_index:
+                break
+            if i:
+                x = self._to_map(x, i - 1)
+            x = stage(x)
+            if i == last:
+                x_normed = self.norm(x)
+                if i in take_indices:
+                    intermediates.append(self._to_map(x_normed if norm else x, i))
+                x = x_normed
+            elif i in take_indices:
+                intermediates.append(self._to_map(x, i))
+        if intermediates_only:
+            return intermediates
+        return x, intermediates
+
+    def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> List[int]:
+        """Drop the stages after the last one ``indices`` takes (and the norm / head), as timm's models do."""
+        take_indices, max_index = feature_take_indices(len(self.stages), indices)
+        prune_end = max_index < len(self.stages) - 1
+        self.stages = self.stages[:max_index + 1]
+        self.stage_grids = self.stage_grids[:max_index + 1]
+        if prune_norm or prune_end:
+            self.norm = nn.Identity()
+        if prune_end:
+            self.num_features = self.head_hidden_size = self.feature_info[max_index]["num_chs"]
+        if prune_head or prune_end:
+            self._drop_head(prune_end)
+        return take_indices
+
+
+class PyramidVisionTransformer(StageIntermediates, nn.Module):
     """PVT v1 with spatial-reduction attention (``B``) or the compared attention (``A``) per stage, as
     ``attn_layout`` says; ``**attention_kwargs`` are the compared attention's own options."""
 
@@ -311,54 +367,10 @@ class PyramidVisionTransformer(nn.Module):
             x = x[:, self.num_prefix_tokens:]
         return x.transpose(1, 2).reshape(x.shape[0], -1, H, W)
 
-    def forward_intermediates(
-        self,
-        x: torch.Tensor,
-        indices: Optional[Union[int, List[int]]] = None,
-        norm: bool = False,
-        stop_early: bool = False,
-        output_fmt: str = "NCHW",
-        intermediates_only: bool = False,
-    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
-        """The stages' patch grids (B, C, H, W) at strides 4/8/16/32 (timm's convention: ``indices`` an int takes
-        the last n, a list those stages); ``norm`` applies the final norm to the last stage's map."""
-        if output_fmt != "NCHW":
-            raise BadInput(f"output_fmt={output_fmt!r}: PVT's intermediates are NCHW.")
-        take_indices, max_index = feature_take_indices(len(self.stages), indices)
-        last = len(self.stages) - 1
-        intermediates: List[torch.Tensor] = []
-        for i, stage in enumerate(self.stages):
-            if stop_early and i > max_index:
-                break
-            if i:
-                x = self._to_map(x, i - 1)
-            x = stage(x)
-            if i == last:
-                x_normed = self.norm(x)
-                if i in take_indices:
-                    intermediates.append(self._to_map(x_normed if norm else x, i))
-                x = x_normed
-            elif i in take_indices:
-                intermediates.append(self._to_map(x, i))
-        if intermediates_only:
-            return intermediates
-        return x, intermediates
-
-    def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
-                                  prune_head: bool = True) -> List[int]:
-        """Drop the stages after the last one ``indices`` takes (and the norm / head), as timm's models do."""
-        take_indices, max_index = feature_take_indices(len(self.stages), indices)
-        prune_end = max_index < len(self.stages) - 1
-        self.stages = self.stages[:max_index + 1]
-        self.stage_grids = self.stage_grids[:max_index + 1]
-        if prune_norm or prune_end:
-            self.norm = nn.Identity()
-        if prune_end:
-            self.num_features = self.head_hidden_size = self.feature_info[max_index]["num_chs"]
+    def _drop_head(self, prune_end: bool) -> None:
+        if prune_end:  # the class token joins in the last stage, which is gone
             self.num_prefix_tokens = 0
-        if prune_head or prune_end:
-            self.reset_classifier(0, "avg")
-        return take_indices
+        self.reset_classifier(0, "avg")
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Image -> last-stage tokens (B, prefix + H*W, C), normed when ``head_norm``."""
