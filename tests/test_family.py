@@ -410,6 +410,32 @@ def test_option_of_another_attention_is_refused(name, option):
     assert one_sentence(message), message
 
 
+GRID_LAYERS = ["vca", "agent", "flatten", "inline", "circulant", "mhsa+dwc"]  # ours; mhsa and diff are timm's
+
+
+@pytest.mark.parametrize("name", GRID_LAYERS)
+def test_every_grid_layer_refuses_an_empty_grid_at_construction_and_on_resize(name):
+    options = {"agent": dict(agent_tokens=4), "vca": dict(contrast_tokens=4)}.get(name, {})
+    for grid in [(0, 4), 0]:
+        with pytest.raises(BadInput, match=r"has an empty side") as err:
+            build_attention(name, 48, 2, grid_size=grid, num_prefix_tokens=1, options=options)
+        assert one_sentence(str(err.value)), str(err.value)
+    layer = build_attention(name, 48, 2, grid_size=4, num_prefix_tokens=1, options=options)
+    with pytest.raises(BadInput, match=r"has an empty side"):
+        layer.set_grid_size((4, 0))
+    assert layer.grid_size == (4, 4)
+
+
+@pytest.mark.parametrize("name", [n for n in GRID_LAYERS if n != "circulant"])  # circulant splits no heads
+@pytest.mark.parametrize("dim, prefix, qk_norm, message", [(49, 1, False, "dim=49 is not divisible by num_heads=2"),
+                                                         (48, -1, False, "must be >= 0"),
+                                                         (48, 1, True, "needs a norm_layer")])
+def test_every_head_split_layer_checks_the_shared_arguments(name, dim, prefix, qk_norm, message):
+    options = {"agent": dict(agent_tokens=4), "vca": dict(contrast_tokens=4)}.get(name, {})
+    with pytest.raises(BadInput, match=message):
+        build_attention(name, dim, 2, grid_size=4, num_prefix_tokens=prefix, qk_norm=qk_norm, options=options)
+
+
 def test_models_refuse_an_option_of_another_attention():
     for build, name in [(lambda: create_classifier("deit_tiny", "mhsa", agent_tokens=4), "mhsa"),
                         (lambda: create_classifier("deit_tiny", "flatten", contrast_tokens=4), "flatten"),

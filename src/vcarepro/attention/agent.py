@@ -61,7 +61,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import trunc_normal_, use_fused_attn
-from vcarepro.attention.vca import check_token_count, check_unmasked, patch_grid, pooling_matrix
+from vcarepro.attention.vca import check_layer_args, check_token_count, check_unmasked, patch_grid, pooling_matrix
 from vcarepro.errors import BadInput
 
 # Agent tokens per layer: ``AgentAttention(agent_num=49)`` in agent_deit.py, and
@@ -154,10 +154,7 @@ class AgentAttention(nn.Module):
         coarse_bias_side: int = COARSE_BIAS_SIDE,
     ) -> None:
         super().__init__()
-        if dim % num_heads != 0:
-            raise BadInput(f"dim={dim} is not divisible by num_heads={num_heads}; pick a head count that divides it.")
-        if num_prefix_tokens < 0:
-            raise BadInput(f"num_prefix_tokens={num_prefix_tokens} must be >= 0.")
+        check_layer_args(dim, num_heads, num_prefix_tokens, qk_norm, norm_layer)
         if dwc_kernel < 0 or (dwc_kernel and dwc_kernel % 2 == 0):
             raise BadInput(
                 f"dwc_kernel={dwc_kernel} must be 0 (no depthwise convolution) or odd such as 3, "
@@ -165,8 +162,6 @@ class AgentAttention(nn.Module):
             )
         if coarse_bias_side < 1:
             raise BadInput(f"coarse_bias_side={coarse_bias_side} must be at least 1 (the official value is 7).")
-        if qk_norm and norm_layer is None:
-            raise BadInput("qk_norm=True needs a norm_layer (e.g. nn.LayerNorm).")
 
         self.dim = dim
         self.num_heads = num_heads

@@ -206,7 +206,7 @@ class CirculantAttention(nn.Module):
         self.logit_divisor = logit_divisor
         self.prefix_attention = prefix_attention
         self.attn_drop_p = attn_drop
-        self.grid_size = self._validated_grid(grid_size)
+        self.grid_size = patch_grid(grid_size)
 
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.gate = nn.Sequential(nn.Linear(dim, dim), nn.SiLU()) if gate else None
@@ -216,16 +216,9 @@ class CirculantAttention(nn.Module):
 
     # -- construction helpers ---------------------------------------------------
 
-    @staticmethod
-    def _validated_grid(grid_size: Union[int, Sequence[int]]) -> Tuple[int, int]:
-        H, W = patch_grid(grid_size)
-        if H < 1 or W < 1:
-            raise BadInput(f"grid_size {(H, W)} must have positive sides.")
-        return (H, W)
-
     def set_grid_size(self, grid_size: Union[int, Sequence[int]]) -> None:
         """Follow a change of input resolution: nothing in the layer depends on the grid but the FFT sizes."""
-        self.grid_size = self._validated_grid(grid_size)
+        self.grid_size = patch_grid(grid_size)
 
     def init_weights(self) -> None:
         """No parameters of its own: qkv, gate and proj are Linears, which timm's ViT init handles

@@ -19,8 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import use_fused_attn
 
-from .vca import check_token_count, check_unmasked, local_conv_layer, patch_grid, value_grid
-from vcarepro.errors import BadInput
+from .vca import check_layer_args, check_token_count, check_unmasked, local_conv_layer, patch_grid, value_grid
 
 
 
@@ -50,12 +49,7 @@ class MhsaLocalConv(nn.Module):
         norm_layer: Optional[Type[nn.Module]] = None,
     ) -> None:
         super().__init__()
-        if dim % num_heads != 0:
-            raise BadInput(f"dim={dim} is not divisible by num_heads={num_heads}; pick a head count that divides it.")
-        if qk_norm and norm_layer is None:
-            raise BadInput("qk_norm=True needs a norm_layer (e.g. nn.LayerNorm).")
-        if num_prefix_tokens < 0:
-            raise BadInput(f"num_prefix_tokens={num_prefix_tokens} must be >= 0.")
+        check_layer_args(dim, num_heads, num_prefix_tokens, qk_norm, norm_layer)
         self.dim = dim
         self.num_heads = num_heads
         self.head_dim = dim // num_heads

@@ -65,7 +65,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_module
-from vcarepro.attention.vca import check_choice, check_token_count, check_unmasked, patch_grid
+from vcarepro.attention.vca import check_choice, check_layer_args, check_token_count, check_unmasked, patch_grid
 from vcarepro.errors import BadInput
 
 PosEncoding = Literal["learned", "none"]
@@ -137,10 +137,7 @@ class FocusedLinearAttention(nn.Module):
         prefix_pos_encoding: bool = True,
     ) -> None:
         super().__init__()
-        if dim % num_heads != 0:
-            raise BadInput(f"dim={dim} is not divisible by num_heads={num_heads}; pick a head count that divides it.")
-        if num_prefix_tokens < 0:
-            raise BadInput(f"num_prefix_tokens={num_prefix_tokens} must be >= 0.")
+        check_layer_args(dim, num_heads, num_prefix_tokens, qk_norm, norm_layer)
         if not (isinstance(focusing_factor, (int, float)) and math.isfinite(focusing_factor) and focusing_factor > 0):
             raise BadInput(
                 f"focusing_factor={focusing_factor!r} must be a positive number (the paper uses 3; 1 is plain "
@@ -157,8 +154,6 @@ class FocusedLinearAttention(nn.Module):
                 f"attn_drop={attn_drop} has nothing to drop: focused linear attention never forms its attention map "
                 f"(the official layer defines attn_drop and never applies it); use attn_drop=0."
             )
-        if qk_norm and norm_layer is None:
-            raise BadInput("qk_norm=True needs a norm_layer (e.g. nn.LayerNorm).")
 
         self.dim = dim
         self.num_heads = num_heads
@@ -209,8 +204,6 @@ class FocusedLinearAttention(nn.Module):
     def set_grid_size(self, grid_size: Union[int, Sequence[int]]) -> None:
         """Follow a change of input resolution: E's grid rows are resized bicubically, prefix rows kept."""
         new = patch_grid(grid_size)
-        if min(new) < 1:
-            raise BadInput(f"grid_size={grid_size!r} must have at least one row and one column.")
         if self.pos_encoding is not None and new != self.grid_size:
             (H, W), (h, w), P = self.grid_size, new, self._pos_prefix_rows
             table = self.pos_encoding.detach()

@@ -61,7 +61,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from vcarepro.attention.vca import check_token_count, check_unmasked, patch_grid
+from vcarepro.attention.vca import check_layer_args, check_token_count, check_unmasked, patch_grid
 from vcarepro.errors import BadInput
 
 # Kernel functions phi offered by the official code (models/inline_swin.py,
@@ -119,17 +119,12 @@ class InLineAttention(nn.Module):
         local_residual: bool = DEFAULT_LOCAL_RESIDUAL,
     ) -> None:
         super().__init__()
-        if dim % num_heads != 0:
-            raise BadInput(f"dim={dim} is not divisible by num_heads={num_heads}; pick a head count that divides it.")
-        if num_prefix_tokens < 0:
-            raise BadInput(f"num_prefix_tokens={num_prefix_tokens} must be >= 0.")
+        check_layer_args(dim, num_heads, num_prefix_tokens, qk_norm, norm_layer)
         if attn_drop:
             raise BadInput(
                 f"attn_drop={attn_drop}: InLine never forms the attention map on its linear path (the official "
                 f"code ignores attn_drop too); set attn_drop=0 and use proj_drop or drop_path instead."
             )
-        if qk_norm and norm_layer is None:
-            raise BadInput("qk_norm=True needs a norm_layer (e.g. nn.LayerNorm).")
         self.phi = kernel_function(kernel)
         self.kernel = kernel
         self.exp_temperature = EXP_KERNEL_TEMPERATURE
@@ -141,7 +136,7 @@ class InLineAttention(nn.Module):
         self.scale = self.head_dim ** -0.5
         self.num_prefix_tokens = num_prefix_tokens
         self.layer_index = layer_index  # accepted for the common interface; InLine does not vary with depth
-        self.grid_size = self._validated_grid(grid_size)
+        self.grid_size = patch_grid(grid_size)
 
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
@@ -161,16 +156,9 @@ class InLineAttention(nn.Module):
 
     # -- construction helpers -------------------------------------------------
 
-    @staticmethod
-    def _validated_grid(grid_size: Union[int, Sequence[int]]) -> Tuple[int, int]:
-        H, W = patch_grid(grid_size)
-        if H < 1 or W < 1:
-            raise BadInput(f"grid_size={grid_size} has an empty side; give the patch grid as (H, W) with H, W >= 1.")
-        return (H, W)
-
     def set_grid_size(self, grid_size: Union[int, Sequence[int]]) -> None:
         """Follow a change of input resolution; nothing in InLine is tied to the grid but the token check."""
-        self.grid_size = self._validated_grid(grid_size)
+        self.grid_size = patch_grid(grid_size)
 
     def init_weights(self) -> None:
         """PyTorch's default init for the local-kernel predictor, as in the official models (timm's ViT

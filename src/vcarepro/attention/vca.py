@@ -167,10 +167,10 @@ def contrast_grid(value: Union[int, Sequence[int]]) -> Tuple[int, int]:
 
 
 def patch_grid(value: Union[int, Sequence[int]]) -> Tuple[int, int]:
-    """A grid side (14 -> 14x14) or an explicit (H, W) patch grid."""
-    if isinstance(value, int):
-        return (value, value)
-    H, W = (int(v) for v in value)
+    """A grid side (14 -> 14x14) or an explicit (H, W) patch grid; an empty side is one clear error."""
+    H, W = (value, value) if isinstance(value, int) else (int(v) for v in value)
+    if H < 1 or W < 1:
+        raise BadInput(f"grid_size={value!r} has an empty side: a patch grid must have positive sides (H, W >= 1).")
     return (H, W)
 
 
@@ -196,6 +196,17 @@ def check_unmasked(attn_mask: Optional[torch.Tensor], is_causal: bool, layer: st
     layers do not support (a no-trace function for torch.fx, like :func:`check_token_count`)."""
     if attn_mask is not None or is_causal:
         raise BadInput(f"{layer} does not support attention masks or causal attention; call it with neither.")
+
+
+def check_layer_args(dim: int, num_heads: int, num_prefix_tokens: int, qk_norm: bool,
+                     norm_layer: Optional[Type[nn.Module]]) -> None:
+    """The constructor arguments every head-split attention layer here shares (timm's ``Attention`` ones)."""
+    if dim % num_heads != 0:
+        raise BadInput(f"dim={dim} is not divisible by num_heads={num_heads}; pick a head count that divides it.")
+    if num_prefix_tokens < 0:
+        raise BadInput(f"num_prefix_tokens={num_prefix_tokens} must be >= 0.")
+    if qk_norm and norm_layer is None:
+        raise BadInput("qk_norm=True needs a norm_layer (e.g. nn.LayerNorm).")
 
 
 def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
@@ -253,15 +264,12 @@ class VisualContrastAttention(nn.Module):
         norm_layer: Optional[Type[nn.Module]] = None,
     ) -> None:
         super().__init__()
-        if dim % num_heads != 0:
-            raise BadInput(f"dim={dim} is not divisible by num_heads={num_heads}; pick a head count that divides it.")
+        check_layer_args(dim, num_heads, num_prefix_tokens, qk_norm, norm_layer)
         check_choice("stage1", stage1, STAGE_KINDS)
         check_choice("stage2", stage2, STAGE_KINDS)
         check_choice("tokens_pos", tokens_pos, TOKEN_KINDS)
         check_choice("tokens_neg", tokens_neg, TOKEN_KINDS)
         check_choice("stage2_softmax", stage2_softmax, SOFTMAX_KINDS)
-        if num_prefix_tokens < 0:
-            raise BadInput(f"num_prefix_tokens={num_prefix_tokens} must be >= 0.")
 
         self.dim = dim
         self.num_heads = num_heads
@@ -289,8 +297,6 @@ class VisualContrastAttention(nn.Module):
         self.fused_attn = use_fused_attn()
         self.grid_size = self._validated_grid(grid_size)
 
-        if qk_norm and norm_layer is None:
-            raise BadInput("qk_norm=True needs a norm_layer (e.g. nn.LayerNorm).")
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
