@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from test_vca import pooled_queries  # agents are pooled queries: adaptive average pooling written out
 from vcarepro.attention.agent import AgentAttention
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -60,19 +61,6 @@ def bilinear(grid: torch.Tensor, out_h: int, out_w: int) -> torch.Tensor:
     return out
 
 
-def agent_means(q_patches: torch.Tensor, grid, agents) -> torch.Tensor:
-    """Agent (i, j) is the mean query over rows floor(iH/h)..ceil((i+1)H/h)-1 and the matching columns."""
-    (H, W), (h, w) = grid, agents
-    cells = q_patches.reshape(q_patches.shape[0], H, W, -1)
-    out = []
-    for i in range(h):
-        rows = slice(math.floor(i * H / h), math.ceil((i + 1) * H / h))
-        for j in range(w):
-            cols = slice(math.floor(j * W / w), math.ceil((j + 1) * W / w))
-            out.append(cells[:, rows, cols].mean(dim=(1, 2)))
-    return torch.stack(out, dim=1)
-
-
 def agent_attention_from_equations(m: AgentAttention, x: torch.Tensor) -> torch.Tensor:
     """Head by head, bias entry by bias entry, from the paper and the official layer's bias layout."""
     B, N, C = x.shape
@@ -84,7 +72,7 @@ def agent_attention_from_equations(m: AgentAttention, x: torch.Tensor) -> torch.
     for head in range(m.num_heads):
         c = slice(head * d, (head + 1) * d)
         qh, kh, vh = q[..., c], k[..., c], v[..., c]
-        a = agent_means(qh[:, P:], (H, W), (h, w))                                 # (B, n, d)
+        a = pooled_queries(qh[:, P:], (H, W), (h, w))                             # (B, n, d)
         coarse_an = bilinear(m.agent_patch_bias[head], H, W)                       # (n, H, W)
         coarse_na = bilinear(m.patch_agent_bias[head], H, W)
         bias_an = x.new_zeros(n, N)
