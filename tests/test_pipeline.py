@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 import yaml
@@ -19,13 +20,15 @@ CLS_RUNS = ["deit_tiny-mhsa", "deit_tiny-vca"]
 GEN_RUNS = ["dit_s2-vca", "sit_s2-mhsa"]
 
 
-def micro_params() -> dict:
-    """The embedded scale, shrunk to seconds: two runs per branch, a handful of steps."""
-    p = compose([])
-    p["cls_runs"] = {k: {**p["cls_runs"][k], "seeds": [0]} for k in CLS_RUNS}
-    p["gen_runs"] = {k: {**p["gen_runs"][k], "seeds": [0]} for k in GEN_RUNS}
+def micro_params(overrides: Sequence[str] = (), cls_runs: Sequence[str] = CLS_RUNS,
+                 gen_runs: Sequence[str] = GEN_RUNS) -> dict:
+    """The embedded scale (with ``overrides``), shrunk to seconds: the given runs, one seed, a handful of steps."""
+    p = compose(list(overrides))
+    p["cls_runs"] = {k: {**p["cls_runs"][k], "seeds": [0]} for k in cls_runs}
+    p["gen_runs"] = {k: {**p["gen_runs"][k], "seeds": [0]} for k in gen_runs}
     used = {r["model"] for r in [*p["cls_runs"].values(), *p["gen_runs"].values()]}
-    p["models"] = {k: v for k, v in p["models"].items() if k in used}
+    # a published variant (models/family.py) goes with its drop-in run
+    p["models"] = {k: v for k, v in p["models"].items() if k in used or k.removesuffix("-published") in used}
     p["complexity"]["throughput_batch"] = 0  # FLOPs stay at paper shape, they are cheap
     p["cls_shape"].update(depth=1, embed_dim=32)
     p["cls_recipe_overrides"].update(epochs=1, batch_size=256)
