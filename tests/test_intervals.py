@@ -69,3 +69,12 @@ def test_no_observed_difference_is_never_resolvable_by_more_seeds():
     diff = welch([95.0, 94.16666666666667, 89.16666666666667], [91.66666666666667, 93.33333333333333, 93.33333333333333])
     assert diff.value == 0.0 and diff.text().startswith("+0.00 [")
     assert "would not give it a direction" in seeds_note(diff)
+
+
+def test_per_seed_values_read_back_what_aggregate_seeds_wrote_in_seed_order():
+    from vcarepro.metrics.aggregate import aggregate_seeds, per_seed_values
+
+    metrics = aggregate_seeds({10: {"top1": 3.0}, 2: {"top1": 1.0}, 0: {"top1": 2.0}}, ["top1"])
+    metrics["top1_seedless"] = 9.0    # a key that only starts like a seed key
+    assert per_seed_values(metrics, "top1") == [2.0, 1.0, 3.0]   # seeds 0, 2, 10: numeric, not text, order
+    assert per_seed_values(metrics, "top5") == []

@@ -27,6 +27,7 @@ import torch.nn as nn
 from .config import flatten, load_params
 from .errors import BadInput, MissingInput, run_stage
 from .io import atomic_directory
+from .metrics.aggregate import per_seed_values
 from .pipeline import CLS_DATA, ClsRun, cls_run
 
 WEIGHTS = "model.safetensors"
@@ -108,10 +109,7 @@ def rebuild(folder: Path) -> nn.Module:
 # -- what the card says ---------------------------------------------------------------------------------
 
 def _per_seed(metrics: Dict[str, Any], key: str) -> List[float]:
-    prefix = f"{key}_seed"
-    values = sorted((int(k[len(prefix):]), float(v)) for k, v in metrics.items()
-                    if k.startswith(prefix) and k[len(prefix):].isdigit())
-    return [v for _, v in values] or ([float(metrics[key])] if key in metrics else [])
+    return per_seed_values(metrics, key) or ([float(metrics[key])] if key in metrics else [])
 
 
 def _read_json(path: Path) -> Optional[Dict[str, Any]]:
@@ -319,7 +317,7 @@ def model_card(*, run: ClsRun, seed: int, params: Dict[str, Any], config: Dict[s
         out += ["", "Sources: " + "; ".join(f"{m}: {sources.get(m, '?')}" for m in used) + ".", ""]
 
     if has_curves:
-        out += ["## Training curves", "", f"Every seed of the run, as in the report (`reports/index.html`):", "",
+        out += ["## Training curves", "", "Every seed of the run, as in the report (`reports/index.html`):", "",
                 f"![training curves]({CURVES})", ""]
 
     overlay = "dict(config['pretrained_cfg'], file=f'{folder}/model.safetensors')"
@@ -329,7 +327,7 @@ def model_card(*, run: ClsRun, seed: int, params: Dict[str, Any], config: Dict[s
             "import json, timm, vcarepro  # noqa: F401",
             f"folder = '{folder_name}'",
             "config = json.load(open(f'{folder}/config.json'))",
-            f"model = timm.create_model(config['architecture'], pretrained=True,",
+            "model = timm.create_model(config['architecture'], pretrained=True,",
             f"                          pretrained_cfg_overlay={overlay},",
             "                          **config['model_args'])",
             "# the same in one line: timm.create_model(f'local-dir:{folder}', pretrained=True)",

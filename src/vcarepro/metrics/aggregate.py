@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Dict, Iterable, Mapping
+from typing import Any, Dict, Iterable, List, Mapping
 from vcarepro.errors import BadInput
 
 
@@ -22,3 +22,11 @@ def aggregate_seeds(per_seed: Mapping[int, Mapping[str, float]], keys: Iterable[
         for seed, fig in per_seed.items():
             out[f"{key}_seed{seed}"] = float(fig[key])
     return out
+
+
+def per_seed_values(metrics: Mapping[str, Any], key: str) -> List[float]:
+    """The per-seed values of ``key`` that :func:`aggregate_seeds` wrote, in seed order (empty if none)."""
+    prefix = f"{key}_seed"
+    pairs = sorted((int(k[len(prefix):]), float(v)) for k, v in metrics.items()
+                   if k.startswith(prefix) and k[len(prefix):].isdigit())
+    return [v for _, v in pairs]

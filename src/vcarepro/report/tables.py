@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pandas as pd
 
+from ..metrics.aggregate import per_seed_values
 from ..metrics.intervals import Difference, direction, seeds_note, welch
 from ..pipeline import cls_recipe, model_options
 from .collect import RunResult
@@ -49,11 +50,8 @@ def measured(result: Optional[RunResult], key: str, scale: str) -> Optional[Meas
     if result is None or result.metrics is None or key not in result.metrics:
         return None
     m = result.metrics
-    prefix = f"{key}_seed"
-    per_seed = sorted((int(k[len(prefix):]), float(v)) for k, v in m.items()
-                      if k.startswith(prefix) and k[len(prefix):].isdigit())
     return Measured(float(m[key]), float(m.get(f"{key}_std", 0.0)), int(m.get("n_seeds", 1)), scale,
-                    tuple(v for _, v in per_seed) or (float(m[key]),))
+                    tuple(per_seed_values(m, key)) or (float(m[key]),))
 
 
 def verdict(paper: PaperValue, ours: Optional[Measured], *, comparable: bool, tolerance: float,
