@@ -44,7 +44,8 @@ def test_paper_scale_carries_the_deit_and_dit_recipes(paper):
     assert r["auto_augment"] == "rand-m9-mstd0.5-inc1" and r["reprob"] == 0.25 and r["smoothing"] == 0.1
     assert (r["mixup"], r["cutmix"], r["mixup_switch_prob"], r["ema_decay"]) == (0.8, 1.0, 0.5, 0.99996)
     assert (r["repeated_aug"], r["crop_pct"], r["crop_mode"], r["color_jitter"]) == (True, 0.875, "center", 0.4)
-    assert paper["cls_recipe_overrides"] == {}  # at paper scale every run trains with its named recipe as published
+    # at paper scale every run trains with its named recipe as published: every knob listed, none overridden
+    assert set(paper["cls_recipe_overrides"]) == set(r) and set(paper["cls_recipe_overrides"].values()) == {None}
     g = paper["gen_recipe"]
     assert (g["steps"], g["batch_size"], g["lr"], g["weight_decay"], g["ema_decay"]) == (400000, 256, 1e-4, 0.0, 0.9999)
     s = paper["sampling"]
@@ -96,9 +97,9 @@ def test_the_labs_per_model_settings(paper):
     assert recipes["lab_deit_tiny"] == {**base, "batch_size": 4096, "drop_path": 0.0}  # 512 per GPU x 8
     assert recipes["lab_deit_small"] == {**base, "drop_path": 0.1}
     assert recipes["lab_swin_tiny"] == {**base, "drop_path": 0.2}
-    assert recipes["lab_pvt_tiny"] == {**base, "drop_path": 0.1, "warmup_epochs": 5, "cooldown_epochs": 10,
+    assert recipes["lab_pvt_tiny"] == {**base, "drop_path": 0.1, "warmup_epochs": 5, "epochs": 310, "cooldown_epochs": 10,
                                        "warmup_lr": 1e-6, "min_lr": 1e-5, "clip_grad": None}
-    assert recipes["lab_cswin_tiny"] == {**base, "drop_path": 0.2, "warmup_epochs": 20, "cooldown_epochs": 10,
+    assert recipes["lab_cswin_tiny"] == {**base, "drop_path": 0.2, "warmup_epochs": 20, "epochs": 310, "cooldown_epochs": 10,
                                          "warmup_lr": 1e-6, "min_lr": 1e-5, "clip_grad": None, "ema_decay": 0.99984}
     assert base["batch_size"] == 1024 and base["lr"] * base["batch_size"] / 512 == pytest.approx(1e-3)
 
@@ -113,8 +114,8 @@ def test_backbones_carry_their_original_recipes(paper):
     assert (swin["scale_warmup_min_lr"], swin["lr_step"], swin["ema_decay"], swin["repeated_aug"]) == \
         (True, "update", 0.0, False)
     cswin = recipes["cswin"]  # microsoft/CSWin-Transformer main.py and README
-    assert (cswin["batch_size"], cswin["drop_path"], cswin["ema_decay"], cswin["cooldown_epochs"]) == \
-        (2048, 0.2, 0.99984, 10)
+    assert (cswin["batch_size"], cswin["drop_path"], cswin["ema_decay"], cswin["epochs"], cswin["cooldown_epochs"]) == \
+        (2048, 0.2, 0.99984, 310, 10)  # 300 + 10 cooldown epochs, counted in epochs
     assert cswin["lr"] * cswin["batch_size"] / 512 == pytest.approx(2e-3)  # --lr 2e-3 at 8 x 256, not rescaled
     assert (cswin["warmup_lr"], cswin["min_lr"], cswin["scale_warmup_min_lr"]) == (1e-6, 1e-5, False)
     assert (cswin["repeated_aug"], cswin["crop_pct"], cswin["train_interpolation"], cswin["lr_step"]) == \

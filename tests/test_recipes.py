@@ -10,6 +10,7 @@ from timm.data.distributed_sampler import RepeatAugSampler
 
 from vcarepro.attention import VisualContrastAttention
 from vcarepro.config import compose
+from vcarepro.errors import BadInput
 from vcarepro.data.embedded import export_digits
 from vcarepro.models import create_classifier
 from vcarepro.pipeline import cls_run
@@ -47,12 +48,12 @@ def short(recipe, **changes):
 
 def test_cooldown_epochs_hold_min_lr_after_the_cosine(paper):
     recipe = short(cls_run(paper, "pvt_tiny-vca").recipe)  # lab PVT: 10 cooldown epochs, scaled bounds
-    recipe["cooldown_epochs"] = 3
+    recipe["cooldown_epochs"] = 3  # the last 3 of the 8 epochs trained
     lrs = lrs_by_epoch(recipe)
-    assert len(lrs) == 8 + 3
+    assert len(lrs) == 8
     min_lr = scaled_lrs(recipe)["min_lr"]
-    assert all(lr == pytest.approx(min_lr) for epoch in lrs[8:] for lr in epoch)
-    assert lrs[7][0] > min_lr  # the cosine itself ends at the 8th epoch
+    assert all(lr == pytest.approx(min_lr) for epoch in lrs[5:] for lr in epoch)
+    assert lrs[4][0] > min_lr  # the cosine itself ends at the 5th epoch
 
 
 def test_deit_moves_the_lr_once_an_epoch_and_the_lab_every_step(paper):
@@ -173,3 +174,33 @@ def test_training_keeps_every_epochs_validation_and_eval_reads_the_best_epoch(tm
     assert best["top1_best_ema"] == max(h["val_top1_ema"] for h in history)
     with pytest.raises(FileNotFoundError, match="history.json is missing.*retrain the run"):
         best_epoch_figures(tmp_path / "nowhere")
+
+
+def test_an_epochs_override_trains_that_many_epochs_whatever_the_recipes_cooldown(paper):
+    """Issue 21 (4): `epochs=1` on lab_cswin_tiny (10 cooldown epochs) trained 11 epochs."""
+    params = compose(["scale=paper", "cls_recipe_overrides.epochs=2", "cls_recipe_overrides.cooldown_epochs=1"])
+    for run in ("cswin_tiny-vca", "pvt_tiny-vca", "cswin_tiny-mhsa", "deit_tiny-vca"):
+        assert len(lrs_by_epoch(cls_run(params, run).recipe)) == 2
+    # a cooldown that leaves no epoch of the schedule is refused, naming the knob to change
+    params = compose(["scale=paper", "cls_recipe_overrides.epochs=1"])
+    with pytest.raises(BadInput, match="cooldown_epochs=10 .* epochs=1 .* cls_recipe_overrides.cooldown_epochs=0"):
+        cls_run(params, "cswin_tiny-vca")
+    assert len(lrs_by_epoch(cls_run(params, "deit_tiny-vca").recipe)) == 1
+
+
+@pytest.mark.parametrize("scale", ["embedded", "proxy", "paper"])
+def test_every_recipe_knob_overrides_plainly_at_every_scale(scale):
+    """Issue 21 (5): `-S cls_recipe_overrides.epochs=1` failed at paper scale (Hydra needs `+` for an absent key)."""
+    from vcarepro.schema import CLS_RECIPE_RULES
+    params = compose([f"scale={scale}", "cls_recipe_overrides.accum_steps=2", "cls_recipe_overrides.epochs=3",
+                      "cls_recipe_overrides.cooldown_epochs=0"])
+    assert set(params["cls_recipe_overrides"]) == set(CLS_RECIPE_RULES)
+    for run in params["cls_runs"]:
+        recipe = cls_run(params, run).recipe
+        assert (recipe["accum_steps"], recipe["epochs"]) == (2, 3)
+    # null keeps each run's own recipe value
+    untouched = compose([f"scale={scale}"])
+    for run in untouched["cls_runs"]:
+        named = untouched["cls_recipes"][untouched["cls_runs"][run]["recipe"]]
+        overrides = {k: v for k, v in untouched["cls_recipe_overrides"].items() if v is not None}
+        assert cls_run(untouched, run).recipe == {**named, **overrides}

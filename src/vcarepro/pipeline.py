@@ -139,12 +139,18 @@ def cls_recipe(params: Dict[str, Any], recipe_name: str) -> Dict[str, Any]:
     if recipe_name not in recipes:
         raise UnknownName(f"no recipe {recipe_name!r} under cls_recipes in params.yaml; choose one of "
                        f"{', '.join(recipes)} (conf/cls_recipe/).")
-    overrides = params.get("cls_recipe_overrides") or {}
+    # null: the knob is not overridden (conf/config.yaml lists every knob so that -S works at every scale)
+    overrides = {k: v for k, v in (params.get("cls_recipe_overrides") or {}).items() if v is not None}
     unknown = sorted(set(overrides) - set(recipes[recipe_name]))
     if unknown:
         raise UnknownName(f"cls_recipe_overrides sets {', '.join(unknown)}, which recipe {recipe_name!r} does not have; "
                        f"fix the name in conf/.")
-    return {**recipes[recipe_name], **overrides}
+    recipe = {**recipes[recipe_name], **overrides}
+    if recipe["cooldown_epochs"] >= recipe["epochs"]:
+        raise BadInput(f"recipe {recipe_name!r} holds its last cooldown_epochs={recipe['cooldown_epochs']} epochs at "
+                       f"min lr, which leaves nothing of epochs={recipe['epochs']} (epochs counts every epoch trained); "
+                       f"set cls_recipe_overrides.cooldown_epochs=0 or raise epochs.")
+    return recipe
 
 
 def cls_run(params: Dict[str, Any], name: str) -> ClsRun:

@@ -64,7 +64,7 @@ CLS_RECIPE_RULES: Dict[str, Rule] = {
     "scale": ("a list [min, max] with 0 < min <= max <= 1", lambda v: isinstance(v, list) and len(v) == 2
               and all(_POS[1](x) for x in v) and v[0] <= v[1] <= 1),
     "hflip": _PROB, "reprob": _PROB, "mixup": _num(0.0), "cutmix": _num(0.0), "mixup_switch_prob": _PROB,
-    "smoothing": _DECAY, "repeated_aug": _BOOL, "ema_decay": _DECAY, "clip_grad": _optional(_POS),
+    "smoothing": _DECAY, "repeated_aug": _BOOL, "ema_decay": _DECAY, "clip_grad": _optional(_num(0.0)),
     "precision": _choice("fp32", "tf32", "bf16", "fp16"), "compile": _optional(_STR),
     "crop_pct": _num(0.0, 1.0, open_lo=True), "crop_mode": _choice("center", "squash"), "workers": _int(0),
     "eval_every": _int(1), "train_augment": _BOOL, "cache_images": _BOOL,
@@ -151,7 +151,8 @@ def validate(params: Dict[str, Any], source: str = "params.yaml") -> None:
             raise ParamsError(f"{source}: cls_recipes.{name} lacks {', '.join(missing)}; every named recipe holds "
                               f"every knob (conf/cls_recipe/{name}.yaml inherits them from its defaults); {FIX}.")
         _check_recipe(recipe, f"cls_recipes.{name}", source)
-    _check_recipe(params.get("cls_recipe_overrides") or {}, "cls_recipe_overrides", source)
+    # null in the overrides: not overridden (each run keeps its recipe's value)
+    _check_recipe(params.get("cls_recipe_overrides") or {}, "cls_recipe_overrides", source, null_keeps=True)
     models = params.get("models", {})
     for name, spec in models.items():
         extra = sorted(set(spec or {}) - MODEL_KEYS) if isinstance(spec, dict) else ["(not a mapping)"]
@@ -190,10 +191,12 @@ def validate(params: Dict[str, Any], source: str = "params.yaml") -> None:
                                   f"{run.get('objective')!r}; {FIX}.")
 
 
-def _check_recipe(recipe: Dict[str, Any], where: str, source: str) -> None:
+def _check_recipe(recipe: Dict[str, Any], where: str, source: str, null_keeps: bool = False) -> None:
     for knob, value in recipe.items():
         rule = CLS_RECIPE_RULES.get(knob)
         if rule is None:
             raise ParamsError(f"{source}: {where}.{knob} is not a known parameter; {FIX}.")
+        if value is None and null_keeps:
+            continue
         if not rule[1](value):
             raise ParamsError(f"{source}: {where}.{knob} must be {rule[0]}, got {value!r}; {FIX}.")
