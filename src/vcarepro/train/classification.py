@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -27,13 +29,14 @@ from timm.utils import ModelEmaV3
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
+from ..data.augment import pillow_safe
 from ..data.folders import ManifestDataset, read_classes
 from ..io import write_json
 from ..models import create_classifier
 from ..pipeline import model_options
 from .checkpoint import resumable_checkpoint, save_checkpoint, seed_everything, stream_seed
 from .distributed import DistInfo, all_reduce_mean, any_rank, say
-from .precision import MixedPrecision, maybe_compile
+from .precision import MixedPrecision, maybe_compile, slow_precision_note
 from .preemption import Preempted, stop_on_sigterm
 from vcarepro.errors import BadInput, MissingInput, UserError
 
@@ -71,12 +74,12 @@ def build_transforms(recipe: Dict[str, Any], training: bool):
     if not training or not recipe["train_augment"]:  # crop_mode squash: resize to a square, then crop (the lab's data/build.py)
         return create_transform(input_size=recipe["img_size"], interpolation=recipe["interpolation"],
                                 is_training=False, crop_pct=recipe["crop_pct"], crop_mode=recipe["crop_mode"])
-    return create_transform(
+    return pillow_safe(create_transform(
         input_size=recipe["img_size"], interpolation=recipe["train_interpolation"], is_training=True,
         scale=tuple(recipe["scale"]), hflip=recipe["hflip"],
         color_jitter=recipe["color_jitter"] or None, auto_augment=recipe["auto_augment"],
         re_prob=recipe["reprob"], re_mode="pixel", re_count=1,
-    )
+    ))
 
 
 def make_loader(dataset, recipe: Dict[str, Any], info: DistInfo, training: bool, seed: int) -> DataLoader:
@@ -99,6 +102,40 @@ def make_loader(dataset, recipe: Dict[str, Any], info: DistInfo, training: bool,
     return DataLoader(dataset, batch_size=per_rank, shuffle=training and sampler is None, sampler=sampler,
                       num_workers=workers, pin_memory=info.device.type == "cuda", drop_last=training,
                       persistent_workers=False, generator=generator, worker_init_fn=_ignore_sigterm)
+
+
+def check_fills_a_batch(train_loader: DataLoader, recipe: Dict[str, Any], info: DistInfo) -> None:
+    """Refuse a run whose training split cannot fill one optimizer step, before any work.
+
+    The loader drops the last incomplete batch (``drop_last``), and timm's repeated-augmentation
+    sampler rounds an epoch down to a multiple of 256 images per process: such a run would train
+    zero steps and still write weights, an evaluation and a report.
+    """
+    if len(train_loader) >= recipe["accum_steps"]:
+        return
+    images = len(train_loader.sampler) if train_loader.sampler is not None else len(train_loader.dataset)
+    repeated = " after repeated augmentation" if isinstance(train_loader.sampler, RepeatAugSampler) else ""
+    raise BadInput(
+        f"the training split gives {images} images per process and epoch{repeated}, fewer than one optimizer step "
+        f"of batch_size={recipe['batch_size']} (x accum_steps={recipe['accum_steps']} over {info.world_size} "
+        f"process(es)) needs; lower cls_recipe_overrides.batch_size or train on more images.")
+
+
+def device_notes(recipe: Dict[str, Any], info: DistInfo) -> List[str]:
+    """One line each for what the recipe asks that this machine runs badly (said once, not per batch)."""
+    notes = []
+    slow = slow_precision_note(recipe["precision"], info.device, "cls_recipe_overrides.precision")
+    if slow:
+        notes.append(slow)
+    cpus = os.cpu_count() or 1
+    if recipe["workers"] > cpus:
+        notes.append(f"{recipe['workers']} loader workers on {cpus} CPUs: the recipe's count is kept (it fixes "
+                     f"which worker draws each batch's augmentation), so the loader may bound the step.")
+    return notes
+
+
+# device_notes says this once per run; torch would repeat it at every epoch's loader start
+warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
 
 
 def _ignore_sigterm(worker_id: int) -> None:
@@ -141,6 +178,9 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
     val_set = ManifestDataset(data_root, "val", build_transforms(recipe, training=False), cache=recipe["cache_images"])
     train_loader = make_loader(train_set, recipe, info, training=True, seed=seed)
     val_loader = make_loader(val_set, recipe, info, training=False, seed=seed)
+    check_fills_a_batch(train_loader, recipe, info)
+    for note in device_notes(recipe, info):
+        say(info, f"{log_prefix.rstrip('/') or 'train_cls'}: {note}")
 
     torch.manual_seed(seed)  # identical initial weights on every rank
     model = spec.create(num_classes=len(classes), drop_path=recipe["drop_path"]).to(device)
@@ -315,14 +355,15 @@ def build_optimizer(model: nn.Module, recipe: Dict[str, Any]) -> torch.optim.Opt
 
 
 def build_scheduler(optimizer, recipe: Dict[str, Any], updates_per_epoch: int):
-    """timm's scheduler for the recipe, and the number of epochs to train (cooldown included).
+    """timm's scheduler for the recipe, and the number of epochs to train: ``recipe["epochs"]``.
 
     ``lr_step: epoch`` moves the lr once an epoch (DeiT, PVT, CSWin); ``update`` every optimizer step (Swin,
-    the lab). ``cooldown_epochs`` hold min_lr after the cosine, as timm's train.py (CSWin) and the lab's
-    PVT / CSwin configs do.
+    the lab). The last ``cooldown_epochs`` of ``epochs`` hold min_lr after the cosine, as timm's train.py
+    (CSWin: 300 + 10) and the lab's PVT / CSwin configs do; timm counts them on top of its ``num_epochs``,
+    the recipe inside ``epochs``, so that an override ``epochs=N`` trains N epochs whatever the recipe.
     """
     lrs = scaled_lrs(recipe)
-    return create_scheduler_v2(optimizer, sched=recipe["sched"], num_epochs=recipe["epochs"],
+    return create_scheduler_v2(optimizer, sched=recipe["sched"], num_epochs=recipe["epochs"] - recipe["cooldown_epochs"],
                                cooldown_epochs=recipe["cooldown_epochs"], warmup_epochs=recipe["warmup_epochs"],
                                warmup_lr=lrs["warmup_lr"], min_lr=lrs["min_lr"],
                                step_on_epochs=recipe["lr_step"] == "epoch", updates_per_epoch=updates_per_epoch)

@@ -29,7 +29,7 @@ from .classification import NonFiniteLossError
 from .diffusion import GaussianDiffusion
 from .distributed import DistInfo, all_reduce_mean, any_rank, say
 from .flow import FlowMatching
-from .precision import MixedPrecision, maybe_compile
+from .precision import MixedPrecision, maybe_compile, slow_precision_note
 from .preemption import Preempted, stop_on_sigterm
 from vcarepro.errors import BadInput, MissingInput
 
@@ -137,6 +137,9 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
     generator = torch.Generator()  # flips and latent samples; reseeded every step, like the global RNG
 
     amp = MixedPrecision(recipe["precision"], device)
+    slow = slow_precision_note(recipe["precision"], device, "gen_recipe.precision")
+    if slow:
+        say(info, f"{log_prefix.rstrip('/') or 'train_gen'}: {slow}")
     step = 0
     running, count = 0.0, 0  # the loss of the steps since the last log line
     history: List[Dict[str, float]] = []  # every logged (step, loss, lr), kept in the checkpoint

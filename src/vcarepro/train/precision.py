@@ -50,6 +50,18 @@ class MixedPrecision:
             self.scaler.load_state_dict(state)
 
 
+def slow_precision_note(precision: str, device: torch.device, knob: str) -> Optional[str]:
+    """A sentence when ``precision`` is reduced on a CPU, where autocast is slower than fp32, else None.
+
+    Measured on 2 CPU cores: DeiT-T at batch 8 took 20.3 s a step under fp16 autocast against 1.7 s in fp32.
+    The recipe's precision is kept (it is what the run claims); ``knob`` is the override that changes it.
+    """
+    if device.type != "cpu" or precision not in ("fp16", "bf16"):
+        return None
+    return (f"precision={precision} autocast on a CPU runs about 12x slower than fp32 (DeiT-T, batch 8); "
+            f"the recipe's precision is kept, set {knob}=fp32 for speed.")
+
+
 def maybe_compile(module: nn.Module, backend: Optional[str]) -> nn.Module:
     """``torch.compile(module, backend=backend)``, or ``module`` itself when ``backend`` is null.
 
