@@ -14,12 +14,13 @@ import json
 import numpy as np
 import torch
 
-from vcarepro.errors import run_stage
+from vcarepro.errors import BadInput, UserError, run_stage
 from vcarepro.config import stage_params
 from vcarepro.io import write_json
 from vcarepro.metrics.aggregate import aggregate_seeds
 from vcarepro.metrics.extractors import make_extractor
 from vcarepro.metrics.fid50k import FeatureStats, evaluate_samples
+from vcarepro.provenance import write_provenance
 from vcarepro.pipeline import FID_REFERENCE, GEN_DATA, gen_run
 
 
@@ -49,20 +50,23 @@ def main() -> None:
                 spatial_reference=load_optional(FID_REFERENCE / "spatial_stats.npz"),
                 own_reference=load_optional(FID_REFERENCE / "own_stats.npz"),
                 own_spatial_reference=load_optional(FID_REFERENCE / "own_spatial_stats.npz"),
-                min_samples=reference.dim + 1, split_size=e["isc_split_size"], prc_k=e["prc_k"],
+                feature_dims=e["feature_dims"], split_size=e["isc_split_size"], prc_k=e["prc_k"],
                 prc_distance_dtype=e["prc_distance_dtype"], kid_subsets=e["kid_subsets"],
                 kid_subset_size=e["kid_subset_size"], seed=seed)
-        except ValueError as err:
-            raise SystemExit(f"eval_gen {args.run} seed {seed}: {err}") from None
+        except UserError as err:  # one sentence and exit status 2 (run_stage), naming the run and seed
+            raise BadInput(f"eval_gen {args.run} seed {seed}: {err}") from None
         print(f"eval_gen {args.run} seed {seed}: " + ", ".join(
             f"{k}={v:.4g}" for k, v in per_seed[seed].items() if k != "num_samples") + f" ({name})")
     keys = [k for k in ("fid", "sfid", "fid_own", "sfid_own", "kid_mean", "inception_score", "precision", "recall")
             if k in per_seed[run.seeds[0]]]
     metrics = aggregate_seeds(per_seed, keys)
     metrics.update(protocol(run, meta, params, reference_meta))
-    metrics.update({"num_samples": per_seed[run.seeds[0]]["num_samples"], "weights": "ema", "extractor": name,
+    # fid_feature_dims: FID / sFID over that many feature coordinates (fewer than the extractor's at smoke scale)
+    metrics.update({"num_samples": per_seed[run.seeds[0]]["num_samples"],
+                    "fid_feature_dims": per_seed[run.seeds[0]]["fid_feature_dims"], "weights": "ema", "extractor": name,
                     "reference_source": reference_meta["source"], "reference_images": reference_meta["num_images"]})
     write_json(run.paths.metrics, metrics)
+    write_provenance(params, "gen", args.run)  # what produced these numbers, last
 
 
 def protocol(run, meta, params, reference_meta):

@@ -26,6 +26,7 @@ from vcarepro.metrics.fid50k import (
     reference_from_images,
     write_reference,
 )
+from vcarepro.standins import write_random_inception
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -327,7 +328,7 @@ def test_evaluate_samples_streams_the_file_and_computes_adm_metrics(tmp_path):
     extractor = FakeExtractor(batch_size=7)
     result = evaluate_samples(path, reference, extractor, min_samples=5, split_size=10)
     assert extractor.batch_sizes == [7, 7, 7, 7, 7, 5]  # streamed, never the whole file at once
-    assert set(result) == {"fid", "inception_score", "inception_score_std", "num_samples"}
+    assert set(result) == {"fid", "inception_score", "inception_score_std", "num_samples", "fid_feature_dims"}
     assert result["num_samples"] == 40
     samples_stats = FeatureStats(pool.mean(0), np.cov(pool, rowvar=False), 40)
     assert result["fid"] == pytest.approx(frechet_distance(samples_stats, reference), rel=1e-9)
@@ -363,10 +364,16 @@ def test_evaluate_samples_refuses_too_few_samples_before_extracting(tmp_path):
     np.savez(tmp_path / "samples.npz", random_images(40, seed=13))
     extractor = FakeExtractor()
     reference = FeatureStats(np.zeros(4), np.eye(4), 10)
-    with pytest.raises(ValueError, match=r"FID needs at least 41 samples .*holds 40; raise sampling.num_samples"):
+    with pytest.raises(ValueError, match=r"FID over 4 feature dimensions needs at least 41 samples, .*holds 40; "
+                                         r"raise sampling.num_samples\."):
         evaluate_samples(tmp_path / "samples.npz", reference, extractor, min_samples=41)
-    with pytest.raises(ValueError, match=r"at least 2049 samples"):  # the default: Inception's 2048 dims + 1
-        evaluate_samples(tmp_path / "samples.npz", reference, extractor)
+    inception = FeatureStats(np.zeros(2048), np.eye(2048), 10)
+    with pytest.raises(ValueError, match=r"at least 2049 samples"):  # the default: the reference's 2048 dims + 1
+        evaluate_samples(tmp_path / "samples.npz", inception, extractor)
+    # fewer feature dimensions: the fix names both knobs
+    with pytest.raises(ValueError, match=r"FID over 100 feature dimensions needs at least 101 samples, .*"
+                                         r"raise sampling.num_samples or lower eval_gen.feature_dims\."):
+        evaluate_samples(tmp_path / "samples.npz", inception, extractor, feature_dims=100)
     assert extractor.batch_sizes == []
     with pytest.raises(FileNotFoundError, match="missing.npz"):
         evaluate_samples(tmp_path / "missing.npz", reference, extractor, min_samples=5)
@@ -382,16 +389,7 @@ def no_network(*args, **kwargs):
 @pytest.fixture(scope="module")
 def random_inception_weights(tmp_path_factory):
     """A state dict in exactly the format torch-fidelity loads, with random weights: the real file is not here."""
-    with pytest.MonkeyPatch.context() as patch:
-        # construct the network without its weights: no download, no loading of an empty state dict
-        patch.setattr(tf_inception, "load_state_dict_from_url", lambda *a, **k: {})
-        patch.setattr(tf_inception.FeatureExtractorInceptionV3, "load_state_dict", lambda self, state, *a, **k: None)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            network = tf_inception.FeatureExtractorInceptionV3("inception-v3-compat", ["2048"])
-    path = tmp_path_factory.mktemp("inception") / "weights-inception-2015-12-05-6726825d.pth"
-    torch.save(network.state_dict(), path)
-    return path
+    return write_random_inception(tmp_path_factory.mktemp("inception") / "weights-inception-2015-12-05-6726825d.pth")
 
 
 def test_inception_features_from_a_local_file_give_pool_logits_and_spatial_features(random_inception_weights,
@@ -581,3 +579,28 @@ def test_a_missing_adm_batch_is_one_sentence_with_where_to_get_it_and_no_output(
     assert "https://openaipublic.blob.core.windows.net/diffusion/jul-2021/ref_batches/imagenet/256/" in lines[0]
     assert "fid_reference.adm_npz=null" in lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+def test_fid_over_fewer_feature_dimensions_is_the_fid_of_the_leading_coordinates(tmp_path):
+    """Issue 21 (3): a smoke evaluation of a few samples: FID / sFID over the first k coordinates only."""
+    samples, reference_images = random_images(12, seed=20), random_images(50, seed=21)
+    np.savez(tmp_path / "samples.npz", samples)
+    ref_pool, _, ref_spatial = direct_features(reference_images, None)
+    pool, _, spatial = direct_features(samples, None)
+    k = 3
+    reference = FeatureStats(ref_pool.mean(0), np.cov(ref_pool, rowvar=False), 50)
+    spatial_reference = FeatureStats(ref_spatial.mean(0), np.cov(ref_spatial, rowvar=False), 50)
+    result = evaluate_samples(tmp_path / "samples.npz", reference, FakeExtractor(), reference_features=ref_pool,
+                              spatial_reference=spatial_reference, feature_dims=k, split_size=4)
+    lead = FeatureStats(pool[:, :k].mean(0), np.cov(pool[:, :k], rowvar=False), 12)
+    assert result["fid"] == pytest.approx(frechet_distance(lead, reference.leading(k)), rel=1e-9)
+    lead_spatial = FeatureStats(spatial[:, :k].mean(0), np.cov(spatial[:, :k], rowvar=False), 12)
+    assert result["sfid"] == pytest.approx(frechet_distance(lead_spatial, spatial_reference.leading(k)), rel=1e-9)
+    assert result["fid_feature_dims"] == k
+    # precision / recall keep every coordinate
+    assert (result["precision"], result["recall"]) == pytest.approx(
+        brute_force_precision_recall(ref_pool, pool.astype(np.float32), k=3), abs=1e-12)
+    # more dimensions than the extractor has: all of them, as without the knob
+    full = evaluate_samples(tmp_path / "samples.npz", reference, FakeExtractor(), feature_dims=10_000, min_samples=5,
+                            split_size=4)
+    assert full["fid_feature_dims"] == reference.dim

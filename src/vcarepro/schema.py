@@ -118,7 +118,7 @@ RULES: Dict[str, Rule] = {
     "fid_reference.keep_features": _int(2),
     "fid_reference.batch_size": _int(1), "fid_reference.workers": _int(0), "fid_reference.seed": _int(0),
     "eval_gen.isc_split_size": _int(1), "eval_gen.kid_subset_size": _int(2), "eval_gen.kid_subsets": _int(1),
-    "eval_gen.prc_k": _int(1), "eval_gen.prc_distance_dtype": _choice("float16", "float32", "float64"),
+    "eval_gen.feature_dims": _optional(_int(1)), "eval_gen.prc_k": _int(1), "eval_gen.prc_distance_dtype": _choice("float16", "float32", "float64"),
     "report.reproduce_tolerance_top1": _num(0.0), "report.reproduce_tolerance_fid": _num(0.0),
     "report.complexity_tolerance": _num(0.0),
     "family_seeds": ("a non-empty list of distinct integers >= 0", lambda v: isinstance(v, list) and v and len(set(

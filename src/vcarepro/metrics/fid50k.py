@@ -87,6 +87,12 @@ class FeatureStats:
     def dim(self) -> int:
         return self.mu.shape[0]
 
+    def leading(self, dims: Optional[int]) -> "FeatureStats":
+        """The statistics of the first ``dims`` coordinates (all of them for None or more): a smaller FID space."""
+        if dims is None or dims >= self.dim:
+            return self
+        return FeatureStats(self.mu[:dims], self.sigma[:dims, :dims], self.num)
+
     def save(self, path: PathLike) -> None:
         """Write ``mu``, ``sigma`` and ``num`` to an ``.npz`` at exactly ``path``, atomically (temp file, then rename)."""
         path = Path(path)
@@ -470,7 +476,7 @@ def evaluate_samples(npz_path: PathLike, reference: FeatureStats, extractor: Any
                      spatial_reference: Optional[FeatureStats] = None,
                      own_reference: Optional[FeatureStats] = None,
                      own_spatial_reference: Optional[FeatureStats] = None,
-                     min_samples: int = INCEPTION_FEATURE_DIM + 1, split_size: int = 5000,
+                     feature_dims: Optional[int] = None, min_samples: Optional[int] = None, split_size: int = 5000,
                      batch_size: Optional[int] = None, prc_k: int = PR_NEIGHBOURHOOD,
                      prc_distance_dtype: str = "float16", kid_subsets: int = 100,
                      kid_subset_size: int = 1000, seed: int = 0) -> Dict[str, Union[float, int]]:
@@ -485,12 +491,24 @@ def evaluate_samples(npz_path: PathLike, reference: FeatureStats, extractor: Any
     :meth:`InceptionFeatures.extract`); ``fid_own`` (and ``sfid_own``) against a second
     reference, our own statistics of the training images, when ``own_reference`` is given.
     ``extractor(images)`` gets uint8 (B, 3, H, W) tensors and returns (pool features, logits).
+    ``feature_dims`` computes FID and sFID over the first that many feature coordinates only (every one
+    for None, ADM's protocol), so that fewer samples than the extractor's dimension + 1 give a covariance
+    of full rank (the smoke scale); precision / recall and KID keep every coordinate. ``min_samples``
+    (default: that dimension + 1) is the fewest samples accepted.
     """
     npz_path = Path(npz_path)
     num_samples = npz_num_images(npz_path)
+    full_dim = reference.dim
+    reference, own_reference = reference.leading(feature_dims), own_reference and own_reference.leading(feature_dims)
+    if spatial_reference is not None:
+        spatial_reference = spatial_reference.leading(feature_dims)
+        own_spatial_reference = own_spatial_reference and own_spatial_reference.leading(feature_dims)
+    min_samples = reference.dim + 1 if min_samples is None else min_samples
     if num_samples < min_samples:
-        raise BadInput(f"FID needs at least {min_samples} samples (feature dimension + 1) but {npz_path} holds "
-                         f"{num_samples}; raise sampling.num_samples.")
+        fix = ("raise sampling.num_samples" if feature_dims is None or feature_dims >= full_dim else
+               "raise sampling.num_samples or lower eval_gen.feature_dims")
+        raise BadInput(f"FID over {reference.dim} feature dimensions needs at least {min_samples} samples, but "
+                       f"{npz_path} holds {num_samples}; {fix}.")
     if spatial_reference is not None and not hasattr(extractor, "extract"):
         raise BadInput(f"sFID needs an extractor with .extract() (InceptionFeatures), got "
                          f"{type(extractor).__name__}; pass InceptionFeatures or drop spatial_reference.")
@@ -503,14 +521,14 @@ def evaluate_samples(npz_path: PathLike, reference: FeatureStats, extractor: Any
         images = torch.from_numpy(batch).permute(0, 3, 1, 2)
         if spatial_stats is not None:
             pool, logit, spatial = extractor.extract(images)
-            spatial_stats.update(spatial)
+            spatial_stats.update(_as_float64(spatial)[:, :spatial_reference.dim])
         else:
             pool, logit = extractor(images)
         pool = _as_float64(pool)
-        if pool.shape[1] != reference.dim:
+        if pool.shape[1] != full_dim:
             raise BadInput(f"The extractor gives {pool.shape[1]}-d features but the reference statistics are "
-                             f"{reference.dim}-d; compute both with the same extractor.")
-        pool_stats.update(pool)
+                             f"{full_dim}-d; compute both with the same extractor.")
+        pool_stats.update(pool[:, :reference.dim])
         logits.append(np.asarray(logit.cpu() if isinstance(logit, torch.Tensor) else logit, dtype=np.float32))
         if reference_features is not None:
             kept_pool.append(pool.astype(np.float32))
@@ -540,6 +558,7 @@ def evaluate_samples(npz_path: PathLike, reference: FeatureStats, extractor: Any
                                      kid_subset_size=subset, rng_seed=seed, verbose=False)
         result["kid_mean"], result["kid_std"] = kid[KEY_METRIC_KID_MEAN], kid[KEY_METRIC_KID_STD]
     result["num_samples"] = num_samples
+    result["fid_feature_dims"] = reference.dim
     return result
 
 
