@@ -10,7 +10,8 @@ from vcarepro.pipeline import CLS_DATA
 
 def main() -> None:
     p = section(stage_params(), "cls_reference")
-    result = logistic_regression_top1(CLS_DATA, max_train_images=p["max_train_images"], c=p["c"])
+    result = logistic_regression_top1(CLS_DATA, max_train_images=p["max_train_images"], c=p["c"],
+                                      image_size=p["image_size"])
     write_json("metrics/cls_reference.json", result)
     print("cls_reference: " + (f"logistic regression top-1 {result['logreg_top1']:.2f}%" if result["computed"]
                                else f"not computed ({result['reason']})"))

@@ -79,6 +79,7 @@ RULES: Dict[str, Rule] = {
     "distributed.launcher": _choice("torchrun", "srun"),
     "distributed.seed_processes": _int(1),
     "cls_reference.max_train_images": _int(0), "cls_reference.c": _POS,
+    "cls_reference.image_size": _optional(_int(1)),
     "complexity.cls_img_size": _int(1), "complexity.cls_num_classes": _int(1),
     "complexity.gen_latent_size": _int(1), "complexity.gen_latent_channels": _int(1),
     "complexity.gen_num_classes": _int(1), "complexity.throughput_batch": _int(0), "complexity.processes": _int(1),
