@@ -333,14 +333,15 @@ def _parse_meta_mat(raw: bytes, where: Path) -> Tuple[Dict[int, str], Dict[str, 
 def _check_class_count(wnids: Sequence[str], expect_full: bool, where: Path) -> None:
     if expect_full and len(wnids) != EXPECTED["classes"]:
         raise BadInput(f"expected {EXPECTED['classes']} ImageNet-1K classes, found {len(wnids)} in {where}; "
-                         f"complete the download, or pass expect_full=False (or a subset) for a partial copy.")
+                         f"complete the download, or set prepare_cls.expect_full=false (or choose a subset with "
+                         f"prepare_cls.subset_classes or subset_count) for a partial copy.")
 
 
 def _check_image_counts(found: Counter, layout: _Layout) -> None:
     for split, where in (("train", layout.train_where), ("val", layout.val_where)):
         if found[split] != EXPECTED[split]:
             raise BadInput(f"expected {EXPECTED[split]:,} ImageNet-1K {split} images, found {found[split]:,} "
-                             f"in {where}; complete the download, or pass expect_full=False for a partial copy.")
+                             f"in {where}; complete the download, or set prepare_cls.expect_full=false for a partial copy.")
 
 
 def _choose_classes(wnids: List[str], subset_classes: Optional[Sequence[str]], subset_count: Optional[int],
