@@ -16,6 +16,7 @@ from vcarepro.config import stage_params
 from vcarepro.data.folders import ManifestDataset, read_classes
 from vcarepro.io import write_json
 from vcarepro.metrics.aggregate import aggregate_seeds
+from vcarepro.provenance import write_provenance
 from vcarepro.pipeline import CLS_DATA, cls_run
 from vcarepro.train.classification import ClassifierSpec, best_epoch_figures, build_transforms, evaluate, \
     load_classifier
@@ -25,7 +26,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--run", required=True)
     args = parser.parse_args()
-    run = cls_run(stage_params(), args.run)
+    params = stage_params()
+    run = cls_run(params, args.run)
     spec = ClassifierSpec.for_run(run)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     val = ManifestDataset(CLS_DATA, "val", build_transforms(run.recipe, training=False))
@@ -46,6 +48,7 @@ def main() -> None:
     metrics = aggregate_seeds(per_seed, keys)
     metrics["params_m"] = sum(p.numel() for p in model.parameters()) / 1e6
     write_json(run.paths.metrics, metrics)
+    write_provenance(params, "cls", args.run)  # what produced these numbers, last
 
 
 if __name__ == "__main__":

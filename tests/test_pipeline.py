@@ -55,8 +55,9 @@ def stage_names(params: dict) -> set:
     return names
 
 
-def reproduced_repo(repo: Path, params: dict) -> Path:
-    """This project's tracked files (no outputs) with ``params`` in a new git repository, after `dvc repro`."""
+def reproduced_repo(repo: Path, params: dict, targets: str = "") -> Path:
+    """This project's tracked files (no outputs) with ``params`` in a new git repository, after `dvc repro`
+    (of ``targets`` and what they depend on; every stage without)."""
     tracked = sh("git ls-files --cached --others --exclude-standard", ROOT).stdout.split()
     outputs = ("runs/", "reports/", "metrics/", "checkpoints/", "data/cls", "data/gen", "data/fid_reference", "dvc.lock")
     for rel in tracked:
@@ -65,7 +66,7 @@ def reproduced_repo(repo: Path, params: dict) -> Path:
             shutil.copy2(ROOT / rel, repo / rel)
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     sh("git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm micro", repo)
-    sh("dvc repro", repo)
+    sh(f"dvc repro {targets}".strip(), repo)
     return repo
 
 

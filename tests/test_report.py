@@ -11,12 +11,19 @@ import pytest
 import yaml
 
 from vcarepro.config import compose
+from vcarepro.provenance import write_provenance
 from vcarepro.report.reference import PaperValue, load_reference, paper_value
 from vcarepro.report.render import render_report
 from vcarepro.report.tables import (BETTER, DIFFERS, MATCHES, NO_PAPER_VALUE, NOT_COMPARABLE, NOT_RUN, REPRODUCED,
                                     SHORT, Measured, exact_verdict, verdict)
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def vouch(project, branch, run):
+    """The run's provenance.json as its evaluation stage writes it: produced by the project's params."""
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    write_provenance(params, branch, run, project / "runs" / branch / run)
 
 
 def ours(mean, n=1):
@@ -83,6 +90,7 @@ def project(tmp_path):
     (run / "metrics.json").write_text(json.dumps(
         {"top1": 88.25, "top1_std": 1.5, "top1_seed0": 87.2, "top1_seed1": 89.3, "n_seeds": 2, "top5": 99.0,
          "top5_std": 0.1, "loss": 0.4, "loss_std": 0.01, "top1_best": 90.5, "top1_best_std": 0.5}))
+    vouch(tmp_path, "cls", "deit_tiny-vca")
     return tmp_path
 
 
@@ -127,6 +135,7 @@ def add_vca_and_baseline(project, base_top1=60.0, vca_top1=(62.0, 66.0)):
     run.mkdir(parents=True)
     (run / "metrics.json").write_text(json.dumps({"top1": base_top1, "top1_std": 2.83, "top1_seed0": base_top1 - 2,
                                                   "top1_seed1": base_top1 + 2, "n_seeds": 2}))
+    vouch(project, "cls", "deit_tiny-mhsa")
     (project / "metrics" / "attention_cost.json").write_text(json.dumps({
         "machine": {"cpu": "Test CPU"}, "config": {},
         "rows": [{"tokens": n, "layer": layer, "forward_ms": 1.0, "forward_backward_ms": t, "macs": m}
@@ -157,6 +166,7 @@ def test_a_gain_whose_interval_holds_zero_or_rests_on_one_seed_gets_no_direction
         (gen / run / "metrics.json").write_text(json.dumps(
             {"fid": statistics.fmean(seeds), "fid_std": statistics.stdev(seeds) if len(seeds) > 1 else 0.0,
              "n_seeds": len(seeds), **{f"fid_seed{i}": v for i, v in enumerate(seeds)}}))
+        vouch(project, "gen", run)
     html = render_report(project, project / "reports" / "index.html").read_text()
     section = html[html.index("What VCA brings"):html.index("<h2>Table 3")]
     rows = {r.split("</td>")[1].removeprefix("<td>"): r for r in section.split("<tr>")[2:]}
@@ -232,6 +242,7 @@ def test_report_survives_a_nan_metric_and_a_missing_run(project):
     run = project / "runs" / "gen" / "dit_s2-vca"
     run.mkdir(parents=True)
     (run / "metrics.json").write_text('{"fid": NaN, "n_seeds": 1}')
+    vouch(project, "gen", "dit_s2-vca")
     html = render_report(project, project / "reports" / "index.html").read_text()
     row = html[html.index("<td>DiT-S/2</td><td>VCA</td>"):]
     row = row[:row.index("</tr>")]
@@ -311,6 +322,7 @@ def test_table2_judges_only_fids_that_followed_the_papers_protocol(tmp_path):
     for run, metrics in runs.items():
         (tmp_path / "runs" / "gen" / run).mkdir(parents=True)
         (tmp_path / "runs" / "gen" / run / "metrics.json").write_text(json.dumps(metrics))
+        vouch(tmp_path, "gen", run)
     html = render_report(tmp_path, tmp_path / "reports" / "index.html").read_text()
     table = html[html.index("<h2>Table 2"):html.index("Original DiT, 400K steps")]
 
@@ -351,6 +363,7 @@ def write_seeds(project, branch, run, metric, seeds):
     (path / "metrics.json").write_text(json.dumps(
         {metric: statistics.fmean(seeds), f"{metric}_std": statistics.stdev(seeds) if len(seeds) > 1 else 0.0,
          "n_seeds": len(seeds), **{f"{metric}_seed{i}": v for i, v in enumerate(seeds)}}))
+    vouch(project, branch, run)
 
 
 def family_section(html):

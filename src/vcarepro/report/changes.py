@@ -38,12 +38,21 @@ def params_changes(current: Dict[str, Any], previous: Dict[str, Any]) -> List[Di
             for k in sorted(set(now) | set(before)) if now.get(k) != before.get(k)]
 
 
-def metrics_changes(current: Dict[str, Dict[str, Any]], previous: Dict[str, Dict[str, Any]]) -> List[Dict[str, str]]:
-    """Per run and headline metric: previous value, now, change (numbers only)."""
+def metrics_changes(current: Dict[str, Dict[str, Any]], previous: Dict[str, Dict[str, Any]],
+                    stale: Optional[Dict[str, str]] = None) -> List[Dict[str, str]]:
+    """Per run and headline metric: previous value, now, change (numbers only).
+
+    A run in ``stale`` (run -> the stale text) has no current numbers: "now" says what to re-run.
+    """
+    stale = stale or {}
     rows = []
-    for run in sorted(set(current) | set(previous)):
+    for run in sorted(set(current) | set(previous) | set(stale)):
         for key in METRIC_KEYS:
             a, b = previous.get(run, {}).get(key), current.get(run, {}).get(key)
+            if run in stale:
+                if a is not None:
+                    rows.append({"run": run, "metric": key, "previous": f"{a:.4g}", "now": stale[run], "change": ""})
+                continue
             if a is None and b is None:
                 continue
             if a == b:
@@ -55,7 +64,7 @@ def metrics_changes(current: Dict[str, Dict[str, Any]], previous: Dict[str, Dict
 
 
 def changes_since(root: Path, params: Dict[str, Any], run_metrics: Dict[str, Dict[str, Any]],
-                  rev: str = "HEAD") -> Dict[str, Any]:
+                  rev: str = "HEAD", stale: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """{"rev", "params": rows | None, "metrics": rows | None, "note"} comparing the workspace with ``rev``."""
     out: Dict[str, Any] = {"rev": rev, "params": None, "metrics": None, "note": ""}
     try:
@@ -76,7 +85,7 @@ def changes_since(root: Path, params: Dict[str, Any], run_metrics: Dict[str, Dic
                        f"`dvc repro` at {rev}, brings them); params only.")
         return out
     current = {name: metrics for branch in run_metrics.values() for name, metrics in branch.items() if metrics}
-    out["metrics"] = metrics_changes(current, previous)
+    out["metrics"] = metrics_changes(current, previous, stale)
     if missing:
         out["note"] = (f"{len(missing)} run(s) have no metrics at {rev} in this checkout's DVC cache "
                        f"(not run then, or not pulled): {', '.join(missing)}.")

@@ -86,8 +86,11 @@ def build_context(root: Path) -> Dict[str, Any]:
     cls_reference = read_json(root / "metrics" / "cls_reference.json")
     reference_line = ({"val/top1": (cls_reference["logreg_top1"], "logistic regression")}
                       if cls_reference and cls_reference.get("computed") else {})
-    cls = collect_runs(root / "runs", "cls", list(params["cls_runs"]))
-    gen = collect_runs(root / "runs", "gen", list(params["gen_runs"]))
+    # a run whose numbers other params produced comes without them, marked stale (vcarepro.provenance)
+    cls = collect_runs(root / "runs", "cls", list(params["cls_runs"]), params)
+    gen = collect_runs(root / "runs", "gen", list(params["gen_runs"]), params)
+    stale = [{"run": r.name, "branch": r.branch, "stage": r.stale.stage, "status": r.stale.text,
+              "differs": r.stale.detail} for r in [*cls.values(), *gen.values()] if r.stale is not None]
     knobs = differing_knobs(params, paper)
     cls_comparable = params["scale"] == "paper" and not any(k["knob"].startswith(("prepare_cls", "cls_")) for k in knobs)
     gen_comparable = params["scale"] == "paper" and not any(
@@ -102,7 +105,8 @@ def build_context(root: Path) -> Dict[str, Any]:
     return {
         "generated": environment["date"],
         "environment": environment,
-        "changes": changes_since(root, params, run_metrics),
+        "changes": changes_since(root, params, run_metrics, stale={r["run"]: r["status"] for r in stale}),
+        "stale": stale,
         "gains": gains,
         "cls_reference": cls_reference,
         "gains_png": gains_png(gains),
@@ -139,17 +143,17 @@ def build_context(root: Path) -> Dict[str, Any]:
         "fid_extractor": params["prepare_gen"]["fid_extractor"],
         "num_samples": params["sampling"]["num_samples"],
         "complexity": [{"model": name, **{k: f"{v:.3f}" for k, v in fig.items()}} for name, fig in complexity.items()],
-        "cls_curves": [(name, curves_png(name, r.curves, CLS_CURVES, xlabel="epoch",
-                                                        references=reference_line)) for name, r in cls.items()],
-        "gen_curves": [(name, curves_png(name, r.curves, GEN_CURVES, xlabel="step")) for name, r in gen.items()],
-        "grids": [(name, sorted(r.grids.items())) for name, r in gen.items() if r.grids],
+        "cls_curves": [(name, curves_png(name, r.curves, CLS_CURVES, xlabel="epoch", references=reference_line),
+                        r.stale) for name, r in cls.items()],
+        "gen_curves": [(name, curves_png(name, r.curves, GEN_CURVES, xlabel="step"), r.stale) for name, r in gen.items()],
+        "grids": [(name, sorted(r.grids.items()), r.stale) for name, r in gen.items() if r.grids or r.stale],
         "params_yaml": yaml.safe_dump({k: params[k] for k in ["scale", *RECIPE_SECTIONS, "cls_runs", "gen_runs"]
                                        if k in params}, sort_keys=False),
     }
 
 
-EXPORTED_TABLES = ["table1", "decomposition", "table2", "table3", "table4", "gains", "table3_gains", "table4_gains",
-                   "family", "family_decomposition", "claims", "cls_runs", "gen_runs", "complexity"]
+EXPORTED_TABLES = ["stale", "table1", "decomposition", "table2", "table3", "table4", "gains", "table3_gains",
+                   "table4_gains", "family", "family_decomposition", "claims", "cls_runs", "gen_runs", "complexity"]
 
 
 def render_report(root: str | Path = ".", out: str | Path = "reports/index.html") -> Path:

@@ -10,6 +10,7 @@ import pandas as pd
 from ..metrics.aggregate import per_seed_values
 from ..metrics.intervals import Difference, direction, seeds_note, welch
 from ..pipeline import cls_recipe, model_options
+from ..provenance import Stale
 from .collect import RunResult
 from .reference import PaperValue, paper_value
 from vcarepro.errors import BadInput
@@ -27,9 +28,22 @@ MATCHES = "matches paper"
 DIFFERS = "differs from paper"
 
 
+STALE_PREFIX = "stale: "
+
+
 def verdict_class(verdict: Optional[str]) -> str:
     """A verdict as a CSS class: "same direction as paper (resolved)" -> "same-direction-as-paper-resolved"."""
+    if (verdict or "").startswith(STALE_PREFIX):
+        return "stale"
     return (verdict or "").replace(" ", "-").replace("(", "").replace(")", "")
+
+
+def stale_of(*results: Optional[RunResult]) -> Optional[Stale]:
+    """The staleness of the runs a figure is computed from, as one: every stale run's stage re-run in one command."""
+    stale = list(dict.fromkeys(r.stale for r in results if r is not None and r.stale is not None))
+    if len(stale) <= 1:
+        return stale[0] if stale else None
+    return Stale(" ".join(s.stage for s in stale), tuple(f"{s.stage}: {f}" for s in stale for f in s.fields))
 
 
 @dataclass
@@ -108,6 +122,7 @@ class Cell:
     digits: int = 1
     statistic: Optional[str] = None   # which top-1 the paper's number is (and ours was read as)
     reason: Optional[str] = None      # why a number measured at paper scale is not comparable
+    stale: Optional[Stale] = None     # the run's numbers on disk are not the current params' (verdict says so)
 
     @property
     def diff(self) -> Optional[float]:
@@ -129,6 +144,7 @@ class Cell:
             "verdict_class": verdict_class(self.verdict),
             "statistic": self.statistic,
             "reason": self.reason,
+            "stale": None if self.stale is None else self.stale.detail,
         }
 
 
@@ -177,11 +193,14 @@ class TableBuilder:
 
     def top1_cell(self, run: str, entry, conflict=None, statistic: str = "final") -> Cell:
         key, label = STATISTICS[statistic]
-        ours = measured(self.cls_result(run), key, self.scale)
+        result = self.cls_result(run)
+        ours = measured(result, key, self.scale)
         paper = self._pv(entry)
-        return Cell(paper, ours, verdict(paper, ours, comparable=self.cls_comparable, tolerance=self.tol_top1,
-                                         lower_is_better=False), self._pv(conflict) if conflict else None,
-                    statistic=label if paper.available else None)
+        stale = stale_of(result)
+        return Cell(paper, ours, stale.text if stale else verdict(
+                        paper, ours, comparable=self.cls_comparable, tolerance=self.tol_top1, lower_is_better=False),
+                    self._pv(conflict) if conflict else None, statistic=label if paper.available else None,
+                    stale=stale)
 
     def fid_protocol_deviations(self, run: str) -> List[str]:
         """How the run's FID was measured differently from the paper's protocol (data/paper_reference.yaml)."""
@@ -203,9 +222,10 @@ class TableBuilder:
         ours = measured(self.gen.get(run), "fid", self.scale)
         paper = self._pv(entry)
         deviations = self.fid_protocol_deviations(run) if self.gen_comparable else []
-        cell = Cell(paper, ours, verdict(paper, ours, comparable=self.gen_comparable and not deviations,
-                                         tolerance=self.tol_fid, lower_is_better=True),
-                    self._pv(conflict) if conflict else None)
+        stale = stale_of(self.gen.get(run))
+        cell = Cell(paper, ours, stale.text if stale else verdict(
+                        paper, ours, comparable=self.gen_comparable and not deviations, tolerance=self.tol_fid,
+                        lower_is_better=True), self._pv(conflict) if conflict else None, stale=stale)
         if deviations and cell.verdict == NOT_COMPARABLE:
             cell.reason = "; ".join(deviations)
         return cell
@@ -281,12 +301,15 @@ class TableBuilder:
                 diff = difference(ma, mb)
                 total = a is vca and b is base
                 same = ra is not None and ra is rb
+                stale = None if same else stale_of(ra, rb)
                 rows.append({"model": model, "part": label, "runs": f"{a['run']} − {b['run']}",
                              "paper": f"{paper_gain:+.1f}" if paper_gain is not None and total else None,
                              "ours": "0 (the same run at this scale)" if same else (diff and diff.text()),
                              "scale": None if diff is None else self.scale,
-                             "verdict": None if same else (direction(diff, paper_gain) if total else sign(diff)),
-                             "seeds_note": None if same else seeds_note(diff)})
+                             "verdict": None if same else stale.text if stale else (
+                                 direction(diff, paper_gain) if total else sign(diff)),
+                             "seeds_note": None if same else seeds_note(diff),
+                             "stale": stale and stale.detail})
         return rows
 
     def table2(self) -> List[Dict[str, Any]]:
@@ -350,17 +373,19 @@ class TableBuilder:
         pb, po = self._pv(paper_base), self._pv(paper_other)
         paper_gain = po.value - pb.value if pb.available and po.available else None
         diff = difference(measured(other, metric, self.scale), measured(base, metric, self.scale))
+        stale = stale_of(base, other)
         return {
             "table": table, "model": label, "metric": metric,
-            "label": f"{label} ({'top-1' if metric == 'top1' else 'FID'})",
+            "label": f"{label} ({'top-1' if metric == 'top1' else 'FID'}){' [stale]' if stale else ''}",
             "paper_value": paper_gain, "ours_value": None if diff is None else diff.value,
             "ours_low": None if diff is None else diff.low, "ours_high": None if diff is None else diff.high,
             "paper": None if paper_gain is None else f"{paper_gain:+.1f}",
             "source": f"{pb.source}/{po.source}" if paper_gain is not None else None,
             "ours": None if diff is None else diff.text(),
             "scale": None if diff is None else self.scale,
-            "direction": direction(diff, paper_gain),
+            "direction": stale.text if stale else direction(diff, paper_gain),
             "seeds_note": seeds_note(diff),
+            "stale": stale and stale.detail,
         }
 
     # -- the attention family (issue 15) ------------------------------------------------------------
@@ -370,6 +395,10 @@ class TableBuilder:
         if not run_a or not run_b:
             return None
         return difference(measured(results(run_a), metric, self.scale), measured(results(run_b), metric, self.scale))
+
+    def _branch_stale(self, metric: str, *runs: Optional[str]) -> Optional[Stale]:
+        results = self.cls_result if metric == "top1" else self.gen.get
+        return stale_of(*(results(run) for run in runs if run))
 
     def _run_used(self, run: str) -> str:
         """The run whose numbers stand for ``run`` at this scale (the baseline itself for its lab-recipe twin)."""
@@ -411,13 +440,16 @@ class TableBuilder:
                 ours = measured(results(r[run_key]), metric, self.scale)
                 row[metric] = None if ours is None else ours.text(2 if metric == "fid" else 1)
                 row[f"{metric}_scale"] = None if ours is None else self.scale
+                stale = self._branch_stale(metric, r[run_key])
+                row[f"{metric}_stale"], row[f"{metric}_stale_detail"] = (stale.text, stale.detail) if stale else (None, None)
                 for label, a, b in (("vs_mhsa", r[run_key], base_run), ("vca_minus", vca_run, r[run_key])):
                     if a == b:
                         row[f"{metric}_{label}"] = row[f"{metric}_{label}_verdict"] = None
                         continue
                     diff = self._branch_difference(metric, a, b)
+                    stale = self._branch_stale(metric, a, b)
                     row[f"{metric}_{label}"] = None if diff is None else diff.text()
-                    row[f"{metric}_{label}_verdict"] = None if diff is None else sign(diff)
+                    row[f"{metric}_{label}_verdict"] = stale.text if stale else None if diff is None else sign(diff)
             rows.append(row)
         return rows
 
@@ -440,11 +472,13 @@ class TableBuilder:
         for branch, metric, run_key in (("DeiT-T", "top1", "cls_run"), ("DiT-S/2", "fid", "gen_run")):
             for label, a, b in parts:
                 diff = self._branch_difference(metric, a[run_key], b[run_key])
+                stale = self._branch_stale(metric, a[run_key], b[run_key])
                 rows.append({"branch": branch, "metric": "top-1" if metric == "top1" else "FID (lower is better)",
                              "part": label, "runs": f"{self._run_used(a[run_key])} − {self._run_used(b[run_key])}",
                              "ours": None if diff is None else diff.text(),
                              "scale": None if diff is None else self.scale,
-                             "verdict": None if diff is None else sign(diff), "seeds_note": seeds_note(diff)})
+                             "verdict": stale.text if stale else None if diff is None else sign(diff),
+                             "seeds_note": seeds_note(diff), "stale": stale and stale.detail})
         return rows
 
     def claims(self) -> List[Dict[str, str]]:
@@ -508,8 +542,11 @@ def runs_frame(results: Dict[str, RunResult], runs: Dict[str, Any], models: Dict
         if "objective" in run:
             record["objective"] = run["objective"]
         m = results[name].metrics if name in results else None
+        stale = results[name].stale if name in results else None
         for key in keys:
-            if m is None or key not in m:
+            if stale is not None:
+                record[key] = stale.text
+            elif m is None or key not in m:
                 record[key] = "not run"
             elif m.get("n_seeds", 1) > 1:
                 record[key] = f"{m[key]:.2f} ± {m[key + '_std']:.2f}"
