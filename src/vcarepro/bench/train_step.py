@@ -12,9 +12,13 @@ it was measured on.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
+from timm.data import Mixup
+from timm.data.mixup import mixup_target
+from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.utils import ModelEmaV3
 
 from ..config import compose
 from . import _time_ms
@@ -22,7 +26,7 @@ from ..errors import UnknownName
 from ..pipeline import cls_run, gen_run
 from ..train.classification import ClassifierSpec, build_optimizer
 from ..train.generation import GeneratorSpec, make_objective
-from ..train.precision import MixedPrecision
+from ..train.precision import MixedPrecision, maybe_compile
 
 LATENT_SHAPE = (4, 32, 32)  # 256 px through the SD VAE
 
@@ -43,31 +47,145 @@ def bench_train_step(run_name: str, *, scale: str = "paper", **kw) -> Dict[str, 
                       f"{', '.join([*params['cls_runs'], *params['gen_runs']])}.")
 
 
+class TrainStep:
+    """One training step of a run as its training loop takes it, on random inputs of the run's shape.
+
+    Built by :func:`classification_step` or :func:`generation_step`: the model, its EMA, the optimizer,
+    the loss and the precision come from the same functions the training loop calls. Calling it runs
+    forward, backward and the optimizer step (with loss scaling, clipping and the EMA update where the
+    recipe has them) at ``batch`` per device. ``static_bytes`` counts what lives between steps
+    (weights, gradients, optimizer state, EMA), the part of the memory that does not grow with the batch.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: Callable[[], None], *,
+                 batch: int, device: torch.device, precision: str, ema=None, input_shape: Tuple[int, ...] = ()):
+        self.model, self.optimizer, self.ema = model, optimizer, ema
+        self.batch, self.device, self.precision, self.input_shape = batch, device, precision, input_shape
+        self._step = step
+
+    def __call__(self) -> None:
+        self._step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def static_bytes(self) -> int:
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        tensors += [p.grad for p in self.model.parameters() if p.grad is not None]
+        tensors += [v for state in self.optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+        if self.ema is not None:
+            tensors += [*self.ema.module.parameters(), *self.ema.module.buffers()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def classification_step(run, *, batch: int, device: str = "cpu", precision: Optional[str] = None,
+                        num_classes: int = 1000) -> TrainStep:
+    """The training step of a ``cls_runs`` entry (``pipeline.ClsRun``) at ``batch`` images per device.
+
+    As ``train.classification.train_classifier`` builds it: the model with the recipe's drop path, timm's
+    optimizer with the scaled lr, the EMA, Mixup / CutMix and the criterion they imply, clipping, and the
+    recipe's precision (``precision`` replaces it). An odd batch cannot be mixed (timm's Mixup needs pairs):
+    there the targets are the smoothed one-hot ones, at the same cost.
+    """
+    recipe = run.recipe
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    model = ClassifierSpec.for_run(run).create(num_classes=num_classes, drop_path=recipe["drop_path"]).to(dev)
+    ema = ModelEmaV3(model, decay=recipe["ema_decay"]) if recipe["ema_decay"] > 0 else None
+    optimizer = build_optimizer(model, recipe)
+    amp = MixedPrecision(precision or recipe["precision"], dev)
+    forward = maybe_compile(model, recipe["compile"])
+    mixes = recipe["mixup"] > 0 or recipe["cutmix"] > 0
+    mixup = Mixup(mixup_alpha=recipe["mixup"], cutmix_alpha=recipe["cutmix"], switch_prob=recipe["mixup_switch_prob"],
+                  label_smoothing=recipe["smoothing"], num_classes=num_classes) if mixes else None
+    if mixes:
+        criterion = SoftTargetCrossEntropy()
+    elif recipe["smoothing"] > 0:
+        criterion = LabelSmoothingCrossEntropy(smoothing=recipe["smoothing"])
+    else:
+        criterion = torch.nn.CrossEntropyLoss()
+    size = recipe["img_size"]
+    x = torch.randn(batch, 3, size, size, device=dev)
+    y = torch.randint(0, num_classes, (batch,), device=dev)
+    updates = [0]
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        images, targets = x, y
+        if mixup is not None:
+            if batch % 2 == 0:
+                images, targets = mixup(x, y)
+            else:
+                targets = mixup_target(y, num_classes, smoothing=recipe["smoothing"])
+        with amp.autocast():
+            loss = criterion(forward(images), targets)
+        amp.scaler.scale(loss / recipe["accum_steps"]).backward()
+        if recipe["clip_grad"]:
+            amp.scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe["clip_grad"])
+        amp.scaler.step(optimizer)
+        amp.scaler.update()
+        updates[0] += 1
+        if ema is not None:
+            ema.update(model, step=updates[0])
+
+    model.train()
+    return TrainStep(model, optimizer, step, batch=batch, device=dev, precision=amp.precision, ema=ema,
+                     input_shape=(3, size, size))
+
+
+def generation_step(run, *, batch: int, device: str = "cpu", precision: Optional[str] = None) -> TrainStep:
+    """The training step of a ``gen_runs`` entry (``pipeline.GenRun``) at ``batch`` inputs per device.
+
+    As ``train.generation.train_generator`` builds it: DiT with the recipe's sigma and label dropout, AdamW,
+    the EMA updated every step, flips, the run's objective and the recipe's precision (``precision``
+    replaces it). The inputs have the model's own shape (latents at paper scale, pixels at embedded scale).
+    """
+    recipe = run.recipe
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    model = GeneratorSpec.for_run(run).create(learn_sigma=recipe["learn_sigma"],
+                                              class_dropout_prob=recipe["class_dropout_prob"]).to(dev)
+    ema = ModelEmaV3(model, decay=recipe["ema_decay"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=recipe["weight_decay"])
+    objective = make_objective(run.objective, recipe["flow_path"])
+    amp = MixedPrecision(precision or recipe["precision"], dev)
+    forward = maybe_compile(model, recipe["compile"])
+    shape = model_input_shape(model)
+    x = torch.randn(batch, *shape, device=dev)
+    y = torch.randint(0, model.num_classes, (batch,), device=dev)
+    flip = torch.rand(batch, device=dev) < 0.5 if recipe["hflip"] else None
+    updates = [0]
+
+    def step():
+        inputs = torch.where(flip[:, None, None, None], x.flip(-1), x) if flip is not None else x
+        with amp.autocast():
+            loss = objective.training_losses(forward, inputs, y)["loss"]
+        optimizer.zero_grad(set_to_none=True)
+        amp.scaler.scale(loss).backward()
+        amp.scaler.step(optimizer)
+        amp.scaler.update()
+        ema.update(model, step=updates[0])
+        updates[0] += 1
+
+    model.train()
+    return TrainStep(model, optimizer, step, batch=batch, device=dev, precision=amp.precision, ema=ema,
+                     input_shape=shape)
+
+
+def model_input_shape(model: torch.nn.Module) -> Tuple[int, ...]:
+    """(channels, height, width) a DiT takes: SD-VAE latents of 256 px unless its shape says otherwise."""
+    size = getattr(getattr(model, "x_embedder", None), "img_size", None)
+    if size is None:
+        return LATENT_SHAPE
+    return (model.in_channels, *size)
+
+
 def bench_cls_step(run_name: str, *, params: Dict[str, Any], train_images: int, batch: int, device: str = "cpu",
                    precision: str = "bf16", min_run_time: float = 2.0) -> Dict[str, Any]:
     run = cls_run(params, run_name)
     recipe = run.recipe
-    spec = ClassifierSpec.for_run(run)
-    dev = torch.device(device)
-    torch.manual_seed(0)
-    model = spec.create(num_classes=1000, drop_path=recipe["drop_path"]).to(dev)
-    optimizer = build_optimizer(model, recipe)
-    amp = MixedPrecision(precision, dev)
-    size = recipe["img_size"]
-    x = torch.randn(batch, 3, size, size, device=dev)
-    y = torch.randint(0, 1000, (batch,), device=dev)
-
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        with amp.autocast():
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-        amp.scaler.scale(loss).backward()
-        amp.scaler.step(optimizer)
-        amp.scaler.update()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-
-    step()
+    step = classification_step(run, batch=batch, device=device, precision=precision)
+    step()  # warm-up: allocations, kernel selection
     seconds = _time_ms(step, min_run_time) / 1e3
     global_batch = recipe["batch_size"]
     steps = (recipe["epochs"] + recipe["cooldown_epochs"]) * (train_images // global_batch)
@@ -85,26 +203,7 @@ def bench_gen_step(run_name: str, *, params: Dict[str, Any] = None, batch: int, 
     params = params or compose(["scale=paper"])
     run = gen_run(params, run_name)
     recipe = run.recipe
-    spec = GeneratorSpec.for_run(run)
-    dev = torch.device(device)
-    torch.manual_seed(0)
-    model = spec.create(learn_sigma=recipe["learn_sigma"], class_dropout_prob=recipe["class_dropout_prob"]).to(dev)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=recipe["weight_decay"])
-    objective = make_objective(run.objective, recipe["flow_path"])
-    amp = MixedPrecision(precision, dev)
-    x = torch.randn(batch, *LATENT_SHAPE, device=dev)
-    y = torch.randint(0, 1000, (batch,), device=dev)
-
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        with amp.autocast():
-            loss = objective.training_losses(model, x, y)["loss"]
-        amp.scaler.scale(loss).backward()
-        amp.scaler.step(optimizer)
-        amp.scaler.update()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-
+    step = generation_step(run, batch=batch, device=device, precision=precision)
     step()  # warm-up: allocations, kernel selection
     seconds = _time_ms(step, min_run_time) / 1e3
     global_batch, steps = recipe["batch_size"], recipe["steps"]
