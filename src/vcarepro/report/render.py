@@ -28,9 +28,14 @@ UNSET = {"cls_shape": "the model's own", "gen_shape": "the model's own",
          "cls_recipe_overrides": "each run's named recipe"}
 
 
+def _set_knobs(params: Dict[str, Any]) -> Dict[str, Any]:
+    """The flat knobs of the recipe sections, less the overrides left null (null: each run's recipe decides)."""
+    return {k: v for k, v in flatten({k: params.get(k) for k in RECIPE_SECTIONS}).items()
+            if not (v is None and k.split(".")[0] in UNSET)}
+
+
 def differing_knobs(params: Dict[str, Any], paper: Dict[str, Any]) -> List[Dict[str, str]]:
-    ours = flatten({k: params.get(k) for k in RECIPE_SECTIONS})
-    theirs = flatten({k: paper.get(k) for k in RECIPE_SECTIONS})
+    ours, theirs = _set_knobs(params), _set_knobs(paper)
     keys = sorted(set(ours) | set(theirs))
     unset = lambda k: UNSET.get(k.split(".")[0], "absent")  # noqa: E731
     return [{"knob": k, "ours": str(ours.get(k, unset(k))), "paper": str(theirs.get(k, unset(k)))}
