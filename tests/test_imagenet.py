@@ -15,11 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import scipy.io
 from PIL import Image
 
 from vcarepro.data.folders import ManifestDataset, read_classes, read_manifest
 from vcarepro.data.imagenet import index_imagenet_folders, prepare_imagenet
+from vcarepro.standins import MiniImageNet
+from vcarepro.standins import add_to_tar as add
 
 # wnid -> (ILSVRC2012_ID, words); the IDs are deliberately not in sorted-wnid order.
 CLASSES = {
@@ -44,50 +45,18 @@ def encoded(seed: int, fmt: str = "JPEG", mode: str = "RGB", size=(48, 40)) -> b
     return buf.getvalue()
 
 
-class Mini:
-    """The images of a miniature ImageNet and its labels, written out in one of the layouts."""
+class Mini(MiniImageNet):
+    """The miniature's noise images, written out in any layout (the official archives by vcarepro.standins)."""
 
     def __init__(self) -> None:
-        self.train = {w: {f"{w}_{i}.JPEG": encoded(10 * c + i) for i in range(TRAIN_PER_CLASS)}
-                      for c, w in enumerate(WNIDS)}
+        train = {w: {f"{w}_{i}.JPEG": encoded(10 * c + i) for i in range(TRAIN_PER_CLASS)}
+                 for c, w in enumerate(WNIDS)}
         val_wnids = [w for w in WNIDS for _ in range(VAL_PER_CLASS)]
         random.Random(0).shuffle(val_wnids)
-        self.val = {f"ILSVRC2012_val_{n:08d}.JPEG": (w, encoded(1000 + n)) for n, w in enumerate(val_wnids, 1)}
+        val = {f"ILSVRC2012_val_{n:08d}.JPEG": (w, encoded(1000 + n)) for n, w in enumerate(val_wnids, 1)}
+        super().__init__(CLASSES, train, val, NON_LEAVES)
 
-    # --- pieces
-    def meta_mat(self) -> bytes:
-        rows = [(i, w, words, 0) for w, (i, words) in CLASSES.items()] + NON_LEAVES
-        rows.sort(key=lambda row: row[0])
-        synsets = np.array(rows, dtype=[("ILSVRC2012_ID", "O"), ("WNID", "O"), ("words", "O"), ("num_children", "O")])
-        buf = io.BytesIO()
-        scipy.io.savemat(buf, {"synsets": synsets})
-        return buf.getvalue()
-
-    def ground_truth(self) -> bytes:
-        return "".join(f"{CLASSES[w][0]}\n" for _, (w, _) in sorted(self.val.items())).encode()
-
-    # --- layouts
-    def official(self, root: Path) -> Path:
-        root.mkdir(parents=True)
-        with tarfile.open(root / "ILSVRC2012_img_train.tar", "w") as outer:
-            for wnid, files in self.train.items():
-                inner = io.BytesIO()
-                with tarfile.open(fileobj=inner, mode="w") as tar:
-                    for name, data in files.items():
-                        add(tar, name, data)
-                add(outer, f"{wnid}.tar", inner.getvalue())
-        with tarfile.open(root / "ILSVRC2012_img_val.tar", "w") as tar:
-            for name, (_, data) in self.val.items():
-                add(tar, name, data)
-        self.devkit_tar(root)
-        return root
-
-    def devkit_tar(self, root: Path) -> None:
-        with tarfile.open(root / "ILSVRC2012_devkit_t12.tar.gz", "w:gz") as tar:
-            add(tar, "ILSVRC2012_devkit_t12/data/meta.mat", self.meta_mat())
-            add(tar, "ILSVRC2012_devkit_t12/data/ILSVRC2012_validation_ground_truth.txt", self.ground_truth())
-            add(tar, "ILSVRC2012_devkit_t12/readme.txt", b"devkit\n")
-
+    # --- the other layouts
     def train_folders(self, train: Path) -> None:
         for wnid, files in self.train.items():
             (train / wnid).mkdir(parents=True)
@@ -115,7 +84,7 @@ class Mini:
             (data / "meta.mat").write_bytes(self.meta_mat())
             (data / "ILSVRC2012_validation_ground_truth.txt").write_bytes(self.ground_truth())
         else:
-            self.devkit_tar(root)
+            self.write_devkit(root)
         return root
 
     def kaggle(self, root: Path, synsets: bool = True) -> Path:
@@ -130,12 +99,6 @@ class Mini:
         if synsets:
             (root / "LOC_synset_mapping.txt").write_text("".join(f"{w} {words}\n" for w, (_, words) in CLASSES.items()))
         return root
-
-
-def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    tar.addfile(info, io.BytesIO(data))
 
 
 def assert_prepared(out: Path, mini: Mini, wnids=WNIDS, names=True) -> None:
@@ -163,7 +126,7 @@ def assert_prepared(out: Path, mini: Mini, wnids=WNIDS, names=True) -> None:
 
 def test_official_archives_are_extracted_into_class_folders(tmp_path):
     mini = Mini()
-    root = mini.official(tmp_path / "ilsvrc")
+    root = mini.write_official(tmp_path / "ilsvrc")
     counts = prepare_imagenet(root, tmp_path / "cls", **MINIATURE)
     assert (counts["train"], counts["val"], counts["classes"]) == (12, 8, 4)
     assert_prepared(tmp_path / "cls", mini)
@@ -174,7 +137,7 @@ def test_official_archives_are_extracted_into_class_folders(tmp_path):
 
 def test_official_archives_in_two_worker_processes(tmp_path):
     mini = Mini()
-    prepare_imagenet(mini.official(tmp_path / "ilsvrc"), tmp_path / "cls", expect_full=False, workers=2)
+    prepare_imagenet(mini.write_official(tmp_path / "ilsvrc"), tmp_path / "cls", expect_full=False, workers=2)
     assert_prepared(tmp_path / "cls", mini)
 
 
@@ -232,13 +195,13 @@ def test_image_counts_are_checked_for_a_full_class_set(tmp_path, monkeypatch):
 
     monkeypatch.setitem(imagenet.EXPECTED, "classes", 4)  # as if the miniature had every class
     with pytest.raises(ValueError, match=r"expected 1,281,167 ImageNet-1K train images, found 12 in "):
-        prepare_imagenet(Mini().official(tmp_path / "ilsvrc"), tmp_path / "cls", workers=1)
+        prepare_imagenet(Mini().write_official(tmp_path / "ilsvrc"), tmp_path / "cls", workers=1)
     assert list(tmp_path.iterdir()) == [tmp_path / "ilsvrc"]  # not even a temporary directory is left
 
 
 def test_subset_by_count_is_seeded_and_relabelled(tmp_path):
     mini = Mini()
-    root = mini.official(tmp_path / "ilsvrc")
+    root = mini.write_official(tmp_path / "ilsvrc")
     first = prepare_imagenet(root, tmp_path / "a", subset_count=2, subset_seed=3, workers=1)
     prepare_imagenet(root, tmp_path / "b", subset_count=2, subset_seed=3, workers=1)
     chosen = [c.wnid for c in read_classes(tmp_path / "a")]
@@ -282,7 +245,7 @@ def test_quirks_are_kept_and_counted_bad_files_skipped(tmp_path, archive):
     quirks.mkdir()
     add_quirks(quirks)
     mini.train[WNIDS[0]].update({p.name: p.read_bytes() for p in quirks.iterdir()})
-    root = mini.official(tmp_path / "src") if archive else mini.class_folders(tmp_path / "src")
+    root = mini.write_official(tmp_path / "src") if archive else mini.class_folders(tmp_path / "src")
     total = 4 * TRAIN_PER_CLASS + 5 + 4 * VAL_PER_CLASS
 
     with pytest.raises(ValueError, match=rf"^2 of {total} ImageNet images are unreadable \(first: .*empty\.JPEG, "
@@ -313,7 +276,7 @@ def test_quirks_are_kept_and_counted_bad_files_skipped(tmp_path, archive):
 
 def test_tar_members_with_parent_paths_are_refused(tmp_path):
     mini = Mini()
-    root = mini.official(tmp_path / "ilsvrc")
+    root = mini.write_official(tmp_path / "ilsvrc")
     inner = io.BytesIO()  # a class tar whose image would land two levels above its folder
     with tarfile.open(fileobj=inner, mode="w") as tar:
         add(tar, "../../escaped.JPEG", encoded(1))
@@ -329,7 +292,7 @@ def test_tar_members_with_parent_paths_are_refused(tmp_path):
     root2 = tmp_path / "val-only"
     mini.train_folders(root2 / "train")
     (root / "ILSVRC2012_img_val.tar").rename(root2 / "ILSVRC2012_img_val.tar")
-    mini.devkit_tar(root2)
+    mini.write_devkit(root2)
     with pytest.raises(ValueError, match=r"unsafe member path '/etc/ILSVRC2012_val_00000001\.JPEG'"):
         prepare_imagenet(root2, tmp_path / "out" / "cls", **MINIATURE)
     assert not (tmp_path / "out" / "cls").exists()
