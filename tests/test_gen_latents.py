@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from diffusers import AutoencoderKL
 
 from vcarepro.config import compose
 from vcarepro.data.embedded import export_digits
 from vcarepro.data.latents import decode_to_uint8, load_vae
+from vcarepro.standins import write_random_vae
 from vcarepro.train.distributed import DistInfo
 from vcarepro.train.generation import GeneratorSpec, generate_batches, load_generator, train_generator
 
@@ -31,11 +31,7 @@ def workdir(tmp_path_factory):
     """A prepared classification layout (the digits) and a tiny VAE saved as a local diffusers folder."""
     root = tmp_path_factory.mktemp("paper_gen")
     export_digits(root / "data" / "cls", val_fraction=0.9, seed=0)  # 179 training digits
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        AutoencoderKL(block_out_channels=(8, 16), layers_per_block=1, latent_channels=4, norm_num_groups=8,
-                      down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-                      sample_size=16, scaling_factor=0.18215).save_pretrained(root / "vae")
+    write_random_vae(root / "vae", seed=0, block_out_channels=(8, 16), sample_size=16)  # 2x downsampling
     return root
 
 

@@ -15,6 +15,7 @@ from PIL import Image
 
 from vcarepro.data.latents import (LatentShards, adm_center_crop, decode_to_uint8, encode_to_shards, load_vae,
                                    to_uint8_pixels)
+from vcarepro.standins import write_random_vae
 
 CPU = torch.device("cpu")
 IMAGE_SIZE = 16  # the tiny VAE downsamples by 2: 8x8 latents
@@ -24,14 +25,9 @@ SIZES = [(40, 30), (30, 50), (16, 16), (64, 20), (25, 25), (33, 47), (20, 70), (
 
 @pytest.fixture(scope="module")
 def vae_dir(tmp_path_factory):
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        vae = AutoencoderKL(block_out_channels=(8, 16), layers_per_block=1, latent_channels=4, norm_num_groups=8,
-                            down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-                            sample_size=32, scaling_factor=0.18215)
-    path = tmp_path_factory.mktemp("weights") / "vae"
-    vae.save_pretrained(path)
-    return path
+    # the stand-in VAE with two blocks instead of SD's four: 2x downsampling
+    return write_random_vae(tmp_path_factory.mktemp("weights") / "vae", seed=0, block_out_channels=(8, 16),
+                            sample_size=32)
 
 
 @pytest.fixture
