@@ -1,5 +1,6 @@
-"""Shared test set-up: DVC never phones home; a fixture for tests of tiny models."""
+"""Shared test set-up: DVC never phones home; fixtures for tests of tiny models and for tests that must not reach a network."""
 import os
+import socket
 
 import pytest
 import torch
@@ -15,3 +16,17 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def network_attempts(monkeypatch):
+    """Every connection attempted during the test (each one refused)."""
+    attempts = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(args)
+        raise OSError("network access attempted in a test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    return attempts

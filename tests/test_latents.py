@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 
 import huggingface_hub.constants
 import numpy as np
@@ -33,20 +32,6 @@ def vae_dir(tmp_path_factory):
 @pytest.fixture
 def vae(vae_dir, one_torch_thread):
     return load_vae(str(vae_dir), CPU)
-
-
-@pytest.fixture
-def network_attempts(monkeypatch):
-    """Every connection attempted during the test (each one refused)."""
-    attempts = []
-
-    def refuse(*args, **kwargs):
-        attempts.append(args)
-        raise OSError("network access attempted in a test")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    return attempts
 
 
 @pytest.fixture(scope="module")

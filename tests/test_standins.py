@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
-import socket
 import subprocess
 import sys
 import tarfile
@@ -51,20 +50,6 @@ def load_stage(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture
-def network_attempts(monkeypatch):
-    """Every connection attempted during the test (each one refused)."""
-    attempts = []
-
-    def refuse(*args, **kwargs):
-        attempts.append(args)
-        raise OSError("network access attempted in a test")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    return attempts
 
 
 def no_download(*args, **kwargs):
