@@ -16,7 +16,8 @@ model), and checks the files the scale needs. Inputs that are missing do not sto
 models run on random tensors of the right shape.
 
 Exit status 0: every selected run can start here. 2: at least one problem, each printed as one sentence
-(``error: ...``) after the table; an unknown scale or run name stops at once with one sentence.
+(``error: ...``) after the table; an unknown scale or run name stops at once with one sentence. 1: a run
+failed unexpectedly (a bug: its traceback is printed, the other runs are still measured).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -135,10 +137,19 @@ def _is_out_of_memory(err: BaseException) -> bool:
 
 # ---------------------------------------------------------------- the data a scale trains on
 
+def _standins(params: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The smoke scale's ``smoke`` section: the sizes of the stand-in inputs the pipeline generates."""
+    section = params.get("smoke")
+    return section if isinstance(section, dict) and "root" in section else None
+
+
 def expected_classes(params: Dict[str, Any]) -> int:
     prep = params["prepare_cls"]
     if prep["source"] == "digits":
         return 10
+    standins = _standins(params)
+    if standins and str(prep["imagenet_root"]).startswith(str(standins["root"])):
+        return int(standins["classes"])
     if prep.get("subset_classes"):
         return len(prep["subset_classes"])
     return prep.get("subset_count") or 1000
@@ -149,6 +160,9 @@ def known_train_images(params: Dict[str, Any], scale: str) -> tuple[int, str]:
     prep = params["prepare_cls"]
     if prep["source"] == "digits":  # train_test_split puts ceil(fraction x n) into val
         return DIGITS - math.ceil(prep["val_fraction"] * DIGITS), "the digits' split (1,797 images)"
+    standins = _standins(params)
+    if standins and str(prep["imagenet_root"]).startswith(str(standins["root"])):
+        return int(standins["classes"]) * int(standins["train_per_class"]), "the stand-in ImageNet's size (smoke)"
     if scale in KNOWN_TRAIN_IMAGES:
         name = "ImageNet-1K" if scale == "paper" else "ImageNet-100"
         return KNOWN_TRAIN_IMAGES[scale], f"{name}'s known count"
@@ -203,9 +217,12 @@ class Input:
     path: str
     present: bool
     fix: str = ""
+    generated: bool = False    # a stand-in the pipeline makes itself (smoke scale): missing is not a problem
 
     def line(self) -> str:
-        return f"{self.name} ({self.param} = {self.path}): {'present' if self.present else 'MISSING'}"
+        state = "present" if self.present else (
+            "not generated yet (dvc repro smoke_inputs makes it)" if self.generated else "MISSING")
+        return f"{self.name} ({self.param} = {self.path}): {state}"
 
 
 def check_inputs(params: Dict[str, Any], *, classification: bool, generation: bool,
@@ -242,6 +259,10 @@ def check_inputs(params: Dict[str, Any], *, classification: bool, generation: bo
         inputs.append(Input("ADM reference batch", "fid_reference.adm_npz", adm, Path(adm).is_file(),
                             "download VIRTUAL_imagenet256_labeled.npz from openai/guided-diffusion's evaluations "
                             "README on a connected machine and put it there"))
+    standins = _standins(params)
+    if standins:
+        for entry in inputs:
+            entry.generated = str(entry.path).startswith(str(standins["root"]))
     return inputs
 
 
@@ -637,11 +658,13 @@ def main(argv=None) -> int:
         raise BadInput(f"--batch {cap}: give a positive per-device batch.")
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
 
+    load_before = os.getloadavg()[0]
     cls_data = cls_dataset(params, scale)
     gen_data = gen_dataset(params, scale)
     inputs = check_inputs(params, classification=bool(cls_runs), generation=bool(gen_runs),
                           cls_prepared=cls_data.prepared)
-    problems = [f"{i.name} not found at {i.path} ({i.param}); {i.fix}." for i in inputs if not i.present]
+    problems = [f"{i.name} not found at {i.path} ({i.param}); {i.fix}." for i in inputs
+                if not i.present and not i.generated]
 
     # The process's first step pays one-time costs (thread pools, lazy imports, allocator arenas) that
     # would count as the first run's memory and time: take one throw-away step of each branch first.
@@ -657,6 +680,7 @@ def main(argv=None) -> int:
                 _release_memory(device)
 
     costs: List[RunCost] = []
+    failures: List[str] = []  # unexpected errors (bugs), not the user's to fix
     for run in cls_runs:
         log(f"stepping {run.name} ...")
         try:
@@ -664,6 +688,9 @@ def main(argv=None) -> int:
                                   cap=cap, device=device, repeats=args.repeats))
         except UserError as err:  # an unknown arch or attention, a bad option: the run cannot be built
             problems.append(f"{run.name}: {err}")
+        except Exception as err:  # noqa: BLE001 - a bug: its traceback, and the other runs still measured
+            traceback.print_exc()
+            failures.append(f"{run.name}: {type(err).__name__}: {err}")
     loaders = loader_rates(cls_runs, dataset=cls_data, seconds=args.loader_seconds, log=log) if cls_runs else {}
     for cost in costs:
         entry = loaders.get(cost.run, {})
@@ -675,6 +702,9 @@ def main(argv=None) -> int:
                                   repeats=args.repeats))
         except UserError as err:
             problems.append(f"{run.name}: {err}")
+        except Exception as err:  # noqa: BLE001 - a bug: its traceback, and the other runs still measured
+            traceback.print_exc()
+            failures.append(f"{run.name}: {type(err).__name__}: {err}")
     problems += [p for c in costs for p in c.problems]
     problems += sorted({e["error"] for e in loaders.values() if "error" in e})
 
@@ -686,6 +716,10 @@ def main(argv=None) -> int:
     if cpu:
         print("These are CPU times: the hours columns are a CPU projection (CPU-hours on this machine), "
               "not GPU-hours.")
+    load = (load_before, os.getloadavg()[0])
+    cores = os.cpu_count() or 1
+    busy = "; the machine was busier than its cores, so these times are inflated" if max(load) > cores else ""
+    print(f"load average (1 min) {load[0]:.1f} at the start, {load[1]:.1f} at the end, on {cores} cores{busy}.")
     print(table(costs, cpu))
     print(f"step s: one optimizer step at the recipe's per-device batch (global batch / (devices x accum_steps)); "
           f"* measured at the smaller batch shown and scaled linearly to the recipe's. "
@@ -709,18 +743,20 @@ def main(argv=None) -> int:
         from .io import write_json
         write_json(args.json, {
             "scale": scale, "device": device.type, "cpu_projection": cpu, "devices": devices, "batch_cap": cap,
-            "machine": machine, "device_memory_bytes": device_memory(device),
+            "machine": machine, "device_memory_bytes": device_memory(device), "load_average": load,
             "datasets": {"cls": asdict(cls_data), "gen": asdict(gen_data)},
             "inputs": [asdict(i) for i in inputs],
             "loaders": [{k: v for k, v in e.items()} for e in {id(e): e for e in loaders.values()}.values()],
             "runs": [dict(asdict(c), scaled=c.scaled) for c in costs],
             "total": {k: sum(getattr(c, k) or 0.0 for c in costs)
                       for k in ("train_gpu_hours", "sample_gpu_hours", "gpu_hours")},
-            "problems": problems,
+            "problems": problems, "failures": failures,
         })
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr, flush=True)
-    return USER_ERROR_STATUS if problems else 0
+    for failure in failures:
+        print(f"failed (a bug, traceback above): {failure}", file=sys.stderr, flush=True)
+    return 1 if failures else USER_ERROR_STATUS if problems else 0
 
 
 if __name__ == "__main__":
