@@ -265,3 +265,29 @@ def test_every_table2_run_builds_and_trains_a_step_at_its_latent_shape(paper, na
     loss.backward()
     assert torch.isfinite(loss)
     assert model.x_embedder.proj.weight.grad is not None
+
+
+def test_the_smoke_scale_runs_every_distinct_piece_of_the_paper_matrix_as_the_paper_defines_it():
+    """Issue 21: scale=smoke drives each architecture, recipe, objective and sampler of the paper matrix
+    end to end; each of its runs is the paper scale's entry of the same name, at the paper's shape."""
+    smoke, paper = compose(["scale=smoke"]), compose(["scale=paper"])
+    for branch in ("cls_runs", "gen_runs"):
+        for name, run in smoke[branch].items():
+            assert paper[branch][name] == run, name
+    assert smoke["cls_shape"] == paper["cls_shape"] == {} and smoke["gen_shape"] == paper["gen_shape"] == {}
+    models = paper["models"]
+    pieces = lambda p: {  # noqa: E731
+        "arch": {models[r["model"]]["arch"] for b in ("cls_runs", "gen_runs") for r in p[b].values()},
+        "attention": {models[r["model"]]["attention"] for b in ("cls_runs", "gen_runs") for r in p[b].values()},
+        "recipe": {r["recipe"] for r in p["cls_runs"].values()},
+        "objective": {r["objective"] for r in p["gen_runs"].values()},
+    }
+    assert pieces(smoke) == pieces(paper)
+    # the recipes are the paper's but for length, batch, loader workers and (on CPUs) precision
+    assert {k for k, v in smoke["cls_recipe_overrides"].items() if v is not None} == \
+        {"epochs", "cooldown_epochs", "batch_size", "workers", "precision"}
+    assert smoke["cls_recipes"] == paper["cls_recipes"] and smoke["models"] == paper["models"]
+    assert smoke["sampling"]["ddpm_steps"] < paper["sampling"]["ddpm_steps"]
+    assert (smoke["sampling"]["flow_sampler"], smoke["sampling"]["labels"]) == ("sde", "random")
+    assert smoke["prepare_gen"]["source"] == "vae_latents" and smoke["prepare_gen"]["image_size"] == 256
+    assert smoke["prepare_cls"]["source"] == "imagenet" and smoke["fid_reference"]["adm_npz"].endswith(".npz")

@@ -49,7 +49,8 @@ def sh(cmd, cwd, check=True):
 
 
 def stage_names(params: dict) -> set:
-    names = {"prepare_cls", "prepare_gen", "fid_reference", "complexity", "attention_cost", "cls_reference", "report"}
+    names = {"smoke_inputs", "prepare_cls", "prepare_gen", "fid_reference", "complexity", "attention_cost",
+             "cls_reference", "report"}
     names |= {f"{s}@{r}" for s in ("train_cls", "eval_cls") for r in params["cls_runs"]}
     names |= {f"{s}@{r}" for s in ("train_gen", "sample_gen", "eval_gen") for r in params["gen_runs"]}
     return names
@@ -59,7 +60,8 @@ def reproduced_repo(repo: Path, params: dict, targets: str = "") -> Path:
     """This project's tracked files (no outputs) with ``params`` in a new git repository, after `dvc repro`
     (of ``targets`` and what they depend on; every stage without)."""
     tracked = sh("git ls-files --cached --others --exclude-standard", ROOT).stdout.split()
-    outputs = ("runs/", "reports/", "metrics/", "checkpoints/", "data/cls", "data/gen", "data/fid_reference", "dvc.lock")
+    outputs = ("runs/", "reports/", "metrics/", "checkpoints/", "data/cls", "data/gen", "data/fid_reference",
+               "data/smoke", "dvc.lock")
     for rel in tracked:
         if (ROOT / rel).is_file() and not rel.startswith(outputs):
             (repo / rel).parent.mkdir(parents=True, exist_ok=True)

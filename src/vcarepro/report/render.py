@@ -118,6 +118,10 @@ def build_context(root: Path) -> Dict[str, Any]:
         "attention_cost_png": attention_cost_png(attention_cost),
         "run_diffs": run_recipe_diffs(params, paper),
         "scale": params["scale"],
+        # the smoke scale runs a distinct subset of the paper matrix; the preflight steps the rest
+        "preflight_only": ([f"{b}@{r}" for b in ("cls", "gen") for r in paper[f"{b}_runs"]
+                            if r not in params[f"{b}_runs"]] if params["scale"] == "smoke" else []),
+        "fid_feature_dims": params["eval_gen"].get("feature_dims") or "all",
         "cls_comparable": cls_comparable,
         "gen_comparable": gen_comparable,
         "knobs": knobs,

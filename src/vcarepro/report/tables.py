@@ -564,6 +564,7 @@ PROTOCOL_DEVIATIONS = {
     "train_precision": "trained in {got} (the paper's: {want})",
     "cfg_scale": "cfg {got} (the paper's: {want})",
     "num_samples": "{got} samples (the paper's: {want})",
+    "fid_feature_dims": "FID over {got} feature coordinates (the paper's: all {want})",
     "sampler": "sampler {got} (the paper's: {want})",
     "sampler_steps": "{got} sampler steps (the paper's: {want})",
 }
