@@ -204,3 +204,11 @@ def test_every_recipe_knob_overrides_plainly_at_every_scale(scale):
         named = untouched["cls_recipes"][untouched["cls_runs"][run]["recipe"]]
         overrides = {k: v for k, v in untouched["cls_recipe_overrides"].items() if v is not None}
         assert cls_run(untouched, run).recipe == {**named, **overrides}
+
+
+def test_a_runs_optimizer_steps_count_its_cooldown_once(paper):
+    """What the preflight and the bench project: CSwin-T's 310 epochs (300 + 10 cooldown), not 320."""
+    from vcarepro.train.classification import recipe_steps
+    recipe = cls_run(paper, "cswin_tiny-vca").recipe
+    assert (recipe["epochs"], recipe["cooldown_epochs"]) == (310, 10)
+    assert recipe_steps(recipe, 1_281_167) == 310 * (1_281_167 // recipe["batch_size"])

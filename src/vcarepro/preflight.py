@@ -447,13 +447,14 @@ def _fill_costs(cost: RunCost, measured: Measured) -> None:
 def cls_cost(run, *, dataset: Dataset, num_classes: int, devices: int, cap: Optional[int], device: torch.device,
              repeats: int) -> RunCost:
     from .bench.train_step import classification_step
+    from .train.classification import recipe_steps
 
     recipe = run.recipe
     accum, global_batch = recipe["accum_steps"], recipe["batch_size"]
     cost = RunCost(run.name, "cls", run.model["arch"] + "/" + run.model["attention"], run.recipe_name,
                    recipe["precision"], len(run.seeds), devices, accum, global_batch,
                    global_batch // (devices * accum), device_memory=device_memory(device))
-    cost.steps = (recipe["epochs"] + recipe["cooldown_epochs"]) * (dataset.train_images // global_batch)
+    cost.steps = recipe_steps(recipe, dataset.train_images)
     if cost.recipe_batch < 1:
         cost.problems.append(f"{run.name}: batch_size={global_batch} is smaller than {devices} device(s) x "
                              f"accum_steps={accum}; raise batch_size or lower accum_steps.")

@@ -15,16 +15,14 @@ import math
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
-from timm.data import Mixup
 from timm.data.mixup import mixup_target
-from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.utils import ModelEmaV3
 
 from ..config import compose
 from . import _time_ms
 from ..errors import UnknownName
 from ..pipeline import cls_run, gen_run
-from ..train.classification import ClassifierSpec, build_optimizer
+from ..train.classification import ClassifierSpec, build_criterion, build_optimizer, recipe_steps
 from ..train.generation import GeneratorSpec, make_objective
 from ..train.precision import MixedPrecision, maybe_compile
 
@@ -94,15 +92,7 @@ def classification_step(run, *, batch: int, device: str = "cpu", precision: Opti
     optimizer = build_optimizer(model, recipe)
     amp = MixedPrecision(precision or recipe["precision"], dev)
     forward = maybe_compile(model, recipe["compile"])
-    mixes = recipe["mixup"] > 0 or recipe["cutmix"] > 0
-    mixup = Mixup(mixup_alpha=recipe["mixup"], cutmix_alpha=recipe["cutmix"], switch_prob=recipe["mixup_switch_prob"],
-                  label_smoothing=recipe["smoothing"], num_classes=num_classes) if mixes else None
-    if mixes:
-        criterion = SoftTargetCrossEntropy()
-    elif recipe["smoothing"] > 0:
-        criterion = LabelSmoothingCrossEntropy(smoothing=recipe["smoothing"])
-    else:
-        criterion = torch.nn.CrossEntropyLoss()
+    mixup, criterion = build_criterion(recipe, num_classes)
     size = recipe["img_size"]
     x = torch.randn(batch, 3, size, size, device=dev)
     y = torch.randint(0, num_classes, (batch,), device=dev)
@@ -188,7 +178,7 @@ def bench_cls_step(run_name: str, *, params: Dict[str, Any], train_images: int, 
     step()  # warm-up: allocations, kernel selection
     seconds = _time_ms(step, min_run_time) / 1e3
     global_batch = recipe["batch_size"]
-    steps = (recipe["epochs"] + recipe["cooldown_epochs"]) * (train_images // global_batch)
+    steps = recipe_steps(recipe, train_images)
     device_steps = steps * math.ceil(global_batch / batch)
     return {
         "run": run_name, "model": run.model, "objective": "classification", "device": device,

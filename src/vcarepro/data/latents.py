@@ -119,7 +119,10 @@ def load_vae(name_or_path: str, device: torch.device):
     try:
         if folder is None:
             raise OSError(f"{name_or_path} is not cached")
-        vae = AutoencoderKL.from_pretrained(folder, local_files_only=True, torch_dtype=torch.float32)
+        # low_cpu_mem_usage=False: what diffusers falls back to without `accelerate`, said here so that every
+        # stage that loads the VAE does not print its seven-line advice to install it
+        vae = AutoencoderKL.from_pretrained(folder, local_files_only=True, torch_dtype=torch.float32,
+                                            low_cpu_mem_usage=False)
     except OSError as err:
         if Path(name_or_path).is_dir():
             raise  # a local directory that does not hold a VAE: diffusers' message says what is missing

@@ -189,15 +189,7 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
     optimizer = build_optimizer(model, recipe)
     updates_per_epoch = max(1, len(train_loader) // accum)
     scheduler, total_epochs = build_scheduler(optimizer, recipe, updates_per_epoch)
-    mixup_active = recipe["mixup"] > 0 or recipe["cutmix"] > 0
-    mixup = Mixup(mixup_alpha=recipe["mixup"], cutmix_alpha=recipe["cutmix"], switch_prob=recipe["mixup_switch_prob"],
-                  label_smoothing=recipe["smoothing"], num_classes=len(classes)) if mixup_active else None
-    if mixup_active:
-        criterion = SoftTargetCrossEntropy()
-    elif recipe["smoothing"] > 0:
-        criterion = LabelSmoothingCrossEntropy(smoothing=recipe["smoothing"])
-    else:
-        criterion = nn.CrossEntropyLoss()
+    mixup, criterion = build_criterion(recipe, len(classes))
 
     amp = MixedPrecision(recipe["precision"], device)
     start_epoch = 0
@@ -331,6 +323,24 @@ def best_epoch_figures(seed_dir: str | Path) -> Dict[str, float]:
         best_ema = max(evaluated, key=lambda h: h["val_top1_ema"])
         out.update(top1_best_ema=best_ema["val_top1_ema"], best_epoch_ema=best_ema["epoch"])
     return out
+
+
+def build_criterion(recipe: Dict[str, Any], num_classes: int):
+    """(timm's Mixup / CutMix or None, the loss they imply): soft-target cross-entropy under mixing, else
+    label smoothing, else plain cross-entropy (DeiT's main.py)."""
+    mixes = recipe["mixup"] > 0 or recipe["cutmix"] > 0
+    if mixes:
+        mixup = Mixup(mixup_alpha=recipe["mixup"], cutmix_alpha=recipe["cutmix"], switch_prob=recipe["mixup_switch_prob"],
+                      label_smoothing=recipe["smoothing"], num_classes=num_classes)
+        return mixup, SoftTargetCrossEntropy()
+    if recipe["smoothing"] > 0:
+        return None, LabelSmoothingCrossEntropy(smoothing=recipe["smoothing"])
+    return None, nn.CrossEntropyLoss()
+
+
+def recipe_steps(recipe: Dict[str, Any], train_images: int) -> int:
+    """Optimizer steps of a whole run: ``epochs`` (cooldown included) of ``train_images // batch_size`` each."""
+    return recipe["epochs"] * (train_images // recipe["batch_size"])
 
 
 def scaled_lrs(recipe: Dict[str, Any]) -> Dict[str, float]:
