@@ -216,9 +216,9 @@ def test_report_exports_every_table_as_csv_and_markdown(project):
                  "claims", "cls_runs", "gen_runs", "complexity"):
         assert (tables / f"{name}.csv").is_file() and (tables / f"{name}.md").is_file(), name
     table1 = (tables / "table1.csv").read_text().splitlines()
-    assert table1[0].startswith("model,attention,role,recipe,run,same_as,top1 paper,top1 ours,top1 diff,top1 verdict,"
-                                "top1 source,top1 statistic")
-    assert any(line.startswith("DeiT-T,VCA,VCA (lab's recipe),lab_deit_tiny,deit_tiny-vca,,75.6,90.5 ± 0.5 (n=2),,"
+    assert table1[0].startswith("model,attention,role,recipe,run,same_as,top1 paper,top1 ours,top1 scale,top1 diff,"
+                                "top1 verdict,top1 source,top1 statistic")
+    assert any(line.startswith("DeiT-T,VCA,VCA (lab's recipe),lab_deit_tiny,deit_tiny-vca,,75.6,90.5 ± 0.5 (n=2),embedded,,"
                                "not comparable,A,best epoch") for line in table1), table1
     assert (tables / "gains.md").read_text().startswith("| table")
 

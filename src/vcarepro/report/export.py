@@ -6,7 +6,7 @@ from typing import Any, Dict, List
 
 import pandas as pd
 
-CELL_KEYS = ("paper", "ours", "diff", "verdict")
+CELL_KEYS = ("paper", "ours", "scale", "diff", "verdict")  # scale: where ours was measured (embedded, smoke, ...)
 
 
 def flatten_row(row: Dict[str, Any]) -> Dict[str, Any]:
