@@ -1,29 +1,28 @@
 """DVC stage `smoke_inputs`: the smoke scale's generated stand-ins for ImageNet, the SD-VAE, Inception and ADM's batch.
 
-At ``scale: smoke`` it writes them under ``smoke.root`` (vcarepro.standins: the official archive layout,
+At ``scale: smoke`` it writes them under ``data/smoke`` (vcarepro.standins: the official archive layout,
 a diffusers folder, torch-fidelity's weights file, an ADM-format ``.npz``), which the smoke scale's
 ``prepare_cls.imagenet_root``, ``prepare_gen.vae``, ``prepare_gen.inception_weights``,
 ``sampling.vae_decoder`` and ``fid_reference.adm_npz`` point at. At every other scale it writes only a
-note, the same bytes each time, so the stages that depend on it never re-run for it.
+note, the same bytes at every such scale, so the stages that depend on it never re-run for it.
 """
 from __future__ import annotations
-
-from pathlib import Path
 
 from vcarepro.config import section, stage_params
 from vcarepro.errors import run_stage
 from vcarepro.io import atomic_directory
+from vcarepro.pipeline import SMOKE_INPUTS
 
 
 def main() -> None:
     params = stage_params()
     p = section(params, "smoke")
-    root = Path(p["root"])
+    root = SMOKE_INPUTS
     if params["scale"] != "smoke":
         with atomic_directory(root) as tmp:
             (tmp / "README.txt").write_text(
-                f"The smoke scale's generated stand-ins (python -m vcarepro.standins) go here; scale={params['scale']} "
-                f"does not use them.\n")
+                "The smoke scale's generated stand-ins (python -m vcarepro.standins) go here; other scales do not "
+                "use them.\n")
         print(f"smoke_inputs: scale={params['scale']}, no stand-ins needed")
         return
     from vcarepro.standins import write_standins

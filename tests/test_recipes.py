@@ -212,3 +212,25 @@ def test_a_runs_optimizer_steps_count_its_cooldown_once(paper):
     recipe = cls_run(paper, "cswin_tiny-vca").recipe
     assert (recipe["epochs"], recipe["cooldown_epochs"]) == (310, 10)
     assert recipe_steps(recipe, 1_281_167) == 310 * (1_281_167 // recipe["batch_size"])
+
+
+@pytest.mark.parametrize("sched", ["cosine", "step", "multistep"])
+def test_epochs_trained_are_the_recipes_whatever_the_scheduler(paper, sched):
+    """timm adds the cooldown back to its count only for cycle schedulers; the recipe's epochs count it once."""
+    recipe = {**short(cls_run(paper, "pvt_tiny-vca").recipe), "sched": sched, "cooldown_epochs": 3}
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+    assert build_scheduler(optimizer, recipe, updates_per_epoch=4)[1] == recipe["epochs"] == 8
+
+
+def test_an_override_switches_off_what_a_recipes_null_means_off(paper):
+    """null in the overrides keeps the recipe; `none` (auto_augment, compile) and 0 (clip_grad) switch off."""
+    from timm.data.auto_augment import RandAugment
+    from vcarepro.train.classification import build_transforms
+    from vcarepro.train.precision import maybe_compile
+    params = compose(["scale=paper", "cls_recipe_overrides.auto_augment=none", "cls_recipe_overrides.compile=none"])
+    recipe = cls_run(params, "deit_tiny-mhsa").recipe
+    assert not any(isinstance(t, RandAugment) for t in build_transforms(recipe, training=True).transforms)
+    module = torch.nn.Linear(2, 2)
+    assert maybe_compile(module, recipe["compile"]) is module
+    kept = cls_run(compose(["scale=paper", "cls_recipe_overrides.auto_augment=null"]), "deit_tiny-mhsa").recipe
+    assert any(isinstance(t, RandAugment) for t in build_transforms(kept, training=True).transforms)

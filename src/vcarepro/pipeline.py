@@ -19,6 +19,7 @@ CHECKPOINTS_DIR = Path("checkpoints")
 CLS_DATA = Path("data/cls")
 GEN_DATA = Path("data/gen")
 FID_REFERENCE = Path("data/fid_reference")
+SMOKE_INPUTS = Path("data/smoke")   # the smoke scale's stand-ins (stage smoke_inputs; conf/scale/smoke.yaml points here)
 
 
 def fingerprint(*parts: Any) -> str:

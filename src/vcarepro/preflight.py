@@ -138,9 +138,11 @@ def _is_out_of_memory(err: BaseException) -> bool:
 # ---------------------------------------------------------------- the data a scale trains on
 
 def _standins(params: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """The smoke scale's ``smoke`` section: the sizes of the stand-in inputs the pipeline generates."""
+    """The smoke scale's ``smoke`` section (the sizes of the stand-in inputs the pipeline generates) and their root."""
+    from .pipeline import SMOKE_INPUTS
+
     section = params.get("smoke")
-    return section if isinstance(section, dict) and "root" in section else None
+    return {**section, "root": str(SMOKE_INPUTS)} if isinstance(section, dict) else None
 
 
 def expected_classes(params: Dict[str, Any]) -> int:

@@ -72,7 +72,7 @@ CLS_RECIPE_RULES: Dict[str, Rule] = {
 
 RULES: Dict[str, Rule] = {
     "scale": _choice("embedded", "proxy", "paper", "smoke"),
-    "smoke.root": _STR, "smoke.seed": _int(0), "smoke.classes": _int(2), "smoke.train_per_class": _int(1),
+    "smoke.seed": _int(0), "smoke.classes": _int(2), "smoke.train_per_class": _int(1),
     "smoke.val_per_class": _int(1), "smoke.reference_images": _int(2),
     "distributed.nnodes": _int_or("env", lo=1),
     "distributed.nproc_per_node": _int_or("gpu", lo=1),

@@ -312,7 +312,8 @@ def _execute(argv: List[str]) -> int:
             sys.path[0] = os.getcwd()
             # the warm import already holds the module (vcarepro.launch): run it afresh as __main__, as
             # `python -m` does, instead of letting runpy warn that it found it in sys.modules
-            sys.modules.pop(argv[1], None)
+            if not hasattr(sys.modules.get(argv[1]), "__path__"):  # a package runs its __main__, no warning
+                sys.modules.pop(argv[1], None)
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
         else:
             sys.argv = list(argv)

@@ -121,7 +121,8 @@ def build_context(root: Path) -> Dict[str, Any]:
         # the smoke scale runs a distinct subset of the paper matrix; the preflight steps the rest
         "preflight_only": ([f"{b}@{r}" for b in ("cls", "gen") for r in paper[f"{b}_runs"]
                             if r not in params[f"{b}_runs"]] if params["scale"] == "smoke" else []),
-        "fid_feature_dims": params["eval_gen"].get("feature_dims") or "all",
+        "fid_space": (f"the first {params['eval_gen']['feature_dims']} Inception coordinates"
+                      if params["eval_gen"].get("feature_dims") else "every Inception coordinate"),
         "cls_comparable": cls_comparable,
         "gen_comparable": gen_comparable,
         "knobs": knobs,

@@ -74,10 +74,11 @@ def build_transforms(recipe: Dict[str, Any], training: bool):
     if not training or not recipe["train_augment"]:  # crop_mode squash: resize to a square, then crop (the lab's data/build.py)
         return create_transform(input_size=recipe["img_size"], interpolation=recipe["interpolation"],
                                 is_training=False, crop_pct=recipe["crop_pct"], crop_mode=recipe["crop_mode"])
+    auto_augment = None if recipe["auto_augment"] in (None, "none") else recipe["auto_augment"]
     return pillow_safe(create_transform(
         input_size=recipe["img_size"], interpolation=recipe["train_interpolation"], is_training=True,
         scale=tuple(recipe["scale"]), hflip=recipe["hflip"],
-        color_jitter=recipe["color_jitter"] or None, auto_augment=recipe["auto_augment"],
+        color_jitter=recipe["color_jitter"] or None, auto_augment=auto_augment,
         re_prob=recipe["reprob"], re_mode="pixel", re_count=1,
     ))
 
@@ -108,8 +109,9 @@ def check_fills_a_batch(train_loader: DataLoader, recipe: Dict[str, Any], info: 
     """Refuse a run whose training split cannot fill one optimizer step, before any work.
 
     The loader drops the last incomplete batch (``drop_last``), and timm's repeated-augmentation
-    sampler rounds an epoch down to a multiple of 256 images per process: such a run would train
-    zero steps and still write weights, an evaluation and a report.
+    sampler, once the split holds 256 images, rounds it down to a multiple of 256 before dividing it
+    between the processes: such a run would train zero steps and still write weights, an evaluation
+    and a report.
     """
     if len(train_loader) >= recipe["accum_steps"]:
         return
@@ -373,10 +375,13 @@ def build_scheduler(optimizer, recipe: Dict[str, Any], updates_per_epoch: int):
     the recipe inside ``epochs``, so that an override ``epochs=N`` trains N epochs whatever the recipe.
     """
     lrs = scaled_lrs(recipe)
-    return create_scheduler_v2(optimizer, sched=recipe["sched"], num_epochs=recipe["epochs"] - recipe["cooldown_epochs"],
-                               cooldown_epochs=recipe["cooldown_epochs"], warmup_epochs=recipe["warmup_epochs"],
-                               warmup_lr=lrs["warmup_lr"], min_lr=lrs["min_lr"],
-                               step_on_epochs=recipe["lr_step"] == "epoch", updates_per_epoch=updates_per_epoch)
+    scheduler, _ = create_scheduler_v2(
+        optimizer, sched=recipe["sched"], num_epochs=recipe["epochs"] - recipe["cooldown_epochs"],
+        cooldown_epochs=recipe["cooldown_epochs"], warmup_epochs=recipe["warmup_epochs"],
+        warmup_lr=lrs["warmup_lr"], min_lr=lrs["min_lr"], step_on_epochs=recipe["lr_step"] == "epoch",
+        updates_per_epoch=updates_per_epoch)
+    # not timm's count, which adds the cooldown back only for its cycle schedulers (cosine, tanh, poly)
+    return scheduler, recipe["epochs"]
 
 
 def _log_epoch(live, info: DistInfo, figures: Dict[str, float], prefix: str) -> None:

@@ -68,6 +68,6 @@ def maybe_compile(module: nn.Module, backend: Optional[str]) -> nn.Module:
     The caller keeps the uncompiled module for state dicts (a compiled wrapper prefixes
     every key with ``_orig_mod.``).
     """
-    if not backend:
+    if not backend or backend == "none":  # "none": how an override switches a recipe's compile off
         return module
     return torch.compile(module, backend=backend)
