@@ -97,7 +97,21 @@ def test_timm_init_reaches_the_vca_linears():
     # timm's ViT init: trunc_normal(std=0.02) weights and zero biases, not PyTorch's default
     assert 0.015 < qkv.weight.std().item() < 0.025
     assert torch.count_nonzero(qkv.bias) == 0
-    assert 0.015 < m.blocks[0].attn.embed_pos.std().item() < 0.025
+
+
+@pytest.mark.parametrize("init, low, high", [("normal", 0.95, 1.05), ("trunc_normal", 0.015, 0.025)])
+def test_contrast_embeddings_start_as_the_released_code_or_as_timms_tokens(init, low, high):
+    """Default: N(0, 1), as both ports of the released classifier (DACS_CNPM nn.init.normal_, VCA_object_detection
+    torch.randn); trunc_normal: timm's token init, std 0.02 (timm cuts at +-2 absolute, so nothing is cut).
+    timm's ViT init must not overwrite either."""
+    torch.manual_seed(0)
+    options = {} if init == "normal" else dict(contrast_embed_init=init)
+    m = timm.create_model("vca_deit_tiny_patch16_224", **options)
+    for block in m.blocks:
+        for embed in (block.attn.embed_pos, block.attn.embed_neg):
+            assert low < embed.std().item() < high
+    assert m.blocks[0].attn.contrast_embed_init == init
+    assert m.blocks[0].attn.embed_pos.abs().max().item() > (2.5 if init == "normal" else 0)
 
 
 def test_state_dict_round_trip_through_timm_checkpoint_path_is_bit_exact(tmp_path):

@@ -319,3 +319,25 @@ def test_diff_stage_needs_an_even_head_dim():
 def test_masks_are_refused():
     with pytest.raises(ValueError, match="does not support attention masks"):
         make_vca()(tokens(), attn_mask=torch.zeros(1))
+
+
+@pytest.mark.parametrize("reference", [True, False])
+def test_attention_dropout_is_declared_but_not_applied_unless_asked(reference):
+    """The released classifier declares attn_drop and applies the maps directly (DACS_CNPM's port); True applies it."""
+    x = torch.randn(2, 1 + GRID[0] * GRID[1], DIM)
+    released = make_vca(attn_drop=0.5).train()
+    assert released.attn_drop.p == 0.5 and not released.apply_attn_drop
+    with torch.no_grad():
+        trained = released(x, reference=reference)
+        evaluated = released.eval()(x, reference=reference)
+    torch.testing.assert_close(trained, evaluated)
+    applied = make_vca(attn_drop=0.5, apply_attn_drop=True).train()
+    with torch.no_grad():
+        torch.manual_seed(3)
+        dropped = applied(x, reference=reference)
+        assert not torch.allclose(dropped, applied.eval()(x, reference=reference))
+
+
+def test_contrast_embed_init_is_checked():
+    with pytest.raises(ValueError, match="contrast_embed_init"):
+        make_vca(contrast_embed_init="xavier")

@@ -93,9 +93,14 @@ STAGE_KINDS = ("vca", "diff")
 TOKEN_KINDS = ("pool", "emb", "pool+emb")
 SOFTMAX_KINDS = ("joint", "separate")
 
-# Init std of the contrast-token embeddings e+ / e-. The paper does not say; 0.02
-# is what timm and DeiT use for every other learnable token embedding.
-CONTRAST_EMBED_INIT_STD = 0.02
+# How the contrast-token embeddings e+ / e- start (option ``contrast_embed_init``). The paper does not say,
+# and the released code (LeapLabTHU/LinearDiff) is not readable here; two independent ports of the released
+# classifier start both at N(0, 1): wom-sama/DACS_CNPM trkh/models/visual_contrast_attention.py
+# (`nn.init.normal_`, "these initializers match the official LinearDiff implementation"; its protocol cites
+# official commit 3fb5ee1) and tannguyenbmt47/VCA_object_detection models.py (`torch.randn(1, n, dim)`).
+# "normal" (std 1) is that, the default; "trunc_normal" (std 0.02) is timm's and DeiT's init of every other
+# learnable token embedding, this project's choice before the ports were read.
+CONTRAST_EMBED_INITS = {"normal": 1.0, "trunc_normal": 0.02}
 # Init std of the lambda re-parametrisation vectors, as in the Differential Transformer.
 LAMBDA_INIT_STD = 0.1
 # VCA's local term: a 3x3 depthwise convolution of v on the patch grid (shared with the mhsa+dwc control).
@@ -256,6 +261,8 @@ class VisualContrastAttention(nn.Module):
         tokens_neg: TokenKind = "pool+emb",
         stage2_softmax: SoftmaxKind = "joint",
         local_conv: bool = True,
+        contrast_embed_init: str = "normal",
+        apply_attn_drop: bool = False,
         qkv_bias: bool = False,
         qk_norm: bool = False,
         proj_bias: bool = True,
@@ -270,6 +277,7 @@ class VisualContrastAttention(nn.Module):
         check_choice("tokens_pos", tokens_pos, TOKEN_KINDS)
         check_choice("tokens_neg", tokens_neg, TOKEN_KINDS)
         check_choice("stage2_softmax", stage2_softmax, SOFTMAX_KINDS)
+        check_choice("contrast_embed_init", contrast_embed_init, tuple(CONTRAST_EMBED_INITS))
 
         self.dim = dim
         self.num_heads = num_heads
@@ -293,7 +301,14 @@ class VisualContrastAttention(nn.Module):
         self.stage2_softmax = stage2_softmax
         self.layer_index = layer_index
         self.lambda_init = lambda_init_for_layer(layer_index)
-        self.attn_drop_p = attn_drop
+        self.contrast_embed_init = contrast_embed_init
+        # Whether attn_drop is applied to the attention maps of both stages. The released classifier declares the
+        # dropout module but applies the maps directly (wom-sama/DACS_CNPM trkh/models/visual_contrast_attention.py:
+        # "defines attention dropout for API parity but applies the normalized maps directly in both contrast
+        # stages"), so the default is False; tannguyenbmt47/VCA_object_detection models.py applies it (True).
+        # Every paper recipe trains with attn_drop 0, where the two are the same network.
+        self.apply_attn_drop = apply_attn_drop
+        self.attn_drop_p = attn_drop if apply_attn_drop else 0.0
         self.fused_attn = use_fused_attn()
         self.grid_size = self._validated_grid(grid_size)
 
@@ -344,7 +359,11 @@ class VisualContrastAttention(nn.Module):
         """Initialise VCA's own parameters (timm's ViT init calls this; it leaves the Linears to timm)."""
         for embed in (self.embed_pos, self.embed_neg):
             if embed is not None:
-                trunc_normal_(embed, std=CONTRAST_EMBED_INIT_STD)
+                std = CONTRAST_EMBED_INITS[self.contrast_embed_init]
+                if self.contrast_embed_init == "normal":
+                    nn.init.normal_(embed, std=std)
+                else:
+                    trunc_normal_(embed, std=std)
         self.lambda1.reset_parameters()
         self.lambda2.reset_parameters()
 
@@ -352,7 +371,8 @@ class VisualContrastAttention(nn.Module):
         return (
             f"grid_size={self.grid_size}, contrast_grid={self.contrast_grid}, prefix={self.num_prefix_tokens}, "
             f"layer_index={self.layer_index}, stage1={self.stage1}, stage2={self.stage2}, "
-            f"tokens=({self.tokens_pos}, {self.tokens_neg}), stage2_softmax={self.stage2_softmax}"
+            f"tokens=({self.tokens_pos}, {self.tokens_neg}), stage2_softmax={self.stage2_softmax}, "
+            f"contrast_embed_init={self.contrast_embed_init}, apply_attn_drop={self.apply_attn_drop}"
         )
 
     # -- pieces shared by both paths ------------------------------------------
@@ -415,7 +435,8 @@ class VisualContrastAttention(nn.Module):
 
     def _probs(self, q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
         """The materialised attention map softmax(q k^T * scale), for the reference path."""
-        return self.attn_drop(((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1))
+        probs = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+        return self.attn_drop(probs) if self.apply_attn_drop else probs
 
     @staticmethod
     def _halves(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
