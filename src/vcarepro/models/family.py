@@ -65,7 +65,7 @@ INLINE_SMALL = dict(patch_size=16, embed_dim=320, depth=12, num_heads=10, img_si
 # counts them at paper shape beside the like-for-like drop-ins)
 MODEL_NAMES = {f"{a}_deit_tiny": {a: f"{a}_deit_tiny_patch16_224"} for a in ("agent", "flatten", "inline", "circulant")}
 
-# Each published model's own paper; the weights are the project's (none published, see deit._cfg).
+# Each published model's own paper.
 AGENT_PAPER = dict(paper_ids="arXiv:2312.08874",
                    paper_name="Agent Attention: On the Integration of Softmax and Linear Attention")
 FLATTEN_PAPER = dict(paper_ids="arXiv:2308.00442",
@@ -73,15 +73,19 @@ FLATTEN_PAPER = dict(paper_ids="arXiv:2308.00442",
 INLINE_PAPER = dict(paper_ids="arXiv:2412.06590", paper_name="Bridging the Divide: Reconsidering Softmax and Linear Attention")
 CIRCULANT_PAPER = dict(paper_ids="arXiv:2512.21542", paper_name="Vision Transformers are Circulant Attention Learners")
 
+# Evaluation as each lab repository's data/build.py does it (TEST.CROP): Agent, FLatten and InLine resize to a
+# 256 x 256 square, then centre-crop 224 (timm's crop_mode squash); Circulant resizes the shorter side to 256
+# (crop_pct 0.875, center; ca_deit.py's timm _cfg says 0.9, which its evaluation never reads). The lab's released
+# DeiT-T weights load through vcarepro.calibration (their key layouts, calibration/keymaps/lab.py).
+SQUASH = dict(crop_mode="squash")
 default_cfgs = generate_default_cfgs({
-    "agent_deit_tiny_patch16_224": _cfg(**AGENT_PAPER),
-    "agent_deit_small_patch16_224": _cfg(**AGENT_PAPER),
-    "flatten_deit_tiny_patch16_224": _cfg(**FLATTEN_PAPER),
-    "inline_deit_tiny_patch16_224": _cfg(**INLINE_PAPER),
-    "inline_deit_small_patch16_288": _cfg(input_size=(3, 288, 288), **INLINE_PAPER),
-    # ca_deit.py's _cfg: crop 0.9
-    "circulant_deit_tiny_patch16_224": _cfg(crop_pct=0.9, **CIRCULANT_PAPER),
-    "circulant_deit_small_patch16_224": _cfg(crop_pct=0.9, **CIRCULANT_PAPER),
+    "agent_deit_tiny_patch16_224": _cfg(**SQUASH, **AGENT_PAPER),
+    "agent_deit_small_patch16_224": _cfg(**SQUASH, **AGENT_PAPER),
+    "flatten_deit_tiny_patch16_224": _cfg(**SQUASH, **FLATTEN_PAPER),
+    "inline_deit_tiny_patch16_224": _cfg(**SQUASH, **INLINE_PAPER),
+    "inline_deit_small_patch16_288": _cfg(input_size=(3, 288, 288), **SQUASH, **INLINE_PAPER),
+    "circulant_deit_tiny_patch16_224": _cfg(**CIRCULANT_PAPER),
+    "circulant_deit_small_patch16_224": _cfg(**CIRCULANT_PAPER),
 })
 
 
