@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 
-import numpy as np
 import torch
 
 from vcarepro.errors import BadInput, UserError, run_stage
@@ -19,13 +18,9 @@ from vcarepro.config import stage_params
 from vcarepro.io import write_json
 from vcarepro.metrics.aggregate import aggregate_seeds
 from vcarepro.metrics.extractors import make_extractor
-from vcarepro.metrics.fid50k import FeatureStats, evaluate_samples
+from vcarepro.metrics.fid50k import evaluate_samples, evaluator_options, load_reference_set
 from vcarepro.provenance import write_provenance
 from vcarepro.pipeline import FID_REFERENCE, GEN_DATA, gen_run
-
-
-def load_optional(path):
-    return FeatureStats.load(path) if path.is_file() else None
 
 
 def main() -> None:
@@ -37,22 +32,15 @@ def main() -> None:
     e = params["eval_gen"]
     meta = json.loads((GEN_DATA / "meta.json").read_text())
     reference_meta = json.loads((FID_REFERENCE / "meta.json").read_text())
-    reference = FeatureStats.load(FID_REFERENCE / "stats.npz")
-    features = np.load(FID_REFERENCE / "features.npy", allow_pickle=False)
+    references = load_reference_set(FID_REFERENCE)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     extractor, name = make_extractor(meta, params["prepare_gen"], device,
                                      batch_size=params["fid_reference"]["batch_size"])
     per_seed = {}
     for seed in run.seeds:
         try:
-            per_seed[seed] = evaluate_samples(
-                run.paths.samples(seed), reference, extractor, reference_features=features,
-                spatial_reference=load_optional(FID_REFERENCE / "spatial_stats.npz"),
-                own_reference=load_optional(FID_REFERENCE / "own_stats.npz"),
-                own_spatial_reference=load_optional(FID_REFERENCE / "own_spatial_stats.npz"),
-                feature_dims=e["feature_dims"], split_size=e["isc_split_size"], prc_k=e["prc_k"],
-                prc_distance_dtype=e["prc_distance_dtype"], kid_subsets=e["kid_subsets"],
-                kid_subset_size=e["kid_subset_size"], seed=seed)
+            per_seed[seed] = evaluate_samples(run.paths.samples(seed), extractor=extractor, **references,
+                                              **evaluator_options(e), seed=seed)
         except UserError as err:  # one sentence and exit status 2 (run_stage), naming the run and seed
             raise BadInput(f"eval_gen {args.run} seed {seed}: {err}") from None
         print(f"eval_gen {args.run} seed {seed}: " + ", ".join(

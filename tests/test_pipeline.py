@@ -50,7 +50,7 @@ def sh(cmd, cwd, check=True):
 
 def stage_names(params: dict) -> set:
     names = {"smoke_inputs", "prepare_cls", "prepare_gen", "fid_reference", "complexity", "attention_cost",
-             "cls_reference", "report"}
+             "cls_reference", "calibrate_cls", "calibrate_gen", "report"}
     names |= {f"{s}@{r}" for s in ("train_cls", "eval_cls") for r in params["cls_runs"]}
     names |= {f"{s}@{r}" for s in ("train_gen", "sample_gen", "eval_gen") for r in params["gen_runs"]}
     return names

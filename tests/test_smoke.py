@@ -61,6 +61,33 @@ def test_every_stage_of_the_paper_dag_runs_on_the_stand_ins(smoke_repo):
 
 
 @pytest.mark.slow
+def test_every_released_layout_is_calibrated_on_its_stand_in_and_the_report_shows_the_rows(smoke_repo):
+    """Issue 22: each released layout's stand-in loads strictly and goes through the evaluation; not judged."""
+    params = yaml.safe_load((smoke_repo / "params.yaml").read_text())
+    chosen = params["calibrate"]["checkpoints"]
+    assert set(chosen) == set(params["calibrate"]["classifiers"]) | set(params["calibrate"]["generators"])
+    got = {}
+    for kind in ("cls", "gen"):
+        result = json.loads((smoke_repo / "metrics" / f"calibration_{kind}.json").read_text())
+        assert result["scale"] == "smoke" and result["not_run"] == []
+        got.update({r["name"]: r for r in result["rows"]})
+    assert set(got) == set(chosen)
+    for name, r in got.items():
+        assert r["verdict"] == "not judged" and r["standin"] and len(r["sha256"]) == 64, name
+        assert r["difference"] == pytest.approx(r["ours"] - r["published"]), name
+        if r["kind"] == "cls":  # the 4 stand-in val images, read by a 1000-way head
+            assert r["val_images"] == 4 and r["ours"] in (0.0, 25.0, 50.0, 75.0, 100.0), name
+        else:
+            assert math.isfinite(r["ours"]) and (r["num_samples"], r["sampler_steps"]) == (8, 4), name
+    assert got["circulant_deit_tiny"]["crop_mode"] == "center" and got["agent_deit_tiny"]["crop_mode"] == "squash"
+    assert got["cswin_tiny"]["crop_pct"] == 0.9 and got["sit_xl2"]["sampler"] == "flow-sde"
+    html = (smoke_repo / "reports" / "index.html").read_text()
+    section = html.split("<h2>Calibration against released checkpoints</h2>")[1].split("<h2>")[0]
+    assert section.count("<tr><td><code>") == len(chosen) and section.count("not judged") == len(chosen)
+    assert "Not run" not in section
+
+
+@pytest.mark.slow
 def test_the_report_marks_every_value_smoke_and_names_the_runs_only_the_preflight_stepped(smoke_repo):
     params = yaml.safe_load((smoke_repo / "params.yaml").read_text())
     paper = compose(["scale=paper"])

@@ -122,12 +122,23 @@ RULES: Dict[str, Rule] = {
     "fid_reference.batch_size": _int(1), "fid_reference.workers": _int(0), "fid_reference.seed": _int(0),
     "eval_gen.isc_split_size": _int(1), "eval_gen.kid_subset_size": _int(2), "eval_gen.kid_subsets": _int(1),
     "eval_gen.feature_dims": _optional(_int(1)), "eval_gen.prc_k": _int(1), "eval_gen.prc_distance_dtype": _choice("float16", "float32", "float64"),
+    "calibrate.checkpoints": ("a list of entry names", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
+    "calibrate.dir": _STR, "calibrate.trust_pickle": _BOOL, "calibrate.batch_size": _int(1),
+    "calibrate.workers": _int(0), "calibrate.num_samples": _int(1), "calibrate.sample_batch_size": _int(1),
+    "calibrate.steps": _optional(_int(1)), "calibrate.vae_decoder": _optional(_STR), "calibrate.seed": _int(0),
     "report.reproduce_tolerance_top1": _num(0.0), "report.reproduce_tolerance_fid": _num(0.0),
     "report.complexity_tolerance": _num(0.0),
     "family_seeds": ("a non-empty list of distinct integers >= 0", lambda v: isinstance(v, list) and v and len(set(
         map(str, v))) == len(v) and all(_int(0)[1](x) for x in v)),
 }
 FREE_SECTIONS = ("models", "cls_runs", "gen_runs", "cls_shape", "gen_shape", "cls_recipes", "cls_recipe_overrides")
+# calibrate.classifiers / calibrate.generators: named entries, each with these fields (vcarepro.calibration)
+CALIBRATION_FIELDS = {
+    "classifiers": {"required": ("layout", "arch", "attention", "recipe", "top1", "tolerance", "file", "source",
+                                 "where"), "optional": ("options",)},
+    "generators": {"required": ("layout", "arch", "objective", "learn_sigma", "image_size", "cfg_scale", "steps",
+                                "fid", "tolerance", "file", "source", "where"), "optional": ("sampler",)},
+}
 FIX = "fix it in conf/ and run `python -m vcarepro.config` (or pass -S to dvc exp run)"
 
 
@@ -141,7 +152,23 @@ class ParamsError(BadInput):
 
 def validate(params: Dict[str, Any], source: str = "params.yaml") -> None:
     """Raise :class:`ParamsError` (one sentence) at the first value that breaks its rule."""
-    for key, value in flatten({k: v for k, v in params.items() if k not in FREE_SECTIONS}).items():
+    calibrate = dict(params.get("calibrate") or {})
+    entries = {group: calibrate.pop(group, None) or {} for group in CALIBRATION_FIELDS}
+    rest = {k: v for k, v in params.items() if k not in FREE_SECTIONS}
+    if "calibrate" in rest:
+        rest["calibrate"] = calibrate
+    for group, named in entries.items():
+        fields = CALIBRATION_FIELDS[group]
+        for name, entry in named.items():
+            entry = entry if isinstance(entry, dict) else {}
+            missing = [f for f in fields["required"] if f not in entry]
+            extra = sorted(set(entry) - set(fields["required"]) - set(fields["optional"]))
+            if missing or extra:
+                raise ParamsError(f"{source}: calibrate.{group}.{name} "
+                                  + (f"lacks {', '.join(missing)}" if missing else f"has unknown {', '.join(extra)}")
+                                  + f"; an entry holds {', '.join(fields['required'])} (and "
+                                  f"{', '.join(fields['optional'])}); {FIX}.")
+    for key, value in flatten(rest).items():
         rule = RULES.get(key)
         if rule is None:
             raise ParamsError(f"{source}: {key} is not a known parameter; {FIX}.")

@@ -35,7 +35,7 @@ import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -60,10 +60,11 @@ ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)  # a fixed member time, so that the same array
 # the layout `python -m vcarepro.standins --out DIR` writes
 IMAGENET_DIR = "imagenet"
 VAE_DIR = "vae"
+RELEASED_DIR = "released"   # stand-ins of the released checkpoints (calibration), in their released layouts
 INCEPTION_FILE = "inception.pth"
 REFERENCE_FILE = "VIRTUAL_imagenet256_smoke.npz"
 MANIFEST = "standins.json"
-FORMAT_VERSION = 1  # raise when what a seed writes changes, so that older directories are rebuilt
+FORMAT_VERSION = 2  # raise when what a seed writes changes, so that older directories are rebuilt
 
 
 # ----------------------------------------------------------------------------- images
@@ -177,12 +178,17 @@ class MiniImageNet:
     @classmethod
     def synthetic(cls, *, classes: int = 4, train_per_class: int = 32, val_per_class: int = 8,
                   seed: int = 0) -> "MiniImageNet":
-        """Generated classes (``n02000000``, ...) whose ILSVRC2012_IDs are a seeded order other than the
-        wnid order, ``train_per_class`` and ``val_per_class`` JPEGs each, the val images shuffled."""
+        """Generated classes under real ImageNet-1K wnids (spread over the 1000, so that a released 1000-way
+        head reads them as its own classes) whose ILSVRC2012_IDs are a seeded order other than the wnid order,
+        ``train_per_class`` and ``val_per_class`` JPEGs each, the val images shuffled."""
         if classes < 2 or train_per_class < 1 or val_per_class < 1:
             raise BadInput(f"a miniature ImageNet needs at least 2 classes and 1 train and 1 val image per class, got "
                            f"classes={classes}, train_per_class={train_per_class}, val_per_class={val_per_class}.")
-        wnids = [f"n{2_000_000 + 1_013 * k:08d}" for k in range(classes)]
+        from timm.data import ImageNetInfo
+        synsets = ImageNetInfo().label_names()  # the 1000 wnids, sorted
+        if classes > len(synsets):
+            raise BadInput(f"a miniature ImageNet has at most {len(synsets)} classes, got classes={classes}.")
+        wnids = [synsets[k * len(synsets) // classes] for k in range(classes)]
         ids = list(range(1, classes + 1))
         random.Random(seed).shuffle(ids)
         if ids == sorted(ids):  # the point of the IDs: an order that a wnid/ID mix-up cannot survive
@@ -432,17 +438,59 @@ def _atomic_write(path: Path, write) -> None:
 # ----------------------------------------------------------------------------- all four
 
 
+def write_released_checkpoints(out: PathLike, calibrate: Dict[str, Any], *, seed: int = 0) -> List[Path]:
+    """Stand-ins for the released checkpoints of ``calibrate`` (the params section): each entry's model of ours,
+    seeded, written in its released key layout and container (calibration.keymaps) under the released file name,
+    so that the calibration stages load them through the same strict path as the authors' files."""
+    import torch
+
+    from vcarepro.calibration import entries, keymap_for
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written: Dict[str, Path] = {}
+    for kind in ("cls", "gen"):
+        for name, entry in entries(calibrate, kind).items():
+            if entry["file"] in written:  # e.g. one DiT file behind two guidance scales
+                continue
+            torch.manual_seed(seed)
+            if kind == "cls":
+                from vcarepro.models import create_classifier
+                model = create_classifier(entry["arch"], entry["attention"], **(entry.get("options") or {}))
+            else:
+                from vcarepro.models.dit import create_dit
+                model = create_dit(entry["arch"], "mhsa", input_size=entry["image_size"] // 8, in_channels=4,
+                                   num_classes=1000, learn_sigma=entry["learn_sigma"])
+            keymap = keymap_for(entry, name)
+            state = {k: v.contiguous() for k, v in keymap.to_released(model.state_dict()).items()}
+            path = out / entry["file"]
+            torch.save(keymap.wrap(state), path)
+            written[entry["file"]] = path
+    return list(written.values())
+
+
+def released_settings(calibrate: Optional[Dict[str, Any]]) -> List[List[Any]]:
+    """What the released stand-ins depend on (for the manifest): each entry's file, layout and model."""
+    if not calibrate:
+        return []
+    from vcarepro.calibration import entries
+    return sorted([e["file"], e["layout"], e["arch"], e.get("attention", "mhsa"), e.get("learn_sigma", False)]
+                  for kind in ("cls", "gen") for e in entries(calibrate, kind).values())
+
+
 def write_standins(out: PathLike, *, seed: int = 0, classes: int = 4, train_per_class: int = 32,
-                   val_per_class: int = 8, reference_images: int = 64) -> List[Tuple[str, Path, bool]]:
-    """All four stand-ins under ``out`` (built in a temporary directory, renamed into place); returns
-    ``(artefact, path, written)`` rows. A directory already holding this seed's stand-ins is kept."""
+                   val_per_class: int = 8, reference_images: int = 64,
+                   calibrate: Optional[Dict[str, Any]] = None) -> List[Tuple[str, Path, bool]]:
+    """All stand-ins under ``out`` (built in a temporary directory, renamed into place): ImageNet, the VAE,
+    Inception, ADM's batch and, given ``calibrate`` (the params section), the released checkpoints it lists.
+    Returns ``(artefact, path, written)`` rows. A directory already holding these stand-ins is kept."""
     from vcarepro.io import atomic_directory, write_json
 
     out = Path(out)
     layout = [("imagenet", out / IMAGENET_DIR), ("vae", out / VAE_DIR), ("inception", out / INCEPTION_FILE),
-              ("adm_reference", out / REFERENCE_FILE)]
+              ("adm_reference", out / REFERENCE_FILE)] + ([("released", out / RELEASED_DIR)] if calibrate else [])
     settings = {"seed": seed, "classes": classes, "train_per_class": train_per_class, "val_per_class": val_per_class,
-                "reference_images": reference_images}
+                "reference_images": reference_images, "released": released_settings(calibrate)}
     if _holds_standins(out, settings):
         return [(name, path, False) for name, path in layout]
     if out.exists() and not (out / MANIFEST).is_file():
@@ -455,6 +503,8 @@ def write_standins(out: PathLike, *, seed: int = 0, classes: int = 4, train_per_
         write_random_inception(tmp / INCEPTION_FILE, seed=seed)
         write_adm_reference(tmp / REFERENCE_FILE, inception_weights=tmp / INCEPTION_FILE, num_images=reference_images,
                             classes=classes, seed=seed)
+        if calibrate:
+            write_released_checkpoints(tmp / RELEASED_DIR, calibrate, seed=seed)
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         write_json(tmp / MANIFEST, {"format_version": FORMAT_VERSION, **settings,
                                     "files": {str(p.relative_to(tmp)): p.stat().st_size for p in files}})

@@ -711,3 +711,23 @@ def _check_image_array(path: Path, shape: Tuple[int, ...], dtype: np.dtype) -> N
     if np.dtype(dtype) != np.uint8 or len(shape) != 4 or shape[-1] != 3:
         raise BadInput(f"{path} holds {np.dtype(dtype)} {tuple(shape)}, not uint8 (N, H, W, 3) images; save samples "
                          "as ADM does: np.savez(path, uint8_nhwc_images).")
+
+
+def load_reference_set(root: PathLike) -> Dict[str, Any]:
+    """A reference directory (stage fid_reference's data/fid_reference) as ``evaluate_samples``' keyword arguments."""
+    root = Path(root)
+
+    def optional(name: str) -> Optional[FeatureStats]:
+        return FeatureStats.load(root / name) if (root / name).is_file() else None
+
+    return {"reference": FeatureStats.load(root / "stats.npz"),
+            "reference_features": np.load(root / "features.npy", allow_pickle=False),
+            "spatial_reference": optional("spatial_stats.npz"), "own_reference": optional("own_stats.npz"),
+            "own_spatial_reference": optional("own_spatial_stats.npz")}
+
+
+def evaluator_options(eval_gen: Dict[str, Any]) -> Dict[str, Any]:
+    """The params section ``eval_gen`` as ``evaluate_samples``' keyword arguments."""
+    return {"feature_dims": eval_gen["feature_dims"], "split_size": eval_gen["isc_split_size"],
+            "prc_k": eval_gen["prc_k"], "prc_distance_dtype": eval_gen["prc_distance_dtype"],
+            "kid_subsets": eval_gen["kid_subsets"], "kid_subset_size": eval_gen["kid_subset_size"]}

@@ -10,6 +10,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from ..config import compose, load_params
 from ..pipeline import cls_recipe, cls_run, gen_run, model_options
 from .changes import changes_since
+from .calibration import calibration_section
 from .collect import collect_runs, read_json
 from .environment import describe_environment
 from .export import write_tables
@@ -128,6 +129,7 @@ def build_context(root: Path) -> Dict[str, Any]:
         "knobs": knobs,
         "sources": reference["sources"],
         "claims": tables.claims(),
+        "calibration": calibration_section(root, params["scale"]),
         "table1": tables.table1(),
         "decomposition": tables.decomposition(),
         "recipes_collapse": recipes_collapse(params),

@@ -1,0 +1,154 @@
+"""Calibration: released weights through this project's own evaluation path, against their authors' numbers.
+
+A lab should see our evaluation reproduce a number someone published for weights someone released
+before it trusts our numbers for new runs. Each entry of ``calibrate.classifiers`` /
+``calibrate.generators`` (conf/config.yaml) names a released file, the model of ours its key layout
+maps onto (``keymaps``), the recipe or sampler protocol its authors evaluated with, the published
+number and the tolerance it must be reproduced within. Stages ``calibrate_cls`` and ``calibrate_gen``
+evaluate the entries listed in ``calibrate.checkpoints``:
+
+- a classifier: loaded strictly into ``create_classifier(arch, attention)``, then ImageNet val (data/cls)
+  through ``classification.build_transforms`` of the named recipe and ``classification.evaluate``, the
+  code eval_cls runs; our class indices are mapped to ImageNet-1K's (sorted wnids, timm's ImageNetInfo),
+  so the released 1000-way head is read as its authors read it;
+- a generator: loaded strictly into ``create_dit(arch)``, sampled with ``generation.generate_batches``
+  (sample_gen's sampler code) under the entry's sampler, steps and guidance, decoded by the VAE, and
+  measured by ``fid50k.evaluate_samples`` against data/fid_reference (eval_gen's evaluator).
+
+Every row records the file's sha256. At smoke scale the files are stand-ins that ``vcarepro.standins``
+writes in the released layouts (random weights): the rows show that the road runs, and are not judged.
+"""
+from __future__ import annotations
+
+import hashlib
+import pickle
+from pathlib import Path
+from typing import Any, Dict, List
+
+import torch
+
+from ..errors import BadInput, MissingInput, UnknownName
+from .keymaps import KeyMap
+
+KINDS = {"cls": "classifiers", "gen": "generators"}
+METRIC = {"cls": "top1", "gen": "fid"}
+
+
+def keymaps() -> Dict[str, KeyMap]:
+    """Every released layout this project maps onto its layers, by layout name."""
+    from .keymaps import backbones, lab
+    return {**backbones.KEYMAPS, **lab.KEYMAPS}
+
+
+def entries(calibrate: Dict[str, Any], kind: str) -> Dict[str, Dict[str, Any]]:
+    return dict(calibrate.get(KINDS[kind]) or {})
+
+
+def selected(calibrate: Dict[str, Any], kind: str) -> List[str]:
+    """The entries of ``kind`` that ``calibrate.checkpoints`` lists; unknown names are refused."""
+    chosen = list(calibrate.get("checkpoints") or [])
+    known = {**entries(calibrate, "cls"), **entries(calibrate, "gen")}
+    unknown = [c for c in chosen if c not in known]
+    if unknown:
+        raise UnknownName(f"calibrate.checkpoints names {', '.join(map(repr, unknown))}, which "
+                          f"{'is' if len(unknown) == 1 else 'are'} not an entry of calibrate.classifiers or "
+                          f"calibrate.generators; choose from {', '.join(known)}.")
+    return [c for c in chosen if c in entries(calibrate, kind)]
+
+
+def checkpoint_path(calibrate: Dict[str, Any], entry: Dict[str, Any]) -> Path:
+    return Path(calibrate["dir"]) / entry["file"]
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_released(path: Path, keymap: KeyMap, *, trust_pickle: bool) -> Dict[str, torch.Tensor]:
+    """The released file's state dict, in the released layout (not yet mapped)."""
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+        return load_file(str(path))
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=not trust_pickle)
+    except pickle.UnpicklingError as err:
+        raise BadInput(f"{path} holds Python objects besides tensors ({str(err).splitlines()[0][:120]}); load it only "
+                       f"if you trust its source, with calibrate.trust_pickle=true.") from None
+    except (RuntimeError, EOFError, OSError) as err:
+        raise BadInput(f"{path} is not a readable PyTorch checkpoint ({str(err).splitlines()[0][:120]}); download "
+                       f"it again.") from None
+    state = keymap.unwrap(saved)
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise BadInput(f"{path} holds no state dict under {', '.join(keymap.containers) or 'its top level'}; is it "
+                       f"the released file?")
+    return state
+
+
+def load_strict(model: torch.nn.Module, state: Dict[str, torch.Tensor], keymap: KeyMap, name: str,
+                path: Path) -> torch.nn.Module:
+    """``model`` with the released ``state`` mapped onto it; any key or shape that does not line up is refused."""
+    try:
+        mapped = keymap.to_ours(state)
+    except (KeyError, RuntimeError, ValueError) as err:
+        raise BadInput(f"{path} does not have the released layout of {name} ({err}); is it the right file?") from None
+    ours = model.state_dict()
+    missing = [k for k in ours if k not in mapped]
+    unexpected = [k for k in mapped if k not in ours]
+    shapes = [k for k in ours if k in mapped and tuple(mapped[k].shape) != tuple(ours[k].shape)]
+    if missing or unexpected or shapes:
+        problems = [f"{len(v)} {what} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
+                    for what, v in (("keys missing", missing), ("unexpected keys", unexpected),
+                                    ("shapes differ", shapes)) if v]
+        raise BadInput(f"{path} does not have the released layout of {name}: {'; '.join(problems)}; is it the "
+                       f"right file?")
+    model.load_state_dict({k: v.to(ours[k].dtype) for k, v in mapped.items()}, strict=True)
+    return model.eval()
+
+
+def missing_file_message(calibrate: Dict[str, Any], name: str, entry: Dict[str, Any]) -> str:
+    path = checkpoint_path(calibrate, entry)
+    return (f"released checkpoint {path} for calibration entry {name} is missing; download {entry['file']} from "
+            f"{entry['where']} into {calibrate['dir']}/ (README: Calibration).")
+
+
+def verdict(scale: str, difference: float, tolerance: float) -> str:
+    if scale != "paper":
+        return "not judged"  # stand-in weights or a scale whose data is not ImageNet's
+    return "reproduces" if abs(difference) <= tolerance else "does not reproduce"
+
+
+def row(scale: str, kind: str, name: str, entry: Dict[str, Any], ours: float, path: Path, digest: str,
+        extra: Dict[str, Any]) -> Dict[str, Any]:
+    metric = METRIC[kind]
+    published = float(entry[metric])
+    difference = ours - published
+    return {"name": name, "kind": kind, "metric": metric, "published": published, "ours": ours,
+            "difference": difference, "tolerance": float(entry["tolerance"]),
+            "verdict": verdict(scale, difference, float(entry["tolerance"])), "source": entry["source"],
+            "file": str(path), "sha256": digest, "standin": scale == "smoke", **extra}
+
+
+def not_run(calibrate: Dict[str, Any], kind: str, chosen: List[str]) -> List[Dict[str, Any]]:
+    """The entries not evaluated: what to download, from where, and the number each must reproduce."""
+    return [{"name": n, "kind": kind, "metric": METRIC[kind], "published": float(e[METRIC[kind]]),
+             "tolerance": float(e["tolerance"]), "file": e["file"], "where": e["where"], "source": e["source"]}
+            for n, e in entries(calibrate, kind).items() if n not in chosen]
+
+
+def require_file(calibrate: Dict[str, Any], name: str, entry: Dict[str, Any]) -> Path:
+    path = checkpoint_path(calibrate, entry)
+    if not path.is_file():
+        raise MissingInput(missing_file_message(calibrate, name, entry))
+    return path
+
+
+def keymap_for(entry: Dict[str, Any], name: str) -> KeyMap:
+    maps = keymaps()
+    if entry["layout"] not in maps:
+        raise UnknownName(f"calibration entry {name} names layout {entry['layout']!r}, which vcarepro.calibration."
+                          f"keymaps does not know; choose one of {', '.join(maps)}.")
+    return maps[entry["layout"]]

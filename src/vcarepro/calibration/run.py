@@ -1,0 +1,113 @@
+"""Evaluate one released checkpoint through the project's own evaluation code (stages calibrate_cls / calibrate_gen)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from . import entries, keymap_for, load_strict, read_released, require_file, row, sha256
+from ..errors import BadInput
+
+
+class ImageNetLabels(Dataset):
+    """A prepared split whose labels are ImageNet-1K's class indices (sorted wnids), as a released head reads them."""
+
+    def __init__(self, dataset) -> None:
+        from timm.data import ImageNetInfo
+        index = {wnid: i for i, wnid in enumerate(ImageNetInfo().label_names())}
+        strangers = [c.wnid for c in dataset.classes if c.wnid not in index]
+        if strangers:
+            raise BadInput(f"the prepared classes include {len(strangers)} that are not ImageNet-1K synsets "
+                           f"({', '.join(strangers[:3])}); a released 1000-way head needs ImageNet's classes "
+                           f"(prepare_cls.source=imagenet).")
+        self.dataset = dataset
+        self.to_imagenet = {c.index: index[c.wnid] for c in dataset.classes}
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int):
+        image, label = self.dataset[i]
+        return image, self.to_imagenet[label]
+
+
+def calibrate_classifier(params: Dict[str, Any], name: str, device: torch.device, data_root: Path) -> Dict[str, Any]:
+    """Top-1 of released classifier ``name`` on data_root's val split, with the recipe its authors evaluated with."""
+    from ..data.folders import ManifestDataset
+    from ..models import create_classifier
+    from ..train.classification import build_transforms, evaluate
+
+    cal = params["calibrate"]
+    entry = entries(cal, "cls")[name]
+    path = require_file(cal, name, entry)
+    keymap = keymap_for(entry, name)
+    model = create_classifier(entry["arch"], entry["attention"], **(entry.get("options") or {}))
+    load_strict(model, read_released(path, keymap, trust_pickle=cal["trust_pickle"]), keymap, name, path)
+    recipe = params["cls_recipes"][entry["recipe"]]
+    val = ImageNetLabels(ManifestDataset(data_root, "val", build_transforms(recipe, training=False)))
+    loader = DataLoader(val, batch_size=cal["batch_size"], num_workers=cal["workers"])
+    figures = evaluate(model.to(device), loader, device)
+    protocol = {"recipe": entry["recipe"], "crop_pct": recipe["crop_pct"], "crop_mode": recipe["crop_mode"],
+                "interpolation": recipe["interpolation"], "img_size": recipe["img_size"], "val_images": len(val),
+                "top5": figures["top5"]}
+    return row(params["scale"], "cls", name, entry, figures["top1"], path, sha256(path), protocol)
+
+
+def sampling_for(params: Dict[str, Any], entry: Dict[str, Any]) -> Dict[str, Any]:
+    """The project's sampling params with the released entry's sampler, steps and guidance."""
+    cal = params["calibrate"]
+    steps = cal["steps"] or entry["steps"]
+    sampling = dict(params["sampling"], cfg_scale=entry["cfg_scale"], labels="random",
+                    batch_size=cal["sample_batch_size"], ddpm_steps=steps, flow_steps=steps)
+    if entry["objective"] == "flow":
+        sampling["flow_sampler"] = entry["sampler"]
+    return sampling
+
+
+def calibrate_generator(params: Dict[str, Any], name: str, device: torch.device, work_dir: Path,
+                        fid_reference: Path) -> Dict[str, Any]:
+    """FID-50K (and the rest of ADM's evaluation) of released generator ``name``'s samples."""
+    from ..data.latents import decode_to_uint8, load_vae
+    from ..data.samples import NpzSampleWriter
+    from ..metrics.extractors import make_extractor
+    from ..metrics.fid50k import evaluate_samples, evaluator_options, load_reference_set
+    from ..models.dit import create_dit
+    from ..pipeline import fingerprint
+    from ..train.generation import generate_batches
+
+    cal = params["calibrate"]
+    entry = entries(cal, "gen")[name]
+    path = require_file(cal, name, entry)
+    keymap = keymap_for(entry, name)
+    side = entry["image_size"] // 8  # the SD VAE's 8x downsampling
+    model = create_dit(entry["arch"], "mhsa", input_size=side, in_channels=4, num_classes=1000,
+                       learn_sigma=entry["learn_sigma"])
+    load_strict(model, read_released(path, keymap, trust_pickle=cal["trust_pickle"]), keymap, name, path)
+    digest = sha256(path)
+    sampling = sampling_for(params, entry)
+    vae_name = cal["vae_decoder"] or params["sampling"]["vae_decoder"]
+    vae = load_vae(vae_name, device)
+    num = cal["num_samples"]
+    samples = work_dir / f"{name}.npz"
+    key = fingerprint(digest, entry["objective"], sampling, vae_name, cal["seed"])
+    writer = NpzSampleWriter(samples, num, (entry["image_size"], entry["image_size"], 3),
+                             work_dir=work_dir / f"{name}.work", key=key)
+    for batch, (start, x, labels) in enumerate(generate_batches(
+            model, entry["objective"], sampling, num_samples=num, num_classes=1000, input_shape=(4, side, side),
+            seed=cal["seed"], device=device, flow_path="linear", start_batch=writer.done_batches),
+            start=writer.done_batches):
+        writer.write(batch, start, decode_to_uint8(vae, x.to(device)).cpu(), labels)
+    writer.close()
+    extractor, extractor_name = make_extractor({"fid_extractor": params["prepare_gen"]["fid_extractor"]},
+                                               params["prepare_gen"], device,
+                                               batch_size=params["fid_reference"]["batch_size"])
+    figures = evaluate_samples(samples, extractor=extractor, **load_reference_set(fid_reference),
+                               **evaluator_options(params["eval_gen"]), seed=cal["seed"])
+    sampler = "ddpm" if entry["objective"] == "ddpm" else f"flow-{entry['sampler']}"
+    protocol = {"sampler": sampler, "sampler_steps": sampling["ddpm_steps"], "cfg_scale": entry["cfg_scale"],
+                "labels": "random", "decoder": vae_name, "num_samples": figures["num_samples"],
+                "fid_feature_dims": figures["fid_feature_dims"], "extractor": extractor_name,
+                **{k: figures[k] for k in ("inception_score", "sfid", "precision", "recall") if k in figures}}
+    return row(params["scale"], "gen", name, entry, float(figures["fid"]), path, digest, protocol)
