@@ -12,7 +12,7 @@ import argparse
 
 import torch
 
-from vcarepro.calibration import KINDS, not_run, selected
+from vcarepro.calibration import KINDS, entries, keymap_for, not_run, require_file, selected
 from vcarepro.calibration.run import calibrate_classifier, calibrate_generator
 from vcarepro.config import stage_params
 from vcarepro.errors import BadInput, run_stage
@@ -31,6 +31,13 @@ def main() -> None:
         raise BadInput(f"calibration evaluates released ImageNet weights, but scale={params['scale']} has no "
                        f"ImageNet; run it at scale=paper (or the stand-ins at scale=smoke), or set "
                        f"calibrate.checkpoints=[].")
+    tracked = ("data/smoke/released",) if params["scale"] == "smoke" else ("data/released",)
+    if chosen and cal["dir"].rstrip("/") not in tracked:
+        raise BadInput(f"calibrate.dir={cal['dir']} is not a directory this stage's DVC dependencies track; put the "
+                       f"files in {tracked[0]} (a symbolic link to them will do).")
+    for name in chosen:  # every file and layout before any GPU-hour is spent
+        require_file(cal, name, entries(cal, kind)[name])
+        keymap_for(entries(cal, kind)[name], name)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     rows = []
     for name in chosen:
@@ -41,7 +48,8 @@ def main() -> None:
         rows.append(result)
         print(f"calibrate_{kind} {name}: {result['metric']} ours {result['ours']:.3f}, published "
               f"{result['published']:g} (difference {result['difference']:+.3f}, tolerance "
-              f"{result['tolerance']:g}): {result['verdict']}")
+              f"{result['tolerance']:g}): {result['verdict']}"
+              + (f" ({'; '.join(result['deviations'])})" if result["deviations"] else ""))
     missing = not_run(cal, kind, chosen)
     write_json(f"metrics/calibration_{kind}.json", {"scale": params["scale"], "rows": rows, "not_run": missing})
     if not chosen:

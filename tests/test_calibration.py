@@ -124,8 +124,8 @@ def test_a_released_head_is_read_with_imagenet_indices_through_the_stage(tmp_pat
     import shutil
     shutil.copytree(prepared / "data", tmp_path / "data")
     params = smoke_params()
-    params["calibrate"].update(checkpoints=["deit_tiny"], dir=str(tmp_path / "released"))
-    (path,) = write_released_checkpoints(tmp_path / "released", one(params["calibrate"], "deit_tiny"))
+    params["calibrate"].update(checkpoints=["deit_tiny"])  # dir: data/smoke/released, as the smoke scale's
+    (path,) = write_released_checkpoints(tmp_path / "data" / "smoke" / "released", one(params["calibrate"], "deit_tiny"))
     target = ImageNetInfo().label_names().index(read_classes(tmp_path / "data" / "cls")[2].wnid)
     saved = torch.load(path, weights_only=True)
     saved["model"]["head.weight"].zero_()
@@ -143,13 +143,14 @@ def test_a_released_head_is_read_with_imagenet_indices_through_the_stage(tmp_pat
 
 @pytest.mark.slow
 def test_a_missing_file_is_one_sentence_naming_where_to_get_it_and_writes_nothing(tmp_path):
-    params = compose(["scale=paper"])
-    params["calibrate"].update(checkpoints=["swin_tiny"], dir=str(tmp_path / "released"))
+    params = compose(["scale=paper", "calibrate.checkpoints=[deit_tiny,swin_tiny]"])
+    (tmp_path / "data" / "released").mkdir(parents=True)
+    write_released_checkpoints(tmp_path / "data" / "released", one(params["calibrate"], "deit_tiny"))
     result = stage(tmp_path, "calibrate.py", "--kind", "cls", params=params)
     assert result.returncode == USER_ERROR_STATUS
-    line = one_error_line(result)
+    line = one_error_line(result)  # found before deit_tiny (present) is evaluated
     assert "swin_tiny_patch4_window7_224.pth" in line and "github.com/SwinTransformer/storage" in line
-    assert str(tmp_path / "released") in line
+    assert "data/released/" in line
     assert not (tmp_path / "metrics" / "calibration_cls.json").exists()
 
 
@@ -170,16 +171,47 @@ def test_embedded_scale_lists_every_entry_as_not_run_and_refuses_a_selection(tmp
     assert not (tmp_path / "metrics" / "calibration_gen.json").exists()
 
 
-def test_a_verdict_is_given_only_at_paper_scale_and_follows_the_tolerance():
+def test_a_verdict_is_given_only_for_the_published_protocol_at_paper_scale_and_follows_the_tolerance():
     assert verdict("paper", -0.3, 0.3) == "reproduces" and verdict("paper", 0.31, 0.3) == "does not reproduce"
     assert verdict("smoke", 0.0, 0.3) == "not judged" and verdict("embedded", 0.0, 0.3) == "not judged"
+    assert verdict("paper", 0.0, 0.3, ["1,000 samples, not FID-50K's 50,000"]) == "not judged"
+    assert verdict("paper", float("nan"), 0.3) == "not a finite number"
+
+
+def test_a_file_whose_digest_is_not_the_published_one_is_refused(tmp_path, one_torch_thread):
+    from vcarepro.calibration import check_digest
+    entry = PAPER["classifiers"]["deit_tiny"]
+    (path,) = write_released_checkpoints(tmp_path, one(PAPER, "deit_tiny"))  # random weights: another digest
+    with pytest.raises(BadInput, match=r"has sha256 [0-9a-f]{16}\.\.\., but the file released for calibration "
+                                       r"entry deit_tiny has a1311bcf\.\.\.; download it again from https://"):
+        check_digest(path, entry, "deit_tiny")
+    assert len(check_digest(path, {**entry, "sha256": None}, "deit_tiny")) == 64
+
+
+def test_weights_found_under_another_container_than_the_released_one_are_not_judged():
+    keymap = keymap_for(PAPER["classifiers"]["cswin_tiny"], "cswin_tiny")
+    state = {"w": torch.zeros(1)}
+    assert keymap.find({"state_dict_ema": state, "state_dict": {}}) == ("state_dict_ema", state)
+    assert keymap.find({"state_dict": state}) == ("state_dict", state)
+    assert keymap.released_container() == "state_dict_ema"
+
+
+@pytest.mark.slow
+def test_a_selection_twice_or_a_directory_dvc_does_not_track_is_refused(tmp_path):
+    params = compose(["scale=paper", "calibrate.checkpoints=[deit_tiny,deit_tiny]"])
+    result = stage(tmp_path, "calibrate.py", "--kind", "cls", params=params)
+    assert result.returncode == USER_ERROR_STATUS and "more than once" in one_error_line(result)
+    params = compose(["scale=paper", "calibrate.checkpoints=[deit_tiny]", "calibrate.dir=/somewhere/else"])
+    result = stage(tmp_path, "calibrate.py", "--kind", "cls", params=params)
+    assert result.returncode == USER_ERROR_STATUS and "put the files in data/released" in one_error_line(result)
+    assert not (tmp_path / "metrics").exists()
 
 
 def test_the_report_section_shows_rows_folds_what_was_not_run_and_leaves_out_another_scales(tmp_path):
     (tmp_path / "metrics").mkdir()
     row = {"name": "deit_tiny", "kind": "cls", "metric": "top1", "published": 72.2, "ours": 72.14, "difference": -0.06,
            "tolerance": 0.3, "verdict": "reproduces", "source": "facebookresearch/deit README", "file": "x.pth",
-           "sha256": "ab" * 32, "standin": False}
+           "sha256": "ab" * 32, "standin": False, "deviations": [], "val_images": 50000}
     missing = [{"name": "swin_tiny", "file": "swin_tiny_patch4_window7_224.pth"}]
     (tmp_path / "metrics" / "calibration_cls.json").write_text(json.dumps(
         {"scale": "paper", "rows": [row], "not_run": missing}))

@@ -50,7 +50,11 @@ def shapes(state):
 def released_random(name, seed=0):
     """The released layout filled with distinct seeded random values (so a swapped key shows)."""
     g = torch.Generator().manual_seed(seed)
-    return {k: torch.randn(shape, generator=g) * 0.02 for k, shape in layout(name)["keys"].items()}
+    state = {k: torch.randn(shape, generator=g) * 0.02 for k, shape in layout(name)["keys"].items()}
+    if name == "swin_tiny":  # the saved index and masks hold Swin-T's values in a released file (the map checks them)
+        buffers = KEYMAPS[name].to_released(build(name, meta=False).state_dict())
+        state.update({k: buffers[k] for k in state if k.endswith(RECOMPUTED)})
+    return state
 
 
 def params(names):
@@ -181,3 +185,22 @@ def test_large_forward_shape(name):
     with torch.no_grad():
         out = model(*_dit_inputs("meta"))
     assert out.shape == (1, 8, 32, 32)
+
+
+@pytest.mark.parametrize("key, shape", [("layers.0.blocks.0.attn.relative_position_bias_table", (529, 3)),
+                                        ("patch_embed.proj.weight", (96, 3, 8, 8))])
+def test_swin_tensors_timm_would_resample_are_refused_at_another_size(key, shape, one_torch_thread):
+    """timm's checkpoint_filter_fn resizes a position table or patch kernel of another size to fit; a released
+    Swin-T file that has one is not Swin-T's, so the map refuses it instead."""
+    released = released_random("swin_tiny")
+    released[key] = torch.zeros(shape)
+    with pytest.raises(ValueError, match=f"{key} has shape"):
+        KEYMAPS["swin_tiny"].to_ours(released)
+
+
+def test_swin_saved_buffers_must_be_swin_ts(one_torch_thread):
+    released = released_random("swin_tiny")
+    key = "layers.1.blocks.1.attn_mask"
+    released[key] = torch.zeros_like(released[key])
+    with pytest.raises(ValueError, match="attn_mask is not Swin-T's"):
+        KEYMAPS["swin_tiny"].to_ours(released)

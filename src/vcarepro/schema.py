@@ -135,9 +135,18 @@ FREE_SECTIONS = ("models", "cls_runs", "gen_runs", "cls_shape", "gen_shape", "cl
 # calibrate.classifiers / calibrate.generators: named entries, each with these fields (vcarepro.calibration)
 CALIBRATION_FIELDS = {
     "classifiers": {"required": ("layout", "arch", "attention", "recipe", "top1", "tolerance", "file", "source",
-                                 "where"), "optional": ("options",)},
+                                 "where"), "optional": ("options", "sha256")},
     "generators": {"required": ("layout", "arch", "objective", "learn_sigma", "image_size", "cfg_scale", "steps",
-                                "fid", "tolerance", "file", "source", "where"), "optional": ("sampler",)},
+                                "fid", "tolerance", "file", "source", "where"), "optional": ("sampler", "sha256")},
+}
+_HEX = ("a hexadecimal sha256 or its prefix", lambda v: isinstance(v, str) and v != "" and all(
+    c in "0123456789abcdef" for c in v))
+CALIBRATION_RULES = {
+    "layout": _STR, "arch": _STR, "attention": _STR, "recipe": _STR, "file": _STR, "source": _STR, "where": _STR,
+    "top1": _num(0.0, 100.0), "fid": _num(0.0), "tolerance": _num(0.0, open_lo=True), "cfg_scale": _num(0.0),
+    "steps": _int(1), "learn_sigma": _BOOL, "objective": _choice("ddpm", "flow"), "sampler": _choice("sde", "ode"),
+    "image_size": ("a multiple of 8 (the SD VAE's downsampling)", lambda v: _int(8)[1](v) and v % 8 == 0),
+    "options": ("a mapping", lambda v: isinstance(v, dict)), "sha256": _optional(_HEX),
 }
 FIX = "fix it in conf/ and run `python -m vcarepro.config` (or pass -S to dvc exp run)"
 
@@ -168,6 +177,17 @@ def validate(params: Dict[str, Any], source: str = "params.yaml") -> None:
                                   + (f"lacks {', '.join(missing)}" if missing else f"has unknown {', '.join(extra)}")
                                   + f"; an entry holds {', '.join(fields['required'])} (and "
                                   f"{', '.join(fields['optional'])}); {FIX}.")
+            for field, value in entry.items():
+                rule = CALIBRATION_RULES[field]
+                if not rule[1](value):
+                    raise ParamsError(f"{source}: calibrate.{group}.{name}.{field} must be {rule[0]}, got {value!r}; "
+                                      f"{FIX}.")
+            if group == "classifiers" and entry["recipe"] not in (params.get("cls_recipes") or {}):
+                raise ParamsError(f"{source}: calibrate.classifiers.{name}.recipe must name an entry of cls_recipes, "
+                                  f"got {entry['recipe']!r}; {FIX}.")
+            if group == "generators" and entry["objective"] == "flow" and "sampler" not in entry:
+                raise ParamsError(f"{source}: calibrate.generators.{name} is a flow model and needs a sampler "
+                                  f"(sde or ode); {FIX}.")
     for key, value in flatten(rest).items():
         rule = RULES.get(key)
         if rule is None:

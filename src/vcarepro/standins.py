@@ -474,7 +474,8 @@ def released_settings(calibrate: Optional[Dict[str, Any]]) -> List[List[Any]]:
     if not calibrate:
         return []
     from vcarepro.calibration import entries
-    return sorted([e["file"], e["layout"], e["arch"], e.get("attention", "mhsa"), e.get("learn_sigma", False)]
+    return sorted([e["file"], e["layout"], e["arch"], e.get("attention", "mhsa"), e.get("learn_sigma", False),
+                   e.get("image_size", 0), json.dumps(e.get("options") or {}, sort_keys=True)]
                   for kind in ("cls", "gen") for e in entries(calibrate, kind).values())
 
 

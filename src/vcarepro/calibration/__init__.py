@@ -47,6 +47,9 @@ def entries(calibrate: Dict[str, Any], kind: str) -> Dict[str, Dict[str, Any]]:
 def selected(calibrate: Dict[str, Any], kind: str) -> List[str]:
     """The entries of ``kind`` that ``calibrate.checkpoints`` lists; unknown names are refused."""
     chosen = list(calibrate.get("checkpoints") or [])
+    twice = sorted({c for c in chosen if chosen.count(c) > 1})
+    if twice:
+        raise BadInput(f"calibrate.checkpoints lists {', '.join(twice)} more than once; list each entry once.")
     known = {**entries(calibrate, "cls"), **entries(calibrate, "gen")}
     unknown = [c for c in chosen if c not in known]
     if unknown:
@@ -70,9 +73,14 @@ def sha256(path: Path) -> str:
 
 def read_released(path: Path, keymap: KeyMap, *, trust_pickle: bool) -> Dict[str, torch.Tensor]:
     """The released file's state dict, in the released layout (not yet mapped)."""
+    return read_released_from(path, keymap, trust_pickle=trust_pickle)[1]
+
+
+def read_released_from(path: Path, keymap: KeyMap, *, trust_pickle: bool):
+    """(the container entry the weights were found under, None for a bare file; the state dict)."""
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
-        return load_file(str(path))
+        return None, load_file(str(path))
     try:
         saved = torch.load(path, map_location="cpu", weights_only=not trust_pickle)
     except pickle.UnpicklingError as err:
@@ -81,11 +89,21 @@ def read_released(path: Path, keymap: KeyMap, *, trust_pickle: bool) -> Dict[str
     except (RuntimeError, EOFError, OSError) as err:
         raise BadInput(f"{path} is not a readable PyTorch checkpoint ({str(err).splitlines()[0][:120]}); download "
                        f"it again.") from None
-    state = keymap.unwrap(saved)
+    container, state = keymap.find(saved)
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise BadInput(f"{path} holds no state dict under {', '.join(keymap.containers) or 'its top level'}; is it "
                        f"the released file?")
-    return state
+    return container, state
+
+
+def check_digest(path: Path, entry: Dict[str, Any], name: str) -> str:
+    """The file's sha256, refused when the entry records another (a prefix, as torch hub names files)."""
+    digest = sha256(path)
+    expected = entry.get("sha256")
+    if expected and not digest.startswith(expected):
+        raise BadInput(f"{path} has sha256 {digest[:16]}..., but the file released for calibration entry {name} "
+                       f"has {expected}...; download it again from {entry['where']}.")
+    return digest
 
 
 def load_strict(model: torch.nn.Module, state: Dict[str, torch.Tensor], keymap: KeyMap, name: str,
@@ -115,21 +133,25 @@ def missing_file_message(calibrate: Dict[str, Any], name: str, entry: Dict[str, 
             f"{entry['where']} into {calibrate['dir']}/ (README: Calibration).")
 
 
-def verdict(scale: str, difference: float, tolerance: float) -> str:
-    if scale != "paper":
-        return "not judged"  # stand-in weights or a scale whose data is not ImageNet's
+def verdict(scale: str, difference: float, tolerance: float, deviations: List[str] = ()) -> str:
+    """A verdict only for released weights measured by the published protocol on ImageNet (scale=paper)."""
+    if scale != "paper" or deviations:
+        return "not judged"  # stand-in weights, a scale whose data is not ImageNet's, or another protocol
+    if difference != difference:
+        return "not a finite number"
     return "reproduces" if abs(difference) <= tolerance else "does not reproduce"
 
 
 def row(scale: str, kind: str, name: str, entry: Dict[str, Any], ours: float, path: Path, digest: str,
-        extra: Dict[str, Any]) -> Dict[str, Any]:
+        extra: Dict[str, Any], deviations: List[str]) -> Dict[str, Any]:
+    """One calibration row; ``deviations`` says how this measurement's protocol differs from the published one."""
     metric = METRIC[kind]
     published = float(entry[metric])
     difference = ours - published
     return {"name": name, "kind": kind, "metric": metric, "published": published, "ours": ours,
             "difference": difference, "tolerance": float(entry["tolerance"]),
-            "verdict": verdict(scale, difference, float(entry["tolerance"])), "source": entry["source"],
-            "file": str(path), "sha256": digest, "standin": scale == "smoke", **extra}
+            "verdict": verdict(scale, difference, float(entry["tolerance"]), deviations), "deviations": deviations,
+            "source": entry["source"], "file": str(path), "sha256": digest, "standin": scale == "smoke", **extra}
 
 
 def not_run(calibrate: Dict[str, Any], kind: str, chosen: List[str]) -> List[Dict[str, Any]]:

@@ -7,8 +7,27 @@ from typing import Any, Dict
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from . import entries, keymap_for, load_strict, read_released, require_file, row, sha256
+from . import check_digest, entries, keymap_for, load_strict, read_released_from, require_file, row
 from ..errors import BadInput
+
+# The published protocols' sizes: ImageNet-1K val (1000 classes, 50,000 images) and FID-50K.
+IMAGENET_VAL = (1000, 50_000)
+FID_SAMPLES = 50_000
+
+
+def load_released(model, cal: Dict[str, Any], name: str, entry: Dict[str, Any]):
+    """``model`` with the released file of entry ``name`` loaded strictly; (model, sha256, deviations)."""
+    path = require_file(cal, name, entry)
+    digest = check_digest(path, entry, name)
+    keymap = keymap_for(entry, name)
+    container, state = read_released_from(path, keymap, trust_pickle=cal["trust_pickle"])
+    load_strict(model, state, keymap, name, path)
+    deviations = []
+    if container != keymap.released_container() and not (keymap.bare and container is None):
+        # e.g. CSWin's non-EMA state_dict: the published number is the EMA's
+        deviations.append(f"weights read from {container or 'the top level'}, not "
+                          f"{keymap.released_container() or 'the top level'}")
+    return model, path, digest, deviations
 
 
 class ImageNetLabels(Dataset):
@@ -41,18 +60,20 @@ def calibrate_classifier(params: Dict[str, Any], name: str, device: torch.device
 
     cal = params["calibrate"]
     entry = entries(cal, "cls")[name]
-    path = require_file(cal, name, entry)
-    keymap = keymap_for(entry, name)
     model = create_classifier(entry["arch"], entry["attention"], **(entry.get("options") or {}))
-    load_strict(model, read_released(path, keymap, trust_pickle=cal["trust_pickle"]), keymap, name, path)
+    model, path, digest, deviations = load_released(model, cal, name, entry)
     recipe = params["cls_recipes"][entry["recipe"]]
-    val = ImageNetLabels(ManifestDataset(data_root, "val", build_transforms(recipe, training=False)))
+    split = ManifestDataset(data_root, "val", build_transforms(recipe, training=False))
+    val = ImageNetLabels(split)
+    if (len(split.classes), len(val)) != IMAGENET_VAL:
+        deviations.append(f"{len(split.classes)} classes and {len(val)} val images, not ImageNet-1K val's "
+                          f"{IMAGENET_VAL[0]} and {IMAGENET_VAL[1]:,}")
     loader = DataLoader(val, batch_size=cal["batch_size"], num_workers=cal["workers"])
     figures = evaluate(model.to(device), loader, device)
     protocol = {"recipe": entry["recipe"], "crop_pct": recipe["crop_pct"], "crop_mode": recipe["crop_mode"],
                 "interpolation": recipe["interpolation"], "img_size": recipe["img_size"], "val_images": len(val),
                 "top5": figures["top5"]}
-    return row(params["scale"], "cls", name, entry, figures["top1"], path, sha256(path), protocol)
+    return row(params["scale"], "cls", name, entry, figures["top1"], path, digest, protocol, deviations)
 
 
 def sampling_for(params: Dict[str, Any], entry: Dict[str, Any]) -> Dict[str, Any]:
@@ -73,25 +94,33 @@ def calibrate_generator(params: Dict[str, Any], name: str, device: torch.device,
     from ..data.samples import NpzSampleWriter
     from ..metrics.extractors import make_extractor
     from ..metrics.fid50k import evaluate_samples, evaluator_options, load_reference_set
+    from ..data.samples import discard_work
     from ..models.dit import create_dit
-    from ..pipeline import fingerprint
+    from ..pipeline import TRAINING_CODE, fingerprint, source_digest
     from ..train.generation import generate_batches
 
     cal = params["calibrate"]
     entry = entries(cal, "gen")[name]
-    path = require_file(cal, name, entry)
-    keymap = keymap_for(entry, name)
     side = entry["image_size"] // 8  # the SD VAE's 8x downsampling
     model = create_dit(entry["arch"], "mhsa", input_size=side, in_channels=4, num_classes=1000,
                        learn_sigma=entry["learn_sigma"])
-    load_strict(model, read_released(path, keymap, trust_pickle=cal["trust_pickle"]), keymap, name, path)
-    digest = sha256(path)
+    model, path, digest, deviations = load_released(model, cal, name, entry)
     sampling = sampling_for(params, entry)
     vae_name = cal["vae_decoder"] or params["sampling"]["vae_decoder"]
-    vae = load_vae(vae_name, device)
     num = cal["num_samples"]
+    if num != FID_SAMPLES:
+        deviations.append(f"{num:,} samples, not FID-50K's {FID_SAMPLES:,}")
+    if sampling["ddpm_steps"] != entry["steps"]:
+        deviations.append(f"{sampling['ddpm_steps']} sampler steps, not the published {entry['steps']}")
+    if cal["vae_decoder"]:
+        deviations.append(f"decoded by {vae_name}, not sampling.vae_decoder")
+    if params["eval_gen"]["feature_dims"]:
+        deviations.append(f"FID over {params['eval_gen']['feature_dims']} Inception coordinates, not 2048")
+    vae = load_vae(vae_name, device)
     samples = work_dir / f"{name}.npz"
-    key = fingerprint(digest, entry["objective"], sampling, vae_name, cal["seed"])
+    # unfinished work resumes only for the same weights, sampler settings, shape and code (as sample_gen's)
+    key = fingerprint(digest, entry["objective"], sampling, vae_name, cal["seed"], (4, side, side),
+                      source_digest(*TRAINING_CODE))
     writer = NpzSampleWriter(samples, num, (entry["image_size"], entry["image_size"], 3),
                              work_dir=work_dir / f"{name}.work", key=key)
     for batch, (start, x, labels) in enumerate(generate_batches(
@@ -105,9 +134,12 @@ def calibrate_generator(params: Dict[str, Any], name: str, device: torch.device,
                                                batch_size=params["fid_reference"]["batch_size"])
     figures = evaluate_samples(samples, extractor=extractor, **load_reference_set(fid_reference),
                                **evaluator_options(params["eval_gen"]), seed=cal["seed"])
+    # measured: the samples (10 GB at FID-50K) and their work go; a re-run samples afresh
+    discard_work(work_dir / f"{name}.work")
+    samples.unlink()
     sampler = "ddpm" if entry["objective"] == "ddpm" else f"flow-{entry['sampler']}"
     protocol = {"sampler": sampler, "sampler_steps": sampling["ddpm_steps"], "cfg_scale": entry["cfg_scale"],
                 "labels": "random", "decoder": vae_name, "num_samples": figures["num_samples"],
                 "fid_feature_dims": figures["fid_feature_dims"], "extractor": extractor_name,
                 **{k: figures[k] for k in ("inception_score", "sfid", "precision", "recall") if k in figures}}
-    return row(params["scale"], "gen", name, entry, float(figures["fid"]), path, digest, protocol)
+    return row(params["scale"], "gen", name, entry, float(figures["fid"]), path, digest, protocol, deviations)

@@ -20,11 +20,18 @@ def calibration_section(root: Path, scale: str) -> Dict[str, Any]:
             stale.append(f"metrics/calibration_{kind}.json (scale {result.get('scale')})")
             continue
         for r in result["rows"]:
-            judged = r["verdict"] != "not judged"
+            if r.get("standin"):
+                note = "stand-in weights (random, in the released layout)"
+            elif scale != "paper":
+                note = "not ImageNet"
+            else:
+                note = "; ".join(r.get("deviations") or [])  # why a paper-scale row is not judged
+            measured = (f"{r['val_images']:,} val images" if r["kind"] == "cls" else
+                        f"{r['num_samples']:,} samples, {r['sampler']} {r['sampler_steps']} steps, "
+                        f"cfg {r['cfg_scale']:g}")
             rows.append({**r, "label": LABELS[r["metric"]], "ours": f"{r['ours']:.2f}",
                          "difference": f"{r['difference']:+.2f}", "tolerance": f"±{r['tolerance']:g}",
-                         "note": "" if judged else ("stand-in weights (random, in the released layout)"
-                                                    if r.get("standin") else "not ImageNet: not judged")})
+                         "note": note, "measured": measured})
         not_run.extend(result["not_run"])
     return {"rows": rows, "not_run": not_run, "stale": stale,
             "files": sorted({n["file"] for n in not_run})}

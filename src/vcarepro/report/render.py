@@ -129,7 +129,7 @@ def build_context(root: Path) -> Dict[str, Any]:
         "knobs": knobs,
         "sources": reference["sources"],
         "claims": tables.claims(),
-        "calibration": calibration_section(root, params["scale"]),
+        "calibration": {**calibration_section(root, params["scale"]), "dir": params["calibrate"]["dir"]},
         "table1": tables.table1(),
         "decomposition": tables.decomposition(),
         "recipes_collapse": recipes_collapse(params),

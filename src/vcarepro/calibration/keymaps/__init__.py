@@ -14,7 +14,7 @@ model's state dict to them exactly, and ``to_ours`` of them to our model strictl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -37,11 +37,19 @@ class KeyMap:
 
     def unwrap(self, saved) -> StateDict:
         """The state dict inside a loaded checkpoint object."""
+        return self.find(saved)[1]
+
+    def find(self, saved) -> Tuple[Optional[str], StateDict]:
+        """(the entry the state dict was found under, None for a bare file; the state dict)."""
         if isinstance(saved, dict):
             for key in self.containers:
                 if key in saved and isinstance(saved[key], dict):
-                    return saved[key]
-        return saved
+                    return key, saved[key]
+        return None, saved
+
+    def released_container(self) -> Optional[str]:
+        """Where the released file keeps its weights (None: the file is the state dict)."""
+        return None if self.bare else self.containers[0]
 
 
 def identity(state: StateDict) -> StateDict:

@@ -71,8 +71,22 @@ def _swin_reference():
 
 
 def _swin_to_ours(state: StateDict) -> StateDict:
+    """timm's checkpoint_filter_fn, after checking what it would otherwise adapt silently: it resamples a patch
+    kernel or a relative-position table of another size to fit the model, and drops the saved index and mask."""
     from timm.models.swin_transformer import checkpoint_filter_fn
 
+    ours = _swin_reference().state_dict()
+    for key, value in state.items():
+        if key == "patch_embed.proj.weight" or key.endswith("relative_position_bias_table"):
+            if key in ours and tuple(value.shape) != tuple(ours[key].shape):
+                raise ValueError(f"{key} has shape {tuple(value.shape)}, Swin-T's is {tuple(ours[key].shape)}")
+        m = _SWIN_BLOCK.match(key)
+        if m and m.group(3) in ("attn.relative_position_index", "attn_mask"):
+            index, mask = _swin_block_buffers(SWIN_IMG_SIZE // SWIN_PATCH // 2 ** int(m.group(1)),
+                                              int(m.group(2)) % 2 == 1)
+            expected = index if m.group(3) == "attn.relative_position_index" else mask
+            if expected is None or tuple(value.shape) != tuple(expected.shape) or not torch.equal(value, expected):
+                raise ValueError(f"{key} is not Swin-T's (window {SWIN_WINDOW}, {SWIN_IMG_SIZE} px)")
     return checkpoint_filter_fn(dict(state), _swin_reference())
 
 
