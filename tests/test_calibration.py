@@ -240,3 +240,21 @@ def test_each_models_timm_data_config_evaluates_as_the_calibration_recipe(name, 
     recipe = compose(["scale=paper"])["cls_recipes"][entry["recipe"]]
     assert (config["crop_pct"], config.get("crop_mode", "center"), config["interpolation"], config["input_size"][-1]) \
         == (recipe["crop_pct"], recipe["crop_mode"], recipe["interpolation"], recipe["img_size"])
+
+
+@pytest.mark.parametrize("name, saved_under, deviates", [("cswin_tiny", "state_dict_ema", False),
+                                                         ("cswin_tiny", "state_dict", True),
+                                                         ("pvt_tiny", "model", False), ("pvt_tiny", None, False),
+                                                         ("deit_tiny", None, False)])
+def test_only_a_fallback_container_of_other_weights_is_a_deviation(tmp_path, name, saved_under, deviates,
+                                                                    one_torch_thread):
+    from vcarepro.calibration.run import load_released
+    from vcarepro.models import create_classifier
+    cal = {**one(PAPER, name), "dir": str(tmp_path)}
+    entry = {**cal["classifiers"][name], "sha256": None}
+    cal["classifiers"][name] = entry
+    (path,) = write_released_checkpoints(tmp_path, cal)
+    state = keymap_for(entry, name).unwrap(torch.load(path, weights_only=True))
+    torch.save(state if saved_under is None else {saved_under: state}, path)
+    _, _, _, deviations = load_released(create_classifier(entry["arch"], "mhsa"), cal, name, entry)
+    assert bool(deviations) == deviates and all("state_dict" in d for d in deviations)

@@ -16,17 +16,17 @@ FID_SAMPLES = 50_000
 
 
 def load_released(model, cal: Dict[str, Any], name: str, entry: Dict[str, Any]):
-    """``model`` with the released file of entry ``name`` loaded strictly; (model, sha256, deviations)."""
+    """``model`` with the released file of entry ``name`` loaded strictly; (model, path, sha256, deviations)."""
     path = require_file(cal, name, entry)
     digest = check_digest(path, entry, name)
     keymap = keymap_for(entry, name)
     container, state = read_released_from(path, keymap, trust_pickle=cal["trust_pickle"])
     load_strict(model, state, keymap, name, path)
     deviations = []
-    if container != keymap.released_container() and not (keymap.bare and container is None):
-        # e.g. CSWin's non-EMA state_dict: the published number is the EMA's
-        deviations.append(f"weights read from {container or 'the top level'}, not "
-                          f"{keymap.released_container() or 'the top level'}")
+    released = keymap.released_container()
+    if released is not None and container is not None and container != released:
+        # a fallback entry of the same file, e.g. CSWin's non-EMA state_dict: the published number is the EMA's
+        deviations.append(f"weights read from {container}, not {released}")
     return model, path, digest, deviations
 
 
