@@ -444,7 +444,7 @@ def write_released_checkpoints(out: PathLike, calibrate: Dict[str, Any], *, seed
     so that the calibration stages load them through the same strict path as the authors' files."""
     import torch
 
-    from vcarepro.calibration import entries, keymap_for
+    from vcarepro.calibration import build_model, entries, keymap_for
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -454,13 +454,7 @@ def write_released_checkpoints(out: PathLike, calibrate: Dict[str, Any], *, seed
             if entry["file"] in written:  # e.g. one DiT file behind two guidance scales
                 continue
             torch.manual_seed(seed)
-            if kind == "cls":
-                from vcarepro.models import create_classifier
-                model = create_classifier(entry["arch"], entry["attention"], **(entry.get("options") or {}))
-            else:
-                from vcarepro.models.dit import create_dit
-                model = create_dit(entry["arch"], "mhsa", input_size=entry["image_size"] // 8, in_channels=4,
-                                   num_classes=1000, learn_sigma=entry["learn_sigma"])
+            model = build_model(kind, entry)
             keymap = keymap_for(entry, name)
             state = {k: v.contiguous() for k, v in keymap.to_released(model.state_dict()).items()}
             path = out / entry["file"]

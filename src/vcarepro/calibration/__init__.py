@@ -71,13 +71,20 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_released(path: Path, keymap: KeyMap, *, trust_pickle: bool) -> Dict[str, torch.Tensor]:
-    """The released file's state dict, in the released layout (not yet mapped)."""
-    return read_released_from(path, keymap, trust_pickle=trust_pickle)[1]
+def build_model(kind: str, entry: Dict[str, Any]) -> torch.nn.Module:
+    """The model of ours an entry's released weights load into (the calibration and the stand-ins build it here)."""
+    if kind == "cls":
+        from ..models import create_classifier
+        return create_classifier(entry["arch"], entry["attention"], **(entry.get("options") or {}))
+    from ..models.dit import create_dit
+    # ImageNet's 1000 classes, latents of the SD VAE (4 channels, 8x downsampling)
+    return create_dit(entry["arch"], "mhsa", input_size=entry["image_size"] // 8, in_channels=4, num_classes=1000,
+                      learn_sigma=entry["learn_sigma"])
 
 
-def read_released_from(path: Path, keymap: KeyMap, *, trust_pickle: bool):
-    """(the container entry the weights were found under, None for a bare file; the state dict)."""
+def read_released(path: Path, keymap: KeyMap, *, trust_pickle: bool):
+    """(the container entry the weights were found under, None for a bare file; the state dict in the released
+    layout, not yet mapped)."""
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
         return None, load_file(str(path))

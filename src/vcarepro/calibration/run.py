@@ -7,7 +7,7 @@ from typing import Any, Dict
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from . import check_digest, entries, keymap_for, load_strict, read_released_from, require_file, row
+from . import build_model, check_digest, entries, keymap_for, load_strict, read_released, require_file, row
 from ..errors import BadInput
 
 # The published protocols' sizes: ImageNet-1K val (1000 classes, 50,000 images) and FID-50K.
@@ -20,7 +20,7 @@ def load_released(model, cal: Dict[str, Any], name: str, entry: Dict[str, Any]):
     path = require_file(cal, name, entry)
     digest = check_digest(path, entry, name)
     keymap = keymap_for(entry, name)
-    container, state = read_released_from(path, keymap, trust_pickle=cal["trust_pickle"])
+    container, state = read_released(path, keymap, trust_pickle=cal["trust_pickle"])
     load_strict(model, state, keymap, name, path)
     deviations = []
     released = keymap.released_container()
@@ -55,13 +55,11 @@ class ImageNetLabels(Dataset):
 def calibrate_classifier(params: Dict[str, Any], name: str, device: torch.device, data_root: Path) -> Dict[str, Any]:
     """Top-1 of released classifier ``name`` on data_root's val split, with the recipe its authors evaluated with."""
     from ..data.folders import ManifestDataset
-    from ..models import create_classifier
     from ..train.classification import build_transforms, evaluate
 
     cal = params["calibrate"]
     entry = entries(cal, "cls")[name]
-    model = create_classifier(entry["arch"], entry["attention"], **(entry.get("options") or {}))
-    model, path, digest, deviations = load_released(model, cal, name, entry)
+    model, path, digest, deviations = load_released(build_model("cls", entry), cal, name, entry)
     recipe = params["cls_recipes"][entry["recipe"]]
     split = ManifestDataset(data_root, "val", build_transforms(recipe, training=False))
     val = ImageNetLabels(split)
@@ -95,16 +93,13 @@ def calibrate_generator(params: Dict[str, Any], name: str, device: torch.device,
     from ..metrics.extractors import make_extractor
     from ..metrics.fid50k import evaluate_samples, evaluator_options, load_reference_set
     from ..data.samples import discard_work
-    from ..models.dit import create_dit
     from ..pipeline import TRAINING_CODE, fingerprint, source_digest
     from ..train.generation import generate_batches
 
     cal = params["calibrate"]
     entry = entries(cal, "gen")[name]
-    side = entry["image_size"] // 8  # the SD VAE's 8x downsampling
-    model = create_dit(entry["arch"], "mhsa", input_size=side, in_channels=4, num_classes=1000,
-                       learn_sigma=entry["learn_sigma"])
-    model, path, digest, deviations = load_released(model, cal, name, entry)
+    model, path, digest, deviations = load_released(build_model("gen", entry), cal, name, entry)
+    side = entry["image_size"] // 8  # the latent grid build_model made the model for
     sampling = sampling_for(params, entry)
     vae_name = cal["vae_decoder"] or params["sampling"]["vae_decoder"]
     num = cal["num_samples"]
