@@ -5,7 +5,13 @@
 
 * one process in all: runs the script in this process (no process group);
 * several processes on one node with ``--rdzv-endpoint file``: starts them here with a
-  shared file store (gloo over loopback on CPUs), so nothing listens on the network;
+  shared file store (gloo over loopback on CPUs), so nothing listens on the network. The
+  launcher watches every rank: when one exits non-zero it sends the others SIGTERM (a
+  training rank checkpoints and exits 143), SIGKILL after ``--grace`` seconds, says which
+  rank ended how in one sentence and exits with that rank's status (128 + the signal for a
+  rank killed by one). SIGINT, SIGTERM and SIGHUP reaching the launcher are passed on to
+  every rank. The store's temporary folder is removed on every way out but the launcher's
+  own SIGKILL;
 * ``--launcher torchrun``: ``torchrun`` for this node's processes with a c10d rendezvous at
   ``--rdzv-endpoint host:port``; on several nodes the same command runs on each node;
 * ``--launcher srun``: run once inside a SLURM allocation (``salloc`` / ``sbatch``);
@@ -17,20 +23,33 @@
 allocation's first host (``scontrol show hostnames``) and port 29500, and
 ``--nproc-per-node gpu`` counts the visible GPUs. torch's TCP store listens on every
 interface of the rendezvous host, as multi-node training needs.
+
+``--rdzv-timeout`` (seconds; VCAREPRO_RDZV_TIMEOUT, else 600) bounds the rendezvous: the
+ranks get it as VCAREPRO_RDZV_TIMEOUT (:func:`vcarepro.train.distributed.rendezvous`; a rank
+still missing then is named in one sentence and the waiting ranks exit 2), and torchrun as
+``--rdzv-conf join_timeout=...`` for its agents' rendezvous.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import runpy
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Callable, List, Mapping, Optional
 
 from vcarepro.errors import BadInput
 
 DEFAULT_PORT = 29500
+RDZV_TIMEOUT_ENV = "VCAREPRO_RDZV_TIMEOUT"  # read by the ranks (vcarepro.train.distributed)
+DEFAULT_RDZV_TIMEOUT = 600  # seconds, as torchrun's join_timeout
+DEFAULT_GRACE = 30  # seconds between SIGTERM and SIGKILL for the ranks left when one fails
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+POLL = 0.2  # seconds between looks at the ranks
 
 
 class LaunchError(BadInput):
@@ -45,6 +64,12 @@ def parse(argv):
     p.add_argument("--node-rank", default="0", help="an integer, or env (SLURM_NODEID / NODE_RANK)")
     p.add_argument("--rdzv-endpoint", default="file", help="file, host:port, or env")
     p.add_argument("--launcher", default="torchrun", choices=["torchrun", "srun"])
+    p.add_argument("--rdzv-timeout", default=None,
+                   help=f"seconds every rank waits for the others to arrive (default: ${RDZV_TIMEOUT_ENV}, "
+                        f"else {DEFAULT_RDZV_TIMEOUT})")
+    p.add_argument("--grace", default=str(DEFAULT_GRACE),
+                   help="seconds the other ranks get to stop after one fails, before SIGKILL "
+                        f"(default {DEFAULT_GRACE})")
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     return p.parse_args(argv)
@@ -72,6 +97,16 @@ def _integer(value: str, name: str, env: Mapping[str, str], keys: List[str], min
     return number
 
 
+def _seconds(value: str, name: str, minimum: int) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise LaunchError(f"--{name} {value!r} is not a whole number of seconds; give one.") from None
+    if number < minimum:
+        raise LaunchError(f"--{name} is {number}; it must be at least {minimum} second(s).")
+    return number
+
+
 def resolve(args, env: Optional[Mapping[str, str]] = None, gpu_count: Optional[Callable[[], int]] = None,
             slurm_host: Callable[[str], str] = first_slurm_host):
     """Replace ``env`` / ``gpu`` values in ``args`` with numbers and an endpoint; check they fit together."""
@@ -87,6 +122,9 @@ def resolve(args, env: Optional[Mapping[str, str]] = None, gpu_count: Optional[C
             raise LaunchError("--nproc-per-node gpu found no visible GPU; give a number of processes instead.")
     else:
         args.nproc_per_node = _integer(args.nproc_per_node, "nproc-per-node", env, [], 1)
+    args.rdzv_timeout = _seconds(args.rdzv_timeout or env.get(RDZV_TIMEOUT_ENV) or str(DEFAULT_RDZV_TIMEOUT),
+                                 "rdzv-timeout", 1)
+    args.grace = _seconds(args.grace, "grace", 0)
     if args.node_rank >= args.nnodes:
         raise LaunchError(f"--node-rank {args.node_rank} does not exist among {args.nnodes} node(s); "
                           "node ranks count from 0.")
@@ -108,29 +146,114 @@ def resolve(args, env: Optional[Mapping[str, str]] = None, gpu_count: Optional[C
     return args
 
 
-def run_local(script: str, script_args, nproc: int) -> int:
-    """Start ``nproc`` ranks of ``script`` here, rendezvousing through a file store."""
-    with tempfile.TemporaryDirectory(prefix="vcarepro-dist-") as tmp:
-        procs = []
+def run_local(script: str, script_args, nproc: int, rdzv_timeout: int = DEFAULT_RDZV_TIMEOUT,
+              grace: float = DEFAULT_GRACE) -> int:
+    """Start ``nproc`` ranks of ``script`` here, rendezvousing through a file store; watch them all."""
+    received: List[int] = []  # signals that reached the launcher, passed on to the ranks by _watch
+
+    def note(signum, frame):
+        received.append(signum)
+
+    previous = {}
+    for signum in FORWARDED:
+        try:
+            previous[signum] = signal.signal(signum, note)
+        except ValueError:  # not the main thread: leave signals alone
+            break
+    # Removed on every way out of here. A SIGKILL of the launcher itself cannot be caught: the folder (a
+    # few bytes) then stays in the temporary directory, and the ranks live on unless the kill took its
+    # whole process group (the warm client's does), since they share the launcher's group.
+    tmp = tempfile.mkdtemp(prefix="vcarepro-dist-")
+    procs: List[subprocess.Popen] = []
+    try:
         for rank in range(nproc):
+            if received:
+                break
             env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
                        LOCAL_WORLD_SIZE=str(nproc), VCAREPRO_DIST_INIT=f"file://{tmp}/store",
-                       GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
+                       GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+                       **{RDZV_TIMEOUT_ENV: str(rdzv_timeout)})
             procs.append(subprocess.Popen([sys.executable, script, *script_args], env=env))
-        codes = [p.wait() for p in procs]
-    failed = [(rank, code) for rank, code in enumerate(codes) if code != 0]
-    if failed:
-        print(f"launch: rank(s) {', '.join(str(r) for r, _ in failed)} failed; see their errors above.",
-              file=sys.stderr)
-        return failed[0][1] or 1
+        return _watch(procs, received, grace)
+    finally:
+        for proc in procs:  # only after an error in the launcher itself is any still running
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _watch(procs: List[subprocess.Popen], received: List[int], grace: float) -> int:
+    """Wait for every rank; the first to fail (or a signal to the launcher) stops the rest. The exit status."""
+    failed = None  # (rank, status) of the first rank that exited non-zero while the others ran
+    stopped: List[int] = []  # ranks still running when the stop began
+    stop_since = None
+    forwarded = 0
+    killed = False
+    while True:
+        codes = [proc.poll() for proc in procs]
+        running = [rank for rank, code in enumerate(codes) if code is None]
+        # A signal to the launcher goes to every rank still running. One sent to the whole process group
+        # (Ctrl-C, the warm client's forwarding) reaches a rank twice: harmless for SIGTERM, a flag in training.
+        for signum in received[forwarded:]:
+            forwarded += 1
+            for rank in running:
+                _signal(procs[rank], signum)
+            if stop_since is None:
+                stop_since, stopped = time.monotonic(), running
+        if stop_since is None:
+            failed = next(((rank, code) for rank, code in enumerate(codes) if code not in (None, 0)), None)
+            if failed is not None:
+                stop_since, stopped = time.monotonic(), running
+                for rank in running:
+                    _signal(procs[rank], signal.SIGTERM)
+        if not running:
+            break
+        if stop_since is not None and not killed and time.monotonic() - stop_since > grace:
+            killed = True
+            for rank in running:
+                _signal(procs[rank], signal.SIGKILL)
+        time.sleep(POLL)
+    how = f" (SIGKILL after {grace:g} s)" if killed else ""
+    others = f"stopped {_ranks(stopped)}{how}" if stopped else "the other ranks had finished"
+    if failed is not None:  # what came first is what the sentence names
+        rank, code = failed
+        status = f"{code} (killed by {_name(-code)})" if code < 0 else str(code)
+        print(f"launch: rank {rank} exited with status {status}; {others}; see the ranks' output above.",
+              file=sys.stderr, flush=True)
+        return 128 - code if code < 0 else code
+    if received:
+        print(f"launch: stopped by {_name(received[0])}, passed on to {_ranks(stopped) if stopped else 'no rank'}"
+              f"{how}.", file=sys.stderr, flush=True)
+        return 128 + received[0]
     return 0
+
+
+def _signal(proc: subprocess.Popen, signum: int) -> None:
+    try:
+        proc.send_signal(signum)  # nothing if it has been reaped already
+    except ProcessLookupError:  # it ended between the look and the signal
+        pass
+
+
+def _name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _ranks(ranks: List[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def torchrun_command(args) -> list:
     """This node's torchrun (``--launcher torchrun``)."""
     return ["torchrun", f"--nnodes={args.nnodes}", f"--nproc-per-node={args.nproc_per_node}",
             f"--node-rank={args.node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}",
-            args.script, *args.script_args]
+            f"--rdzv-conf=join_timeout={args.rdzv_timeout}", args.script, *args.script_args]
 
 
 def srun_command(args, env: Optional[Mapping[str, str]] = None) -> list:
@@ -139,7 +262,7 @@ def srun_command(args, env: Optional[Mapping[str, str]] = None) -> list:
     return ["srun", f"--nodes={args.nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
             "torchrun", f"--nnodes={args.nnodes}", f"--nproc-per-node={args.nproc_per_node}",
             "--rdzv-backend=c10d", f"--rdzv-id={env['SLURM_JOB_ID']}", f"--rdzv-endpoint={args.rdzv_endpoint}",
-            args.script, *args.script_args]
+            f"--rdzv-conf=join_timeout={args.rdzv_timeout}", args.script, *args.script_args]
 
 
 def main(argv=None) -> int:
@@ -149,15 +272,16 @@ def main(argv=None) -> int:
     except LaunchError as err:
         print(f"launch: {err}", file=sys.stderr)
         return 2
+    ranks_env = dict(os.environ, **{RDZV_TIMEOUT_ENV: str(args.rdzv_timeout)})
     if args.launcher == "srun":
-        return subprocess.call(srun_command(args))
+        return subprocess.call(srun_command(args), env=ranks_env)
     if args.nnodes * args.nproc_per_node == 1:
         sys.argv = [args.script, *args.script_args]
         runpy.run_path(args.script, run_name="__main__")
         return 0
     if args.rdzv_endpoint == "file":
-        return run_local(args.script, args.script_args, args.nproc_per_node)
-    return subprocess.call(torchrun_command(args))
+        return run_local(args.script, args.script_args, args.nproc_per_node, args.rdzv_timeout, args.grace)
+    return subprocess.call(torchrun_command(args), env=ranks_env)
 
 
 if __name__ == "__main__":

@@ -3,14 +3,31 @@
 One process: no process group at all. Several: the launcher sets RANK, WORLD_SIZE,
 LOCAL_RANK (torchrun does the same) and, for single-node runs over a file store,
 VCAREPRO_DIST_INIT=file://...; NCCL on GPUs, gloo on CPUs.
+
+The rendezvous is bounded: every rank marks its arrival in the store and waits at most
+VCAREPRO_RDZV_TIMEOUT seconds (the launcher's ``--rdzv-timeout``, 600 by default) for the
+others; a rank that is not there by then (it died while importing, or is still starting)
+ends the waiting ranks with one sentence naming it (:class:`RendezvousTimeout`, exit 2 in a
+stage). The limit bounds the rendezvous only: torch's ``init_process_group(timeout=...)``
+would also bound every collective (a barrier while rank 0 evaluates), so the process group
+keeps torch's default for those.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import List, Mapping, Optional
 
 import torch
 import torch.distributed as dist
+
+from vcarepro.errors import BadInput, UserError
+from vcarepro.launch import DEFAULT_RDZV_TIMEOUT, RDZV_TIMEOUT_ENV
+
+
+class RendezvousTimeout(UserError, TimeoutError):
+    """Not every rank reached the rendezvous in time."""
 
 
 @dataclass(frozen=True)
@@ -40,9 +57,58 @@ def init_distributed() -> DistInfo:
         device = torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=os.environ.get("VCAREPRO_DIST_INIT", "env://"),
-                                rank=rank, world_size=world_size)
+        store = rendezvous(os.environ.get("VCAREPRO_DIST_INIT", "env://"), rank, world_size)
+        dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank,
+                                world_size=world_size)  # as init_method would, with the store already joined
     return DistInfo(rank, world_size, local_rank, device)
+
+
+def rendezvous_timeout(env: Optional[Mapping[str, str]] = None) -> float:
+    """Seconds a rank waits for the others at the rendezvous (VCAREPRO_RDZV_TIMEOUT)."""
+    env = os.environ if env is None else env
+    value = env.get(RDZV_TIMEOUT_ENV) or str(DEFAULT_RDZV_TIMEOUT)
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise BadInput(f"{RDZV_TIMEOUT_ENV}={value!r} is not a positive number of seconds; set it to one "
+                       f"(e.g. {DEFAULT_RDZV_TIMEOUT}) or unset it.")
+    return seconds
+
+
+def rendezvous(init_method: str, rank: int, world_size: int, timeout: Optional[float] = None):
+    """The store every rank has reached, within ``timeout`` seconds; :class:`RendezvousTimeout` if one has not."""
+    timeout = rendezvous_timeout() if timeout is None else timeout
+    limit = timedelta(seconds=timeout)
+    try:
+        store, rank, world_size = next(dist.rendezvous(init_method, rank, world_size, timeout=limit))
+    except RuntimeError as err:  # a TCP store (env://) that does not answer in time; DistStoreError is one
+        if "time" not in str(err).lower():
+            raise
+        raise RendezvousTimeout(
+            f"rank {rank}: the rendezvous at {init_method} did not complete within {timeout:g} s; check that "
+            f"every rank started, or give the launcher a longer --rdzv-timeout ({RDZV_TIMEOUT_ENV}).") from None
+    store.set_timeout(limit)
+    # one key per rank and per attempt (torchrun's restarts share its store)
+    keys = [f"vcarepro/arrived/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{r}" for r in range(world_size)]
+    store.set(keys[rank], "1")
+    try:
+        store.wait(keys, limit)
+    except RuntimeError:  # torch raises a bare RuntimeError("Wait timeout") (or a DistStoreError)
+        missing = _missing(store, keys)
+        if not missing:  # the last one arrived just as the wait gave up
+            return store
+        names = f"rank {missing[0]}" if len(missing) == 1 else "ranks " + ", ".join(map(str, missing))
+        raise RendezvousTimeout(
+            f"rank {rank}: {names} did not reach the rendezvous within {timeout:g} s (died while starting, or "
+            f"still starting); see {'its' if len(missing) == 1 else 'their'} errors, or give the launcher a "
+            f"longer --rdzv-timeout ({RDZV_TIMEOUT_ENV}) if the ranks start slowly.") from None
+    return store
+
+
+def _missing(store, keys: List[str]) -> List[int]:
+    return [rank for rank, key in enumerate(keys) if not store.check([key])]
 
 
 def say(info: DistInfo, message: str) -> None:
