@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -123,3 +125,55 @@ def test_the_socket_lives_in_a_folder_only_this_user_can_enter(monkeypatch, tmp_
     path.parent.chmod(0o755)
     with pytest.raises(PermissionError, match="not private to this user; remove it or set VCAREPRO_WARM=0"):
         warm.socket_path("k")
+
+
+def test_the_key_covers_what_torch_reads_at_import_and_not_what_varies_from_stage_to_stage():
+    base = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "2", "DVC_STAGE": "train_cls@a", "PWD": "/repo"}
+    key = warm.server_key(base)
+    for name, value in [("OMP_NUM_THREADS", "1"), ("MKL_NUM_THREADS", "1"), ("OPENBLAS_NUM_THREADS", "1"),
+                        ("MKL_CBWR", "COMPATIBLE"), ("MKL_ENABLE_INSTRUCTIONS", "AVX2"), ("MKL_DEBUG_CPU_TYPE", "5"),
+                        ("ONEDNN_MAX_CPU_ISA", "AVX2"), ("DNNL_MAX_CPU_ISA", "AVX2"),
+                        ("ONEDNN_DEFAULT_FPMATH_MODE", "BF16"), ("KMP_AFFINITY", "compact"), ("GOMP_SPINCOUNT", "0"),
+                        ("OMP_PROC_BIND", "true"), ("TORCH_LOGS", "+dynamo"), ("TORCHINDUCTOR_CACHE_DIR", "/c"),
+                        ("PYTORCH_JIT", "0"), ("CUDA_VISIBLE_DEVICES", ""), ("ATEN_CPU_CAPABILITY", "default"),
+                        ("TIMM_FUSED_ATTN", "0"), ("HF_HUB_OFFLINE", "1"), ("PYTHONHASHSEED", "0"),
+                        ("LD_PRELOAD", "/lib/x.so"), ("LD_LIBRARY_PATH", "/opt/lib")]:
+        assert warm.server_key({**base, name: value}) != key, name
+    assert warm.server_key({**base, "DVC_STAGE": "train_gen@b", "PWD": "/elsewhere", "PROBE": "1"}) == key
+
+
+THREADS = """
+import os, sys
+warm = "torch" in sys.modules  # a warm child finds torch imported already
+import torch
+print(torch.get_num_threads(), warm, os.getppid(), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_clients_with_different_thread_settings_each_get_a_server_of_their_own(tmp_path):
+    probe = tmp_path / "threads.py"
+    probe.write_text(THREADS)
+    folder = Path(tempfile.mkdtemp(prefix="vw-", dir="/tmp"))  # a short TMPDIR: a socket's path is at most 107 bytes
+    env = {k: v for k, v in ENV.items() if not k.startswith(("OMP_", "MKL_", "OPENBLAS_"))}
+    servers = set()
+    try:
+        seen = []
+        for threads in ("1", "2", "1", "2"):  # the second of each runs in the server the first one started
+            result = subprocess.run([sys.executable, str(RUN), str(probe)], cwd=tmp_path, capture_output=True,
+                                    text=True, timeout=300, env={**env, "TMPDIR": str(folder), "OMP_NUM_THREADS": threads})
+            assert result.returncode == 0, result.stderr[-2000:]
+            count, warmed, server = result.stdout.split()
+            servers.add(int(server))
+            seen.append((count, warmed, server))
+        assert [count for count, _, _ in seen] == ["1", "2", "1", "2"]  # each its own setting
+        assert all(warmed == "True" for _, warmed, _ in seen)  # and each warm
+        assert seen[0][2] == seen[2][2] != seen[1][2] == seen[3][2]  # one server for each setting, reused
+        assert len(list((folder / f"vcarepro-warm-{os.getuid()}").glob("*.sock"))) == 2
+    finally:
+        for pid in servers:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(folder, ignore_errors=True)

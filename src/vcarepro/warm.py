@@ -19,10 +19,14 @@ command, but in a child forked from a local server that holds those modules alre
   without a word (SIGKILL), the server kills the child.
 
 Nothing listens on the network: the socket is a file in a directory only this user can
-enter. The server's key is a hash of the interpreter and of every ``.py`` file of the
-package, so edited code gets a fresh server (the old one idles out after
-``VCAREPRO_WARM_IDLE`` seconds, 60 by default). ``VCAREPRO_WARM=0`` runs every command in
-a fresh interpreter instead, as does any failure to reach a server.
+enter. The server's key is a hash of the interpreter, of every ``.py`` file of the package
+and of the environment variables that torch and the libraries it loads read when they load
+(``IMPORT_ENV_PREFIXES``: ``OMP_NUM_THREADS``, ``MKL_CBWR``, ``ONEDNN_MAX_CPU_ISA``,
+``TIMM_FUSED_ATTN``, ``LD_PRELOAD``, ...). A child cannot change those, since the server
+read them before it forked; so edited code, and a client whose values differ (say
+``OMP_NUM_THREADS=1`` after a server started with 2), get a server of their own (the old one
+idles out after ``VCAREPRO_WARM_IDLE`` seconds, 60 by default). ``VCAREPRO_WARM=0`` runs
+every command in a fresh interpreter instead, as does any failure to reach a server.
 """
 from __future__ import annotations
 
@@ -38,13 +42,27 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Mapping, Optional
 
 PACKAGE = Path(__file__).resolve().parent
 # Modules the stages import; the server imports them once, each child inherits them.
 PRELOAD = ("torch", "timm", "vcarepro", "vcarepro.launch", "vcarepro.train.classification",
            "vcarepro.train.generation", "vcarepro.metrics.complexity", "vcarepro.metrics.fid50k",
            "vcarepro.data.samples", "vcarepro.bench", "vcarepro.report.render", "dvclive")
+# What the preloaded modules fix when they load. A child forked from the server runs with them as the
+# server read them, whatever the child's own environment says: OpenMP sizes its thread pool from
+# OMP_NUM_THREADS, MKL / oneDNN / ATen pick their kernels (MKL_CBWR, MKL_ENABLE_INSTRUCTIONS,
+# MKL_DEBUG_CPU_TYPE, ONEDNN_MAX_CPU_ISA, DNNL_*, ONEDNN_DEFAULT_FPMATH_MODE, ATEN_CPU_CAPABILITY),
+# KMP_* / GOMP_* tune the OpenMP runtimes, torch reads TORCH*_ / PYTORCH_* and CUDA_* (CUDA_VISIBLE_DEVICES,
+# CUDA_HOME), timm TIMM_* (TIMM_FUSED_ATTN picks its attention kernel), huggingface_hub HF_* (HF_HUB_OFFLINE),
+# the interpreter PYTHON* (PYTHONHASHSEED, PYTHONPATH) and the dynamic loader LD_* (LD_PRELOAD,
+# LD_LIBRARY_PATH) at start-up. Their values are part of the server's key, so a client whose values differ
+# gets a server of its own, started with its environment. Prefixes rather than names because these
+# libraries read many such variables and add more with each release: a variable read later, at run time,
+# costs at most an extra server; one left out would silently run a command under another client's settings.
+# What varies from stage to stage (DVC_STAGE, PWD, OLDPWD, SHLVL) must stay out, or every stage starts cold.
+IMPORT_ENV_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "ONEDNN_", "DNNL_", "ATEN_", "TORCH",
+                       "PYTORCH_", "CUDA_", "TIMM_", "HF_", "HUGGINGFACE_", "PYTHON", "LD_")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 START_TIMEOUT = 120.0  # seconds for a new server to import everything and listen
 
@@ -53,13 +71,22 @@ def enabled() -> bool:
     return os.environ.get("VCAREPRO_WARM", "1") != "0"
 
 
-def server_key() -> str:
-    """What a server's preloaded state depends on: the interpreter and this package's code."""
+def server_key(env: Optional[Mapping[str, str]] = None) -> str:
+    """What a server's preloaded state depends on: the interpreter, this package's code and the
+    environment variables read at import (:data:`IMPORT_ENV_PREFIXES`)."""
+    env = os.environ if env is None else env
     digest = hashlib.sha256(f"{sys.executable}\0{sys.version}\0{sys.prefix}".encode())
     for path in sorted(PACKAGE.rglob("*.py")):
         digest.update(str(path.relative_to(PACKAGE)).encode())
         digest.update(path.read_bytes())
+    for name in sorted(import_env(env)):
+        digest.update(f"\0{name}={env[name]}".encode())
     return digest.hexdigest()[:20]
+
+
+def import_env(env: Mapping[str, str]) -> List[str]:
+    """The names in ``env`` that the preloaded modules read when they load."""
+    return [name for name in env if name.startswith(IMPORT_ENV_PREFIXES)]
 
 
 def socket_path(key: str) -> Path:
