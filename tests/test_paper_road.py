@@ -28,6 +28,9 @@ def smoke_params(**overrides):
     """The smoke scale's params, every classification run trained by tiny DeiT-T models at 32 px."""
     params = compose(["scale=smoke"])
     params["cls_shape"] = dict(TINY_DEIT)
+    # the DeiT runs alone: cls_shape goes to every run's constructor, and the hierarchical ones take no depth
+    params["cls_runs"] = {k: v for k, v in params["cls_runs"].items()
+                          if params["models"][v["model"]]["arch"].startswith("deit")}
     params["cls_recipe_overrides"].update({"img_size": 32, "workers": 0, **overrides})
     return params
 

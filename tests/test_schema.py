@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import re
 import subprocess
 import sys
@@ -91,9 +92,9 @@ def test_a_stage_with_bad_params_exits_with_one_line_and_writes_nothing(tmp_path
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     result = subprocess.run([sys.executable, str(ROOT / "stages" / "prepare_cls.py")], cwd=tmp_path,
                             capture_output=True, text=True)
-    assert result.returncode == 1
+    assert result.returncode == 2  # a user error, as every other: run_stage's one `error:` line
     assert result.stderr.strip().splitlines() == [
-        "params.yaml: prepare_cls.val_fraction must be a number > 0 and < 1, got 1.5; fix it in conf/ and run "
+        "error: params.yaml: prepare_cls.val_fraction must be a number > 0 and < 1, got 1.5; fix it in conf/ and run "
         "`python -m vcarepro.config` (or pass -S to dvc exp run)."]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
 
@@ -122,3 +123,86 @@ def test_per_run_generation_overrides_are_checked_like_the_recipe(scales):
     params["gen_runs"]["dit_s2-vca"]["recipe"] = {"epoch": 3}
     with pytest.raises(ParamsError, match=r"recipe\.epoch overrides nothing in gen_recipe"):
         validate(params)
+
+
+# ----------------------------------------------------------------------------- issue 23 (6, 7)
+
+def run_stage_on(project: Path, params: dict, script: str, *args: str):
+    """``stages/<script>`` run for real in ``project`` (an empty directory) with ``params`` as its params.yaml."""
+    project.mkdir(parents=True, exist_ok=True)
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    before = (project / "params.yaml").read_bytes()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    result = subprocess.run([sys.executable, str(ROOT / "stages" / script), *args], cwd=project, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert (project / "params.yaml").read_bytes() == before
+    return result
+
+
+def only_params_left(where: Path) -> bool:
+    return [str(p.relative_to(where)) for p in sorted(where.rglob("*"))] == ["project", "project/params.yaml"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where, typo, script, run, sentence", [
+    ("cls_shape", "embed_dimm", "train_cls.py", "deit_tiny-vca",  # the first run's model is timm's own DeiT
+     "cls_shape.embed_dimm is not an argument of VisionTransformer (deit_tiny_patch16_224), the model of "
+     "cls_runs.deit_tiny-mhsa (did you mean embed_dim?), which takes act_layer, attn_drop_rate, "),
+    ("models.deit_tiny-vca.options", "local_convv", "train_cls.py", "deit_tiny-vca",
+     "models.deit_tiny-vca.options.local_convv is not an argument of VcaVisionTransformer "
+     "(vca_deit_tiny_patch16_224) with attention 'vca' (did you mean local_conv?), which takes apply_attn_drop, "
+     "contrast_embed_init, contrast_tokens, local_conv, stage1, stage2, stage2_softmax, tokens_neg, tokens_pos; "),
+    ("gen_shape", "hidden_sizee", "train_gen.py", "dit_s2-vca",
+     "gen_shape.hidden_sizee is not an argument of DiT, the model of gen_runs.dit_s2-mhsa (did you mean "
+     "hidden_size?), which takes contrast_tokens, depth, hidden_size, in_channels, input_size, mlp_ratio, "
+     "num_classes, num_heads, patch_size; "),
+], ids=["cls_shape", "models.options", "gen_shape"])
+def test_a_misspelt_key_of_a_free_section_is_one_error_line_with_the_valid_names(tmp_path, scales, where, typo,
+                                                                                   script, run, sentence):
+    params = copy.deepcopy(scales["embedded"])
+    *path, last = where.split(".")
+    section = params
+    for key in path + [last]:
+        section = section.setdefault(key, {})
+    section[typo] = 1   # today: TypeError: __init__() got an unexpected keyword argument, deep in the constructor
+    result = run_stage_on(tmp_path / "project", params, script, "--run", run)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: params.yaml: "), result.stderr
+    assert sentence in lines[0] and lines[0].endswith("(or pass -S to dvc exp run).")
+    assert only_params_left(tmp_path)  # nothing written before the check: no runs/, no checkpoints/
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["../../../evil", "a/b", "<script>"])
+def test_a_run_named_outside_the_safe_alphabet_is_refused_before_anything_is_written(tmp_path, scales, name):
+    params = copy.deepcopy(scales["embedded"])
+    params["cls_runs"] = {name: params["cls_runs"]["deit_tiny-vca"]}
+    result = run_stage_on(tmp_path / "project", params, "train_cls.py", "--run", name)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"error: params.yaml: cls_runs has an entry named {name!r}; a name is 1 to 100 letters, digits, '_', '-' or "
+        f"'.' (starting with a letter or digit, no '..'), since it becomes a directory and a DVC stage name; rename "
+        f"it in conf/ and run `python -m vcarepro.config`."]
+    assert only_params_left(tmp_path)  # nothing nested under runs/, nothing beside or above the project
+
+
+@pytest.mark.parametrize("section", ["models", "gen_runs", "cls_recipes"])
+def test_model_and_other_path_names_are_checked_too(scales, section):
+    params = copy.deepcopy(scales["embedded"])
+    first = next(iter(params[section]))
+    params[section]["../" + first] = params[section].pop(first)
+    with pytest.raises(ParamsError, match=re.escape(f"{section} has an entry named '../{first}'")):
+        validate(params)
+
+
+def test_a_models_arch_must_exist_and_the_library_refuses_an_unsafe_run_path_itself(scales):
+    params = copy.deepcopy(scales["embedded"])
+    params["models"]["deit_tiny-vca"]["arch"] = "deit_tiyn"
+    with pytest.raises(ParamsError, match=r"models\.deit_tiny-vca\.arch must be one of .*, got 'deit_tiyn' "
+                                          r"\(did you mean deit_tiny\?\)"):
+        validate(params)
+    from vcarepro.errors import BadInput
+    from vcarepro.pipeline import run_paths
+    with pytest.raises(BadInput, match=r"run name '\.\./x' cannot become a directory"):
+        run_paths("cls", "../x")

@@ -33,15 +33,13 @@ def load_params(path: str | Path = "params.yaml") -> Dict[str, Any]:
 def stage_params(path: str | Path = "params.yaml") -> Dict[str, Any]:
     """params.yaml for a stage: loaded and validated against :mod:`vcarepro.schema`.
 
-    A bad value stops the stage with one sentence (no traceback) before it writes anything.
+    A bad value stops the stage before it writes anything: the schema's :class:`~vcarepro.schema.ParamsError`
+    is a user error, which the stage's ``run_stage`` prints as one ``error:`` line with exit status 2.
     """
-    from .schema import ParamsError, validate
+    from .schema import validate
 
     params = load_params(path)
-    try:
-        validate(params, str(path))
-    except ParamsError as err:
-        raise SystemExit(str(err)) from None
+    validate(params, str(path))
     return params
 
 

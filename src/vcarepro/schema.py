@@ -3,11 +3,19 @@
 A wrong type or an out-of-range value in params.yaml stops the stage before it writes
 anything, with one sentence naming the key, what it holds, what it must hold and where
 to fix it. Sections whose keys are names chosen by the user (``models``, the run
-lists, the shape overrides) are checked for the fields every entry needs.
+lists, the recipes) are checked for the fields every entry needs, and their names for a
+safe alphabet (each becomes a directory and a DVC stage name). The keys of the sections
+passed on to a model's constructor (``cls_shape``, ``gen_shape``, ``models.*.options``) are
+checked against what that constructor takes, the closest valid name suggested.
 """
 from __future__ import annotations
 
+import difflib
+import inspect
 import numbers
+import re
+import typing
+from functools import lru_cache
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from .attention_names import ATTENTIONS, BENCH_LAYERS
@@ -93,6 +101,7 @@ RULES: Dict[str, Rule] = {
     "prepare_cls.expect_full": _BOOL,
     "prepare_cls.max_bad_fraction": _PROB,
     "prepare_cls.workers": _int(0),
+    "prepare_cls.drop_empty_classes": _BOOL,
     "prepare_cls.val_fraction": _num(0.0, 1.0, open_lo=True, open_hi=True),
     "prepare_cls.split_seed": _int(0),
     "prepare_gen.source": _choice("vae_latents", "pixels"),
@@ -159,8 +168,90 @@ class ParamsError(BadInput):
     pass
 
 
+# Names joined into paths (runs/<branch>/<run>, checkpoints/...) and DVC stage names: a safe alphabet, no "..".
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+NAMED_SECTIONS = ("models", "cls_runs", "gen_runs", "cls_recipes")
+
+
+def safe_name(name: Any) -> bool:
+    """Whether ``name`` may become one path component (and a DVC stage name): :data:`NAME`, no ``..``."""
+    return isinstance(name, str) and NAME.fullmatch(name) is not None and ".." not in name
+
+
+def _check_name(where: str, name: Any, source: str) -> None:
+    if not safe_name(name):
+        raise ParamsError(f"{source}: {where} has an entry named {name!r}; a name is 1 to 100 letters, digits, "
+                          f"'_', '-' or '.' (starting with a letter or digit, no '..'), since it becomes a "
+                          f"directory and a DVC stage name; rename it in conf/ and run `python -m vcarepro.config`.")
+
+
+def _unknown_key(source: str, where: str, key: str, consumer: str, valid) -> ParamsError:
+    valid = sorted(valid)
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return ParamsError(f"{source}: {where}.{key} is not an argument of {consumer}{hint}, which takes "
+                       f"{', '.join(valid) if valid else 'none'}; {FIX}.")
+
+
+# What the pipeline itself passes to a model's constructor (ClassifierSpec.create, GeneratorSpec.create): never
+# a shape override nor an option.
+_SET_FOR_CLASSIFIER = {"self", "num_classes", "drop_path_rate", "attention", "compared_attention", "pretrained"}
+_SET_FOR_DIT = {"self", "learn_sigma", "class_dropout_prob", "attention", "attention_options"}
+
+
+def _init_arguments(cls) -> frozenset:
+    """The keyword arguments ``cls(...)`` takes: its ``__init__``'s and, through ``**kwargs``, its bases'."""
+    names = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        parameters = inspect.signature(init).parameters.values()
+        names |= {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+            break
+    return frozenset(names)
+
+
+@lru_cache(maxsize=None)
+def model_arguments(arch: str, attention: str) -> Tuple[str, frozenset, frozenset]:
+    """(what builds it, the shape overrides it takes, the options it takes) for a ``models`` entry.
+
+    A classifier takes what its timm model's class takes (the model factory's return annotation,
+    its ``__init__`` followed through ``**kwargs``) and its attention's own knobs; a DiT what
+    ``DiT`` takes. ``contrast_tokens`` is a shape override for every model (``pipeline.model_options``).
+    Raises ``KeyError`` for an unknown arch, ``BadInput`` for an attention the arch does not come with.
+    """
+    from timm.models._registry import model_entrypoint
+
+    from .attention import attention_options
+    from .models import CLASSIFIER_ARCHS, LAB_MODELS, classifier_name
+    from .models.dit import DIT_ATTENTIONS, DIT_CONFIGS, DiT
+
+    if arch in DIT_CONFIGS:
+        if attention not in DIT_ATTENTIONS:
+            raise BadInput(f"unknown attention {attention!r} for {arch}; choose one of "
+                           f"{', '.join(map(repr, DIT_ATTENTIONS))}.")
+        own = set(attention_options(attention))
+        shape = (_init_arguments(DiT) | own | {"contrast_tokens"}) - _SET_FOR_DIT
+        return "DiT", frozenset(shape), frozenset(own)
+    if arch not in CLASSIFIER_ARCHS:
+        raise KeyError(arch)
+    name = classifier_name(arch, attention)
+    own = set(attention_options(attention))
+    cls = typing.get_type_hints(model_entrypoint(name))["return"]
+    takes = _init_arguments(cls)
+    placement = {"attn_layout"} & takes if attention == "vca" or name in LAB_MODELS else set()
+    options = own | placement
+    shape = (takes | options | {"contrast_tokens"}) - _SET_FOR_CLASSIFIER
+    return f"{cls.__name__} ({name})", frozenset(shape), frozenset(options)
+
+
 def validate(params: Dict[str, Any], source: str = "params.yaml") -> None:
     """Raise :class:`ParamsError` (one sentence) at the first value that breaks its rule."""
+    for section in NAMED_SECTIONS:
+        for name in params.get(section) or {}:
+            _check_name(section, name, source)
     calibrate = dict(params.get("calibrate") or {})
     entries = {group: calibrate.pop(group, None) or {} for group in CALIBRATION_FIELDS}
     rest = {k: v for k, v in params.items() if k not in FREE_SECTIONS}
@@ -182,6 +273,8 @@ def validate(params: Dict[str, Any], source: str = "params.yaml") -> None:
                 if not rule[1](value):
                     raise ParamsError(f"{source}: calibrate.{group}.{name}.{field} must be {rule[0]}, got {value!r}; "
                                       f"{FIX}.")
+            if group == "classifiers":
+                _check_model(entry, f"calibrate.classifiers.{name}", source)
             if group == "classifiers" and entry["recipe"] not in (params.get("cls_recipes") or {}):
                 raise ParamsError(f"{source}: calibrate.classifiers.{name}.recipe must name an entry of cls_recipes, "
                                   f"got {entry['recipe']!r}; {FIX}.")
@@ -213,6 +306,7 @@ def validate(params: Dict[str, Any], source: str = "params.yaml") -> None:
         if spec.get("attention") not in ATTENTIONS:
             raise ParamsError(f"{source}: models.{name}.attention must be one of {', '.join(ATTENTIONS)}, got "
                               f"{spec.get('attention')!r}; {FIX}.")
+        _check_model(spec, f"models.{name}", source)
     for branch in ("cls_runs", "gen_runs"):
         for name, run in (params.get(branch) or {}).items():
             if not isinstance(run, dict) or run.get("model") not in models:
@@ -224,6 +318,13 @@ def validate(params: Dict[str, Any], source: str = "params.yaml") -> None:
                     and len(set(seeds)) == len(seeds)):
                 raise ParamsError(f"{source}: {branch}.{name}.seeds must be a non-empty list of distinct integers "
                                   f">= 0, got {seeds!r}; {FIX}.")
+            shape = params.get(f"{branch[:3]}_shape") or {}
+            if shape:
+                consumer, takes, _ = model_arguments(models[run["model"]]["arch"], models[run["model"]]["attention"])
+                for key in shape:
+                    if key not in takes:
+                        raise _unknown_key(source, f"{branch[:3]}_shape", key,
+                                           f"{consumer}, the model of {branch}.{name}", takes)
             if branch == "cls_runs" and run.get("recipe") not in recipes:
                 raise ParamsError(f"{source}: cls_runs.{name}.recipe must name an entry of cls_recipes "
                                   f"({', '.join(recipes)}), got {run.get('recipe')!r}; {FIX}.")
@@ -239,6 +340,30 @@ def validate(params: Dict[str, Any], source: str = "params.yaml") -> None:
             if branch == "gen_runs" and run.get("objective") not in ("ddpm", "flow"):
                 raise ParamsError(f"{source}: gen_runs.{name}.objective must be ddpm or flow, got "
                                   f"{run.get('objective')!r}; {FIX}.")
+
+
+def _check_model(spec: Dict[str, Any], where: str, source: str) -> None:
+    """A model's arch is known and takes its attention, and every key of its options is one it takes."""
+    from .models import CLASSIFIER_ARCHS
+    from .models.dit import DIT_CONFIGS
+
+    arch, attention = spec.get("arch"), spec.get("attention")
+    try:
+        consumer, _, takes = model_arguments(arch, attention)
+    except KeyError:
+        archs = [*CLASSIFIER_ARCHS, *DIT_CONFIGS]
+        close = difflib.get_close_matches(str(arch), archs, n=1)
+        raise ParamsError(f"{source}: {where}.arch must be one of {', '.join(archs)}, got {arch!r}"
+                          + (f" (did you mean {close[0]}?)" if close else "") + f"; {FIX}.") from None
+    except BadInput as err:  # an attention the arch does not come with
+        raise ParamsError(f"{source}: {where}: {str(err).rstrip('.')}; {FIX}.") from None
+    options = spec.get("options") or {}
+    if not isinstance(options, dict):
+        raise ParamsError(f"{source}: {where}.options must be a mapping of the attention's knobs, got "
+                          f"{options!r}; {FIX}.")
+    for key in options:
+        if key not in takes:
+            raise _unknown_key(source, f"{where}.options", key, f"{consumer} with attention {attention!r}", takes)
 
 
 def _check_recipe(recipe: Dict[str, Any], where: str, source: str, null_keeps: bool = False) -> None:
