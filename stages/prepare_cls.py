@@ -16,7 +16,7 @@ def main() -> None:
         counts = prepare_imagenet(p["imagenet_root"], CLS_DATA, subset_classes=p["subset_classes"],
                                   subset_count=p["subset_count"], subset_seed=p["split_seed"],
                                   expect_full=p["expect_full"], max_bad_fraction=p["max_bad_fraction"],
-                                  workers=p["workers"])
+                                  workers=p["workers"], drop_empty_classes=p["drop_empty_classes"])
     else:
         raise SystemExit(f"prepare_cls.source={p['source']!r} is unknown; use 'digits' or 'imagenet'.")
     print(f"prepare_cls: {counts['train']} train / {counts['val']} val images, {counts['classes']} classes -> {CLS_DATA}")

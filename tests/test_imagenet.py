@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from vcarepro.data.folders import ManifestDataset, read_classes, read_manifest
-from vcarepro.data.imagenet import index_imagenet_folders, prepare_imagenet
+from vcarepro.data.imagenet import TRAIN_TAR, index_imagenet_folders, prepare_imagenet
 from vcarepro.standins import MiniImageNet
 from vcarepro.standins import add_to_tar as add
 
@@ -344,3 +344,74 @@ def test_an_incomplete_folder_copy_fails_before_the_decode_check(tmp_path, monke
     monkeypatch.setattr(imagenet, "_check_image", never)
     with pytest.raises(ValueError, match=r"expected 1,281,167 ImageNet-1K train images, found 12 in .*train"):
         prepare_imagenet(Mini().class_folders(tmp_path / "imagenet"), tmp_path / "cls", workers=1)
+
+
+# ----------------------------------------------------------------------------- empty classes (issue 23, 8)
+
+EMPTY = "n01482330"  # sorts between n01443537 and n01484850: an empty class here would shift the last two labels
+
+
+def prepare_cls_stage(project: Path, root: Path, **settings):
+    """The real prepare_cls stage on ``root`` in an empty project directory: (result, params.yaml bytes)."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from vcarepro.config import compose
+
+    params = compose([])
+    params["prepare_cls"].update(source="imagenet", imagenet_root=str(root), expect_full=False, workers=1, **settings)
+    project.mkdir()
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    repo = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, str(repo / "stages" / "prepare_cls.py")], cwd=project,
+                            env={**os.environ, "PYTHONPATH": str(repo / "src")}, capture_output=True, text=True,
+                            timeout=300)
+    return result, (project / "params.yaml").read_bytes()
+
+
+@pytest.mark.slow
+def test_an_empty_class_folder_is_refused_by_the_stage_and_dropped_only_when_asked(tmp_path):
+    root = Mini().class_folders(tmp_path / "imagenet")
+    (root / "train" / EMPTY).mkdir()
+    (root / "val" / EMPTY).mkdir()
+    (root / "train" / EMPTY / "notes.txt").write_text("not an image")
+
+    refused, params = prepare_cls_stage(tmp_path / "refused", root)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.splitlines() == [
+        f"error: class {root / 'train' / EMPTY} holds no train images, which would shift every label after it; "
+        f"put its images back or remove it, or set prepare_cls.drop_empty_classes=true to leave it out."]
+    assert not (tmp_path / "refused" / "data" / "cls").exists()
+    assert [p.name for p in (tmp_path / "refused").rglob("*") if p.is_file()] == ["params.yaml"]  # no partial output
+
+    dropped, _ = prepare_cls_stage(tmp_path / "dropped", root, drop_empty_classes=True)
+    assert dropped.returncode == 0, dropped.stderr
+    assert [line for line in dropped.stderr.splitlines() if line.startswith("warning:")] == [
+        f"warning: class {root / 'train' / EMPTY} holds no train images; dropped (prepare_cls.drop_empty_classes), "
+        f"so the dataset has 4 classes and the labels after it move down."]
+    out = tmp_path / "dropped" / "data" / "cls"
+    assert [c.wnid for c in read_classes(out)] == WNIDS  # 4 of the 5 folders, labelled 0..3 without a gap
+    assert sorted({label for _, label in read_manifest(out, "train")}) == [0, 1, 2, 3]
+    assert_prepared(out, Mini(), names=False)
+
+
+def test_an_empty_class_tar_or_a_class_without_a_readable_image_is_refused(tmp_path):
+    mini = Mini()
+    mini.train[EMPTY] = {}
+    mini.classes = {**CLASSES, EMPTY: (5, "leopard shark")}
+    root = mini.write_official(tmp_path / "ilsvrc")
+    with pytest.raises(ValueError, match=rf"class .*{TRAIN_TAR}/{EMPTY} holds no train images.*drop_empty_classes"):
+        prepare_imagenet(root, tmp_path / "cls", **MINIATURE)
+    assert not (tmp_path / "cls").exists()
+    counts = prepare_imagenet(root, tmp_path / "cls", drop_empty_classes=True, **MINIATURE)
+    assert counts["classes"] == 4 and [c.wnid for c in read_classes(tmp_path / "cls")] == WNIDS
+
+    broken = Mini().class_folders(tmp_path / "broken")
+    for image in (broken / "train" / WNIDS[1]).iterdir():
+        image.write_bytes(b"")  # every train image of the class unreadable: it would train with zero images
+    with pytest.raises(ValueError, match=rf"class .*{WNIDS[1]} has no readable train image"):
+        prepare_imagenet(broken, tmp_path / "cls2", expect_full=False, workers=1, max_bad_fraction=0.5)
+    assert not (tmp_path / "cls2").exists()

@@ -22,6 +22,7 @@ import os
 import random
 import re
 import shutil
+import sys
 import tarfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -58,11 +59,12 @@ CHECK_CHUNK = 256
 # ----------------------------------------------------------------------------- public API
 
 
-def index_imagenet_folders(root: str | Path, out: str | Path) -> dict:
+def index_imagenet_folders(root: str | Path, out: str | Path, *, drop_empty_classes: bool = False) -> dict:
     """Index ``root/train/<wnid>/*`` and ``root/val/<wnid>/*`` into the prepared layout (no copying).
 
     The quick path for an already verified copy: no decode check and no count check; use
-    :func:`prepare_imagenet` for anything else.
+    :func:`prepare_imagenet` for anything else. An empty train class folder is refused, or dropped
+    with a warning under ``drop_empty_classes`` (see :func:`without_empty_classes`).
     """
     root = Path(root)
     train, val = root / "train", root / "val"
@@ -76,10 +78,14 @@ def index_imagenet_folders(root: str | Path, out: str | Path) -> dict:
     if wnids != val_wnids:
         raise BadInput(f"{train} and {val} hold different class folders ({len(wnids)} vs {len(val_wnids)}); "
                          f"extract val into class folders too.")
+    images = {w: _images_in(train / w) for w in wnids}
+    wnids = without_empty_classes(wnids, Counter({w: len(files) for w, files in images.items()}), train,
+                                  drop_empty_classes)
     rows = []
     for split, folder in (("train", train), ("val", val)):
         for label, wnid in enumerate(wnids):
-            rows.extend((split, str(f), label) for f in _images_in(folder / wnid))
+            files = images[wnid] if split == "train" else _images_in(folder / wnid)
+            rows.extend((split, str(f), label) for f in files)
     with atomic_directory(out) as tmp:
         write_json(tmp / CLASSES, [{"index": i, "wnid": w, "name": w} for i, w in enumerate(wnids)])
         write_manifest(tmp, rows)
@@ -97,6 +103,7 @@ def prepare_imagenet(
     expect_full: bool = True,
     max_bad_fraction: float = 0.0,
     workers: Optional[int] = None,
+    drop_empty_classes: bool = False,
 ) -> dict:
     """Detect the ImageNet layout under ``root``, verify it and write the prepared layout to ``out``.
 
@@ -105,7 +112,10 @@ def prepare_imagenet(
     Without a subset, ``expect_full`` requires the exact ImageNet-1K counts. Every image is
     decode-checked in ``workers`` processes (default ``os.cpu_count()``); unreadable ones are
     skipped and listed in ``<out>/prepare_report.json``, and more than ``max_bad_fraction`` of them
-    is an error. ``out`` appears only when everything succeeded.
+    is an error. A train class with no images (an empty folder or class tar, or none readable) is
+    refused, since it would still take a label and shift every label after it; with
+    ``drop_empty_classes`` it is left out with a warning naming it. ``out`` appears only when
+    everything succeeded.
 
     Returns ``{"train", "val", "classes", "layout", "report"}`` (kept image counts, class count,
     the detected layout, the report's path).
@@ -126,12 +136,15 @@ def prepare_imagenet(
     train_wnids = layout.train_wnids()
     _check_class_count(train_wnids, expect_full and not subset, layout.train_where)
     wnids = _choose_classes(train_wnids, subset_classes, subset_count, subset_seed, layout.train_where)
-    label_of = {w: i for i, w in enumerate(wnids)}
 
     with atomic_directory(out) as tmp:
         # Archives are extracted and checked class by class; files already on disk are counted
         # first, so that an incomplete copy fails before a long decode check.
         results, train_jobs = _train_images(layout, wnids, tmp, workers)
+        per_class = Counter(r.wnid for r in results)
+        per_class.update(w for _, _, items, _ in train_jobs for w, _ in items)
+        wnids = without_empty_classes(wnids, per_class, layout.train_where, drop_empty_classes)
+        label_of = {w: i for i, w in enumerate(wnids)}
         val_jobs = _val_jobs(layout, meta, set(train_wnids), label_of, tmp)
         found = Counter(r.split for r in results)
         for split, _, items, _ in train_jobs + val_jobs:
@@ -149,6 +162,14 @@ def prepare_imagenet(
         for r in results:
             if r.error is not None and r.extracted:
                 (tmp / r.path).unlink(missing_ok=True)  # our copy of a bad file: not left beside the manifest
+        readable = Counter(r.wnid for r in results if r.split == "train" and r.error is None)
+        kept_wnids = without_empty_classes(wnids, readable, layout.train_where, drop_empty_classes, unreadable=True)
+        if kept_wnids != wnids:
+            wnids, label_of = kept_wnids, {w: i for i, w in enumerate(kept_wnids)}
+            for r in results:
+                if r.wnid not in label_of and r.extracted:
+                    (tmp / r.path).unlink(missing_ok=True)  # a dropped class's val images: not left behind
+            results = [r for r in results if r.wnid in label_of]
         rows = [(r.split, r.path, label_of[r.wnid]) for r in results if r.error is None]
         rows.sort(key=lambda row: (row[0] != "train", row[2], row[1]))
         write_json(tmp / CLASSES, [{"index": i, "wnid": w, "name": meta.names.get(w, w)} for i, w in enumerate(wnids)])
@@ -157,6 +178,35 @@ def prepare_imagenet(
     kept = Counter(row[0] for row in rows)
     return {"train": kept["train"], "val": kept["val"], "classes": len(wnids), "layout": report["layout"],
             "report": str(Path(out) / REPORT)}
+
+
+def without_empty_classes(wnids: List[str], images: Counter, where: Path, drop: bool,
+                          unreadable: bool = False) -> List[str]:
+    """``wnids`` without the classes that have no (readable) train image, or a BadInput naming them.
+
+    An empty class would still take a label: the class count and every label after it would
+    differ from the dataset's. Refused unless ``drop`` (prepare_cls.drop_empty_classes), which
+    leaves each out with one warning line naming it.
+    """
+    empty = [w for w in wnids if not images[w]]
+    if not empty:
+        return list(wnids)
+    what = "has no readable train image" if unreadable else "holds no train images"
+    if not drop:
+        one = len(empty) == 1
+        named = ", ".join(str(where / w) for w in empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
+        if not one:
+            what = "have no readable train image" if unreadable else "hold no train images"
+        fix = (f"replace {'its' if one else 'their'} images" if unreadable
+               else f"put {'its' if one else 'their'} images back or remove {'it' if one else 'them'}")
+        raise BadInput(f"{'class' if one else 'classes'} {named} {what}, which would shift every label after "
+                       f"{'it' if one else 'them'}; {fix}, or set prepare_cls.drop_empty_classes=true to leave "
+                       f"{'it' if one else 'them'} out.")
+    for wnid in empty:
+        print(f"warning: class {where / wnid} {what}; dropped (prepare_cls.drop_empty_classes), so the "
+              f"dataset has {len(wnids) - len(empty)} classes and the labels after it move down.",
+              file=sys.stderr, flush=True)
+    return [w for w in wnids if images[w]]
 
 
 # ----------------------------------------------------------------------------- layout detection
