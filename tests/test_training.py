@@ -1,8 +1,11 @@
 """The training loops themselves: precision, torch.compile, checkpoint contents and resume."""
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,7 @@ from safetensors.torch import load_file
 
 from vcarepro.config import compose
 from vcarepro.data.embedded import export_digits
+from vcarepro.integrity import write_manifest
 from vcarepro.pipeline import cls_run
 from vcarepro.train.checkpoint import load_checkpoint
 from vcarepro.train.classification import ClassifierSpec, train_classifier
@@ -106,6 +110,7 @@ def test_generator_fp16_and_compile_paths_write_scaler_state(tmp_path, embedded,
     save_file({"inputs": torch.randn(32, 1, 8, 8, generator=g), "labels": torch.arange(32) % 10},
               str(data / "train.safetensors"))
     (data / "meta.json").write_text('{"kind": "pixels"}')
+    write_manifest(data)  # as prepare_gen does
     spec = GeneratorSpec("dit_s2", "vca", {}, dict(embedded["gen_shape"], depth=1, hidden_size=32))
     recipe = dict(embedded["gen_recipe"], steps=2, batch_size=8, ckpt_every=2, precision="fp16", compile="eager")
     figures = train_generator(spec=spec, objective="ddpm", recipe=recipe, data_root=data, seed=0,
@@ -170,9 +175,10 @@ from vcarepro.train.classification import ClassifierSpec, train_classifier
 from vcarepro.train.seeds import train_seeds
 torch.set_num_threads(1)
 digits, root, processes = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+epochs = int(sys.argv[4]) if len(sys.argv) > 4 else 2
 p = compose([])
 spec = ClassifierSpec("deit_tiny", "vca", {}, dict(p["cls_shape"], depth=1, embed_dim=32))
-recipe = dict(cls_run(p, "deit_tiny-vca").recipe, epochs=2, batch_size=256)
+recipe = dict(cls_run(p, "deit_tiny-vca").recipe, epochs=epochs, batch_size=256)
 def train_one(seed, info, live):
     return train_classifier(spec=spec, recipe=recipe, data_root=digits, seed=seed, out_dir=root / f"out{seed}",
                             ckpt_dir=root / f"ckpt{seed}", info=info, live=live, fingerprint="f",
@@ -202,6 +208,50 @@ def test_seeds_trained_in_forked_workers_equal_seeds_trained_one_after_another(t
             (tmp_path / "b" / f"out{seed}" / "history.json").read_text()
     summary = (tmp_path / "b" / "live" / "metrics.json").read_text()
     assert '"seed_2"' in summary and '"train_seconds"' in summary
+
+
+def _forked_children(pid: int) -> list:
+    """The live processes forked from ``pid`` (same command line), oldest first."""
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    forked = [int(c) for c in children if Path(f"/proc/{c}/cmdline").is_file()
+              and Path(f"/proc/{c}/cmdline").read_bytes() == cmdline]
+    return sorted(forked, key=lambda c: int(Path(f"/proc/{c}/stat").read_text().rsplit(")", 1)[1].split()[19]))
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_seed_worker_stops_the_stage_and_the_rerun_is_bit_identical(tmp_path, digits):
+    from vcarepro.integrity import check
+
+    def command(name):
+        return [sys.executable, "-c", SEEDS_SCRIPT, str(digits), str(tmp_path / name), "2", "6"]
+
+    straight = subprocess.run(command("straight"), capture_output=True, text=True, timeout=600)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    process = subprocess.Popen(command("b"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    checkpoint = tmp_path / "b" / "ckpt1" / "last.pt"
+    deadline = time.monotonic() + 300
+    while not checkpoint.is_file():  # seed 1 (the second worker's) has something to resume from
+        assert process.poll() is None and time.monotonic() < deadline, "seed 1 ended before its first checkpoint"
+        time.sleep(0.02)
+    worker = _forked_children(process.pid)[1]  # seeds [0, 2] in the first worker, [1] in the second
+    os.kill(worker, signal.SIGTERM)
+    sent = time.monotonic()
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 143, err[-2000:]  # the stage stops, as for a preempted rank: DVC caches nothing
+    assert time.monotonic() - sent < 60
+    stopped = [line for line in err.splitlines() if line.startswith("run: stopped by SIGTERM in a seed worker (")]
+    assert len(stopped) == 1 and "seed 1 at epoch" in stopped[0]  # one line; the other worker stopped with it
+    assert "re-run `dvc repro` to resume" in err and "running them here" not in err
+    assert not any((tmp_path / "b" / f"out{seed}" / "model.safetensors").exists() for seed in (0, 1, 2))
+    assert check(checkpoint) is None  # the worker's checkpoint is kept, intact
+
+    again = subprocess.run(command("b"), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "seed 1: resuming at epoch" in again.stdout or "seed 1: already trained" in again.stdout
+    for seed in (0, 1, 2):  # every seed as the uninterrupted run made it, the preempted one included
+        a, b = (load_file(str(tmp_path / d / f"out{seed}" / "model.safetensors")) for d in ("straight", "b"))
+        assert all(torch.equal(a[k], b[k]) for k in a), seed
 
 
 def test_a_seed_whose_worker_fails_is_trained_by_the_stage_with_the_reason_said(capsys):
@@ -259,6 +309,7 @@ def test_a_diverging_generator_stops_at_once(tmp_path, embedded, one_torch_threa
     data.mkdir()
     save_file({"inputs": torch.randn(32, 1, 8, 8), "labels": torch.arange(32) % 10}, str(data / "train.safetensors"))
     (data / "meta.json").write_text('{"kind": "pixels"}')
+    write_manifest(data)  # as prepare_gen does
     spec = GeneratorSpec("dit_s2", "mhsa", {}, dict(embedded["gen_shape"], depth=1, hidden_size=32))
     recipe = dict(embedded["gen_recipe"], steps=20, batch_size=8, ckpt_every=100, lr=1e30)
     with pytest.raises(NonFiniteLossError, match=r"at step \d+; lower the learning rate"):

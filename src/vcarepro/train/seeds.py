@@ -7,26 +7,32 @@ dispatch, which two processes overlap and two threads of one process do not. Wor
 only their checkpoints. The stage's own process then goes through the seeds in order as
 before, resuming each from its worker's final checkpoint, so the run's log, weights and
 history come from one place whichever way the seeds were trained. A seed whose worker failed
-is trained (resumed) in the stage's process, where its error is raised as usual; the line that
-says so gives the worker's error. Workers must be forked before the process runs any backward
-pass (torch's "Autograd and Fork": the engine's threads do not survive a fork), which a stage
-does; a process that has trained already gets that error from every worker.
+is trained (resumed) in the stage's process under the worker's thread count, so its bits are
+the worker's, where its error is raised as usual; the line that says so gives the worker's
+error. A worker stopped by SIGTERM (a preemption notice) stops the stage as a preempted rank
+does: the other workers are sent SIGTERM too, each keeps its checkpoint, and the stage exits 143
+without training anything itself; re-running resumes every seed in its worker. Workers must be
+forked before the process runs any backward pass (torch's "Autograd and Fork": the engine's
+threads do not survive a fork), which a stage does; a process that has trained already gets
+that error from every worker.
 """
 from __future__ import annotations
 
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
 import torch
 from dvclive import Live
 
 from .distributed import DistInfo, barrier, init_distributed, shutdown
-from .preemption import Preempted
+from .preemption import Preempted, stop_on_sigterm
 
 
 def train_seeds(label: str, seeds: Iterable[int], live_dir, train_one: Callable[[int, DistInfo, Live], Dict],
@@ -35,13 +41,20 @@ def train_seeds(label: str, seeds: Iterable[int], live_dir, train_one: Callable[
     seeds = list(seeds)
     info = init_distributed()
     in_workers: Dict[int, Dict] = {}
+    threads = None  # the thread count of the workers, under which a seed one of them left is redone
     if seed_processes > 1 and not info.distributed and len(seeds) > 1:
-        in_workers = run_in_workers(label, seeds, lambda seed: train_one(seed, info, None), seed_processes)
+        try:
+            in_workers = run_in_workers(label, seeds, lambda seed: train_one(seed, info, None), seed_processes)
+        except Preempted as stop:
+            print(f"{label}: {stop}", file=sys.stderr, flush=True)
+            raise
+        threads = worker_threads(seed_processes, len(seeds))
     live = Live(str(live_dir), dvcyaml=False, save_dvc_exp=False) if info.is_main else None
     try:
         for seed in seeds:
             try:
-                figures = train_one(seed, info, live)
+                with num_threads(threads):
+                    figures = train_one(seed, info, live)
             except Preempted as stop:
                 print(f"{label} seed {seed}: {stop}", file=sys.stderr, flush=True)
                 raise
@@ -57,31 +70,63 @@ def train_seeds(label: str, seeds: Iterable[int], live_dir, train_one: Callable[
         shutdown(info)
 
 
+def worker_threads(processes: int, count: int) -> int:
+    """Each worker's share of this process's CPU threads."""
+    return max(1, torch.get_num_threads() // min(processes, count))
+
+
+@contextmanager
+def num_threads(threads: Optional[int]) -> Iterator[None]:
+    """torch's intra-op thread count set to ``threads`` for the duration (None: unchanged)."""
+    if threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run_in_workers(label: str, seeds: List[int], work: Callable[[int], Optional[Dict]],
                    processes: int, what: str = "seeds") -> Dict[int, Dict]:
     """``work(seed)`` for every seed in ``processes`` forked workers (seed i in worker i mod processes).
 
     Returns {seed: what ``work`` returned (or {})} for the seeds that finished; the caller redoes the others,
-    and reads the finished ones back from what ``work`` left on disk.
+    and reads the finished ones back from what ``work`` left on disk. A worker stopped by SIGTERM (its
+    ``work`` raised :class:`Preempted`), or a SIGTERM reaching this process, stops every worker the same
+    way and raises :class:`Preempted` here: the stage stops (exit 143) instead of redoing the seed.
     """
     processes = min(processes, len(seeds))
-    threads = max(1, torch.get_num_threads() // processes)
+    threads = worker_threads(processes, len(seeds))
     with tempfile.TemporaryDirectory(prefix="vcarepro-seeds-") as tmp:
         context = multiprocessing.get_context("fork")  # the imports and the loaded data are shared, not redone
         workers = [context.Process(target=_worker, args=(seeds[k::processes], work, threads, Path(tmp)),
                                    daemon=False)
                    for k in range(processes)]
         print(f"{label}: {what} {seeds} in {processes} worker processes, {threads} thread(s) each", flush=True)
-        try:
-            for w in workers:
-                w.start()
-            for w in workers:
-                w.join()
-        finally:
-            for w in workers:  # the stage was interrupted: stop the workers with it
-                if w.is_alive():
-                    w.terminate()
-                    w.join()
+        stopping = False
+        with stop_on_sigterm() as stop:
+            try:
+                for w in workers:
+                    w.start()
+                while any(w.is_alive() for w in workers):
+                    if not stopping and (stop.requested or any(Path(tmp).glob("seed_*.preempted"))):
+                        stopping = True  # stop the others at their next step boundary, checkpoints kept
+                        for w in workers:
+                            if w.is_alive():
+                                os.kill(w.pid, signal.SIGTERM)
+                    for w in workers:
+                        w.join(timeout=0.1)
+            finally:
+                for w in workers:  # the stage was interrupted otherwise: stop the workers with it
+                    if w.is_alive():
+                        w.terminate()
+                        w.join()
+        stopped = [p.read_text() for p in sorted(Path(tmp).glob("seed_*.preempted"))]
+        if stopping or stopped:
+            raise Preempted(f"in a seed worker ({'; '.join(stopped) or 'the stage was sent SIGTERM'})")
         done, failed = {}, []
         for seed in seeds:
             path = Path(tmp) / f"seed_{seed}.json"
@@ -91,18 +136,30 @@ def run_in_workers(label: str, seeds: List[int], work: Callable[[int], Optional[
                 error = Path(tmp) / f"seed_{seed}.error"
                 failed.append(f"{seed} ({error.read_text()})" if error.is_file() else str(seed))
         if failed:
-            print(f"{label}: {what} {', '.join(failed)} did not finish in a worker; running them here",
+            print(f"{label}: {what} {', '.join(failed)} did not finish in a worker; running them here with "
+                  f"{threads} thread(s), as the worker would have",
                   file=sys.stderr, flush=True)
         return done
 
 
 def _worker(seeds: List[int], work, threads: int, out: Path) -> None:
     torch.set_num_threads(threads)
-    for seed in seeds:
-        try:
-            result = work(seed)
-        except BaseException as err:  # noqa: BLE001 - the stage's process redoes the seed and reports the error
-            (out / f"seed_{seed}.error").write_text(f"{type(err).__name__}: {err}")
-            os._exit(1)
-        (out / f"seed_{seed}.json").write_text(json.dumps(result or {}))
+    with stop_on_sigterm() as stop:  # a SIGTERM between two seeds (training installs its own handler)
+        for seed in seeds:
+            if stop.requested:
+                (out / f"seed_{seed}.preempted").write_text(f"seed {seed} before it started")
+                os._exit(143)
+            _work_one(seed, work, out)
     os._exit(0)  # no atexit handlers of the parent's (dvclive, the warm server) in a forked child
+
+
+def _work_one(seed: int, work, out: Path) -> None:
+    try:
+        result = work(seed)
+    except Preempted as stopped:  # the stage stops too; the checkpoint is on disk
+        (out / f"seed_{seed}.preempted").write_text(f"seed {seed} {stopped.where}")
+        os._exit(143)
+    except BaseException as err:  # noqa: BLE001 - the stage's process redoes the seed and reports the error
+        (out / f"seed_{seed}.error").write_text(f"{type(err).__name__}: {err}")
+        os._exit(1)
+    (out / f"seed_{seed}.json").write_text(json.dumps(result or {}))
