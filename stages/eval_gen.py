@@ -17,6 +17,7 @@ from vcarepro.errors import BadInput, UserError, run_stage
 from vcarepro.config import stage_params
 from vcarepro.io import write_json
 from vcarepro.metrics.aggregate import aggregate_seeds
+from vcarepro.integrity import prepared
 from vcarepro.metrics.extractors import make_extractor
 from vcarepro.metrics.fid50k import evaluate_samples, evaluator_options, load_reference_set
 from vcarepro.provenance import write_provenance
@@ -30,7 +31,8 @@ def main() -> None:
     params = stage_params()
     run = gen_run(params, args.run)
     e = params["eval_gen"]
-    meta = json.loads((GEN_DATA / "meta.json").read_text())
+    meta = json.loads((prepared(GEN_DATA, "prepare_gen") / "meta.json").read_text())
+    prepared(run.paths.root / "samples", f"sample_gen@{args.run}")  # the samples are those sample_gen wrote
     reference_meta = json.loads((FID_REFERENCE / "meta.json").read_text())
     references = load_reference_set(FID_REFERENCE)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -22,10 +22,11 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
-from vcarepro.errors import run_stage
+from vcarepro.errors import MissingInput, run_stage
 from vcarepro.config import stage_params
 from vcarepro.data.folders import ManifestDataset
 from vcarepro.data.latents import adm_center_crop
+from vcarepro.integrity import prepared
 from vcarepro.io import atomic_directory, write_json
 from vcarepro.metrics.extractors import make_extractor
 from vcarepro.metrics.fid50k import reference_from_images, write_reference
@@ -66,17 +67,17 @@ def main() -> None:
     p = params["fid_reference"]
     adm = Path(p["adm_npz"]) if p["adm_npz"] else None
     if adm is not None and not adm.is_file():  # before any work: one sentence, no output
-        raise SystemExit(f"fid_reference: ADM's reference batch {adm} is missing; download it on a connected machine "
+        raise MissingInput(f"fid_reference: ADM's reference batch {adm} is missing; download it on a connected machine "
                          f"({ADM_URL}, listed in openai/guided-diffusion evaluations/README.md) and put it at {adm}, "
                          f"or set fid_reference.adm_npz=null to use our own statistics (not comparable with the paper).")
-    meta = json.loads((GEN_DATA / "meta.json").read_text())
+    meta = json.loads((prepared(GEN_DATA, "prepare_gen") / "meta.json").read_text())
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         extractor, name = make_extractor(meta, params["prepare_gen"], device, batch_size=p["batch_size"])
     except FileNotFoundError as err:
-        raise SystemExit(f"fid_reference: {err}") from None
+        raise MissingInput(f"fid_reference: {err}") from None
     own = (lambda: own_reference(meta, p, extractor)) if p["own_statistics"] or adm is None else None
-    with atomic_directory(FID_REFERENCE) as tmp:
+    with atomic_directory(FID_REFERENCE, digests=True) as tmp:
         info = write_reference(tmp, extractor, adm_npz=adm, own=own, batch_size=p["batch_size"])
         write_json(tmp / "meta.json", {**info, "extractor": name})
     between = info.get("fid_between_references")

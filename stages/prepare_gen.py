@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from safetensors.torch import save_file
 
-from vcarepro.errors import run_stage
+from vcarepro.errors import BadInput, run_stage
 from vcarepro.config import section, stage_params
 from vcarepro.data.pixels import load_split_pixels
 from vcarepro.io import atomic_directory, write_json
@@ -21,7 +21,7 @@ def prepare_latents(p) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     vae = load_vae(p["vae"], device)  # fails here, before any output, when the weights are absent
     items = [(CLS_DATA / rel, label) for rel, label in read_manifest(CLS_DATA, "train")]
-    with atomic_directory(GEN_DATA) as tmp:
+    with atomic_directory(GEN_DATA, digests=True) as tmp:
         index = encode_to_shards(items, tmp / "latents", vae, image_size=p["image_size"],
                                  batch_size=p["vae_batch_size"], shard_size=p["shard_size"], device=device)
         meta = {"kind": "vae_latents", "image_size": p["image_size"], "vae": p["vae"],
@@ -35,7 +35,7 @@ def prepare_latents(p) -> dict:
 def prepare_pixels(p) -> dict:
     """Embedded scale: the digits themselves, and the digit classifier FID measures with."""
     data = load_split_pixels(CLS_DATA, "train", p["image_size"])
-    with atomic_directory(GEN_DATA) as tmp:
+    with atomic_directory(GEN_DATA, digests=True) as tmp:
         save_file({k: v.contiguous() for k, v in data.items()}, str(tmp / "train.safetensors"))
         meta = {"kind": "pixels", "image_size": p["image_size"], "channels": int(data["images"].shape[1]),
                 "num_classes": int(data["num_classes"]), "num_images": int(len(data["labels"])),
@@ -56,7 +56,7 @@ def main() -> None:
     elif p["source"] == "vae_latents":
         meta = prepare_latents(p)
     else:
-        raise SystemExit(f"prepare_gen.source={p['source']!r} is unknown; use 'vae_latents' or 'pixels'.")
+        raise BadInput(f"prepare_gen.source={p['source']!r} is unknown; use 'vae_latents' or 'pixels'.")
     print(f"prepare_gen: {meta['num_images']} {meta['kind']} at {p['image_size']} px -> {GEN_DATA}")
 
 

@@ -18,6 +18,7 @@ from torchvision.utils import save_image
 from vcarepro.errors import run_stage
 from vcarepro.config import stage_params
 from vcarepro.data.samples import NpzSampleWriter, discard_work
+from vcarepro.integrity import prepared
 from vcarepro.io import atomic_directory
 from vcarepro.pipeline import GEN_DATA, TRAINING_CODE, data_digest, fingerprint, gen_run, source_digest
 from vcarepro.train.generation import GeneratorSpec, generate_batches, load_generator, pixels_to_uint8
@@ -32,7 +33,7 @@ def main() -> None:
     args = parser.parse_args()
     params = stage_params()
     run = gen_run(params, args.run)
-    meta = json.loads((GEN_DATA / "meta.json").read_text())
+    meta = json.loads((prepared(GEN_DATA, "prepare_gen") / "meta.json").read_text())
     spec = GeneratorSpec.for_run(run)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if meta["kind"] == "vae_latents":
@@ -48,7 +49,7 @@ def main() -> None:
         image_shape = (meta["image_size"], meta["image_size"], 3)
     num = run.sampling["num_samples"]
     code = source_digest(*TRAINING_CODE)
-    with atomic_directory(run.paths.root / "samples") as tmp:
+    with atomic_directory(run.paths.root / "samples", digests=True) as tmp:
         for seed in run.seeds:
             weights = run.paths.seed_dir(seed) / "model_ema.safetensors"
             model = load_generator(spec, weights, run.recipe)
@@ -57,6 +58,8 @@ def main() -> None:
                               input_shape, seed, code)
             writer = NpzSampleWriter(tmp / f"seed_{seed}.npz", num, image_shape,
                                      work_dir=run.paths.ckpt_dir(seed) / "samples", key=key)
+            if writer.note:
+                print(f"sample_gen {args.run} seed {seed}: {writer.note}", flush=True)
             if writer.done_batches:
                 print(f"sample_gen {args.run} seed {seed}: resuming after {writer.done_batches} finished batches")
             for batch, (start, samples, labels) in enumerate(generate_batches(

@@ -573,9 +573,10 @@ def test_a_missing_adm_batch_is_one_sentence_with_where_to_get_it_and_no_output(
     root = Path(__file__).resolve().parents[1]
     result = subprocess.run([sys.executable, str(root / "stages" / "fid_reference.py")], cwd=tmp_path,
                             capture_output=True, text=True)
-    assert result.returncode == 1
+    assert result.returncode == 2  # a user error, as every other
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "weights/VIRTUAL_imagenet256_labeled.npz is missing" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("error: fid_reference: ")
+    assert "weights/VIRTUAL_imagenet256_labeled.npz is missing" in lines[0]
     assert "https://openaipublic.blob.core.windows.net/diffusion/jul-2021/ref_batches/imagenet/256/" in lines[0]
     assert "fid_reference.adm_npz=null" in lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]

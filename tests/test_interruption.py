@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from vcarepro.integrity import sha256_file
 from vcarepro.train.checkpoint import load_checkpoint, previous_path, save_checkpoint
 
 DRIVER = Path(__file__).resolve().parent / "train_driver.py"
@@ -71,17 +72,84 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path, uninterrupte
     assert out.split("finished", 1)[1].split("'train_seconds'")[0] == figures.split("'train_seconds'")[0]
 
 
-def test_a_truncated_checkpoint_falls_back_to_the_one_before(tmp_path, capsys):
+def test_a_truncated_checkpoint_falls_back_to_the_one_before(tmp_path):
     path = tmp_path / "last.pt"
     save_checkpoint(path, {"step": 1, "w": torch.ones(3)})
     save_checkpoint(path, {"step": 2, "w": torch.ones(3)})
     assert load_checkpoint(previous_path(path))["step"] == 1 and load_checkpoint(path)["step"] == 2
+    assert sha256_file(path) == (tmp_path / "last.pt.sha256").read_text().split()[0]  # sha256sum's format
+    assert (tmp_path / "last.pt.prev.sha256").read_text().split()[1] == "last.pt.prev"
     path.write_bytes(path.read_bytes()[:100])  # a disk that lost the tail of the newest file
-    assert load_checkpoint(path)["step"] == 1
-    assert "is unreadable" in capsys.readouterr().err
+    problems = []
+    state = load_checkpoint(path, problems)
+    assert state["step"] == 1 and state["_loaded_from"] == str(previous_path(path))
+    assert problems == [f"{path} fails its checksum"]
     previous_path(path).write_bytes(b"")
-    assert load_checkpoint(path) is None  # nothing readable: start afresh rather than crash
+    assert load_checkpoint(path) is None  # nothing intact: start afresh rather than crash
     assert not list(tmp_path.glob(".last.pt.*.tmp"))  # no stray temporary files
+
+
+def zero_tensor_records(path: Path) -> None:
+    """Zero the bytes of every tensor record of a torch zip, keeping every header: the zip stays well formed."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        spans = []
+        for info in archive.infolist():
+            if "/data/" in info.filename:
+                with open(path, "rb") as f:
+                    f.seek(info.header_offset)
+                    header = f.read(30)
+                name_len, extra_len = struct.unpack("<HH", header[26:30])
+                spans.append((info.header_offset + 30 + name_len + extra_len, info.compress_size))
+    with open(path, "r+b") as f:
+        for start, size in spans:
+            f.seek(start)
+            f.write(bytes(size))
+    assert torch.load(path, weights_only=True)["epoch"] > 0  # PyTorch itself loads it without a word
+
+
+def kill_after_two_checkpoints(workdir: Path) -> None:
+    process = start("cls", workdir)
+    prev = workdir / "ckpt" / "last.pt.prev"
+    deadline = time.monotonic() + 300
+    while not prev.is_file():
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended before its second checkpoint"
+        time.sleep(0.02)
+    process.kill()
+    process.communicate(timeout=60)
+
+
+@pytest.mark.slow
+def test_a_damaged_checkpoint_is_passed_over_for_the_one_before_and_the_run_ends_bit_identical(tmp_path, uninterrupted):
+    kill_after_two_checkpoints(tmp_path)
+    ckpt = tmp_path / "ckpt"
+    epoch_before = load_checkpoint(ckpt / "last.pt.prev")["epoch"]
+    zero_tensor_records(ckpt / "last.pt")  # a torn copy or bad sector: same size, headers intact
+    out = finish("cls", tmp_path)
+    assert (f"seed 0: checkpoint {ckpt / 'last.pt'} fails its checksum; resuming at epoch {epoch_before + 1} of 8 "
+            f"from {ckpt / 'last.pt.prev'}") in out
+    weights, figures = uninterrupted["cls"]
+    resumed = load_file(str(tmp_path / "out" / WEIGHTS["cls"]))
+    assert all(torch.equal(resumed[k], weights[k]) for k in weights)
+    assert out.split("finished", 1)[1].split("'train_seconds'")[0] == figures.split("'train_seconds'")[0]
+    assert load_checkpoint(ckpt / "last.pt.prev")["epoch"] == 7  # the damaged file was not rotated into .prev
+
+
+@pytest.mark.slow
+def test_two_damaged_checkpoints_start_afresh_and_say_so(tmp_path, uninterrupted):
+    kill_after_two_checkpoints(tmp_path)
+    ckpt = tmp_path / "ckpt"
+    zero_tensor_records(ckpt / "last.pt")
+    (ckpt / "last.pt.prev").write_bytes((ckpt / "last.pt.prev").read_bytes()[:-7])  # and a truncated one
+    out = finish("cls", tmp_path)
+    assert (f"seed 0: checkpoint {ckpt / 'last.pt'} fails its checksum and {ckpt / 'last.pt.prev'} fails its "
+            f"checksum; starting afresh") in out
+    assert "weights_only" not in out and "resuming" not in out
+    weights, _ = uninterrupted["cls"]
+    again = load_file(str(tmp_path / "out" / WEIGHTS["cls"]))
+    assert all(torch.equal(again[k], weights[k]) for k in weights)
 
 
 @pytest.mark.slow

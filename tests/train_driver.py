@@ -15,6 +15,7 @@ import torch
 
 from vcarepro.config import compose
 from vcarepro.data.embedded import export_digits
+from vcarepro.integrity import write_manifest
 from vcarepro.pipeline import cls_run
 from vcarepro.train.classification import ClassifierSpec, train_classifier
 from vcarepro.train.distributed import DistInfo
@@ -45,6 +46,7 @@ def main(branch: str, workdir: Path, seed: int = 0) -> None:
             pixels = load_split_pixels(data, "train", 8)
             save_file({k: v.contiguous() for k, v in pixels.items()}, str(gen / "train.safetensors"))
             (gen / "meta.json").write_text('{"kind": "pixels"}')
+            write_manifest(gen)  # as prepare_gen writes it: training checks the bytes first
         spec = GeneratorSpec("dit_s2", "vca", {}, dict(params["gen_shape"], depth=1, hidden_size=32))
         recipe = dict(params["gen_recipe"], steps=600, batch_size=32, ckpt_every=25, log_every=10, hflip=True)
         figures = train_generator(spec=spec, objective="flow", recipe=recipe, data_root=gen, **common)

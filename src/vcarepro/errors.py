@@ -8,7 +8,7 @@ is also the built-in exception it used to be, so ``except ValueError`` and the l
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from typing import Callable, Optional
 
 USER_ERROR_STATUS = 2
 
@@ -33,9 +33,33 @@ class UnknownName(UserError, KeyError):
 
 
 def run_stage(main: Callable[[], object]) -> None:
-    """Run a stage's ``main``: a :class:`UserError` becomes one line on stderr and exit status 2."""
+    """Run a stage's ``main``: a :class:`UserError` becomes one line on stderr and exit status 2.
+
+    So does a full disk or an exhausted quota wherever it happens (a library's write included),
+    naming the file being written when the error or the writing frame tells it.
+    """
     try:
         main()
     except UserError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(USER_ERROR_STATUS) from None
+    except Exception as err:
+        from vcarepro.io import disk_full_error, is_disk_full
+        if not is_disk_full(err):
+            raise
+        print(f"error: {disk_full_error(err, _written_path(err))}", file=sys.stderr, flush=True)
+        raise SystemExit(USER_ERROR_STATUS) from None
+
+
+def _written_path(err: BaseException) -> Optional[str]:
+    """The file a failed write was writing: the error's own filename, else an open file or path in the failing frames."""
+    if getattr(err, "filename", None):
+        return str(err.filename)
+    tb, found = err.__traceback__, None
+    while tb is not None:  # innermost last: the frame closest to the write wins
+        for value in tb.tb_frame.f_locals.values():
+            name, mode = getattr(value, "name", None), getattr(value, "mode", None)
+            if hasattr(value, "write") and isinstance(name, str) and isinstance(mode, str) and set(mode) & set("wax+"):
+                found = name
+        tb = tb.tb_next
+    return found

@@ -1,24 +1,72 @@
-"""Writing outputs so that a killed stage never leaves something that looks finished."""
+"""Writing outputs so that a killed stage never leaves something that looks finished, nor a full disk a traceback."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
+
+from vcarepro.errors import UserError
+from vcarepro.integrity import default_mode, sha256_bytes, write_manifest, write_sidecar
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFull(UserError, OSError):
+    """No space left (ENOSPC) or the quota exhausted (EDQUOT) where a stage writes."""
+
+
+def disk_full_error(err: BaseException, path: Optional[str | Path], needed: Optional[int] = None) -> DiskFull:
+    """The one sentence for ``err`` (ENOSPC / EDQUOT, or safetensors' wrapping of them) while writing ``path``."""
+    quota = getattr(err, "errno", None) == errno.EDQUOT or "quota" in str(err).lower()
+    where = Path(path).parent if path is not None else None
+    while where is not None and not where.is_dir() and where != where.parent:
+        where = where.parent  # df works on what exists: the directory the file was going into
+    need = f" ({needed:,} bytes were needed)" if needed else ""
+    return DiskFull(
+        f"{'the disk quota is exhausted' if quota else 'no space is left on the device'} while writing "
+        f"{path if path is not None else 'an output of this stage'}{need}; free space there (`df -h "
+        f"{where or '.'}`) or point that directory elsewhere (checkpoints/ and runs/ may be symbolic links to a "
+        f"larger disk), then re-run `dvc repro`; DVC records nothing of this stage.")
+
+
+def is_disk_full(err: BaseException) -> bool:
+    if isinstance(err, OSError) and err.errno in DISK_FULL:
+        return True
+    # safetensors raises its own SafetensorError with the OS's message; torch a RuntimeError
+    text = str(err)
+    return type(err).__name__ in ("SafetensorError", "RuntimeError") and (
+        "No space left on device" in text or "Disk quota exceeded" in text
+        or "os error 28" in text or "os error 122" in text)
+
+
+@contextmanager
+def disk_full_names(path: str | Path, needed: Optional[int] = None) -> Iterator[None]:
+    """A full disk or quota inside becomes :class:`DiskFull` naming ``path`` (and ``needed`` bytes, if known)."""
+    try:
+        yield
+    except DiskFull:
+        raise
+    except Exception as err:
+        if is_disk_full(err):
+            raise disk_full_error(err, path, needed) from None
+        raise
 
 
 def write_json(path: str | Path, payload: Any) -> None:
     """Write JSON atomically (temp file in the same directory, then rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    text = json.dumps(payload, indent=2, sort_keys=True) + "\n"
+    with disk_full_names(path, len(text.encode())):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2, sort_keys=True)
-            f.write("\n")
+        with disk_full_names(path, len(text.encode())), os.fdopen(fd, "w") as f:
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -26,11 +74,13 @@ def write_json(path: str | Path, payload: Any) -> None:
 
 
 @contextmanager
-def atomic_directory(path: str | Path) -> Iterator[Path]:
+def atomic_directory(path: str | Path, digests: bool = False) -> Iterator[Path]:
     """Build a directory under a temporary name and rename it into place only on success.
 
     A process killed inside leaves only its temporary directory, never ``path``; the
-    next build of the same path removes such leftovers first.
+    next build of the same path removes such leftovers first. With ``digests``, a
+    ``SHA256SUMS`` of every file is written last (:mod:`vcarepro.integrity`), which the
+    stages that build on the directory check before use. A full disk inside names ``path``.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -38,10 +88,40 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
         shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
-        yield tmp
+        with disk_full_names(path):
+            yield tmp
+            if digests:
+                write_manifest(tmp)
         if path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def save_tensors(path: str | Path, tensors, metadata=None, digest: bool = True) -> Path:
+    """``safetensors.torch.save_file`` atomically (temp file, then rename), with its digest ``<path>.sha256``.
+
+    A full disk is one sentence naming ``path`` and the bytes the file needed.
+    """
+    from safetensors.torch import save
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = save({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, metadata=metadata)
+    with disk_full_names(path, len(data)):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            default_mode(fd)  # as save_file would have made it
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            if digest:
+                write_sidecar(path, sha256_bytes(data))
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    return path

@@ -4,13 +4,16 @@ One ``.npz`` per seed: ``arr_0`` uint8 (N, H, W, 3) images and ``arr_1`` int64 (
 class labels, as openai/guided-diffusion's samplers write them and its evaluator
 (and ours) read them. Sampling fills ``.npy`` memory maps in a work directory (kept
 outside DVC's outputs, which DVC deletes before re-running a stage) and records each
-finished batch in ``progress.json`` after the maps are flushed; a killed run resumes at
-the first unfinished batch, so there are no duplicates and no gaps. At the end the maps
+finished batch in ``progress.json``, with the SHA-256 of its bytes, after the maps are flushed;
+a killed run resumes at the first unfinished batch (or the first whose bytes no longer match
+their digest), so there are no duplicates and no gaps. At the end the maps
 are zipped (stored, not compressed) into the ``.npz``, which does not exist until every
 sample is in it; 50,000 images at 256 px (9.8 GB) never sit in memory at once.
 """
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import shutil
@@ -21,6 +24,7 @@ from typing import Tuple
 import numpy as np
 import torch
 from vcarepro.errors import BadInput, MissingInput
+from vcarepro.io import disk_full_names
 
 PROGRESS = "progress.json"
 
@@ -39,19 +43,51 @@ class NpzSampleWriter:
         self.num, self.image_shape, self.key = num, tuple(image_shape), key
         state = {"key": key, "num": num, "image_shape": list(image_shape)}
         progress = self._read_progress()
-        if progress is not None and {k: progress.get(k) for k in state} == state:
-            self.done_batches = int(progress["done_batches"])
+        self.note = None  # what resuming found wrong, for the stage to say
+        resume = (progress is not None and {k: progress.get(k) for k in state} == state
+                  and (self.work_dir / "arr_0.npy").is_file() and (self.work_dir / "arr_1.npy").is_file())
+        if resume:
+            self.batches = [tuple(b) for b in progress.get("batches", [])]  # (start, stop, sha256) per batch
             mode = "r+"
         else:
             shutil.rmtree(self.work_dir, ignore_errors=True)
             self.work_dir.mkdir(parents=True)
-            self.done_batches = 0
+            self.batches = []
             mode = "w+"
         self._state = state
-        self.images = np.lib.format.open_memmap(self.work_dir / "arr_0.npy", mode=mode, dtype=np.uint8,
-                                                shape=(num, *self.image_shape))
-        self.labels = np.lib.format.open_memmap(self.work_dir / "arr_1.npy", mode=mode, dtype=np.int64,
-                                                shape=(num,))
+        self.images = self._map("arr_0.npy", mode, np.uint8, (num, *self.image_shape))
+        self.labels = self._map("arr_1.npy", mode, np.int64, (num,))
+        if resume:  # every finished batch's bytes are checked against the digest recorded with it
+            for k, (start, stop, digest) in enumerate(self.batches):
+                if self._digest(start, stop) != digest:
+                    self.note = (f"finished batch {k} in {self.work_dir} fails its checksum; sampling again from "
+                                 f"batch {k} (batches {k}..{len(self.batches) - 1} are redone)")
+                    self.batches = self.batches[:k]
+                    break
+        self.done_batches = len(self.batches)
+
+    def _map(self, name: str, mode: str, dtype, shape) -> np.memmap:
+        """A memory map in the work directory; a new one is given its disk blocks at once (posix_fallocate),
+        so a full disk is one sentence now rather than a SIGBUS when a page is first written."""
+        path = self.work_dir / name
+        array = np.lib.format.open_memmap(path, mode=mode, dtype=dtype, shape=shape)
+        if mode == "w+":
+            size = path.stat().st_size
+            with disk_full_names(path, size):
+                fd = os.open(path, os.O_RDWR)
+                try:
+                    os.posix_fallocate(fd, 0, size)
+                except OSError as err:
+                    if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without fallocate
+                        raise OSError(err.errno, os.strerror(err.errno), str(path)) from None
+                finally:
+                    os.close(fd)
+        return array
+
+    def _digest(self, start: int, stop: int) -> str:
+        digest = hashlib.sha256(np.ascontiguousarray(self.images[start:stop]).data)
+        digest.update(np.ascontiguousarray(self.labels[start:stop]).data)
+        return digest.hexdigest()
 
     def _read_progress(self):
         try:
@@ -69,9 +105,11 @@ class NpzSampleWriter:
         self.labels[start:stop] = labels.cpu().numpy()
         self.images.flush()
         self.labels.flush()
+        self.batches.append((start, stop, self._digest(start, stop)))
         self.done_batches = batch + 1
         tmp = self.work_dir / f".{PROGRESS}.tmp"
-        tmp.write_text(json.dumps({**self._state, "done_batches": self.done_batches}))
+        with disk_full_names(self.work_dir / PROGRESS):
+            tmp.write_text(json.dumps({**self._state, "done_batches": self.done_batches, "batches": self.batches}))
         os.replace(tmp, self.work_dir / PROGRESS)  # the batch counts as done only once it is on disk
 
     def preview(self, per_class: int, classes: int) -> np.ndarray:

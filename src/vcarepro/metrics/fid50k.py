@@ -51,6 +51,7 @@ from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorIncepti
 from vcarepro.metrics.fid import INCEPTION_EXTRACTOR, INCEPTION_FEATURE_DIM, INCEPTION_WEIGHTS_FILENAME, \
     default_inception_weights_path
 from vcarepro.errors import BadInput, MissingInput
+from vcarepro.integrity import prepared
 
 PathLike = Union[str, Path]
 ArrayLike = Union[np.ndarray, torch.Tensor]
@@ -715,7 +716,7 @@ def _check_image_array(path: Path, shape: Tuple[int, ...], dtype: np.dtype) -> N
 
 def load_reference_set(root: PathLike) -> Dict[str, Any]:
     """A reference directory (stage fid_reference's data/fid_reference) as ``evaluate_samples``' keyword arguments."""
-    root = Path(root)
+    root = prepared(root, "fid_reference")  # every file as the stage wrote it
 
     def optional(name: str) -> Optional[FeatureStats]:
         return FeatureStats.load(root / name) if (root / name).is_file() else None

@@ -1,17 +1,19 @@
-"""Training checkpoints: written atomically, loaded with ``weights_only=True`` (nothing is unpickled)."""
+"""Training checkpoints: written atomically with their digest, verified and loaded with ``weights_only=True``."""
 from __future__ import annotations
 
 import hashlib
 import io
 import os
 import random
-import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
+
+from vcarepro.integrity import check, expected_digest, sha256_bytes, write_sidecar
+from vcarepro.io import disk_full_names
 
 
 def previous_path(path: str | Path) -> Path:
@@ -20,58 +22,97 @@ def previous_path(path: str | Path) -> Path:
 
 
 def save_checkpoint(path: str | Path, state: Dict[str, Any]) -> None:
-    """Write ``state`` to ``path`` atomically, keeping the checkpoint it replaces as ``<path>.prev``.
+    """Write ``state`` to ``path`` atomically with its digest (``<path>.sha256``), keeping the one it replaces.
 
-    A crash at any moment leaves ``path`` either the old complete file or the new one;
-    the previous generation is what :func:`load_checkpoint` falls back to should the
-    newest one prove unreadable (a disk that lost the tail of a file, say).
+    A crash at any moment leaves ``path`` either the old complete file or the new one, and a
+    file whose digest does not match is never loaded (:func:`load_checkpoint`). The replaced
+    checkpoint becomes ``<path>.prev`` (with its digest), what loading falls back to, but only if
+    it is itself intact: a damaged newest file is overwritten, so a run that fell back to
+    ``.prev`` never rotates the damage over its one good copy.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # through a buffer: saved to a path, torch names the archive's records after the (random)
+    # temporary file, and identical states would not give identical bytes
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    data = buffer.getbuffer()
+    digest = sha256_bytes(data)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        # through a buffer: saved to a path, torch names the archive's records after the (random)
-        # temporary file, and identical states would not give identical bytes
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        with open(tmp, "wb") as f:
-            f.write(buffer.getbuffer())
-            f.flush()
-            os.fsync(f.fileno())
-        if path.is_file():
-            os.replace(path, previous_path(path))
-        os.replace(tmp, path)
+        with disk_full_names(path, len(data)):
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            if path.is_file() and check(path) is None:
+                write_sidecar(previous_path(path), expected_digest(path)[0])
+                os.replace(path, previous_path(path))
+            # the digest first: a crash between the two renames leaves a mismatch, never a wrong match
+            write_sidecar(path, digest)
+            os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def load_checkpoint(path: str | Path) -> Optional[Dict[str, Any]]:
-    """The newest readable checkpoint at ``path`` or, failing that, ``<path>.prev``; None if neither exists.
+def load_checkpoint(path: str | Path, problems: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
+    """The newest intact checkpoint at ``path`` or, failing that, ``<path>.prev``; None if neither is.
 
-    Loaded with ``weights_only=True``: tensors and plain containers only, nothing unpickled.
+    Intact: its bytes match the digest written with it, and it loads with ``weights_only=True``
+    (tensors and plain containers only, nothing unpickled). Each candidate passed over adds
+    "<file> <why>" to ``problems``; the file actually loaded is ``state["_loaded_from"]``.
     """
     path = Path(path)
+    problems = [] if problems is None else problems
     for candidate in (path, previous_path(path)):
         if not candidate.is_file():
             continue
-        try:
-            return torch.load(candidate, map_location="cpu", weights_only=True)
-        except Exception as err:  # truncated or corrupt: say so and try the generation before it
-            print(f"checkpoint {candidate} is unreadable ({type(err).__name__}: {err}); "
-                  f"trying the previous one.", file=sys.stderr, flush=True)
+        data = candidate.read_bytes()
+        problem = check(candidate, data)
+        if problem is None:
+            try:
+                state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            except Exception as err:  # noqa: BLE001 - a file that matches its digest but torch cannot read
+                problem = f"is unreadable ({type(err).__name__})"
+            else:
+                state["_loaded_from"] = str(candidate)
+                return state
+        problems.append(f"{candidate} {problem}")
     return None
 
 
 def resumable_checkpoint(ckpt_dir: str | Path, fingerprint: str, seed: int, say) -> Optional[Dict[str, Any]]:
-    """``ckpt_dir/last.pt`` if it was made with ``fingerprint``; otherwise None, said through ``say``."""
+    """``ckpt_dir/last.pt`` (or its ``.prev``) if intact and made with ``fingerprint``; otherwise None.
+
+    Why nothing can be resumed is said through ``say`` in one sentence; the files passed over on
+    the way to the one loaded are kept in ``state["_passed_over"]`` for :func:`resume_message`.
+    """
     path = Path(ckpt_dir) / "last.pt"
-    state = load_checkpoint(path)
-    if state is not None and state.get("fingerprint") != fingerprint:
-        say(f"seed {seed}: {path} was made with other settings, code or data; starting afresh")
+    problems: List[str] = []
+    state = load_checkpoint(path, problems)
+    if state is None:
+        if problems:
+            say(f"seed {seed}: checkpoint {' and '.join(problems)}; starting afresh")
         return None
+    if state.get("fingerprint") != fingerprint:
+        say(f"seed {seed}: {state['_loaded_from']} was made with other settings, code or data; starting afresh")
+        return None
+    state["_passed_over"] = problems
     return state
+
+
+def resume_message(seed: int, state: Dict[str, Any], position: str, finished: bool) -> str:
+    """One sentence: what was passed over (a damaged newest checkpoint), the file loaded, and where it resumes.
+
+    e.g. "seed 2: checkpoint ckpt/last.pt fails its checksum; resuming at epoch 9 of 15 from ckpt/last.pt.prev".
+    """
+    passed = state.get("_passed_over") or []
+    head = f"seed {seed}: " + "".join(f"checkpoint {p}; " for p in passed)
+    loaded = state["_loaded_from"]
+    return head + (f"already trained ({position} in {loaded}); writing its outputs" if finished else
+                   f"resuming at {position} from {loaded}")
 
 
 def stream_seed(seed: int, rank: int, position: int) -> int:

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 import torch.nn as nn
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from timm.data import Mixup, create_transform
 from timm.data.distributed_sampler import RepeatAugSampler
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
@@ -31,10 +31,11 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from ..data.augment import pillow_safe
 from ..data.folders import ManifestDataset, read_classes
-from ..io import write_json
+from ..integrity import intact_file
+from ..io import save_tensors, write_json
 from ..models import create_classifier
 from ..pipeline import model_options
-from .checkpoint import resumable_checkpoint, save_checkpoint, seed_everything, stream_seed
+from .checkpoint import resumable_checkpoint, resume_message, save_checkpoint, seed_everything, stream_seed
 from .distributed import DistInfo, all_reduce_mean, any_rank, say
 from .precision import MixedPrecision, maybe_compile, slow_precision_note
 from .preemption import Preempted, stop_on_sigterm
@@ -196,7 +197,6 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
     amp = MixedPrecision(recipe["precision"], device)
     start_epoch = 0
     history: List[Dict[str, float]] = []  # every epoch's logged figures, kept in the checkpoint
-    ckpt_path = Path(ckpt_dir) / "last.pt"
     state = resumable_checkpoint(ckpt_dir, fingerprint, seed, lambda message: say(info, message))
     if state is not None:
         model.load_state_dict(state["model"])
@@ -207,9 +207,9 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
         amp.load_state_dict(state["scaler"])
         start_epoch = state["epoch"]
         history = list(state["history"])
-        say(info, f"seed {seed}: resuming at epoch {start_epoch + 1} of {total_epochs} from {ckpt_path}"
-             if start_epoch < total_epochs else
-             f"seed {seed}: already trained ({total_epochs} of {total_epochs} epochs in {ckpt_path}); writing its outputs")
+        finished = start_epoch >= total_epochs
+        say(info, resume_message(seed, state, f"{total_epochs} of {total_epochs} epochs" if finished else
+                                 f"epoch {start_epoch + 1} of {total_epochs}", finished))
     # DVC deletes a stage's logs before re-running it: replay what the checkpoint saw
     for past in history:
         _log_epoch(live, info, past, log_prefix)
@@ -292,9 +292,9 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
     if info.is_main:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        save_file(_contiguous(model.state_dict()), str(out_dir / "model.safetensors"))
+        save_tensors(out_dir / "model.safetensors", model.state_dict())  # with its digest, checked on load
         if ema is not None:
-            save_file(_contiguous(ema.module.state_dict()), str(out_dir / "model_ema.safetensors"))
+            save_tensors(out_dir / "model_ema.safetensors", ema.module.state_dict())
         # every epoch's validation, for the best-epoch figures eval_cls reports (no wall times: it is a DVC output)
         write_json(out_dir / HISTORY, history)
     return figures
@@ -396,10 +396,7 @@ def _log_epoch(live, info: DistInfo, figures: Dict[str, float], prefix: str) -> 
 def load_classifier(spec: ClassifierSpec, weights: str | Path, num_classes: int) -> nn.Module:
     if not Path(weights).is_file():
         raise MissingInput(f"trained weights {weights} are missing; train the run first (dvc repro train_cls@RUN).")
+    intact_file(weights, "train_cls@RUN")
     model = spec.create(num_classes=num_classes)
     model.load_state_dict(load_file(str(weights)))
     return model.eval()
-
-
-def _contiguous(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    return {k: v.detach().contiguous().cpu() for k, v in state.items()}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,13 +19,13 @@ from typing import Any, Dict, List, Optional
 
 import torch
 import torch.nn as nn
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from timm.utils import ModelEmaV3
 from torch.nn.parallel import DistributedDataParallel
 
 from ..models.dit import create_dit
 from ..pipeline import model_options
-from .checkpoint import resumable_checkpoint, save_checkpoint, seed_everything, stream_seed
+from .checkpoint import resumable_checkpoint, resume_message, save_checkpoint, seed_everything, stream_seed
 from .classification import NonFiniteLossError
 from .diffusion import GaussianDiffusion
 from .distributed import DistInfo, all_reduce_mean, any_rank, say
@@ -32,6 +33,8 @@ from .flow import FlowMatching
 from .precision import MixedPrecision, maybe_compile, slow_precision_note
 from .preemption import Preempted, stop_on_sigterm
 from vcarepro.errors import BadInput, MissingInput
+from vcarepro.integrity import intact_file, prepared
+from vcarepro.io import save_tensors
 
 
 @dataclass
@@ -85,6 +88,8 @@ def load_training_set(root: str | Path):
     meta_path = root / "meta.json"
     if not meta_path.is_file():
         raise MissingInput(f"{meta_path} is missing; run the prepare_gen stage (dvc repro prepare_gen) first.")
+    if os.environ.get("LOCAL_RANK", "0") == "0":  # one process per node reads the bytes through (42 GB at paper scale)
+        prepared(root, "prepare_gen")
     meta = json.loads(meta_path.read_text())
     if meta["kind"] == "vae_latents":
         from ..data.latents import LatentShards  # diffusers is imported only where latents are used
@@ -144,7 +149,6 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
     running, count = 0.0, 0  # the loss of the steps since the last log line
     history: List[Dict[str, float]] = []  # every logged (step, loss, lr), kept in the checkpoint
     total = recipe["steps"] if max_steps is None else min(recipe["steps"], max_steps)
-    ckpt_path = Path(ckpt_dir) / "last.pt"
     state = resumable_checkpoint(ckpt_dir, fingerprint, seed, lambda message: say(info, message))
     if state is not None:
         model.load_state_dict(state["model"])
@@ -154,8 +158,8 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
         step = state["step"]
         history = list(state["history"])
         running, count = state["running"], state["count"]
-        say(info, f"seed {seed}: resuming at step {step} of {total} from {ckpt_path}" if step < total else
-             f"seed {seed}: already trained ({total} of {total} steps in {ckpt_path}); writing its outputs")
+        say(info, resume_message(seed, state, f"{total} of {total} steps" if step >= total else
+                                 f"step {step} of {total}", step >= total))
     # DVC deletes a stage's logs before re-running it: replay what the checkpoint saw
     for past in history:
         _log_step(live, info, past, log_prefix)
@@ -209,8 +213,7 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
     if info.is_main:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().contiguous().cpu() for k, v in ema.module.state_dict().items()},
-                  str(out_dir / "model_ema.safetensors"))
+        save_tensors(out_dir / "model_ema.safetensors", ema.module.state_dict())  # with its digest, checked on load
     return figures
 
 
@@ -225,6 +228,7 @@ def _log_step(live, info: DistInfo, logged: Dict[str, float], prefix: str) -> No
 def load_generator(spec: GeneratorSpec, weights: str | Path, recipe: Dict[str, Any]) -> nn.Module:
     if not Path(weights).is_file():
         raise MissingInput(f"trained weights {weights} are missing; train the run first (dvc repro train_gen@RUN).")
+    intact_file(weights, "train_gen@RUN")
     model = spec.create(learn_sigma=recipe["learn_sigma"], class_dropout_prob=recipe["class_dropout_prob"])
     model.load_state_dict(load_file(str(weights)))
     return model.eval()

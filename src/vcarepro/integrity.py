@@ -1,0 +1,173 @@
+"""SHA-256 digests written with every file the project resumes from or builds on, checked before use.
+
+``torch.load`` does not check a checkpoint zip's CRCs, and neither safetensors nor numpy checks
+anything: zeroed or flipped bytes inside a well-formed file (a bad sector, a torn copy) load
+without error and are trained on. So each such file gets its digest when it is written, in
+``sha256sum``'s format (``sha256sum -c`` verifies it by hand):
+
+* a file on its own (a checkpoint, trained weights): ``<file>.sha256`` beside it;
+* a prepared directory (``data/gen``, ``data/fid_reference``, a run's samples): one
+  ``SHA256SUMS`` listing every file in it, written last.
+
+:func:`check` verifies a file against whichever of the two covers it and gives the reason it
+cannot be used (``None`` when intact); :func:`require_intact` turns that reason into one sentence
+with the fix. A file is hashed once per process (its size, mtime and inode key the memo).
+Hand-written: none of torch, safetensors, numpy or DVC checks a file's bytes at the moment it is
+read (DVC hashes outputs when it records them, not when a stage opens them).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Dict, Iterable, Optional, Tuple
+
+from vcarepro.errors import BadInput, MissingInput
+
+SIDECAR = ".sha256"
+MANIFEST = "SHA256SUMS"
+_CHUNK = 1 << 22
+_memo: Dict[Tuple[str, int, int, int], str] = {}
+
+
+class CorruptFile(BadInput):
+    """A file whose bytes differ from the digest written with it (or that has no digest)."""
+
+
+def sha256_bytes(data) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | Path) -> str:
+    path = Path(path)
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    if key not in _memo:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(_CHUNK), b""):
+                digest.update(chunk)
+        _memo[key] = digest.hexdigest()
+    return _memo[key]
+
+
+def sidecar_path(path: str | Path) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + SIDECAR)
+
+
+def default_mode(fd: int) -> None:
+    """Give a ``mkstemp`` file (0600) the permissions ``open`` would have: 0666 less the umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
+
+
+def _write_text_atomically(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        default_mode(fd)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def sidecar_text(name: str, digest: str) -> str:
+    return f"{digest}  {name}\n"
+
+
+def write_sidecar(path: str | Path, digest: Optional[str] = None) -> None:
+    """Write ``<path>.sha256`` for ``path`` (hashing it unless ``digest`` is given)."""
+    path = Path(path)
+    _write_text_atomically(sidecar_path(path), sidecar_text(path.name, digest or sha256_file(path)))
+
+
+def write_manifest(root: str | Path) -> Path:
+    """``root/SHA256SUMS`` over every file below ``root`` (relative paths, sorted); written last."""
+    root = Path(root)
+    lines = [sidecar_text(p.relative_to(root).as_posix(), sha256_file(p))
+             for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST]
+    _write_text_atomically(root / MANIFEST, "".join(lines))
+    return root / MANIFEST
+
+
+def _parse(text: str) -> Dict[str, str]:
+    entries = {}
+    for line in text.splitlines():
+        digest, sep, name = line.partition("  ")
+        if sep and len(digest) == 64:
+            entries[name] = digest
+    return entries
+
+
+def expected_digest(path: str | Path) -> Tuple[Optional[str], Optional[Path]]:
+    """The digest recorded for ``path`` and the file that records it: its sidecar, else the manifest above it."""
+    path = Path(path)
+    sidecar = sidecar_path(path)
+    if sidecar.is_file():
+        return _parse(sidecar.read_text()).get(path.name), sidecar
+    for folder in path.parents:
+        manifest = folder / MANIFEST
+        if manifest.is_file():
+            return _parse(manifest.read_text()).get(path.relative_to(folder).as_posix()), manifest
+    return None, None
+
+
+def check(path: str | Path, data: Optional[bytes] = None) -> Optional[str]:
+    """Why ``path`` cannot be trusted ("fails its checksum", "has no checksum"), or None if it is intact.
+
+    ``data``: its bytes, already read (hashed instead of reading the file again).
+    """
+    path = Path(path)
+    expected, _ = expected_digest(path)
+    if expected is None:
+        return f"has no checksum ({sidecar_path(path).name} or a {MANIFEST} listing it)"
+    actual = sha256_bytes(data) if data is not None else sha256_file(path)
+    return None if actual == expected else "fails its checksum"
+
+
+def require_intact(path: str | Path, fix: str) -> Path:
+    """``path`` if it exists and matches its digest; otherwise :class:`CorruptFile` naming it and ``fix``."""
+    path = Path(path)
+    if path.is_file():
+        problem = check(path)
+        if problem is not None:
+            raise CorruptFile(f"{path} {problem}, so its bytes are not what was written; {fix}.")
+    return path
+
+
+def require_intact_directory(root: str | Path, fix: str, names: Optional[Iterable[str]] = None) -> Path:
+    """Every file ``root/SHA256SUMS`` lists (or just ``names``) exists and matches; else one sentence with ``fix``."""
+    root = Path(root)
+    manifest = root / MANIFEST
+    if not manifest.is_file():
+        raise CorruptFile(f"{root} has no {MANIFEST}, so its files cannot be verified (it was written by an older "
+                          f"version or by hand); {fix}.")
+    entries = _parse(manifest.read_text())
+    for name in (sorted(entries) if names is None else names):
+        path = root / name
+        if name not in entries or not path.is_file():
+            raise CorruptFile(f"{path} is {'missing' if name in entries else f'not listed in {manifest}'}; {fix}.")
+        if sha256_file(path) != entries[name]:
+            raise CorruptFile(f"{path} fails its checksum, so its bytes are not what was written; {fix}.")
+    return root
+
+
+def prepared(root: str | Path, stage: str, names: Optional[Iterable[str]] = None) -> Path:
+    """A directory a DVC stage wrote with digests (``atomic_directory(..., digests=True)``), verified before use."""
+    if not Path(root).is_dir():
+        raise MissingInput(f"{root} is missing; build it with `dvc repro {stage}`.")
+    return require_intact_directory(
+        root, f"restore it with `dvc checkout {root}` (DVC's cache keeps the bytes it recorded) or rebuild it with "
+              f"`dvc repro -f -s {stage}`", names)
+
+
+def intact_file(path: str | Path, stage: str) -> Path:
+    """A file a stage wrote with its digest (weights), verified before use: one sentence with the fix otherwise."""
+    return require_intact(path, f"restore it with `dvc checkout` or rebuild it with `dvc repro -f -s {stage}`")
