@@ -87,6 +87,8 @@ RULES: Dict[str, Rule] = {
     "distributed.node_rank": _int_or("env"),
     "distributed.rdzv_endpoint": _STR,
     "distributed.launcher": _choice("torchrun", "srun"),
+    "distributed.rdzv_timeout": _num(0.0, open_lo=True),
+    "distributed.grace": _num(0.0),
     "distributed.seed_processes": _int(1),
     "cls_reference.max_train_images": _int(0), "cls_reference.c": _POS,
     "cls_reference.image_size": _optional(_int(1)),
