@@ -254,6 +254,20 @@ def test_sigterm_to_one_seed_worker_stops_the_stage_and_the_rerun_is_bit_identic
         assert all(torch.equal(a[k], b[k]) for k in a), seed
 
 
+def test_a_sigterm_before_training_installs_its_own_flag_is_not_lost():
+    from vcarepro.train.preemption import stop_on_sigterm
+
+    with stop_on_sigterm() as worker:  # a seed worker's flag, while the seed is still setting up
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert worker.requested
+        with stop_on_sigterm() as training:  # the training loop's own
+            assert training.requested  # it stops at its first step boundary
+    with stop_on_sigterm() as worker:
+        with stop_on_sigterm() as training:
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert worker.requested  # and one during training reaches the worker's flag on the way out
+
+
 def test_a_seed_whose_worker_fails_is_trained_by_the_stage_with_the_reason_said(capsys):
     from vcarepro.train.seeds import run_in_workers
 

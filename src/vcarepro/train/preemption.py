@@ -33,14 +33,25 @@ class StopRequest:
 
 @contextmanager
 def stop_on_sigterm() -> Iterator[StopRequest]:
-    """Turn SIGTERM into a flag for the duration (main thread only; elsewhere the flag never rises)."""
+    """Turn SIGTERM into a flag for the duration (main thread only; elsewhere the flag never rises).
+
+    Nested (a seed worker's flag around a training loop's): the inner flag starts raised if the
+    outer one is, and raises the outer one on the way out, so a SIGTERM that arrives while a seed
+    is still setting up is not lost when training installs its own flag.
+    """
     request = StopRequest()
     try:
         previous = signal.signal(signal.SIGTERM, request._handle)
     except ValueError:  # not the main thread: leave signals alone
         yield request
         return
+    outer = getattr(previous, "__self__", None)
+    outer = outer if isinstance(outer, StopRequest) else None
+    if outer is not None:
+        request.requested = outer.requested
     try:
         yield request
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if outer is not None and request.requested:
+            outer.requested = True

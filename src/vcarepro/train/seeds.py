@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional
@@ -70,6 +71,9 @@ def train_seeds(label: str, seeds: Iterable[int], live_dir, train_one: Callable[
         shutdown(info)
 
 
+WORKER_GRACE = 60.0  # seconds a worker has, after SIGTERM, to reach a step boundary and checkpoint
+
+
 def worker_threads(processes: int, count: int) -> int:
     """Each worker's share of this process's CPU threads."""
     return max(1, torch.get_num_threads() // min(processes, count))
@@ -106,17 +110,21 @@ def run_in_workers(label: str, seeds: List[int], work: Callable[[int], Optional[
                                    daemon=False)
                    for k in range(processes)]
         print(f"{label}: {what} {seeds} in {processes} worker processes, {threads} thread(s) each", flush=True)
-        stopping = False
+        stopping = None  # when the stop began
         with stop_on_sigterm() as stop:
             try:
                 for w in workers:
                     w.start()
                 while any(w.is_alive() for w in workers):
-                    if not stopping and (stop.requested or any(Path(tmp).glob("seed_*.preempted"))):
-                        stopping = True  # stop the others at their next step boundary, checkpoints kept
+                    if stopping is None and (stop.requested or any(Path(tmp).glob("seed_*.preempted"))):
+                        stopping = time.monotonic()  # stop the others at their next step boundary, checkpoints kept
                         for w in workers:
                             if w.is_alive():
                                 os.kill(w.pid, signal.SIGTERM)
+                    elif stopping is not None and time.monotonic() - stopping > WORKER_GRACE:
+                        for w in workers:  # one that cannot reach a step boundary in time
+                            if w.is_alive():
+                                w.kill()
                     for w in workers:
                         w.join(timeout=0.1)
             finally:
@@ -124,8 +132,9 @@ def run_in_workers(label: str, seeds: List[int], work: Callable[[int], Optional[
                     if w.is_alive():
                         w.terminate()
                         w.join()
+            stopped_here = stop.requested  # also a SIGTERM just after the last worker ended
         stopped = [p.read_text() for p in sorted(Path(tmp).glob("seed_*.preempted"))]
-        if stopping or stopped:
+        if stopping is not None or stopped or stopped_here:
             raise Preempted(f"in a seed worker ({'; '.join(stopped) or 'the stage was sent SIGTERM'})")
         done, failed = {}, []
         for seed in seeds:
