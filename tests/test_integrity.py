@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -156,3 +157,27 @@ def test_a_prepared_directory_without_its_manifest_is_refused(tmp_path):
     (tmp_path / "gen" / MANIFEST).unlink()
     with pytest.raises(UserError, match=r"has no SHA256SUMS, so its files cannot be verified .*dvc repro -f -s prepare_gen"):
         prepared(tmp_path / "gen", "prepare_gen")
+
+
+SAMPLES_ON_A_FULL_DISK = """
+import sys
+from vcarepro.data.samples import NpzSampleWriter
+from vcarepro.errors import run_stage
+run_stage(lambda: NpzSampleWriter(sys.argv[1] + "/seed_0.npz", 2000, (64, 64, 3), work_dir=sys.argv[1] + "/work"))
+"""
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux's unshare is needed for a private tmpfs")
+def test_memory_maps_on_a_full_disk_are_one_sentence_not_a_bus_error(tmp_path):
+    # 2,000 samples of 64x64x3 need 24.6 MB; written through a sparse memory map, the first page that
+    # finds no block would be a SIGBUS; allocated up front (as the latent shards are too) it is one sentence
+    small = tmp_path / "small"
+    small.mkdir()
+    (tmp_path / "snippet.py").write_text(SAMPLES_ON_A_FULL_DISK)
+    command = f"{sys.executable} {tmp_path / 'snippet.py'} {small}"
+    result = sh(in_small_tmpfs(str(small), 1 << 19, command), tmp_path, check=False)
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    assert result.stderr.splitlines() == [
+        f"error: no space is left on the device while writing {small}/work/arr_0.npy (24,576,128 bytes were needed); "
+        f"free space there (`df -h {small}/work`) or point that directory elsewhere (checkpoints/ and runs/ may be "
+        f"symbolic links to a larger disk), then re-run `dvc repro`; DVC records nothing of this stage."]

@@ -125,3 +125,23 @@ def save_tensors(path: str | Path, tensors, metadata=None, digest: bool = True) 
             Path(tmp).unlink(missing_ok=True)
             raise
     return path
+
+
+def preallocate(path: str | Path) -> None:
+    """Give ``path`` (a new, sparse ``open_memmap`` file) its disk blocks now (``posix_fallocate``).
+
+    Written through a memory map, a sparse file on a full disk raises SIGBUS (a bus error, no
+    message) at the first page that finds no block; allocated up front, a full disk is one
+    sentence (:class:`DiskFull`) before any work goes into it.
+    """
+    path = Path(path)
+    size = path.stat().st_size
+    with disk_full_names(path, size):
+        fd = os.open(path, os.O_RDWR)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as err:
+            if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without fallocate: as before
+                raise OSError(err.errno, os.strerror(err.errno), str(path)) from None
+        finally:
+            os.close(fd)

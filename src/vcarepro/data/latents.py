@@ -41,7 +41,7 @@ import torch
 from numpy.lib.format import open_memmap
 from PIL import Image
 
-from ..io import write_json
+from ..io import preallocate, write_json
 from vcarepro.errors import BadInput, MissingInput
 
 INDEX = "index.json"
@@ -201,6 +201,7 @@ def encode_to_shards(
                         np.asarray([label for _, label in items[first:first + counts[shard]]], dtype=np.int64))
                 moments = open_memmap(out_dir / _moments_name(shard), mode="w+", dtype=np.float16,
                                       shape=(counts[shard], 2, 2, *latent_shape))
+                preallocate(out_dir / _moments_name(shard))  # a full disk: one sentence, not a bus error
             moments[start:stop] = stacked
             if stop == counts[shard]:
                 moments.flush()

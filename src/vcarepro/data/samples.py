@@ -12,7 +12,6 @@ sample is in it; 50,000 images at 256 px (9.8 GB) never sit in memory at once.
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -24,7 +23,7 @@ from typing import Tuple
 import numpy as np
 import torch
 from vcarepro.errors import BadInput, MissingInput
-from vcarepro.io import disk_full_names
+from vcarepro.io import disk_full_names, preallocate
 
 PROGRESS = "progress.json"
 
@@ -72,16 +71,7 @@ class NpzSampleWriter:
         path = self.work_dir / name
         array = np.lib.format.open_memmap(path, mode=mode, dtype=dtype, shape=shape)
         if mode == "w+":
-            size = path.stat().st_size
-            with disk_full_names(path, size):
-                fd = os.open(path, os.O_RDWR)
-                try:
-                    os.posix_fallocate(fd, 0, size)
-                except OSError as err:
-                    if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without fallocate
-                        raise OSError(err.errno, os.strerror(err.errno), str(path)) from None
-                finally:
-                    os.close(fd)
+            preallocate(path)
         return array
 
     def _digest(self, start: int, stop: int) -> str:
