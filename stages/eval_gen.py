@@ -31,7 +31,7 @@ def main() -> None:
     params = stage_params()
     run = gen_run(params, args.run)
     e = params["eval_gen"]
-    meta = json.loads((prepared(GEN_DATA, "prepare_gen") / "meta.json").read_text())
+    meta = json.loads((prepared(GEN_DATA, "prepare_gen", without=("latents/",)) / "meta.json").read_text())
     prepared(run.paths.root / "samples", f"sample_gen@{args.run}")  # the samples are those sample_gen wrote
     reference_meta = json.loads((FID_REFERENCE / "meta.json").read_text())
     references = load_reference_set(FID_REFERENCE)

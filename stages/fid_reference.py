@@ -70,7 +70,7 @@ def main() -> None:
         raise MissingInput(f"fid_reference: ADM's reference batch {adm} is missing; download it on a connected machine "
                          f"({ADM_URL}, listed in openai/guided-diffusion evaluations/README.md) and put it at {adm}, "
                          f"or set fid_reference.adm_npz=null to use our own statistics (not comparable with the paper).")
-    meta = json.loads((prepared(GEN_DATA, "prepare_gen") / "meta.json").read_text())
+    meta = json.loads((prepared(GEN_DATA, "prepare_gen", without=("latents/",)) / "meta.json").read_text())
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         extractor, name = make_extractor(meta, params["prepare_gen"], device, batch_size=p["batch_size"])

@@ -33,7 +33,7 @@ def main() -> None:
     args = parser.parse_args()
     params = stage_params()
     run = gen_run(params, args.run)
-    meta = json.loads((prepared(GEN_DATA, "prepare_gen") / "meta.json").read_text())
+    meta = json.loads((prepared(GEN_DATA, "prepare_gen", without=("latents/",)) / "meta.json").read_text())
     spec = GeneratorSpec.for_run(run)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if meta["kind"] == "vae_latents":

@@ -10,9 +10,9 @@ import pytest
 import timm
 import torch
 import yaml
-from safetensors.torch import save_file
 from timm.models import load_checkpoint
 
+from vcarepro.io import save_tensors
 from vcarepro.config import load_params
 from vcarepro.errors import BadInput, MissingInput, UnknownName, run_stage
 from vcarepro.export import CURVES, WEIGHTS, export_run, main
@@ -50,7 +50,7 @@ def project(tmp_path_factory):
     model = ClassifierSpec.for_run(run).create(num_classes=NUM_CLASSES).eval()
     seed_dir = root / run.paths.seed_dir(0)
     seed_dir.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(seed_dir / WEIGHTS))
+    save_tensors(seed_dir / WEIGHTS, model.state_dict())  # as train_cls writes it, with its digest
     write_metrics(root, RUN, [91.0, 93.5, 94.0])
     write_metrics(root, BASELINE, [87.0, 92.0, 95.0])
     curve = root / run.paths.live_dir / "plots" / "metrics" / "seed_0" / "val"
@@ -184,7 +184,7 @@ def test_a_baseline_on_timms_own_deit_exports_without_claiming_timms_weights(pro
     seed_dir = root / run.paths.seed_dir(1)
     seed_dir.mkdir(parents=True)
     try:
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(seed_dir / WEIGHTS))
+        save_tensors(seed_dir / WEIGHTS, model.state_dict())  # as train_cls writes it, with its digest
         folder = export_run(BASELINE, seed=1, root=root, out=tmp_path / "mhsa")
     finally:
         shutil.rmtree(seed_dir)

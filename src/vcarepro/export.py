@@ -26,6 +26,7 @@ import torch.nn as nn
 
 from .config import flatten, load_params
 from .errors import BadInput, MissingInput, run_stage
+from .integrity import intact_file
 from .io import atomic_directory
 from .metrics.aggregate import per_seed_values
 from .pipeline import CLS_DATA, ClsRun, cls_run
@@ -64,6 +65,7 @@ def trained_model(run: ClsRun, seed: int, root: Path) -> nn.Module:
     if not weights.is_file():
         raise MissingInput(f"{weights} is missing: seed {seed} of {run.name} is not trained; "
                            f"run `dvc repro train_cls@{run.name}` first.")
+    intact_file(weights, f"train_cls@{run.name}")  # the bytes train_cls wrote, or one sentence
     state = load_file(str(weights))
     if "head.weight" not in state:
         raise BadInput(f"{weights} has no classifier head (head.weight); it is not a train_cls output, "

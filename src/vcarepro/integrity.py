@@ -57,11 +57,20 @@ def sidecar_path(path: str | Path) -> Path:
     return path.with_name(path.name + SIDECAR)
 
 
+_UMASK = os.umask(0o022)  # read once, at import (setting it back at once): os.umask has no getter, and
+os.umask(_UMASK)  # flipping it per file would race with threads that create files meanwhile
+
+
 def default_mode(fd: int) -> None:
     """Give a ``mkstemp`` file (0600) the permissions ``open`` would have: 0666 less the umask."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)
+    os.fchmod(fd, 0o666 & ~_UMASK)
+
+
+def remember(path: str | Path, digest: str) -> None:
+    """Record ``digest`` as ``path``'s (just written by this process), so checking it later reads nothing."""
+    path = Path(path)
+    st = path.stat()
+    _memo[(str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)] = digest
 
 
 def _write_text_atomically(path: Path, text: str) -> None:
@@ -138,12 +147,15 @@ def require_intact(path: str | Path, fix: str) -> Path:
     if path.is_file():
         problem = check(path)
         if problem is not None:
-            raise CorruptFile(f"{path} {problem}, so its bytes are not what was written; {fix}.")
+            consequence = "cannot be verified" if problem.startswith("has no") else "are not what was written"
+            raise CorruptFile(f"{path} {problem}, so its bytes {consequence}; {fix}.")
     return path
 
 
-def require_intact_directory(root: str | Path, fix: str, names: Optional[Iterable[str]] = None) -> Path:
-    """Every file ``root/SHA256SUMS`` lists (or just ``names``) exists and matches; else one sentence with ``fix``."""
+def require_intact_directory(root: str | Path, fix: str, names: Optional[Iterable[str]] = None,
+                             without: Tuple[str, ...] = ()) -> Path:
+    """Every file ``root/SHA256SUMS`` lists (or just ``names``; none under the prefixes ``without``) exists and
+    matches; else one sentence with ``fix``."""
     root = Path(root)
     manifest = root / MANIFEST
     if not manifest.is_file():
@@ -151,6 +163,8 @@ def require_intact_directory(root: str | Path, fix: str, names: Optional[Iterabl
                           f"version or by hand); {fix}.")
     entries = _parse(manifest.read_text())
     for name in (sorted(entries) if names is None else names):
+        if name.startswith(without):
+            continue
         path = root / name
         if name not in entries or not path.is_file():
             raise CorruptFile(f"{path} is {'missing' if name in entries else f'not listed in {manifest}'}; {fix}.")
@@ -159,13 +173,18 @@ def require_intact_directory(root: str | Path, fix: str, names: Optional[Iterabl
     return root
 
 
-def prepared(root: str | Path, stage: str, names: Optional[Iterable[str]] = None) -> Path:
-    """A directory a DVC stage wrote with digests (``atomic_directory(..., digests=True)``), verified before use."""
+def prepared(root: str | Path, stage: str, names: Optional[Iterable[str]] = None,
+             without: Tuple[str, ...] = ()) -> Path:
+    """A directory a DVC stage wrote with digests (``atomic_directory(..., digests=True)``), verified before use.
+
+    ``without``: prefixes of files this reader does not read (the 42 GB of latent shards, for a stage
+    that reads only ``meta.json`` and the FID extractor).
+    """
     if not Path(root).is_dir():
         raise MissingInput(f"{root} is missing; build it with `dvc repro {stage}`.")
     return require_intact_directory(
         root, f"restore it with `dvc checkout {root}` (DVC's cache keeps the bytes it recorded) or rebuild it with "
-              f"`dvc repro -f -s {stage}`", names)
+              f"`dvc repro -f -s {stage}`", names, without)
 
 
 def intact_file(path: str | Path, stage: str) -> Path:

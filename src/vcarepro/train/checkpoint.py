@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from vcarepro.integrity import check, expected_digest, sha256_bytes, write_sidecar
+from vcarepro.integrity import check, expected_digest, remember, sha256_bytes, write_sidecar
 from vcarepro.io import disk_full_names
 
 
@@ -52,6 +52,7 @@ def save_checkpoint(path: str | Path, state: Dict[str, Any]) -> None:
             # the digest first: a crash between the two renames leaves a mismatch, never a wrong match
             write_sidecar(path, digest)
             os.replace(tmp, path)
+            remember(path, digest)  # the next save's check of it reads nothing back
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -69,11 +70,10 @@ def load_checkpoint(path: str | Path, problems: Optional[List[str]] = None) -> O
     for candidate in (path, previous_path(path)):
         if not candidate.is_file():
             continue
-        data = candidate.read_bytes()
-        problem = check(candidate, data)
+        problem = check(candidate)  # streamed: a 10 GB checkpoint is not held twice in memory
         if problem is None:
             try:
-                state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+                state = torch.load(candidate, map_location="cpu", weights_only=True)
             except Exception as err:  # noqa: BLE001 - a file that matches its digest but torch cannot read
                 problem = f"is unreadable ({type(err).__name__})"
             else:

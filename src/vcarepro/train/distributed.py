@@ -21,6 +21,7 @@ from typing import List, Mapping, Optional
 
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 
 from vcarepro.errors import BadInput, UserError
 from vcarepro.launch import DEFAULT_RDZV_TIMEOUT, RDZV_TIMEOUT_ENV
@@ -104,6 +105,9 @@ def rendezvous(init_method: str, rank: int, world_size: int, timeout: Optional[f
             f"rank {rank}: {names} did not reach the rendezvous within {timeout:g} s (died while starting, or "
             f"still starting); see {'its' if len(missing) == 1 else 'their'} errors, or give the launcher a "
             f"longer --rdzv-timeout ({RDZV_TIMEOUT_ENV}) if the ranks start slowly.") from None
+    # past the rendezvous, the process group's own timeout (a short rendezvous bound must not cut NCCL's
+    # set-up at the first collective while rank 0 is still verifying data/gen, say)
+    store.set_timeout(default_pg_timeout)
     return store
 
 
