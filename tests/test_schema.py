@@ -174,24 +174,27 @@ def test_a_misspelt_key_of_a_free_section_is_one_error_line_with_the_valid_names
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["../../../evil", "a/b", "<script>"])
+@pytest.mark.parametrize("name", ["../../../evil", "a/b", "<script>", "a.b"])  # a.b: DVC reads cls_runs.a.b
 def test_a_run_named_outside_the_safe_alphabet_is_refused_before_anything_is_written(tmp_path, scales, name):
     params = copy.deepcopy(scales["embedded"])
     params["cls_runs"] = {name: params["cls_runs"]["deit_tiny-vca"]}
     result = run_stage_on(tmp_path / "project", params, "train_cls.py", "--run", name)
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines() == [
-        f"error: params.yaml: cls_runs has an entry named {name!r}; a name is 1 to 100 letters, digits, '_', '-' or "
-        f"'.' (starting with a letter or digit, no '..'), since it becomes a directory and a DVC stage name; rename "
+        f"error: params.yaml: cls_runs has an entry named {name!r}; a name is 1 to 100 letters, digits, '_' or '-' "
+        f"(starting with a letter or digit), since it becomes a directory and a DVC stage name; rename "
         f"it in conf/ and run `python -m vcarepro.config`."]
     assert only_params_left(tmp_path)  # nothing nested under runs/, nothing beside or above the project
 
 
-@pytest.mark.parametrize("section", ["models", "gen_runs", "cls_recipes"])
+@pytest.mark.parametrize("section", ["models", "gen_runs", "cls_recipes", "calibrate.classifiers"])
 def test_model_and_other_path_names_are_checked_too(scales, section):
     params = copy.deepcopy(scales["embedded"])
-    first = next(iter(params[section]))
-    params[section]["../" + first] = params[section].pop(first)
+    entries = params
+    for key in section.split("."):
+        entries = entries[key]
+    first = next(iter(entries))
+    entries["../" + first] = entries.pop(first)
     with pytest.raises(ParamsError, match=re.escape(f"{section} has an entry named '../{first}'")):
         validate(params)
 

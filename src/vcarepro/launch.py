@@ -274,14 +274,40 @@ def main(argv=None) -> int:
         return 2
     ranks_env = dict(os.environ, **{RDZV_TIMEOUT_ENV: str(args.rdzv_timeout)})
     if args.launcher == "srun":
-        return subprocess.call(srun_command(args), env=ranks_env)
+        return call_forwarding(srun_command(args), ranks_env)
     if args.nnodes * args.nproc_per_node == 1:
         sys.argv = [args.script, *args.script_args]
         runpy.run_path(args.script, run_name="__main__")
         return 0
     if args.rdzv_endpoint == "file":
         return run_local(args.script, args.script_args, args.nproc_per_node, args.rdzv_timeout, args.grace)
-    return subprocess.call(torchrun_command(args), env=ranks_env)
+    return call_forwarding(torchrun_command(args), ranks_env)
+
+
+def call_forwarding(command: List[str], env: Mapping[str, str]) -> int:
+    """Run torchrun / srun, passing SIGINT, SIGTERM and SIGHUP on to it; its status as a shell gives it.
+
+    Both stop their workers on SIGTERM themselves; a signal sent to the launcher alone must reach
+    them, or they would be orphaned. A status from a signal is 128 + its number (143 for SIGTERM).
+    """
+    process = subprocess.Popen(command, env=dict(env))
+    previous = {}
+
+    def forward(signum, frame):
+        if process.poll() is None:
+            process.send_signal(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        try:
+            previous[signum] = signal.signal(signum, forward)
+        except ValueError:  # not the main thread: leave signals alone
+            break
+    try:
+        code = process.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 128 - code if code < 0 else code
 
 
 if __name__ == "__main__":

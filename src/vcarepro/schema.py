@@ -87,8 +87,8 @@ RULES: Dict[str, Rule] = {
     "distributed.node_rank": _int_or("env"),
     "distributed.rdzv_endpoint": _STR,
     "distributed.launcher": _choice("torchrun", "srun"),
-    "distributed.rdzv_timeout": _num(0.0, open_lo=True),
-    "distributed.grace": _num(0.0),
+    "distributed.rdzv_timeout": _int(1),  # whole seconds, as the launcher takes them
+    "distributed.grace": _int(0),
     "distributed.seed_processes": _int(1),
     "cls_reference.max_train_images": _int(0), "cls_reference.c": _POS,
     "cls_reference.image_size": _optional(_int(1)),
@@ -170,20 +170,20 @@ class ParamsError(BadInput):
     pass
 
 
-# Names joined into paths (runs/<branch>/<run>, checkpoints/...) and DVC stage names: a safe alphabet, no "..".
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+# Names joined into paths (runs/<branch>/<run>, checkpoints/...) and DVC stage names: a safe alphabet.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")  # no ".": dvc.yaml reads cls_runs.${key} as a dotted path
 NAMED_SECTIONS = ("models", "cls_runs", "gen_runs", "cls_recipes")
 
 
 def safe_name(name: Any) -> bool:
-    """Whether ``name`` may become one path component (and a DVC stage name): :data:`NAME`, no ``..``."""
-    return isinstance(name, str) and NAME.fullmatch(name) is not None and ".." not in name
+    """Whether ``name`` may become one path component (and a DVC stage name): :data:`NAME`."""
+    return isinstance(name, str) and NAME.fullmatch(name) is not None
 
 
 def _check_name(where: str, name: Any, source: str) -> None:
     if not safe_name(name):
         raise ParamsError(f"{source}: {where} has an entry named {name!r}; a name is 1 to 100 letters, digits, "
-                          f"'_', '-' or '.' (starting with a letter or digit, no '..'), since it becomes a "
+                          f"'_' or '-' (starting with a letter or digit), since it becomes a "
                           f"directory and a DVC stage name; rename it in conf/ and run `python -m vcarepro.config`.")
 
 
@@ -262,6 +262,7 @@ def validate(params: Dict[str, Any], source: str = "params.yaml") -> None:
     for group, named in entries.items():
         fields = CALIBRATION_FIELDS[group]
         for name, entry in named.items():
+            _check_name(f"calibrate.{group}", name, source)  # it names the entry's work files
             entry = entry if isinstance(entry, dict) else {}
             missing = [f for f in fields["required"] if f not in entry]
             extra = sorted(set(entry) - set(fields["required"]) - set(fields["optional"]))

@@ -61,8 +61,11 @@ PRELOAD = ("torch", "timm", "vcarepro", "vcarepro.launch", "vcarepro.train.class
 # libraries read many such variables and add more with each release: a variable read later, at run time,
 # costs at most an extra server; one left out would silently run a command under another client's settings.
 # What varies from stage to stage (DVC_STAGE, PWD, OLDPWD, SHLVL) must stay out, or every stage starts cold.
+# huggingface_hub also fixes its cache paths from HOME / XDG_* at import; glibc's allocator reads MALLOC_* and
+# GLIBC_TUNABLES when the interpreter starts.
 IMPORT_ENV_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "ONEDNN_", "DNNL_", "ATEN_", "TORCH",
-                       "PYTORCH_", "CUDA_", "TIMM_", "HF_", "HUGGINGFACE_", "PYTHON", "LD_")
+                       "PYTORCH_", "CUDA_", "TIMM_", "HF_", "HUGGINGFACE_", "PYTHON", "LD_", "XDG_", "HOME",
+                       "MALLOC_", "GLIBC_TUNABLES")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 START_TIMEOUT = 120.0  # seconds for a new server to import everything and listen
 
