@@ -112,7 +112,7 @@ def run_paths(branch: str, name: str) -> RunPaths:
 
     if not safe_name(name):  # the schema refuses it first; this guards every other caller
         raise BadInput(f"run name {name!r} cannot become a directory under {RUNS_DIR}/{branch}; use letters, digits, "
-                       f"'_', '-' or '.' (no '/', no '..') and rename it in conf/.")
+                       f"'_' or '-' and rename it in conf/.")
     return RunPaths(RUNS_DIR / branch / name, CHECKPOINTS_DIR / branch / name)
 
 
