@@ -18,8 +18,6 @@ read (DVC hashes outputs when it records them, not when a stage opens them).
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 from typing import Dict, Iterable, Optional, Tuple
 
@@ -57,34 +55,11 @@ def sidecar_path(path: str | Path) -> Path:
     return path.with_name(path.name + SIDECAR)
 
 
-_UMASK = os.umask(0o022)  # read once, at import (setting it back at once): os.umask has no getter, and
-os.umask(_UMASK)  # flipping it per file would race with threads that create files meanwhile
-
-
-def default_mode(fd: int) -> None:
-    """Give a ``mkstemp`` file (0600) the permissions ``open`` would have: 0666 less the umask."""
-    os.fchmod(fd, 0o666 & ~_UMASK)
-
-
 def remember(path: str | Path, digest: str) -> None:
     """Record ``digest`` as ``path``'s (just written by this process), so checking it later reads nothing."""
     path = Path(path)
     st = path.stat()
     _memo[(str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)] = digest
-
-
-def _write_text_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        default_mode(fd)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def sidecar_text(name: str, digest: str) -> str:
@@ -93,8 +68,10 @@ def sidecar_text(name: str, digest: str) -> str:
 
 def write_sidecar(path: str | Path, digest: Optional[str] = None) -> None:
     """Write ``<path>.sha256`` for ``path`` (hashing it unless ``digest`` is given)."""
+    from vcarepro.io import write_bytes
+
     path = Path(path)
-    _write_text_atomically(sidecar_path(path), sidecar_text(path.name, digest or sha256_file(path)))
+    write_bytes(sidecar_path(path), sidecar_text(path.name, digest or sha256_file(path)).encode())
 
 
 def write_manifest(root: str | Path) -> Path:
@@ -102,8 +79,9 @@ def write_manifest(root: str | Path) -> Path:
     root = Path(root)
     lines = [sidecar_text(p.relative_to(root).as_posix(), sha256_file(p))
              for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST]
-    _write_text_atomically(root / MANIFEST, "".join(lines))
-    return root / MANIFEST
+    from vcarepro.io import write_bytes
+
+    return write_bytes(root / MANIFEST, "".join(lines).encode())
 
 
 def _parse(text: str) -> Dict[str, str]:

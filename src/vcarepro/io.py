@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from vcarepro.errors import UserError
-from vcarepro.integrity import default_mode, sha256_bytes, write_manifest, write_sidecar
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -57,20 +56,44 @@ def disk_full_names(path: str | Path, needed: Optional[int] = None) -> Iterator[
         raise
 
 
-def write_json(path: str | Path, payload: Any) -> None:
-    """Write JSON atomically (temp file in the same directory, then rename)."""
+_UMASK = os.umask(0o022)  # read once, at import (and set back at once): os.umask has no getter, and
+os.umask(_UMASK)  # flipping it per file would race with threads that create files meanwhile
+
+
+def write_bytes(path: str | Path, data, digest: bool = False) -> Path:
+    """Write ``data`` to ``path`` atomically: a temporary file in the same directory, fsynced, then renamed.
+
+    A crash leaves ``path`` either as it was or complete. With ``digest``, its SHA-256 goes to
+    ``<path>.sha256`` first (:mod:`vcarepro.integrity`), so a crash between the two renames leaves a
+    mismatch, never a wrong match. A full disk is one sentence naming ``path`` and the bytes needed.
+    The file gets the permissions ``open`` would give it (0666 less the umask), not mkstemp's 0600.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(payload, indent=2, sort_keys=True) + "\n"
-    with disk_full_names(path, len(text.encode())):
+    with disk_full_names(path, len(data)):
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with disk_full_names(path, len(text.encode())), os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        try:
+            os.fchmod(fd, 0o666 & ~_UMASK)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            if digest:
+                from vcarepro.integrity import remember, sha256_bytes, write_sidecar
+                checksum = sha256_bytes(data)
+                write_sidecar(path, checksum)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    if digest:
+        remember(path, checksum)  # checking it later in this process reads nothing back
+    return path
+
+
+def write_json(path: str | Path, payload: Any) -> None:
+    """Write JSON atomically (:func:`write_bytes`)."""
+    write_bytes(path, (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode())
 
 
 @contextmanager
@@ -91,6 +114,7 @@ def atomic_directory(path: str | Path, digests: bool = False) -> Iterator[Path]:
         with disk_full_names(path):
             yield tmp
             if digests:
+                from vcarepro.integrity import write_manifest
                 write_manifest(tmp)
         if path.exists():
             shutil.rmtree(path)
@@ -100,31 +124,12 @@ def atomic_directory(path: str | Path, digests: bool = False) -> Iterator[Path]:
         raise
 
 
-def save_tensors(path: str | Path, tensors, metadata=None, digest: bool = True) -> Path:
-    """``safetensors.torch.save_file`` atomically (temp file, then rename), with its digest ``<path>.sha256``.
-
-    A full disk is one sentence naming ``path`` and the bytes the file needed.
-    """
+def save_tensors(path: str | Path, tensors, metadata=None) -> Path:
+    """``safetensors.torch.save_file``'s bytes written by :func:`write_bytes`, with their digest ``<path>.sha256``."""
     from safetensors.torch import save
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = save({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, metadata=metadata)
-    with disk_full_names(path, len(data)):
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            default_mode(fd)  # as save_file would have made it
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            if digest:
-                write_sidecar(path, sha256_bytes(data))
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    return path
+    return write_bytes(path, data, digest=True)
 
 
 def preallocate(path: str | Path) -> None:

@@ -23,7 +23,7 @@ from typing import Tuple
 import numpy as np
 import torch
 from vcarepro.errors import BadInput, MissingInput
-from vcarepro.io import disk_full_names, preallocate
+from vcarepro.io import preallocate, write_json
 
 PROGRESS = "progress.json"
 
@@ -97,10 +97,8 @@ class NpzSampleWriter:
         self.labels.flush()
         self.batches.append((start, stop, self._digest(start, stop)))
         self.done_batches = batch + 1
-        tmp = self.work_dir / f".{PROGRESS}.tmp"
-        with disk_full_names(self.work_dir / PROGRESS):
-            tmp.write_text(json.dumps({**self._state, "done_batches": self.done_batches, "batches": self.batches}))
-        os.replace(tmp, self.work_dir / PROGRESS)  # the batch counts as done only once it is on disk
+        # the batch counts as done only once it is on disk
+        write_json(self.work_dir / PROGRESS, {**self._state, "done_batches": self.done_batches, "batches": self.batches})
 
     def preview(self, per_class: int, classes: int) -> np.ndarray:
         """The first ``per_class`` finished samples of each of the first ``classes`` labels, (M, H, W, C) uint8."""

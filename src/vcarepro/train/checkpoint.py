@@ -5,15 +5,14 @@ import hashlib
 import io
 import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
 
-from vcarepro.integrity import check, expected_digest, remember, sha256_bytes, write_sidecar
-from vcarepro.io import disk_full_names
+from vcarepro.integrity import check, expected_digest, write_sidecar
+from vcarepro.io import write_bytes
 
 
 def previous_path(path: str | Path) -> Path:
@@ -24,38 +23,21 @@ def previous_path(path: str | Path) -> Path:
 def save_checkpoint(path: str | Path, state: Dict[str, Any]) -> None:
     """Write ``state`` to ``path`` atomically with its digest (``<path>.sha256``), keeping the one it replaces.
 
-    A crash at any moment leaves ``path`` either the old complete file or the new one, and a
-    file whose digest does not match is never loaded (:func:`load_checkpoint`). The replaced
-    checkpoint becomes ``<path>.prev`` (with its digest), what loading falls back to, but only if
-    it is itself intact: a damaged newest file is overwritten, so a run that fell back to
-    ``.prev`` never rotates the damage over its one good copy.
+    The replaced checkpoint becomes ``<path>.prev`` (with its digest), what loading falls back to,
+    but only if it is itself intact: a damaged newest file is overwritten, so a run that fell back
+    to ``.prev`` never rotates the damage over its one good copy. A crash at any moment leaves the
+    newest complete state in ``path`` or, between the rotation and the write, in ``.prev``; a
+    file whose digest does not match is never loaded (:func:`load_checkpoint`).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     # through a buffer: saved to a path, torch names the archive's records after the (random)
     # temporary file, and identical states would not give identical bytes
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    data = buffer.getbuffer()
-    digest = sha256_bytes(data)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        with disk_full_names(path, len(data)):
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            if path.is_file() and check(path) is None:
-                write_sidecar(previous_path(path), expected_digest(path)[0])
-                os.replace(path, previous_path(path))
-            # the digest first: a crash between the two renames leaves a mismatch, never a wrong match
-            write_sidecar(path, digest)
-            os.replace(tmp, path)
-            remember(path, digest)  # the next save's check of it reads nothing back
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    if path.is_file() and check(path) is None:  # a crash from here on leaves .prev, the newest complete state
+        write_sidecar(previous_path(path), expected_digest(path)[0])
+        os.replace(path, previous_path(path))
+    write_bytes(path, buffer.getbuffer(), digest=True)
 
 
 def load_checkpoint(path: str | Path, problems: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
