@@ -52,6 +52,14 @@ def test_inside_a_slurm_allocation_one_srun_starts_torchrun_on_every_node():
         "deit_tiny-vca"]
 
 
+def test_inside_a_job_step_the_srun_launcher_shares_the_steps_resources():
+    args = launch_args("--nnodes", "4", "--nproc-per-node", "8", "--rdzv-endpoint", "gpu-a01:29500",
+                       "--launcher", "srun", env=SLURM, gpus=8)
+    assert "--overlap" not in srun_command(args, env=SLURM)
+    assert srun_command(args, env={**SLURM, "SLURM_STEP_ID": "0"})[:5] == [
+        "srun", "--nodes=4", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--overlap"]
+
+
 def test_env_values_come_from_slurm_or_torchrun_style_variables():
     args = launch_args("--nnodes", "env", "--node-rank", "env", "--rdzv-endpoint", "env", env=SLURM)
     assert (args.nnodes, args.node_rank, args.rdzv_endpoint) == (4, 2, "gpu-a01:29500")

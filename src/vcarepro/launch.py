@@ -259,7 +259,10 @@ def torchrun_command(args) -> list:
 def srun_command(args, env: Optional[Mapping[str, str]] = None) -> list:
     """One torchrun per node of the allocation; c10d assigns node ranks, the job id names the rendezvous."""
     env = os.environ if env is None else env
-    return ["srun", f"--nodes={args.nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+    # Inside a job step (a job of python -m vcarepro.cluster runs the stage in one), the new step shares
+    # the step's CPUs, memory and GPUs (srun --overlap, Slurm >= 20.11) instead of waiting for them.
+    overlap = ["--overlap"] if "SLURM_STEP_ID" in env else []
+    return ["srun", f"--nodes={args.nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *overlap,
             "torchrun", f"--nnodes={args.nnodes}", f"--nproc-per-node={args.nproc_per_node}",
             "--rdzv-backend=c10d", f"--rdzv-id={env['SLURM_JOB_ID']}", f"--rdzv-endpoint={args.rdzv_endpoint}",
             f"--rdzv-conf=join_timeout={args.rdzv_timeout}", args.script, *args.script_args]
