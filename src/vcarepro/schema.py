@@ -90,6 +90,13 @@ RULES: Dict[str, Rule] = {
     "distributed.rdzv_timeout": _int(1),  # whole seconds, as the launcher takes them
     "distributed.grace": _int(0),
     "distributed.seed_processes": _int(1),
+    "cluster.partition": _optional(_STR), "cluster.account": _optional(_STR), "cluster.qos": _optional(_STR),
+    "cluster.gpu": _BOOL, "cluster.nodes": _int(1), "cluster.gpus_per_node": _int(1), "cluster.cpus_per_task": _int(1),
+    "cluster.mem_gb": _optional(_int(1)), "cluster.train_minutes": _int(1), "cluster.stage_minutes": _int(1),
+    "cluster.signal_delay_s": _int(10), "cluster.max_requeues": _int(0), "cluster.poll_seconds": _POS,
+    "cluster.local_stages": ("a list of stage names (report, or train_cls@<run>)",
+                             lambda v: isinstance(v, list) and all(isinstance(x, str) and x for x in v)),
+    "cluster.setup": ("a list of shell lines", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
     "cls_reference.max_train_images": _int(0), "cls_reference.c": _POS,
     "cls_reference.image_size": _optional(_int(1)),
     "complexity.cls_img_size": _int(1), "complexity.cls_num_classes": _int(1),

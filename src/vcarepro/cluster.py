@@ -1,0 +1,651 @@
+"""The pipeline on SLURM: every stage one job, up to K at once, DVC keeping the books.
+
+    python -m vcarepro.cluster run [--max-jobs K] [--poll SECONDS]   # on the login node, in the workspace
+    python -m vcarepro.cluster status                                 # every stage: done / queued / running / ...
+    python -m vcarepro.cluster cancel                                 # scancel this workspace's jobs
+
+``run`` reads the stage graph from DVC (``dvc.yaml``) and what is out of date from ``dvc status``.
+A stage runs once every stage upstream of it is up to date: each one named in ``cluster.local_stages``
+(the report) in this process, every other one as a SLURM job that runs ``dvc repro --single-item
+<stage>`` in the workspace (a shared file system, as on every cluster). So DVC itself runs each
+stage's command and records it in the workspace's one ``dvc.lock`` and its run cache, exactly as
+``dvc repro`` would: DVC releases its repository lock while a command runs and guards the
+outputs with its read/write locks, which is what makes independent stages safe to reproduce in
+parallel (DVC's documented way to run a pipeline's branches side by side).
+
+Jobs are submitted with submitit (what DeiT, DINO and MAE use in ``run_with_submitit.py``), sized by
+``distributed`` (a training stage: its nodes and GPUs per node) and the ``cluster`` section of
+params.yaml (partition, account, QOS, CPUs, memory, time limits). ``.slurm/jobs.json`` records each
+stage's job; jobs carry the name ``vcarepro:<stage>`` and the workspace as their comment, so an
+interrupted ``run`` started again finds every job still queued or running (also one submitted just
+before the interruption) and submits nothing twice, and stages DVC reports up to date are not run.
+
+Preemption and time limits: submitit asks SLURM for ``USR2`` ``cluster.signal_delay_s`` seconds before
+the limit (and it arrives on preemption). :class:`StageJob` then stops the stage the way a SIGTERM
+stops any stage here (training checkpoints at the next step, exit 143, DVC records nothing),
+and submitit requeues the job; the requeued job's ``dvc repro`` resumes from the checkpoint and ends
+bit-identical to an uninterrupted run on CPU. Requeues after time limits are counted
+(``cluster.max_requeues``); a job that fails for any other reason is not requeued: ``run`` shows its
+log's last lines and the fix our stages print (``error: ...``), goes on with what does not depend
+on it, and exits 1 when nothing else can run.
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set
+
+import submitit
+
+from .config import section, stage_params
+from .errors import USER_ERROR_STATUS, UserError
+from .io import write_json
+
+STATE_DIR = Path(".slurm")
+JOBS_FILE = STATE_DIR / "jobs.json"
+LOG_DIR = STATE_DIR / "logs"      # submitit's folder: <job>_0_log.out / .err, the job's pickles
+LOCAL_LOGS = STATE_DIR / "local"  # the stages run here: <stage>.log
+JOB_NAME = "vcarepro:"
+TRAINING_STAGES = ("train_cls", "train_gen")   # the stages whose command is the distributed launcher
+# squeue's states of a job that has not ended (squeue(1) "JOB STATE CODES").
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
+          "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
+QUEUED = {"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "SPECIAL_EXIT", "SUSPENDED"}
+TAIL_LINES = 8
+
+
+class ClusterError(UserError):
+    """A problem with the cluster set-up or the cluster section (one sentence, exit status 2)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# What DVC knows: the stage graph and what is out of date.
+
+def stage_graph(root: Path) -> Dict[str, List[str]]:
+    """Every pipeline stage of ``root`` (DVC's addressing, ``train_cls@deit_tiny-vca``) -> the stages it
+    reads from directly, in DVC's own graph of dvc.yaml."""
+    from dvc.repo import Repo
+
+    with Repo(str(root)) as repo:
+        graph = repo.index.graph
+        return {s.addressing: sorted(u.addressing for u in graph.successors(s)) for s in graph.nodes}
+
+
+def topological(graph: Mapping[str, Sequence[str]]) -> List[str]:
+    """The stages, each after every stage it reads from (ties by name, so the order is stable)."""
+    done: List[str] = []
+    seen: Set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in seen:
+            return
+        seen.add(name)
+        for up in sorted(graph.get(name, ())):
+            visit(up)
+        done.append(name)
+    for name in sorted(graph):
+        visit(name)
+    return done
+
+
+def ancestors(graph: Mapping[str, Sequence[str]], name: str) -> Set[str]:
+    found: Set[str] = set()
+    todo = list(graph.get(name, ()))
+    while todo:
+        up = todo.pop()
+        if up not in found:
+            found.add(up)
+            todo.extend(graph.get(up, ()))
+    return found
+
+
+def descendants(graph: Mapping[str, Sequence[str]], names: Set[str]) -> Set[str]:
+    return {s for s in graph if ancestors(graph, s) & names}
+
+
+def out_of_date(root: Path, graph: Mapping[str, Sequence[str]], busy: Set[str] = frozenset(),
+                attempts: int = 20) -> Set[str]:
+    """The stages not done: those ``dvc status`` reports changed, and ``busy`` ones (running now) with
+    everything downstream of them. DVC is asked about the others only: a running stage holds DVC's write
+    lock on its outputs, which ``dvc status`` of that stage or of one reading them would wait on."""
+    busy = set(busy) | descendants(graph, set(busy))
+    targets = sorted(set(graph) - busy)
+    if not targets:
+        return busy
+    for _ in range(attempts):
+        result = subprocess.run([sys.executable, "-m", "dvc", "status", "--json", *targets], cwd=root,
+                                capture_output=True, text=True, env=_dvc_env())
+        if result.returncode == 0:
+            return set(json.loads(result.stdout or "{}")) | busy
+        if "Unable to acquire lock" not in result.stderr and "is busy" not in result.stderr:
+            raise ClusterError(f"`dvc status` failed in {root}: {_last_line(result.stderr)}; fix that first, "
+                               f"then run the command again.")
+        time.sleep(3)  # a job's DVC holds the repository lock while it records its stage
+    raise ClusterError("DVC's locks stayed taken for a minute (`dvc status` could not read them): another DVC "
+                       "command runs in this workspace; wait for it to finish, then run the command again.")
+
+
+def todo_stages(graph: Mapping[str, Sequence[str]], changed: Set[str]) -> Set[str]:
+    """What is not done: each stage DVC reports changed and each one downstream of such a stage (its inputs
+    will change when that one has run, so DVC's answer for it is not yet the last word)."""
+    return {s for s in graph if s in changed or ancestors(graph, s) & changed}
+
+
+def ready_stages(graph: Mapping[str, Sequence[str]], changed: Set[str]) -> List[str]:
+    """The changed stages whose inputs are all done: they can run now, in topological order."""
+    todo = todo_stages(graph, changed)
+    return [s for s in topological(graph) if s in changed and not ancestors(graph, s) & todo]
+
+
+# ----------------------------------------------------------------------------------------------
+# A stage's job: its size from params.yaml, what runs inside it.
+
+def kind(stage: str) -> str:
+    return stage.split("@", 1)[0]
+
+
+def job_parameters(stage: str, params: Mapping[str, Any], root: Path) -> Dict[str, Any]:
+    """submitit's SlurmExecutor parameters for ``stage`` (see conf/config.yaml ``cluster`` for each)."""
+    c = section(params, "cluster")
+    dist = section(params, "distributed")
+    training = kind(stage) in TRAINING_STAGES
+    nodes, gpus = 1, (1 if c["gpu"] else 0)
+    if training:
+        nodes = dist["nnodes"] if isinstance(dist["nnodes"], int) else c["nodes"]
+        per_node = dist["nproc_per_node"] if isinstance(dist["nproc_per_node"], int) else c["gpus_per_node"]
+        gpus = per_node if c["gpu"] else 0
+        if nodes > 1 and dist["launcher"] != "srun":
+            raise ClusterError(f"{stage} asks for {nodes} nodes, and a job reaches its other nodes through the "
+                               f"srun launcher; set distributed.launcher: srun and distributed.rdzv_endpoint: env "
+                               f"(or host:port) in params.yaml.")
+    minutes = c["train_minutes"] if training else c["stage_minutes"]
+    out: Dict[str, Any] = {
+        "job_name": f"{JOB_NAME}{stage}", "comment": str(root), "nodes": nodes, "ntasks_per_node": 1,
+        "cpus_per_task": c["cpus_per_task"], "time": minutes, "signal_delay_s": c["signal_delay_s"],
+        "stderr_to_stdout": False,
+    }
+    if gpus:
+        out["gpus_per_node"] = gpus
+    for key in ("partition", "account", "qos"):
+        if c[key]:
+            out[key] = c[key]
+    if c["mem_gb"]:
+        out["mem"] = f"{c['mem_gb']}GB"
+    if c["setup"]:
+        out["setup"] = list(c["setup"])
+    return out
+
+
+def _ignore_usr2() -> None:  # in the child, before exec: SLURM signals every process of the job step
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+
+class StageJob(submitit.helpers.Checkpointable):
+    """What a job runs: ``dvc --wait-for-lock repro --single-item STAGE`` in the workspace, on the job's first task.
+
+    (DVC holds its repository lock for a moment before and after each command; other jobs' DVC waits.)
+
+    The stage runs as DVC runs it for ``dvc repro``, in a fresh interpreter (``VCAREPRO_WARM=0``: a warm
+    server started by one job would run another job's stage outside that job's cgroup and signals)
+    with ``OMP_NUM_THREADS`` = the job's CPUs unless set. On submitit's checkpoint (``USR2`` before the
+    time limit or on preemption) the stage is stopped by SIGTERM, DVC records nothing, and the job is
+    requeued; a SIGTERM from SLURM itself (preemption's grace, the time limit) does the same.
+    """
+
+    def __init__(self) -> None:
+        self._proc: Optional[subprocess.Popen] = None
+        self._sigterm = False
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__()
+
+    def __call__(self, stage: str, root: str) -> Dict[str, Any]:
+        if int(os.environ.get("SLURM_PROCID", "0")) != 0:
+            return {"stage": stage, "task": os.environ["SLURM_PROCID"]}  # other nodes: the stage's srun reaches them
+        env = {**os.environ, "VCAREPRO_WARM": "0", "DVC_NO_ANALYTICS": "1"}
+        if "OMP_NUM_THREADS" not in env and env.get("SLURM_CPUS_PER_TASK"):
+            env["OMP_NUM_THREADS"] = env["SLURM_CPUS_PER_TASK"]
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._proc = subprocess.Popen([sys.executable, "-m", "dvc", "--wait-for-lock", "repro", "--single-item", stage], cwd=root,
+                                      env=env, preexec_fn=_ignore_usr2)
+        while self._proc.poll() is None:
+            time.sleep(0.5)
+        code = self._proc.returncode
+        if code == 0:
+            return {"stage": stage, "host": os.uname().nodename}
+        if self._sigterm:  # stopped by SLURM: requeue as submitit does on USR2 (a user's scancel refuses it)
+            job_id = os.environ.get("SLURM_JOB_ID", "")
+            if subprocess.run(["scontrol", "requeue", job_id], capture_output=True).returncode == 0:
+                print(f"{stage}: stopped by SIGTERM; job {job_id} requeued", file=sys.stderr, flush=True)
+                raise SystemExit(-1)
+            raise RuntimeError(f"{stage} was stopped by SIGTERM and its job could not be requeued (cancelled?)")
+        raise RuntimeError(f"`dvc repro --single-item {stage}` failed with exit status {code}; "
+                           f"its error is above in this log.")
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self._sigterm = True
+
+    def checkpoint(self, stage: str, root: str) -> submitit.helpers.DelayedSubmission:
+        """submitit's hook on USR2: stop the stage (it checkpoints), then hand back the same job to requeue."""
+        self._stop_stage(grace=max(30, int(os.environ.get("VCAREPRO_STOP_GRACE", "60"))))
+        return submitit.helpers.DelayedSubmission(StageJob(), stage, root)
+
+    def _stop_stage(self, grace: float) -> None:
+        import psutil
+
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        children = psutil.Process(self._proc.pid).children(recursive=True)
+        for child in children:  # dvc itself is left to see its command fail, so it releases its locks
+            try:
+                child.send_signal(signal.SIGTERM)
+            except psutil.NoSuchProcess:
+                pass
+        deadline = time.monotonic() + grace
+        while self._proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if self._proc.poll() is None:
+            for proc in [psutil.Process(self._proc.pid), *children]:
+                try:
+                    proc.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            self._proc.wait()
+
+
+# ----------------------------------------------------------------------------------------------
+# SLURM's view of our jobs.
+
+def _slurm(args: Sequence[str]) -> str:
+    try:
+        result = subprocess.run(list(args), capture_output=True, text=True, timeout=120)
+    except FileNotFoundError:
+        raise ClusterError(f"`{args[0]}` is not on PATH: run this on a SLURM login node (or install slurm-wlm "
+                           f"and start a cluster).") from None
+    except subprocess.TimeoutExpired:
+        raise ClusterError(f"`{' '.join(args)}` did not answer in 120 s: the SLURM controller is down or "
+                           f"overloaded; try again later.") from None
+    if result.returncode != 0:
+        raise ClusterError(f"`{' '.join(args)}` failed: {_last_line(result.stderr)}; check `sinfo` and the "
+                           f"cluster section of params.yaml.")
+    return result.stdout
+
+
+@dataclass
+class SlurmJob:
+    job_id: str
+    state: str
+    reason: str = ""
+    stage: str = ""
+
+
+def our_jobs(root: Path) -> Dict[str, SlurmJob]:
+    """Jobs of this user that SLURM still lists, by job id (ours: named ``vcarepro:<stage>``, this workspace)."""
+    out = _slurm(["squeue", "--me", "--noheader", "--format=%i|%T|%r|%j|%k"])
+    jobs = {}
+    for line in out.splitlines():
+        parts = line.strip().split("|", 4)
+        if len(parts) == 5 and parts[3].startswith(JOB_NAME) and parts[4] == str(root):
+            jobs[parts[0]] = SlurmJob(parts[0], parts[1], parts[2], parts[3][len(JOB_NAME):])
+    return jobs
+
+
+def job_paths(job_id: str) -> submitit.core.utils.JobPaths:
+    return submitit.core.utils.JobPaths(LOG_DIR / "%j", job_id=job_id, task_id=0)
+
+
+def outcome(root: Path, job_id: str) -> Optional[tuple]:
+    """("success", value) or ("error", traceback) once the job has written its result, else None."""
+    path = root / job_paths(job_id).result_pickle
+    if not path.exists():
+        return None
+    try:
+        return submitit.core.utils.pickle_load(path)
+    except Exception:  # being written
+        return None
+
+
+def log_tail(path: Path, lines: int = TAIL_LINES) -> List[str]:
+    if not path.is_file():
+        return []
+    text = path.read_text(errors="replace").splitlines()
+    return [line for line in text if line.strip()][-lines:]
+
+
+def fix_line(path: Path) -> Optional[str]:
+    """The one-sentence error our stages print (``error: ...``), the last one in the log."""
+    if not path.is_file():
+        return None
+    found = [line for line in path.read_text(errors="replace").splitlines() if line.startswith("error: ")]
+    return found[-1] if found else None
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "no message"
+
+
+def _dvc_env() -> Dict[str, str]:
+    return {**os.environ, "DVC_NO_ANALYTICS": "1"}
+
+
+# ----------------------------------------------------------------------------------------------
+# The books: .slurm/jobs.json.
+
+@dataclass
+class Record:
+    stage: str
+    job_id: str = ""            # "" for a stage run here
+    state: str = "submitted"    # submitted / done / failed
+    log: str = ""
+    message: List[str] = field(default_factory=list)
+    fix: Optional[str] = None
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"job_id": self.job_id, "state": self.state, "log": self.log, "message": self.message,
+                "fix": self.fix}
+
+
+def load_records(root: Path) -> Dict[str, Record]:
+    path = root / JOBS_FILE
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        raise ClusterError(f"{path} is not JSON; move it aside (SLURM still lists the jobs, and `run` finds "
+                           f"them by name) and run the command again.") from None
+    return {stage: Record(stage, **entry) for stage, entry in raw.items()}
+
+
+def save_records(root: Path, records: Mapping[str, Record]) -> None:
+    write_json(root / JOBS_FILE, {s: r.as_dict() for s, r in sorted(records.items())})
+
+
+# ----------------------------------------------------------------------------------------------
+# The driver.
+
+class Driver:
+    def __init__(self, root: Path, max_jobs: int, poll: float, out=sys.stdout):
+        self.root, self.max_jobs, self.poll, self.out = root, max_jobs, poll, out
+        self.params = stage_params(root / "params.yaml")
+        self.cluster = section(self.params, "cluster")
+        self.local = set(self.cluster["local_stages"])
+        self.graph = stage_graph(root)
+        self.records = load_records(root)
+        for record in self.records.values():  # a stage an interrupted command ran here died with it
+            if record.state == "submitted" and not record.job_id:
+                record.state = "interrupted"
+        self.local_proc: Optional[tuple] = None  # (stage, Popen, log path)
+        self.finished_here: Set[str] = set()    # stages that ended (either way) during this command
+        self.last_state: Dict[str, str] = {}
+
+    def relative(self, path: Path) -> str:
+        path = Path(path)
+        return str(path.relative_to(self.root) if path.is_absolute() and path.is_relative_to(self.root) else path)
+
+    def say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    # one stage's job
+    def submit(self, stage: str) -> None:
+        executor = submitit.SlurmExecutor(folder=str(self.root / LOG_DIR / "%j"),
+                                          max_num_timeout=self.cluster["max_requeues"])
+        parameters = job_parameters(stage, self.params, self.root)
+        executor.update_parameters(**parameters)
+        job = executor.submit(StageJob(), stage, str(self.root))
+        log = self.relative(job_paths(job.job_id).stderr)
+        self.records[stage] = Record(stage, job.job_id, "submitted", log)
+        save_records(self.root, self.records)
+        gpus = parameters.get("gpus_per_node", 0)
+        self.say(f"submitted {stage} as job {job.job_id} ({parameters['nodes']} node(s), {gpus} GPU(s) per node, "
+                 f"{parameters['cpus_per_task']} CPU(s), {parameters['time']} min); log {log}")
+
+    def start_local(self, stage: str) -> None:
+        log = self.root / LOCAL_LOGS / f"{stage}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        handle = log.open("w")
+        proc = subprocess.Popen([sys.executable, "-m", "dvc", "--wait-for-lock", "repro", "--single-item", stage], cwd=self.root,
+                                env=_dvc_env(), stdout=handle, stderr=subprocess.STDOUT)
+        handle.close()
+        self.local_proc = (stage, proc, log)
+        self.records[stage] = Record(stage, "", "submitted", str(log.relative_to(self.root)))
+        save_records(self.root, self.records)
+        self.say(f"running {stage} here; log {log.relative_to(self.root)}")
+
+    def failed(self, stage: str, log: Path, why: str) -> None:
+        record = self.records[stage]
+        record.state, record.message, record.fix = "failed", [why, *log_tail(log)], fix_line(log)
+        self.finished_here.add(stage)
+        save_records(self.root, self.records)
+        where = f"job {record.job_id}" if record.job_id else "here"
+        self.say(f"FAILED {stage} ({where}): {why}; log {record.log}")
+        for line in record.message[1:]:
+            self.say(f"    | {line}")
+        if record.fix:
+            self.say(f"    fix: {record.fix}")
+
+    def update(self) -> bool:
+        """Collect what ended; True when something did."""
+        changed = False
+        if self.local_proc is not None:
+            stage, proc, log = self.local_proc
+            if proc.poll() is not None:
+                self.local_proc = None
+                changed = True
+                if proc.returncode == 0:
+                    self.records[stage].state = "done"
+                    self.finished_here.add(stage)
+                    save_records(self.root, self.records)
+                    self.say(f"done {stage}")
+                else:
+                    self.failed(stage, log, f"`dvc repro --single-item {stage}` exited with {proc.returncode}")
+        listed = our_jobs(self.root)
+        for job in listed.values():  # a job submitted just before an interruption, not yet in the books
+            record = self.records.get(job.stage)
+            if job.state in ACTIVE and (record is None or record.job_id != job.job_id):
+                self.records[job.stage] = Record(job.stage, job.job_id, "submitted",
+                                                 self.relative(job_paths(job.job_id).stderr))
+                save_records(self.root, self.records)
+                self.say(f"found {job.stage} as job {job.job_id} ({job.state.lower()}), not submitted again")
+        for stage, record in list(self.records.items()):
+            if record.state != "submitted" or not record.job_id:
+                continue
+            job = listed.get(record.job_id)
+            if job is not None and job.state in ACTIVE:
+                state = "queued" if job.state in QUEUED else "running"
+                if self.last_state.get(stage) not in (None, state):
+                    self.say(f"{stage}: job {record.job_id} {'requeued' if state == 'queued' else state}")
+                self.last_state[stage] = state
+                continue
+            result = outcome(self.root, record.job_id)
+            changed = True
+            log = self.root / job_paths(record.job_id).stderr
+            if result is not None and result[0] == "success":
+                record.state = "done"
+                self.finished_here.add(stage)
+                save_records(self.root, self.records)
+                self.say(f"done {stage} (job {record.job_id})")
+            elif result is not None:
+                self.failed(stage, log, f"job {record.job_id} failed")
+            else:
+                state = job.state if job is not None else "no longer listed by squeue"
+                self.failed(stage, log, f"job {record.job_id} ended without a result (SLURM: {state}); "
+                                        f"a time limit beyond cluster.max_requeues, memory, or a scancel")
+        return changed
+
+    def busy(self) -> Set[str]:
+        return {s for s, r in self.records.items() if r.state == "submitted"}
+
+    def active_jobs(self) -> int:
+        return sum(1 for r in self.records.values() if r.state == "submitted" and r.job_id)
+
+    def step(self, changed: Set[str]) -> bool:
+        """Start what can start; False when nothing runs and nothing can start."""
+        for stage in ready_stages(self.graph, changed):
+            record = self.records.get(stage)
+            if record is not None and record.state == "submitted":
+                continue
+            if stage in self.finished_here:
+                if record is not None and record.state == "done":  # ran, and DVC still says changed
+                    self.failed(stage, self.root / record.log,
+                                "it ran, yet `dvc status` still reports it changed (were params.yaml or the code "
+                                "edited meanwhile?)")
+                continue
+            if stage in self.local or kind(stage) in self.local:
+                if self.local_proc is None:
+                    self.start_local(stage)
+            elif self.active_jobs() < self.max_jobs:
+                self.submit(stage)
+        return self.local_proc is not None or self.active_jobs() > 0
+
+    def run(self) -> int:
+        STATE = self.root / STATE_DIR
+        STATE.mkdir(exist_ok=True)
+        self.update()
+        changed = out_of_date(self.root, self.graph, self.busy())
+        while True:
+            running = self.step(changed)
+            if not running:
+                break
+            time.sleep(self.poll)
+            if self.update():
+                changed = out_of_date(self.root, self.graph, self.busy())
+        changed = out_of_date(self.root, self.graph, self.busy())
+        failed = sorted(s for s in self.finished_here if self.records[s].state == "failed")
+        if not todo_stages(self.graph, changed):
+            self.say(f"every stage is up to date ({len(self.graph)} stages); dvc.lock records them")
+            return 0
+        blocked = sorted(todo_stages(self.graph, changed) - set(failed))
+        self.say(f"{len(failed)} stage(s) failed: {', '.join(failed)}; {len(blocked)} stage(s) wait for them. "
+                 f"Fix what the logs say, then run `python -m vcarepro.cluster run` again.")
+        return 1
+
+
+def status_rows(root: Path) -> List[Dict[str, str]]:
+    """Every stage: its state (done / queued / running / failed / ready / waiting), job id, log, note."""
+    graph = stage_graph(root)
+    records = load_records(root)
+    listed = our_jobs(root)
+    busy = {s for s, r in records.items() if r.state == "submitted" and (not r.job_id or (
+        r.job_id in listed and listed[r.job_id].state in ACTIVE))}
+    changed = out_of_date(root, graph, busy)
+    todo = todo_stages(graph, changed)
+    rows = []
+    for stage in topological(graph):
+        record = records.get(stage)
+        job = listed.get(record.job_id) if record is not None and record.job_id else None
+        row = {"stage": stage, "job": record.job_id if record else "", "log": record.log if record else "",
+               "note": ""}
+        if job is not None and job.state in ACTIVE:
+            row["state"] = "queued" if job.state in QUEUED else "running"
+            row["note"] = job.reason if job.reason not in ("None", "") else ""
+        elif record is not None and record.state == "submitted" and not record.job_id:
+            row["state"] = "running" if stage in todo else "done"
+        elif stage not in todo:
+            row["state"] = "done"
+        elif record is not None and record.state == "failed":
+            row["state"] = "failed"
+            row["note"] = " / ".join(record.message[:1] + ([record.fix] if record.fix else []))
+        elif ancestors(graph, stage) & todo:
+            row["state"] = "waiting"
+        else:
+            row["state"] = "ready"
+        rows.append(row)
+    return rows
+
+
+def print_status(root: Path, out=sys.stdout) -> None:
+    rows = status_rows(root)
+    width = max(len(r["stage"]) for r in rows)
+    print(f"{'stage':<{width}}  {'state':<8} {'job':<8} log", file=out)
+    for r in rows:
+        print(f"{r['stage']:<{width}}  {r['state']:<8} {r['job']:<8} {r['log']}", file=out)
+        if r["note"]:
+            print(f"{'':<{width}}  {r['note']}", file=out)
+    records = load_records(root)
+    for r in rows:
+        if r["state"] == "failed":
+            print(f"\n{r['stage']} (job {r['job'] or 'here'}) failed; last lines of {r['log']}:", file=out)
+            for line in records[r["stage"]].message[1:]:
+                print(f"    | {line}", file=out)
+    counts = {s: sum(1 for r in rows if r["state"] == s) for s in ("done", "queued", "running", "failed",
+                                                                   "ready", "waiting")}
+    print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()), file=out)
+
+
+def cancel(root: Path) -> int:
+    jobs = our_jobs(root)
+    if jobs:
+        _slurm(["scancel", *sorted(jobs)])
+    print(f"cancelled {len(jobs)} job(s): {', '.join(f'{j.stage} ({i})' for i, j in sorted(jobs.items()))}")
+    return 0
+
+
+class _DriverLock:
+    """One ``run`` per workspace at a time (a second would submit the same stages)."""
+
+    def __init__(self, root: Path):
+        (root / STATE_DIR).mkdir(exist_ok=True)
+        self.handle = (root / STATE_DIR / "driver.lock").open("a")
+
+    def __enter__(self):
+        try:
+            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ClusterError("another `python -m vcarepro.cluster run` drives this workspace; watch it with "
+                               "`python -m vcarepro.cluster status`, or stop it first.") from None
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.close()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vcarepro.cluster", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_p = sub.add_parser("run", help="run every out-of-date stage, each as a SLURM job")
+    run_p.add_argument("--max-jobs", type=int, default=8, help="jobs queued or running at once (default 8)")
+    run_p.add_argument("--poll", type=float, default=None, help="seconds between looks at the queue "
+                       "(default: cluster.poll_seconds)")
+    sub.add_parser("status", help="every stage: done / queued / running / failed / ready / waiting")
+    sub.add_parser("cancel", help="scancel this workspace's queued and running jobs")
+    args = parser.parse_args(argv)
+    root = Path.cwd().resolve()
+    try:
+        if not (root / "dvc.yaml").is_file():
+            raise ClusterError(f"{root} has no dvc.yaml; run the command from the repository's root.")
+        if args.command == "status":
+            print_status(root)
+            return 0
+        if args.command == "cancel":
+            return cancel(root)
+        if args.max_jobs < 1:
+            raise ClusterError(f"--max-jobs must be at least 1, got {args.max_jobs}.")
+        with _DriverLock(root):
+            driver = Driver(root, args.max_jobs, 0)
+            driver.poll = args.poll if args.poll is not None else driver.cluster["poll_seconds"]
+            try:
+                return driver.run()
+            except KeyboardInterrupt:
+                print("interrupted: the jobs SLURM holds keep running; `python -m vcarepro.cluster run` again picks "
+                      "them up, `python -m vcarepro.cluster status` shows them.", file=sys.stderr)
+                return 130
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return USER_ERROR_STATUS
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
