@@ -71,6 +71,20 @@ def test_a_fresh_interpreter_is_one_switch_away(script, tmp_path):
     assert result.returncode == 0 and result.stdout.split()[3] == "False"
 
 
+def test_without_the_server_a_sigterm_to_the_command_reaches_the_stage(script, tmp_path):
+    """VCAREPRO_WARM=0 (a cluster job): the stage replaces stages/run.py, so the SIGTERM that a job, DVC or a
+    terminal sends to the process it started stops the stage; a client waiting on a child died of it instead."""
+    marker = tmp_path / "stopped.txt"
+    proc = subprocess.Popen([sys.executable, str(RUN), str(script), "sleep", str(marker)], cwd=tmp_path,
+                            env={**ENV, "VCAREPRO_WARM": "0"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    beat = Path(str(marker) + ".beat")
+    deadline = time.monotonic() + 60
+    while not beat.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 143 and marker.read_text() == "stopped"
+
+
 def test_modules_run_with_dash_m(tmp_path):
     result = run(["-m", "json.tool", "--help"], tmp_path)
     assert result.returncode == 0 and "json.tool" in result.stdout

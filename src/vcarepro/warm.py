@@ -143,7 +143,11 @@ def run(command: List[str]) -> int:
             print(f"warm start unavailable ({err}); running in a fresh interpreter.", file=sys.stderr)
         else:
             return _run_on(sock, command)
-    return subprocess.call([sys.executable, *command])
+    # The command replaces this client, so that what started it (DVC, a cluster job) signals the stage itself:
+    # a client waiting on a child would die of a SIGTERM and leave the stage running, orphaned.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, *command])
 
 
 def _connect() -> socket.socket:
