@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from vcarepro.config import compose
-from vcarepro.launch import LaunchError, main, parse, resolve, srun_command, torchrun_command
+from vcarepro.launch import RELAYED, LaunchError, main, parse, resolve, srun_command, torchrun_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +28,7 @@ def test_multi_node_goes_through_torchrun_with_the_params_rendezvous():
                        "--rdzv-endpoint", "10.0.0.5:29500")
     assert torchrun_command(args) == [
         "torchrun", "--nnodes=2", "--nproc-per-node=8", "--node-rank=1", "--rdzv-backend=c10d",
-        "--rdzv-endpoint=10.0.0.5:29500", "--rdzv-conf=join_timeout=600", "stages/train_cls.py", "--run",
+        "--rdzv-endpoint=10.0.0.5:29500", "--rdzv-conf=join_timeout=600", "--", "stages/train_cls.py", "--run",
         "deit_tiny-vca"]
 
 
@@ -46,9 +46,9 @@ def test_inside_a_slurm_allocation_one_srun_starts_torchrun_on_every_node():
     args = launch_args("--nnodes", "env", "--nproc-per-node", "gpu", "--rdzv-endpoint", "env",
                        "--launcher", "srun", env=SLURM, gpus=8)
     assert srun_command(args, env=SLURM) == [
-        "srun", "--nodes=4", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+        "srun", "--nodes=4", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *RELAYED,
         "torchrun", "--nnodes=4", "--nproc-per-node=8", "--rdzv-backend=c10d", "--rdzv-id=4242",
-        "--rdzv-endpoint=gpu-a01:29500", "--rdzv-conf=join_timeout=600", "stages/train_cls.py", "--run",
+        "--rdzv-endpoint=gpu-a01:29500", "--rdzv-conf=join_timeout=600", "--", "stages/train_cls.py", "--run",
         "deit_tiny-vca"]
 
 
@@ -287,3 +287,27 @@ def test_sigterm_to_the_launcher_reaches_every_rank_and_removes_the_store(launch
     assert "launch: stopped by SIGTERM, passed on to ranks 0, 1." in err.splitlines()
     assert (run.marks / "rank0-stopped").exists() and (run.marks / "rank1-stopped").exists()
     assert run.stores_left() == []
+
+
+RANK_SCRIPT = """
+import os, sys
+from pathlib import Path
+Path(sys.argv[2], f"rank_{os.environ['RANK']}.txt").write_text(" ".join(sys.argv[1:]) + " " + os.environ["WORLD_SIZE"])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or not all(map(__import__("shutil").which, ("unshare", "ip"))),
+                    reason="a private network namespace (unshare --net, as root) keeps torchrun's store off the network")
+def test_the_torchrun_launcher_really_starts_its_ranks_with_the_scripts_own_options(tmp_path):
+    """The torchrun command line, run: torchrun takes abbreviated options, so without `--` the script's
+    `--run` was refused as an ambiguous `--run-path` (caught by the SLURM test's srun launch)."""
+    script = tmp_path / "ranks.py"
+    script.write_text(RANK_SCRIPT)
+    command = (f"ip link set lo up && {sys.executable} -m vcarepro.launch --nnodes 1 --nproc-per-node 2 "
+               f"--rdzv-endpoint 127.0.0.1:29531 --launcher torchrun {script} --run {tmp_path}")
+    result = subprocess.run(["unshare", "--net", "sh", "-c", command], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in (0, 1):
+        assert (tmp_path / f"rank_{rank}.txt").read_text() == f"--run {tmp_path} 2"

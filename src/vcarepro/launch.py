@@ -250,10 +250,37 @@ def _ranks(ranks: List[int]) -> str:
 
 
 def torchrun_command(args) -> list:
-    """This node's torchrun (``--launcher torchrun``)."""
+    """This node's torchrun (``--launcher torchrun``).
+
+    ``--`` ends torchrun's own options: its parser takes abbreviations, so the script's ``--run``
+    would otherwise be refused as an ambiguous ``--run-path`` before the script is reached.
+    """
     return ["torchrun", f"--nnodes={args.nnodes}", f"--nproc-per-node={args.nproc_per_node}",
             f"--node-rank={args.node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}",
-            f"--rdzv-conf=join_timeout={args.rdzv_timeout}", args.script, *args.script_args]
+            f"--rdzv-conf=join_timeout={args.rdzv_timeout}", "--", args.script, *args.script_args]
+
+
+# What srun starts on each node: torchrun under a relay that turns SIGUSR1 into the SIGTERM that stops the
+# ranks at a step; torchrun and the ranks ignore SIGUSR1 and SIGUSR2. srun itself answers SIGTERM, SIGINT (twice) and SIGHUP by killing
+# its step, but passes SIGUSR1 on to every task (measured with Debian's slurm-wlm 22.05), so the launcher
+# sends srun SIGUSR1 where it is asked to stop. SLURM's warning signal (sbatch --signal=USR2, which the
+# jobs of python -m vcarepro.cluster ask for) reaches every step of a job, this one too, and its default
+# action would kill torchrun and the ranks at once; the job answers it with a SIGTERM of its own.
+RELAY = """
+import signal, subprocess, sys
+# ignored by torchrun and the ranks (inherited): srun's USR1 and SLURM's USR2 reach every process of the step
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+child = subprocess.Popen(sys.argv[1:])
+def stop(signum, frame):
+    child.send_signal(signal.SIGTERM)
+for signum in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+    signal.signal(signum, stop)
+code = child.wait()
+sys.exit(128 - code if code < 0 else code)
+"""
+RELAYED = [sys.executable, "-c", RELAY]
+SRUN_STOP = {signal.SIGTERM: signal.SIGUSR1, signal.SIGINT: signal.SIGUSR1, signal.SIGHUP: signal.SIGUSR1}
 
 
 def srun_command(args, env: Optional[Mapping[str, str]] = None) -> list:
@@ -263,9 +290,9 @@ def srun_command(args, env: Optional[Mapping[str, str]] = None) -> list:
     # the step's CPUs, memory and GPUs (srun --overlap, Slurm >= 20.11) instead of waiting for them.
     overlap = ["--overlap"] if "SLURM_STEP_ID" in env else []
     return ["srun", f"--nodes={args.nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *overlap,
-            "torchrun", f"--nnodes={args.nnodes}", f"--nproc-per-node={args.nproc_per_node}",
+            *RELAYED, "torchrun", f"--nnodes={args.nnodes}", f"--nproc-per-node={args.nproc_per_node}",
             "--rdzv-backend=c10d", f"--rdzv-id={env['SLURM_JOB_ID']}", f"--rdzv-endpoint={args.rdzv_endpoint}",
-            f"--rdzv-conf=join_timeout={args.rdzv_timeout}", args.script, *args.script_args]
+            f"--rdzv-conf=join_timeout={args.rdzv_timeout}", "--", args.script, *args.script_args]
 
 
 def main(argv=None) -> int:
@@ -277,7 +304,7 @@ def main(argv=None) -> int:
         return 2
     ranks_env = dict(os.environ, **{RDZV_TIMEOUT_ENV: str(args.rdzv_timeout)})
     if args.launcher == "srun":
-        return call_forwarding(srun_command(args), ranks_env)
+        return call_forwarding(srun_command(args), ranks_env, translate=SRUN_STOP)
     if args.nnodes * args.nproc_per_node == 1:
         sys.argv = [args.script, *args.script_args]
         runpy.run_path(args.script, run_name="__main__")
@@ -287,18 +314,21 @@ def main(argv=None) -> int:
     return call_forwarding(torchrun_command(args), ranks_env)
 
 
-def call_forwarding(command: List[str], env: Mapping[str, str]) -> int:
-    """Run torchrun / srun, passing SIGINT, SIGTERM and SIGHUP on to it; its status as a shell gives it.
+def call_forwarding(command: List[str], env: Mapping[str, str],
+                    translate: Optional[Mapping[int, int]] = None) -> int:
+    """Run torchrun / srun, passing SIGINT, SIGTERM and SIGHUP on to it (as ``translate`` maps them: srun
+    gets SIGUSR1); its status as a shell gives it.
 
-    Both stop their workers on SIGTERM themselves; a signal sent to the launcher alone must reach
+    torchrun stops its workers on SIGTERM itself; a signal sent to the launcher alone must reach
     them, or they would be orphaned. A status from a signal is 128 + its number (143 for SIGTERM).
     """
     process = subprocess.Popen(command, env=dict(env))
     previous = {}
+    translate = translate or {}
 
     def forward(signum, frame):
         if process.poll() is None:
-            process.send_signal(signum)
+            process.send_signal(translate.get(signum, signum))
 
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         try:
