@@ -1,6 +1,6 @@
 """The pipeline on SLURM: every stage one job, up to K at once, DVC keeping the books.
 
-    python -m vcarepro.cluster run [--max-jobs K] [--poll SECONDS]   # on the login node, in the workspace
+    python -m vcarepro.cluster run [STAGE...] [--max-jobs K] [--poll S]  # on the login node, in the workspace
     python -m vcarepro.cluster status                                 # every stage: done / queued / running / ...
     python -m vcarepro.cluster cancel                                 # scancel this workspace's jobs
 
@@ -21,13 +21,15 @@ interrupted ``run`` started again finds every job still queued or running (also 
 before the interruption) and submits nothing twice, and stages DVC reports up to date are not run.
 
 Preemption and time limits: submitit asks SLURM for ``USR2`` ``cluster.signal_delay_s`` seconds before
-the limit (and it arrives on preemption). :class:`StageJob` then stops the stage the way a SIGTERM
-stops any stage here (training checkpoints at the next step, exit 143, DVC records nothing),
-and submitit requeues the job; the requeued job's ``dvc repro`` resumes from the checkpoint and ends
-bit-identical to an uninterrupted run on CPU. Requeues after time limits are counted
-(``cluster.max_requeues``); a job that fails for any other reason is not requeued: ``run`` shows its
-log's last lines and the fix our stages print (``error: ...``), goes on with what does not depend
-on it, and exits 1 when nothing else can run.
+the limit (SLURM sends it on preemption too where the site sets ``PreemptParameters=send_user_signal``).
+:class:`StageJob` then stops the stage the way a SIGTERM stops any stage here (training checkpoints at
+the next step, exit 143, DVC records nothing), and submitit requeues the job; the requeued job's
+``dvc repro`` resumes from the checkpoint and ends bit-identical to an uninterrupted run on CPU.
+Requeues that submitit takes for a time limit (a USR2 after 80% of it) are counted against
+``cluster.max_requeues``. A job that fails for any other reason, or that SLURM ends by SIGTERM
+(``scancel``, the limit itself), is not requeued: ``run`` shows its log's last lines and the fix our
+stages print (``error: ...``), goes on with what does not depend on it, and exits 1 when nothing else
+can run.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ import argparse
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,6 +63,7 @@ ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEU
           "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
 QUEUED = {"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "SPECIAL_EXIT", "SUSPENDED"}
 TAIL_LINES = 8
+STATUS_TIMEOUT = 3600  # seconds `dvc status` may wait for DVC's lock (a job caching a large output holds it)
 
 
 class ClusterError(UserError):
@@ -121,8 +125,12 @@ def out_of_date(root: Path, graph: Mapping[str, Sequence[str]], busy: Set[str] =
     if not targets:
         return busy
     for _ in range(attempts):
-        result = subprocess.run([sys.executable, "-m", "dvc", "status", "--json", *targets], cwd=root,
-                                capture_output=True, text=True, env=_dvc_env())
+        try:  # DVC holds its repository lock while a job records (and caches) its stage's outputs
+            result = subprocess.run([sys.executable, "-m", "dvc", "--wait-for-lock", "status", "--json", *targets],
+                                    cwd=root, capture_output=True, text=True, env=_dvc_env(), timeout=STATUS_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise ClusterError(f"`dvc status` waited {STATUS_TIMEOUT} s for DVC's lock: another DVC command holds "
+                               f"it in this workspace; wait for it to finish, then run the command again.") from None
         if result.returncode == 0:
             return set(json.loads(result.stdout or "{}")) | busy
         if "Unable to acquire lock" not in result.stderr and "is busy" not in result.stderr:
@@ -148,6 +156,19 @@ def ready_stages(graph: Mapping[str, Sequence[str]], changed: Set[str]) -> List[
 # ----------------------------------------------------------------------------------------------
 # A stage's job: its size from params.yaml, what runs inside it.
 
+def restrict(graph: Mapping[str, Sequence[str]], targets: Sequence[str]) -> Dict[str, List[str]]:
+    """The part of ``graph`` that ``targets`` need (themselves and everything upstream), as ``dvc repro
+    TARGETS`` would run it; all of it without targets."""
+    if not targets:
+        return dict(graph)
+    unknown = [t for t in targets if t not in graph]
+    if unknown:
+        raise ClusterError(f"no stage {unknown[0]!r} in dvc.yaml; name one as `dvc stage list` does "
+                           f"(e.g. {sorted(graph)[0]}).")
+    keep = set(targets).union(*(ancestors(graph, t) for t in targets))
+    return {s: list(ups) for s, ups in graph.items() if s in keep}
+
+
 def kind(stage: str) -> str:
     return stage.split("@", 1)[0]
 
@@ -171,6 +192,7 @@ def job_parameters(stage: str, params: Mapping[str, Any], root: Path) -> Dict[st
         "job_name": f"{JOB_NAME}{stage}", "comment": str(root), "nodes": nodes, "ntasks_per_node": 1,
         "cpus_per_task": c["cpus_per_task"], "time": minutes, "signal_delay_s": c["signal_delay_s"],
         "stderr_to_stdout": False,
+        "additional_parameters": {"requeue": True},  # sbatch --requeue: whatever the site's JobRequeue default
     }
     if gpus:
         out["gpus_per_node"] = gpus
@@ -195,20 +217,24 @@ class StageJob(submitit.helpers.Checkpointable):
 
     The stage runs as DVC runs it for ``dvc repro``, in a fresh interpreter (``VCAREPRO_WARM=0``: a warm
     server started by one job would run another job's stage outside that job's cgroup and signals)
-    with ``OMP_NUM_THREADS`` = the job's CPUs unless set. On submitit's checkpoint (``USR2`` before the
-    time limit or on preemption) the stage is stopped by SIGTERM, DVC records nothing, and the job is
-    requeued; a SIGTERM from SLURM itself (preemption's grace, the time limit) does the same.
+    with ``OMP_NUM_THREADS`` = the job's CPUs unless set. On submitit's checkpoint (``USR2``, sent
+    ``signal_delay_s`` before the time limit, and on preemption where the site sets
+    ``PreemptParameters=send_user_signal``) the stage is stopped by SIGTERM within ``grace`` seconds,
+    DVC records nothing, and submitit requeues the job. A SIGTERM from SLURM itself (``scancel``, the
+    limit reached, a preemption without the user signal) stops the stage the same way, and the job
+    ends without a result: not requeued by us (SLURM requeues a preempted job where PreemptMode=REQUEUE).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, grace: float = 60) -> None:
+        self.grace = grace
         self._proc: Optional[subprocess.Popen] = None
         self._sigterm = False
 
     def __getstate__(self) -> Dict[str, Any]:
-        return {}
+        return {"grace": self.grace}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__init__()
+        self.__init__(**state)
 
     def __call__(self, stage: str, root: str) -> Dict[str, Any]:
         if int(os.environ.get("SLURM_PROCID", "0")) != 0:
@@ -224,12 +250,10 @@ class StageJob(submitit.helpers.Checkpointable):
         code = self._proc.returncode
         if code == 0:
             return {"stage": stage, "host": os.uname().nodename}
-        if self._sigterm:  # stopped by SLURM: requeue as submitit does on USR2 (a user's scancel refuses it)
-            job_id = os.environ.get("SLURM_JOB_ID", "")
-            if subprocess.run(["scontrol", "requeue", job_id], capture_output=True).returncode == 0:
-                print(f"{stage}: stopped by SIGTERM; job {job_id} requeued", file=sys.stderr, flush=True)
-                raise SystemExit(-1)
-            raise RuntimeError(f"{stage} was stopped by SIGTERM and its job could not be requeued (cancelled?)")
+        if self._sigterm:  # SLURM ended the job (scancel, the time limit, a preemption): no result is written,
+            # so the command reports the job's end as SLURM names it; a preemption that requeues runs it again
+            print(f"{stage}: stopped by SIGTERM from SLURM; its checkpoint is kept", file=sys.stderr, flush=True)
+            raise SystemExit(-1)
         raise RuntimeError(f"`dvc repro --single-item {stage}` failed with exit status {code}; "
                            f"its error is above in this log.")
 
@@ -238,8 +262,8 @@ class StageJob(submitit.helpers.Checkpointable):
 
     def checkpoint(self, stage: str, root: str) -> submitit.helpers.DelayedSubmission:
         """submitit's hook on USR2: stop the stage (it checkpoints), then hand back the same job to requeue."""
-        self._stop_stage(grace=max(30, int(os.environ.get("VCAREPRO_STOP_GRACE", "60"))))
-        return submitit.helpers.DelayedSubmission(StageJob(), stage, root)
+        self._stop_stage(self.grace)
+        return submitit.helpers.DelayedSubmission(StageJob(self.grace), stage, root)
 
     def _stop_stage(self, grace: float) -> None:
         import psutil
@@ -247,21 +271,42 @@ class StageJob(submitit.helpers.Checkpointable):
         if self._proc is None or self._proc.poll() is not None:
             return
         children = psutil.Process(self._proc.pid).children(recursive=True)
-        for child in children:  # dvc itself is left to see its command fail, so it releases its locks
+        # The command's own process, as a SIGTERM from a terminal would reach it: it passes the signal on
+        # (stages/run.py to the stage, the launcher to torchrun or srun, srun to its step on every node,
+        # torchrun to the ranks), each once; one that got it twice may stop before its checkpoint. DVC
+        # itself is left to see its command fail, so it releases its locks and records nothing.
+        for proc in command_processes(self._proc.pid):
             try:
-                child.send_signal(signal.SIGTERM)
+                proc.send_signal(signal.SIGTERM)
             except psutil.NoSuchProcess:
                 pass
         deadline = time.monotonic() + grace
         while self._proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
-        if self._proc.poll() is None:
-            for proc in [psutil.Process(self._proc.pid), *children]:
-                try:
-                    proc.kill()
-                except psutil.NoSuchProcess:
-                    pass
-            self._proc.wait()
+        for proc in children:  # past the grace: the stage goes; DVC, recording nothing, is left to exit
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        while self._proc.poll() is None and time.monotonic() < deadline + 10:
+            time.sleep(0.2)
+
+
+SHELLS = {"sh", "dash", "bash", "zsh", "fish", "ksh"}
+
+
+def command_processes(dvc_pid: int) -> list:
+    """The processes of the command DVC runs: its children, or a shell's children where DVC's ``$SHELL -c``
+    did not exec the command."""
+    import psutil
+
+    found = []
+    for child in psutil.Process(dvc_pid).children():
+        try:
+            found.extend(child.children() if child.name() in SHELLS else [child])
+        except psutil.NoSuchProcess:
+            pass
+    return found
 
 
 # ----------------------------------------------------------------------------------------------
@@ -291,8 +336,16 @@ class SlurmJob:
 
 
 def our_jobs(root: Path) -> Dict[str, SlurmJob]:
-    """Jobs of this user that SLURM still lists, by job id (ours: named ``vcarepro:<stage>``, this workspace)."""
-    out = _slurm(["squeue", "--me", "--noheader", "--format=%i|%T|%r|%j|%k"])
+    """Jobs of this user that SLURM still lists, ended ones too (for ``MinJobAge``), by job id (ours: named
+    ``vcarepro:<stage>``, with this workspace as their comment)."""
+    for attempt in range(6):  # a busy controller times out now and then: retried for about a minute
+        try:
+            out = _slurm(["squeue", "--me", "--states=all", "--noheader", "--format=%i|%T|%r|%j|%k"])
+            break
+        except ClusterError:
+            if attempt == 5 or shutil.which("squeue") is None:
+                raise
+            time.sleep(2 ** attempt)
     jobs = {}
     for line in out.splitlines():
         parts = line.strip().split("|", 4)
@@ -301,13 +354,19 @@ def our_jobs(root: Path) -> Dict[str, SlurmJob]:
     return jobs
 
 
-def job_paths(job_id: str) -> submitit.core.utils.JobPaths:
-    return submitit.core.utils.JobPaths(LOG_DIR / "%j", job_id=job_id, task_id=0)
+def job_paths(root: Path, job_id: str) -> submitit.core.utils.JobPaths:
+    return submitit.core.utils.JobPaths(root / LOG_DIR / "%j", job_id=job_id, task_id=0)
+
+
+def stop_grace(signal_delay_s: int) -> int:
+    """Seconds a job gives its stage to stop after USR2: two thirds of the warning, the rest for submitit's
+    requeue, so the job is gone before SLURM's limit."""
+    return max(5, signal_delay_s * 2 // 3)
 
 
 def outcome(root: Path, job_id: str) -> Optional[tuple]:
     """("success", value) or ("error", traceback) once the job has written its result, else None."""
-    path = root / job_paths(job_id).result_pickle
+    path = job_paths(root, job_id).result_pickle
     if not path.exists():
         return None
     try:
@@ -377,19 +436,23 @@ def save_records(root: Path, records: Mapping[str, Record]) -> None:
 # The driver.
 
 class Driver:
-    def __init__(self, root: Path, max_jobs: int, poll: float, out=sys.stdout):
+    def __init__(self, root: Path, max_jobs: int, poll: float, targets: Sequence[str] = (), out=sys.stdout):
         self.root, self.max_jobs, self.poll, self.out = root, max_jobs, poll, out
         self.params = stage_params(root / "params.yaml")
         self.cluster = section(self.params, "cluster")
         self.local = set(self.cluster["local_stages"])
-        self.graph = stage_graph(root)
+        self.graph = restrict(stage_graph(root), targets)
         self.records = load_records(root)
+        for stage in self.graph:  # a bad size is refused now, not when the stage comes up hours later
+            if stage not in self.local and kind(stage) not in self.local:
+                job_parameters(stage, self.params, root)
         for record in self.records.values():  # a stage an interrupted command ran here died with it
             if record.state == "submitted" and not record.job_id:
                 record.state = "interrupted"
         self.local_proc: Optional[tuple] = None  # (stage, Popen, log path)
         self.finished_here: Set[str] = set()    # stages that ended (either way) during this command
-        self.last_state: Dict[str, str] = {}
+        self.last_state: Dict[str, tuple] = {}
+        self.watching = False
 
     def relative(self, path: Path) -> str:
         path = Path(path)
@@ -404,8 +467,13 @@ class Driver:
                                           max_num_timeout=self.cluster["max_requeues"])
         parameters = job_parameters(stage, self.params, self.root)
         executor.update_parameters(**parameters)
-        job = executor.submit(StageJob(), stage, str(self.root))
-        log = self.relative(job_paths(job.job_id).stderr)
+        grace = stop_grace(self.cluster["signal_delay_s"])
+        try:
+            job = executor.submit(StageJob(grace), stage, str(self.root))
+        except Exception as err:  # sbatch refused it: a partition, account or QOS the cluster does not know
+            raise ClusterError(f"sbatch refused {stage}: {_last_line(str(err))}; check cluster.partition, "
+                               f"cluster.account and cluster.qos in params.yaml against `sinfo` / `sacctmgr show assoc`.") from None
+        log = self.relative(job_paths(self.root, job.job_id).stderr)
         self.records[stage] = Record(stage, job.job_id, "submitted", log)
         save_records(self.root, self.records)
         gpus = parameters.get("gpus_per_node", 0)
@@ -427,7 +495,8 @@ class Driver:
     def failed(self, stage: str, log: Path, why: str) -> None:
         record = self.records[stage]
         record.state, record.message, record.fix = "failed", [why, *log_tail(log)], fix_line(log)
-        self.finished_here.add(stage)
+        if self.watching:  # a job that ended while no command watched is submitted again by this one
+            self.finished_here.add(stage)
         save_records(self.root, self.records)
         where = f"job {record.job_id}" if record.job_id else "here"
         self.say(f"FAILED {stage} ({where}): {why}; log {record.log}")
@@ -456,7 +525,7 @@ class Driver:
             record = self.records.get(job.stage)
             if job.state in ACTIVE and (record is None or record.job_id != job.job_id):
                 self.records[job.stage] = Record(job.stage, job.job_id, "submitted",
-                                                 self.relative(job_paths(job.job_id).stderr))
+                                                 self.relative(job_paths(self.root, job.job_id).stderr))
                 save_records(self.root, self.records)
                 self.say(f"found {job.stage} as job {job.job_id} ({job.state.lower()}), not submitted again")
         for stage, record in list(self.records.items()):
@@ -465,13 +534,17 @@ class Driver:
             job = listed.get(record.job_id)
             if job is not None and job.state in ACTIVE:
                 state = "queued" if job.state in QUEUED else "running"
-                if self.last_state.get(stage) not in (None, state):
-                    self.say(f"{stage}: job {record.job_id} {'requeued' if state == 'queued' else state}")
-                self.last_state[stage] = state
+                seen = (state, job.reason if state == "queued" else "")
+                if self.last_state.get(stage) != seen:
+                    before = self.last_state.get(stage, ("", ""))[0]
+                    word = "requeued" if state == "queued" and before == "running" else state
+                    why = f" ({job.state}: {job.reason})" if state == "queued" and job.reason not in ("", "None") else ""
+                    self.say(f"{stage}: job {record.job_id} {word}{why}")
+                self.last_state[stage] = seen
                 continue
             result = outcome(self.root, record.job_id)
             changed = True
-            log = self.root / job_paths(record.job_id).stderr
+            log = job_paths(self.root, record.job_id).stderr
             if result is not None and result[0] == "success":
                 record.state = "done"
                 self.finished_here.add(stage)
@@ -487,6 +560,15 @@ class Driver:
 
     def busy(self) -> Set[str]:
         return {s for s, r in self.records.items() if r.state == "submitted"}
+
+    def stop_local(self) -> None:
+        """The stage this command runs itself stops with it (SIGTERM; DVC records nothing)."""
+        if self.local_proc is not None and self.local_proc[1].poll() is None:
+            self.local_proc[1].terminate()
+            try:
+                self.local_proc[1].wait(60)
+            except subprocess.TimeoutExpired:
+                self.local_proc[1].kill()
 
     def active_jobs(self) -> int:
         return sum(1 for r in self.records.values() if r.state == "submitted" and r.job_id)
@@ -513,7 +595,8 @@ class Driver:
     def run(self) -> int:
         STATE = self.root / STATE_DIR
         STATE.mkdir(exist_ok=True)
-        self.update()
+        self.update()  # what ended while no command watched
+        self.watching = True
         changed = out_of_date(self.root, self.graph, self.busy())
         while True:
             running = self.step(changed)
@@ -586,9 +669,10 @@ def print_status(root: Path, out=sys.stdout) -> None:
 
 
 def cancel(root: Path) -> int:
-    jobs = our_jobs(root)
-    if jobs:
-        _slurm(["scancel", *sorted(jobs)])
+    with _DriverLock(root, "cancel"):  # a running `run` would take the cancelled jobs as failed and go on
+        jobs = our_jobs(root)
+        if jobs:
+            _slurm(["scancel", *sorted(jobs)])
     print(f"cancelled {len(jobs)} job(s): {', '.join(f'{j.stage} ({i})' for i, j in sorted(jobs.items()))}")
     return 0
 
@@ -596,16 +680,18 @@ def cancel(root: Path) -> int:
 class _DriverLock:
     """One ``run`` per workspace at a time (a second would submit the same stages)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, purpose: str = "run"):
         (root / STATE_DIR).mkdir(exist_ok=True)
         self.handle = (root / STATE_DIR / "driver.lock").open("a")
+        self.purpose = purpose
 
     def __enter__(self):
         try:
             fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ClusterError("another `python -m vcarepro.cluster run` drives this workspace; watch it with "
-                               "`python -m vcarepro.cluster status`, or stop it first.") from None
+            then = ("watch it with `python -m vcarepro.cluster status`, or stop it first" if self.purpose == "run"
+                    else "stop it first (Ctrl-C), then cancel")
+            raise ClusterError(f"a `python -m vcarepro.cluster run` drives this workspace; {then}.") from None
         return self
 
     def __exit__(self, *exc):
@@ -616,6 +702,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vcarepro.cluster", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run_p = sub.add_parser("run", help="run every out-of-date stage, each as a SLURM job")
+    run_p.add_argument("targets", nargs="*", help="stages to bring up to date, with what they need (default: all)")
     run_p.add_argument("--max-jobs", type=int, default=8, help="jobs queued or running at once (default 8)")
     run_p.add_argument("--poll", type=float, default=None, help="seconds between looks at the queue "
                        "(default: cluster.poll_seconds)")
@@ -634,11 +721,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.max_jobs < 1:
             raise ClusterError(f"--max-jobs must be at least 1, got {args.max_jobs}.")
         with _DriverLock(root):
-            driver = Driver(root, args.max_jobs, 0)
+            driver = Driver(root, args.max_jobs, 0, args.targets)
             driver.poll = args.poll if args.poll is not None else driver.cluster["poll_seconds"]
             try:
                 return driver.run()
             except KeyboardInterrupt:
+                driver.stop_local()
                 print("interrupted: the jobs SLURM holds keep running; `python -m vcarepro.cluster run` again picks "
                       "them up, `python -m vcarepro.cluster status` shows them.", file=sys.stderr)
                 return 130
@@ -648,4 +736,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # Through the importable module, so that jobs pickle vcarepro.cluster.StageJob by reference, not __main__'s.
+    from vcarepro.cluster import main as _main
+    raise SystemExit(_main())

@@ -93,7 +93,7 @@ RULES: Dict[str, Rule] = {
     "cluster.partition": _optional(_STR), "cluster.account": _optional(_STR), "cluster.qos": _optional(_STR),
     "cluster.gpu": _BOOL, "cluster.nodes": _int(1), "cluster.gpus_per_node": _int(1), "cluster.cpus_per_task": _int(1),
     "cluster.mem_gb": _optional(_int(1)), "cluster.train_minutes": _int(1), "cluster.stage_minutes": _int(1),
-    "cluster.signal_delay_s": _int(10), "cluster.max_requeues": _int(0), "cluster.poll_seconds": _POS,
+    "cluster.signal_delay_s": _int(30), "cluster.max_requeues": _int(0), "cluster.poll_seconds": _POS,
     "cluster.local_stages": ("a list of stage names (report, or train_cls@<run>)",
                              lambda v: isinstance(v, list) and all(isinstance(x, str) and x for x in v)),
     "cluster.setup": ("a list of shell lines", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
