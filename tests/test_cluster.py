@@ -43,7 +43,7 @@ def test_a_training_job_is_sized_by_distributed_and_the_cluster_section():
     job = cluster.job_parameters("train_cls@deit_tiny-vca", params, Path("/ws"))
     assert job == {"job_name": "vcarepro:train_cls@deit_tiny-vca", "comment": "/ws", "nodes": 1, "ntasks_per_node": 1,
                    "cpus_per_task": 10, "time": 2880, "signal_delay_s": 300, "stderr_to_stdout": False,
-                   "gpus_per_node": 4, "partition": "gpu", "account": "lab", "qos": "high", "mem": "400GB"}
+                   "additional_parameters": {"requeue": True}, "gpus_per_node": 4, "partition": "gpu", "account": "lab", "qos": "high", "mem": "400GB"}
     other = cluster.job_parameters("eval_cls@deit_tiny-vca", params, Path("/ws"))
     assert (other["nodes"], other["gpus_per_node"], other["time"]) == (1, 1, 600)
 
@@ -81,6 +81,13 @@ def test_a_stage_starts_only_when_everything_upstream_is_done():
     assert cluster.ready_stages(GRAPH, set()) == []
     order = cluster.topological(GRAPH)
     assert all(order.index(up) < order.index(s) for s, ups in GRAPH.items() for up in ups)
+
+
+def test_targets_bring_in_what_they_need_and_unknown_ones_are_named():
+    assert set(cluster.restrict(GRAPH, ["eval@a"])) == {"eval@a", "train@a", "prep"}
+    assert cluster.restrict(GRAPH, []) == GRAPH
+    with pytest.raises(cluster.ClusterError, match="no stage 'eval@c' in dvc.yaml"):
+        cluster.restrict(GRAPH, ["eval@c"])
 
 
 def test_the_stage_graph_is_dvcs_own():
@@ -155,9 +162,16 @@ class OneNodeSlurm:
     @staticmethod
     def interrupt(started: subprocess.Popen, sig=signal.SIGINT) -> None:
         """Send ``sig`` to the command itself (nsenter, which started it, does not pass signals on)."""
-        for child in psutil.Process(started.pid).children(recursive=True):
-            if "vcarepro.cluster" in child.cmdline():
-                child.send_signal(sig)
+        try:
+            children = psutil.Process(started.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return  # it has ended already
+        for child in children:
+            try:
+                if "vcarepro.cluster" in child.cmdline():
+                    child.send_signal(sig)
+            except psutil.NoSuchProcess:  # a `dvc status` of the command's, gone meanwhile
+                pass
 
     def close(self) -> None:
         if self.holder.poll() is None:
@@ -253,7 +267,9 @@ def test_two_runs_as_simultaneous_jobs_one_preempted_and_requeued_end_bit_identi
     assert again.wait(600) == 0, log2.read_text()[-4000:]
     took = time.monotonic() - started
     text1, text2 = log1.read_text(), log2.read_text()
-    assert f"submitted train_cls@{CLS}" not in text2 and f"submitted train_cls@{TWIN}" not in text2, text2
+    submitted = re.findall(r"^submitted (\S+) as job", text1 + text2, re.M)
+    assert sorted(submitted) == sorted(set(submitted)), submitted  # none twice
+    assert f"train_cls@{CLS}" in submitted and f"submitted train_cls@{CLS}" not in text2, text2
     assert records(repo)[f"train_cls@{CLS}"]["job_id"] == job
 
     # two jobs ran at once: sacct's completion records overlap in time; the preempted one ended twice
@@ -313,3 +329,78 @@ def test_a_job_that_fails_for_a_user_error_is_not_requeued_and_its_fix_is_shown(
     status = slurm.run(sys.executable, "-m", "vcarepro.cluster", "status", cwd=repo).stdout
     assert re.search(rf"^{stage} +failed ", status, re.M) and "unknown stage1 'bogus'" in status, status
     assert re.search(r"^eval_cls@deit_tiny-vca-broken +waiting ", status, re.M), status
+
+
+@pytest.mark.slow
+def test_the_srun_launcher_starts_its_ranks_inside_a_cluster_job(slurm, repo, tmp_path):
+    """distributed.launcher srun for real: the job's stage starts torchrun with `srun --overlap` inside the job,
+    and torchrun's two ranks train together (the command strings of tests/test_launch.py, run)."""
+    copy = tmp_path / "repo"
+    shutil.copytree(repo, copy, symlinks=True, ignore=shutil.ignore_patterns(".slurm", "checkpoints"))
+    params = yaml.safe_load((copy / "params.yaml").read_text())
+    params["distributed"].update(launcher="srun", nproc_per_node=2, rdzv_endpoint="env")
+    params["cluster"]["cpus_per_task"] = 2
+    params["cls_recipe_overrides"]["epochs"] = 6
+    (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    stage = f"train_cls@{CLS}"
+    log = tmp_path / "driver.log"
+    driver = slurm.start(sys.executable, "-m", "vcarepro.cluster", "run", stage, "--max-jobs", "1", cwd=copy, out=log)
+    ckpt = copy / "checkpoints" / "cls" / CLS / "seed_0" / "last.pt"
+    wait(ckpt.exists, "checkpoint of the two-rank training", driver=driver, log=log)
+    job = records(copy)[stage]["job_id"]
+    slurm.run("scancel", "--signal=USR2", job)  # reaches the job's step and the stage's own srun step
+    assert driver.wait(600) == 0, log.read_text()[-4000:]
+    text = log.read_text()
+    assert f"submitted {stage} as job" in text and "every stage is up to date (3 stages)" in text, text
+    assert f"{stage}: job {job} requeued" in text, text
+    err = copy / records(copy)[stage]["log"]
+    job_log = err.read_text() + err.with_name(err.name.replace("_log.err", "_log.out")).read_text()
+    assert f"train_cls {CLS} seed 0: stopped by SIGTERM at epoch" in job_log, job_log[-3000:]
+    assert "seed 0: resuming at epoch" in job_log, job_log[-3000:]
+    summary = json.loads((copy / "runs" / "cls" / CLS / "live" / "metrics.json").read_text())
+    assert summary["seed_0"]["world_size"] == 2 and summary["seed_0"]["epoch"] == 6
+    lock = yaml.safe_load((copy / "dvc.lock").read_text())["stages"][stage]
+    assert "--launcher srun" in lock["cmd"] and "--nproc-per-node 2" in lock["cmd"]
+    assert "Data and pipelines are up to date" in sh(f"dvc status {stage}", copy).stdout
+
+
+@pytest.mark.slow
+def test_cancel_ends_a_running_job_for_good_and_the_next_run_submits_it_again(slurm, repo, tmp_path):
+    copy = tmp_path / "repo"
+    shutil.copytree(repo, copy, symlinks=True, ignore=shutil.ignore_patterns(".slurm", "checkpoints"))
+    params = yaml.safe_load((copy / "params.yaml").read_text())
+    params["cls_recipe_overrides"]["epochs"] = 3000  # not done before it is cancelled
+    (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    stage = f"train_cls@{CLS}"
+    log = tmp_path / "driver.log"
+    driver = slurm.start(sys.executable, "-m", "vcarepro.cluster", "run", stage, "--max-jobs", "1", cwd=copy, out=log)
+    try:
+        ckpt = copy / "checkpoints" / "cls" / CLS / "seed_0" / "last.pt"
+        wait(ckpt.exists, "checkpoint", driver=driver, log=log)
+        refused = slurm.run(sys.executable, "-m", "vcarepro.cluster", "cancel", cwd=copy, check=False)
+        assert refused.returncode == 2 and "stop it first (Ctrl-C), then cancel" in refused.stderr, refused.stderr
+        slurm.interrupt(driver)
+        assert driver.wait(60) == 130
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    job = records(copy)[stage]["job_id"]
+    done = slurm.run(sys.executable, "-m", "vcarepro.cluster", "cancel", cwd=copy)
+    assert f"cancelled 1 job(s): {stage} ({job})" in done.stdout
+    wait(lambda: any(r["id"] == job for r in completions(slurm)), "the cancelled job's end")
+    time.sleep(15)  # longer than the test cluster's requeue delay: a requeue would show now
+    assert [r["state"] for r in completions(slurm) if r["id"] == job] == ["CANCELLED"]
+    assert "Restarts=0" in slurm.run("scontrol", "show", "job", job).stdout
+    assert stage not in running_jobs(slurm)
+    # the next run says how the job ended and submits the stage anew
+    again = slurm.start(sys.executable, "-m", "vcarepro.cluster", "run", stage, "--max-jobs", "1", cwd=copy,
+                        out=tmp_path / "again.log")
+    try:
+        wait(lambda: f"submitted {stage} as job" in (tmp_path / "again.log").read_text(), "the new submission",
+             driver=again, log=tmp_path / "again.log")
+        text = (tmp_path / "again.log").read_text()
+        assert f"FAILED {stage} (job {job}): job {job} ended without a result (SLURM: CANCELLED)" in text, text
+    finally:
+        slurm.interrupt(again)
+        again.wait(60)
+        slurm.run(sys.executable, "-m", "vcarepro.cluster", "cancel", cwd=copy)
