@@ -16,12 +16,21 @@ needs slurmdbd and a database, which a test does not need to show when jobs ran 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+# Debian puts the daemons and ip(8) in sbin, which a user's (or CI's) PATH may leave out.
+SEARCH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
+
+
+def tool(name: str) -> str:
+    return shutil.which(name, path=SEARCH) or name
+
 
 CPUS = 2  # what the node offers, whatever the machine has (SlurmdParameters=config_overrides)
 
@@ -58,8 +67,8 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 """
 
 
-def run(*args: str) -> None:
-    subprocess.run(list(args), check=True)
+def run(name: str, *args: str) -> None:
+    subprocess.run([tool(name), *args], check=True)
 
 
 def main(directory: str) -> int:
@@ -75,12 +84,12 @@ def main(directory: str) -> int:
     run("munged", "--force", f"--key-file={key}", f"--socket={d}/munge.socket", f"--pid-file={d}/munged.pid",
         f"--log-file={d}/munged.log", f"--seed-file={d}/munge.seed")
     (d / "slurm.conf").write_text(CONF.format(d=d, cpus=CPUS))
-    env = {**os.environ, "SLURM_CONF": str(d / "slurm.conf")}
-    subprocess.run(["slurmctld", "-i"], check=True, env=env)
-    subprocess.run(["slurmd", "-N", "localhost"], check=True, env=env)
+    env = {**os.environ, "SLURM_CONF": str(d / "slurm.conf"), "PATH": SEARCH}
+    subprocess.run([tool("slurmctld"), "-i"], check=True, env=env)
+    subprocess.run([tool("slurmd"), "-N", "localhost"], check=True, env=env)
     deadline = time.monotonic() + 60
     while True:
-        state = subprocess.run(["sinfo", "--noheader", "--format=%T"], capture_output=True, text=True, env=env)
+        state = subprocess.run([tool("sinfo"), "--noheader", "--format=%T"], capture_output=True, text=True, env=env)
         if state.stdout.strip() == "idle":
             break
         if time.monotonic() > deadline:

@@ -108,7 +108,8 @@ def test_the_cluster_section_is_checked(tmp_path):
 # A real SLURM.
 
 TOOLS = ("slurmctld", "slurmd", "munged", "sbatch", "squeue", "scontrol", "sacct", "unshare", "nsenter", "ip")
-MISSING = [t for t in TOOLS if shutil.which(t) is None]
+SEARCH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])  # Debian's daemons
+MISSING = [t for t in TOOLS if shutil.which(t, path=SEARCH) is None]
 REQUIRED = os.environ.get("VCAREPRO_REQUIRE_SLURM") == "1"  # .ci/run: fail, not skip
 
 
@@ -128,7 +129,7 @@ class OneNodeSlurm:
         self.dir = directory
         directory.mkdir(parents=True)
         self.log = (directory / "node.log").open("w")
-        self.holder = subprocess.Popen(["unshare", "--net", "--uts", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc",
+        self.holder = subprocess.Popen([shutil.which("unshare", path=SEARCH), "--net", "--uts", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc",
                                         sys.executable, str(ROOT / "tests" / "slurm_node.py"), str(directory)],
                                        stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 90
@@ -141,11 +142,11 @@ class OneNodeSlurm:
 
     def command(self, args, cwd=None) -> list:
         wd = [f"--wd={cwd}"] if cwd else []  # entering the mount namespace would start in its /
-        return ["nsenter", f"--target={self.init_pid}", "--net", "--uts", "--mount", "--pid", *wd, "--",
+        return [shutil.which("nsenter", path=SEARCH), f"--target={self.init_pid}", "--net", "--uts", "--mount", "--pid", *wd, "--",
                 "env", f"SLURM_CONF={self.dir / 'slurm.conf'}", *args]
 
     def env(self) -> dict:
-        return {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        return {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(sys.executable).parent}:{SEARCH}"}
 
     def run(self, *args, cwd=None, check=True) -> subprocess.CompletedProcess:
         result = subprocess.run(self.command(args, cwd), cwd=cwd, capture_output=True, text=True, env=self.env(),

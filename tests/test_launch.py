@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -296,17 +297,21 @@ Path(sys.argv[2], f"rank_{os.environ['RANK']}.txt").write_text(" ".join(sys.argv
 """
 
 
+SEARCH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])  # ip(8) is in sbin
+IP, UNSHARE = shutil.which("ip", path=SEARCH), shutil.which("unshare", path=SEARCH)
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0 or not all(map(__import__("shutil").which, ("unshare", "ip"))),
+@pytest.mark.skipif(os.geteuid() != 0 or not (IP and UNSHARE),
                     reason="a private network namespace (unshare --net, as root) keeps torchrun's store off the network")
 def test_the_torchrun_launcher_really_starts_its_ranks_with_the_scripts_own_options(tmp_path):
     """The torchrun command line, run: torchrun takes abbreviated options, so without `--` the script's
     `--run` was refused as an ambiguous `--run-path` (caught by the SLURM test's srun launch)."""
     script = tmp_path / "ranks.py"
     script.write_text(RANK_SCRIPT)
-    command = (f"ip link set lo up && {sys.executable} -m vcarepro.launch --nnodes 1 --nproc-per-node 2 "
+    command = (f"{IP} link set lo up && {sys.executable} -m vcarepro.launch --nnodes 1 --nproc-per-node 2 "
                f"--rdzv-endpoint 127.0.0.1:29531 --launcher torchrun {script} --run {tmp_path}")
-    result = subprocess.run(["unshare", "--net", "sh", "-c", command], capture_output=True, text=True, timeout=300,
+    result = subprocess.run([UNSHARE, "--net", "sh", "-c", command], capture_output=True, text=True, timeout=300,
                             env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in (0, 1):
