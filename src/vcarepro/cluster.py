@@ -144,7 +144,7 @@ def out_of_date(root: Path, graph: Mapping[str, Sequence[str]], busy: Set[str] =
 def todo_stages(graph: Mapping[str, Sequence[str]], changed: Set[str]) -> Set[str]:
     """What is not done: each stage DVC reports changed and each one downstream of such a stage (its inputs
     will change when that one has run, so DVC's answer for it is not yet the last word)."""
-    return {s for s in graph if s in changed or ancestors(graph, s) & changed}
+    return (set(changed) & set(graph)) | descendants(graph, set(changed))
 
 
 def ready_stages(graph: Mapping[str, Sequence[str]], changed: Set[str]) -> List[str]:
@@ -270,12 +270,16 @@ class StageJob(submitit.helpers.Checkpointable):
 
         if self._proc is None or self._proc.poll() is not None:
             return
-        children = psutil.Process(self._proc.pid).children(recursive=True)
+        try:
+            children = psutil.Process(self._proc.pid).children(recursive=True)
+            top = command_processes(self._proc.pid)
+        except psutil.NoSuchProcess:  # DVC ended meanwhile: nothing left to stop
+            return
         # The command's own process, as a SIGTERM from a terminal would reach it: it passes the signal on
         # (stages/run.py to the stage, the launcher to torchrun or srun, srun to its step on every node,
         # torchrun to the ranks), each once; one that got it twice may stop before its checkpoint. DVC
         # itself is left to see its command fail, so it releases its locks and records nothing.
-        for proc in command_processes(self._proc.pid):
+        for proc in top:
             try:
                 proc.send_signal(signal.SIGTERM)
             except psutil.NoSuchProcess:
@@ -593,8 +597,6 @@ class Driver:
         return self.local_proc is not None or self.active_jobs() > 0
 
     def run(self) -> int:
-        STATE = self.root / STATE_DIR
-        STATE.mkdir(exist_ok=True)
         self.update()  # what ended while no command watched
         self.watching = True
         changed = out_of_date(self.root, self.graph, self.busy())
@@ -616,8 +618,9 @@ class Driver:
         return 1
 
 
-def status_rows(root: Path) -> List[Dict[str, str]]:
-    """Every stage: its state (done / queued / running / failed / ready / waiting), job id, log, note."""
+def status_rows(root: Path) -> List[Dict[str, Any]]:
+    """Every stage: its state (done / queued / running / failed / ready / waiting), job id, log, note, and a
+    failed one's last log lines."""
     graph = stage_graph(root)
     records = load_records(root)
     listed = our_jobs(root)
@@ -630,7 +633,7 @@ def status_rows(root: Path) -> List[Dict[str, str]]:
         record = records.get(stage)
         job = listed.get(record.job_id) if record is not None and record.job_id else None
         row = {"stage": stage, "job": record.job_id if record else "", "log": record.log if record else "",
-               "note": ""}
+               "note": "", "tail": []}
         if job is not None and job.state in ACTIVE:
             row["state"] = "queued" if job.state in QUEUED else "running"
             row["note"] = job.reason if job.reason not in ("None", "") else ""
@@ -641,6 +644,7 @@ def status_rows(root: Path) -> List[Dict[str, str]]:
         elif record is not None and record.state == "failed":
             row["state"] = "failed"
             row["note"] = " / ".join(record.message[:1] + ([record.fix] if record.fix else []))
+            row["tail"] = record.message[1:]
         elif ancestors(graph, stage) & todo:
             row["state"] = "waiting"
         else:
@@ -657,11 +661,10 @@ def print_status(root: Path, out=sys.stdout) -> None:
         print(f"{r['stage']:<{width}}  {r['state']:<8} {r['job']:<8} {r['log']}", file=out)
         if r["note"]:
             print(f"{'':<{width}}  {r['note']}", file=out)
-    records = load_records(root)
     for r in rows:
         if r["state"] == "failed":
             print(f"\n{r['stage']} (job {r['job'] or 'here'}) failed; last lines of {r['log']}:", file=out)
-            for line in records[r["stage"]].message[1:]:
+            for line in r["tail"]:
                 print(f"    | {line}", file=out)
     counts = {s: sum(1 for r in rows if r["state"] == s) for s in ("done", "queued", "running", "failed",
                                                                    "ready", "waiting")}
