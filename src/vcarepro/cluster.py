@@ -239,12 +239,11 @@ class StageJob(submitit.helpers.Checkpointable):
     def __call__(self, stage: str, root: str) -> Dict[str, Any]:
         if int(os.environ.get("SLURM_PROCID", "0")) != 0:
             return {"stage": stage, "task": os.environ["SLURM_PROCID"]}  # other nodes: the stage's srun reaches them
-        env = {**os.environ, "VCAREPRO_WARM": "0", "DVC_NO_ANALYTICS": "1"}
+        env = {**_dvc_env(), "VCAREPRO_WARM": "0"}
         if "OMP_NUM_THREADS" not in env and env.get("SLURM_CPUS_PER_TASK"):
             env["OMP_NUM_THREADS"] = env["SLURM_CPUS_PER_TASK"]
         signal.signal(signal.SIGTERM, self._on_sigterm)
-        self._proc = subprocess.Popen([sys.executable, "-m", "dvc", "--wait-for-lock", "repro", "--single-item", stage], cwd=root,
-                                      env=env, preexec_fn=_ignore_usr2)
+        self._proc = subprocess.Popen(repro_command(stage), cwd=root, env=env, preexec_fn=_ignore_usr2)
         while self._proc.poll() is None:
             time.sleep(0.5)
         code = self._proc.returncode
@@ -399,6 +398,12 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "no message"
 
 
+def repro_command(stage: str) -> List[str]:
+    """How a job, or this command for a local stage, runs one stage: DVC's own repro of it alone, waiting for
+    DVC's repository lock, which other jobs' DVC holds for a moment before and after each command."""
+    return [sys.executable, "-m", "dvc", "--wait-for-lock", "repro", "--single-item", stage]
+
+
 def _dvc_env() -> Dict[str, str]:
     return {**os.environ, "DVC_NO_ANALYTICS": "1"}
 
@@ -488,8 +493,8 @@ class Driver:
         log = self.root / LOCAL_LOGS / f"{stage}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         handle = log.open("w")
-        proc = subprocess.Popen([sys.executable, "-m", "dvc", "--wait-for-lock", "repro", "--single-item", stage], cwd=self.root,
-                                env=_dvc_env(), stdout=handle, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(repro_command(stage), cwd=self.root, env=_dvc_env(), stdout=handle,
+                                stderr=subprocess.STDOUT)
         handle.close()
         self.local_proc = (stage, proc, log)
         self.records[stage] = Record(stage, "", "submitted", str(log.relative_to(self.root)))
