@@ -91,6 +91,8 @@ RULES: Dict[str, Rule] = {
     "distributed.grace": _int(0),
     "distributed.seed_processes": _int(1),
     "cluster.partition": _optional(_STR), "cluster.account": _optional(_STR), "cluster.qos": _optional(_STR),
+    "numerics.cpu": _choice("portable", "native"), "numerics.gpu": _choice("deterministic", "fast"),
+    "numerics.threads": _int(1),
     "cluster.gpu": _BOOL, "cluster.nodes": _int(1), "cluster.gpus_per_node": _int(1), "cluster.cpus_per_task": _int(1),
     "cluster.mem_gb": _optional(_int(1)), "cluster.train_minutes": _int(1), "cluster.stage_minutes": _int(1),
     "cluster.signal_delay_s": _int(30), "cluster.max_requeues": _int(0), "cluster.poll_seconds": _POS,

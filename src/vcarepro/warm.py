@@ -53,7 +53,8 @@ PRELOAD = ("torch", "timm", "vcarepro", "vcarepro.launch", "vcarepro.train.class
 # server read them, whatever the child's own environment says: OpenMP sizes its thread pool from
 # OMP_NUM_THREADS, MKL / oneDNN / ATen pick their kernels (MKL_CBWR, MKL_ENABLE_INSTRUCTIONS,
 # MKL_DEBUG_CPU_TYPE, ONEDNN_MAX_CPU_ISA, DNNL_*, ONEDNN_DEFAULT_FPMATH_MODE, ATEN_CPU_CAPABILITY),
-# KMP_* / GOMP_* tune the OpenMP runtimes, torch reads TORCH*_ / PYTORCH_* and CUDA_* (CUDA_VISIBLE_DEVICES,
+# numpy its dispatched loops (NPY_DISABLE_CPU_FEATURES), cuBLAS its workspace (CUBLAS_WORKSPACE_CONFIG; all of
+# them the numerics profile's, src/vcarepro/numerics.py), KMP_* / GOMP_* tune the OpenMP runtimes, torch reads TORCH*_ / PYTORCH_* and CUDA_* (CUDA_VISIBLE_DEVICES,
 # CUDA_HOME), timm TIMM_* (TIMM_FUSED_ATTN picks its attention kernel), huggingface_hub HF_* (HF_HUB_OFFLINE),
 # the interpreter PYTHON* (PYTHONHASHSEED, PYTHONPATH) and the dynamic loader LD_* (LD_PRELOAD,
 # LD_LIBRARY_PATH) at start-up. Their values are part of the server's key, so a client whose values differ
@@ -63,8 +64,8 @@ PRELOAD = ("torch", "timm", "vcarepro", "vcarepro.launch", "vcarepro.train.class
 # What varies from stage to stage (DVC_STAGE, PWD, OLDPWD, SHLVL) must stay out, or every stage starts cold.
 # huggingface_hub also fixes its cache paths from HOME / XDG_* at import; glibc's allocator reads MALLOC_* and
 # GLIBC_TUNABLES when the interpreter starts.
-IMPORT_ENV_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "ONEDNN_", "DNNL_", "ATEN_", "TORCH",
-                       "PYTORCH_", "CUDA_", "TIMM_", "HF_", "HUGGINGFACE_", "PYTHON", "LD_", "XDG_", "HOME",
+IMPORT_ENV_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "ONEDNN_", "DNNL_", "ATEN_", "NPY_", "TORCH",
+                       "PYTORCH_", "CUDA_", "CUBLAS_", "TIMM_", "HF_", "HUGGINGFACE_", "PYTHON", "LD_", "XDG_", "HOME",
                        "MALLOC_", "GLIBC_TUNABLES")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 START_TIMEOUT = 120.0  # seconds for a new server to import everything and listen

@@ -1,0 +1,236 @@
+"""The numerics profile: which CPU code paths and GPU algorithms every stage's process computes with.
+
+A float result depends on the order of its sums, and each library picks that order from the CPU it finds:
+PyTorch's ATen runs the vectorised kernels built for the widest ISA the CPU has (AVX-512 on one machine,
+AVX2 on another), oneMKL dispatches its GEMMs by vendor and ISA, oneDNN JIT-compiles its convolutions
+for the ISA it finds, numpy's OpenBLAS picks a kernel per CPU model (SkylakeX, Haswell, Zen) and numpy
+its own AVX-512 loops, and every threaded reduction splits its work by the thread count. So an Intel
+Xeon and an AMD EPYC of the same class compute different bits, and a DVC lock recorded on one does not
+reproduce on the other. Measured on this project (issue 25): the same commit's digit feature extractor,
+and everything generated after it, hashed differently on an AMD EPYC (Zen 4) and on an Intel Xeon, and
+on one machine changed with each of ``ATEN_CPU_CAPABILITY``, ``MKL_CBWR`` and ``ONEDNN_MAX_CPU_ISA``.
+
+``numerics.cpu: portable`` (the embedded and smoke scales' default) fixes every one of those choices to
+the AVX2 code path that every x86-64 CPU with AVX2 and FMA runs the same way (:data:`PORTABLE_CPU_ENV`),
+and the thread count of each process to ``numerics.threads`` whatever the machine's core count.
+``stages/run.py`` sets these variables before torch, numpy or any library is imported, in the process
+that becomes the stage (or the warm interpreter it is forked from, whose key includes them); seed
+workers (forked), ranks and torchrun (spawned with the stage's environment) inherit them, and
+:func:`enter`, which every stage's :func:`vcarepro.errors.run_stage` calls, checks that they took effect
+and sets the in-process parts. ``numerics.cpu: native`` sets nothing: each library's fastest choice for
+this CPU (the paper scale's default; its CPU work is data loading).
+
+``numerics.gpu: deterministic`` (every scale) sets what PyTorch's reproducibility notes list for CUDA:
+``CUBLAS_WORKSPACE_CONFIG=:4096:8`` before CUDA starts, cuDNN deterministic without benchmark
+autotuning, and ``torch.use_deterministic_algorithms(True, warn_only=True)`` (an op with no deterministic
+CUDA kernel warns rather than stopping a paid run). ``fast`` sets none of it. Even deterministic, GPU bits
+hold only on the same GPU model, driver, CUDA / cuDNN and world size (:data:`GPU_GUARANTEE`).
+
+This file is standard library only: ``stages/run.py`` loads it by path before anything is imported.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from typing import Dict, Mapping, MutableMapping, Optional
+
+CPU_PROFILES = ("portable", "native")
+GPU_PROFILES = ("deterministic", "fast")
+ENV_KEY = "VCAREPRO_NUMERICS"  # the profile the client applied, for the stage's own checks (JSON)
+
+# The portable profile, each value from the library's own documentation:
+PORTABLE_CPU_ENV = {
+    # PyTorch (torch/backends/cpu, "ATEN_CPU_CAPABILITY"): the dispatcher's kernel set; avx2 on every CPU
+    # that has it, instead of avx512 where the CPU has that. Sleef's AVX2 exp/tanh/erf included.
+    "ATEN_CPU_CAPABILITY": "avx2",
+    # oneMKL, "Getting Started with Conditional Numerical Reproducibility": MKL_CBWR=AVX2 gives the same
+    # results only on Intel CPUs ("on non-Intel CPUs ... the AUTO branch is used instead"); COMPATIBLE
+    # (SSE2 without rcpps/rsqrtps) is the branch documented to give the same results on Intel and
+    # Intel-compatible CPUs. Its "Reproducibility Conditions": a fixed thread count, and MKL_DYNAMIC /
+    # OMP_DYNAMIC FALSE so that the runtime does not change it.
+    "MKL_CBWR": "COMPATIBLE",
+    "MKL_DYNAMIC": "FALSE",
+    "OMP_DYNAMIC": "FALSE",
+    # oneDNN, "CPU Dispatcher Control": ONEDNN_MAX_CPU_ISA caps the ISA its JIT emits code for.
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    # OpenBLAS (numpy's and scipy's BLAS/LAPACK, built DYNAMIC_ARCH): OPENBLAS_CORETYPE forces one kernel
+    # set; Haswell is the AVX2 one it picks for Zen too.
+    "OPENBLAS_CORETYPE": "Haswell",
+    # numpy, "CPU build options / runtime dispatch": NPY_DISABLE_CPU_FEATURES turns dispatched targets off
+    # (numpy >= 2.4 names them X86_V4, AVX512_ICL, AVX512_SPR; earlier releases AVX512F, AVX512_SKX, ...;
+    # names a numpy does not dispatch are ignored).
+    "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR AVX512F AVX512CD AVX512_SKX AVX512_CLX "
+                                "AVX512_CNL AVX512_KNL AVX512_KNM",
+}
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+# PyTorch, "Reproducibility" notes (CUDA >= 10.2): cuBLAS needs a fixed workspace to be deterministic.
+DETERMINISTIC_GPU_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+
+CPU_GUARANTEE = ("bit-identical on any x86-64 CPU with AVX2 and FMA (Intel or AMD) under numerics.cpu=portable, "
+                 "for the same software versions (requirements as pyproject.toml resolves them)")
+GPU_GUARANTEE = ("under numerics.gpu=deterministic, bit-identical only on the same GPU model, driver, CUDA / cuDNN "
+                 "versions and world size, except where an op has no deterministic CUDA kernel (PyTorch warns "
+                 "naming it); across GPU models, or with numerics.gpu=fast, runs agree only statistically")
+
+
+class NumericsError(Exception):
+    """The profile could not be applied; the message names the cause and the fix."""
+
+
+def settings_of(params: Optional[Mapping]) -> Dict[str, object]:
+    """The ``numerics`` section of params (``native`` / ``fast`` where it is absent) with its values checked."""
+    section = dict((params or {}).get("numerics") or {})
+    cpu = section.get("cpu", "native")
+    gpu = section.get("gpu", "fast")
+    threads = section.get("threads", 0)
+    if cpu not in CPU_PROFILES:
+        raise NumericsError(f"numerics.cpu={cpu!r} is unknown; use one of {', '.join(CPU_PROFILES)}.")
+    if gpu not in GPU_PROFILES:
+        raise NumericsError(f"numerics.gpu={gpu!r} is unknown; use one of {', '.join(GPU_PROFILES)}.")
+    if cpu == "portable" and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise NumericsError(f"numerics.threads={threads!r} must be a whole number >= 1 under numerics.cpu=portable "
+                            "(the thread count sets the order of every threaded sum, so it is fixed).")
+    return {"cpu": cpu, "gpu": gpu, "threads": int(threads) if cpu == "portable" else None}
+
+
+def profile_env(settings: Mapping[str, object]) -> Dict[str, str]:
+    """The environment variables a profile sets (before any library is imported)."""
+    env: Dict[str, str] = {}
+    if settings["cpu"] == "portable":
+        env.update(PORTABLE_CPU_ENV)
+        env.update({name: str(settings["threads"]) for name in THREAD_VARIABLES})
+    if settings["gpu"] == "deterministic":
+        env.update(DETERMINISTIC_GPU_ENV)
+    env[ENV_KEY] = json.dumps(dict(settings), sort_keys=True)
+    return env
+
+
+def read_params(path: str = "params.yaml") -> Optional[Mapping]:
+    """params.yaml as a mapping (None when there is none): PyYAML, which DVC depends on, is there."""
+    if not os.path.isfile(path):
+        return None
+    import yaml
+
+    with open(path) as f:
+        return yaml.safe_load(f) or {}
+
+
+def apply_env(environ: MutableMapping[str, str] = os.environ, params_path: str = "params.yaml") -> Dict[str, object]:
+    """Set the profile of ``params_path``'s ``numerics`` section in ``environ``; returns the settings.
+
+    The profile's values replace the caller's own: under ``portable`` an ``OMP_NUM_THREADS`` from the shell or
+    the cluster would change the bits. ``native`` leaves the caller's variables as they are."""
+    settings = settings_of(read_params(params_path))
+    environ.update(profile_env(settings))
+    return settings
+
+
+# -- inside the stage's process (torch imported) --------------------------------------------------------------
+
+def active() -> Optional[Dict[str, object]]:
+    """The settings the client applied to this process's environment, or None (not started by stages/run.py)."""
+    raw = os.environ.get(ENV_KEY)
+    return json.loads(raw) if raw else None
+
+
+def enter() -> Optional[Dict[str, object]]:
+    """Check that the profile reached this process and set its in-process parts (thread count, deterministic
+    algorithms and cuDNN flags where there is a GPU). Raises :class:`NumericsError` when a variable did not take effect."""
+    settings = active()
+    if settings is None:
+        return None
+    import torch
+
+    if settings["cpu"] == "portable":
+        capability = torch.backends.cpu.get_cpu_capability()
+        if capability != "AVX2":
+            flags = cpu_flags()
+            if not {"avx2", "fma"} <= flags:
+                raise NumericsError("this CPU has no AVX2 and FMA, which numerics.cpu=portable needs; run with "
+                                    "`-S numerics.cpu=native` (its results will not match dvc.lock's)")
+            raise NumericsError(f"ATen runs its {capability} kernels although numerics.cpu=portable asked for AVX2: "
+                                "torch was imported before stages/run.py set ATEN_CPU_CAPABILITY; start the stage "
+                                "through `python stages/run.py` (stop a stale warm server with VCAREPRO_WARM=0)")
+        torch.set_num_threads(int(settings["threads"]))
+    if settings["gpu"] == "deterministic" and torch.cuda.is_available():
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    return settings
+
+
+def cpu_flags() -> set:
+    """The ISA flags /proc/cpuinfo lists (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _cpuinfo(field: str) -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(field)), "")
+    except OSError:
+        return ""
+
+
+ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+             "avx512_fp16", "amx_tile")
+LIBRARIES = ("torch", "numpy", "scipy", "scikit-learn", "timm", "torch-fidelity", "safetensors", "dvc")
+
+
+def describe_machine() -> Dict[str, object]:
+    """The CPU, its ISA flags, the libraries and the profile this process computes with (torch imported)."""
+    from importlib import metadata
+
+    import torch
+
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    versions["torch"] = torch.__version__
+    flags = cpu_flags()
+    settings = active()
+    return {
+        "cpu": _cpuinfo("model name") or platform.processor() or platform.machine(),
+        "vendor": _cpuinfo("vendor_id"),
+        "isa": [flag for flag in ISA_FLAGS if flag in flags],
+        "cores": os.cpu_count(),
+        "gpu": (f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}" if torch.cuda.is_available()
+                else "none"),
+        "python": platform.python_version(),
+        "libraries": versions,
+        "mkl": torch.backends.mkl.is_available() and "oneMKL " + _build_line("Math Kernel Library"),
+        "onednn": _build_line("MKL-DNN"),
+        "profile": settings or {"cpu": "not applied (stage not started by stages/run.py)"},
+        "aten_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _build_line(marker: str) -> str:
+    import torch
+
+    line = next((line for line in torch.__config__.show().splitlines() if marker in line), "")
+    return line.split("Version", 1)[-1].strip() if "Version" in line else line.strip(" -")
+
+
+def main(argv=None) -> int:
+    """``python -m vcarepro.numerics``: this process's profile and machine, as JSON (through stages/run.py: a stage's)."""
+    json.dump(describe_machine(), sys.stdout, indent=1, sort_keys=True)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
