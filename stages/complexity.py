@@ -14,6 +14,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--out", default="metrics/complexity.json")
+    parser.add_argument("--timing", default="timings/complexity.json")
     args = parser.parse_args()
 
     params = stage_params(args.params)
@@ -30,6 +31,10 @@ def main() -> None:
         results[name] = done.get(i) or model_complexity(models[name], settings)
         print(f"{name:32s} " + "  ".join(f"{k}={v:.3f}" for k, v in results[name].items()), flush=True)
 
+    # images/s differ on every run: timings/ (no DVC output), the counts in the stage's output
+    throughput = {name: fig.pop("throughput_img_s") for name, fig in results.items() if "throughput_img_s" in fig}
+    if throughput:
+        write_json(args.timing, {"throughput_img_s": throughput})
     write_json(args.out, results)  # atomic: a killed stage leaves no finished-looking file
 
 

@@ -137,7 +137,8 @@ def add_vca_and_baseline(project, base_top1=60.0, vca_top1=(62.0, 66.0)):
     (run / "metrics.json").write_text(json.dumps({"top1": base_top1, "top1_std": 2.83, "top1_seed0": base_top1 - 2,
                                                   "top1_seed1": base_top1 + 2, "n_seeds": 2}))
     vouch(project, "cls", "deit_tiny-mhsa")
-    (project / "metrics" / "attention_cost.json").write_text(json.dumps({
+    (project / "timings").mkdir(exist_ok=True)
+    (project / "timings" / "attention_cost.json").write_text(json.dumps({
         "machine": {"cpu": "Test CPU"}, "config": {},
         "rows": [{"tokens": n, "layer": layer, "forward_ms": 1.0, "forward_backward_ms": t, "macs": m}
                  for n, layer, t, m in [(196, "mhsa", 1.0, 100), (3136, "mhsa", 300.0, 25600),

@@ -13,9 +13,11 @@ from .changes import changes_since
 from .calibration import calibration_section
 from .collect import collect_runs, read_json
 from .environment import describe_environment
+from .. import numerics
 from .export import write_tables
 from .figures import attention_cost_png, curves_png, gains_png
 from ..config import flatten
+from ..io import write_json
 from .reference import load_reference
 from .tables import FAMILY_COMMAND, TableBuilder, runs_frame, verdict_class
 
@@ -88,7 +90,10 @@ def build_context(root: Path) -> Dict[str, Any]:
     reference = load_reference(root / "data" / "paper_reference.yaml")
     paper = compose(["scale=paper"], config_dir=root / "conf")
     complexity = read_json(root / "metrics" / "complexity.json") or {}
-    attention_cost = read_json(root / "metrics" / "attention_cost.json")
+    for name, value in ((read_json(root / "timings" / "complexity.json") or {}).get("throughput_img_s") or {}).items():
+        if name in complexity:  # images/s, measured with the counts but kept out of DVC's outputs (timings/)
+            complexity[name]["throughput_img_s"] = value
+    attention_cost = read_json(root / "timings" / "attention_cost.json")
     cls_reference = read_json(root / "metrics" / "cls_reference.json")
     reference_line = ({"val/top1": (cls_reference["logreg_top1"], "logistic regression")}
                       if cls_reference and cls_reference.get("computed") else {})
@@ -111,6 +116,9 @@ def build_context(root: Path) -> Dict[str, Any]:
     return {
         "generated": environment["date"],
         "environment": environment,
+        "machines": machines(root),
+        "cpu_guarantee": numerics.CPU_GUARANTEE,
+        "gpu_guarantee": numerics.GPU_GUARANTEE,
         "changes": changes_since(root, params, run_metrics, stale={r["run"]: r["status"] for r in stale}),
         "stale": stale,
         "gains": gains,
@@ -164,6 +172,32 @@ def build_context(root: Path) -> Dict[str, Any]:
     }
 
 
+MACHINE_RECORD = "dvc.lock.machine.json"  # the machine that recorded dvc.lock (python -m vcarepro.lockcheck record)
+
+
+def machines(root: Path) -> List[Dict[str, str]]:
+    """The machine that recorded dvc.lock beside this one, field by field, for the environment section."""
+    recorded = read_json(root / MACHINE_RECORD) or {}
+    here = numerics.describe_machine()
+    rows = []
+    for key in ("cpu", "vendor", "isa", "cores", "gpu", "python", "mkl", "onednn", "profile", "aten_capability",
+                "threads", "libraries"):
+        def show(value):
+            if isinstance(value, dict):
+                return ", ".join(f"{k} {v}" for k, v in sorted(value.items()))
+            if isinstance(value, list):
+                return " ".join(value)
+            return "" if value is None else str(value)
+        ours, theirs = show(here.get(key)), show(recorded.get(key)) if recorded else "no record (dvc.lock.machine.json)"
+        rows.append({"field": key, "recorded": theirs, "here": ours, "same": ours == theirs})
+    return rows
+
+
+# The tables whose every number follows from DVC-tracked results: reports/results.json, the report stage's DVC
+# output (its hash reproduces). The page, the CSV / Markdown and the claims (which quote wall times and name this
+# CPU) are the run's record, written beside it and kept out of dvc.lock.
+RESULT_TABLES = ["stale", "table1", "decomposition", "table2", "table3", "table4", "gains", "table3_gains",
+                 "table4_gains", "family", "family_decomposition", "cls_runs", "gen_runs"]
 EXPORTED_TABLES = ["stale", "table1", "decomposition", "table2", "table3", "table4", "gains", "table3_gains",
                    "table4_gains", "family", "family_decomposition", "claims", "cls_runs", "gen_runs", "complexity"]
 
@@ -177,6 +211,7 @@ def render_report(root: str | Path = ".", out: str | Path = "reports/index.html"
     context = build_context(root)
     out.parent.mkdir(parents=True, exist_ok=True)
     written = write_tables({name: context[name] for name in EXPORTED_TABLES}, out.parent / "tables")
+    write_json(out.parent / "results.json", {name: context[name] for name in RESULT_TABLES})
     exported = sorted({path.stem for path in written}, key=EXPORTED_TABLES.index)
     html = env.get_template("report.html.j2").render(**context, exported=exported)
     tmp = out.with_suffix(".html.tmp")

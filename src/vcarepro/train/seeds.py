@@ -51,6 +51,7 @@ def train_seeds(label: str, seeds: Iterable[int], live_dir, train_one: Callable[
             raise
         threads = worker_threads(seed_processes, len(seeds))
     live = Live(str(live_dir), dvcyaml=False, save_dvc_exp=False) if info.is_main else None
+    seconds: Dict[str, Optional[float]] = {}
     try:
         for seed in seeds:
             try:
@@ -62,13 +63,34 @@ def train_seeds(label: str, seeds: Iterable[int], live_dir, train_one: Callable[
             if seed in in_workers:  # the wall time of the training, not of the resume that read it back
                 figures["train_seconds"] = in_workers[seed]["train_seconds"]
             if live is not None:
-                live.summary[f"seed_{seed}"] = figures
                 print(f"{label} seed {seed}: " + ", ".join(f"{k}={v:.4g}" for k, v in figures.items()), flush=True)
+                seconds[f"seed_{seed}"] = figures.pop("train_seconds", None)
+                live.summary[f"seed_{seed}"] = figures
             barrier(info)
         if live is not None:
             live.end()
+            write_timing(live_dir, {"train_seconds": seconds})
     finally:
         shutdown(info)
+
+
+TIMINGS = Path("timings")  # wall times: beside the results, never in a DVC output (issue 25)
+
+
+def timing_path(live_dir) -> Path:
+    """Where a run's wall times go: timings/<branch>/<run>.json for the run whose log is runs/<branch>/<run>/live."""
+    run = Path(live_dir).resolve().parent
+    return TIMINGS / run.parent.name / f"{run.name}.json"
+
+
+def write_timing(live_dir, figures: Dict) -> None:
+    """Write a run's wall times outside its DVC outputs: a duration differs on every run and every machine, so in
+    dvclive's summary it would change the output's hash (and the report's, which reads runs/) on every `dvc repro`."""
+    from vcarepro.io import write_json
+
+    path = timing_path(live_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, figures)
 
 
 WORKER_GRACE = 60.0  # seconds a worker has, after SIGTERM, to reach a step boundary and checkpoint
