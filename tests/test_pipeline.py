@@ -147,8 +147,36 @@ def test_results_travel_through_a_local_remote(repo, tmp_path):
     sh("git clean -fdXq", repo)
     assert not (repo / ".dvc" / "cache").exists() and not (repo / "runs" / "cls" / CLS_RUNS[0] / "metrics.json").exists()
     sh("dvc pull -q", repo)
-    assert (repo / "reports" / "index.html").is_file()
+    assert (repo / "reports" / "results.json").is_file()
     status = sh("dvc status --json", repo).stdout
     assert json.loads(status) == {}, status
     assert "Running stage" not in sh("dvc repro", repo).stdout
+    # the page is the run's record, in no hash: rendered again from the pulled results, the lock unchanged
+    assert not (repo / "reports" / "index.html").exists()
+    sh("dvc repro -f -s report", repo)
+    assert (repo / "reports" / "index.html").is_file() and sh("git status --porcelain dvc.lock", repo).stdout == ""
     sh("dvc remote remove local", repo)
+
+
+@pytest.mark.slow
+def test_a_clean_repro_reproduces_every_hash_of_the_committed_lock(repo):
+    """What .ci/run checks at the embedded scale, here at micro scale: no output's hash holds a wall time, a date,
+    a commit or this machine, so removing every output and the cache and running again gives dvc.lock byte for byte."""
+    sh("git clean -fdXq", repo)
+    assert sh(f"{sys.executable} -m vcarepro.lockcheck stale", repo).returncode == 0
+    sh("dvc repro", repo)
+    assert sh("git status --porcelain dvc.lock", repo).stdout == ""
+    verified = sh(f"{sys.executable} -m vcarepro.lockcheck verify", repo)
+    assert "outputs hash as in the committed dvc.lock" in verified.stdout
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    assert {o["path"] for o in lock["stages"]["report"]["outs"]} == {"reports/results.json"}
+    # the wall times are there, outside every output
+    assert json.loads((repo / "timings" / "cls" / "deit_tiny-vca.json").read_text())["train_seconds"]["seed_0"] > 0
+    assert "train_seconds" not in (repo / "runs" / "cls" / "deit_tiny-vca" / "live" / "metrics.json").read_text()
+    assert json.loads((repo / "timings" / "attention_cost.json").read_text())["rows"][0]["forward_ms"] > 0
+    assert "forward_ms" not in (repo / "metrics" / "attention_macs.json").read_text()
+    # a stale lock is named: a module a stage imports changes after the recording
+    (repo / "src" / "vcarepro" / "io.py").write_text((repo / "src" / "vcarepro" / "io.py").read_text() + "\n# edit\n")
+    stale = sh(f"{sys.executable} -m vcarepro.lockcheck stale", repo, check=False)
+    assert stale.returncode == 1 and "prepare_gen: dep src/vcarepro/io.py modified" in stale.stderr
+    sh("git checkout src/vcarepro/io.py", repo)

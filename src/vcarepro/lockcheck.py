@@ -1,0 +1,291 @@
+"""Does this machine's `dvc repro` reproduce the committed dvc.lock bit for bit? (issue 25)
+
+``python -m vcarepro.lockcheck stale``
+    before ``dvc repro``: fails when ``dvc status`` reports anything but missing outputs, i.e. when a
+    git-tracked dependency, a parameter or a command changed after dvc.lock was recorded (a stale lock:
+    it no longer describes what the code produces).
+``python -m vcarepro.lockcheck verify``
+    after ``dvc repro``: fails when any output's hash differs from the committed lock's (``git show
+    HEAD:dvc.lock``), naming the outputs, their stages, the machine that recorded the lock and this one.
+``python -m vcarepro.lockcheck record``
+    writes dvc.lock.machine.json, the machine that recorded dvc.lock (CPU, ISA flags, libraries, numerics
+    profile as a stage's process sees them, through ``stages/run.py -m vcarepro.numerics``); commit it
+    with the lock.
+``python -m vcarepro.lockcheck fingerprint [--out F] [--compare G]``
+    hashes of what each op and each layer of the embedded models computes (forward and backward), of the
+    digit extractor's training step, FID's matrix square root and the logistic-regression reference,
+    under this process's numerics. Recorded on one machine and compared on another, it names the first
+    op that differs when a lock does not reproduce. ``tests/test_numerics.py`` compares it natively and
+    on an emulated AMD EPYC (qemu-user) on every CI run.
+
+Every hash in dvc.lock is a result: the outputs that held wall times now write them to timings/, and the
+report's page is a record beside its results.json (dvc.yaml). Exit status 1 on a difference, 2 on bad use.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import yaml
+
+LOCK = "dvc.lock"
+MACHINE_RECORD = "dvc.lock.machine.json"
+
+
+def lock_outputs(lock: dict) -> Dict[Tuple[str, str], str]:
+    """{(stage, output path): its hash} of a parsed dvc.lock."""
+    out = {}
+    for stage, entry in (lock.get("stages") or {}).items():
+        for item in entry.get("outs") or []:
+            digest = item.get("md5") or item.get("hash") or item.get("etag") or ""
+            out[(stage, item["path"])] = digest
+    return out
+
+
+def compare_locks(recorded: dict, here: dict) -> List[str]:
+    """One line per output whose hash differs (or that one lock has and the other lacks)."""
+    a, b = lock_outputs(recorded), lock_outputs(here)
+    lines = []
+    for key in sorted(set(a) | set(b)):
+        stage, path = key
+        if key not in b:
+            lines.append(f"{path} ({stage}): in the committed lock, not produced here")
+        elif key not in a:
+            lines.append(f"{path} ({stage}): produced here, not in the committed lock")
+        elif a[key] != b[key]:
+            lines.append(f"{path} ({stage}): {b[key][:12]} here, {a[key][:12]} in the committed lock")
+    return lines
+
+
+def describe(machine: Optional[dict]) -> str:
+    if not machine:
+        return f"unknown (no {MACHINE_RECORD})"
+    profile = machine.get("profile") or {}
+    return (f"{machine.get('cpu')} ({machine.get('vendor')}; ATen {machine.get('aten_capability')}, "
+            f"numerics.cpu={profile.get('cpu')}, {machine.get('threads')} threads, "
+            f"torch {(machine.get('libraries') or {}).get('torch')})")
+
+
+def this_machine(root: Path) -> dict:
+    """The machine and numerics a stage's process sees here: ``stages/run.py -m vcarepro.numerics``."""
+    done = subprocess.run([sys.executable, "stages/run.py", "-m", "vcarepro.numerics"], cwd=root,
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise SystemExit(f"error: `python stages/run.py -m vcarepro.numerics` failed: {done.stderr.strip()[-500:]}")
+    return json.loads(done.stdout)
+
+
+def committed_lock(root: Path) -> dict:
+    done = subprocess.run(["git", "show", f"HEAD:{LOCK}"], cwd=root, capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        print(f"error: no committed {LOCK} to compare with ({done.stderr.strip()}); run this in a git clone.",
+              file=sys.stderr)
+        raise SystemExit(2)
+    return yaml.safe_load(done.stdout) or {}
+
+
+def stale_entries(status: dict, outputs: List[str] = ()) -> List[str]:
+    """What `dvc status --json` reports besides missing outputs: a dep that is, holds or lies inside one of
+    ``outputs`` (every stage's, from dvc.lock) changes with them (the report's `runs`), so it says nothing."""
+    def derived(path: str) -> bool:
+        return any(path == o or o.startswith(path.rstrip("/") + "/") or path.startswith(o.rstrip("/") + "/")
+                   for o in outputs)
+
+    lines = []
+    for stage, changes in status.items():
+        for change in changes:
+            if not isinstance(change, dict):  # "changed checksum", "always changed"
+                lines.append(f"{stage}: {change}")
+                continue
+            for kind, detail in change.items():
+                if kind in ("changed outs", "changed deps") and isinstance(detail, dict):
+                    bad = {p: s for p, s in detail.items()
+                           if s not in ("deleted", "not in cache") and not (kind == "changed deps" and derived(p))}
+                    lines += [f"{stage}: {kind[8:-1]} {p} {s}" for p, s in bad.items()]
+                elif kind == "changed deps" and isinstance(detail, dict):
+                    continue
+                else:
+                    lines.append(f"{stage}: {kind} {detail if not isinstance(detail, dict) else ', '.join(detail)}")
+    return lines
+
+
+def cmd_stale(root: Path) -> int:
+    done = subprocess.run([sys.executable, "-m", "dvc", "status", "--json"], cwd=root, capture_output=True, text=True,
+                          timeout=1800)
+    if done.returncode != 0:
+        print(f"error: dvc status failed: {done.stderr.strip()[-500:]}", file=sys.stderr)
+        return 2
+    lock = yaml.safe_load((root / LOCK).read_text()) if (root / LOCK).is_file() else {}
+    lines = stale_entries(json.loads(done.stdout or "{}"), [path for _, path in lock_outputs(lock or {})])
+    if lines:
+        print(f"dvc.lock is stale: {len(lines)} change(s) since it was recorded, so it no longer describes what "
+              "the code produces; re-record it (README command 1 on a fresh clone, then commit its dvc.lock and "
+              f"`python -m vcarepro.lockcheck record`'s {MACHINE_RECORD}):", file=sys.stderr)
+        for line in lines:
+            print(f"  {line}", file=sys.stderr)
+        return 1
+    print("lockcheck: dvc status reports only missing outputs; dvc.lock describes this code")
+    return 0
+
+
+def cmd_verify(root: Path) -> int:
+    recorded = committed_lock(root)
+    here = yaml.safe_load((root / LOCK).read_text()) or {}
+    lines = compare_locks(recorded, here)
+    machine = json.loads((root / MACHINE_RECORD).read_text()) if (root / MACHINE_RECORD).is_file() else None
+    if lines:
+        print(f"dvc repro here does not reproduce the committed dvc.lock: {len(lines)} output(s) differ. "
+              f"Recorded on {describe(machine)}; this machine: {describe(this_machine(root))}. Compare "
+              "`python stages/run.py -m vcarepro.lockcheck fingerprint` on both to find the op:", file=sys.stderr)
+        for line in lines:
+            print(f"  {line}", file=sys.stderr)
+        return 1
+    print(f"lockcheck: all {len(lock_outputs(here))} outputs hash as in the committed dvc.lock "
+          f"(recorded on {describe(machine)}; verified on {describe(this_machine(root))})")
+    return 0
+
+
+def cmd_record(root: Path) -> int:
+    machine = this_machine(root)
+    (root / MACHINE_RECORD).write_text(json.dumps(machine, indent=1, sort_keys=True) + "\n")
+    print(f"lockcheck: {MACHINE_RECORD} written: {describe(machine)}")
+    return 0
+
+
+# -- the fingerprint: what each op and layer computes here -------------------------------------------------------
+
+def _digest(value) -> str:
+    import numpy as np
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        value = value.detach().contiguous().cpu().numpy()
+    return hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()[:16]
+
+
+def fingerprint(params_path: str = "params.yaml") -> Dict[str, str]:
+    """{name: hash} of ops, of every layer's output of the embedded DeiT-T and DiT-S/2 (MHSA and VCA) and their
+    parameters' gradients, of two steps of the digit extractor's training, of FID's sqrtm and of a
+    logistic-regression fit. Names sort in the order they are computed within each family."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    import vcarepro  # noqa: F401 (registers the models)
+    from vcarepro.config import load_params
+    from vcarepro.pipeline import cls_run, gen_run
+    from vcarepro.train.classification import ClassifierSpec
+    from vcarepro.train.generation import GeneratorSpec
+
+    out: Dict[str, str] = {}
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(257, 193, generator=g), torch.randn(193, 131, generator=g)
+    x = torch.randn(16, 3, 16, 16, generator=g)
+    ops = {"randn": a, "matmul": a @ b, "softmax": F.softmax(a, -1), "gelu": F.gelu(a), "exp": a.exp(),
+           "layer_norm": F.layer_norm(a, (193,)), "sum": a.sum(0),
+           "conv2d": F.conv2d(x, torch.randn(8, 3, 3, 3, generator=g), padding=1),
+           "depthwise_conv2d": F.conv2d(x, torch.randn(3, 1, 3, 3, generator=g), padding=1, groups=3),
+           "sdpa": F.scaled_dot_product_attention(*(torch.randn(2, 2, 49, 32, generator=g) for _ in range(3)))}
+    for name, value in ops.items():
+        out[f"op.{name}"] = _digest(value)
+
+    params = load_params(params_path)
+
+    def trace(prefix: str, model: torch.nn.Module, *inputs) -> None:
+        hooks = [module.register_forward_hook(
+            lambda m, i, o, name=name: out.__setitem__(f"{prefix}.fwd.{name or '(model)'}", _digest(o)))
+            for name, module in model.named_modules()]
+        try:
+            y = model(*inputs)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        y.float().square().mean().backward()
+        for name, p in model.named_parameters():
+            if p.grad is not None:
+                out[f"{prefix}.grad.{name}"] = _digest(p.grad)
+
+    for run in ("deit_tiny-mhsa", "deit_tiny-vca"):
+        if run not in params["cls_runs"]:
+            continue
+        torch.manual_seed(0)
+        model = ClassifierSpec.for_run(cls_run(params, run)).create(num_classes=10)
+        size = cls_run(params, run).recipe["img_size"]
+        trace(f"cls.{run}", model, torch.randn(4, 3, size, size, generator=g))
+    for run in ("dit_s2-mhsa", "dit_s2-vca"):
+        if run not in params["gen_runs"]:
+            continue
+        torch.manual_seed(0)
+        model = GeneratorSpec.for_run(gen_run(params, run)).create()
+        shape = params["gen_shape"]
+        xs = torch.randn(4, shape.get("in_channels", 4), shape.get("input_size", 32), shape.get("input_size", 32),
+                         generator=g)
+        trace(f"gen.{run}", model, xs, torch.tensor([1.0, 10.0, 100.0, 500.0]), torch.tensor([0, 1, 2, 3]))
+
+    from vcarepro.metrics.fid import train_feature_net
+    images = torch.randint(0, 256, (128, 1, 8, 8), generator=g, dtype=torch.uint8)
+    labels = torch.randint(0, 10, (128,), generator=g)
+    net, _ = train_feature_net(images, labels, epochs=1, seed=0, num_classes=10)
+    for name, p in net.state_dict().items():
+        out[f"digits.{name}"] = _digest(p)
+
+    import scipy.linalg
+    m = np.random.default_rng(0).standard_normal((300, 64))
+    cov = m.T @ m / 300
+    out["fid.cov"] = _digest(cov)
+    out["fid.sqrtm"] = _digest(scipy.linalg.sqrtm(cov @ (cov + np.eye(64))).real)
+    from sklearn.linear_model import LogisticRegression
+    fit = LogisticRegression(max_iter=200).fit(m, (m[:, 0] + m[:, 1] > 0).astype(int))
+    out["cls_reference.logreg"] = _digest(fit.coef_)
+    return out
+
+
+def compare_fingerprints(recorded: Dict[str, str], here: Dict[str, str]) -> List[str]:
+    return [f"{name}: {here.get(name)} here, {recorded.get(name)} recorded" for name in recorded
+            if recorded.get(name) != here.get(name)]
+
+
+def cmd_fingerprint(args) -> int:
+    prints = fingerprint(args.params)
+    if args.out:
+        Path(args.out).write_text(json.dumps(prints, indent=1) + "\n")
+    if args.compare:
+        recorded = json.loads(Path(args.compare).read_text())
+        lines = compare_fingerprints(recorded, prints)
+        if lines:
+            print(f"{len(lines)} of {len(recorded)} differ; the first computed is where the numerics part:",
+                  file=sys.stderr)
+            for line in lines:
+                print(f"  {line}", file=sys.stderr)
+            return 1
+        print(f"lockcheck: all {len(recorded)} fingerprints agree")
+    elif not args.out:
+        json.dump(prints, sys.stdout, indent=1)
+        print()
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vcarepro.lockcheck", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("stale", help="before dvc repro: dvc status reports only missing outputs")
+    sub.add_parser("verify", help="after dvc repro: every output hashes as in the committed dvc.lock")
+    sub.add_parser("record", help=f"write {MACHINE_RECORD} for this machine")
+    fp = sub.add_parser("fingerprint", help="hashes of ops and layers under this process's numerics")
+    fp.add_argument("--params", default="params.yaml")
+    fp.add_argument("--out")
+    fp.add_argument("--compare")
+    args = parser.parse_args(argv)
+    root = Path.cwd()
+    if args.command == "fingerprint":
+        return cmd_fingerprint(args)
+    return {"stale": cmd_stale, "verify": cmd_verify, "record": cmd_record}[args.command](root)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
