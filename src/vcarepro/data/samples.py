@@ -116,10 +116,18 @@ class NpzSampleWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
-            archive.write(self.work_dir / "arr_0.npy", arcname="arr_0.npy")
-            archive.write(self.work_dir / "arr_1.npy", arcname="arr_1.npy")
+            for name in ("arr_0.npy", "arr_1.npy"):
+                # a fixed member time and mode (ZipFile.write would take the work file's mtime): the same
+                # samples give the same .npz bytes, so the output's hash in dvc.lock reproduces
+                info = zipfile.ZipInfo(name, date_time=MEMBER_TIME)
+                info.external_attr = 0o644 << 16
+                with open(self.work_dir / name, "rb") as src, archive.open(info, "w", force_zip64=True) as dst:
+                    shutil.copyfileobj(src, dst, 1 << 24)  # streamed: a paper-scale batch is gigabytes
         os.replace(tmp, self.path)
         return self.path
+
+
+MEMBER_TIME = (1980, 1, 1, 0, 0, 0)  # zip's earliest date
 
 
 def discard_work(work_dir: str | Path) -> None:
