@@ -26,7 +26,12 @@ from vcarepro.errors import run_stage
 from vcarepro.train.seeds import run_in_workers
 
 def state(where):
+    x = torch.arange(1, 20001, dtype=torch.float32) / 7.0
     return {"where": where, "aten": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
+            # oneMKL's vector math rounds sqrt its own way (under MKL_CBWR=COMPATIBLE about 1 in 6 values off by an
+            # ulp); the profile's replacement is IEEE-exact, as numpy's
+            "sqrt_exact": bool(torch.equal(torch.sqrt(x), torch.from_numpy(__import__("numpy").sqrt(x.numpy())))),
+            "onednn": torch.backends.mkldnn.enabled,
             "env": {k: os.environ.get(k) for k in ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "OPENBLAS_CORETYPE",
                                                    "OMP_NUM_THREADS", "NPY_DISABLE_CPU_FEATURES")}}
 
@@ -67,8 +72,10 @@ def test_the_portable_profile_reaches_the_stage_and_its_seed_workers(tmp_path, w
     assert out["stage"]["aten"] == "AVX2"
     assert out["stage"]["threads"] == 2  # the profile's count, not the caller's OMP_NUM_THREADS=1
     assert out["stage"]["env"]["MKL_CBWR"] == "COMPATIBLE" and out["stage"]["env"]["OPENBLAS_CORETYPE"] == "Haswell"
+    assert out["stage"]["sqrt_exact"] and not out["stage"]["onednn"]
     for k in ("worker_0", "worker_1"):  # forked: the same kernels, each its share of the threads
         assert out[k]["aten"] == "AVX2" and out[k]["threads"] == 1
+        assert out[k]["sqrt_exact"] and not out[k]["onednn"]
         assert out[k]["env"] == out["stage"]["env"]
 
 
@@ -79,6 +86,7 @@ def test_the_portable_profile_reaches_every_rank(tmp_path):
     for rank in (0, 1):
         out = json.loads((tmp_path / f"probe_rank{rank}.json").read_text())["stage"]
         assert out["aten"] == "AVX2" and out["threads"] == 2 and out["env"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+        assert out["sqrt_exact"] and not out["onednn"]
 
 
 def test_changing_the_profile_changes_what_the_child_runs_with(tmp_path):
@@ -95,6 +103,7 @@ def test_changing_the_profile_changes_what_the_child_runs_with(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     native = json.loads((tmp_path / "probe.json").read_text())["stage"]
     assert native["threads"] == 1 and native["env"]["MKL_CBWR"] == "AUTO"  # native: the caller's own settings
+    assert native["onednn"]  # and the libraries' own kernels
     assert native["env"]["OPENBLAS_CORETYPE"] is None
     if HAS_AVX512:
         assert native["aten"] == "AVX512"
@@ -193,6 +202,34 @@ def test_the_portable_profile_computes_the_same_bits_on_an_emulated_amd_epyc(tmp
     here, epyc = (json.loads((tmp_path / name).read_text()) for name in ("here.json", "epyc.json"))
     assert len(here) > 500
     assert lockcheck.compare_fingerprints(here, epyc) == []
+
+
+def test_the_vector_math_replacement_is_exact_differentiable_and_covers_every_form():
+    import numpy as np
+    import torch
+
+    code = """
+import numpy as np, torch
+from vcarepro import numerics
+x = torch.arange(1, 20001, dtype=torch.float64) / 7.0
+before = torch.equal(torch.sqrt(x.float()), torch.from_numpy(np.sqrt(x.float().numpy())))
+numerics.exact_vector_math()
+numerics.exact_vector_math()  # once per process, however often a stage enters
+f = x.float().clone().requires_grad_()
+y = f.sqrt(); y.sum().backward()
+assert torch.equal(y.detach(), torch.from_numpy(np.sqrt(f.detach().numpy())))
+assert torch.allclose(f.grad, 0.5 / y.detach())
+z = f.detach().clone(); z.sqrt_(); assert torch.equal(z, y.detach())
+o = torch.empty(0); torch.sqrt(f.detach(), out=o); assert torch.equal(o, y.detach())
+assert torch.equal(torch.log(x), torch.from_numpy(np.log(x.numpy()))) and torch.log(x).dtype == torch.float64
+assert torch.isnan(torch.sqrt(torch.tensor([-1.0])))[0] and torch.log(torch.tensor([0.0]))[0] == -float("inf")
+assert torch.sqrt(torch.tensor([4])).dtype == torch.get_default_dtype()
+print(before)
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "MKL_CBWR": "COMPATIBLE"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"  # oneMKL's own sqrt is not the exact one: the replacement changes something
 
 
 def test_lockcheck_names_each_output_whose_hash_differs():

@@ -177,6 +177,9 @@ def fingerprint(params_path: str = "params.yaml") -> Dict[str, str]:
     import torch.nn.functional as F
 
     import vcarepro  # noqa: F401 (registers the models)
+    from vcarepro import numerics
+
+    numerics.enter()  # the in-process part of the profile the environment names, as every stage's run_stage does
     from vcarepro.config import load_params
     from vcarepro.pipeline import cls_run, gen_run
     from vcarepro.train.classification import ClassifierSpec
@@ -190,7 +193,11 @@ def fingerprint(params_path: str = "params.yaml") -> Dict[str, str]:
            "layer_norm": F.layer_norm(a, (193,)), "sum": a.sum(0),
            "conv2d": F.conv2d(x, torch.randn(8, 3, 3, 3, generator=g), padding=1),
            "depthwise_conv2d": F.conv2d(x, torch.randn(3, 1, 3, 3, generator=g), padding=1, groups=3),
-           "sdpa": F.scaled_dot_product_attention(*(torch.randn(2, 2, 49, 32, generator=g) for _ in range(3)))}
+           "sdpa": F.scaled_dot_product_attention(*(torch.randn(2, 2, 49, 32, generator=g) for _ in range(3))),
+           # oneMKL's vector math where ATen uses it (numerics.VML_OPS), as AdamW, torch-fidelity's precision /
+           # recall (cdist) and Inception Score (float64 log) call it
+           "sqrt": (a.abs() + 1e-3).sqrt(), "log_float64": (a.abs() + 1e-3).double().log(),
+           "atan": a.atan(), "cdist": torch.cdist(a[:40], a[40:90])}
     for name, value in ops.items():
         out[f"op.{name}"] = _digest(value)
 

@@ -154,11 +154,72 @@ def enter() -> Optional[Dict[str, object]]:
                                 "torch was imported before stages/run.py set ATEN_CPU_CAPABILITY; start the stage "
                                 "through `python stages/run.py` (stop a stale warm server with VCAREPRO_WARM=0)")
         torch.set_num_threads(int(settings["threads"]))
+        # oneDNN's convolutions (and NNPACK's, which ATen takes where oneDNN is off) are not the same on every CPU
+        # even capped at AVX2: the digit extractor's training, two epochs of conv + batch norm, hashed differently on
+        # qemu's emulated AMD EPYC-Rome than on an Intel Xeon while every other op and layer agreed (tests/
+        # test_numerics.py; `python -m vcarepro.lockcheck fingerprint` names it). ATen's own convolution (im2col and
+        # oneMKL's COMPATIBLE GEMM) agrees; it costs about 2.7x on that training, a few seconds in all.
+        torch.backends.mkldnn.enabled = False
+        torch.backends.nnpack.set_flags(False)
+        exact_vector_math()
     if settings["gpu"] == "deterministic" and torch.cuda.is_available():
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
         torch.use_deterministic_algorithms(True, warn_only=True)
     return settings
+
+
+# ATen computes these through oneMKL's vector math (VML) where oneMKL is linked (PyTorch's x86 wheels), and VML
+# follows its own dispatch, not MKL_CBWR, on a non-Intel CPU: on qemu's emulated AMD EPYC-Rome each gave other bits
+# than on the Intel host under every MKL_CBWR branch (AdamW's sqrt among them, so every trained weight), while the
+# 49 other ops of the probe agreed. Measured with `python -m vcarepro.lockcheck fingerprint` natively and under
+# qemu-x86_64 -cpu EPYC-Rome (tests/test_numerics.py). sqrt is IEEE-exact in numpy; the others numpy computes with
+# its AVX2 loops or the C library, the same code on every AVX2 CPU.
+VML_OPS = ("sqrt", "log", "log10", "atan", "acos", "asin")
+_REGISTERED: list = []
+
+
+def exact_vector_math() -> None:
+    """Replace ATen's CPU kernels of :data:`VML_OPS` (functional, in-place and out=) by numpy's, in this process."""
+    if _REGISTERED:
+        return
+    import warnings
+
+    import numpy as np
+    import torch
+
+    library = torch.library.Library("aten", "IMPL")
+
+    def make(fn):
+        def compute(x):
+            array = x.detach().resolve_conj().contiguous().numpy() if x.dtype in (torch.float32, torch.float64) \
+                else x.detach().to(torch.float64).contiguous().numpy()
+            with np.errstate(all="ignore"):  # sqrt(-1) is nan, log(0) -inf, as torch gives them
+                result = torch.from_numpy(np.asarray(fn(array)))
+            return result.to(x.dtype if x.is_floating_point() else torch.get_default_dtype())
+
+        def functional(x):
+            return compute(x)
+
+        def inplace(x):
+            return x.copy_(compute(x))
+
+        def out(x, *, out):
+            result = compute(x)
+            if out.shape != result.shape:
+                out.resize_(result.shape)
+            return out.copy_(result)
+        return functional, inplace, out
+
+    with warnings.catch_warnings():  # "Overriding a previously registered kernel": that is the point
+        warnings.simplefilter("ignore")
+        for name in VML_OPS:
+            functional, inplace, out = make(getattr(np, {"atan": "arctan", "acos": "arccos", "asin": "arcsin"}
+                                                    .get(name, name)))
+            library.impl(name, functional, "CPU")
+            library.impl(f"{name}_", inplace, "CPU")
+            library.impl(f"{name}.out", out, "CPU")
+    _REGISTERED.append(library)  # the registrations live as long as the library object
 
 
 def cpu_flags() -> set:
@@ -227,6 +288,7 @@ def _build_line(marker: str) -> str:
 
 def main(argv=None) -> int:
     """``python -m vcarepro.numerics``: this process's profile and machine, as JSON (through stages/run.py: a stage's)."""
+    enter()  # what run_stage does in every stage
     json.dump(describe_machine(), sys.stdout, indent=1, sort_keys=True)
     print()
     return 0
