@@ -154,11 +154,11 @@ def enter() -> Optional[Dict[str, object]]:
                                 "torch was imported before stages/run.py set ATEN_CPU_CAPABILITY; start the stage "
                                 "through `python stages/run.py` (stop a stale warm server with VCAREPRO_WARM=0)")
         torch.set_num_threads(int(settings["threads"]))
-        # oneDNN's convolutions (and NNPACK's, which ATen takes where oneDNN is off) are not the same on every CPU
-        # even capped at AVX2: the digit extractor's training, two epochs of conv + batch norm, hashed differently on
-        # qemu's emulated AMD EPYC-Rome than on an Intel Xeon while every other op and layer agreed (tests/
-        # test_numerics.py; `python -m vcarepro.lockcheck fingerprint` names it). ATen's own convolution (im2col and
-        # oneMKL's COMPATIBLE GEMM) agrees; it costs about 2.7x on that training, a few seconds in all.
+        # oneDNN (and NNPACK, which ATen takes where oneDNN is off) JIT-compile or pick their convolution
+        # algorithms and blockings from the CPU they find (ISA, cache sizes, vendor), and no documentation
+        # promises the same bits across vendors; the digit extractor's training hashed differently on qemu's
+        # emulated AMD EPYC-Rome (with AdamW's sqrt, below, also in it). ATen's own convolution is im2col and
+        # oneMKL's GEMM under the COMPATIBLE branch, documented to agree on Intel and compatible CPUs.
         torch.backends.mkldnn.enabled = False
         torch.backends.nnpack.set_flags(False)
         exact_vector_math()
