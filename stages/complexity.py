@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from vcarepro.errors import run_stage
 from vcarepro.config import section, stage_params
@@ -35,6 +36,8 @@ def main() -> None:
     throughput = {name: fig.pop("throughput_img_s") for name, fig in results.items() if "throughput_img_s" in fig}
     if throughput:
         write_json(args.timing, {"throughput_img_s": throughput})
+    else:  # none measured: an older file would put another configuration's images/s beside these counts
+        Path(args.timing).unlink(missing_ok=True)
     write_json(args.out, results)  # atomic: a killed stage leaves no finished-looking file
 
 

@@ -224,6 +224,17 @@ o = torch.empty(0); torch.sqrt(f.detach(), out=o); assert torch.equal(o, y.detac
 assert torch.equal(torch.log(x), torch.from_numpy(np.log(x.numpy()))) and torch.log(x).dtype == torch.float64
 assert torch.isnan(torch.sqrt(torch.tensor([-1.0])))[0] and torch.log(torch.tensor([0.0]))[0] == -float("inf")
 assert torch.sqrt(torch.tensor([4])).dtype == torch.get_default_dtype()
+c = torch.tensor([-4.0 + 0j, 3 + 4j], dtype=torch.complex64)
+assert torch.equal(torch.sqrt(c), torch.from_numpy(np.sqrt(c.numpy())))  # complex keeps its imaginary part
+try:
+    torch.tensor([4]).sqrt_()
+    raise SystemExit("an integer tensor took a float result in place")
+except RuntimeError as err:
+    assert "can't be cast" in str(err)
+m = torch.rand(2, 3, 4, 5).to(memory_format=torch.channels_last)
+assert torch.sqrt(m).stride() == m.stride()  # the input's layout, as ATen keeps it
+v = torch.rand(6, 4); w = v.clone(); v[:, 1].sqrt_()  # in place on a strided view: that column only
+assert torch.equal(v[:, 1], torch.from_numpy(np.sqrt(w[:, 1].numpy()))) and torch.equal(v[:, [0, 2, 3]], w[:, [0, 2, 3]])
 print(before)
 """
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "MKL_CBWR": "COMPATIBLE"}

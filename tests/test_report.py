@@ -137,12 +137,27 @@ def add_vca_and_baseline(project, base_top1=60.0, vca_top1=(62.0, 66.0)):
     (run / "metrics.json").write_text(json.dumps({"top1": base_top1, "top1_std": 2.83, "top1_seed0": base_top1 - 2,
                                                   "top1_seed1": base_top1 + 2, "n_seeds": 2}))
     vouch(project, "cls", "deit_tiny-mhsa")
+    rows = [{"tokens": n, "layer": layer, "forward_ms": 1.0, "forward_backward_ms": t, "macs": m}
+            for n, layer, t, m in [(196, "mhsa", 1.0, 100), (3136, "mhsa", 300.0, 25600),
+                                   (196, "vca", 1.0, 100), (3136, "vca", 16.0, 1600)]]
+    # the stage's output (exact MACs) and, outside every DVC output, the times measured with it
+    (project / "metrics" / "attention_macs.json").write_text(json.dumps({
+        "config": {}, "rows": [{k: r[k] for k in ("layer", "tokens", "macs")} for r in rows]}))
     (project / "timings").mkdir(exist_ok=True)
     (project / "timings" / "attention_cost.json").write_text(json.dumps({
-        "machine": {"cpu": "Test CPU"}, "config": {},
-        "rows": [{"tokens": n, "layer": layer, "forward_ms": 1.0, "forward_backward_ms": t, "macs": m}
-                 for n, layer, t, m in [(196, "mhsa", 1.0, 100), (3136, "mhsa", 300.0, 25600),
-                                        (196, "vca", 1.0, 100), (3136, "vca", 16.0, 1600)]]}))
+        "machine": {"cpu": "Test CPU"}, "config": {}, "rows": rows}))
+
+
+def test_attention_times_from_another_configuration_or_none_are_not_shown(project):
+    add_vca_and_baseline(project)
+    timings = project / "timings" / "attention_cost.json"
+    stale = json.loads(timings.read_text())
+    stale["config"] = {"sides": [7]}  # measured with other settings than the MACs beside them
+    timings.write_text(json.dumps(stale))
+    html = render_report(project, project / "reports" / "index.html").read_text()
+    assert "Not measured in this workspace" in html and "dvc repro -f -s attention_cost" in html
+    timings.unlink()  # a workspace from `dvc pull`: no wall times at all
+    assert "Not measured in this workspace" in render_report(project, project / "reports" / "index.html").read_text()
 
 
 def test_report_shows_the_vca_gain_beside_the_papers_with_its_direction(project):

@@ -66,7 +66,7 @@ def describe(machine: Optional[dict]) -> str:
     if not machine:
         return f"unknown (no {MACHINE_RECORD})"
     profile = machine.get("profile") or {}
-    return (f"{machine.get('cpu')} ({machine.get('vendor')}; ATen {machine.get('aten_capability')}, "
+    return (f"{machine.get('cpu')} ({machine.get('vendor')}; {machine.get('libc')}; ATen {machine.get('aten_capability')}, "
             f"numerics.cpu={profile.get('cpu')}, {machine.get('threads')} threads, "
             f"torch {(machine.get('libraries') or {}).get('torch')})")
 
@@ -107,8 +107,6 @@ def stale_entries(status: dict, outputs: List[str] = ()) -> List[str]:
                     bad = {p: s for p, s in detail.items()
                            if s not in ("deleted", "not in cache") and not (kind == "changed deps" and derived(p))}
                     lines += [f"{stage}: {kind[8:-1]} {p} {s}" for p, s in bad.items()]
-                elif kind == "changed deps" and isinstance(detail, dict):
-                    continue
                 else:
                     lines.append(f"{stage}: {kind} {detail if not isinstance(detail, dict) else ', '.join(detail)}")
     return lines
@@ -197,7 +195,10 @@ def fingerprint(params_path: str = "params.yaml") -> Dict[str, str]:
            # oneMKL's vector math where ATen uses it (numerics.VML_OPS), as AdamW, torch-fidelity's precision /
            # recall (cdist) and Inception Score (float64 log) call it
            "sqrt": (a.abs() + 1e-3).sqrt(), "log_float64": (a.abs() + 1e-3).double().log(),
-           "atan": a.atan(), "cdist": torch.cdist(a[:40], a[40:90])}
+           "atan": a.atan(), "cdist": torch.cdist(a[:40], a[40:90]),
+           # and what DiT's timestep embedding, GELU's tanh form, SiT's GVP path and the losses call
+           "sin": a.sin(), "cos": a.cos(), "tanh": a.tanh(), "erf": a.erf(), "log2": (a.abs() + 1e-3).log2(),
+           "erfinv": (a / 10).clamp(-0.99, 0.99).erfinv(), "log": (a.abs() + 1e-3).log()}
     for name, value in ops.items():
         out[f"op.{name}"] = _digest(value)
 

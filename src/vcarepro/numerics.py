@@ -63,13 +63,20 @@ PORTABLE_CPU_ENV = {
     # names a numpy does not dispatch are ignored).
     "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR AVX512F AVX512CD AVX512_SKX AVX512_CLX "
                                 "AVX512_CNL AVX512_KNL AVX512_KNM",
+    # timm (timm/layers/config.py): TIMM_FUSED_ATTN picks its attention kernel; 1 is its default, fixed here so
+    # that a shell's setting cannot change it.
+    "TIMM_FUSED_ATTN": "1",
 }
+# Variables that would override the profile's choices: removed from the environment under `portable`
+# (MKL_ENABLE_INSTRUCTIONS caps oneMKL's ISA, MKL_DEBUG_CPU_TYPE forced its dispatch in older releases).
+PORTABLE_CPU_UNSET = ("MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE")
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 # PyTorch, "Reproducibility" notes (CUDA >= 10.2): cuBLAS needs a fixed workspace to be deterministic.
 DETERMINISTIC_GPU_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 
 CPU_GUARANTEE = ("bit-identical on any x86-64 CPU with AVX2 and FMA (Intel or AMD) under numerics.cpu=portable, "
-                 "for the same software versions (requirements as pyproject.toml resolves them)")
+                 "for the same software: the Python packages pyproject.toml resolves to and the C library (glibc), "
+                 "whose log / atan / asin / acos numpy calls on AVX2 machines")
 GPU_GUARANTEE = ("under numerics.gpu=deterministic, bit-identical only on the same GPU model, driver, CUDA / cuDNN "
                  "versions and world size, except where an op has no deterministic CUDA kernel (PyTorch warns "
                  "naming it); across GPU models, or with numerics.gpu=fast, runs agree only statistically")
@@ -124,6 +131,9 @@ def apply_env(environ: MutableMapping[str, str] = os.environ, params_path: str =
     the cluster would change the bits. ``native`` leaves the caller's variables as they are."""
     settings = settings_of(read_params(params_path))
     environ.update(profile_env(settings))
+    if settings["cpu"] == "portable":
+        for name in PORTABLE_CPU_UNSET:
+            environ.pop(name, None)
     return settings
 
 
@@ -192,20 +202,26 @@ def exact_vector_math() -> None:
 
     def make(fn):
         def compute(x):
-            array = x.detach().resolve_conj().contiguous().numpy() if x.dtype in (torch.float32, torch.float64) \
-                else x.detach().to(torch.float64).contiguous().numpy()
+            exact = x.dtype in (torch.float32, torch.float64, torch.complex64, torch.complex128)
+            array = (x if exact else x.to(torch.float64)).detach().resolve_conj().contiguous().numpy()
             with np.errstate(all="ignore"):  # sqrt(-1) is nan, log(0) -inf, as torch gives them
                 result = torch.from_numpy(np.asarray(fn(array)))
-            return result.to(x.dtype if x.is_floating_point() else torch.get_default_dtype())
+            dtype = x.dtype if (x.is_floating_point() or x.is_complex()) else torch.get_default_dtype()
+            return result.to(dtype)
 
         def functional(x):
-            return compute(x)
+            result = compute(x)
+            return torch.empty_like(x, dtype=result.dtype).copy_(result)  # the input's strides, as ATen keeps them
 
         def inplace(x):
+            if not (x.is_floating_point() or x.is_complex()):
+                raise RuntimeError(f"result type Float can't be cast to the desired output type {x.dtype}")
             return x.copy_(compute(x))
 
         def out(x, *, out):
             result = compute(x)
+            if result.is_floating_point() and not (out.is_floating_point() or out.is_complex()):
+                raise RuntimeError(f"result type Float can't be cast to the desired output type {out.dtype}")
             if out.shape != result.shape:
                 out.resize_(result.shape)
             return out.copy_(result)
@@ -270,6 +286,7 @@ def describe_machine() -> Dict[str, object]:
         "gpu": (f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}" if torch.cuda.is_available()
                 else "none"),
         "python": platform.python_version(),
+        "libc": " ".join(platform.libc_ver()),
         "libraries": versions,
         "mkl": torch.backends.mkl.is_available() and "oneMKL " + _build_line("Math Kernel Library"),
         "onednn": _build_line("MKL-DNN"),

@@ -90,10 +90,18 @@ def build_context(root: Path) -> Dict[str, Any]:
     reference = load_reference(root / "data" / "paper_reference.yaml")
     paper = compose(["scale=paper"], config_dir=root / "conf")
     complexity = read_json(root / "metrics" / "complexity.json") or {}
-    for name, value in ((read_json(root / "timings" / "complexity.json") or {}).get("throughput_img_s") or {}).items():
-        if name in complexity:  # images/s, measured with the counts but kept out of DVC's outputs (timings/)
+    # wall times live in timings/ (no DVC output, so absent after `dvc pull`); used only where they belong to
+    # the results beside them: images/s for exactly these models, attention times measured with this config
+    throughput = (read_json(root / "timings" / "complexity.json") or {}).get("throughput_img_s") or {}
+    if complexity and set(throughput) == set(complexity):
+        for name, value in throughput.items():
             complexity[name]["throughput_img_s"] = value
     attention_cost = read_json(root / "timings" / "attention_cost.json")
+    macs = read_json(root / "metrics" / "attention_macs.json")
+    if attention_cost and (not macs or attention_cost.get("config") != macs.get("config")
+                           or [(r["layer"], r["tokens"], r["macs"]) for r in attention_cost.get("rows", [])]
+                           != [(r["layer"], r["tokens"], r["macs"]) for r in macs.get("rows", [])]):
+        attention_cost = None  # left from another configuration
     cls_reference = read_json(root / "metrics" / "cls_reference.json")
     reference_line = ({"val/top1": (cls_reference["logreg_top1"], "logistic regression")}
                       if cls_reference and cls_reference.get("computed") else {})
@@ -180,7 +188,7 @@ def machines(root: Path) -> List[Dict[str, str]]:
     recorded = read_json(root / MACHINE_RECORD) or {}
     here = numerics.describe_machine()
     rows = []
-    for key in ("cpu", "vendor", "isa", "cores", "gpu", "python", "mkl", "onednn", "profile", "aten_capability",
+    for key in ("cpu", "vendor", "isa", "cores", "gpu", "python", "libc", "mkl", "onednn", "profile", "aten_capability",
                 "threads", "libraries"):
         def show(value):
             if isinstance(value, dict):
