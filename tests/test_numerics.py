@@ -31,7 +31,7 @@ def state(where):
             # oneMKL's vector math rounds sqrt its own way (under MKL_CBWR=COMPATIBLE about 1 in 6 values off by an
             # ulp); the profile's replacement is IEEE-exact, as numpy's
             "sqrt_exact": bool(torch.equal(torch.sqrt(x), torch.from_numpy(__import__("numpy").sqrt(x.numpy())))),
-            "onednn": torch.backends.mkldnn.enabled,
+            "nnpack": torch._C._get_nnpack_enabled(),
             "env": {k: os.environ.get(k) for k in ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "OPENBLAS_CORETYPE",
                                                    "OMP_NUM_THREADS", "NPY_DISABLE_CPU_FEATURES")}}
 
@@ -72,10 +72,10 @@ def test_the_portable_profile_reaches_the_stage_and_its_seed_workers(tmp_path, w
     assert out["stage"]["aten"] == "AVX2"
     assert out["stage"]["threads"] == 2  # the profile's count, not the caller's OMP_NUM_THREADS=1
     assert out["stage"]["env"]["MKL_CBWR"] == "COMPATIBLE" and out["stage"]["env"]["OPENBLAS_CORETYPE"] == "Haswell"
-    assert out["stage"]["sqrt_exact"] and not out["stage"]["onednn"]
+    assert out["stage"]["sqrt_exact"] and not out["stage"]["nnpack"]
     for k in ("worker_0", "worker_1"):  # forked: the same kernels, each its share of the threads
         assert out[k]["aten"] == "AVX2" and out[k]["threads"] == 1
-        assert out[k]["sqrt_exact"] and not out[k]["onednn"]
+        assert out[k]["sqrt_exact"] and not out[k]["nnpack"]
         assert out[k]["env"] == out["stage"]["env"]
 
 
@@ -86,7 +86,7 @@ def test_the_portable_profile_reaches_every_rank(tmp_path):
     for rank in (0, 1):
         out = json.loads((tmp_path / f"probe_rank{rank}.json").read_text())["stage"]
         assert out["aten"] == "AVX2" and out["threads"] == 2 and out["env"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
-        assert out["sqrt_exact"] and not out["onednn"]
+        assert out["sqrt_exact"] and not out["nnpack"]
 
 
 def test_changing_the_profile_changes_what_the_child_runs_with(tmp_path):
@@ -103,7 +103,7 @@ def test_changing_the_profile_changes_what_the_child_runs_with(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     native = json.loads((tmp_path / "probe.json").read_text())["stage"]
     assert native["threads"] == 1 and native["env"]["MKL_CBWR"] == "AUTO"  # native: the caller's own settings
-    assert native["onednn"]  # and the libraries' own kernels
+    assert native["nnpack"] and not native["sqrt_exact"]  # and the libraries' own kernels
     assert native["env"]["OPENBLAS_CORETYPE"] is None
     if HAS_AVX512:
         assert native["aten"] == "AVX512"

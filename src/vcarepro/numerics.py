@@ -164,12 +164,10 @@ def enter() -> Optional[Dict[str, object]]:
                                 "torch was imported before stages/run.py set ATEN_CPU_CAPABILITY; start the stage "
                                 "through `python stages/run.py` (stop a stale warm server with VCAREPRO_WARM=0)")
         torch.set_num_threads(int(settings["threads"]))
-        # oneDNN (and NNPACK, which ATen takes where oneDNN is off) JIT-compile or pick their convolution
-        # algorithms and blockings from the CPU they find (ISA, cache sizes, vendor), and no documentation
-        # promises the same bits across vendors; the digit extractor's training hashed differently on qemu's
-        # emulated AMD EPYC-Rome (with AdamW's sqrt, below, also in it). ATen's own convolution is im2col and
-        # oneMKL's GEMM under the COMPATIBLE branch, documented to agree on Intel and compatible CPUs.
-        torch.backends.mkldnn.enabled = False
+        # NNPACK, which ATen takes for some convolutions oneDNN declines, picks its kernels from its own CPU
+        # detection: off. oneDNN stays on, capped at AVX2 (ONEDNN_MAX_CPU_ISA): on qemu's emulated AMD EPYC-Rome,
+        # whose caches differ from the Intel host's, its convolutions (DeiT's and DiT's patch embeddings, VCA's
+        # depthwise term, the digit extractor's training) gave the host's bits; turning it off cost 1.4x a step.
         torch.backends.nnpack.set_flags(False)
         exact_vector_math()
     if settings["gpu"] == "deterministic" and torch.cuda.is_available():
