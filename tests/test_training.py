@@ -1,6 +1,7 @@
 """The training loops themselves: precision, torch.compile, checkpoint contents and resume."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -192,7 +193,7 @@ def test_seeds_trained_in_forked_workers_equal_seeds_trained_one_after_another(t
     # "Autograd and Fork"); a stage forks before any backward, and so does this script
     def run(name, processes):
         result = subprocess.run([sys.executable, "-c", SEEDS_SCRIPT, str(digits), str(tmp_path / name), str(processes)],
-                                capture_output=True, text=True, timeout=300)
+                                capture_output=True, text=True, timeout=300, cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-2000:]
         return result
 
@@ -207,7 +208,9 @@ def test_seeds_trained_in_forked_workers_equal_seeds_trained_one_after_another(t
         assert (tmp_path / "a" / f"out{seed}" / "history.json").read_text() == \
             (tmp_path / "b" / f"out{seed}" / "history.json").read_text()
     summary = (tmp_path / "b" / "live" / "metrics.json").read_text()
-    assert '"seed_2"' in summary and '"train_seconds"' in summary
+    assert '"seed_2"' in summary and '"train_seconds"' not in summary  # a wall time is in no DVC output
+    seconds = json.loads((tmp_path / "timings" / tmp_path.name / "b.json").read_text())["train_seconds"]
+    assert set(seconds) == {"seed_0", "seed_1", "seed_2"} and all(v > 0 for v in seconds.values())
 
 
 def _forked_children(pid: int) -> list:
