@@ -229,9 +229,10 @@ def test_sigterm_to_one_seed_worker_stops_the_stage_and_the_rerun_is_bit_identic
     def command(name):
         return [sys.executable, "-c", SEEDS_SCRIPT, str(digits), str(tmp_path / name), "2", "6"]
 
-    straight = subprocess.run(command("straight"), capture_output=True, text=True, timeout=600)
+    # in tmp_path: the stage writes its wall times to ./timings
+    straight = subprocess.run(command("straight"), capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert straight.returncode == 0, straight.stderr[-2000:]
-    process = subprocess.Popen(command("b"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command("b"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     checkpoint = tmp_path / "b" / "ckpt1" / "last.pt"
     deadline = time.monotonic() + 300
     while not checkpoint.is_file():  # seed 1 (the second worker's) has something to resume from
@@ -249,7 +250,7 @@ def test_sigterm_to_one_seed_worker_stops_the_stage_and_the_rerun_is_bit_identic
     assert not any((tmp_path / "b" / f"out{seed}" / "model.safetensors").exists() for seed in (0, 1, 2))
     assert check(checkpoint) is None  # the worker's checkpoint is kept, intact
 
-    again = subprocess.run(command("b"), capture_output=True, text=True, timeout=600)
+    again = subprocess.run(command("b"), capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "seed 1: resuming at epoch" in again.stdout or "seed 1: already trained" in again.stdout
     for seed in (0, 1, 2):  # every seed as the uninterrupted run made it, the preempted one included
