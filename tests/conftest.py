@@ -30,3 +30,50 @@ def network_attempts(monkeypatch):
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
     return attempts
+
+
+# -- the suite leaves the checkout as it found it ------------------------------------------------------------------
+# CI runs README command 1 in the same clone right after the tests, and compares its outputs with the committed
+# dvc.lock: a test that wrote into the checkout (a checkpoint a stage resumes from, a dataset, a timing) would
+# change what that run computes or records. Every file below the repository root is listed (size, mtime) when the
+# session starts and again when it ends; anything new, changed or gone outside the paths below fails the session.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_UNWATCHED = (".git", ".venv", ".pytest_cache", "test-artifacts", "build", "dist")  # VCS, set-up, the tests' own
+_checkout_before = None
+
+
+def _checkout_files():
+    files = {}
+    for top, dirs, names in os.walk(_ROOT):
+        rel_top = os.path.relpath(top, _ROOT)
+        if rel_top == ".":
+            dirs[:] = [d for d in dirs if d not in _UNWATCHED]
+        elif rel_top == ".dvc":
+            dirs[:] = [d for d in dirs if d != "tmp"]  # DVC's own locks and state of `dvc status` runs
+        dirs[:] = [d for d in dirs if d != "__pycache__" and not d.endswith(".egg-info")]
+        for name in names:
+            path = os.path.join(top, name)
+            try:
+                info = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            files[os.path.normpath(os.path.join(rel_top, name))] = (info.st_size, info.st_mtime_ns)
+    return files
+
+
+def pytest_sessionstart(session):
+    global _checkout_before
+    if not hasattr(session.config, "workerinput"):
+        _checkout_before = _checkout_files()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _checkout_before is None or os.environ.get("VCAREPRO_ALLOW_CHECKOUT_WRITES") == "1":
+        return
+    after = _checkout_files()
+    changed = sorted(p for p in set(_checkout_before) | set(after) if _checkout_before.get(p) != after.get(p))
+    if changed:
+        shown = "\n  ".join(changed[:40]) + ("\n  ..." if len(changed) > 40 else "")
+        print(f"\nerror: the test session changed {len(changed)} file(s) in the checkout {_ROOT} (tests must write "
+              f"under tmp_path; README command 1 runs here next):\n  {shown}", flush=True)
+        session.exitstatus = 1
