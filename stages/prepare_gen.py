@@ -1,12 +1,10 @@
 """DVC stage `prepare_gen`: the generation training set and the FID reference (data/gen)."""
 from __future__ import annotations
 
-from safetensors.torch import save_file
-
 from vcarepro.errors import BadInput, run_stage
 from vcarepro.config import section, stage_params
 from vcarepro.data.pixels import load_split_pixels
-from vcarepro.io import atomic_directory, write_json
+from vcarepro.io import atomic_directory, safetensors_bytes, write_bytes, write_json
 from vcarepro.metrics.fid import DIGITS_EXTRACTOR, save_feature_net, train_feature_net
 from vcarepro.pipeline import CLS_DATA, GEN_DATA
 
@@ -36,7 +34,7 @@ def prepare_pixels(p) -> dict:
     """Embedded scale: the digits themselves, and the digit classifier FID measures with."""
     data = load_split_pixels(CLS_DATA, "train", p["image_size"])
     with atomic_directory(GEN_DATA, digests=True) as tmp:
-        save_file({k: v.contiguous() for k, v in data.items()}, str(tmp / "train.safetensors"))
+        write_bytes(tmp / "train.safetensors", safetensors_bytes(data))
         meta = {"kind": "pixels", "image_size": p["image_size"], "channels": int(data["images"].shape[1]),
                 "num_classes": int(data["num_classes"]), "num_images": int(len(data["labels"])),
                 "fid_extractor": p["fid_extractor"]}

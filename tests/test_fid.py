@@ -335,3 +335,53 @@ def test_the_pipelines_streamed_evaluation_agrees_with_torch_fidelity(digits, tr
     assert stats.num == 400 and len(kept) == 400
     assert ours["fid"] == pytest.approx(theirs["fid"], rel=1e-5)
     assert 0 <= ours["precision"] <= 1 and 0 <= ours["recall"] <= 1
+
+
+# -- the same weights are the same bytes (issue 25: data/gen's extractor hashed differently in half the runs) -------
+
+def _reordered_metadata(data: bytes) -> bytes:
+    """``data`` with its ``__metadata__`` keys in reverse order: what the library writes in another process, whose
+    Rust HashMap iterates differently."""
+    import json as _json
+
+    size = int.from_bytes(data[:8], "little")
+    header = _json.loads(data[8:8 + size])
+    header["__metadata__"] = dict(reversed(list(header["__metadata__"].items())))
+    text = _json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + data[8 + size:]
+
+
+def test_canonical_safetensors_orders_the_header_and_keeps_every_value():
+    from safetensors.torch import load, save
+
+    from vcarepro.io import canonical_safetensors, safetensors_bytes
+
+    tensors = {"b": torch.arange(3.0), "a": torch.ones(2, 2, dtype=torch.float64), "c": torch.zeros(5, dtype=torch.int8)}
+    plain = save(tensors)
+    assert canonical_safetensors(plain) == plain  # without metadata the library's bytes are already canonical
+    metadata = {"format": "x", "config": '{"width": 32}', "note": "ü"}
+    written = safetensors_bytes(tensors, metadata)
+    assert canonical_safetensors(_reordered_metadata(save(tensors, metadata=metadata))) == written
+    assert canonical_safetensors(_reordered_metadata(written)) == written
+    assert written.index(b'"config"') < written.index(b'"format"') < written.index(b'"note"')
+    back = load(written)
+    assert set(back) == set(tensors) and all(torch.equal(back[k], tensors[k]) for k in tensors)
+    size = int.from_bytes(written[:8], "little")
+    assert size % 8 == 0 and written[8 + size:] == plain[8 + int.from_bytes(plain[:8], "little"):]  # data untouched
+
+
+@pytest.mark.slow
+def test_the_saved_extractor_is_the_same_bytes_in_every_process(tmp_path):
+    """Five fresh interpreters save the same net: one file content (the library alone gave two, at random)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from vcarepro.metrics.fid import DigitFeatureNet, save_feature_net; "
+            "torch.manual_seed(0); save_feature_net(DigitFeatureNet(width=8, feature_dim=16), sys.argv[1])")
+    contents = set()
+    for i in range(5):
+        out = tmp_path / f"net{i}.safetensors"
+        subprocess.run([sys.executable, "-c", code, str(out)], check=True, timeout=300)
+        contents.add(out.read_bytes())
+    assert len(contents) == 1

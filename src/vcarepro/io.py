@@ -124,12 +124,33 @@ def atomic_directory(path: str | Path, digests: bool = False) -> Iterator[Path]:
         raise
 
 
-def save_tensors(path: str | Path, tensors, metadata=None) -> Path:
-    """``safetensors.torch.save_file``'s bytes written by :func:`write_bytes`, with their digest ``<path>.sha256``."""
+def canonical_safetensors(data: bytes) -> bytes:
+    """The same safetensors file with its header in one fixed order: ``__metadata__`` first, its keys sorted,
+    then the tensors in the order of their data (the library's own). safetensors keeps ``__metadata__`` in a Rust
+    HashMap, which iterates in a random order per process, so the same weights with two metadata keys were
+    written as different bytes by half the runs (the digit extractor in data/gen). Values are untouched."""
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    ordered = {}
+    if "__metadata__" in header:
+        ordered["__metadata__"] = dict(sorted(header.pop("__metadata__").items()))
+    ordered.update(sorted(header.items(), key=lambda item: (item[1]["data_offsets"][0], item[0])))
+    text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)  # the format pads its header with spaces to 8 bytes, as the library does
+    return len(text).to_bytes(8, "little") + text + data[8 + size:]
+
+
+def safetensors_bytes(tensors, metadata=None) -> bytes:
+    """``safetensors.torch.save``'s bytes of ``tensors`` (contiguous, on the CPU), header in canonical order."""
     from safetensors.torch import save
 
-    data = save({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, metadata=metadata)
-    return write_bytes(path, data, digest=True)
+    return canonical_safetensors(save({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
+                                      metadata=metadata))
+
+
+def save_tensors(path: str | Path, tensors, metadata=None) -> Path:
+    """:func:`safetensors_bytes` written by :func:`write_bytes`, with their digest ``<path>.sha256``."""
+    return write_bytes(path, safetensors_bytes(tensors, metadata), digest=True)
 
 
 def preallocate(path: str | Path) -> None:

@@ -23,8 +23,6 @@ name, in the order of ``features_list``; the static methods
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple, Union
 
@@ -34,11 +32,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch_fidelity
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch.utils.data import Dataset
 from torch_fidelity.feature_extractor_base import FeatureExtractorBase
 from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
 from vcarepro.errors import BadInput
+from vcarepro.io import safetensors_bytes, write_bytes
 
 DIGITS_EXTRACTOR = "vcarepro-digits"
 INCEPTION_EXTRACTOR = "inception-v3-compat"
@@ -171,15 +170,7 @@ def save_feature_net(net: DigitFeatureNet, path: Union[str, Path]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # one file, config in the header: torch-fidelity hands an extractor exactly one path
     metadata = {"format": _FORMAT, "config": json.dumps(net.config, sort_keys=True)}
-    state = {k: v.detach().contiguous() for k, v in net.state_dict().items()}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(state, tmp, metadata=metadata)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_bytes(path, safetensors_bytes(net.state_dict(), metadata))  # canonical header: same weights, same bytes
 
 
 def read_feature_net_config(path: Union[str, Path]) -> Dict[str, int]:
