@@ -159,7 +159,7 @@ def test_the_profiles_set_what_their_documentation_names():
 def test_every_scale_has_its_profile():
     from vcarepro.config import compose
     assert compose([])["numerics"] == {"cpu": "portable", "threads": 2, "gpu": "deterministic"}
-    assert compose(["scale=smoke"])["numerics"]["cpu"] == "portable"
+    assert compose(["scale=smoke"])["numerics"]["cpu"] == "native"  # the paper path's numerics, no lock to reproduce
     assert compose(["scale=paper"])["numerics"] == {"cpu": "native", "threads": 2, "gpu": "deterministic"}
 
 
@@ -251,6 +251,38 @@ def test_lockcheck_names_each_output_whose_hash_differs():
     assert lockcheck.compare_locks(recorded, recorded) == []
     assert lockcheck.compare_locks(recorded, here) == [
         "data/gen (prepare_gen): cccccccccccc here, aaaaaaaaaaaa in the committed lock"]
+
+
+def test_lockcheck_names_the_files_of_a_directory_output_that_differ(tmp_path):
+    """The record keeps each directory output's file listing, so a verify elsewhere says which file differs."""
+    import json
+
+    listing = [{"md5": "1" * 32, "relpath": "SHA256SUMS"}, {"md5": "2" * 32, "relpath": "meta.json"},
+               {"md5": "3" * 32, "relpath": "net.safetensors"}]
+    obj = tmp_path / ".dvc" / "cache" / "files" / "md5" / "ab" / ("c" * 30 + ".dir")
+    obj.parent.mkdir(parents=True)
+    obj.write_text(json.dumps(listing))
+    lock = {"stages": {"prepare_gen": {"outs": [{"path": "data/gen", "md5": "ab" + "c" * 30 + ".dir"}]},
+                       "report": {"outs": [{"path": "reports/results.json", "md5": "b" * 32}]}}}
+    here = lockcheck.output_files(tmp_path, lock)
+    assert here == {"data/gen": {"SHA256SUMS": "1" * 32, "meta.json": "2" * 32, "net.safetensors": "3" * 32}}
+    recorded = {**here["data/gen"], "net.safetensors": "4" * 32, "old.npy": "5" * 32}
+    del recorded["SHA256SUMS"]
+    assert lockcheck.file_differences(recorded, here["data/gen"]) == (
+        "; files: SHA256SUMS (only here), net.safetensors (differs), old.npy (only recorded)")
+    assert lockcheck.file_differences(here["data/gen"], here["data/gen"]) == "; same files (metadata only)"
+    assert lockcheck.file_differences(None, here["data/gen"]) == ""
+    machine = {"cpu": "X", "vendor": "GenuineIntel", "family_model": "6/143/8", "caches": {"L1d": "48K", "L2": "2048K"},
+               "isa": ["avx2", "fma"], "libc": "glibc 2.36", "aten_capability": "AVX2", "threads": 2,
+               "profile": {"cpu": "portable"}, "libraries": {"torch": "2.14.1"}}
+    text = lockcheck.describe(machine)
+    assert "6/143/8" in text and "L2 2048K" in text and "ISA avx2 fma" in text
+
+
+def test_the_machine_description_names_the_cpu_model_and_caches():
+    described = numerics.describe_machine()
+    assert described["family_model"].count("/") == 2
+    assert all(key[0] == "L" for key in described["caches"]) and "pillow" in described["libraries"]
 
 
 def test_lockcheck_stale_ignores_missing_outputs_and_names_changed_code():

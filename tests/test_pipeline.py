@@ -180,3 +180,14 @@ def test_a_clean_repro_reproduces_every_hash_of_the_committed_lock(repo):
     stale = sh(f"{sys.executable} -m vcarepro.lockcheck stale", repo, check=False)
     assert stale.returncode == 1 and "prepare_gen: dep src/vcarepro/io.py modified" in stale.stderr
     sh("git checkout src/vcarepro/io.py", repo)
+    # the record keeps every directory output's files, so a difference names the file
+    assert "written" in sh(f"{sys.executable} -m vcarepro.lockcheck record", repo).stdout
+    machine = json.loads((repo / "dvc.lock.machine.json").read_text())
+    assert set(machine["files"]["data/gen"]) >= {"meta.json", "SHA256SUMS"}
+    meta = repo / "data" / "gen" / "meta.json"
+    meta.write_text(meta.read_text().replace("{", '{"edited": 1, ', 1))
+    sh("dvc commit -f -q prepare_gen", repo)
+    differs = sh(f"{sys.executable} -m vcarepro.lockcheck verify", repo, check=False)
+    assert differs.returncode == 1 and "data/gen (prepare_gen)" in differs.stderr
+    assert "files: meta.json (differs)" in differs.stderr and "family/model/stepping" in differs.stderr
+    sh("git checkout dvc.lock && rm dvc.lock.machine.json && dvc checkout -f -q", repo)

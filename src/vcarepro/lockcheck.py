@@ -66,9 +66,43 @@ def describe(machine: Optional[dict]) -> str:
     if not machine:
         return f"unknown (no {MACHINE_RECORD})"
     profile = machine.get("profile") or {}
-    return (f"{machine.get('cpu')} ({machine.get('vendor')}; {machine.get('libc')}; ATen {machine.get('aten_capability')}, "
+    caches = machine.get("caches") or {}
+    return (f"{machine.get('cpu')} ({machine.get('vendor')} family/model/stepping {machine.get('family_model', '?')}, "
+            f"caches {', '.join(f'{k} {v}' for k, v in caches.items()) or '?'}, ISA {' '.join(machine.get('isa') or [])}; "
+            f"{machine.get('libc')}; ATen {machine.get('aten_capability')}, "
             f"numerics.cpu={profile.get('cpu')}, {machine.get('threads')} threads, "
             f"torch {(machine.get('libraries') or {}).get('torch')})")
+
+
+def _dir_listing(root: Path, digest: str) -> Optional[Dict[str, str]]:
+    """{relative path: md5} of a directory output, from the ``.dir`` object in this workspace's DVC cache."""
+    if not digest.endswith(".dir"):
+        return None
+    path = root / ".dvc" / "cache" / "files" / "md5" / digest[:2] / digest[2:]
+    try:
+        return {entry["relpath"]: entry["md5"] for entry in json.loads(path.read_text())}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def output_files(root: Path, lock: dict) -> Dict[str, Dict[str, str]]:
+    """{directory output: {file: md5}} for every directory output of ``lock`` whose listing this cache holds."""
+    listings = {}
+    for (_, path), digest in lock_outputs(lock).items():
+        listing = _dir_listing(root, digest)
+        if listing is not None:
+            listings[path] = listing
+    return listings
+
+
+def file_differences(recorded: Optional[Dict[str, str]], here: Optional[Dict[str, str]]) -> str:
+    """Which files of a directory output differ, as a clause (empty when either listing is unknown)."""
+    if recorded is None or here is None:
+        return ""
+    names = sorted(n for n in set(recorded) | set(here) if recorded.get(n) != here.get(n))
+    shown = ", ".join(f"{n} ({'only here' if n not in recorded else 'only recorded' if n not in here else 'differs'})"
+                      for n in names[:8])
+    return f"; files: {shown}{', ...' if len(names) > 8 else ''}" if names else "; same files (metadata only)"
 
 
 def this_machine(root: Path) -> dict:
@@ -137,6 +171,11 @@ def cmd_verify(root: Path) -> int:
     lines = compare_locks(recorded, here)
     machine = json.loads((root / MACHINE_RECORD).read_text()) if (root / MACHINE_RECORD).is_file() else None
     if lines:
+        recorded_files = (machine or {}).get("files") or {}
+        here_files = output_files(root, here)
+        for i, line in enumerate(lines):
+            path = line.split(" (", 1)[0]
+            lines[i] = line + file_differences(recorded_files.get(path), here_files.get(path))
         print(f"dvc repro here does not reproduce the committed dvc.lock: {len(lines)} output(s) differ. "
               f"Recorded on {describe(machine)}; this machine: {describe(this_machine(root))}. Compare "
               "`python stages/run.py -m vcarepro.lockcheck fingerprint` on both to find the op:", file=sys.stderr)
@@ -150,6 +189,14 @@ def cmd_verify(root: Path) -> int:
 
 def cmd_record(root: Path) -> int:
     machine = this_machine(root)
+    lock = yaml.safe_load((root / LOCK).read_text()) or {}
+    machine["files"] = output_files(root, lock)  # so that a verify elsewhere names the file that differs
+    missing = sorted(path for (_, path), digest in lock_outputs(lock).items()
+                     if digest.endswith(".dir") and path not in machine["files"])
+    if missing:
+        print(f"error: the DVC cache here lacks the listing of {', '.join(missing)}; run `dvc repro` (README "
+              f"command 1) in this workspace before recording.", file=sys.stderr)
+        return 2
     (root / MACHINE_RECORD).write_text(json.dumps(machine, indent=1, sort_keys=True) + "\n")
     print(f"lockcheck: {MACHINE_RECORD} written: {describe(machine)}")
     return 0

@@ -10,7 +10,7 @@ reproduce on the other. Measured on this project (issue 25): the same commit's d
 and everything generated after it, hashed differently on an AMD EPYC (Zen 4) and on an Intel Xeon, and
 on one machine changed with each of ``ATEN_CPU_CAPABILITY``, ``MKL_CBWR`` and ``ONEDNN_MAX_CPU_ISA``.
 
-``numerics.cpu: portable`` (the embedded and smoke scales' default) fixes every one of those choices to
+``numerics.cpu: portable`` (the embedded scale's default; paper and smoke run native) fixes every one of those choices to
 the AVX2 code path that every x86-64 CPU with AVX2 and FMA runs the same way (:data:`PORTABLE_CPU_ENV`),
 and the thread count of each process to ``numerics.threads`` whatever the machine's core count.
 ``stages/run.py`` sets these variables before torch, numpy or any library is imported, in the process
@@ -34,6 +34,7 @@ import json
 import os
 import platform
 import sys
+from pathlib import Path
 from typing import Dict, Mapping, MutableMapping, Optional
 
 CPU_PROFILES = ("portable", "native")
@@ -258,7 +259,20 @@ def _cpuinfo(field: str) -> str:
 
 ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
              "avx512_fp16", "amx_tile")
-LIBRARIES = ("torch", "numpy", "scipy", "scikit-learn", "timm", "torch-fidelity", "safetensors", "dvc")
+LIBRARIES = ("torch", "numpy", "scipy", "scikit-learn", "timm", "torch-fidelity", "safetensors", "pillow", "dvc")
+
+
+def cpu_caches() -> Dict[str, str]:
+    """cpu0's cache sizes as the kernel reports them (oneDNN sizes its blocks from them): {"L1d": "48K", ...}."""
+    caches = {}
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind, size = ((index / name).read_text().strip() for name in ("level", "type", "size"))
+        except OSError:
+            continue
+        if kind != "Instruction":
+            caches[f"L{level}{'d' if kind == 'Data' else ''}"] = size
+    return caches
 
 
 def describe_machine() -> Dict[str, object]:
@@ -279,6 +293,8 @@ def describe_machine() -> Dict[str, object]:
     return {
         "cpu": _cpuinfo("model name") or platform.processor() or platform.machine(),
         "vendor": _cpuinfo("vendor_id"),
+        "family_model": "/".join(_cpuinfo(f) or "?" for f in ("cpu family", "model", "stepping")),
+        "caches": cpu_caches(),
         "isa": [flag for flag in ISA_FLAGS if flag in flags],
         "cores": os.cpu_count(),
         "gpu": (f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}" if torch.cuda.is_available()
