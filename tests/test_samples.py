@@ -1,6 +1,8 @@
 """Sample files in the ADM evaluator's format, written batch by batch, resumable by index."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -127,3 +129,52 @@ def test_sample_files_that_are_missing_or_not_images_are_clear_errors(tmp_path):
     np.savez(tmp_path / "other.npz", images=np.zeros((2, 4, 4, 3), dtype=np.uint8))
     with pytest.raises(ValueError, match="has no arr_0"):
         read_samples(tmp_path / "other.npz")
+
+
+# -- the same arrays are the same .npz bytes under every CPython (issue 25) -----------------------------------------
+
+def _cpython_311s():
+    """Every CPython 3.11 on this machine (the venv's, Debian's, pyenv's): one ABI, so the venv's numpy loads in each."""
+    import glob
+    import shutil
+    import subprocess
+    import sys
+
+    found = {}
+    for candidate in [sys.executable, shutil.which("python3.11"), "/usr/bin/python3", "/usr/bin/python3.11",
+                      *glob.glob("/root/.pyenv/versions/3.11*/bin/python3")]:
+        if candidate and Path(candidate).exists():
+            done = subprocess.run([candidate, "-c", "import sys; print(sys.version.split()[0])"], capture_output=True,
+                                  text=True, timeout=60)
+            if done.returncode == 0 and done.stdout.startswith("3.11."):
+                found.setdefault(done.stdout.strip(), candidate)
+    return found
+
+
+def test_npz_outputs_are_the_same_bytes_under_every_python_here(tmp_path):
+    """np.savez forces zip64 records, which CPython wrote one way before 3.11.4 and another after: Debian's 3.11.2
+    and pyenv's 3.11.7 on these machines wrote the same samples and FID statistics as different files, so
+    a lock recorded with one never reproduced with the other. io.write_npz_to gives one content."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    pythons = _cpython_311s()
+    if len(pythons) < 2:
+        pytest.skip(f"one CPython 3.11 here ({', '.join(pythons)}): nothing to compare")
+    np.save(tmp_path / "big.npy", np.arange(5000, dtype=np.uint8).reshape(50, 100))
+    code = ("import sys, numpy as np; from vcarepro.io import write_npz, write_npz_to; "
+            "write_npz(sys.argv[1], {'mu': np.arange(4.0), 'sigma': np.eye(4), 'num': np.int64(7)}); "
+            "f = open(sys.argv[2], 'wb'); write_npz_to(f, {'arr_0': sys.argv[3], 'arr_1': np.arange(3)}); f.close()")
+    path = f"{Path(__file__).resolve().parents[1] / 'src'}:{sysconfig.get_paths()['purelib']}"
+    outputs = {}
+    for version, python in pythons.items():
+        stats, samples = tmp_path / f"stats-{version}.npz", tmp_path / f"samples-{version}.npz"
+        subprocess.run([python, "-c", code, str(stats), str(samples), str(tmp_path / "big.npy")], check=True,
+                       timeout=120, env={"PYTHONPATH": path, "PATH": "/usr/bin:/bin"})
+        outputs[version] = (stats.read_bytes(), samples.read_bytes())
+    assert len(set(outputs.values())) == 1, f"different bytes under {sorted(outputs)}"
+    with np.load(tmp_path / f"stats-{version}.npz") as data:
+        assert np.array_equal(data["sigma"], np.eye(4)) and int(data["num"]) == 7
+    with np.load(tmp_path / f"samples-{version}.npz") as data:
+        assert np.array_equal(data["arr_0"], np.arange(5000, dtype=np.uint8).reshape(50, 100))

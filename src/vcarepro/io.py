@@ -124,6 +124,48 @@ def atomic_directory(path: str | Path, digests: bool = False) -> Iterator[Path]:
         raise
 
 
+NPZ_MEMBER_TIME = (1980, 1, 1, 0, 0, 0)  # zip's earliest date: no member carries the time it was written
+
+
+def write_npz_to(file, members) -> None:
+    """``np.savez``'s format (stored members ``<name>.npy``) into the open binary ``file``, the same bytes under
+    every CPython: each member's size is given to zipfile before it is written, and zip64 records are used only
+    where a member needs them (2 GiB or more). ``np.savez`` forces zip64 on every member, and CPython wrote forced
+    members differently before 3.11.4 (version 2.0 headers) than after (4.5), so Debian's 3.11.2 and this
+    machine's 3.11.7 wrote the same samples as different bytes. ``members`` maps names to arrays, or to paths of
+    ``.npy`` files, which are streamed (a paper-scale sample batch is gigabytes)."""
+    import io as _io
+    import shutil
+    import zipfile
+
+    import numpy as np
+
+    with zipfile.ZipFile(file, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, member in members.items():
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=NPZ_MEMBER_TIME)
+            info.external_attr = 0o644 << 16
+            if isinstance(member, (str, Path)):
+                info.file_size = os.path.getsize(member)
+                with open(member, "rb") as src, archive.open(info, "w",
+                                                             force_zip64=info.file_size >= zipfile.ZIP64_LIMIT) as dst:
+                    shutil.copyfileobj(src, dst, 1 << 24)
+            else:
+                buffer = _io.BytesIO()
+                np.lib.format.write_array(buffer, np.asanyarray(member), allow_pickle=False)
+                info.file_size = buffer.tell()
+                with archive.open(info, "w", force_zip64=info.file_size >= zipfile.ZIP64_LIMIT) as dst:
+                    dst.write(buffer.getvalue())
+
+
+def write_npz(path: str | Path, arrays) -> Path:
+    """:func:`write_npz_to` of in-memory ``arrays`` into ``path``, atomically (:func:`write_bytes`)."""
+    import io as _io
+
+    buffer = _io.BytesIO()
+    write_npz_to(buffer, arrays)
+    return write_bytes(path, buffer.getvalue())
+
+
 def canonical_safetensors(data: bytes) -> bytes:
     """The same safetensors file with its header in one fixed order: ``__metadata__`` first, its keys sorted,
     then the tensors in the order of their data (the library's own). safetensors keeps ``__metadata__`` in a Rust

@@ -31,7 +31,6 @@ import os
 import random
 import tarfile
 import tempfile
-import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +54,6 @@ SMOKE_VAE_CHANNELS = (8, 8, 16, 16)  # SD's four down blocks (128, 256, 512, 512
 SHAPES = ("disc", "square", "triangle", "stripes", "ring", "cross", "diamond", "checker")
 SIDES = (40, 90)  # the miniature's image sides in pixels, inclusive
 MAT_HEADER = b"MATLAB 5.0 MAT-file, Platform: posix, written by vcarepro.standins"
-ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)  # a fixed member time, so that the same arrays give the same .npz bytes
 
 # the layout `python -m vcarepro.standins --out DIR` writes
 IMAGENET_DIR = "imagenet"
@@ -414,12 +412,10 @@ def one_thread() -> Iterator[None]:
 
 
 def write_npz(file, arrays: Dict[str, np.ndarray]) -> None:
-    """``np.savez``'s format (stored, zip64 members) with a fixed member time, so equal arrays give equal bytes."""
-    with zipfile.ZipFile(file, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
-        for key, array in arrays.items():
-            info = zipfile.ZipInfo(f"{key}.npy", date_time=ZIP_EPOCH)
-            with archive.open(info, "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
+    """``np.savez``'s format with a fixed member time, the same bytes under every Python (io.write_npz_to)."""
+    from vcarepro.io import write_npz_to
+
+    write_npz_to(file, arrays)
 
 
 def _atomic_write(path: Path, write) -> None:

@@ -16,14 +16,13 @@ import hashlib
 import json
 import os
 import shutil
-import zipfile
 from pathlib import Path
 from typing import Tuple
 
 import numpy as np
 import torch
 from vcarepro.errors import BadInput, MissingInput
-from vcarepro.io import preallocate, write_json
+from vcarepro.io import preallocate, write_json, write_npz_to
 
 PROGRESS = "progress.json"
 
@@ -115,19 +114,13 @@ class NpzSampleWriter:
         del self.images, self.labels
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
-            for name in ("arr_0.npy", "arr_1.npy"):
-                # a fixed member time and mode (ZipFile.write would take the work file's mtime): the same
-                # samples give the same .npz bytes, so the output's hash in dvc.lock reproduces
-                info = zipfile.ZipInfo(name, date_time=MEMBER_TIME)
-                info.external_attr = 0o644 << 16
-                with open(self.work_dir / name, "rb") as src, archive.open(info, "w", force_zip64=True) as dst:
-                    shutil.copyfileobj(src, dst, 1 << 24)  # streamed: a paper-scale batch is gigabytes
+        # a fixed member time and mode, sizes known up front (io.write_npz_to): the same samples give the same
+        # .npz bytes under every Python, so the output's hash in dvc.lock reproduces
+        with open(tmp, "wb") as f:
+            write_npz_to(f, {name: self.work_dir / f"{name}.npy" for name in ("arr_0", "arr_1")})
         os.replace(tmp, self.path)
         return self.path
 
-
-MEMBER_TIME = (1980, 1, 1, 0, 0, 0)  # zip's earliest date
 
 
 def discard_work(work_dir: str | Path) -> None:

@@ -34,8 +34,6 @@ same 2015 TF Inception graph with TF1-compatible resizing to 299 px:
 """
 from __future__ import annotations
 
-import os
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +50,7 @@ from vcarepro.metrics.fid import INCEPTION_EXTRACTOR, INCEPTION_FEATURE_DIM, INC
     default_inception_weights_path
 from vcarepro.errors import BadInput, MissingInput
 from vcarepro.integrity import prepared
+from vcarepro.io import write_npz
 
 PathLike = Union[str, Path]
 ArrayLike = Union[np.ndarray, torch.Tensor]
@@ -96,16 +95,8 @@ class FeatureStats:
 
     def save(self, path: PathLike) -> None:
         """Write ``mu``, ``sigma`` and ``num`` to an ``.npz`` at exactly ``path``, atomically (temp file, then rename)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:  # a file object, so numpy does not append ".npz" to the name
-                np.savez(f, mu=self.mu, sigma=self.sigma, num=np.int64(self.num))
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        # np.savez's format, the same bytes under every Python (io.write_npz), at exactly ``path``
+        write_npz(path, {"mu": self.mu, "sigma": self.sigma, "num": np.int64(self.num)})
 
     @classmethod
     def load(cls, path: PathLike) -> "FeatureStats":
