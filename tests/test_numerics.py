@@ -270,7 +270,7 @@ def test_lockcheck_names_the_files_of_a_directory_output_that_differ(tmp_path):
     del recorded["SHA256SUMS"]
     assert lockcheck.file_differences(recorded, here["data/gen"]) == (
         "; files: SHA256SUMS (only here), net.safetensors (differs), old.npy (only recorded)")
-    assert lockcheck.file_differences(here["data/gen"], here["data/gen"]) == "; same files (metadata only)"
+    assert "every file hashes as" in lockcheck.file_differences(here["data/gen"], here["data/gen"])
     assert lockcheck.file_differences(None, here["data/gen"]) == ""
     machine = {"cpu": "X", "vendor": "GenuineIntel", "family_model": "6/143/8", "caches": {"L1d": "48K", "L2": "2048K"},
                "isa": ["avx2", "fma"], "libc": "glibc 2.36", "aten_capability": "AVX2", "threads": 2,

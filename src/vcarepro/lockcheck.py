@@ -102,7 +102,8 @@ def file_differences(recorded: Optional[Dict[str, str]], here: Optional[Dict[str
     names = sorted(n for n in set(recorded) | set(here) if recorded.get(n) != here.get(n))
     shown = ", ".join(f"{n} ({'only here' if n not in recorded else 'only recorded' if n not in here else 'differs'})"
                       for n in names[:8])
-    return f"; files: {shown}{', ...' if len(names) > 8 else ''}" if names else "; same files (metadata only)"
+    return (f"; files: {shown}{', ...' if len(names) > 8 else ''}" if names
+            else f"; every file hashes as {MACHINE_RECORD} lists it (a listing recorded with another lock)")
 
 
 def this_machine(root: Path) -> dict:
