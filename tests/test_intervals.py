@@ -58,7 +58,8 @@ def test_seeds_needed_is_the_smallest_count_whose_interval_would_exclude_the_obs
         return stats.t.ppf(0.975, df) * math.sqrt((diff.sd_a ** 2 + diff.sd_b ** 2) / k)
 
     assert half_width(n) < abs(diff.value) <= half_width(n - 1)
-    assert seeds_note(diff) == f"about {n} seeds per run would resolve it at the observed spread"
+    assert seeds_note(diff) == (f"rough: about {n} seeds per run if the observed difference and spread held "
+                                "(not a power calculation; before any correction)")
 
 
 def test_no_observed_difference_is_never_resolvable_by_more_seeds():
@@ -78,3 +79,31 @@ def test_per_seed_values_read_back_what_aggregate_seeds_wrote_in_seed_order():
     metrics["top1_seedless"] = 9.0    # a key that only starts like a seed key
     assert per_seed_values(metrics, "top1") == [2.0, 1.0, 3.0]   # seeds 0, 2, 10: numeric, not text, order
     assert per_seed_values(metrics, "top5") == []
+
+
+def test_the_welch_p_value_is_below_five_percent_exactly_when_the_interval_excludes_zero():
+    for a, b in (([1.0, 3.0, 2.0], [1.5, 0.0, 2.0]), ([10.0, 11.0, 12.0], [1.0, 2.0, 3.0]),
+                 ([87.2, 89.3], [58.0, 62.0]), ([5.0, 5.1], [5.05, 4.95, 5.0])):
+        diff = welch(a, b)
+        assert (diff.p_value < 0.05) == diff.resolved
+        assert diff.p_value == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue)  # scipy's Welch test
+    assert welch([1.0], [2.0, 3.0]).p_value is None  # one seed: no test
+
+
+def test_holm_keeps_the_familywise_error_and_steps_down():
+    from vcarepro.metrics.intervals import holm, holm_adjusted
+    # m = 4: thresholds 0.0125, 0.0167, 0.025, 0.05 for the sorted p-values
+    assert holm([0.01, 0.04, 0.03, 0.005]) == [True, False, False, True]
+    assert holm([0.01, 0.016, 0.024, 0.049]) == [True, True, True, True]
+    assert holm([0.02, 0.001, None]) == [True, True, None]  # None takes no part: m = 2
+    assert holm([0.03, 0.04]) == [False, False]  # each below 0.05 alone, neither after the correction
+    assert holm_adjusted([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm_adjusted([0.5, 0.9, None]) == [1.0, 1.0, None]
+
+
+def test_a_difference_resolved_alone_but_not_after_holm_gets_no_direction():
+    diff = welch([10.0, 12.0, 11.0], [8.0, 9.5, 9.0])
+    assert diff.resolved and 0.01 < diff.p_value < 0.05
+    assert direction(diff, paper_gain=3.4) == "same direction as paper (resolved)"
+    assert direction(diff, paper_gain=3.4, resolved=False) == not_resolved(3)
+    assert "not after Holm's correction" in seeds_note(diff, resolved=False)
