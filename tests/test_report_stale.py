@@ -87,14 +87,14 @@ def test_a_number_other_params_produced_is_stale_in_every_table_figure_and_expor
     # the number is nowhere: not in a cell, not in a difference with VCA (88.25 - 47.31), not in an export
     for text in [html, *tables.values()]:
         assert "47.3" not in text and "40.94" not in text and "91.17" not in text
-    assert MHSA_STALE in row_of(html, "<td>DeiT-T</td><td>MHSA</td><td>baseline (original recipe)")
+    assert MHSA_STALE in row_of(html, '<td>DeiT-T<div class="note">MHSA</div></td><td>baseline (original recipe)')
     assert any(str(escape(field)) in tip for tip in re.findall(r'title="([^"]*)"', html))   # the tooltip: what differs
-    gain = row_of(html[html.index("What VCA brings"):], "<td>DeiT-T</td>")
+    gain = row_of(html[html.index("What VCA brings"):], "<td>DeiT-T<")
     assert MHSA_STALE in gain and "direction" not in gain
-    assert MHSA_STALE in row_of(html, "<tr><td>deit_tiny-mhsa</td>")   # the runs table
+    assert MHSA_STALE in row_of(html[html.index('<h2 id="runs">'):], "<tr><td><code>deit_tiny-mhsa</code>")   # the runs table
     curves = html.split("<h2>Training curves")[1].split("<h2>")[0]
     assert 'alt="curves of deit_tiny-mhsa"' not in curves and MHSA_STALE in curves   # its curves are not drawn
-    assert MHSA_STALE in row_of(html, "<tr><td>MHSA (baseline)")   # the family table
+    assert MHSA_STALE in row_of(html[html.index("<h3>Our runs"):], "<tr><td>MHSA (baseline)")   # the family table
     # the exports carry the same text where the number would be
     for name in ("table1.csv", "table1.md", "gains.csv", "decomposition.csv", "cls_runs.csv", "family.csv"):
         assert MHSA_STALE in tables[name], name
@@ -102,16 +102,16 @@ def test_a_number_other_params_produced_is_stale_in_every_table_figure_and_expor
     assert MHSA_STALE in table1
     assert field in tables["stale.md"] and "eval_cls@deit_tiny-mhsa" in tables["stale.csv"]
     # the run whose record matches keeps its number (deit_tiny-vca, the fixture's)
-    assert "90.5 ± 0.5 (n=2)" in row_of(html, "<td>DeiT-T</td><td>VCA</td>")
+    assert "88.2 ± 1.5 (n=2)" in row_of(html, '<td>DeiT-T<div class="note">VCA</div></td>')  # final epoch
     assert "stale: re-run dvc repro eval_cls@deit_tiny-vca" not in html
 
 
 def test_a_number_the_current_params_produced_is_shown(project):
     write_baseline(project, produced_by=params_of(project))
     html = render_report(project, project / "reports" / "index.html").read_text()
-    assert "47.3" in row_of(html, "<td>DeiT-T</td><td>MHSA</td><td>baseline (original recipe)")
-    assert "47.31" in row_of(html, "<tr><td>deit_tiny-mhsa</td>")
-    assert "+40.94" in row_of(html[html.index("What VCA brings"):], "<td>DeiT-T</td>")   # 88.25 - 47.31
+    assert "47.3" in row_of(html, '<td>DeiT-T<div class="note">MHSA</div></td><td>baseline (original recipe)')
+    assert "47.31" in row_of(html[html.index('<h2 id="runs">'):], "<tr><td><code>deit_tiny-mhsa</code>")
+    assert "+40.94" in row_of(html[html.index("What VCA brings"):], "<td>DeiT-T<")   # 88.25 - 47.31
     assert "stale: re-run" not in html and "Stale results" not in html
     assert 'alt="curves of deit_tiny-mhsa"' in html
     assert "stale.csv" not in exported(project)
@@ -121,7 +121,7 @@ def test_a_run_without_a_provenance_record_is_stale(project):
     write_baseline(project, produced_by=None)   # a metrics.json from before stages recorded provenance
     html = render_report(project, project / "reports" / "index.html").read_text()
     assert "47.3" not in html
-    assert MHSA_STALE in row_of(html, "<td>DeiT-T</td><td>MHSA</td><td>baseline (original recipe)")
+    assert MHSA_STALE in row_of(html, '<td>DeiT-T<div class="note">MHSA</div></td><td>baseline (original recipe)')
     assert f"no {PROVENANCE_FILE} beside metrics.json" in exported(project)["stale.md"]
 
 
@@ -149,7 +149,7 @@ def test_a_generation_run_from_other_sampling_is_stale_with_its_samples_and_prot
     html = render_report(project, project / "reports" / "index.html").read_text()
     stale = "stale: re-run dvc repro eval_gen@dit_s2-vca"
     assert "137.5" not in html and "137.6" not in html
-    table2 = row_of(html, "<td>DiT-S/2</td><td>VCA</td>")
+    table2 = row_of(html[html.index("<h2>Table 2"):], '<td>DiT-S/2<div class="note">VCA</div></td>')
     assert stale in table2 and "ddpm 25 steps" not in table2   # nor the protocol it claims
     assert 'alt="samples of dit_s2-vca' not in html and stale in html.split("<h2>Samples")[1]
     assert "sampling.num_samples: recorded 50, params now 200" in html
@@ -182,7 +182,7 @@ def test_eval_cls_records_what_produced_its_numbers_and_the_report_marks_them_st
     record = json.loads((run / PROVENANCE_FILE).read_text())
     assert {k: v for k, v in record.items() if k != "metrics_sha256"} == run_provenance(params, "cls", "deit_tiny-mhsa")
     top1 = json.loads((run / "metrics.json").read_text())["top1"]
-    table1_row = "<td>DeiT-T</td><td>MHSA</td><td>baseline (original recipe)"
+    table1_row = '<td>DeiT-T<div class="note">MHSA</div></td><td>baseline (original recipe)'
 
     sh("python stages/report.py", repo)
     html = (repo / "reports" / "index.html").read_text()

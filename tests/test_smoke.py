@@ -92,7 +92,7 @@ def test_the_report_marks_every_value_smoke_and_names_the_runs_only_the_prefligh
     params = yaml.safe_load((smoke_repo / "params.yaml").read_text())
     paper = compose(["scale=paper"])
     html = (smoke_repo / "reports" / "index.html").read_text()
-    assert "Smoke scale: no number below says anything about the paper." in html
+    assert "Smoke scale</a>: no number says anything about the paper.</strong>" in html
     for branch in ("cls", "gen"):
         for run in set(paper[f"{branch}_runs"]) - set(params[f"{branch}_runs"]):
             assert f"<code>{branch}@{run}</code>" in html

@@ -83,10 +83,26 @@ def changes_since(root: Path, params: Dict[str, Any], run_metrics: Dict[str, Dic
     if targets and not previous:
         out["note"] = (f"{rev}'s run metrics are not in this checkout's DVC cache (a fresh clone: `dvc pull`, or "
                        f"`dvc repro` at {rev}, brings them); params only.")
-        return out
+        return summarise_new(out)
     current = {name: metrics for branch in run_metrics.values() for name, metrics in branch.items() if metrics}
     out["metrics"] = metrics_changes(current, previous, stale)
     if missing:
         out["note"] = (f"{len(missing)} run(s) have no metrics at {rev} in this checkout's DVC cache "
                        f"(not run then, or not pulled): {', '.join(missing)}.")
+    return summarise_new(out)
+
+
+def summarise_new(out: Dict[str, Any]) -> Dict[str, Any]:
+    """A table whose every row is "absent -> value" says nothing row by row: one sentence instead."""
+    rev = out["rev"]
+    params, metrics = out.get("params"), out.get("metrics")
+    if params and all(r["previous"] == "absent" for r in params):
+        out["params_sentence"] = (f"All {len(params)} params that differ are absent at {rev} (new since then); "
+                                  f"none changed value.")
+        out["params"] = []
+    if metrics and all(r["previous"] == "absent" for r in metrics):
+        runs = sorted({r["run"] for r in metrics})
+        out["metrics_sentence"] = (f"All {len(metrics)} headline metrics that differ, of {len(runs)} runs, are absent "
+                                   f"at {rev} (new since then); none changed value.")
+        out["metrics"] = []
     return out

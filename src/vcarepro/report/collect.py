@@ -61,3 +61,39 @@ def collect_runs(runs_root: Path, branch: str, names: List[str],
             result.grids[int(grid.stem.removeprefix("grid_seed_"))] = png_data_uri(grid)
         results[name] = result
     return results
+
+
+# The real-image grid beside the sample grids: the layout sample_gen's preview uses (the first ten classes,
+# eight images each, one pixel of padding), so a reader compares like with like.
+REAL_GRID_CLASSES, REAL_GRID_PER_CLASS = 10, 8
+
+
+def real_grid(gen_data: Path) -> Dict[str, Any]:
+    """{"uri": PNG data URI of training images, "note"}; at latent scales there are no pixels to show."""
+    meta = read_json(gen_data / "meta.json")
+    if not meta:
+        return {"uri": None, "note": f"{gen_data} is not prepared (dvc repro prepare_gen)."}
+    if meta.get("kind") != "pixels":
+        return {"uri": None, "note": "the generators train on VAE latents at this scale: there is no pixel grid of "
+                                     "the training data to show beside the samples."}
+    import io as _io
+
+    import numpy as np
+    from PIL import Image
+    from safetensors.numpy import load_file
+
+    data = load_file(str(gen_data / "train.safetensors"))
+    images, labels = data["images"], data["labels"]
+    classes = [c for c in range(min(REAL_GRID_CLASSES, int(data["num_classes"])))]
+    chosen = [np.flatnonzero(labels == c)[:REAL_GRID_PER_CLASS] for c in classes]
+    _, channels, h, w = images.shape
+    grid = np.zeros((len(classes) * (h + 1) + 1, REAL_GRID_PER_CLASS * (w + 1) + 1, channels), np.uint8)
+    for row, idx in enumerate(chosen):
+        for col, i in enumerate(idx):
+            grid[1 + row * (h + 1):1 + row * (h + 1) + h, 1 + col * (w + 1):1 + col * (w + 1) + w] = \
+                images[i].transpose(1, 2, 0)
+    buf = _io.BytesIO()
+    Image.fromarray(grid[..., 0] if channels == 1 else grid).save(buf, format="PNG")
+    return {"uri": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii"),
+            "note": f"the first {REAL_GRID_PER_CLASS} training images of classes 0-{len(classes) - 1}, one class "
+                    f"per row, as the sample grids lay out their samples"}

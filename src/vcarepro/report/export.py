@@ -17,8 +17,11 @@ def flatten_row(row: Dict[str, Any]) -> Dict[str, Any]:
             for part in CELL_KEYS:
                 flat[f"{key} {part}"] = value.get(part)
             flat[f"{key} source"] = value.get("source")
+            flat[f"{key} unverified"] = value.get("unverified")
             if "statistic" in value and key == "top1":
                 flat[f"{key} statistic"] = value["statistic"]
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            flat[key] = "; ".join(value)  # e.g. a row's convergence flags
         elif not isinstance(value, (dict, list)):
             flat[key] = value
     return flat

@@ -48,32 +48,51 @@ def _png(fig) -> str:
 
 
 def gains_png(rows: List[dict]) -> Optional[str]:
-    """VCA minus baseline per row: ours (at the scale measured, with its 95% interval) beside the paper's."""
-    rows = [r for r in rows if r["ours_value"] is not None or r["paper_value"] is not None]
+    """VCA minus baseline for the rows we measured: the paper's and ours in separate panels, never on one axis.
+
+    Per metric, the left panel holds the paper's differences (ImageNet at paper scale) and the right one
+    ours (at the scale measured, as a point with its 95% interval, none where a side has one seed), each
+    with its own axis: at any scale but the paper's only the signs compare, and the panels say so.
+    Rows we did not measure are left out (a zero would read as a measured null effect).
+    """
+    rows = [r for r in rows if r["ours_value"] is not None]
     if not rows:
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(10, 0.45 * max(len(rows), 4) + 1.2), squeeze=False)
-    for ax, metric, unit in ((axes[0][0], "top1", "top-1 points"), (axes[0][1], "fid", "FID")):
+    metrics = [m for m in ("top1", "fid") if any(r["metric"] == m for r in rows)]
+    height = max(sum(r["metric"] == m for r in rows) for m in metrics)
+    fig, axes = plt.subplots(len(metrics), 2, figsize=(9, len(metrics) * (0.42 * max(height, 2) + 1.3)), squeeze=False)
+    for (left, right), metric in zip(axes, metrics):
         subset = [r for r in rows if r["metric"] == metric]
-        if not subset:
-            ax.set_axis_off()
-            continue
-        y = range(len(subset))
-        paper = [r["paper_value"] if r["paper_value"] is not None else 0.0 for r in subset]
-        ours = [r["ours_value"] if r["ours_value"] is not None else 0.0 for r in subset]
-        # asymmetric bars from the interval's ends; none where a side has one seed (no error estimate)
-        err = [[v - r["ours_low"] if r["ours_low"] is not None else 0.0 for v, r in zip(ours, subset)],
-               [r["ours_high"] - v if r["ours_high"] is not None else 0.0 for v, r in zip(ours, subset)]]
-        ax.barh([i + 0.2 for i in y], paper, height=0.4, label="paper", color="#999999")
-        ax.barh([i - 0.2 for i in y], ours, height=0.4, xerr=err, capsize=2, label="ours (its scale, 95% interval)",
-                color="#3366aa")
-        ax.set_yticks(list(y))
-        ax.set_yticklabels([r["label"] for r in subset], fontsize=7)
-        ax.axvline(0, color="black", linewidth=0.8)
-        better = "right" if metric == "top1" else "left"
-        ax.set_xlabel(f"VCA - baseline ({unit}; VCA better to the {better})", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.legend(fontsize=7)
+        unit, better = ("top-1 points", "right") if metric == "top1" else ("FID", "left")
+        y = list(range(len(subset)))
+        labels = [r["label"] for r in subset]
+        paper = [(i, r["paper_value"]) for i, r in zip(y, subset) if r["paper_value"] is not None]
+        if paper:
+            left.barh([i for i, _ in paper], [v for _, v in paper], height=0.5, color="#999999")
+        for i, r in zip(y, subset):
+            if r["paper_value"] is None:
+                left.text(0, i, " no paper value", va="center", fontsize=7, color="#666666")
+        left.set_title("paper (ImageNet, paper scale)", fontsize=8)
+        scale = subset[0]["scale"]
+        for i, r in zip(y, subset):
+            if r["ours_low"] is not None:
+                right.errorbar([r["ours_value"]], [i], xerr=[[r["ours_value"] - r["ours_low"]],
+                                                             [r["ours_high"] - r["ours_value"]]],
+                               fmt="o", color="#3366aa", capsize=3, markersize=4)
+            else:
+                right.plot([r["ours_value"]], [i], "o", color="#3366aa", markersize=4, fillstyle="none")
+        right.set_title(f"ours ({scale} scale; 95% interval; open: one seed)", fontsize=8)
+        for ax in (left, right):
+            ax.set_yticks(y)
+            ax.set_yticklabels(labels if ax is left else [""] * len(y), fontsize=7)
+            ax.set_ylim(-0.6, len(y) - 0.4)
+            ax.invert_yaxis()
+            ax.axvline(0, color="black", linewidth=0.8)
+            ax.set_xlabel(f"VCA - baseline, {unit} (VCA better to the {better})", fontsize=7)
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3, axis="x")
+    if any(r["scale"] != "paper" for r in rows):
+        fig.suptitle("Separate axes: sizes do not compare across scales; compare signs only", fontsize=8)
     fig.tight_layout()
     return _png(fig)
 

@@ -11,7 +11,7 @@ from ..config import compose, load_params
 from ..pipeline import cls_recipe, cls_run, gen_run, model_options
 from .changes import changes_since
 from .calibration import calibration_section
-from .collect import collect_runs, read_json
+from .collect import collect_runs, read_json, real_grid
 from .environment import describe_environment
 from .. import numerics
 from .export import write_tables
@@ -19,9 +19,14 @@ from .figures import attention_cost_png, curves_png, gains_png
 from ..config import flatten
 from ..io import write_json
 from .reference import load_reference
-from .tables import FAMILY_COMMAND, TableBuilder, runs_frame, verdict_class
+from .summary import STATUSES, status_key, summary
+from .tables import FAMILY_COMMAND, FLAT_LOSS_FRACTION, FLAT_TOP1_POINTS, TableBuilder, runs_frame, verdict_class
 
 CLS_CURVES = ["train/loss", "val/loss", "val/top1", "train/lr"]
+# One name per quantity in the page, the CSV and the Markdown (the glossary defines each)
+RUN_COLUMNS = {"top1": "top-1 (%)", "top5": "top-5 (%)", "loss": "val loss", "plateau_spread": "plateau spread (points)",
+               "fid": "FID", "kid_mean": "KID", "inception_score": "IS", "precision": "precision", "recall": "recall"}
+COMPLEXITY_COLUMNS = {"params_m": "params (M)", "gmacs": "GMACs", "throughput_img_s": "images/s"}
 GEN_CURVES = ["train/loss"]
 # Sections of params.yaml that define a run; the report lists how they differ from the paper's.
 RECIPE_SECTIONS = ["prepare_cls", "prepare_gen", "cls_shape", "gen_shape", "cls_recipes", "cls_recipe_overrides",
@@ -78,6 +83,60 @@ def run_recipe_diffs(params: Dict[str, Any], paper: Dict[str, Any]) -> List[Dict
     return out
 
 
+# Knob prefixes of a run's recipe that the knob table compares (attention options belong to the model, and the
+# runs table lists each run's).
+RECIPE_KNOBS = ("recipe.", "shape.", "sampling.")
+
+
+def recipe_knobs(params: Dict[str, Any], paper: Dict[str, Any]) -> Dict[str, Any]:
+    """One table per branch of every recipe knob that differs anywhere: each paper recipe, then this run's.
+
+    Columns are the distinct recipes of the branch's runs at paper scale ("paper: deit") and the distinct
+    recipes they train with here ("this run: 7 runs"), each naming its runs; rows are the knobs whose
+    values are not the same in every column. This replaces one list per run.
+    """
+    out = {}
+    for branch in ("cls", "gen"):
+        runs = list(params[f"{branch}_runs"])
+        columns: List[Dict[str, Any]] = []
+
+        def add(label: str, name: str, knobs: Dict[str, Any]) -> None:
+            for col in columns:
+                if col["label"].split(":")[0] == label.split(":")[0] and col["knobs"] == knobs:
+                    col["runs"].append(name)
+                    return
+            columns.append({"label": label, "runs": [name], "knobs": knobs})
+
+        for name in runs:
+            source = paper if name in paper[f"{branch}_runs"] else None
+            if source is None:
+                continue
+            knobs = {k: v for k, v in run_recipe(source, branch, name).items() if k.startswith(RECIPE_KNOBS)}
+            label = f"paper: {source[f'{branch}_runs'][name].get('recipe', 'gen_recipe')}" if branch == "cls" \
+                else "paper: gen_recipe"
+            add(label, name, knobs)
+        for name in runs:
+            knobs = {k: v for k, v in run_recipe(params, branch, name).items() if k.startswith(RECIPE_KNOBS)}
+            add("this run", name, knobs)
+        keys = sorted({k for col in columns for k in col["knobs"]})
+        rows = [{"knob": k, "cells": [str(col["knobs"].get(k, "—")) for col in columns]} for k in keys
+                if len({repr(col["knobs"].get(k)) for col in columns}) > 1]
+        for col in columns:
+            n = len(col["runs"])
+            col["label"] = f"{col['label']} ({'all ' if n == len(runs) and n > 1 else ''}{n} run{'s' if n > 1 else ''})"
+        out[branch] = {"columns": [{"label": c["label"], "runs": c["runs"]} for c in columns], "rows": rows}
+    return out
+
+
+def fold(rows: List[Dict[str, Any]], measured, label, runs, tables: TableBuilder) -> Dict[str, Any]:
+    """Rows with nothing measured folded into one line: what was not run, and the command that runs it."""
+    shown = [r for r in rows if measured(r)]
+    hidden = [r for r in rows if not measured(r)]
+    names = list(dict.fromkeys(label(r) for r in hidden))
+    return {"rows": shown, "not_run": names, "n_not_run": len(hidden),
+            "command": tables.how_to_run([x for r in hidden for x in runs(r)]) if hidden else None}
+
+
 def fid_protocol_text(protocol: Dict[str, Any]) -> str:
     samplers = ", ".join(f"{name} {steps} steps ({objective})" for objective, (name, steps) in protocol["samplers"].items())
     return (f"{protocol['num_samples']} samples with {protocol['labels']} labels, {samplers}, cfg {protocol['cfg_scale']}, "
@@ -114,11 +173,28 @@ def build_context(root: Path) -> Dict[str, Any]:
     cls_comparable = params["scale"] == "paper" and not any(k["knob"].startswith(("prepare_cls", "cls_")) for k in knobs)
     gen_comparable = params["scale"] == "paper" and not any(
         k["knob"].startswith(("prepare_gen", "gen_", "sampling")) for k in knobs)
-    tables = TableBuilder(reference, params, cls, gen, complexity, attention_cost,
-                          cls_comparable=cls_comparable, gen_comparable=gen_comparable, paper_params=paper)
+    tables = TableBuilder(reference, params, cls, gen, complexity, attention_cost, attention_macs=macs,
+                          cls_comparable=cls_comparable, gen_comparable=gen_comparable, paper_params=paper,
+                          reference_top1=(cls_reference["logreg_top1"], "logistic-regression")
+                          if cls_reference and cls_reference.get("computed") else None)
     cls_keys = ["top1", "top5", "loss", "plateau_spread"]
     gen_keys = ["fid", "kid_mean", "inception_score", "precision", "recall"]
     gains = tables.gains()
+    ablation_gains = {k: tables.ablation_gains(k) for k in ("table3", "table4")}
+    claims = tables.claims()
+    table1, table2 = tables.table1(), tables.table2()
+    decomposition, family = tables.decomposition(), tables.family()
+    family_decomposition = tables.family_decomposition()
+    ablations = {k: tables.ablation(k) for k in ("table3", "table4")}
+    summary_rows = summary(tables, gains, ablation_gains, claims)
+    used = {status_key(r["status"]) for r in summary_rows}
+    measured_cell = lambda c: c["ours"] is not None or c["stale"] is not None  # noqa: E731
+    cls_frame = runs_frame(cls, params["cls_runs"], params["models"], cls_keys, params["cls_shape"])
+    gen_frame = runs_frame(gen, params["gen_runs"], params["models"], gen_keys, params["gen_shape"])
+    for frame, branch in ((cls_frame, "cls"), (gen_frame, "gen")):
+        if len(frame):
+            frame["convergence"] = ["; ".join(f.removeprefix(f"{run} ") for f in tables.convergence(branch, run)) or "—"
+                                    for run in frame["run"]]
     environment = describe_environment(root)
     run_metrics = {"cls": {n: r.metrics for n, r in cls.items()}, "gen": {n: r.metrics for n, r in gen.items()}}
     return {
@@ -144,37 +220,69 @@ def build_context(root: Path) -> Dict[str, Any]:
         "gen_comparable": gen_comparable,
         "knobs": knobs,
         "sources": reference["sources"],
-        "claims": tables.claims(),
+        "unverified": reference["unverified"],
+        "claims": claims,
+        "summary": summary_rows,
+        "statuses": [{"status": k, "meaning": v, "used": k in used} for k, v in STATUSES.items()],
+        "readout_rule": tables.readout_rule,
+        "comparisons": tables.comparisons,
+        "flat_top1_points": FLAT_TOP1_POINTS,
+        "flat_loss_fraction": FLAT_LOSS_FRACTION,
+        "recipe_knobs": recipe_knobs(params, paper),
+        "folded": {
+            "table1": fold(table1, lambda r: measured_cell(r["top1"]), lambda r: r["model"], lambda r: [r["run"]], tables),
+            "compute": fold(table1, lambda r: r["params_m"]["ours"] is not None, lambda r: r["model"],
+                            lambda r: [r["run"]], tables),
+            "decomposition": fold(decomposition, lambda r: r["ours"] is not None or bool(r["stale"]),
+                                  lambda r: r["model"], lambda r: r["runs"].split(" − "), tables),
+            "table2": fold(table2, lambda r: measured_cell(r["fid"]), lambda r: r["model"], lambda r: [r["run"]], tables),
+            "gains": fold(gains, lambda r: r["ours"] is not None or bool(r["stale"]), lambda r: r["model"],
+                          lambda r: [x["run"] for t in ("table1", "table2") for x in reference[t]["rows"]
+                                     if x["model"] == r["model"]], tables),
+            **{k: fold(ablations[k], lambda r: measured_cell(r["top1"]) or measured_cell(r["fid"]),
+                       lambda r: r["variant"], lambda r: [r["cls_run"], r["gen_run"]], tables) for k in ablations},
+            **{f"{k}_gains": fold(ablation_gains[k], lambda r: r["ours"] is not None or bool(r["stale"]),
+                                  lambda r: f"{r['model']} ({'top-1' if r['metric'] == 'top1' else 'FID'})",
+                                  lambda r: r["runs"].split(" − "), tables) for k in ablation_gains},
+            "family": fold(family, lambda r: any(r[k] is not None or r[f"{k}_stale"] for k in ("top1", "fid")),
+                           lambda r: r["label"], lambda r: [r["cls_run"], r["gen_run"]], tables),
+            "family_decomposition": fold(family_decomposition, lambda r: r["ours"] is not None or bool(r["stale"]),
+                                         lambda r: f"{r['branch']}: {r['part']}", lambda r: r["runs"].split(" − "),
+                                         tables),
+        },
         "calibration": {**calibration_section(root, params["scale"]), "dir": params["calibrate"]["dir"]},
-        "table1": tables.table1(),
-        "decomposition": tables.decomposition(),
+        "table1": table1,
+        "decomposition": decomposition,
         "recipes_collapse": recipes_collapse(params),
         "complexity_tolerance": params["report"]["complexity_tolerance"],
-        "table2": tables.table2(),
+        "table2": table2,
         "fid_protocol_text": fid_protocol_text(reference["fid_protocol"]),
         "dit_original": [{"model": r["model"], "fid": r["fid"][0], "source": r["fid"][1]}
                          for r in reference["dit_original"]],
-        "table3": tables.ablation("table3"),
-        "table4": tables.ablation("table4"),
-        **{f"{k}_gains": tables.ablation_gains(k) for k in ("table3", "table4")},
+        "table3": ablations["table3"],
+        "table4": ablations["table4"],
+        **{f"{k}_gains": v for k, v in ablation_gains.items()},
         "ablation_reference": {k: tables.reference_row(k)["variant"] for k in ("table3", "table4")},
         "titles": {k: reference[k]["title"] for k in ("table1", "table2", "table3", "table4", "family")},
-        "family": tables.family(),
-        "family_decomposition": tables.family_decomposition(),
+        "family": family,
+        "family_decomposition": family_decomposition,
         "family_on": any(r["cls_run"] in params["cls_runs"] or r["gen_run"] in params["gen_runs"]
                          for r in reference["family"]["rows"]),
         "family_command": FAMILY_COMMAND,
         "family_seeds": params["family_seeds"],
         "attention_cost_config": (attention_cost or {}).get("config") or params["attention_cost"],
-        "cls_runs": runs_frame(cls, params["cls_runs"], params["models"], cls_keys, params["cls_shape"]).to_dict("records"),
-        "gen_runs": runs_frame(gen, params["gen_runs"], params["models"], gen_keys, params["gen_shape"]).to_dict("records"),
+        "run_metrics": {"cls": [RUN_COLUMNS[k] for k in cls_keys], "gen": [RUN_COLUMNS[k] for k in gen_keys]},
+        "cls_runs": cls_frame.rename(columns=RUN_COLUMNS).to_dict("records"),
+        "gen_runs": gen_frame.rename(columns=RUN_COLUMNS).to_dict("records"),
         "fid_extractor": params["prepare_gen"]["fid_extractor"],
         "num_samples": params["sampling"]["num_samples"],
-        "complexity": [{"model": name, **{k: f"{v:.3f}" for k, v in fig.items()}} for name, fig in complexity.items()],
+        "complexity": [{"model": name, **{COMPLEXITY_COLUMNS.get(k, k): f"{v:.3f}" for k, v in fig.items()}}
+                       for name, fig in complexity.items()],
         "cls_curves": [(name, curves_png(name, r.curves, CLS_CURVES, xlabel="epoch", references=reference_line),
                         r.stale) for name, r in cls.items()],
         "gen_curves": [(name, curves_png(name, r.curves, GEN_CURVES, xlabel="step"), r.stale) for name, r in gen.items()],
         "grids": [(name, sorted(r.grids.items()), r.stale) for name, r in gen.items() if r.grids or r.stale],
+        "real_grid": real_grid(root / "data" / "gen"),
         "params_yaml": yaml.safe_dump({k: params[k] for k in ["scale", *RECIPE_SECTIONS, "cls_runs", "gen_runs"]
                                        if k in params}, sort_keys=False),
     }
@@ -204,9 +312,9 @@ def machines(root: Path) -> List[Dict[str, str]]:
 # The tables whose every number follows from DVC-tracked results: reports/results.json, the report stage's DVC
 # output (its hash reproduces). The page, the CSV / Markdown and the claims (which quote wall times and name this
 # CPU) are the run's record, written beside it and kept out of dvc.lock.
-RESULT_TABLES = ["stale", "table1", "decomposition", "table2", "table3", "table4", "gains", "table3_gains",
+RESULT_TABLES = ["summary", "stale", "table1", "decomposition", "table2", "table3", "table4", "gains", "table3_gains",
                  "table4_gains", "family", "family_decomposition", "cls_runs", "gen_runs"]
-EXPORTED_TABLES = ["stale", "table1", "decomposition", "table2", "table3", "table4", "gains", "table3_gains",
+EXPORTED_TABLES = ["summary", "stale", "table1", "decomposition", "table2", "table3", "table4", "gains", "table3_gains",
                    "table4_gains", "family", "family_decomposition", "claims", "cls_runs", "gen_runs", "complexity"]
 
 
@@ -216,6 +324,11 @@ def render_report(root: str | Path = ".", out: str | Path = "reports/index.html"
     env = Environment(loader=PackageLoader("vcarepro", "templates"), autoescape=select_autoescape(["html", "j2"]),
                       trim_blocks=True, lstrip_blocks=True)
     env.filters["verdict_class"] = verdict_class
+    # a convergence flag's kind, for the one-line mark ("... seed 2: ends below the ... reference" -> "below reference")
+    env.filters["flagseed"] = lambda flag: flag.split(":")[0]  # "deit_tiny-mhsa seed 2"
+    env.filters["flagword"] = lambda flag: ("below reference" if "below" in flag else
+                                            "not flattened" if "flattened" in flag else "loss still falling")
+    env.filters["status_class"] = lambda status: status_key(status).replace(" ", "-").replace(",", "")
     context = build_context(root)
     out.parent.mkdir(parents=True, exist_ok=True)
     written = write_tables({name: context[name] for name in EXPORTED_TABLES}, out.parent / "tables")

@@ -1,0 +1,169 @@
+"""The report's answer first: one row per claim of the paper, one status from a fixed vocabulary.
+
+A row is an abstract claim or a headline row of Tables 1-4 (VCA minus its baseline per backbone and
+generator, and per ablation table whether VCA's own variant is the best). Each row is computed from
+the tables below it in the report (``TableBuilder``), never written by hand; its status is one of
+``STATUSES``, and each status is defined there once for the page's legend.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+from ..metrics.intervals import ONE_SEED, OPPOSITE, SAME
+from .tables import TableBuilder
+
+REPRODUCED = "reproduced"
+NOT_REPRODUCED = "not reproduced"
+SAME_DIRECTION = "same direction, size not comparable"
+OPPOSITE_DIRECTION = "opposite direction"
+NOT_RESOLVED = "not resolved with {n} seeds"
+NOT_RUN = "not run at this scale"
+NOT_TESTABLE = "not testable here"
+STALE = "stale"
+
+# Each status once, for the legend beside the summary (the not-resolved one with n in words).
+STATUSES = {
+    REPRODUCED: "at the paper's scale and protocol, ours is within the stated tolerance of the paper's value "
+                "(compute claims: as the claim words it, counted at the paper's shape)",
+    NOT_REPRODUCED: "at the paper's scale and protocol (or for a compute count), ours is outside that tolerance",
+    SAME_DIRECTION: "measured at a scale whose sizes cannot be compared with the paper's: our 95% interval, after "
+                    "Holm's correction over its table, excludes zero on the paper's side",
+    OPPOSITE_DIRECTION: "our corrected interval excludes zero on the other side from the paper's",
+    NOT_RESOLVED.format(n="n"): "our interval (or its Holm correction) includes zero, or a side has a single "
+                                "seed and no error estimate",
+    NOT_RUN: "the runs this row needs are not in this scale's matrix; the row says how to run them",
+    NOT_TESTABLE: "the paper gives no value to compare with, or the quantity is not one this pipeline measures",
+    STALE: "the numbers on disk were produced by other params; the row names the stage to re-run",
+}
+# For a claim over several rows: the status of its weakest measured row (first in this order).
+WEAKEST_FIRST = [STALE, OPPOSITE_DIRECTION, NOT_REPRODUCED, "not resolved", SAME_DIRECTION, REPRODUCED]
+
+
+def status_key(status: str) -> str:
+    """The legend entry of a status ("not resolved with 3 seeds" -> "not resolved with n seeds")."""
+    return NOT_RESOLVED.format(n="n") if status.startswith("not resolved") else status
+
+
+def _rank(status: str) -> int:
+    for i, prefix in enumerate(WEAKEST_FIRST):
+        if status.startswith(prefix):
+            return i
+    return len(WEAKEST_FIRST)
+
+
+def gain_status(row: Dict[str, Any], comparable: bool, tolerance: float) -> str:
+    """The status of one difference row (``TableBuilder._gain_row``), from its Holm-corrected verdict."""
+    if row.get("stale"):
+        return STALE
+    if row["ours_value"] is None:
+        return NOT_RUN
+    if row["paper_value"] is None:
+        return NOT_TESTABLE
+    if comparable:
+        return REPRODUCED if abs(row["ours_value"] - row["paper_value"]) <= tolerance else NOT_REPRODUCED
+    verdict = row["direction"] or ""
+    if verdict == SAME:
+        return SAME_DIRECTION
+    if verdict == OPPOSITE:
+        return OPPOSITE_DIRECTION
+    if verdict == ONE_SEED:
+        return NOT_RESOLVED.format(n=1).replace("1 seeds", "1 seed")
+    return verdict if verdict.startswith("not resolved") else NOT_TESTABLE
+
+
+def combine(statuses: Sequence[str]) -> str:
+    """A claim over several rows: not run if none was measured, else the weakest measured row's status."""
+    measured = [s for s in statuses if s not in (NOT_RUN, NOT_TESTABLE)]
+    if not measured:
+        return NOT_RUN if NOT_RUN in statuses else NOT_TESTABLE
+    return min(measured, key=_rank)
+
+
+def _span(values: Sequence[float], digits: int = 1) -> str:
+    values = sorted(values)
+    if not values:
+        return ""
+    lo, hi = values[0], values[-1]
+    return f"{lo:+.{digits}f}" if abs(hi - lo) < 10 ** -digits / 2 else f"{lo:+.{digits}f} to {hi:+.{digits}f}"
+
+
+def _paper_sources(rows: Sequence[Dict[str, Any]]) -> str:
+    return "/".join(dict.fromkeys(s for r in rows if r["source"] for s in r["source"].split("/")))
+
+
+def _row(claim: str, source: Optional[str], members: Sequence[Dict[str, Any]], tables: TableBuilder,
+         comparable: bool, tolerance: float, paper_text: Optional[str] = None, section: str = "",
+         runs: Sequence[str] = ()) -> Dict[str, Any]:
+    statuses = [gain_status(r, comparable, tolerance) for r in members]
+    status = combine(statuses)
+    measured = [r for r, s in zip(members, statuses) if r["ours_value"] is not None and not r.get("stale")]
+    with_paper = [r for r in members if r["paper_value"] is not None]
+    if len(measured) == 1:
+        ours = measured[0]["ours"]
+    elif measured:
+        ours = f"{_span([r['ours_value'] for r in measured], 2)} ({len(measured)} of {len(members)} measured)"
+    else:
+        ours = None
+    not_run = [r for r, s in zip(members, statuses) if s == NOT_RUN]
+    notes, command = [], None
+    if not_run and measured:
+        notes.append("not run at this scale: " + ", ".join(r["model"] for r in not_run))
+    if status == NOT_RUN or (not_run and measured):
+        command = tables.how_to_run(runs)
+    if status == STALE:
+        notes.append("; ".join(r["direction"] for r in members if r.get("stale")))
+    flags = list(dict.fromkeys(f for r in measured for f in r.get("flags") or []))
+    # a claim with its own source (the abstract) is as verified as that source; else as its rows' values
+    unverified = source in tables.unverified if source else any(r.get("unverified") for r in with_paper)
+    return {"section": section, "claim": claim,
+            "paper": paper_text or (_span([r["paper_value"] for r in with_paper]) if with_paper else None),
+            "source": source or _paper_sources(with_paper) or None, "unverified": bool(unverified),
+            "ours": ours, "scale": tables.scale if ours is not None else None, "status": status,
+            "note": "; ".join(notes) or None, "command": command, "flags": flags}
+
+
+def summary(tables: TableBuilder, gains: List[Dict[str, Any]], ablation_gains: Dict[str, List[Dict[str, Any]]],
+            claims: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Every claim row of the summary, computed from the report's own tables (see the module docstring)."""
+    ref = tables.ref
+    tol_top1, tol_fid = tables.tol_top1, tables.tol_fid
+    rows: List[Dict[str, Any]] = []
+    # the abstract's compute claims, measured at the paper's shape (never scale-dependent)
+    for c in claims:
+        status = {"holds": REPRODUCED, "does not hold": NOT_REPRODUCED}.get(c["verdict"], NOT_TESTABLE)
+        rows.append({"section": "abstract", "claim": c["claim"], "paper": c.get("paper"),
+                     "source": c["source"], "unverified": c["source"] in tables.unverified,
+                     "ours": c["evidence"] if status != NOT_TESTABLE else None,
+                     "scale": "paper shape" if status != NOT_TESTABLE else None, "status": status,
+                     "note": c.get("tolerance") if status != NOT_TESTABLE else c["evidence"], "command": None,
+                     "flags": []})
+    by_table = {"table1": [g for g in gains if g["metric"] == "top1"], "table2": [g for g in gains if g["metric"] == "fid"]}
+    for claim in ref.get("headline_claims", []):
+        members = [g for g in by_table[claim["table"]] if not claim.get("models") or g["model"] in claim["models"]]
+        metric_tol = tol_top1 if claim["table"] == "table1" else tol_fid
+        comparable = tables.cls_comparable if claim["table"] == "table1" else tables.gen_comparable
+        runs = [r["run"] for r in ref[claim["table"]]["rows"]
+                if not claim.get("models") or r["model"] in claim["models"]]
+        rows.append(_row(claim["claim"], claim.get("source"), members, tables, comparable, metric_tol,
+                         paper_text=claim.get("paper"), section="abstract", runs=runs))
+    # Tables 1 and 2, one row per model with a paper value or a measurement: VCA minus baseline
+    for table, label, unit, comparable, tol in (
+            ("table1", "Table 1", "top-1", tables.cls_comparable, tol_top1),
+            ("table2", "Table 2", "FID", tables.gen_comparable, tol_fid)):
+        for g in by_table[table]:
+            if g["paper_value"] is None and g["ours_value"] is None and not g.get("stale"):
+                continue
+            runs = [r["run"] for r in ref[table]["rows"] if r["model"] == g["model"]]
+            rows.append(_row(f"{g['model']}: VCA minus baseline, {unit}", None, [g], tables, comparable, tol,
+                             section=label, runs=runs))
+    # Tables 3 and 4: VCA's own variant (the reference row) is the best, per branch
+    for name in ("table3", "table4"):
+        reference = tables.reference_row(name)["variant"]
+        for metric, unit, comparable, tol in (("top1", "DeiT-T top-1", tables.cls_comparable, tol_top1),
+                                              ("fid", "DiT-S/2 FID", tables.gen_comparable, tol_fid)):
+            members = [g for g in ablation_gains[name] if g["metric"] == metric]
+            runs = [run for g in members for run in g["runs"].split(" − ")]
+            rows.append(_row(f"{ref[name]['title']}: each other variant minus {reference}, {unit} "
+                             f"(the paper: every one worse)",
+                             None, members, tables, comparable, tol, section=f"Table {name[-1]}", runs=runs))
+    return rows

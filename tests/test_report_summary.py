@@ -1,0 +1,214 @@
+"""The report answers first: a summary of every claim with one status, one read-out, honest marks and intervals."""
+from __future__ import annotations
+
+import csv
+import json
+import re
+
+import yaml
+
+from vcarepro.config import compose
+from vcarepro.report.figures import gains_png
+from vcarepro.report.render import render_report
+from vcarepro.report.summary import (NOT_RESOLVED, NOT_RUN, NOT_TESTABLE, REPRODUCED, SAME_DIRECTION, STATUSES,
+                                     combine, status_key)
+
+from test_report import add_vca_and_baseline, project, vouch, write_seeds  # noqa: F401  (project: a fixture)
+
+
+def summary_rows(project):
+    with open(project / "reports" / "tables" / "summary.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_the_summary_is_the_first_section_and_holds_one_row_per_claim(project):
+    add_vca_and_baseline(project)
+    html = render_report(project, project / "reports" / "index.html").read_text()
+    headings = re.findall(r"<h2[^>]*>(.*?)</h2>", html)
+    assert headings[0] == "Summary: what reproduced"
+    rows = summary_rows(project)
+    claims = [r["claim"] for r in rows]
+    # every abstract claim, each backbone of Table 1 and each Table 2 pair with a paper value, Tables 3 and 4
+    for text in ("VCA adds fewer than 0.3M parameters to DeiT-T", "VCA adds no FLOPs", "complexity O(N n C) with n << N",
+                 "VCA lifts DeiT-T from 72.2 to 75.6 top-1", "VCA lowers FID-50K by 2.1 to 5.2 across DiT and SiT",
+                 "DeiT-T: VCA minus baseline, top-1", "CSwin-T: VCA minus baseline, top-1",
+                 "DiT-S/2: VCA minus baseline, FID", "SiT-B/2: VCA minus baseline, FID"):
+        assert text in claims, text
+    assert sum(c.startswith(("Stage ablation", "Contrast-token generation")) for c in claims) == 4
+    assert "DiT-S/8: VCA minus baseline, FID" not in claims  # no paper value and not run: not a claim
+    # one status per row, from the fixed vocabulary, each defined once on the page
+    assert {status_key(r["status"]) for r in rows} <= set(STATUSES)
+    legend = html[html.index("<strong>Statuses</strong>"):html.index("</ul>", html.index("<strong>Statuses</strong>"))]
+    for status in STATUSES:
+        assert legend.count(f">{status}</span>") == 1, status
+    by_claim = {r["claim"]: r for r in rows}
+    # compute claims keep their tolerance in words; they are measured at the paper's shape at every scale
+    flops = by_claim["VCA adds no FLOPs"]
+    assert flops["status"] == REPRODUCED and "equal at one decimal" in flops["note"] and flops["scale"] == "paper shape"
+    # the embedded DeiT-T gain resolves (+28.25 [+14.81, +41.69]) but its size is not comparable
+    deit = by_claim["DeiT-T: VCA minus baseline, top-1"]
+    assert deit["status"] == SAME_DIRECTION and deit["paper"] == "+3.4" and deit["scale"] == "embedded"
+    assert deit["ours"].startswith("+28.25 [+14.81, +41.69]")
+    # backbones not in this scale's matrix: not run, with the command that runs them
+    pvt = by_claim["PVT-T: VCA minus baseline, top-1"]
+    assert pvt["status"] == NOT_RUN and "scale=paper" in pvt["command"]
+    # a claim over several rows: the weakest measured one, and how many were measured
+    fid = by_claim["VCA lowers FID-50K by 2.1 to 5.2 across DiT and SiT"]
+    assert fid["status"] == NOT_RUN and fid["source"] == "A"
+
+
+def test_a_claim_over_several_rows_takes_its_weakest_measured_row():
+    assert combine([SAME_DIRECTION, NOT_RUN, REPRODUCED]) == SAME_DIRECTION
+    assert combine([SAME_DIRECTION, NOT_RESOLVED.format(n=3)]) == "not resolved with 3 seeds"
+    assert combine([SAME_DIRECTION, "opposite direction", NOT_RESOLVED.format(n=3)]) == "opposite direction"
+    assert combine([NOT_RUN, NOT_TESTABLE]) == NOT_RUN and combine([NOT_TESTABLE]) == NOT_TESTABLE
+
+
+def test_one_read_out_at_embedded_scale_and_the_sources_at_paper_scale(project):
+    # embedded: VCA's best epoch (90.5) is never used; the cell, the gain and its interval are final-epoch numbers
+    add_vca_and_baseline(project)
+    html = render_report(project, project / "reports" / "index.html").read_text()
+    assert "the final epoch&#39;s weights, for every run, cell, difference and interval" in html
+    assert "90.5" not in html and "+28.25 [+14.81, +41.69]" in html
+    gains = json.loads((project / "reports" / "results.json").read_text())["gains"]
+    deit = next(g for g in gains if g["model"] == "DeiT-T")
+    assert deit["ours_value"] == 88.25 - 60.0
+    # paper scale: each row is read as its source reports it, the difference too (VCA best epoch minus DeiT final)
+    params = compose(["scale=paper"])
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    for run, top1, best in (("deit_tiny-mhsa", [72.0, 72.4], [72.5, 72.9]), ("deit_tiny-vca", [75.0, 75.2], [75.5, 75.9])):
+        path = project / "runs" / "cls" / run
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "metrics.json").write_text(json.dumps({
+            "top1": sum(top1) / 2, "top1_std": 0.28, "n_seeds": 2, "top1_best": sum(best) / 2, "top1_best_std": 0.28,
+            **{f"top1_seed{i}": v for i, v in enumerate(top1)}, **{f"top1_best_seed{i}": v for i, v in enumerate(best)}}))
+        vouch(project, "cls", run)
+    html = render_report(project, project / "reports" / "index.html").read_text()
+    assert "each row is read as its source reports it" in html
+    table = html[html.index("<h3>Accuracy</h3>"):html.index("<h3>Parameters")]
+    vca = table[table.index('<td>DeiT-T<div class="note">VCA</div>'):]
+    assert "75.7" in vca[:vca.index("</tr>")] and "best epoch" in vca[:vca.index("</tr>")]
+    gains = json.loads((project / "reports" / "results.json").read_text())["gains"]
+    deit = next(g for g in gains if g["model"] == "DeiT-T")
+    assert abs(deit["ours_value"] - (75.7 - 72.2)) < 1e-9  # best (VCA) minus final (baseline), as the sources
+
+
+def test_a_seed_that_did_not_converge_is_flagged_in_the_runs_table_and_every_interval_it_enters(project):
+    add_vca_and_baseline(project)
+    (project / "metrics" / "cls_reference.json").write_text(json.dumps({
+        "computed": True, "logreg_top1": 61.0, "method": "logistic regression", "n_train": 10, "n_val": 10}))
+    run = project / "runs" / "cls" / "deit_tiny-mhsa" / "metrics.json"
+    metrics = json.loads(run.read_text())
+    metrics.update(plateau_spread_seed0=0.4, plateau_spread_seed1=3.5)  # seed 1 still moving by 3.5 points
+    run.write_text(json.dumps(metrics))
+    vouch(project, "cls", "deit_tiny-mhsa")
+    html = render_report(project, project / "reports" / "index.html").read_text()
+    runs = html[html.index('<h2 id="runs">'):html.index("<h2>Generation runs")]
+    row = runs[runs.index("<code>deit_tiny-mhsa</code>"):]
+    row = row[:row.index("</tr>")]
+    # seed 0 ends at 58 < 61 (below the reference); seed 1 at 62 has not flattened
+    assert "seed 0: ends below the logistic-regression reference (58.0 &lt; 61.0)" in row
+    assert "seed 1: not flattened (last 3 evaluations span 3.5 points)" in row
+    vca = runs[runs.index("<code>deit_tiny-vca</code>"):]
+    assert 'class="flag"' not in vca[:vca.index("</tr>")]  # 87.2 and 89.3: above it, no spread recorded
+    gain = html[html.index("What VCA brings"):]
+    gain = gain[gain.index("<td>DeiT-T<"):]
+    gain = gain[:gain.index("</tr>")]
+    assert "2 seeds flagged: below reference, not flattened" in gain  # seed 0 and seed 1, one flag each
+    deit = next(r for r in summary_rows(project) if r["claim"] == "DeiT-T: VCA minus baseline, top-1")
+    assert "deit_tiny-mhsa seed 1: not flattened" in deit["flags"]
+
+
+def test_second_hand_paper_values_are_marked_and_so_is_every_verdict_against_one(project):
+    html = render_report(project, project / "reports" / "index.html").read_text()
+    compute = html[html.index("<h3>Parameters and GMACs"):html.index("Where the gain comes from")]
+    row = compute[compute.index('<td>DeiT-T<div class="note">VCA</div>'):]
+    row = row[:row.index("</tr>")]
+    # 6.0M is from third-party notes [N]: marked unverified, and so is the "matches" against it
+    assert '6.00<span class="src">[N]</span><span class="unv"' in row and "matches paper (unverified value)" in row
+    accuracy = html[html.index("<h3>Accuracy</h3>"):html.index("<h3>Parameters")]
+    vca = accuracy[accuracy.index('<td>DeiT-T<div class="note">VCA</div>'):]
+    assert '75.6<span class="src">[A]</span><div' in vca  # the abstract's value: no mark
+    # the legend of the marks sits in the summary, before the first mark of a table
+    assert html.index("<strong>Sources of the paper's numbers</strong>") < html.index('<span class="src">')
+
+
+def test_the_gains_figure_draws_only_what_was_measured_in_panels_of_its_own():
+    row = {"metric": "top1", "label": "DeiT-T", "paper_value": 3.4, "ours_value": 2.0, "ours_low": 1.0,
+           "ours_high": 3.0, "scale": "embedded"}
+    assert gains_png([dict(row, ours_value=None, ours_low=None, ours_high=None)]) is None  # nothing measured
+    import matplotlib.pyplot as plt
+    drawn = []
+    real = plt.subplots
+
+    def spy(*args, **kwargs):
+        fig, axes = real(*args, **kwargs)
+        drawn.append(axes)
+        return fig, axes
+
+    plt.subplots = spy
+    try:
+        assert gains_png([row, dict(row, label="PVT-T", ours_value=None, ours_low=None, ours_high=None)])
+    finally:
+        plt.subplots = real
+    (paper, ours), = drawn[0]
+    # the paper's bar and our interval on separate axes; the unmeasured PVT-T is not drawn as a zero
+    assert [t.get_text() for t in paper.get_yticklabels()] == ["DeiT-T"]
+    assert len(paper.patches) == 1 and len(ours.patches) == 0 and ours.lines
+    assert paper.get_title().startswith("paper") and ours.get_title().startswith("ours (embedded")
+
+
+def test_changes_since_head_is_one_sentence_when_every_row_is_new(monkeypatch):
+    from pathlib import Path
+
+    from vcarepro.report import changes
+    params = compose([])
+    monkeypatch.setattr(changes, "_params_at", lambda rev, root: params)
+    monkeypatch.setattr(changes, "_metrics_at", lambda rev, root, targets: {t: {} for t in targets})
+    run_metrics = {"cls": {"deit_tiny-vca": {"top1": 70.0, "top5": 99.0}, "deit_tiny-mhsa": {"top1": 60.0}}, "gen": {}}
+    out = changes.changes_since(Path("."), params, run_metrics)
+    assert out["metrics"] == [] and out["metrics_sentence"] == (
+        "All 3 headline metrics that differ, of 2 runs, are absent at HEAD (new since then); none changed value.")
+
+
+def test_sample_grids_are_captioned_with_run_and_seed_beside_real_training_images(project):
+    import numpy as np
+    from PIL import Image
+    from safetensors.numpy import save_file
+    gen = project / "data" / "gen"
+    gen.mkdir(parents=True)
+    images = np.arange(40 * 4 * 4, dtype=np.uint8).reshape(40, 1, 4, 4)
+    save_file({"images": images, "labels": np.repeat(np.arange(4), 10), "num_classes": np.array(4)},
+              str(gen / "train.safetensors"))
+    (gen / "meta.json").write_text(json.dumps({"kind": "pixels"}))
+    samples = project / "runs" / "gen" / "dit_s2-vca" / "samples"
+    samples.mkdir(parents=True)
+    for seed in (0, 1):
+        Image.new("L", (33, 41), 128).save(samples / f"grid_seed_{seed}.png")
+    (samples.parent / "metrics.json").write_text(json.dumps({"fid": 30.0, "fid_std": 1.0, "n_seeds": 2}))
+    vouch(project, "gen", "dit_s2-vca")
+    html = render_report(project, project / "reports" / "index.html").read_text()
+    section = html[html.index("<h2>Samples"):html.index("<h2>Parameters of this run")]
+    assert "<figcaption><code>dit_s2-vca</code>, seed 0</figcaption>" in section
+    assert "<figcaption><code>dit_s2-vca</code>, seed 1</figcaption>" in section
+    uri = re.search(r'<img alt="training images" src="data:image/png;base64,([^"]+)"', section).group(1)
+    import base64
+    import io
+    grid = np.asarray(Image.open(io.BytesIO(base64.b64decode(uri))))
+    # four classes (rows) of eight images of 4x4 with one pixel of padding, as sample_gen lays out its grids
+    assert grid.shape == (4 * 5 + 1, 8 * 5 + 1)
+    assert (grid[1:5, 1:5] == images[0, 0]).all() and (grid[6:10, 1:5] == images[10, 0]).all()
+    (gen / "meta.json").write_text(json.dumps({"kind": "latents"}))
+    html = render_report(project, project / "reports" / "index.html").read_text()
+    assert 'alt="training images"' not in html and "train on VAE latents at this scale" in html
+
+
+def test_every_glossary_link_has_its_entry_and_the_first_uses_link_to_it(project):
+    html = render_report(project, project / "reports" / "index.html").read_text()
+    links = set(re.findall(r'href="#(g-[^"]+)"', html))
+    ids = set(re.findall(r'id="(g-[^"]+)"', html))
+    assert links and links <= ids
+    for term in ("g-embedded-scale", "g-lab-recipe", "g-stage", "g-kid", "g-pm", "g-default-budget", "g-gmacs",
+                 "g-holm", "g-welch"):
+        assert term in ids and term in links, term
+    assert html.index('href="#g-embedded-scale"') < html.index('id="summary-table"')
