@@ -1,0 +1,84 @@
+"""The report read in a real browser (Chromium under Selenium) at 1400 and 800 px, offline."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from vcarepro.report.browser import check_page, open_browser
+from vcarepro.report.render import render_report
+
+from test_report import ROOT, add_vca_and_baseline, project, vouch, write_seeds  # noqa: F401  (project: a fixture)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def driver():
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        if os.environ.get("VCAREPRO_REQUIRE_BROWSER"):
+            pytest.fail("chromium or chromedriver is missing; .ci/run installs Debian's chromium and chromium-driver")
+        pytest.skip("chromium / chromedriver not installed (.ci/run installs them; VCAREPRO_REQUIRE_BROWSER=1 insists)")
+    browser = open_browser()
+    yield browser
+    browser.quit()
+
+
+def test_the_report_fits_both_widths_opens_offline_and_answers_first(project, driver):
+    add_vca_and_baseline(project)
+    write_seeds(project, "cls", "deit_tiny-vca-stage1_only", "top1", [70.0, 71.0])   # a Table 3 row with a conflict
+    for run, seeds in (("dit_s2-mhsa", [30.0, 31.0, 32.0]), ("dit_s2-vca", [29.0, 30.0, 31.5])):
+        write_seeds(project, "gen", run, "fid", seeds)
+    samples = project / "runs" / "gen" / "dit_s2-vca" / "samples"
+    samples.mkdir(parents=True)
+    from PIL import Image
+    Image.new("L", (73, 91), 128).save(samples / "grid_seed_0.png")
+    vouch(project, "gen", "dit_s2-vca")
+    page = render_report(project, project / "reports" / "index.html")
+    html = page.read_text()
+    shots = ROOT / "test-artifacts"   # screenshots for people, kept as test artefacts
+    result = check_page(page, shots=shots, driver=driver)
+    assert result["problems"] == []
+    for width, found in result["widths"].items():
+        assert found["first_h2"] == "Summary: what reproduced"
+        assert len(found["tables"]) == html.count("<table") >= 15
+        assert found["n_images"] == html.count("<img ") >= 4   # curves, gains, cost, samples
+        assert found["requests"] and all(u.startswith(("data:", page.as_uri())) for u in found["requests"])
+        assert found["column"] <= width
+    assert result["widths"][800]["column"] < 800 < result["widths"][1400]["column"] + 400
+    assert (shots / "report_1400.png").stat().st_size > 10_000 and (shots / "report_800.png").stat().st_size > 10_000
+
+
+BROKEN = """<!DOCTYPE html><html><head><meta charset="utf-8"></head><body><main>
+<h2>Calibration</h2><section id="summary"><h2>Summary</h2></section>
+<table><tr><td style="white-space:nowrap">{wide}</td></tr></table>
+<p style="width:120px">a <span class="scale">badge with several words in it</span> that wraps</p>
+<img alt="remote" src="http://cdn.example.invalid/vega.png">
+<script>console.error("boom")</script>
+</main></body></html>"""
+
+
+def test_the_browser_check_names_each_problem_a_reader_would_hit(tmp_path, driver):
+    page = tmp_path / "index.html"
+    page.write_text(BROKEN.format(wide="x" * 400))
+    problems = check_page(page, driver=driver)["problems"]
+    for width in (1400, 800):
+        at = [p for p in problems if p.startswith(f"at {width} px")]
+        assert any("the first section is 'Calibration', not the summary" in p for p in at), at
+        assert any("a table under 'Calibration' is" in p for p in at), at
+        assert any("a badge wraps: badge with several words in it" in p for p in at), at
+        assert any("an image did not load: remote" in p for p in at), at
+        assert any("requested http://cdn.example.invalid/vega.png" in p for p in at), at
+        assert any("the console says" in p and "boom" in p for p in at), at
+    assert any("scrolls sideways" in p for p in problems)
+
+
+def test_the_command_line_check_says_ok_or_names_the_missing_page(tmp_path, project, driver, capsys):
+    from vcarepro.report.browser import main
+    assert main([str(tmp_path / "nowhere.html")]) == 2
+    assert "does not exist; run `dvc repro` first" in capsys.readouterr().err
+    page = render_report(project, project / "reports" / "index.html")
+    assert main([str(page)]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("browser check: ok") and "800 px:" in out
