@@ -231,10 +231,11 @@ def test_table1_shows_each_backbones_rows_and_splits_the_gain_into_recipe_and_at
     rows = [r for r in split.split("<tr>") if "<td>DeiT-T</td>" in r]
     assert len(rows) == 3  # total, recipe, attention
     assert "+3.4" in rows[0] and "+28.25 [+14.81, +41.69]" in rows[0]  # 75.6 - 72.2; 88.25 - 60.0
-    # two comparisons with an interval (total, attention): Holm doubles the smaller p-value, 0.033 < 0.05
-    assert "same direction as paper (resolved)" in rows[0] and "(Holm over 2)" in split and "p (Holm) 0.033" in rows[0]
+    # total and attention compare the same two runs here (the twin is the baseline run): one comparison in Holm's m
+    assert "same direction as paper (resolved)" in rows[0] and "(Holm over 1)" in split and "p (Holm) 0.017" in rows[0]
     assert "recipe:" in rows[1] and "0 (the same run at this scale)" in rows[1]
     assert "attention:" in rows[2] and "+28.25 [+14.81, +41.69]" in rows[2] and "positive (resolved)" in rows[2]
+    assert "p (Holm) 0.017" in rows[2]
     assert "<td>CSwin-T</td>" not in split and "Not run at this scale (14 parts): DeiT-S, PVT-T, Swin-T, CSwin-T" in split
 
 

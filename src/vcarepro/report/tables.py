@@ -404,7 +404,9 @@ class TableBuilder:
                        "flags": [] if same else [*self.convergence("cls", a["run"]), *self.convergence("cls", b["run"])]}
                 if not same:
                     row["_tests"] = [_test(diff, "verdict", "seeds_note", "p_holm", stale,
-                                           paper_gain if total else SIGN)]
+                                           paper_gain if total else SIGN,
+                                           pair=(self.top1_key(stat(a))[0], ra and ra.name,
+                                                 self.top1_key(stat(b))[0], rb and rb.name))]
                 rows.append(row)
         return self._correct(rows, "decomposition")
 
@@ -493,7 +495,8 @@ class TableBuilder:
             "direction": None, "seeds_note": None, "p_holm": None,
             "stale": stale and stale.detail,
             "flags": [*self.convergence(branch, base and base.name), *self.convergence(branch, other and other.name)],
-            "_tests": [_test(diff, "direction", "seeds_note", "p_holm", stale, paper_gain)],
+            "_tests": [_test(diff, "direction", "seeds_note", "p_holm", stale, paper_gain,
+                             pair=(key_other, other and other.name, key_base, base and base.name))],
         }
 
     def _correct(self, rows: List[Dict[str, Any]], table: str) -> List[Dict[str, Any]]:
@@ -503,8 +506,17 @@ class TableBuilder:
         """
         entries = [(row, t) for row in rows for t in row.pop("_tests", [])]
         p_values = [None if t["diff"] is None or t["stale"] else t["diff"].p_value for _, t in entries]
-        decided, adjusted = holm(p_values), holm_adjusted(p_values)
-        self.comparisons[table] = sum(p is not None for p in p_values)
+        # each distinct comparison once: its first appearance carries its p-value into the correction
+        keys = [t["pair"] or i for i, (_, t) in enumerate(entries)]
+        first = {}
+        for i, (key, p) in enumerate(zip(keys, p_values)):
+            if p is not None:
+                first.setdefault(key, i)
+        distinct = [p if first.get(key) == i else None for i, (key, p) in enumerate(zip(keys, p_values))]
+        decided_once, adjusted_once = holm(distinct), holm_adjusted(distinct)
+        decided = [decided_once[first[k]] if k in first else None for k in keys]
+        adjusted = [adjusted_once[first[k]] if k in first else None for k in keys]
+        self.comparisons[table] = len(first)
         for (row, t), resolved, p_holm in zip(entries, decided, adjusted):
             if t["stale"] is not None:
                 row[t["verdict"]] = t["stale"].text
@@ -583,7 +595,8 @@ class TableBuilder:
                     diff = self._branch_difference(metric, a, b)
                     row[key] = None if diff is None else diff.text()
                     row["_tests"].append(_test(diff, f"{key}_verdict", f"{key}_note", f"{key}_p_holm",
-                                               self._branch_stale(metric, a, b), SIGN))
+                                               self._branch_stale(metric, a, b), SIGN,
+                                               pair=(metric, self._run_used(a), metric, self._run_used(b))))
             rows.append(row)
         return self._correct(rows, "family")
 
@@ -614,7 +627,9 @@ class TableBuilder:
                              "scale": None if diff is None else self.scale, "verdict": None, "seeds_note": None,
                              "p_holm": None, "stale": stale and stale.detail,
                              "flags": [*self.convergence(kind, a[run_key]), *self.convergence(kind, b[run_key])],
-                             "_tests": [_test(diff, "verdict", "seeds_note", "p_holm", stale, SIGN)]})
+                             "_tests": [_test(diff, "verdict", "seeds_note", "p_holm", stale, SIGN,
+                                              pair=(metric, self._run_used(a[run_key]), metric,
+                                                    self._run_used(b[run_key])))]})
         return self._correct(rows, "family_decomposition")
 
     def claims(self) -> List[Dict[str, str]]:
@@ -726,9 +741,14 @@ def _role(row: Dict[str, Any]) -> str:
 SIGN = object()  # a _test's paper gain where the difference has no paper counterpart: its sign is the verdict
 
 
-def _test(diff: Optional[Difference], verdict: str, note: str, p: str, stale: Optional[Stale], paper) -> Dict[str, Any]:
-    """One comparison of a table row, decided by TableBuilder._correct: where its verdict, note and p go."""
-    return {"diff": diff, "verdict": verdict, "note": note, "p": p, "stale": stale, "paper": paper}
+def _test(diff: Optional[Difference], verdict: str, note: str, p: str, stale: Optional[Stale], paper,
+          pair: Tuple = ()) -> Dict[str, Any]:
+    """One comparison of a table row, decided by TableBuilder._correct: where its verdict, note and p go.
+
+    ``pair`` names what is compared (read-out and run of each side): a comparison a table shows twice (the
+    family's "VCA minus MHSA" in both rows, a decomposition whose recipe part is zero) counts once in Holm's m.
+    """
+    return {"diff": diff, "verdict": verdict, "note": note, "p": p, "stale": stale, "paper": paper, "pair": pair}
 
 
 def sign(diff: Optional[Difference], resolved: Optional[bool] = None) -> str:
