@@ -212,3 +212,66 @@ def test_every_glossary_link_has_its_entry_and_the_first_uses_link_to_it(project
                  "g-holm", "g-welch"):
         assert term in ids and term in links, term
     assert html.index('href="#g-embedded-scale"') < html.index('id="summary-table"')
+
+
+def paper_scale_project(project, runs):
+    """The fixture at paper scale with the given gen runs' metrics (paper protocol unless overridden)."""
+    (project / "params.yaml").write_text(yaml.safe_dump(compose(["scale=paper"])))
+    protocol = {"sampler": "ddpm", "sampler_steps": 250, "cfg_scale": 1.0, "labels": "random",
+                "decoder": "stabilityai/sd-vae-ft-ema", "train_precision": "tf32", "reference": "adm",
+                "num_samples": 50000, "n_seeds": 1}
+    for run, metrics in runs.items():
+        (project / "runs" / "gen" / run).mkdir(parents=True, exist_ok=True)
+        (project / "runs" / "gen" / run / "metrics.json").write_text(json.dumps({**protocol, **metrics}))
+        vouch(project, "gen", run)
+    render_report(project, project / "reports" / "index.html")
+    return {r["claim"]: r for r in summary_rows(project)}
+
+
+def test_at_paper_scale_a_fid_is_judged_in_the_summary_only_where_both_runs_followed_the_protocol(project):
+    rows = paper_scale_project(project, {"dit_s2-mhsa": {"fid": 67.0}, "dit_s2-vca": {"fid": 62.5}})
+    assert rows["DiT-S/2: VCA minus baseline, FID"]["status"] == REPRODUCED   # -4.5 against -4.9, within 1.0
+    assert "judged against an unverified paper value" in rows["DiT-S/2: VCA minus baseline, FID"]["note"]  # [S]
+    rows = paper_scale_project(project, {"dit_s2-mhsa": {"fid": 67.0, "reference": "own"}, "dit_s2-vca": {"fid": 62.5}})
+    # the baseline used its own reference statistics: Table 2 says not comparable, and so does the summary
+    assert rows["DiT-S/2: VCA minus baseline, FID"]["status"] == "not resolved with 1 seed"
+
+
+def test_at_paper_scale_the_lab_recipe_baseline_is_read_as_its_differences_are(project):
+    (project / "params.yaml").write_text(yaml.safe_dump(compose(["scale=paper"])))
+    for run, final, best in (("deit_tiny-mhsa", 72.0, 72.3), ("deit_tiny-mhsa-lab", 73.0, 73.6),
+                             ("deit_tiny-vca", 75.0, 75.6)):
+        (project / "runs" / "cls" / run).mkdir(parents=True, exist_ok=True)
+        (project / "runs" / "cls" / run / "metrics.json").write_text(json.dumps(
+            {"top1": final, "top1_best": best, "n_seeds": 1}))
+        vouch(project, "cls", run)
+    html = render_report(project, project / "reports" / "index.html").read_text()
+    table = html[html.index("<h3>Accuracy</h3>"):html.index("<h3>Parameters")]
+    twin = table[table.index("<code>deit_tiny-mhsa-lab</code>"):]
+    assert "73.6" in twin[:twin.index("</tr>")]   # the lab's code reports the best epoch, as for its VCA row
+    decomposition = json.loads((project / "reports" / "results.json").read_text())["decomposition"]
+    recipe = next(r for r in decomposition if r["model"] == "DeiT-T" and r["part"].startswith("recipe"))
+    assert recipe["ours"].startswith("+1.60")   # 73.6 (best, as its cell) minus 72.0 (DeiT's final, as its cell)
+    attention = next(r for r in decomposition if r["model"] == "DeiT-T" and r["part"].startswith("attention"))
+    assert attention["ours"].startswith("+2.00")  # 75.6 - 73.6: both best epoch, as their cells
+
+
+def test_a_compute_claim_without_its_measurement_says_which_stage_measures_it(project):
+    (project / "metrics" / "complexity.json").unlink()
+    render_report(project, project / "reports" / "index.html")
+    rows = {r["claim"]: r for r in summary_rows(project)}
+    assert rows["VCA adds no FLOPs"]["status"] == NOT_RUN and rows["VCA adds no FLOPs"]["command"] == "dvc repro complexity"
+    assert rows["complexity O(N n C) with n << N"]["command"] == "dvc repro attention_cost"
+
+
+def test_a_flagged_seed_is_marked_on_the_family_differences_it_enters(project):
+    (project / "params.yaml").write_text(yaml.safe_dump(compose(["family=all"])))
+    (project / "metrics" / "cls_reference.json").write_text(json.dumps({
+        "computed": True, "logreg_top1": 85.0, "method": "logistic regression", "n_train": 10, "n_val": 10}))
+    write_seeds(project, "cls", "deit_tiny-mhsa", "top1", [80.0, 81.0, 82.0])   # every seed below 85
+    write_seeds(project, "cls", "deit_tiny-agent", "top1", [90.0, 91.0, 92.0])
+    html = render_report(project, project / "reports" / "index.html").read_text()
+    ours = html[html.index("<h3>Our runs</h3>"):]
+    row = ours[ours.index("<tr><td>Agent"):]
+    row = row[:row.index("</tr>")]
+    assert "3 seeds flagged: below reference" in row   # Agent minus MHSA rests on MHSA's three seeds

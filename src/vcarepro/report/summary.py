@@ -23,14 +23,15 @@ STALE = "stale"
 
 # Each status once, for the legend beside the summary (the not-resolved one with n in words).
 STATUSES = {
-    REPRODUCED: "at the paper's scale and protocol, ours is within the stated tolerance of the paper's value "
-                "(compute claims: as the claim words it, counted at the paper's shape)",
-    NOT_REPRODUCED: "at the paper's scale and protocol (or for a compute count), ours is outside that tolerance",
-    SAME_DIRECTION: "measured at a scale whose sizes cannot be compared with the paper's: our 95% interval, after "
-                    "Holm's correction over its table, excludes zero on the paper's side",
-    OPPOSITE_DIRECTION: "our corrected interval excludes zero on the other side from the paper's",
-    NOT_RESOLVED.format(n="n"): "our interval (or its Holm correction) includes zero, or a side has a single "
-                                "seed and no error estimate",
+    REPRODUCED: "at the paper's scale, recipe and protocol, our difference is within the stated tolerance of the "
+                "paper's (a point comparison, as the paper reports single runs; with several seeds, their mean); "
+                "compute claims: as the claim words it, counted at the paper's shape",
+    NOT_REPRODUCED: "at the paper's scale, recipe and protocol (or for a compute count), ours is outside that tolerance",
+    SAME_DIRECTION: "measured where sizes cannot be compared with the paper's: our difference is significant in the "
+                    "paper's direction (Welch's test, Holm-corrected over the comparisons of its table, family-wise 5%)",
+    OPPOSITE_DIRECTION: "significant in the same sense, on the other side from the paper's",
+    NOT_RESOLVED.format(n="n"): "not significant after that correction (its own 95% interval may still exclude zero: "
+                                "the row says so), or a side has a single seed and no error estimate",
     NOT_RUN: "the runs this row needs are not in this scale's matrix; the row says how to run them",
     NOT_TESTABLE: "the paper gives no value to compare with, or the quantity is not one this pipeline measures",
     STALE: "the numbers on disk were produced by other params; the row names the stage to re-run",
@@ -51,15 +52,19 @@ def _rank(status: str) -> int:
     return len(WEAKEST_FIRST)
 
 
-def gain_status(row: Dict[str, Any], comparable: bool, tolerance: float) -> str:
-    """The status of one difference row (``TableBuilder._gain_row``), from its Holm-corrected verdict."""
+def gain_status(row: Dict[str, Any], tolerance: float) -> str:
+    """The status of one difference row (``TableBuilder._gain_row``), from its Holm-corrected verdict.
+
+    Judged against the paper's size only where the row says both sides are comparable (paper scale, recipe and,
+    for FID, protocol); elsewhere only its direction counts.
+    """
     if row.get("stale"):
         return STALE
     if row["ours_value"] is None:
         return NOT_RUN
     if row["paper_value"] is None:
         return NOT_TESTABLE
-    if comparable:
+    if row["comparable"]:
         return REPRODUCED if abs(row["ours_value"] - row["paper_value"]) <= tolerance else NOT_REPRODUCED
     verdict = row["direction"] or ""
     if verdict == SAME:
@@ -92,22 +97,27 @@ def _paper_sources(rows: Sequence[Dict[str, Any]]) -> str:
 
 
 def _row(claim: str, source: Optional[str], members: Sequence[Dict[str, Any]], tables: TableBuilder,
-         comparable: bool, tolerance: float, paper_text: Optional[str] = None, section: str = "",
+         tolerance: float, paper_text: Optional[str] = None, section: str = "",
          runs: Sequence[str] = ()) -> Dict[str, Any]:
-    statuses = [gain_status(r, comparable, tolerance) for r in members]
+    statuses = [gain_status(r, tolerance) for r in members]
     status = combine(statuses)
-    measured = [r for r, s in zip(members, statuses) if r["ours_value"] is not None and not r.get("stale")]
+    # what the status rests on: the measured rows that have a paper value to compare with
+    measured = [r for r, s in zip(members, statuses) if s not in (NOT_RUN, NOT_TESTABLE, STALE)]
     with_paper = [r for r in members if r["paper_value"] is not None]
-    if len(measured) == 1:
+    if len(members) == 1 and measured:
         ours = measured[0]["ours"]
-    elif measured:
-        ours = f"{_span([r['ours_value'] for r in measured], 2)} ({len(measured)} of {len(members)} measured)"
+    elif measured:  # each row's own difference and interval, not a range of point estimates
+        ours = "; ".join(f"{r['model']}: {r['ours']}" for r in measured)
     else:
         ours = None
     not_run = [r for r, s in zip(members, statuses) if s == NOT_RUN]
     notes, command = [], None
+    if len(members) > 1 and measured:
+        notes.append(f"{len(measured)} of {len(members)} rows measured")
     if not_run and measured:
         notes.append("not run at this scale: " + ", ".join(r["model"] for r in not_run))
+    notes += [f"{r['model']}: {r['seeds_note']}" if len(members) > 1 else r["seeds_note"]
+              for r in measured if r.get("seeds_note") and "Holm" in r["seeds_note"]]
     if status == NOT_RUN or (not_run and measured):
         command = tables.how_to_run(runs)
     if status == STALE:
@@ -115,6 +125,8 @@ def _row(claim: str, source: Optional[str], members: Sequence[Dict[str, Any]], t
     flags = list(dict.fromkeys(f for r in measured for f in r.get("flags") or []))
     # a claim with its own source (the abstract) is as verified as that source; else as its rows' values
     unverified = source in tables.unverified if source else any(r.get("unverified") for r in with_paper)
+    if unverified and status in (REPRODUCED, NOT_REPRODUCED, SAME_DIRECTION, OPPOSITE_DIRECTION):
+        notes.append("judged against an unverified paper value")
     return {"section": section, "claim": claim,
             "paper": paper_text or (_span([r["paper_value"] for r in with_paper]) if with_paper else None),
             "source": source or _paper_sources(with_paper) or None, "unverified": bool(unverified),
@@ -130,40 +142,36 @@ def summary(tables: TableBuilder, gains: List[Dict[str, Any]], ablation_gains: D
     rows: List[Dict[str, Any]] = []
     # the abstract's compute claims, measured at the paper's shape (never scale-dependent)
     for c in claims:
-        status = {"holds": REPRODUCED, "does not hold": NOT_REPRODUCED}.get(c["verdict"], NOT_TESTABLE)
+        status = {"holds": REPRODUCED, "does not hold": NOT_REPRODUCED, "not run": NOT_RUN}.get(c["verdict"], NOT_TESTABLE)
+        measured = status in (REPRODUCED, NOT_REPRODUCED)
         rows.append({"section": "abstract", "claim": c["claim"], "paper": c.get("paper"),
                      "source": c["source"], "unverified": c["source"] in tables.unverified,
-                     "ours": c["evidence"] if status != NOT_TESTABLE else None,
-                     "scale": "paper shape" if status != NOT_TESTABLE else None, "status": status,
-                     "note": c.get("tolerance") if status != NOT_TESTABLE else c["evidence"], "command": None,
-                     "flags": []})
+                     "ours": c["evidence"] if measured else None, "scale": "paper shape" if measured else None,
+                     "status": status, "note": c.get("tolerance") if measured else c["evidence"].split(":")[0],
+                     "command": c["evidence"].split(": ", 1)[1] if status == NOT_RUN else None, "flags": []})
     by_table = {"table1": [g for g in gains if g["metric"] == "top1"], "table2": [g for g in gains if g["metric"] == "fid"]}
     for claim in ref.get("headline_claims", []):
         members = [g for g in by_table[claim["table"]] if not claim.get("models") or g["model"] in claim["models"]]
         metric_tol = tol_top1 if claim["table"] == "table1" else tol_fid
-        comparable = tables.cls_comparable if claim["table"] == "table1" else tables.gen_comparable
         runs = [r["run"] for r in ref[claim["table"]]["rows"]
                 if not claim.get("models") or r["model"] in claim["models"]]
-        rows.append(_row(claim["claim"], claim.get("source"), members, tables, comparable, metric_tol,
+        rows.append(_row(claim["claim"], claim.get("source"), members, tables, metric_tol,
                          paper_text=claim.get("paper"), section="abstract", runs=runs))
     # Tables 1 and 2, one row per model with a paper value or a measurement: VCA minus baseline
-    for table, label, unit, comparable, tol in (
-            ("table1", "Table 1", "top-1", tables.cls_comparable, tol_top1),
-            ("table2", "Table 2", "FID", tables.gen_comparable, tol_fid)):
+    for table, label, unit, tol in (("table1", "Table 1", "top-1", tol_top1), ("table2", "Table 2", "FID", tol_fid)):
         for g in by_table[table]:
             if g["paper_value"] is None and g["ours_value"] is None and not g.get("stale"):
                 continue
             runs = [r["run"] for r in ref[table]["rows"] if r["model"] == g["model"]]
-            rows.append(_row(f"{g['model']}: VCA minus baseline, {unit}", None, [g], tables, comparable, tol,
+            rows.append(_row(f"{g['model']}: VCA minus baseline, {unit}", None, [g], tables, tol,
                              section=label, runs=runs))
     # Tables 3 and 4: VCA's own variant (the reference row) is the best, per branch
     for name in ("table3", "table4"):
         reference = tables.reference_row(name)["variant"]
-        for metric, unit, comparable, tol in (("top1", "DeiT-T top-1", tables.cls_comparable, tol_top1),
-                                              ("fid", "DiT-S/2 FID", tables.gen_comparable, tol_fid)):
+        for metric, unit, tol in (("top1", "DeiT-T top-1", tol_top1), ("fid", "DiT-S/2 FID", tol_fid)):
             members = [g for g in ablation_gains[name] if g["metric"] == metric]
             runs = [run for g in members for run in g["runs"].split(" − ")]
             rows.append(_row(f"{ref[name]['title']}: each other variant minus {reference}, {unit} "
                              f"(the paper: every one worse)",
-                             None, members, tables, comparable, tol, section=f"Table {name[-1]}", runs=runs))
+                             None, members, tables, tol, section=f"Table {name[-1]}", runs=runs))
     return rows

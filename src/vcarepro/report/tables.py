@@ -348,6 +348,16 @@ class TableBuilder:
     def _model_of(self, run: str) -> Optional[str]:
         return self._cls_run_entry(run).get("model") or (run if run in self.params.get("models", {}) else None)
 
+    def row_statistic(self, row: Dict[str, Any]) -> str:
+        """Which top-1 a Table 1 row is read as: its own statistic, or for the rows the paper did not run (the
+        lab-recipe baseline, the control; trained with the lab's recipe) the statistic of its backbone's VCA row."""
+        if row.get("statistic"):
+            return row["statistic"]
+        if row.get("role") in ("twin", "control"):
+            vca = next((r for r in self.ref["table1"]["rows"] if r["model"] == row["model"] and r["role"] == "vca"), {})
+            return vca.get("statistic", "final")
+        return "final"
+
     def table1(self) -> List[Dict[str, Any]]:
         rows = []
         for r in self.ref["table1"]["rows"]:
@@ -355,7 +365,7 @@ class TableBuilder:
             rows.append({"model": r["model"], "attention": r["attention"], "role": ROLES[r["role"]],
                          "recipe": self._cls_run_entry(r["run"]).get("recipe"), "run": r["run"],
                          "same_as": same,
-                         "top1": self.top1_cell(r["run"], r.get("top1"), statistic=r.get("statistic", "final")).as_dict(),
+                         "top1": self.top1_cell(r["run"], r.get("top1"), statistic=self.row_statistic(r)).as_dict(),
                          "params_m": self.exact_cell(r["run"], r.get("params_m"), "params_m").as_dict(),
                          "gmacs": self.exact_cell(r["run"], r.get("gflops"), "gmacs").as_dict()})
         return rows
@@ -373,8 +383,7 @@ class TableBuilder:
         rows = []
         for model, roles in by_model.items():
             base, twin, control, vca = (roles.get(k) for k in ("baseline", "twin", "control", "vca"))
-            # rows the paper did not run (twin, control) trained with the lab's recipe: read as the VCA row
-            stat = lambda row: row.get("statistic") or (vca or {}).get("statistic", "final")  # noqa: E731
+            stat = self.row_statistic  # the cells' read-out (twin and control: as the VCA row)
             if base is None or vca is None:
                 continue
             pb, pv = self._pv(base.get("top1")), self._pv(vca.get("top1"))
@@ -432,7 +441,7 @@ class TableBuilder:
         95% interval excludes zero (Welch's, over the per-seed values).
         """
         rows = []
-        for table, metric, results in (("table1", "top1", self.cls), ("table2", "fid", self.gen)):
+        for table, metric, results in (("table1", "top1", self.cls_result), ("table2", "fid", self.gen.get)):
             by_model: Dict[str, Dict[str, Any]] = {}
             for r in self.ref[table]["rows"]:
                 by_model.setdefault(r["model"], {})[_role(r)] = r
@@ -441,7 +450,7 @@ class TableBuilder:
                     continue
                 base, vca = pair["baseline"], pair["vca"]
                 rows.append(self._gain_row(self.ref[table]["title"], model, metric, base[metric], vca[metric],
-                                           results.get(base["run"]), results.get(vca["run"]),
+                                           results(base["run"]), results(vca["run"]),
                                            base.get("statistic"), vca.get("statistic")))
         return self._correct(rows, "gains")
 
@@ -481,6 +490,9 @@ class TableBuilder:
         diff = difference(measured(other, key_other, self.scale), measured(base, key_base, self.scale))
         stale = stale_of(base, other)
         branch = "cls" if metric == "top1" else "gen"
+        # judged against the paper only where both sides are: paper scale, its recipe and (FID) its protocol
+        comparable = self.cls_comparable if metric == "top1" else self.gen_comparable and not any(
+            self.fid_protocol_deviations(r.name) for r in (base, other) if r is not None)
         return {
             "table": table, "model": label, "metric": metric,
             "label": f"{label} ({'top-1' if metric == 'top1' else 'FID'}){' [stale]' if stale else ''}",
@@ -495,6 +507,7 @@ class TableBuilder:
             "direction": None, "seeds_note": None, "p_holm": None,
             "stale": stale and stale.detail,
             "flags": [*self.convergence(branch, base and base.name), *self.convergence(branch, other and other.name)],
+            "comparable": comparable,
             "_tests": [_test(diff, "direction", "seeds_note", "p_holm", stale, paper_gain,
                              pair=(key_other, other and other.name, key_base, base and base.name))],
         }
@@ -590,10 +603,13 @@ class TableBuilder:
                 for label, a, b in (("vs_mhsa", r[run_key], base_run), ("vca_minus", vca_run, r[run_key])):
                     key = f"{metric}_{label}"
                     row[key] = row[f"{key}_verdict"] = row[f"{key}_note"] = row[f"{key}_p_holm"] = None
+                    row[f"{key}_flags"] = []
                     if a == b:
                         continue
                     diff = self._branch_difference(metric, a, b)
                     row[key] = None if diff is None else diff.text()
+                    kind = "cls" if metric == "top1" else "gen"
+                    row[f"{key}_flags"] = [] if diff is None else [*self.convergence(kind, a), *self.convergence(kind, b)]
                     row["_tests"].append(_test(diff, f"{key}_verdict", f"{key}_note", f"{key}_p_holm",
                                                self._branch_stale(metric, a, b), SIGN,
                                                pair=(metric, self._run_used(a), metric, self._run_used(b))))
@@ -638,6 +654,10 @@ class TableBuilder:
         out = []
         for c in self.ref["claims"]:
             text, evidence, holds, tolerance, timing = c["claim"], "not measured by this pipeline", None, None, None
+            if "O(N n C)" in text and not (self.attention_macs or self.attention_cost):
+                evidence = "not measured in this workspace: dvc repro attention_cost"
+            elif ("parameters" in text or "FLOPs" in text) and not (base and vca):
+                evidence = "not measured in this workspace: dvc repro complexity"
             if base and vca and "parameters" in text:
                 added = vca["params_m"] - base["params_m"]
                 evidence, holds = f"+{added * 1e3:.1f}K parameters on DeiT-T", added < 0.3
@@ -652,7 +672,8 @@ class TableBuilder:
                 evidence, holds, timing = self._scaling_evidence()
                 tolerance = ("holds if VCA's MACs grow no faster than the token count (within 10%) and MHSA's "
                              "faster")
-            verdict_text = "holds" if holds else ("does not hold" if holds is False else "not checked here")
+            verdict_text = ("holds" if holds else "does not hold" if holds is False else
+                            "not run" if evidence.startswith("not measured in this workspace") else "not checked here")
             out.append({"claim": text, "source": c["source"], "paper": c.get("paper"), "evidence": evidence,
                         "verdict": verdict_text,
                         "verdict_class": verdict_class(verdict_text), "tolerance": tolerance, "timing": timing})
