@@ -23,6 +23,9 @@ def summary_rows(project):
 
 def test_the_summary_is_the_first_section_and_holds_one_row_per_claim(project):
     add_vca_and_baseline(project)
+    for run, seeds in (("dit_s2-mhsa", [30.0, 31.0]), ("dit_s2-vca", [29.0, 30.5]), ("sit_s2-mhsa", [28.0, 29.0]),
+                       ("sit_s2-vca", [27.5, 28.0])):
+        write_seeds(project, "gen", run, "fid", seeds)
     html = render_report(project, project / "reports" / "index.html").read_text()
     headings = re.findall(r"<h2[^>]*>(.*?)</h2>", html)
     assert headings[0] == "Summary: what reproduced"
@@ -54,7 +57,11 @@ def test_the_summary_is_the_first_section_and_holds_one_row_per_claim(project):
     assert pvt["status"] == NOT_RUN and "scale=paper" in pvt["command"]
     # a claim over several rows: the weakest measured one, and how many were measured
     fid = by_claim["VCA lowers FID-50K by 2.1 to 5.2 across DiT and SiT"]
-    assert fid["status"] == NOT_RUN and fid["source"] == "A"
+    assert fid["status"] == "not resolved with 2 seeds" and fid["source"] == "A"
+    assert fid["ours"].startswith("DiT-S/2: -0.75 [") and "; SiT-S/2: -0.75 [" in fid["ours"]  # each its interval
+    assert "2 of 12 rows measured" in fid["note"]
+    # the command runs what was not run: the runs of this scale were, so only the paper scale's is named
+    assert fid["command"] == "dvc exp run -S scale=paper -S prepare_cls.imagenet_root=/path/to/imagenet"
 
 
 def test_a_claim_over_several_rows_takes_its_weakest_measured_row():

@@ -98,7 +98,9 @@ def _paper_sources(rows: Sequence[Dict[str, Any]]) -> str:
 
 def _row(claim: str, source: Optional[str], members: Sequence[Dict[str, Any]], tables: TableBuilder,
          tolerance: float, paper_text: Optional[str] = None, section: str = "",
-         runs: Sequence[str] = ()) -> Dict[str, Any]:
+         runs: Optional[Dict[str, List[str]]] = None) -> Dict[str, Any]:
+    """One summary row over ``members`` (gain rows); ``runs``: each member's runs (by its ``model``), for the
+    command that runs what was not run."""
     statuses = [gain_status(r, tolerance) for r in members]
     status = combine(statuses)
     # what the status rests on: the measured rows that have a paper value to compare with
@@ -118,8 +120,8 @@ def _row(claim: str, source: Optional[str], members: Sequence[Dict[str, Any]], t
         notes.append("not run at this scale: " + ", ".join(r["model"] for r in not_run))
     notes += [f"{r['model']}: {r['seeds_note']}" if len(members) > 1 else r["seeds_note"]
               for r in measured if r.get("seeds_note") and "Holm" in r["seeds_note"]]
-    if status == NOT_RUN or (not_run and measured):
-        command = tables.how_to_run(runs)
+    if not_run:
+        command = tables.how_to_run([run for r in not_run for run in (runs or {}).get(r["model"], [])])
     if status == STALE:
         notes.append("; ".join(r["direction"] for r in members if r.get("stale")))
     flags = list(dict.fromkeys(f for r in measured for f in r.get("flags") or []))
@@ -153,8 +155,7 @@ def summary(tables: TableBuilder, gains: List[Dict[str, Any]], ablation_gains: D
     for claim in ref.get("headline_claims", []):
         members = [g for g in by_table[claim["table"]] if not claim.get("models") or g["model"] in claim["models"]]
         metric_tol = tol_top1 if claim["table"] == "table1" else tol_fid
-        runs = [r["run"] for r in ref[claim["table"]]["rows"]
-                if not claim.get("models") or r["model"] in claim["models"]]
+        runs = _runs_by_model(ref[claim["table"]]["rows"])
         rows.append(_row(claim["claim"], claim.get("source"), members, tables, metric_tol,
                          paper_text=claim.get("paper"), section="abstract", runs=runs))
     # Tables 1 and 2, one row per model with a paper value or a measurement: VCA minus baseline
@@ -162,7 +163,7 @@ def summary(tables: TableBuilder, gains: List[Dict[str, Any]], ablation_gains: D
         for g in by_table[table]:
             if g["paper_value"] is None and g["ours_value"] is None and not g.get("stale"):
                 continue
-            runs = [r["run"] for r in ref[table]["rows"] if r["model"] == g["model"]]
+            runs = _runs_by_model(ref[table]["rows"])
             rows.append(_row(f"{g['model']}: VCA minus baseline, {unit}", None, [g], tables, tol,
                              section=label, runs=runs))
     # Tables 3 and 4: VCA's own variant (the reference row) is the best, per branch
@@ -170,8 +171,15 @@ def summary(tables: TableBuilder, gains: List[Dict[str, Any]], ablation_gains: D
         reference = tables.reference_row(name)["variant"]
         for metric, unit, tol in (("top1", "DeiT-T top-1", tol_top1), ("fid", "DiT-S/2 FID", tol_fid)):
             members = [g for g in ablation_gains[name] if g["metric"] == metric]
-            runs = [run for g in members for run in g["runs"].split(" − ")]
+            runs = {g["model"]: g["runs"].split(" − ") for g in members}
             rows.append(_row(f"{ref[name]['title']}: each other variant minus {reference}, {unit} "
                              f"(the paper: every one worse)",
                              None, members, tables, tol, section=f"Table {name[-1]}", runs=runs))
     return rows
+
+
+def _runs_by_model(rows: Sequence[Dict[str, Any]]) -> Dict[str, List[str]]:
+    out: Dict[str, List[str]] = {}
+    for r in rows:
+        out.setdefault(r["model"], []).append(r["run"])
+    return out
