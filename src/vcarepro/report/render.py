@@ -20,7 +20,7 @@ from ..config import flatten
 from ..io import write_json
 from .reference import load_reference
 from .summary import STATUSES, status_key, summary
-from .tables import FAMILY_COMMAND, FLAT_LOSS_FRACTION, FLAT_TOP1_POINTS, TableBuilder, runs_frame, verdict_class
+from .tables import FLAT_LOSS_FRACTION, FLAT_TOP1_POINTS, TableBuilder, runs_frame, verdict_class
 
 CLS_CURVES = ["train/loss", "val/loss", "val/top1", "train/lr"]
 # One name per quantity in the page, the CSV and the Markdown (the glossary defines each)
@@ -66,21 +66,6 @@ def run_recipe(params: Dict[str, Any], branch: str, name: str) -> Dict[str, Any]
     if branch == "gen":
         out["sampling"] = run.sampling
     return flatten(out)
-
-
-def run_recipe_diffs(params: Dict[str, Any], paper: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """Per run: the knobs whose value differs from the same run at paper scale (or the paper recipe)."""
-    out = []
-    for branch, runs in (("cls", params["cls_runs"]), ("gen", params["gen_runs"])):
-        for name in runs:
-            reference = paper if name in paper[f"{branch}_runs"] else \
-                {**paper, f"{branch}_runs": {**paper[f"{branch}_runs"], name: params[f"{branch}_runs"][name]},
-                 "models": {**paper["models"], **params["models"]}}
-            ours, theirs = run_recipe(params, branch, name), run_recipe(reference, branch, name)
-            diffs = [{"knob": k, "ours": str(ours.get(k, "the model's own")), "paper": str(theirs.get(k, "the model's own"))}
-                     for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
-            out.append({"run": name, "branch": branch, "diffs": diffs})
-    return out
 
 
 # Knob prefixes of a run's recipe that the knob table compares (attention options belong to the model, and the
@@ -209,7 +194,6 @@ def build_context(root: Path) -> Dict[str, Any]:
         "cls_reference": cls_reference,
         "gains_png": gains_png(gains),
         "attention_cost_png": attention_cost_png(attention_cost),
-        "run_diffs": run_recipe_diffs(params, paper),
         "scale": params["scale"],
         # the smoke scale runs a distinct subset of the paper matrix; the preflight steps the rest
         "preflight_only": ([f"{b}@{r}" for b in ("cls", "gen") for r in paper[f"{b}_runs"]
@@ -218,7 +202,6 @@ def build_context(root: Path) -> Dict[str, Any]:
                       if params["eval_gen"].get("feature_dims") else "every Inception coordinate"),
         "cls_comparable": cls_comparable,
         "gen_comparable": gen_comparable,
-        "knobs": knobs,
         "sources": reference["sources"],
         "unverified": reference["unverified"],
         "claims": claims,
@@ -268,7 +251,6 @@ def build_context(root: Path) -> Dict[str, Any]:
         "family_decomposition": family_decomposition,
         "family_on": any(r["cls_run"] in params["cls_runs"] or r["gen_run"] in params["gen_runs"]
                          for r in reference["family"]["rows"]),
-        "family_command": FAMILY_COMMAND,
         "family_seeds": params["family_seeds"],
         "attention_cost_config": (attention_cost or {}).get("config") or params["attention_cost"],
         "run_metrics": {"cls": [RUN_COLUMNS[k] for k in cls_keys], "gen": [RUN_COLUMNS[k] for k in gen_keys]},
