@@ -15,6 +15,7 @@ from typing import Any, Dict, Sequence
 
 import yaml
 from vcarepro.errors import BadInput, MissingInput, UnknownName
+from vcarepro.schema import flatten, validate  # noqa: F401  (flatten re-exported: the params code reads it here)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,21 +37,9 @@ def stage_params(path: str | Path = "params.yaml") -> Dict[str, Any]:
     A bad value stops the stage before it writes anything: the schema's :class:`~vcarepro.schema.ParamsError`
     is a user error, which the stage's ``run_stage`` prints as one ``error:`` line with exit status 2.
     """
-    from .schema import validate
-
     params = load_params(path)
     validate(params, str(path))
     return params
-
-
-def flatten(d: Any, prefix: str = "") -> Dict[str, Any]:
-    """Nested params as dotted keys, the way `dvc params diff` names them."""
-    if isinstance(d, dict):
-        out: Dict[str, Any] = {}
-        for k, v in d.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-        return out  # an empty section (the paper's shape: no overrides) contributes no knob
-    return {prefix.rstrip("."): d}
 
 
 def section(params: Dict[str, Any], name: str) -> Any:

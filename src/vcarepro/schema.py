@@ -18,11 +18,21 @@ import typing
 from functools import lru_cache
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from .attention_names import ATTENTIONS, BENCH_LAYERS
-from .config import flatten
+from .attention_names import (ATTENTIONS, BENCH_LAYERS, FLOW_ODE_METHODS, FLOW_PATHS, FLOW_SAMPLERS, LABEL_MODES,
+                              OBJECTIVES)
 from .errors import BadInput
 
 Rule = Tuple[str, Callable[[Any], bool]]
+
+
+def flatten(d: Any, prefix: str = "") -> Dict[str, Any]:
+    """Nested params as dotted keys, the way `dvc params diff` names them (and :data:`RULES` keys them)."""
+    if isinstance(d, dict):
+        out: Dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out  # an empty section (the paper's shape: no overrides) contributes no knob
+    return {prefix.rstrip("."): d}
 
 
 def _int(lo: int = 0) -> Rule:
@@ -124,11 +134,11 @@ RULES: Dict[str, Rule] = {
     "gen_recipe.steps": _int(1), "gen_recipe.batch_size": _int(1), "gen_recipe.lr": _POS,
     "gen_recipe.weight_decay": _num(0.0), "gen_recipe.ema_decay": _DECAY, "gen_recipe.hflip": _BOOL,
     "gen_recipe.log_every": _int(1), "gen_recipe.ckpt_every": _int(1), "gen_recipe.learn_sigma": _BOOL,
-    "gen_recipe.class_dropout_prob": _DECAY, "gen_recipe.flow_path": _choice("linear", "gvp"),
+    "gen_recipe.class_dropout_prob": _DECAY, "gen_recipe.flow_path": _choice(*FLOW_PATHS),
     "gen_recipe.precision": _choice("fp32", "tf32", "bf16", "fp16"), "gen_recipe.compile": _optional(_STR),
     "sampling.num_samples": _int(1), "sampling.batch_size": _int(1), "sampling.ddpm_steps": _int(1),
-    "sampling.labels": _choice("random", "balanced"), "sampling.vae_decoder": _STR,
-    "sampling.flow_sampler": _choice("sde", "ode"), "sampling.flow_ode_method": _choice("dopri5", "euler", "heun"),
+    "sampling.labels": _choice(*LABEL_MODES), "sampling.vae_decoder": _STR,
+    "sampling.flow_sampler": _choice(*FLOW_SAMPLERS), "sampling.flow_ode_method": _choice(*FLOW_ODE_METHODS),
     "sampling.flow_steps": _int(2), "sampling.cfg_scale": _num(0.0),
     "attention_cost.sides": ("a list of integers >= 1", lambda v: isinstance(v, list) and v and all(
         _int(1)[1](x) for x in v)),
@@ -164,7 +174,7 @@ _HEX = ("a hexadecimal sha256 or its prefix", lambda v: isinstance(v, str) and v
 CALIBRATION_RULES = {
     "layout": _STR, "arch": _STR, "attention": _STR, "recipe": _STR, "file": _STR, "source": _STR, "where": _STR,
     "top1": _num(0.0, 100.0), "fid": _num(0.0), "tolerance": _num(0.0, open_lo=True), "cfg_scale": _num(0.0),
-    "steps": _int(1), "learn_sigma": _BOOL, "objective": _choice("ddpm", "flow"), "sampler": _choice("sde", "ode"),
+    "steps": _int(1), "learn_sigma": _BOOL, "objective": _choice(*OBJECTIVES), "sampler": _choice(*FLOW_SAMPLERS),
     "image_size": ("a multiple of 8 (the SD VAE's downsampling)", lambda v: _int(8)[1](v) and v % 8 == 0),
     "options": ("a mapping", lambda v: isinstance(v, dict)), "sha256": _optional(_HEX),
 }
@@ -230,7 +240,7 @@ def model_arguments(arch: str, attention: str) -> Tuple[str, frozenset, frozense
 
     A classifier takes what its timm model's class takes (the model factory's return annotation,
     its ``__init__`` followed through ``**kwargs``) and its attention's own knobs; a DiT what
-    ``DiT`` takes. ``contrast_tokens`` is a shape override for every model (``pipeline.model_options``).
+    ``DiT`` takes. ``contrast_tokens`` is a shape override for every model (``attention_names.model_options``).
     Raises ``KeyError`` for an unknown arch, ``BadInput`` for an attention the arch does not come with.
     """
     from timm.models._registry import model_entrypoint
@@ -349,8 +359,8 @@ def validate(params: Dict[str, Any], source: str = "params.yaml") -> None:
                     if not rule[1](value):
                         raise ParamsError(f"{source}: gen_runs.{name}.recipe.{key} must be {rule[0]}, got "
                                           f"{value!r}; {FIX}.")
-            if branch == "gen_runs" and run.get("objective") not in ("ddpm", "flow"):
-                raise ParamsError(f"{source}: gen_runs.{name}.objective must be ddpm or flow, got "
+            if branch == "gen_runs" and run.get("objective") not in OBJECTIVES:
+                raise ParamsError(f"{source}: gen_runs.{name}.objective must be {' or '.join(OBJECTIVES)}, got "
                                   f"{run.get('objective')!r}; {FIX}.")
 
 
