@@ -502,7 +502,7 @@ def test_every_run_names_a_model_and_the_reference_names_real_runs(configs):
 
 
 def test_model_options_maps_pooled_tokens_per_attention(configs):
-    from vcarepro.pipeline import model_options
+    from vcarepro.attention_names import model_options
 
     shape = configs["embedded"]["cls_shape"]
     tokens = shape["contrast_tokens"]
@@ -517,7 +517,7 @@ def test_model_options_maps_pooled_tokens_per_attention(configs):
 
 def test_every_family_run_builds_at_the_embedded_shape(configs, one_torch_thread):
     """What the training stages do with a family run: model_options, then the factory, then a forward."""
-    from vcarepro.pipeline import model_options
+    from vcarepro.attention_names import model_options
 
     cfg = configs["embedded"]
     for suffix in FAMILY_RUNS:

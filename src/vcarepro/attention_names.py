@@ -1,7 +1,9 @@
 """Names of the attention layers, importable without torch (the report and the params code use them).
 
-The layers themselves are in :mod:`vcarepro.attention`.
+The layers themselves are in :mod:`vcarepro.attention`; :func:`model_options` says what a run's
+attention is built with, for the model factories and for the report that describes them.
 """
+from typing import Any, Dict
 
 ATTENTIONS = ("mhsa", "diff", "vca", "agent", "flatten", "inline", "circulant", "mhsa+dwc")
 # The published family members, in the order the report lists them.
@@ -16,3 +18,17 @@ BENCH_LAYERS = (*ATTENTIONS, *(c for c in CONTROLS if c not in ATTENTIONS))
 # The option that sets how many pooled tokens a layer uses, for the layers that pool: a scale's
 # shape override ``contrast_tokens`` (e.g. 4 on the embedded 4x4 grid) sets it for any of them.
 POOLED_TOKEN_OPTION = {"vca": "contrast_tokens", "agent": "agent_tokens"}
+
+
+def model_options(attention: str, options: Dict[str, Any], shape: Dict[str, Any]):
+    """(shape overrides without contrast_tokens, the attention options the run uses).
+
+    A scale's ``contrast_tokens`` shape override replaces the model's paper-shape count of
+    pooled tokens, for the attentions that pool (VCA's contrast tokens, Agent's agent tokens).
+    """
+    shape = dict(shape or {})
+    pooled_tokens = shape.pop("contrast_tokens", None)
+    options = dict(options or {})
+    if pooled_tokens is not None and attention in POOLED_TOKEN_OPTION:
+        options[POOLED_TOKEN_OPTION[attention]] = pooled_tokens
+    return shape, options

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List
 
-from .attention_names import POOLED_TOKEN_OPTION
 from .config import section
 from vcarepro.errors import BadInput, UnknownName
 
@@ -68,20 +67,6 @@ def _run(params: Dict[str, Any], branch: str, name: str) -> Dict[str, Any]:
     if not seeds or len(set(seeds)) != len(seeds) or not all(isinstance(s, int) for s in seeds):
         raise BadInput(f"run {name!r} needs a list of distinct integer seeds, got {seeds!r}.")
     return run
-
-
-def model_options(attention: str, options: Dict[str, Any], shape: Dict[str, Any]):
-    """(shape overrides without contrast_tokens, the attention options the run uses).
-
-    A scale's ``contrast_tokens`` shape override replaces the model's paper-shape count of
-    pooled tokens, for the attentions that pool (VCA's contrast tokens, Agent's agent tokens).
-    """
-    shape = dict(shape or {})
-    pooled_tokens = shape.pop("contrast_tokens", None)
-    options = dict(options or {})
-    if pooled_tokens is not None and attention in POOLED_TOKEN_OPTION:
-        options[POOLED_TOKEN_OPTION[attention]] = pooled_tokens
-    return shape, options
 
 
 @dataclass(frozen=True)

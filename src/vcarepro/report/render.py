@@ -8,7 +8,8 @@ import yaml
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from ..config import compose, load_params
-from ..pipeline import cls_recipe, cls_run, gen_run, model_options
+from ..attention_names import model_options
+from ..pipeline import cls_recipe, cls_run, gen_run
 from .changes import changes_since
 from .calibration import calibration_section
 from .collect import collect_runs, read_json, real_grid

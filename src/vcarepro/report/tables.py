@@ -9,7 +9,8 @@ import pandas as pd
 
 from ..metrics.aggregate import per_seed_values
 from ..metrics.intervals import Difference, direction, holm, holm_adjusted, seeds_note, welch
-from ..pipeline import cls_recipe, model_options
+from ..attention_names import model_options
+from ..pipeline import cls_recipe
 from ..provenance import Stale
 from .collect import RunResult
 from .reference import PaperValue, paper_value, unverified_sources

@@ -34,7 +34,7 @@ from ..data.folders import ManifestDataset, read_classes
 from ..integrity import intact_file
 from ..io import save_tensors, write_json
 from ..models import create_classifier
-from ..pipeline import model_options
+from ..attention_names import model_options
 from .checkpoint import resumable_checkpoint, resume_message, save_checkpoint, seed_everything, stream_seed
 from .distributed import DistInfo, all_reduce_mean, any_rank, say
 from .precision import MixedPrecision, maybe_compile, slow_precision_note

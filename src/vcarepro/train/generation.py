@@ -24,7 +24,7 @@ from timm.utils import ModelEmaV3
 from torch.nn.parallel import DistributedDataParallel
 
 from ..models.dit import create_dit
-from ..pipeline import model_options
+from ..attention_names import model_options
 from .checkpoint import resumable_checkpoint, resume_message, save_checkpoint, seed_everything, stream_seed
 from .classification import NonFiniteLossError
 from .diffusion import GaussianDiffusion
