@@ -5,7 +5,7 @@ from vcarepro.errors import BadInput, run_stage
 from vcarepro.config import section, stage_params
 from vcarepro.data.pixels import load_split_pixels
 from vcarepro.io import atomic_directory, safetensors_bytes, write_bytes, write_json
-from vcarepro.metrics.fid import DIGITS_EXTRACTOR, save_feature_net, train_feature_net
+from vcarepro.metrics.digit_features import DIGITS_EXTRACTOR, save_feature_net, train_feature_net
 from vcarepro.pipeline import CLS_DATA, GEN_DATA
 
 

@@ -12,8 +12,8 @@ from sklearn.datasets import load_digits
 from torch_fidelity.feature_extractor_base import FeatureExtractorBase
 from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
 
-from vcarepro.metrics import fid
-from vcarepro.metrics.fid import (
+from vcarepro.metrics import digit_features
+from vcarepro.metrics.digit_features import (
     DIGITS_EXTRACTOR,
     INCEPTION_EXTRACTOR,
     DigitFeatureNet,
@@ -313,7 +313,7 @@ def test_inception_path_runs_end_to_end_from_a_local_weights_file(digits, tmp_pa
 
     monkeypatch.setattr(torch_fidelity.feature_extractor_inceptionv3, "load_state_dict_from_url", no_network)
     # 2049 images per set through Inception is minutes on 2 CPU cores; lower the floor for this wiring check only
-    monkeypatch.setattr(fid, "INCEPTION_FEATURE_DIM", 7)
+    monkeypatch.setattr(digit_features, "INCEPTION_FEATURE_DIM", 7)
     result = compute_generation_metrics(digits["a"][:8], digits["b"][:8], extractor=INCEPTION_EXTRACTOR,
                                         weights_path=weights)
     assert result["extractor"] == INCEPTION_EXTRACTOR and result["num_real"] == 8
@@ -377,7 +377,7 @@ def test_the_saved_extractor_is_the_same_bytes_in_every_process(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys, torch; from vcarepro.metrics.fid import DigitFeatureNet, save_feature_net; "
+    code = ("import sys, torch; from vcarepro.metrics.digit_features import DigitFeatureNet, save_feature_net; "
             "torch.manual_seed(0); save_feature_net(DigitFeatureNet(width=8, feature_dim=16), sys.argv[1])")
     contents = set()
     for i in range(5):

@@ -283,7 +283,7 @@ def fingerprint(params_path: str = "params.yaml") -> Dict[str, str]:
                          generator=g)
         trace(f"gen.{run}", model, xs, torch.tensor([1.0, 10.0, 100.0, 500.0]), torch.tensor([0, 1, 2, 3]))
 
-    from vcarepro.metrics.fid import train_feature_net
+    from vcarepro.metrics.digit_features import train_feature_net
     images = torch.randint(0, 256, (64, 1, 8, 8), generator=g, dtype=torch.uint8)  # one step of 64 (oneDNN's JIT
     labels = torch.randint(0, 10, (64,), generator=g)                               # is slow under emulation)
     net, _ = train_feature_net(images, labels, epochs=1, seed=0, num_classes=10)

@@ -319,7 +319,7 @@ def _unloaded_inception():
     import torch
     from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 
-    from vcarepro.metrics.fid import INCEPTION_EXTRACTOR
+    from vcarepro.metrics.digit_features import INCEPTION_EXTRACTOR
 
     class Unloaded(FeatureExtractorInceptionV3):
         def load_state_dict(self, state_dict, *args, **kwargs):

@@ -14,7 +14,7 @@ from typing import Any, Dict, Tuple
 import numpy as np
 import torch
 
-from .fid import DIGITS_EXTRACTOR, INCEPTION_EXTRACTOR, load_feature_net
+from .digit_features import DIGITS_EXTRACTOR, INCEPTION_EXTRACTOR, load_feature_net
 from vcarepro.errors import BadInput
 
 

@@ -46,7 +46,7 @@ from torch_fidelity.metric_fid import KEY_METRIC_FID, fid_statistics_to_metric
 from torch_fidelity.metric_kid import KEY_METRIC_KID_MEAN, KEY_METRIC_KID_STD, kid_features_to_metric
 from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 
-from vcarepro.metrics.fid import INCEPTION_EXTRACTOR, INCEPTION_FEATURE_DIM, INCEPTION_WEIGHTS_FILENAME, \
+from vcarepro.metrics.digit_features import INCEPTION_EXTRACTOR, INCEPTION_FEATURE_DIM, INCEPTION_WEIGHTS_FILENAME, \
     default_inception_weights_path
 from vcarepro.errors import BadInput, MissingInput
 from vcarepro.integrity import prepared

@@ -1,6 +1,8 @@
-"""FID and KID of generated images, computed by torch-fidelity, offline.
+"""The embedded scale's FID features: a digit classifier registered with torch-fidelity as a feature extractor.
 
-Two feature extractors, one code path:
+The FID-50K of the paper scale (ADM's evaluator) is :mod:`vcarepro.metrics.fid50k`; this module holds the
+extractor names both scales use and :func:`compute_generation_metrics`, FID and KID of two in-memory image
+sets through torch-fidelity, offline. Two feature extractors, one code path:
 
 * ``"inception-v3-compat"`` (paper scale): torch-fidelity's bit-exact port of
   the TF Inception used by every FID-50K in the literature. Its weights are
@@ -213,7 +215,7 @@ class FeatureExtractorDigits(FeatureExtractorBase):
         super().__init__(name, features_list)
         if feature_extractor_weights_path is None:
             raise BadInput(f"Feature extractor '{name}' needs trained weights; pass feature_extractor_weights_path "
-                             "(a file written by vcarepro.metrics.fid.save_feature_net).")
+                             "(a file written by vcarepro.metrics.digit_features.save_feature_net).")
         self.net = load_feature_net(feature_extractor_weights_path)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
