@@ -11,6 +11,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
+# The training curves drawn per run: the report's panels, and the model card's curves.png (report/card.py)
+CLS_CURVES = ["train/loss", "val/loss", "val/top1", "train/lr"]
+GEN_CURVES = ["train/loss"]
+
 
 def curves_png(title: str, curves: Dict[str, Dict[int, List[tuple]]], metrics: List[str],
                xlabel: str = "step", references: Optional[Dict[str, Tuple[float, str]]] = None) -> Optional[str]:

@@ -16,19 +16,17 @@ from .collect import collect_runs, read_json, real_grid
 from .environment import describe_environment
 from .. import numerics
 from .export import write_tables
-from .figures import attention_cost_png, curves_png, gains_png
+from .figures import CLS_CURVES, GEN_CURVES, attention_cost_png, curves_png, gains_png
 from ..config import flatten
 from ..io import write_json
 from .reference import load_reference
 from .summary import STATUSES, status_key, summary
 from .tables import FLAT_LOSS_FRACTION, FLAT_TOP1_POINTS, TableBuilder, runs_frame, verdict_class
 
-CLS_CURVES = ["train/loss", "val/loss", "val/top1", "train/lr"]
 # One name per quantity in the page, the CSV and the Markdown (the glossary defines each)
 RUN_COLUMNS = {"top1": "top-1 (%)", "top5": "top-5 (%)", "loss": "val loss", "plateau_spread": "plateau spread (points)",
                "fid": "FID", "kid_mean": "KID", "inception_score": "IS", "precision": "precision", "recall": "recall"}
 COMPLEXITY_COLUMNS = {"params_m": "params (M)", "gmacs": "GMACs", "throughput_img_s": "images/s"}
-GEN_CURVES = ["train/loss"]
 # Sections of params.yaml that define a run; the report lists how they differ from the paper's.
 RECIPE_SECTIONS = ["prepare_cls", "prepare_gen", "cls_shape", "gen_shape", "cls_recipes", "cls_recipe_overrides",
                    "gen_recipe", "sampling"]
@@ -114,6 +112,16 @@ def recipe_knobs(params: Dict[str, Any], paper: Dict[str, Any]) -> Dict[str, Any
     return out
 
 
+def measured_cell(cell: Dict[str, Any]) -> bool:
+    """A table cell (``Cell.as_dict``) with our number in it, or the mark that the run's numbers are stale."""
+    return cell["ours"] is not None or cell["stale"] is not None
+
+
+def measured_row(row: Dict[str, Any]) -> bool:
+    """A difference row (gains, decompositions) with our difference in it, or the mark that a side is stale."""
+    return row["ours"] is not None or bool(row["stale"])
+
+
 def fold(rows: List[Dict[str, Any]], measured, label, runs, tables: TableBuilder) -> Dict[str, Any]:
     """Rows with nothing measured folded into one line: what was not run, and the command that runs it."""
     shown = [r for r in rows if measured(r)]
@@ -174,7 +182,6 @@ def build_context(root: Path) -> Dict[str, Any]:
     ablations = {k: tables.ablation(k) for k in ("table3", "table4")}
     summary_rows = summary(tables, gains, ablation_gains, claims)
     used = {status_key(r["status"]) for r in summary_rows}
-    measured_cell = lambda c: c["ours"] is not None or c["stale"] is not None  # noqa: E731
     cls_frame = runs_frame(cls, params["cls_runs"], params["models"], cls_keys, params["cls_shape"])
     gen_frame = runs_frame(gen, params["gen_runs"], params["models"], gen_keys, params["gen_shape"])
     for frame, branch in ((cls_frame, "cls"), (gen_frame, "gen")):
@@ -217,20 +224,20 @@ def build_context(root: Path) -> Dict[str, Any]:
             "table1": fold(table1, lambda r: measured_cell(r["top1"]), lambda r: r["model"], lambda r: [r["run"]], tables),
             "compute": fold(table1, lambda r: r["params_m"]["ours"] is not None, lambda r: r["model"],
                             lambda r: [r["run"]], tables),
-            "decomposition": fold(decomposition, lambda r: r["ours"] is not None or bool(r["stale"]),
+            "decomposition": fold(decomposition, measured_row,
                                   lambda r: r["model"], lambda r: r["runs"].split(" − "), tables),
             "table2": fold(table2, lambda r: measured_cell(r["fid"]), lambda r: r["model"], lambda r: [r["run"]], tables),
-            "gains": fold(gains, lambda r: r["ours"] is not None or bool(r["stale"]), lambda r: r["model"],
+            "gains": fold(gains, measured_row, lambda r: r["model"],
                           lambda r: [x["run"] for t in ("table1", "table2") for x in reference[t]["rows"]
                                      if x["model"] == r["model"]], tables),
             **{k: fold(ablations[k], lambda r: measured_cell(r["top1"]) or measured_cell(r["fid"]),
                        lambda r: r["variant"], lambda r: [r["cls_run"], r["gen_run"]], tables) for k in ablations},
-            **{f"{k}_gains": fold(ablation_gains[k], lambda r: r["ours"] is not None or bool(r["stale"]),
+            **{f"{k}_gains": fold(ablation_gains[k], measured_row,
                                   lambda r: f"{r['model']} ({'top-1' if r['metric'] == 'top1' else 'FID'})",
                                   lambda r: r["runs"].split(" − "), tables) for k in ablation_gains},
             "family": fold(family, lambda r: any(r[k] is not None or r[f"{k}_stale"] for k in ("top1", "fid")),
                            lambda r: r["label"], lambda r: [r["cls_run"], r["gen_run"]], tables),
-            "family_decomposition": fold(family_decomposition, lambda r: r["ours"] is not None or bool(r["stale"]),
+            "family_decomposition": fold(family_decomposition, measured_row,
                                          lambda r: f"{r['branch']}: {r['part']}", lambda r: r["runs"].split(" − "),
                                          tables),
         },
@@ -311,7 +318,7 @@ def render_report(root: str | Path = ".", out: str | Path = "reports/index.html"
     env.filters["flagseed"] = lambda flag: flag.split(":")[0]  # "deit_tiny-mhsa seed 2"
     env.filters["flagword"] = lambda flag: ("below reference" if "below" in flag else
                                             "not flattened" if "flattened" in flag else "loss still falling")
-    env.filters["status_class"] = lambda status: status_key(status).replace(" ", "-").replace(",", "")
+    env.filters["status_class"] = lambda status: verdict_class(status_key(status))
     context = build_context(root)
     out.parent.mkdir(parents=True, exist_ok=True)
     written = write_tables({name: context[name] for name in EXPORTED_TABLES}, out.parent / "tables")

@@ -10,10 +10,10 @@ import pandas as pd
 from ..metrics.aggregate import per_seed_values
 from ..metrics.intervals import Difference, direction, holm, holm_adjusted, seeds_note, welch
 from ..attention_names import model_options
-from ..pipeline import cls_recipe
 from ..provenance import Stale
 from .collect import RunResult
 from .reference import PaperValue, paper_value, unverified_sources
+from .rows import STATISTICS, answering_run, role as _role, seed_values
 from vcarepro.errors import BadInput
 
 REPRODUCED = "reproduced"
@@ -87,7 +87,7 @@ def measured(result: Optional[RunResult], key: str, scale: str) -> Optional[Meas
         return None
     m = result.metrics
     return Measured(float(m[key]), float(m.get(f"{key}_std", 0.0)), int(m.get("n_seeds", 1)), scale,
-                    tuple(per_seed_values(m, key)) or (float(m[key]),))
+                    seed_values(m, key))
 
 
 def verdict(paper: PaperValue, ours: Optional[Measured], *, comparable: bool, tolerance: float,
@@ -114,17 +114,6 @@ def exact_verdict(paper: PaperValue, ours: Optional[float], tolerance: float) ->
         return NO_PAPER_VALUE
     out = MATCHES if abs(ours - paper.value) <= tolerance + 1e-9 else DIFFERS
     return out if paper.verified else out + UNVERIFIED
-
-
-# Which of our top-1 figures answers a paper number, by the statistic the paper's number is
-# (data/paper_reference.yaml): the metrics.json key and how the report names it.
-STATISTICS = {
-    "final": ("top1", "final epoch"),
-    "final_ema": ("top1_ema", "final epoch, EMA weights"),
-    "best": ("top1_best", "best epoch"),
-    "best_ema": ("top1_best_ema", "best epoch, EMA weights"),
-    "unknown": ("top1", "not stated; ours: final epoch"),
-}
 
 
 def difference(a: Optional[Measured], b: Optional[Measured]) -> Optional[Difference]:
@@ -196,6 +185,8 @@ class TableBuilder:
         self.tol_top1, self.tol_fid = tol["reproduce_tolerance_top1"], tol["reproduce_tolerance_fid"]
         self.tol_complexity = tol["complexity_tolerance"]
         self.comparisons: Dict[str, int] = {}  # table -> differences with an interval in its Holm correction
+        # (branch, run) -> its convergence flags: every cell, gain row and family difference of a run asks
+        self._convergence: Dict[Tuple[str, Optional[str]], Tuple[str, ...]] = {}
 
     def _pv(self, entry) -> PaperValue:
         return paper_value(entry, self.sources, self.unverified)
@@ -212,6 +203,11 @@ class TableBuilder:
 
     def convergence(self, branch: str, run: Optional[str]) -> Tuple[str, ...]:
         """The convergence flags of a run's seeds: not flattened, or ending below the non-neural reference."""
+        if (branch, run) not in self._convergence:
+            self._convergence[branch, run] = self._flags(branch, run)
+        return self._convergence[branch, run]
+
+    def _flags(self, branch: str, run: Optional[str]) -> Tuple[str, ...]:
         result = (self.cls_result(run) if branch == "cls" else self.gen.get(run)) if run else None
         if result is None or not result.metrics:
             return ()
@@ -259,23 +255,10 @@ class TableBuilder:
         return seeds if len(seeds) == n else list(range(n))
 
     def same_run(self, run: str) -> Optional[str]:
-        """A run of this scale that trains exactly what ``run`` (a paper-scale run absent here) would.
-
-        Looked for among the runs of the same backbone in Table 1 (same model, same recipe as resolved at this
-        scale): at embedded scale the original and the lab's recipe collapse into the embedded one, so the
-        lab-recipe twin of a baseline is the baseline run itself.
-        """
-        here, paper = self.params.get("cls_runs", {}), self.paper_params.get("cls_runs", {})
-        if run in here or run not in paper:
-            return None
-        model = next((r["model"] for r in self.ref["table1"]["rows"] if r["run"] == run), None)
-        wanted = (paper[run]["model"], cls_recipe(self.params, paper[run]["recipe"]))
-        for row in self.ref["table1"]["rows"]:
-            other = here.get(row["run"])
-            if row["model"] == model and other is not None and \
-                    (other["model"], cls_recipe(self.params, other["recipe"])) == wanted:
-                return row["run"]
-        return None
+        """The run of this scale that stands in for ``run`` (a paper-scale run absent here), or None:
+        ``rows.answering_run``, where the rule is stated once for the tables and the model card."""
+        answer = answering_run(run, self.params, self.paper_params, self.ref)
+        return None if answer == run else answer
 
     def cls_result(self, run: str) -> Optional[RunResult]:
         return self.cls.get(run) or self.cls.get(self.same_run(run) or "")
@@ -360,6 +343,16 @@ class TableBuilder:
         return "final"
 
     def table1(self) -> List[Dict[str, Any]]:
+        """Each Table 1 row (data/paper_reference.yaml) beside ours: top-1, parameters, GMACs.
+
+        Where each number is made: ``top1`` is ``runs/cls/<run>/metrics.json``, written by the ``eval_cls@RUN``
+        stage (stages/eval_cls.py): the final weights' top-1 by ``vcarepro.train.classification.evaluate``,
+        the best epoch's (``top1_best``, ``top1_best_ema``) by ``classification.best_epoch_figures`` from the
+        per-epoch validation ``train_cls`` logged, averaged over seeds by ``metrics.aggregate.aggregate_seeds``;
+        which key a row reads is ``top1_key`` (``rows.STATISTICS``), which run answers it ``rows.answering_run``.
+        ``params_m`` / ``gmacs`` are ``metrics/complexity.json``, written by the ``complexity`` stage
+        (stages/complexity.py) with ``vcarepro.metrics.complexity.model_complexity`` at the paper's shape.
+        """
         rows = []
         for r in self.ref["table1"]["rows"]:
             same = self.same_run(r["run"])
@@ -426,6 +419,13 @@ class TableBuilder:
                 for r in self.ref["table2"]["rows"]]
 
     def ablation(self, name: str) -> List[Dict[str, Any]]:
+        """Each row of ablation table ``name`` (Table 3 or 4): ours beside the paper's, per branch.
+
+        ``top1``: the row's ``cls_run``'s metrics.json from ``eval_cls@RUN`` (``classification.evaluate`` /
+        ``best_epoch_figures``, as in ``table1``), read with the table's statistic. ``fid``: the row's
+        ``gen_run``'s ``runs/gen/<run>/metrics.json``, written by the ``eval_gen@RUN`` stage (stages/eval_gen.py)
+        with ``vcarepro.metrics.fid50k.evaluate_samples`` over the samples ``sample_gen@RUN`` drew.
+        """
         rows = []
         for r in self.ref[name]["rows"]:
             conflict = r.get("conflict", {})
@@ -565,6 +565,12 @@ class TableBuilder:
         The published row is the method's own (source M), trained with its own recipe; our runs drop each
         layer into DeiT-T / DiT-S/2 with everything else equal (the recipe of the VCA row). Differences
         carry Welch's 95% interval and a sign only where it excludes zero.
+
+        Where each number is made: ``top1`` by ``eval_cls@RUN`` (``classification.evaluate``, final epoch), ``fid``
+        by ``eval_gen@RUN`` (``metrics.fid50k.evaluate_samples``), each run's metrics.json; the parameter and
+        GMAC counts (ours of the published model and of the drop-in) by the ``complexity`` stage
+        (``metrics.complexity.model_complexity``, metrics/complexity.json); the MHSA baseline's run is
+        ``rows.answering_run`` of the family's ``baseline.cls_run``.
         """
         fam = self.ref["family"]
         base, vca = fam["baseline"], fam["vca"]
@@ -753,11 +759,6 @@ PROTOCOL_DEVIATIONS = {
 
 ROLES = {"baseline": "baseline (original recipe)", "twin": "baseline (lab's recipe)",
          "control": "control (lab's backbone, own attention)", "vca": "VCA (lab's recipe)"}
-
-
-def _role(row: Dict[str, Any]) -> str:
-    """A reference row's role; Table 2's rows are MHSA / VCA pairs without one."""
-    return row.get("role") or ("vca" if row["attention"] == "VCA" else "baseline")
 
 
 SIGN = object()  # a _test's paper gain where the difference has no paper counterpart: its sign is the verdict
