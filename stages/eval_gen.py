@@ -2,9 +2,10 @@
 
 Against data/fid_reference, in the extractor's feature space: Inception at paper scale
 (ADM's evaluation of FID-50K against its reference batch), the digit classifier at
-embedded scale. metrics.json also records the protocol the number followed: the
-reference (``adm`` or ``own`` statistics), the sampler and its steps, the guidance, the
-labels, the VAE decoder and the training precision.
+embedded scale. metrics.json also records the protocol the number followed: the one
+sample_gen recorded beside the samples (``protocol.json``: the sampler and its steps, the
+guidance, the labels, the VAE decoder and the training precision), copied, and the reference
+(``adm`` or ``own`` statistics).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from vcarepro.metrics.extractors import make_extractor
 from vcarepro.metrics.fid50k import evaluate_samples, evaluator_options, load_reference_set
 from vcarepro.provenance import write_provenance
 from vcarepro.pipeline import FID_REFERENCE, GEN_DATA, gen_run
+from vcarepro.protocol import measured_protocol, read_protocol
 
 
 def main() -> None:
@@ -32,7 +34,7 @@ def main() -> None:
     run = gen_run(params, args.run)
     e = params["eval_gen"]
     meta = json.loads((prepared(GEN_DATA, "prepare_gen", without=("latents/",)) / "meta.json").read_text())
-    prepared(run.paths.root / "samples", f"sample_gen@{args.run}")  # the samples are those sample_gen wrote
+    samples = prepared(run.paths.root / "samples", f"sample_gen@{args.run}")  # the samples sample_gen wrote
     reference_meta = json.loads((FID_REFERENCE / "meta.json").read_text())
     references = load_reference_set(FID_REFERENCE)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -50,27 +52,13 @@ def main() -> None:
     keys = [k for k in ("fid", "sfid", "fid_own", "sfid_own", "kid_mean", "inception_score", "precision", "recall")
             if k in per_seed[run.seeds[0]]]
     metrics = aggregate_seeds(per_seed, keys)
-    metrics.update(protocol(run, meta, params, reference_meta))
+    metrics.update(measured_protocol(read_protocol(samples, f"sample_gen@{args.run}"), reference_meta))
     # fid_feature_dims: FID / sFID over that many feature coordinates (fewer than the extractor's at smoke scale)
     metrics.update({"num_samples": per_seed[run.seeds[0]]["num_samples"],
                     "fid_feature_dims": per_seed[run.seeds[0]]["fid_feature_dims"], "weights": "ema", "extractor": name,
                     "reference_source": reference_meta["source"], "reference_images": reference_meta["num_images"]})
     write_json(run.paths.metrics, metrics)
     write_provenance(params, "gen", args.run)  # what produced these numbers, last
-
-
-def protocol(run, meta, params, reference_meta):
-    """How the samples were made and measured: the fields a FID is comparable by (strings and numbers)."""
-    s = run.sampling
-    return {
-        "sampler": "ddpm" if run.objective == "ddpm" else f"flow-{s['flow_sampler']}",
-        "sampler_steps": s["ddpm_steps"] if run.objective == "ddpm" else s["flow_steps"],
-        "cfg_scale": s["cfg_scale"],
-        "labels": s["labels"],
-        "decoder": s["vae_decoder"] if meta["kind"] == "vae_latents" else "none (pixels)",
-        "train_precision": run.recipe["precision"],
-        "reference": reference_meta.get("reference", "own"),
-    }
 
 
 if __name__ == "__main__":

@@ -17,49 +17,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
-from safetensors.torch import load_file
-from torch.utils.data import DataLoader
 
 from vcarepro.errors import MissingInput, run_stage
 from vcarepro.config import stage_params
-from vcarepro.data.folders import ManifestDataset
-from vcarepro.data.latents import adm_center_crop
 from vcarepro.integrity import prepared
 from vcarepro.io import atomic_directory, write_json
 from vcarepro.metrics.extractors import make_extractor
-from vcarepro.metrics.fid50k import reference_from_images, write_reference
+from vcarepro.metrics.fid50k import write_reference
+from vcarepro.metrics.own_reference import own_reference
 from vcarepro.pipeline import CLS_DATA, FID_REFERENCE, GEN_DATA
 
 ADM_URL = ("https://openaipublic.blob.core.windows.net/diffusion/jul-2021/ref_batches/imagenet/256/"
            "VIRTUAL_imagenet256_labeled.npz")
-
-
-def _crop_to_uint8(size: int):
-    def transform(image):
-        return torch.from_numpy(np.asarray(adm_center_crop(image, size), dtype=np.uint8).copy()).permute(2, 0, 1)
-    return transform
-
-
-def imagenet_batches(image_size: int, batch_size: int, workers: int):
-    """uint8 (B, 3, S, S) batches of the prepared train split, ADM-center-cropped to S."""
-    dataset = ManifestDataset(CLS_DATA, "train", _crop_to_uint8(image_size))
-    for images, _ in DataLoader(dataset, batch_size=batch_size, num_workers=workers, shuffle=False):
-        yield images
-
-
-def own_reference(meta, p, extractor):
-    """Our own statistics of the training images: (stats, kept features, spatial stats or None, source)."""
-    if meta["kind"] == "pixels":
-        images = load_file(str(GEN_DATA / "train.safetensors"))["images"]
-        batches = (images[i:i + p["batch_size"]] for i in range(0, len(images), p["batch_size"]))
-        stats, features = reference_from_images(batches, extractor, keep_features=p["keep_features"], seed=p["seed"])
-        return stats, features, None, f"{GEN_DATA}/train.safetensors (the training digits)"
-    stats, features, spatial = reference_from_images(
-        imagenet_batches(meta["image_size"], p["batch_size"], p["workers"]), extractor,
-        keep_features=p["keep_features"], seed=p["seed"], spatial=True)
-    return stats, features, spatial, f"{CLS_DATA} train split, ADM center crop to {meta['image_size']} px"
 
 
 def main() -> None:
@@ -76,7 +46,8 @@ def main() -> None:
         extractor, name = make_extractor(meta, params["prepare_gen"], device, batch_size=p["batch_size"])
     except FileNotFoundError as err:
         raise MissingInput(f"fid_reference: {err}") from None
-    own = (lambda: own_reference(meta, p, extractor)) if p["own_statistics"] or adm is None else None
+    own = (lambda: own_reference(meta, p, extractor, gen_data=GEN_DATA, cls_data=CLS_DATA)) \
+        if p["own_statistics"] or adm is None else None
     with atomic_directory(FID_REFERENCE, digests=True) as tmp:
         info = write_reference(tmp, extractor, adm_npz=adm, own=own, batch_size=p["batch_size"])
         write_json(tmp / "meta.json", {**info, "extractor": name})

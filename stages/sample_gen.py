@@ -5,7 +5,8 @@ Samples go to ``runs/gen/<run>/samples/seed_<s>.npz`` in the ADM evaluator's for
 with labels drawn as ``sampling.labels`` says. At paper scale the model samples VAE
 latents, decoded with ``sampling.vae_decoder`` batch by batch. Unfinished work lives in
 ``checkpoints/gen/<run>/seed_<s>/samples`` and a killed
-stage resumes there at the first unfinished batch.
+stage resumes there at the first unfinished batch. ``protocol.json`` records the protocol the
+samples follow (vcarepro.protocol), which eval_gen copies beside its numbers.
 """
 from __future__ import annotations
 
@@ -13,18 +14,15 @@ import argparse
 import json
 
 import torch
-from torchvision.utils import save_image
 
 from vcarepro.errors import run_stage
 from vcarepro.config import stage_params
-from vcarepro.data.samples import NpzSampleWriter, discard_work
+from vcarepro.data.samples import discard_work
 from vcarepro.integrity import prepared
 from vcarepro.io import atomic_directory
 from vcarepro.pipeline import GEN_DATA, TRAINING_CODE, data_digest, fingerprint, gen_run, source_digest
-from vcarepro.train.generation import GeneratorSpec, generate_batches, load_generator, pixels_to_uint8
-
-GRID_PER_CLASS = 8
-GRID_CLASSES = 10  # the preview shows the first ten classes, eight samples each
+from vcarepro.train.generation import GeneratorSpec, load_generator
+from vcarepro.train.sampling import sample_space, write_protocol, write_seed_samples
 
 
 def main() -> None:
@@ -36,46 +34,23 @@ def main() -> None:
     meta = json.loads((prepared(GEN_DATA, "prepare_gen", without=("latents/",)) / "meta.json").read_text())
     spec = GeneratorSpec.for_run(run)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if meta["kind"] == "vae_latents":
-        from vcarepro.data.latents import decode_to_uint8, load_vae
-        vae = load_vae(run.sampling["vae_decoder"], device)
-        input_shape = tuple(meta["latent_shape"])
-        to_uint8 = lambda x: decode_to_uint8(vae, x.to(device))  # noqa: E731
-        image_shape = (meta["image_size"], meta["image_size"], 3)
-    else:
-        input_shape = (meta["channels"], meta["image_size"], meta["image_size"])
-        # grayscale repeated to RGB: the ADM format holds (N, H, W, 3) images
-        to_uint8 = lambda x: pixels_to_uint8(x).expand(-1, 3, -1, -1)  # noqa: E731
-        image_shape = (meta["image_size"], meta["image_size"], 3)
-    num = run.sampling["num_samples"]
+    space = sample_space(meta, run.sampling["vae_decoder"], device)
     code = source_digest(*TRAINING_CODE)
     with atomic_directory(run.paths.root / "samples", digests=True) as tmp:
+        write_protocol(tmp, run.objective, run.sampling, space, run.recipe["precision"])
         for seed in run.seeds:
             weights = run.paths.seed_dir(seed) / "model_ema.safetensors"
             model = load_generator(spec, weights, run.recipe)
             # unfinished work resumes only for the same weights, sampler settings and code
             key = fingerprint(data_digest(weights), run.objective, run.sampling, run.recipe["flow_path"],
-                              input_shape, seed, code)
-            writer = NpzSampleWriter(tmp / f"seed_{seed}.npz", num, image_shape,
-                                     work_dir=run.paths.ckpt_dir(seed) / "samples", key=key)
-            if writer.note:
-                print(f"sample_gen {args.run} seed {seed}: {writer.note}", flush=True)
-            if writer.done_batches:
-                print(f"sample_gen {args.run} seed {seed}: resuming after {writer.done_batches} finished batches")
-            for batch, (start, samples, labels) in enumerate(generate_batches(
-                    model, run.objective, run.sampling, num_samples=num, num_classes=meta["num_classes"],
-                    input_shape=input_shape, seed=seed, device=device, flow_path=run.recipe["flow_path"],
-                    start_batch=writer.done_batches), start=writer.done_batches):
-                writer.write(batch, start, to_uint8(samples).cpu(), labels)
-            # the preview, from the memory maps: the first ten classes, eight samples each
-            grid = torch.from_numpy(writer.preview(GRID_PER_CLASS, min(GRID_CLASSES, meta["num_classes"])))
-            writer.close()
-            save_image(grid.permute(0, 3, 1, 2).float() / 255.0, str(tmp / f"grid_seed_{seed}.png"),
-                       nrow=GRID_PER_CLASS, padding=1)
-            print(f"sample_gen {args.run} seed {seed}: {num} samples")
+                              space.input_shape, seed, code)
+            write_seed_samples(model, run.objective, run.sampling, space, tmp, seed, num_classes=meta["num_classes"],
+                               device=device, flow_path=run.recipe["flow_path"],
+                               work_dir=run.paths.ckpt_dir(seed) / "samples", key=key,
+                               log=lambda message: print(f"sample_gen {args.run} seed {seed}: {message}", flush=True))
+            print(f"sample_gen {args.run} seed {seed}: {run.sampling['num_samples']} samples")
     for seed in run.seeds:  # the outputs are committed: the finished work can go
         discard_work(run.paths.ckpt_dir(seed) / "samples")
-
 
 if __name__ == "__main__":
     run_stage(main)

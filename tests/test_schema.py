@@ -209,3 +209,32 @@ def test_a_models_arch_must_exist_and_the_library_refuses_an_unsafe_run_path_its
     from vcarepro.pipeline import run_paths
     with pytest.raises(BadInput, match=r"run name '\.\./x' cannot become a directory"):
         run_paths("cls", "../x")
+
+
+@pytest.mark.parametrize("path, names", [
+    ("sampling.labels", "LABEL_MODES"), ("sampling.flow_sampler", "FLOW_SAMPLERS"),
+    ("sampling.flow_ode_method", "FLOW_ODE_METHODS"), ("gen_recipe.flow_path", "FLOW_PATHS"),
+])
+def test_a_generation_choice_is_one_of_the_names_module_list(scales, path, names):
+    """The schema checks each choice against the torch-free names module's list, the one the code acts on."""
+    from vcarepro import attention_names
+
+    choices = getattr(attention_names, names)
+    section, key = path.split(".")
+    for value in choices:
+        params = copy.deepcopy(scales["embedded"])
+        params[section][key] = value
+        validate(params)
+    params = copy.deepcopy(scales["embedded"])
+    params[section][key] = "not-a-choice"
+    with pytest.raises(ParamsError, match=re.escape(f"{path} must be one of {', '.join(choices)}, got 'not-a-choice'")):
+        validate(params)
+
+
+def test_a_run_objective_outside_the_names_module_list_fails(scales):
+    from vcarepro.attention_names import OBJECTIVES
+
+    params = copy.deepcopy(scales["embedded"])
+    params["gen_runs"]["dit_s2-vca"]["objective"] = "gan"
+    with pytest.raises(ParamsError, match=f"objective must be {' or '.join(OBJECTIVES)}, got 'gan'"):
+        validate(params)

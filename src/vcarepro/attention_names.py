@@ -1,4 +1,5 @@
-"""Names of the attention layers, importable without torch (the report and the params code use them).
+"""Names of the attention layers and the choices of generation, importable without torch (the report and
+the params code use them; every check of a choice reads its list here).
 
 The layers themselves are in :mod:`vcarepro.attention`; :func:`model_options` says what a run's
 attention is built with, for the model factories and for the report that describes them.
@@ -18,6 +19,16 @@ BENCH_LAYERS = (*ATTENTIONS, *(c for c in CONTROLS if c not in ATTENTIONS))
 # The option that sets how many pooled tokens a layer uses, for the layers that pool: a scale's
 # shape override ``contrast_tokens`` (e.g. 4 on the embedded 4x4 grid) sets it for any of them.
 POOLED_TOKEN_OPTION = {"vca": "contrast_tokens", "agent": "agent_tokens"}
+
+# The choices of generation, for the schema and for the code that acts on them (train/generation.py,
+# train/flow.py, vcarepro.protocol): a run's objective (DiT's DDPM, SiT's flow matching), a flow
+# model's path, its sampler and ODE solver, and how the sampled class labels are drawn (uniform
+# draws, as DiT's and SiT's sample_ddp.py; or a balanced cycle).
+OBJECTIVES = ("ddpm", "flow")
+FLOW_PATHS = ("linear", "gvp")
+FLOW_SAMPLERS = ("sde", "ode")
+FLOW_ODE_METHODS = ("dopri5", "euler", "heun")
+LABEL_MODES = ("random", "balanced")
 
 
 def model_options(attention: str, options: Dict[str, Any], shape: Dict[str, Any]):

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List
 
+from .attention_names import OBJECTIVES
 from .config import section
 from vcarepro.errors import BadInput, UnknownName
 
@@ -160,9 +161,6 @@ class GenRun:
     sampling: Dict[str, Any]
     seeds: List[int]
     paths: RunPaths
-
-
-OBJECTIVES = ("ddpm", "flow")
 
 
 def gen_run(params: Dict[str, Any], name: str) -> GenRun:

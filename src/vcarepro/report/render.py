@@ -10,6 +10,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from ..config import compose, load_params
 from ..attention_names import model_options
 from ..pipeline import cls_recipe, cls_run, gen_run
+from ..protocol import describe as describe_protocol
 from .changes import changes_since
 from .calibration import calibration_section
 from .collect import collect_runs, read_json, real_grid
@@ -131,13 +132,6 @@ def fold(rows: List[Dict[str, Any]], measured, label, runs, tables: TableBuilder
             "command": tables.how_to_run([x for r in hidden for x in runs(r)]) if hidden else None}
 
 
-def fid_protocol_text(protocol: Dict[str, Any]) -> str:
-    samplers = ", ".join(f"{name} {steps} steps ({objective})" for objective, (name, steps) in protocol["samplers"].items())
-    return (f"{protocol['num_samples']} samples with {protocol['labels']} labels, {samplers}, cfg {protocol['cfg_scale']}, "
-            f"decoded by {protocol['decoder']}, models trained in {protocol['train_precision']}, FID against "
-            f"{'ADM' if protocol['reference'] == 'adm' else 'our own'} reference statistics")
-
-
 def build_context(root: Path) -> Dict[str, Any]:
     params = load_params(root / "params.yaml")
     reference = load_reference(root / "data" / "paper_reference.yaml")
@@ -247,7 +241,7 @@ def build_context(root: Path) -> Dict[str, Any]:
         "recipes_collapse": recipes_collapse(params),
         "complexity_tolerance": params["report"]["complexity_tolerance"],
         "table2": table2,
-        "fid_protocol_text": fid_protocol_text(reference["fid_protocol"]),
+        "fid_protocol_text": describe_protocol(reference["fid_protocol"]),
         "dit_original": [{"model": r["model"], "fid": r["fid"][0], "source": r["fid"][1]}
                          for r in reference["dit_original"]],
         "table3": ablations["table3"],

@@ -10,6 +10,7 @@ import pandas as pd
 from ..metrics.aggregate import per_seed_values
 from ..metrics.intervals import Difference, direction, holm, holm_adjusted, seeds_note, welch
 from ..attention_names import model_options
+from ..protocol import deviations as protocol_deviations, describe as describe_protocol
 from ..provenance import Stale
 from .collect import RunResult
 from .reference import PaperValue, paper_value, unverified_sources
@@ -282,15 +283,8 @@ class TableBuilder:
         metrics = result.metrics if result is not None and result.metrics else {}
         if not metrics:
             return []
-        expected = dict(self.ref["fid_protocol"])
-        objective = self.params.get("gen_runs", {}).get(run, {}).get("objective")
-        expected["sampler"], expected["sampler_steps"] = expected.pop("samplers").get(objective, (None, None))
-        out = []
-        for key, want in expected.items():
-            got = metrics.get(key)
-            if got is not None and got != want:
-                out.append(PROTOCOL_DEVIATIONS.get(key, "{key} {got}").format(key=key, got=got, want=want))
-        return out
+        return protocol_deviations(metrics, self.ref["fid_protocol"],
+                                   self.params.get("gen_runs", {}).get(run, {}).get("objective"))
 
     def fid_cell(self, run: str, entry, conflict=None) -> Cell:
         ours = measured(self.gen.get(run), "fid", self.scale)
@@ -306,14 +300,12 @@ class TableBuilder:
         return cell
 
     def protocol_text(self, run: str) -> Optional[str]:
-        """The protocol a run's FID followed, in words, from its metrics.json."""
+        """The protocol a run's FID followed, in words, from its metrics.json (eval_gen copied it from the samples')."""
         result = self.gen.get(run)
         m = result.metrics if result is not None and result.metrics else None
         if not m or "reference" not in m:
             return None
-        return (f"{m['sampler']} {m['sampler_steps']} steps, cfg {m['cfg_scale']}, {m['labels']} labels, "
-                f"{m.get('num_samples')} samples, decoder {m['decoder']}, {m['reference']} reference, "
-                f"trained {m['train_precision']}")
+        return describe_protocol(m)
 
     def exact_cell(self, run: str, entry, key: str) -> Cell:
         model = self._model_of(run)
@@ -743,19 +735,6 @@ def runs_frame(results: Dict[str, RunResult], runs: Dict[str, Any], models: Dict
         records.append(record)
     return pd.DataFrame.from_records(records)
 
-
-# How a FID's protocol differs from the paper's, in words ({got}: the run's, {want}: the paper's).
-PROTOCOL_DEVIATIONS = {
-    "reference": "{got} reference statistics (the paper's: ADM's reference batch)",
-    "labels": "{got} labels (the paper's: {want})",
-    "decoder": "decoder {got} (the paper's: {want})",
-    "train_precision": "trained in {got} (the paper's: {want})",
-    "cfg_scale": "cfg {got} (the paper's: {want})",
-    "num_samples": "{got} samples (the paper's: {want})",
-    "fid_feature_dims": "FID over {got} feature coordinates (the paper's: all {want})",
-    "sampler": "sampler {got} (the paper's: {want})",
-    "sampler_steps": "{got} sampler steps (the paper's: {want})",
-}
 
 ROLES = {"baseline": "baseline (original recipe)", "twin": "baseline (lab's recipe)",
          "control": "control (lab's backbone, own attention)", "vca": "VCA (lab's recipe)"}

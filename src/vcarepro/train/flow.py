@@ -29,12 +29,13 @@ import math
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
+from vcarepro.attention_names import FLOW_ODE_METHODS, FLOW_PATHS
 from vcarepro.errors import BadInput
 
 Model = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-PATHS = ("linear", "gvp")
-ODE_METHODS = ("euler", "heun", "dopri5")
+PATHS = FLOW_PATHS
+ODE_METHODS = FLOW_ODE_METHODS
 DIFFUSION_FORMS = ("sigma", "SBDM", "constant", "linear", "decreasing", "increasing-decreasing")
 LAST_STEPS = ("Mean", "Euler", "Tweedie", None)
 

@@ -32,8 +32,10 @@ from .distributed import DistInfo, all_reduce_mean, any_rank, say
 from .flow import FlowMatching
 from .precision import MixedPrecision, maybe_compile, slow_precision_note
 from .preemption import Preempted, stop_on_sigterm
+from vcarepro.attention_names import LABEL_MODES
 from vcarepro.errors import BadInput, MissingInput
 from vcarepro.integrity import intact_file, prepared
+from vcarepro.protocol import sampler_of
 from vcarepro.io import save_tensors
 
 
@@ -249,6 +251,7 @@ def generate_batches(model: nn.Module, objective: str, sampling: Dict[str, Any],
     """
     model = model.to(device).eval()
     sampler = make_objective(objective, flow_path)
+    method, steps = sampler_of(objective, sampling)  # the protocol sample_gen records (vcarepro.protocol)
     size = sampling["batch_size"]
     for batch in range(start_batch, math.ceil(num_samples / size)):
         start = batch * size
@@ -256,21 +259,15 @@ def generate_batches(model: nn.Module, objective: str, sampling: Dict[str, Any],
         generator = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + batch)
         y = sample_labels(sampling["labels"], start, count, num_classes, generator).to(device)
         noise = torch.randn((len(y), *input_shape), generator=generator).to(device)
-        if objective == "ddpm":
-            x = sampler.sample(model, noise, y, num_steps=sampling["ddpm_steps"], cfg_scale=sampling["cfg_scale"],
-                               generator=generator)
-        elif sampling["flow_sampler"] == "sde":
-            x = sampler.sample_sde(model, noise, y, num_steps=sampling["flow_steps"], cfg_scale=sampling["cfg_scale"],
+        if method == "ddpm":
+            x = sampler.sample(model, noise, y, num_steps=steps, cfg_scale=sampling["cfg_scale"], generator=generator)
+        elif method == "flow-sde":
+            x = sampler.sample_sde(model, noise, y, num_steps=steps, cfg_scale=sampling["cfg_scale"],
                                    generator=generator)
-        elif sampling["flow_sampler"] == "ode":
-            x = sampler.sample_ode(model, noise, y, num_steps=sampling["flow_steps"],
-                                   method=sampling["flow_ode_method"], cfg_scale=sampling["cfg_scale"])
-        else:
-            raise BadInput(f"sampling.flow_sampler={sampling['flow_sampler']!r} is unknown; use 'sde' or 'ode'.")
+        else:  # flow-ode
+            x = sampler.sample_ode(model, noise, y, num_steps=steps, method=sampling["flow_ode_method"],
+                                   cfg_scale=sampling["cfg_scale"])
         yield start, x.float().cpu(), y.cpu()
-
-
-LABEL_MODES = ("random", "balanced")
 
 
 def sample_labels(mode: str, start: int, count: int, num_classes: int, generator: torch.Generator) -> torch.Tensor:
