@@ -94,6 +94,9 @@ def test_every_stage_runs_and_writes_finite_metrics(repo):
                 assert (metrics["labels"], metrics["reference"], metrics["decoder"], metrics["train_precision"]) == \
                     ("random", "own", "none (pixels)", "fp32")
                 assert metrics["sampler"] == ("ddpm" if run.startswith("dit") else "flow-sde")
+                # eval_gen copied the protocol sample_gen recorded beside the samples
+                sampled = json.loads((repo / "runs" / branch / run / "samples" / "protocol.json").read_text())
+                assert {k: metrics[k] for k in sampled} == sampled
                 assert {"kid_mean", "inception_score", "precision", "recall"} <= set(metrics)
     shown = json.loads(sh("dvc metrics show --json", repo).stdout)
     assert any("top1" in json.dumps(v) for v in shown.values())

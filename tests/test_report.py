@@ -340,7 +340,9 @@ def test_table2_judges_only_fids_that_followed_the_papers_protocol(tmp_path):
     assert NOT_COMPARABLE in mhsa and REPRODUCED not in mhsa and SHORT not in mhsa
     assert "own reference statistics (the paper&#39;s: ADM&#39;s reference batch)" in mhsa
     assert "trained in bf16 (the paper&#39;s: tf32)" in mhsa
-    assert "50000 samples with random labels" in table  # the paper's protocol, stated
+    # the paper's protocol, stated by the formatter that words ours (vcarepro.protocol.describe)
+    assert "ddpm 250 steps (ddpm models) or flow-sde 250 steps (flow models), cfg 1.0, random labels, 50000 samples" \
+        in table
 
 
 def test_changes_since_head_is_one_line_when_heads_metrics_are_not_in_the_cache(monkeypatch):
