@@ -133,7 +133,7 @@ def test_the_train_step_benchmark_projects_a_full_run_from_its_step_time(one_tor
 def test_the_proxy_classification_step_projects_epochs_of_imagenet_100(one_torch_thread, monkeypatch):
     from vcarepro.bench import train_step
 
-    monkeypatch.setattr(train_step, "_time_ms", lambda step, min_run_time: 250.0)  # a fixed step time
+    monkeypatch.setattr(train_step, "time_ms", lambda step, min_run_time: 250.0)  # a fixed step time
     row = train_step.bench_train_step("deit_tiny-vca", scale="proxy", batch=8, device="cpu", precision="fp32")
     # 100 epochs x floor(126,689 / 1024) = 123 updates, each 128 device steps of 8, at 0.25 s
     assert (row["objective"], row["global_batch"], row["recipe_steps"]) == ("classification", 1024, 100 * 123)

@@ -91,9 +91,12 @@ def write_bytes(path: str | Path, data, digest: bool = False) -> Path:
     return path
 
 
-def write_json(path: str | Path, payload: Any) -> None:
-    """Write JSON atomically (:func:`write_bytes`)."""
-    write_bytes(path, (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode())
+def write_json(path: str | Path, payload: Any, *, sort_keys: bool = True, end: str = "\n") -> None:
+    """Write JSON atomically (:func:`write_bytes`): indented, keys sorted, a final newline.
+
+    ``sort_keys=False, end=""``: the benchmarks' JSON, whose rows keep their fields' order.
+    """
+    write_bytes(path, (json.dumps(payload, indent=2, sort_keys=sort_keys) + end).encode())
 
 
 @contextmanager

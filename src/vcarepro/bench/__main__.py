@@ -10,7 +10,9 @@ from dataclasses import asdict
 import torch
 
 from ..errors import run_stage
-from . import BENCH_LAYERS, bench_attention, describe_machine, family_speed_table, speed_targets, write_json
+from ..io import write_json
+from .attention_cost import BENCH_LAYERS, bench_attention, family_speed_table, speed_targets
+from .timing import describe_machine
 
 
 def main(argv=None) -> None:
@@ -63,7 +65,7 @@ def main(argv=None) -> None:
               f"{row['projected_device_hours']:.1f} device-hours (compute only; an estimate, not a measurement "
               f"of a full run)")
         if args.json:
-            write_json(args.json, {"machine": machine, "train_step": row})
+            write_json(args.json, {"machine": machine, "train_step": row}, sort_keys=False, end="")
         return
 
     print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
@@ -82,7 +84,7 @@ def main(argv=None) -> None:
         print("torch.compile failed for: " + "; ".join(failed))
     if args.json:
         write_json(args.json, {"machine": machine, "config": vars(args), "attention": [asdict(r) for r in rows],
-                               "targets": targets})
+                               "targets": targets}, sort_keys=False, end="")
 
 
 if __name__ == "__main__":

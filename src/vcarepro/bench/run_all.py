@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Dict
 
-from . import attention_table, bench_attention, write_json
+from ..io import write_json
+from .attention_cost import attention_table, bench_attention
 from .suite import (bench_attention_memory, bench_dvc_noop, bench_jpeg_decode, bench_models, bench_train_loop)
 
 
@@ -53,6 +54,6 @@ def run_all(machine: Dict[str, object], *, quick: bool = False, json_path: str =
     elif noop:
         print(f"\n6. DVC with everything up to date: dvc status {noop['dvc_status_s']:.2f} s, "
               f"dvc repro {noop['dvc_repro_s']:.2f} s")
-    write_json(json_path, out)
+    write_json(json_path, out, sort_keys=False, end="")
     print(f"\nwrote {json_path}")
     return out

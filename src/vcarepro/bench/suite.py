@@ -16,7 +16,7 @@ import torch.nn as nn
 from timm.layers import Attention
 
 from ..attention import VisualContrastAttention
-from . import _time_ms
+from .timing import time_ms
 
 
 def bench_models(img_sizes: Sequence[int] = (224, 448, 896), *, batch: int = 1,
@@ -35,7 +35,7 @@ def bench_models(img_sizes: Sequence[int] = (224, 448, 896), *, batch: int = 1,
                 with torch.no_grad():
                     model(x)
             rows.append({"img_size": size, "tokens": (size // 16) ** 2 + 1, "model": name,
-                         "forward_ms": _time_ms(forward, min_run_time)})
+                         "forward_ms": time_ms(forward, min_run_time)})
     return rows
 
 

@@ -19,7 +19,7 @@ from timm.data.mixup import mixup_target
 from timm.utils import ModelEmaV3
 
 from ..config import compose
-from . import _time_ms
+from .timing import time_ms
 from ..errors import UnknownName
 from ..pipeline import cls_run, gen_run
 from ..train.classification import ClassifierSpec, build_criterion, build_optimizer, recipe_steps
@@ -176,7 +176,7 @@ def bench_cls_step(run_name: str, *, params: Dict[str, Any], train_images: int, 
     recipe = run.recipe
     step = classification_step(run, batch=batch, device=device, precision=precision)
     step()  # warm-up: allocations, kernel selection
-    seconds = _time_ms(step, min_run_time) / 1e3
+    seconds = time_ms(step, min_run_time) / 1e3
     global_batch = recipe["batch_size"]
     steps = recipe_steps(recipe, train_images)
     device_steps = steps * math.ceil(global_batch / batch)
@@ -195,7 +195,7 @@ def bench_gen_step(run_name: str, *, params: Dict[str, Any] = None, batch: int, 
     recipe = run.recipe
     step = generation_step(run, batch=batch, device=device, precision=precision)
     step()  # warm-up: allocations, kernel selection
-    seconds = _time_ms(step, min_run_time) / 1e3
+    seconds = time_ms(step, min_run_time) / 1e3
     global_batch, steps = recipe["batch_size"], recipe["steps"]
     device_steps = steps * math.ceil(global_batch / batch)
     return {
