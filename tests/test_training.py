@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from vcarepro.config import compose
 from vcarepro.data.embedded import export_digits
-from vcarepro.integrity import write_manifest
+from vcarepro.io import write_manifest
 from vcarepro.pipeline import cls_run
 from vcarepro.train.checkpoint import load_checkpoint
 from vcarepro.train.classification import ClassifierSpec, train_classifier

@@ -15,7 +15,7 @@ import torch
 
 from vcarepro.config import compose
 from vcarepro.data.embedded import export_digits
-from vcarepro.integrity import write_manifest
+from vcarepro.io import write_manifest
 from vcarepro.pipeline import cls_run
 from vcarepro.train.classification import ClassifierSpec, train_classifier
 from vcarepro.train.distributed import DistInfo

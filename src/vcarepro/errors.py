@@ -7,7 +7,9 @@ is also the built-in exception it used to be, so ``except ValueError`` and the l
 """
 from __future__ import annotations
 
+import errno
 import sys
+from pathlib import Path
 from typing import Callable, Optional
 
 USER_ERROR_STATUS = 2
@@ -21,6 +23,10 @@ class BadInput(UserError, ValueError):
     """A value, option, file content or dataset that cannot be used."""
 
 
+class UnknownArgument(BadInput, TypeError):
+    """A keyword argument a model or layer does not take (a TypeError, as Python and timm's factory raise one)."""
+
+
 class MissingInput(UserError, FileNotFoundError):
     """A path the stage needs does not exist."""
 
@@ -30,6 +36,38 @@ class UnknownName(UserError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the sentence
         return str(self.args[0]) if self.args else ""
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFull(UserError, OSError):
+    """No space left (ENOSPC) or the quota exhausted (EDQUOT) where a stage writes."""
+
+
+def disk_full_error(err: BaseException, path: Optional[str | Path], needed: Optional[int] = None) -> DiskFull:
+    """The one sentence for ``err`` (ENOSPC / EDQUOT, or safetensors' wrapping of them) while writing ``path``."""
+    quota = getattr(err, "errno", None) == errno.EDQUOT or "quota" in str(err).lower()
+    where = Path(path).parent if path is not None else None
+    while where is not None and not where.is_dir() and where != where.parent:
+        where = where.parent  # df works on what exists: the directory the file was going into
+    need = f" ({needed:,} bytes were needed)" if needed else ""
+    return DiskFull(
+        f"{'the disk quota is exhausted' if quota else 'no space is left on the device'} while writing "
+        f"{path if path is not None else 'an output of this stage'}{need}; free space there (`df -h "
+        f"{where or '.'}`) or point that directory elsewhere (checkpoints/ and runs/ may be symbolic links to a "
+        f"larger disk), then re-run `dvc repro`; DVC records nothing of this stage.")
+
+
+def is_disk_full(err: BaseException) -> bool:
+    if isinstance(err, OSError) and err.errno in DISK_FULL:
+        return True
+    # safetensors raises its own SafetensorError with the OS's message; torch a RuntimeError
+    text = str(err)
+    return type(err).__name__ in ("SafetensorError", "RuntimeError") and (
+        "No space left on device" in text or "Disk quota exceeded" in text
+        or "os error 28" in text or "os error 122" in text)
+
 
 
 def run_stage(main: Callable[[], object]) -> None:
@@ -49,7 +87,6 @@ def run_stage(main: Callable[[], object]) -> None:
         print(f"error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(USER_ERROR_STATUS) from None
     except Exception as err:
-        from vcarepro.io import disk_full_error, is_disk_full
         if not is_disk_full(err):
             raise
         print(f"error: {disk_full_error(err, _written_path(err))}", file=sys.stderr, flush=True)

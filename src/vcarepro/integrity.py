@@ -9,6 +9,7 @@ without error and are trained on. So each such file gets its digest when it is w
 * a prepared directory (``data/gen``, ``data/fid_reference``, a run's samples): one
   ``SHA256SUMS`` listing every file in it, written last.
 
+:mod:`vcarepro.io` writes them (``write_bytes(..., digest=True)``, ``write_sidecar``, ``write_manifest``);
 :func:`check` verifies a file against whichever of the two covers it and gives the reason it
 cannot be used (``None`` when intact); :func:`require_intact` turns that reason into one sentence
 with the fix. A file is hashed once per process (its size, mtime and inode key the memo).
@@ -64,24 +65,6 @@ def remember(path: str | Path, digest: str) -> None:
 
 def sidecar_text(name: str, digest: str) -> str:
     return f"{digest}  {name}\n"
-
-
-def write_sidecar(path: str | Path, digest: Optional[str] = None) -> None:
-    """Write ``<path>.sha256`` for ``path`` (hashing it unless ``digest`` is given)."""
-    from vcarepro.io import write_bytes
-
-    path = Path(path)
-    write_bytes(sidecar_path(path), sidecar_text(path.name, digest or sha256_file(path)).encode())
-
-
-def write_manifest(root: str | Path) -> Path:
-    """``root/SHA256SUMS`` over every file below ``root`` (relative paths, sorted); written last."""
-    root = Path(root)
-    lines = [sidecar_text(p.relative_to(root).as_posix(), sha256_file(p))
-             for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST]
-    from vcarepro.io import write_bytes
-
-    return write_bytes(root / MANIFEST, "".join(lines).encode())
 
 
 def _parse(text: str) -> Dict[str, str]:

@@ -10,38 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from vcarepro.errors import UserError
-
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
-class DiskFull(UserError, OSError):
-    """No space left (ENOSPC) or the quota exhausted (EDQUOT) where a stage writes."""
-
-
-def disk_full_error(err: BaseException, path: Optional[str | Path], needed: Optional[int] = None) -> DiskFull:
-    """The one sentence for ``err`` (ENOSPC / EDQUOT, or safetensors' wrapping of them) while writing ``path``."""
-    quota = getattr(err, "errno", None) == errno.EDQUOT or "quota" in str(err).lower()
-    where = Path(path).parent if path is not None else None
-    while where is not None and not where.is_dir() and where != where.parent:
-        where = where.parent  # df works on what exists: the directory the file was going into
-    need = f" ({needed:,} bytes were needed)" if needed else ""
-    return DiskFull(
-        f"{'the disk quota is exhausted' if quota else 'no space is left on the device'} while writing "
-        f"{path if path is not None else 'an output of this stage'}{need}; free space there (`df -h "
-        f"{where or '.'}`) or point that directory elsewhere (checkpoints/ and runs/ may be symbolic links to a "
-        f"larger disk), then re-run `dvc repro`; DVC records nothing of this stage.")
-
-
-def is_disk_full(err: BaseException) -> bool:
-    if isinstance(err, OSError) and err.errno in DISK_FULL:
-        return True
-    # safetensors raises its own SafetensorError with the OS's message; torch a RuntimeError
-    text = str(err)
-    return type(err).__name__ in ("SafetensorError", "RuntimeError") and (
-        "No space left on device" in text or "Disk quota exceeded" in text
-        or "os error 28" in text or "os error 122" in text)
-
+from vcarepro.errors import DISK_FULL, DiskFull, disk_full_error, is_disk_full  # noqa: F401  (io's own names too)
+from vcarepro.integrity import MANIFEST, remember, sha256_bytes, sha256_file, sidecar_path, sidecar_text
 
 @contextmanager
 def disk_full_names(path: str | Path, needed: Optional[int] = None) -> Iterator[None]:
@@ -79,7 +49,6 @@ def write_bytes(path: str | Path, data, digest: bool = False) -> Path:
                 f.flush()
                 os.fsync(f.fileno())
             if digest:
-                from vcarepro.integrity import remember, sha256_bytes, write_sidecar
                 checksum = sha256_bytes(data)
                 write_sidecar(path, checksum)
             os.replace(tmp, path)
@@ -97,6 +66,20 @@ def write_json(path: str | Path, payload: Any, *, sort_keys: bool = True, end: s
     ``sort_keys=False, end=""``: the benchmarks' JSON, whose rows keep their fields' order.
     """
     write_bytes(path, (json.dumps(payload, indent=2, sort_keys=sort_keys) + end).encode())
+
+
+def write_sidecar(path: str | Path, digest: Optional[str] = None) -> None:
+    """Write ``<path>.sha256`` for ``path`` (hashing it unless ``digest`` is given)."""
+    path = Path(path)
+    write_bytes(sidecar_path(path), sidecar_text(path.name, digest or sha256_file(path)).encode())
+
+
+def write_manifest(root: str | Path) -> Path:
+    """``root/SHA256SUMS`` over every file below ``root`` (relative paths, sorted); written last."""
+    root = Path(root)
+    lines = [sidecar_text(p.relative_to(root).as_posix(), sha256_file(p))
+             for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST]
+    return write_bytes(root / MANIFEST, "".join(lines).encode())
 
 
 @contextmanager
@@ -117,7 +100,6 @@ def atomic_directory(path: str | Path, digests: bool = False) -> Iterator[Path]:
         with disk_full_names(path):
             yield tmp
             if digests:
-                from vcarepro.integrity import write_manifest
                 write_manifest(tmp)
         if path.exists():
             shutil.rmtree(path)

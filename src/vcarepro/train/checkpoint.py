@@ -11,8 +11,8 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from vcarepro.integrity import check, expected_digest, write_sidecar
-from vcarepro.io import write_bytes
+from vcarepro.integrity import check, expected_digest
+from vcarepro.io import write_bytes, write_sidecar
 
 
 def previous_path(path: str | Path) -> Path:
