@@ -5,9 +5,9 @@ torch, timm and this package (about 9 s on a 2-core machine, so minutes over the
 pipeline). ``python stages/run.py SCRIPT ARGS...`` (or ``-m MODULE ARGS...``) runs the same
 command, but in a child forked from a local server that holds those modules already:
 
-* the client (this file, standard library only, loaded by ``stages/run.py`` without
-  importing the package) connects to a Unix socket in a private temporary directory, starting
-  the server (``python warm.py serve``) if none answers;
+* the client (this module, standard library only, imported by ``stages/run.py`` beside it, so
+  that the package and torch load only in the server) connects to a Unix socket in a private
+  temporary directory, starting the server (``python stages/warm.py serve``) if none answers;
 * it hands over its command line, working directory, environment and its stdin / stdout /
   stderr file descriptors, so the child reads and writes exactly where the stage would;
 * the server forks; the child becomes its own process group, takes those descriptors,
@@ -19,8 +19,8 @@ command, but in a child forked from a local server that holds those modules alre
   without a word (SIGKILL), the server kills the child.
 
 Nothing listens on the network: the socket is a file in a directory only this user can
-enter. The server's key is a hash of the interpreter, of every ``.py`` file of the package
-and of the environment variables that torch and the libraries it loads read when they load
+enter. The server's key is a hash of the interpreter, of every ``.py`` file of the package and this
+file, and of the environment variables that torch and the libraries it loads read when they load
 (``IMPORT_ENV_PREFIXES``: ``OMP_NUM_THREADS``, ``MKL_CBWR``, ``ONEDNN_MAX_CPU_ISA``,
 ``TIMM_FUSED_ATTN``, ``LD_PRELOAD``, ...). A child cannot change those, since the server
 read them before it forked; so edited code, and a client whose values differ (say
@@ -44,7 +44,8 @@ import traceback
 from pathlib import Path
 from typing import List, Mapping, Optional
 
-PACKAGE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve()
+PACKAGE = HERE.parents[1] / "src" / "vcarepro"  # the code the server preloads (src/vcarepro)
 # Modules the stages import; the server imports them once, each child inherits them.
 PRELOAD = ("torch", "timm", "vcarepro", "vcarepro.launch", "vcarepro.train.classification",
            "vcarepro.train.generation", "vcarepro.metrics.complexity", "vcarepro.metrics.fid50k",
@@ -76,13 +77,15 @@ def enabled() -> bool:
 
 
 def server_key(env: Optional[Mapping[str, str]] = None) -> str:
-    """What a server's preloaded state depends on: the interpreter, this package's code and the
-    environment variables read at import (:data:`IMPORT_ENV_PREFIXES`)."""
+    """What a server's preloaded state depends on: the interpreter, the package's code, this file (the
+    server's own) and the environment variables read at import (:data:`IMPORT_ENV_PREFIXES`)."""
     env = os.environ if env is None else env
     digest = hashlib.sha256(f"{sys.executable}\0{sys.version}\0{sys.prefix}".encode())
     for path in sorted(PACKAGE.rglob("*.py")):
         digest.update(str(path.relative_to(PACKAGE)).encode())
         digest.update(path.read_bytes())
+    digest.update(HERE.name.encode())
+    digest.update(HERE.read_bytes())
     for name in sorted(import_env(env)):
         digest.update(f"\0{name}={env[name]}".encode())
     return digest.hexdigest()[:20]
@@ -158,7 +161,7 @@ def _connect() -> socket.socket:
         return _open(path)
     except OSError:
         pass
-    subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "serve", str(path), key],
+    subprocess.Popen([sys.executable, str(HERE), "serve", str(path), key],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      start_new_session=True, close_fds=True)
     deadline = time.monotonic() + START_TIMEOUT
@@ -213,8 +216,8 @@ def _run_on(sock: socket.socket, command: List[str]) -> int:
 def serve(path: str, key: str, idle: Optional[float] = None) -> None:
     """Import the stages' modules, then fork one child per request until ``idle`` seconds pass without one."""
     idle = float(os.environ.get("VCAREPRO_WARM_IDLE", "60")) if idle is None else idle
-    if sys.path and Path(sys.path[0] or ".").resolve() == PACKAGE:
-        sys.path.pop(0)  # this file's folder must not shadow anything (it holds io.py, config.py, ...)
+    if sys.path and Path(sys.path[0] or ".").resolve() == HERE.parent:
+        sys.path.pop(0)  # this file's folder must not shadow what the server imports (stages/report.py, ...)
     for name in PRELOAD:
         try:
             __import__(name)

@@ -146,11 +146,8 @@ def test_the_profiles_set_what_their_documentation_names():
     assert "CUBLAS_WORKSPACE_CONFIG" not in portable  # gpu defaults to fast where the section does not say
     deterministic = numerics.profile_env(numerics.settings_of({"numerics": {"cpu": "native", "gpu": "deterministic"}}))
     assert deterministic["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8" and "ATEN_CPU_CAPABILITY" not in deterministic
-    # every variable a profile sets is part of the warm server's key (src/vcarepro/warm.py)
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("warm_for_test", ROOT / "src" / "vcarepro" / "warm.py")
-    warm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(warm)
+    # every variable a profile sets is part of the warm server's key (stages/warm.py)
+    from stages import warm
     for name in {**portable, **deterministic}:
         if name != numerics.ENV_KEY:
             assert name.startswith(warm.IMPORT_ENV_PREFIXES), name

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vcarepro import warm
+from stages import warm  # the launcher beside stages/run.py (pytest puts the repository root on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "stages" / "run.py"
@@ -130,6 +130,24 @@ def test_edited_code_gets_a_new_server(tmp_path, monkeypatch):
     assert warm.server_key() == before
     (package / "a.py").write_text("x = 2\n")
     assert warm.server_key() != before
+
+
+def test_an_edited_launcher_gets_a_new_server(tmp_path, monkeypatch):
+    launcher = tmp_path / "warm.py"
+    launcher.write_text("x = 1\n")
+    monkeypatch.setattr(warm, "HERE", launcher)
+    before = warm.server_key()
+    launcher.write_text("x = 2\n")
+    assert warm.server_key() != before
+
+
+def test_the_client_imports_neither_the_package_nor_torch():
+    """stages/run.py and its client load neither torch nor the package: only the server and a fresh stage do."""
+    probe = ("import sys; "
+             f"sys.path.insert(0, {str(ROOT / 'stages')!r}); import run; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vcarepro', 'numpy')))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.strip() == "[]"
 
 
 def test_the_socket_lives_in_a_folder_only_this_user_can_enter(monkeypatch, tmp_path):
