@@ -9,6 +9,7 @@ import torch.nn as nn
 from timm.models import VisionTransformer
 from timm.models.vision_transformer import Block
 
+from vcarepro.attention.grid import value_grid
 from vcarepro.attention.inline import KERNELS, InLineAttention
 from vcarepro.metrics.complexity import count_flops, count_parameters
 
@@ -184,7 +185,7 @@ def test_local_term_is_a_per_sample_depthwise_conv_of_the_patch_values():
         q, k, v = m._qkv(x)
         kernels = m.local_kernels(x)
         for b in range(2):
-            grid = m._patch_values(v)[b:b + 1]
+            grid = value_grid(v, m.grid_size, m.num_prefix_tokens)[b:b + 1]
             conv = nn.functional.conv2d(grid, kernels[b][:, None], padding=1, groups=DIM)
             expected = conv.flatten(2).transpose(1, 2)[0]
             torch.testing.assert_close(m._local_conv(v, kernels)[b], expected)

@@ -13,6 +13,8 @@ each is written here after its official module (the file is named in its docstri
     mhsa+dwc    control: MHSA plus VCA's depthwise local term       attention/controls.py
 
 (VCA without its local term, the other control, is ``vca`` with ``local_conv=False``.)
+What the grid-aware layers and the hierarchical backbones share (the token-grid helpers and
+checks, the qkv / q-k-norm / local-term preamble) is in ``attention/grid.py``.
 
 :func:`build_attention` makes any of them for block ``layer_index`` of a model whose tokens
 are ``num_prefix_tokens`` prefix tokens followed by a ``grid_size`` patch grid; the

@@ -54,14 +54,14 @@ with ``F.adaptive_avg_pool2d``; the reference path materialises the n x N and
 N x n attention maps with the biases added to the logits, and pools with an
 explicit window-averaging matrix. Tests hold them equal.
 """
-import math
 from typing import Any, Dict, Optional, Sequence, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import trunc_normal_, use_fused_attn
-from vcarepro.attention.vca import check_layer_args, check_token_count, check_unmasked, patch_grid, pooling_matrix
+from vcarepro.attention.grid import (GridAttention, check_layer_args, check_token_count, check_unmasked, patch_grid,
+                                     pooling_matrix, token_grid)
 from vcarepro.errors import BadInput
 
 # Agent tokens per layer: ``AgentAttention(agent_num=49)`` in agent_deit.py, and
@@ -98,22 +98,6 @@ _GRID_BIASES = {
 }
 
 
-def agent_grid(value: Union[int, Sequence[int]]) -> Tuple[int, int]:
-    """A square number of agent tokens (49 -> 7x7) or an explicit (h, w) agent grid."""
-    if isinstance(value, int):
-        side = math.isqrt(max(value, 0))
-        if value < 1 or side * side != value:
-            raise BadInput(
-                f"agent_tokens={value} is not a square number; pass a square count such as 49 "
-                f"or an explicit (h, w) grid such as (7, 7)."
-            )
-        return (side, side)
-    h, w = (int(v) for v in value)
-    if h < 1 or w < 1:
-        raise BadInput(f"agent_tokens={tuple(value)} has an empty side; give a grid of at least 1x1 such as (7, 7).")
-    return (h, w)
-
-
 def resize_along(tensor: torch.Tensor, axis: int, size: int) -> torch.Tensor:
     """1-D linear resize (align_corners=False) of ``tensor`` along ``axis``, computed in float32 at least."""
     if tensor.shape[axis] == size:
@@ -124,7 +108,7 @@ def resize_along(tensor: torch.Tensor, axis: int, size: int) -> torch.Tensor:
     return out.reshape(*moved.shape[:-1], size).movedim(-1, axis).to(tensor.dtype)
 
 
-class AgentAttention(nn.Module):
+class AgentAttention(GridAttention):
     """Agent Attention, a drop-in replacement for timm's ``Attention``.
 
     Like VCA it needs the token layout: ``grid_size`` (H, W) of the patch grid and
@@ -169,16 +153,14 @@ class AgentAttention(nn.Module):
         self.scale = self.head_dim ** -0.5
         self.num_prefix_tokens = num_prefix_tokens
         self.layer_index = layer_index  # accepted for the common interface; agent attention does not vary with depth
-        self.agent_grid = agent_grid(agent_tokens)
+        self.agent_grid = token_grid(agent_tokens, "agent_tokens")
         self.num_agents = self.agent_grid[0] * self.agent_grid[1]
         self.dwc_kernel = dwc_kernel
         self.attn_drop_p = attn_drop
         self.fused_attn = use_fused_attn()
         self.grid_size = self._validated_grid(grid_size)
 
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self._init_qkv(dim, qkv_bias, qk_norm, norm_layer)
         self.attn_drop = nn.Dropout(attn_drop)
         self.local_conv = (
             nn.Conv2d(dim, dim, dwc_kernel, padding=dwc_kernel // 2, groups=dim) if dwc_kernel else None
@@ -300,15 +282,6 @@ class AgentAttention(nn.Module):
         pooled = F.adaptive_avg_pool2d(grid, (h, w))
         return pooled.reshape(B, self.num_heads, self.head_dim, h * w).transpose(-1, -2)
 
-    def _local(self, v: torch.Tensor) -> torch.Tensor:
-        # v: (B, heads, N, d) -> depthwise conv on the patch grid -> (B, H*W, C)
-        B = v.shape[0]
-        H, W = self.grid_size
-        grid = v[:, :, self.num_prefix_tokens:].transpose(-1, -2).reshape(B, self.dim, H, W)
-        conv = self.local_conv
-        assert conv is not None
-        return conv(grid).flatten(2).transpose(1, 2)
-
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor],
                 reference: bool) -> torch.Tensor:
         """softmax(q k^T / sqrt(d) + bias) v: materialised for the reference path, SDPA otherwise."""
@@ -341,8 +314,7 @@ class AgentAttention(nn.Module):
         self._check_tokens(N)
         use_reference = (not self.fused_attn) if reference is None else reference
 
-        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = self._qkv_heads(x)
         agents = self.agents(q, use_reference)
         agent_to_token, token_to_agent = self.position_biases()
 
@@ -351,6 +323,5 @@ class AgentAttention(nn.Module):
         out = out.transpose(1, 2).reshape(B, N, C)
 
         if self.local_conv is not None:
-            P = self.num_prefix_tokens
-            out = torch.cat([out[:, :P], out[:, P:] + self._local(v)], dim=1)
+            out = self._add_local(out, self._local(v))
         return self.proj_drop(self.proj(out))

@@ -19,11 +19,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import use_fused_attn
 
-from .vca import check_layer_args, check_token_count, check_unmasked, local_conv_layer, patch_grid, value_grid
+from .grid import GridAttention, check_layer_args, check_token_count, check_unmasked, local_conv_layer, patch_grid
 
 
 
-class MhsaLocalConv(nn.Module):
+class MhsaLocalConv(GridAttention):
     """Multi-head self-attention plus VCA's local term (3x3 depthwise conv of v on the patch grid).
 
     softmax(q k^T / sqrt(d)) v over all N tokens, per head, as timm's ``Attention``; the
@@ -60,11 +60,9 @@ class MhsaLocalConv(nn.Module):
         self.fused_attn = use_fused_attn()
         self.attn_drop_p = attn_drop
 
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self._init_qkv(dim, qkv_bias, qk_norm, norm_layer)
         self.attn_drop = nn.Dropout(attn_drop)
-        self.local_conv = local_conv_layer(dim)   # exactly VCA's (attention/vca.py)
+        self.local_conv = local_conv_layer(dim)   # exactly VCA's (attention/grid.py)
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
 
@@ -78,10 +76,6 @@ class MhsaLocalConv(nn.Module):
     def extra_repr(self) -> str:
         return f"grid_size={self.grid_size}, prefix={self.num_prefix_tokens}"
 
-    def _local(self, v: torch.Tensor) -> torch.Tensor:
-        # vca.local_term, written out: TorchScript takes no module as a function argument
-        return self.local_conv(value_grid(v, self.grid_size, self.num_prefix_tokens)).flatten(2).transpose(1, 2)
-
     def forward(
         self,
         x: torch.Tensor,
@@ -93,8 +87,7 @@ class MhsaLocalConv(nn.Module):
         check_unmasked(attn_mask, is_causal, "MHSA+DWC")
         B, N, C = x.shape
         check_token_count(N, self.num_prefix_tokens, self.grid_size, "MHSA+DWC")
-        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = self._qkv_heads(x)
         use_reference = (not self.fused_attn) if reference is None else reference
         if use_reference:
             attn = self.attn_drop(((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1))
@@ -102,6 +95,5 @@ class MhsaLocalConv(nn.Module):
         else:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop_p if self.training else 0.0)
         out = out.transpose(1, 2).reshape(B, N, C)
-        P = self.num_prefix_tokens
-        out = torch.cat([out[:, :P], out[:, P:] + self._local(v)], dim=1)
+        out = self._add_local(out, self._local(v))
         return self.proj_drop(self.proj(out))

@@ -65,7 +65,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_module
-from vcarepro.attention.vca import check_choice, check_layer_args, check_token_count, check_unmasked, patch_grid
+from vcarepro.attention.grid import (GridAttention, check_choice, check_layer_args, check_token_count, check_unmasked,
+                                     patch_grid)
 from vcarepro.errors import BadInput
 
 PosEncoding = Literal["learned", "none"]
@@ -105,7 +106,7 @@ def focus(a: torch.Tensor, power: float, literal: bool = False) -> torch.Tensor:
 # A leaf for torch.fx (timm's notrace module): its float32 island (autocast off on the input's device,
 # float64 kept) branches on the input's dtype and device.
 @register_notrace_module
-class FocusedLinearAttention(nn.Module):
+class FocusedLinearAttention(GridAttention):
     """Focused Linear Attention, a drop-in replacement for timm's ``Attention``.
 
     It needs the token layout: ``grid_size`` (H, W) of the patch grid (for the
@@ -166,11 +167,9 @@ class FocusedLinearAttention(nn.Module):
         self.prefix_pos_encoding = prefix_pos_encoding
         self.grid_size = patch_grid(grid_size)
 
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         # timm's convention: a per-head norm of q and k straight after the projection (here
         # before E is added and before the feature map).
-        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self._init_qkv(dim, qkv_bias, qk_norm, norm_layer)
         # s and E keep the official 3-D shapes (1, 1, C) and (1, L, C): the official optimizer
         # (optimizer.py set_weight_decay_and_lr) and timm's both exempt only 1-D parameters and
         # biases from weight decay, so both are decayed, as in the official training.
@@ -286,8 +285,7 @@ class FocusedLinearAttention(nn.Module):
         B, N, C = x.shape
         self._check_tokens(N)
 
-        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = self._qkv_heads(x)
         # the feature maps mix all heads' channels, so they work on (B, N, C)
         q, k = (t.transpose(1, 2).reshape(B, N, C) for t in (q, k))
 
@@ -303,6 +301,5 @@ class FocusedLinearAttention(nn.Module):
         out = out.to(v.dtype).transpose(1, 2).reshape(B, N, C)
 
         if self.dwc is not None:
-            P = self.num_prefix_tokens
-            out = torch.cat([out[:, :P], out[:, P:] + self._local(v)], dim=1)
+            out = self._add_local(out, self._local(v))
         return self.proj_drop(self.proj(out))

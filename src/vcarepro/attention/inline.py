@@ -61,7 +61,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from vcarepro.attention.vca import check_layer_args, check_token_count, check_unmasked, patch_grid
+from vcarepro.attention.grid import (GridAttention, check_layer_args, check_token_count, check_unmasked, patch_grid,
+                                     value_grid)
 from vcarepro.errors import BadInput
 
 # Kernel functions phi offered by the official code (models/inline_swin.py,
@@ -92,7 +93,7 @@ def kernel_function(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     raise BadInput(f"unknown kernel {name!r}; choose one of {', '.join(map(repr, KERNELS))}.")
 
 
-class InLineAttention(nn.Module):
+class InLineAttention(GridAttention):
     """Injective linear attention with the local attention residual, a drop-in for timm's ``Attention``.
 
     Knobs beyond timm's: ``kernel`` is the feature map phi applied to queries and
@@ -138,9 +139,7 @@ class InLineAttention(nn.Module):
         self.layer_index = layer_index  # accepted for the common interface; InLine does not vary with depth
         self.grid_size = patch_grid(grid_size)
 
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self._init_qkv(dim, qkv_bias, qk_norm, norm_layer)
         # Predicts the local kernels from the mean token: two 1x1 convolutions grouped by
         # head with a GELU between, dim -> dim -> 9 * dim (models/inline_deit.py,
         # InLineAttention.residual). Conv1d, not Linear, so official checkpoints load.
@@ -179,9 +178,7 @@ class InLineAttention(nn.Module):
 
     def _qkv(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """phi(q), phi(k), v, each (B, heads, N, d)."""
-        B, N, C = x.shape
-        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = self._qkv_heads(x)
         return self._kernel(q), self._kernel(k), v
 
     def _kernel(self, t: torch.Tensor) -> torch.Tensor:
@@ -202,12 +199,6 @@ class InLineAttention(nn.Module):
         assert residual is not None
         r = residual(x.mean(dim=1).unsqueeze(-1))  # (B, 9C, 1); channel c owns outputs 9c .. 9c+8
         return r.reshape(B, C, self.local_kernel_size, self.local_kernel_size)
-
-    def _patch_values(self, v: torch.Tensor) -> torch.Tensor:
-        # (B, heads, N, d) -> (B, C, H, W) over the patch grid; channel c = head * d + j as in qkv
-        B = v.shape[0]
-        H, W = self.grid_size
-        return v[:, :, self.num_prefix_tokens:].transpose(-1, -2).reshape(B, self.dim, H, W)
 
     # -- the two paths ----------------------------------------------------------
 
@@ -239,7 +230,7 @@ class InLineAttention(nn.Module):
         """Per-sample depthwise 3x3 conv of the patch values as one grouped conv2d -> (B, H*W, C)."""
         B, C = kernels.shape[:2]
         H, W = self.grid_size
-        grid = self._patch_values(v).reshape(1, B * C, H, W)
+        grid = value_grid(v, self.grid_size, self.num_prefix_tokens).reshape(1, B * C, H, W)
         out = F.conv2d(grid, kernels.reshape(B * C, 1, self.local_kernel_size, self.local_kernel_size),
                        padding=self.local_kernel_size // 2, groups=B * C)
         return out.reshape(B, C, H * W).transpose(1, 2)
@@ -249,7 +240,7 @@ class InLineAttention(nn.Module):
         B, C = kernels.shape[:2]
         H, W = self.grid_size
         pad = self.local_kernel_size // 2
-        padded = F.pad(self._patch_values(v), (pad, pad, pad, pad))
+        padded = F.pad(value_grid(v, self.grid_size, self.num_prefix_tokens), (pad, pad, pad, pad))
         out = torch.zeros_like(padded[..., :H, :W])
         for dy in range(self.local_kernel_size):
             for dx in range(self.local_kernel_size):
@@ -283,6 +274,5 @@ class InLineAttention(nn.Module):
         if self.residual is not None:
             kernels = self.local_kernels(x)
             local = self._local_shifts(v, kernels) if use_reference else self._local_conv(v, kernels)
-            P = self.num_prefix_tokens
-            out = torch.cat([out[:, :P], out[:, P:] + local], dim=1)
+            out = self._add_local(out, local)
         return self.proj_drop(self.proj(out))

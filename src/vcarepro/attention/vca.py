@@ -74,15 +74,18 @@ them equal.
 The layer is written in TorchScript's subset (no closures, no bound methods as
 values, no postponed annotations), so a model using it scripts as timm's DeiT
 does; its input checks are timm no-trace functions, so torch.fx traces it
-(tests/test_timm_vit.py).
+(tests/test_timm_vit.py). The token-grid helpers, checks and the qkv / local-term preamble it
+shares with the other layers of the family are in ``attention/grid.py``.
 """
 import math
-from typing import List, Literal, Optional, Sequence, Tuple, Type, Union
+from typing import Literal, Optional, Sequence, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import RmsNormFp32, register_notrace_function, trunc_normal_, use_fused_attn
+from timm.layers import RmsNormFp32, trunc_normal_, use_fused_attn
+from vcarepro.attention.grid import (GridAttention, check_choice, check_layer_args, check_token_count, check_unmasked,
+                                     local_conv_layer, patch_grid, pooling_matrix, token_grid)
 from vcarepro.errors import BadInput
 
 StageKind = Literal["vca", "diff"]
@@ -103,8 +106,6 @@ SOFTMAX_KINDS = ("joint", "separate")
 CONTRAST_EMBED_INITS = {"normal": 1.0, "trunc_normal": 0.02}
 # Init std of the lambda re-parametrisation vectors, as in the Differential Transformer.
 LAMBDA_INIT_STD = 0.1
-# VCA's local term: a 3x3 depthwise convolution of v on the patch grid (shared with the mhsa+dwc control).
-LOCAL_CONV_KERNEL = 3
 # RMSNorm epsilon, as in the Differential Transformer (and timm's DiffAttention).
 RMS_NORM_EPS = 1e-5
 
@@ -137,107 +138,7 @@ class DifferentialLambda(nn.Module):
         return first - second + self.lambda_init
 
 
-def adaptive_windows(size: int, out: int) -> List[Tuple[int, int]]:
-    """[start, end) of each of ``out`` adaptive-average-pooling windows over ``size`` cells (PyTorch's rule)."""
-    return [((i * size) // out, -((-(i + 1) * size) // out)) for i in range(out)]
-
-
-def pooling_matrix(grid: Tuple[int, int], pooled: Tuple[int, int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """(h*w, H*W) matrix whose row (i, j) averages the adaptive window (i, j) of a row-major H x W grid.
-
-    Built in float64 and cast to ``dtype`` (float64 keeps a reference path exact in float64).
-    """
-    (H, W), (h, w) = grid, pooled
-    matrix = torch.zeros(h * w, H * W, dtype=torch.float64)
-    for i, (r0, r1) in enumerate(adaptive_windows(H, h)):
-        for j, (c0, c1) in enumerate(adaptive_windows(W, w)):
-            cells = torch.zeros(H, W, dtype=torch.float64)
-            cells[r0:r1, c0:c1] = 1.0 / ((r1 - r0) * (c1 - c0))
-            matrix[i * w + j] = cells.flatten()
-    return matrix.to(dtype)
-
-
-def contrast_grid(value: Union[int, Sequence[int]]) -> Tuple[int, int]:
-    """A square number of contrast tokens (49 -> 7x7) or an explicit (h, w) grid."""
-    if isinstance(value, int):
-        side = math.isqrt(value)
-        if value < 1 or side * side != value:
-            raise BadInput(
-                f"contrast_tokens={value} is not a square number; pass a square count such as 49 "
-                f"or an explicit (h, w) grid such as (7, 7)."
-            )
-        return (side, side)
-    h, w = (int(v) for v in value)
-    return (h, w)
-
-
-def patch_grid(value: Union[int, Sequence[int]]) -> Tuple[int, int]:
-    """A grid side (14 -> 14x14) or an explicit (H, W) patch grid; an empty side is one clear error."""
-    H, W = (value, value) if isinstance(value, int) else (int(v) for v in value)
-    if H < 1 or W < 1:
-        raise BadInput(f"grid_size={value!r} has an empty side: a patch grid must have positive sides (H, W >= 1).")
-    return (H, W)
-
-
-@register_notrace_function
-def check_token_count(num_tokens: int, num_prefix_tokens: int, grid_size: Tuple[int, int], layer: str) -> None:
-    """A clear error when the layer gets another token count than its grid's.
-
-    Registered with timm as a no-trace function: under torch.fx (``create_feature_extractor``,
-    ``FeatureGraphNet``) it becomes one graph call, run on the real count at execution, instead of
-    Python control flow on a traced value; eager mode runs it as is.
-    """
-    H, W = grid_size
-    if num_tokens != num_prefix_tokens + H * W:
-        raise BadInput(
-            f"{layer} got {num_tokens} tokens but expects {num_prefix_tokens} prefix + {H}x{W} grid = "
-            f"{num_prefix_tokens + H * W}; build the model for this input size (img_size / patch_size)."
-        )
-
-
-@register_notrace_function
-def check_unmasked(attn_mask: Optional[torch.Tensor], is_causal: bool, layer: str) -> None:
-    """A clear error for an attention mask or causal attention, which timm's ``Block`` may pass and these
-    layers do not support (a no-trace function for torch.fx, like :func:`check_token_count`)."""
-    if attn_mask is not None or is_causal:
-        raise BadInput(f"{layer} does not support attention masks or causal attention; call it with neither.")
-
-
-def check_layer_args(dim: int, num_heads: int, num_prefix_tokens: int, qk_norm: bool,
-                     norm_layer: Optional[Type[nn.Module]]) -> None:
-    """The constructor arguments every head-split attention layer here shares (timm's ``Attention`` ones)."""
-    if dim % num_heads != 0:
-        raise BadInput(f"dim={dim} is not divisible by num_heads={num_heads}; pick a head count that divides it.")
-    if num_prefix_tokens < 0:
-        raise BadInput(f"num_prefix_tokens={num_prefix_tokens} must be >= 0.")
-    if qk_norm and norm_layer is None:
-        raise BadInput("qk_norm=True needs a norm_layer (e.g. nn.LayerNorm).")
-
-
-def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
-    """A clear error for a switch value outside ``choices``."""
-    if value not in choices:
-        raise BadInput(f"unknown {name} {value!r}; choose one of {', '.join(map(repr, choices))}.")
-
-
-def local_conv_layer(dim: int) -> nn.Conv2d:
-    """VCA's local term: a 3x3 depthwise convolution over the C = heads * d channels of v."""
-    return nn.Conv2d(dim, dim, LOCAL_CONV_KERNEL, padding=LOCAL_CONV_KERNEL // 2, groups=dim)
-
-
-def value_grid(v: torch.Tensor, grid_size: Tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
-    """v (B, heads, N, d) -> its patch-grid part as an image (B, C, H, W), channel c = head * d + j as in qkv."""
-    B, heads, _, d = v.shape
-    H, W = grid_size
-    return v[:, :, num_prefix_tokens:].transpose(-1, -2).reshape(B, heads * d, H, W)
-
-
-def local_term(conv: nn.Conv2d, v: torch.Tensor, grid_size: Tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
-    """v (B, heads, N, d) -> the depthwise convolution of its patch-grid part -> (B, H*W, C); prefix tokens get none."""
-    return conv(value_grid(v, grid_size, num_prefix_tokens)).flatten(2).transpose(1, 2)
-
-
-class VisualContrastAttention(nn.Module):
+class VisualContrastAttention(GridAttention):
     """Visual-Contrast Attention, a drop-in replacement for timm's ``Attention``.
 
     Unlike MHSA it needs to know the token layout: ``grid_size`` (H, W) of the
@@ -289,7 +190,7 @@ class VisualContrastAttention(nn.Module):
             )
         self.scale = self.head_dim ** -0.5
         self.num_prefix_tokens = num_prefix_tokens
-        self.contrast_grid = contrast_grid(contrast_tokens)
+        self.contrast_grid = token_grid(contrast_tokens, "contrast_tokens")
         self.num_contrast_tokens = self.contrast_grid[0] * self.contrast_grid[1]
         self.stage1 = stage1
         self.stage2 = stage2
@@ -312,9 +213,7 @@ class VisualContrastAttention(nn.Module):
         self.fused_attn = use_fused_attn()
         self.grid_size = self._validated_grid(grid_size)
 
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self._init_qkv(dim, qkv_bias, qk_norm, norm_layer)
         self.attn_drop = nn.Dropout(attn_drop)
 
         n = self.num_contrast_tokens
@@ -420,11 +319,6 @@ class VisualContrastAttention(nn.Module):
             return e.expand(q.shape[0], -1, -1, -1)
         assert pooled is not None
         return pooled + e
-
-    def _local(self, v: torch.Tensor) -> torch.Tensor:
-        conv = self.local_conv
-        assert conv is not None
-        return conv(value_grid(v, self.grid_size, self.num_prefix_tokens)).flatten(2).transpose(1, 2)
 
     # -- attention primitives ---------------------------------------------------
 
@@ -535,8 +429,7 @@ class VisualContrastAttention(nn.Module):
         self._check_tokens(N)
         use_reference = (not self.fused_attn) if reference is None else reference
 
-        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = self._qkv_heads(x)
         lams = self.lambdas()
         lam1, lam2 = lams[0], lams[1]
         t_pos, t_neg = self.contrast_tokens(q, use_reference)
@@ -546,7 +439,6 @@ class VisualContrastAttention(nn.Module):
         out = out.transpose(1, 2).reshape(B, N, C)
 
         if self.local_conv is not None:
-            P = self.num_prefix_tokens
-            out = torch.cat([out[:, :P], out[:, P:] + self._local(v)], dim=1)
+            out = self._add_local(out, self._local(v))
         return self.proj_drop(self.proj(out))
 

@@ -50,7 +50,7 @@ from timm.layers import trunc_normal_
 from timm.models import generate_default_cfgs, register_model
 
 from ..attention import build_attention
-from ..attention.vca import patch_grid
+from ..attention.grid import patch_grid
 from .placement import (LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, hierarchical_cfg,
                         set_stage_grids, stage_options)
 from .pvt import PreNormBlock, StageIntermediates

@@ -48,7 +48,7 @@ from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 
 from ..attention import build_attention
-from ..attention.vca import patch_grid
+from ..attention.grid import patch_grid
 from .placement import (LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, hierarchical_cfg,
                         set_stage_grids, stage_options)
 from vcarepro.errors import BadInput

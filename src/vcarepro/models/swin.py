@@ -43,7 +43,7 @@ from timm.models.swin_transformer import _cfg as _swin_cfg
 from timm.models.swin_transformer import SwinTransformerBlock, calc_stage_window_sizes
 
 from ..attention import attention_options, build_attention
-from ..attention.vca import patch_grid
+from ..attention.grid import patch_grid
 from .placement import (LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, hierarchical_cfg,
                         set_stage_grids, stage_options)
 from vcarepro.errors import BadInput

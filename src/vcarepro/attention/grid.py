@@ -1,0 +1,161 @@
+"""The token-grid helpers and checks every attention layer and backbone here shares.
+
+The grid-aware layers (VCA, Agent, FLatten, InLine, Circulant, MHSA+DWC) see tokens ``x`` of
+shape (B, N, C): ``num_prefix_tokens`` prefix tokens (the class token) followed by a row-major
+H x W patch grid. What they share lives here, once:
+
+* grids: :func:`patch_grid` (the patch grid, also the backbones' image sizes), :func:`token_grid`
+  (a square count or an (h, w) grid of pooled tokens), :func:`adaptive_windows` /
+  :func:`pooling_matrix` (adaptive average pooling written out, for the reference paths);
+* checks: :func:`check_layer_args` (timm's ``Attention`` arguments), :func:`check_choice`,
+  and the no-trace :func:`check_token_count` / :func:`check_unmasked` for ``forward``;
+* the local term: :func:`local_conv_layer` (a 3x3 depthwise convolution of v on the patch grid,
+  VCA's and the mhsa+dwc control's) and :func:`value_grid` (v's patch part as an image);
+* :class:`GridAttention`, the base of the head-split layers: the preamble their constructors
+  and forwards repeat (the qkv projection split into q, k, v heads, the q / k norm, the local
+  term added to the patch tokens' outputs), as methods, so TorchScript compiles them with the layer.
+"""
+import math
+from typing import List, Optional, Sequence, Tuple, Type, Union
+
+import torch
+import torch.nn as nn
+from timm.layers import register_notrace_function
+from vcarepro.errors import BadInput
+
+# VCA's local term: a 3x3 depthwise convolution of v on the patch grid (shared with the mhsa+dwc control).
+LOCAL_CONV_KERNEL = 3
+
+
+def adaptive_windows(size: int, out: int) -> List[Tuple[int, int]]:
+    """[start, end) of each of ``out`` adaptive-average-pooling windows over ``size`` cells (PyTorch's rule)."""
+    return [((i * size) // out, -((-(i + 1) * size) // out)) for i in range(out)]
+
+
+def pooling_matrix(grid: Tuple[int, int], pooled: Tuple[int, int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(h*w, H*W) matrix whose row (i, j) averages the adaptive window (i, j) of a row-major H x W grid.
+
+    Built in float64 and cast to ``dtype`` (float64 keeps a reference path exact in float64).
+    """
+    (H, W), (h, w) = grid, pooled
+    matrix = torch.zeros(h * w, H * W, dtype=torch.float64)
+    for i, (r0, r1) in enumerate(adaptive_windows(H, h)):
+        for j, (c0, c1) in enumerate(adaptive_windows(W, w)):
+            cells = torch.zeros(H, W, dtype=torch.float64)
+            cells[r0:r1, c0:c1] = 1.0 / ((r1 - r0) * (c1 - c0))
+            matrix[i * w + j] = cells.flatten()
+    return matrix.to(dtype)
+
+
+def token_grid(value: Union[int, Sequence[int]], option: str) -> Tuple[int, int]:
+    """A square number of pooled tokens (49 -> 7x7) or an explicit (h, w) grid; ``option`` names the knob
+    (``contrast_tokens``, ``agent_tokens``) in the error."""
+    if isinstance(value, int):
+        side = math.isqrt(max(value, 0))
+        if value < 1 or side * side != value:
+            raise BadInput(
+                f"{option}={value} is not a square number; pass a square count such as 49 "
+                f"or an explicit (h, w) grid such as (7, 7)."
+            )
+        return (side, side)
+    h, w = (int(v) for v in value)
+    if h < 1 or w < 1:
+        raise BadInput(f"{option}={tuple(value)} has an empty side; give a grid of at least 1x1 such as (7, 7).")
+    return (h, w)
+
+
+def patch_grid(value: Union[int, Sequence[int]]) -> Tuple[int, int]:
+    """A grid side (14 -> 14x14) or an explicit (H, W) patch grid; an empty side is one clear error."""
+    H, W = (value, value) if isinstance(value, int) else (int(v) for v in value)
+    if H < 1 or W < 1:
+        raise BadInput(f"grid_size={value!r} has an empty side: a patch grid must have positive sides (H, W >= 1).")
+    return (H, W)
+
+
+@register_notrace_function
+def check_token_count(num_tokens: int, num_prefix_tokens: int, grid_size: Tuple[int, int], layer: str) -> None:
+    """A clear error when the layer gets another token count than its grid's.
+
+    Registered with timm as a no-trace function: under torch.fx (``create_feature_extractor``,
+    ``FeatureGraphNet``) it becomes one graph call, run on the real count at execution, instead of
+    Python control flow on a traced value; eager mode runs it as is.
+    """
+    H, W = grid_size
+    if num_tokens != num_prefix_tokens + H * W:
+        raise BadInput(
+            f"{layer} got {num_tokens} tokens but expects {num_prefix_tokens} prefix + {H}x{W} grid = "
+            f"{num_prefix_tokens + H * W}; build the model for this input size (img_size / patch_size)."
+        )
+
+
+@register_notrace_function
+def check_unmasked(attn_mask: Optional[torch.Tensor], is_causal: bool, layer: str) -> None:
+    """A clear error for an attention mask or causal attention, which timm's ``Block`` may pass and these
+    layers do not support (a no-trace function for torch.fx, like :func:`check_token_count`)."""
+    if attn_mask is not None or is_causal:
+        raise BadInput(f"{layer} does not support attention masks or causal attention; call it with neither.")
+
+
+def check_layer_args(dim: int, num_heads: int, num_prefix_tokens: int, qk_norm: bool,
+                     norm_layer: Optional[Type[nn.Module]]) -> None:
+    """The constructor arguments every head-split attention layer here shares (timm's ``Attention`` ones)."""
+    if dim % num_heads != 0:
+        raise BadInput(f"dim={dim} is not divisible by num_heads={num_heads}; pick a head count that divides it.")
+    if num_prefix_tokens < 0:
+        raise BadInput(f"num_prefix_tokens={num_prefix_tokens} must be >= 0.")
+    if qk_norm and norm_layer is None:
+        raise BadInput("qk_norm=True needs a norm_layer (e.g. nn.LayerNorm).")
+
+
+def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
+    """A clear error for a switch value outside ``choices``."""
+    if value not in choices:
+        raise BadInput(f"unknown {name} {value!r}; choose one of {', '.join(map(repr, choices))}.")
+
+
+def local_conv_layer(dim: int) -> nn.Conv2d:
+    """VCA's local term: a 3x3 depthwise convolution over the C = heads * d channels of v."""
+    return nn.Conv2d(dim, dim, LOCAL_CONV_KERNEL, padding=LOCAL_CONV_KERNEL // 2, groups=dim)
+
+
+def value_grid(v: torch.Tensor, grid_size: Tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
+    """v (B, heads, N, d) -> its patch-grid part as an image (B, C, H, W), channel c = head * d + j as in qkv."""
+    B, heads, _, d = v.shape
+    H, W = grid_size
+    return v[:, :, num_prefix_tokens:].transpose(-1, -2).reshape(B, heads * d, H, W)
+
+
+class GridAttention(nn.Module):
+    """Base of the head-split attention layers on a prefix + patch-grid token layout: their shared preamble.
+
+    A subclass sets ``dim``, ``num_heads``, ``head_dim``, ``num_prefix_tokens`` and ``grid_size``, builds
+    ``qkv`` / ``q_norm`` / ``k_norm`` with :meth:`_init_qkv` (timm's ``Attention`` names, so state dicts keep
+    timm's keys) and, if it has the depthwise local term, ``local_conv``. No parameters of its own.
+    """
+
+    def _init_qkv(self, dim: int, qkv_bias: bool, qk_norm: bool, norm_layer: Optional[Type[nn.Module]]) -> None:
+        """The qkv projection and the per-head q / k norms, as timm's ``Attention`` builds them."""
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+
+    def _qkv_heads(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v (B, heads, N, d) from tokens x (B, N, C), q and k normed: timm's ``Attention`` preamble."""
+        B, N, _ = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
+
+    def _local(self, v: torch.Tensor) -> torch.Tensor:
+        """The local term: ``local_conv`` of v's patch grid, (B, heads, N, d) -> (B, H*W, C).
+
+        A method, not a function of the convolution: TorchScript takes no module as a function argument.
+        """
+        conv = self.local_conv
+        assert conv is not None
+        return conv(value_grid(v, self.grid_size, self.num_prefix_tokens)).flatten(2).transpose(1, 2)
+
+    def _add_local(self, out: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+        """``local`` (B, H*W, C) added to the patch tokens of ``out`` (B, N, C); prefix tokens get none."""
+        P = self.num_prefix_tokens
+        return torch.cat([out[:, :P], out[:, P:] + local], dim=1)
