@@ -37,6 +37,14 @@ def _package_of(file: Path) -> str:
         else ".".join(parts[:-1])
 
 
+def _absolute(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module a ``from ... import`` in ``package`` names (``from ..io`` in vcarepro.bench: vcarepro.io)."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")[:len(package.split(".")) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def imported_modules(file: Path) -> Iterator[str]:
     """Every module ``file`` imports anywhere (a function's lazy import included), absolute names."""
     package = _package_of(file) if file.is_relative_to(SRC) else ""
@@ -45,11 +53,7 @@ def imported_modules(file: Path) -> Iterator[str]:
             for alias in node.names:
                 yield alias.name
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[:len(package.split(".")) - node.level + 1]
-                prefix = ".".join(base + ([node.module] if node.module else []))
-            else:
-                prefix = node.module or ""
+            prefix = _absolute(node, package)
             yield prefix
             for alias in node.names:  # `from vcarepro.train import seeds` imports the module seeds
                 yield f"{prefix}.{alias.name}"
@@ -145,11 +149,7 @@ def _scope(path: Path):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             functions.setdefault(node.name, node)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[:len(package.split(".")) - node.level + 1]
-                source = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source = node.module or ""
+            source = _absolute(node, package)
             for alias in node.names:
                 imported[alias.asname or alias.name] = (source, alias.name)
     return tree, functions, imported
