@@ -38,8 +38,8 @@ Registered models (224 px, 1000 classes):
 per stage, models/placement.py) and ``depths`` are parameters; ``layer_index`` counts blocks
 across the network, ``B`` blocks included.
 """
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: torch.fx copies ``forward``'s annotations into the traced code,
+# and a string annotation there becomes a name TorchScript cannot resolve (timm's fx + TorchScript check).
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -53,7 +53,7 @@ from ..attention import build_attention
 from ..attention.grid import patch_grid
 from .placement import (LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, hierarchical_cfg,
                         set_stage_grids, stage_options)
-from .pvt import PreNormBlock, StageIntermediates
+from .pvt import PreNormBlock, StageIntermediates, _new_head
 from vcarepro.errors import BadInput
 
 # The lab's layout with any attention of the family (compared_attention=...).
@@ -205,17 +205,18 @@ class CSWinTransformer(StageIntermediates, nn.Module):
         **attention_kwargs: Any,
     ) -> None:
         super().__init__()
-        if global_pool != "avg":
-            raise BadInput("CSWin classifies from mean-pooled tokens; global_pool must be 'avg'.")
+        if global_pool not in ("avg", ""):
+            raise BadInput("CSWin classifies from mean-pooled tokens; global_pool must be 'avg' (or '' for none).")
         num_stages = len(depths)
         uses_compared = attention_layout(attn_layout, num_stages)
         options_per_stage = stage_options(compared_attention, attention_kwargs, num_stages)
         self.compared_attention = compared_attention
-        self.num_classes = num_classes
+        self.num_classes, self.in_chans = num_classes, in_chans
         self.global_pool = global_pool
+        self.output_fmt = "NHWC"  # forward_features' map, as timm's Swin
         dims = [embed_dim * 2 ** i for i in range(num_stages)]
         self.num_features = self.head_hidden_size = dims[-1]
-        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        dpr = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()  # numbers, on any device
 
         self.img_size = patch_grid(img_size)
         self.stage_grids: List[Tuple[int, int]] = _stage_grids(img_size, num_stages)
@@ -279,10 +280,12 @@ class CSWinTransformer(StageIntermediates, nn.Module):
         return self.head
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
-        if global_pool not in (None, "avg"):
-            raise BadInput("CSWin classifies from mean-pooled tokens; global_pool must be 'avg'.")
+        if global_pool not in (None, "avg", ""):
+            raise BadInput("CSWin classifies from mean-pooled tokens; global_pool must be 'avg' (or '' for none).")
+        if global_pool is not None:
+            self.global_pool = global_pool
         self.num_classes = num_classes
-        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        self.head = _new_head(self, num_classes)
 
     def set_input_size(self, img_size: Optional[Union[int, Sequence[int]]] = None) -> None:
         """Follow a new input resolution: every stage's grid and its attention's (stripes keep their widths, VCA
@@ -302,16 +305,23 @@ class CSWinTransformer(StageIntermediates, nn.Module):
     def _drop_head(self, prune_end: bool) -> None:
         self.reset_classifier(0)
 
+    def _features_out(self, x: torch.Tensor) -> torch.Tensor:
+        """The last stage's normed tokens (B, H*W, C) as the (B, H, W, C) map ``forward_features`` gives."""
+        H, W = self.stage_grids[-1]
+        return x.reshape(x.shape[0], H, W, x.shape[-1])
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Image -> last-stage tokens (B, H*W, C), normed."""
+        """Image -> the last stage's normed (B, H, W, C) map (``output_fmt`` NHWC, as timm's Swin)."""
         for i, stage in enumerate(self.stages):
             if i:
                 x = self._to_map(x, i - 1)
             x = stage(x)
-        return self.norm(x)
+        return self._features_out(self.norm(x))
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = self.head_drop(x.mean(dim=1))
+        if self.global_pool == "avg":
+            x = x.flatten(1, 2).mean(dim=1)  # the mean over the (B, H*W, C) tokens the map is a view of
+        x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -336,7 +346,7 @@ CSWIN_PAPER = dict(paper_ids="arXiv:2107.00652",
 def _cfg(**kwargs: Any) -> Dict[str, Any]:
     # CSWin evaluates with crop 0.9, bicubic; no weights are published for these builds.
     return hierarchical_cfg(
-        pool_size=None, crop_pct=0.9, interpolation="bicubic", mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD,
+        pool_size=(7, 7), crop_pct=0.9, interpolation="bicubic", mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD,
         first_conv="stages.0.embed.proj", classifier="head", **kwargs)
 
 

@@ -11,8 +11,10 @@ decay, and ``pretrained=True`` with ``pretrained_cfg_overlay=dict(file=...)`` fo
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
+import torch
 import torch.nn as nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import to_2tuple
@@ -129,6 +131,9 @@ default_cfgs = generate_default_cfgs({
     "dropin_deit_small_patch16_224": _cfg(),
 })
 
+# A drop-in built without attention= is DeiT itself (timm builds every registered model from its name alone).
+DROPIN_DEFAULT = dict(attention="mhsa")
+
 # Model shapes as in DeiT (and timm's deit_*_patch16_224).
 DEIT_SHAPES = {
     "tiny": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3),
@@ -149,11 +154,16 @@ def _build(model_cls, variant: str, pretrained: bool, **kwargs: Any) -> VisionTr
             f"no pretrained weights are published for {variant}; pass your own with "
             f"pretrained_cfg_overlay=dict(file='model.safetensors'), or create it with pretrained=False."
         )
-    return build_model_with_cfg(
-        model_cls, variant, pretrained=pretrained,
-        feature_cfg=dict(out_indices=kwargs.pop("out_indices", 3), feature_cls="getter"),
-        **kwargs,
-    )
+    # timm's factory kwargs device= / dtype= reach timm's layers; our attention layers join them: built under the
+    # device, cast to the dtype
+    device, dtype = kwargs.get("device"), kwargs.get("dtype")
+    with torch.device(device) if device is not None else nullcontext():
+        model = build_model_with_cfg(
+            model_cls, variant, pretrained=pretrained,
+            feature_cfg=dict(out_indices=kwargs.pop("out_indices", 3), feature_cls="getter"),
+            **kwargs,
+        )
+    return model if dtype is None else model.to(dtype=dtype)
 
 
 @register_model
@@ -170,21 +180,22 @@ def vca_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> VcaVi
 
 @register_model
 def dropin_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> SwappedAttentionVisionTransformer:
-    """DeiT-Tiny exactly, but every block's attention is ``attention=`` (any of vcarepro.attention).
+    """DeiT-Tiny exactly, but every block's attention is ``attention=`` (any of vcarepro.attention; ``"mhsa"``,
+    DeiT itself, when not given).
 
     The like-for-like comparison: 3 heads, class token, DeiT's head. A method's published DeiT
     model may change more than its attention (InLine's 6 heads, Circulant's missing class token);
     those are registered as ``<method>_deit_tiny_patch16_224`` (models/family.py).
     """
     return _build(SwappedAttentionVisionTransformer, "dropin_deit_tiny_patch16_224", pretrained,
-                  **{**DEIT_SHAPES["tiny"], **kwargs})
+                  **{**DEIT_SHAPES["tiny"], **DROPIN_DEFAULT, **kwargs})
 
 
 @register_model
 def dropin_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> SwappedAttentionVisionTransformer:
     """DeiT-Small exactly, but every block's attention is ``attention=`` (any of vcarepro.attention)."""
     return _build(SwappedAttentionVisionTransformer, "dropin_deit_small_patch16_224", pretrained,
-                  **{**DEIT_SHAPES["small"], **kwargs})
+                  **{**DEIT_SHAPES["small"], **DROPIN_DEFAULT, **kwargs})
 
 
 @register_model

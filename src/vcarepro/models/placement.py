@@ -15,14 +15,16 @@ and a ``B`` stage ignores its count.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, Dict, List, Sequence, Tuple, Union
 
+import torch
 from timm.models import build_model_with_cfg
 from timm.models._builder import _resolve_pretrained_source, resolve_pretrained_cfg
 
 from ..attention import ATTENTIONS, POOLED_TOKEN_OPTION, all_attention_options, attention_options
 from .deit import VCA_OPTIONS
-from vcarepro.errors import BadInput
+from vcarepro.errors import BadInput, UnknownArgument
 
 ContrastTokens = Union[int, Sequence[int], Sequence[Union[int, Sequence[int]]]]
 
@@ -78,9 +80,9 @@ def stage_options(compared_attention: str, options: Dict[str, Any], num_stages: 
                        f"remove contrast_tokens.")
     unknown = sorted(set(options) - set(own))
     if unknown:
-        raise BadInput(f"{', '.join(unknown)} {'is not an argument' if len(unknown) == 1 else 'are not arguments'} "
-                       f"of the model nor of attention {compared_attention!r}"
-                       + (f" (its options: {', '.join(own)})." if own else " (it has no options)."))
+        which = "is not an argument" if len(unknown) == 1 else "are not arguments"
+        raise UnknownArgument(f"{', '.join(unknown)} {which} of the model nor of attention {compared_attention!r}"
+                              + (f" (its options: {', '.join(own)})." if own else " (it has no options)."))
     shared = {k: v for k, v in options.items() if k != pooled}
     if pooled in options:
         return [{**shared, pooled: tokens} for tokens in per_stage(options[pooled], num_stages, pooled)]
@@ -150,6 +152,16 @@ def build_hierarchical(model_cls, variant: str, pretrained: bool, *, defaults: D
     if pretrained:
         _check_weights_source(variant, kwargs)
     kwargs = dict(kwargs)
+    # timm's factory kwargs device= / dtype= (create_model passes them to every model): build on that device, then
+    # cast, so that no parameter or buffer of any layer (ours or timm's) is left elsewhere
+    device, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
+    with torch.device(device) if device is not None else nullcontext():
+        model = _build(model_cls, variant, pretrained, defaults, kwargs, layout, compared_attention)
+    return model if dtype is None else model.to(dtype=dtype)
+
+
+def _build(model_cls, variant: str, pretrained: bool, defaults: Dict[str, Any], kwargs: Dict[str, Any],
+           layout: str, compared_attention: str):
     feature_cfg = dict(out_indices=kwargs.pop("out_indices", (0, 1, 2, 3)), feature_cls="getter")
     if not layout:
         stray = sorted(set(kwargs) & _COMPARED_ONLY)

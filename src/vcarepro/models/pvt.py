@@ -35,15 +35,15 @@ tokens (``contrast_tokens`` / ``agent_tokens``) one count or one per stage (mode
 a stage layout (``stages.i.patch_embed`` ...), not the original ``patch_embed1`` /
 ``block1`` names.
 """
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: torch.fx copies ``forward``'s annotations into the traced code,
+# and a string annotation there becomes a name TorchScript cannot resolve (timm's fx + TorchScript check).
 from functools import partial
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import DropPath, Mlp, resample_abs_pos_embed, trunc_normal_
+from timm.layers import DropPath, Mlp, get_device_dtype, resample_abs_pos_embed, trunc_normal_
 from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 
@@ -176,7 +176,8 @@ class StageIntermediates:
     """timm's ``forward_intermediates`` / ``prune_intermediate_layers`` for a backbone of token stages (PVT, CSWin).
 
     The backbone has ``stages``, ``stage_grids``, ``norm``, ``feature_info``, ``_to_map(x, i)`` (stage i's tokens
-    to its (B, C, H, W) map) and ``_drop_head(prune_end)`` (what pruning does to its head).
+    to its (B, C, H, W) map), ``_features_out(x)`` (the last stage's normed tokens as ``forward_features`` gives
+    them) and ``_drop_head(prune_end)`` (what pruning does to its head).
     """
 
     def forward_intermediates(
@@ -205,7 +206,7 @@ class StageIntermediates:
                 x_normed = self.norm(x)
                 if i in take_indices:
                     intermediates.append(self._to_map(x_normed if norm else x, i))
-                x = x_normed
+                x = self._features_out(x_normed)  # what forward_features gives
             elif i in take_indices:
                 intermediates.append(self._to_map(x, i))
         if intermediates_only:
@@ -256,20 +257,21 @@ class PyramidVisionTransformer(StageIntermediates, nn.Module):
         **attention_kwargs: Any,
     ) -> None:
         super().__init__()
-        if global_pool not in ("token", "avg"):
-            raise BadInput(f"global_pool={global_pool!r}; PVT supports 'token' (the original) or 'avg'.")
+        if global_pool not in ("token", "avg", ""):
+            raise BadInput(f"global_pool={global_pool!r}; PVT supports 'token' (the original), 'avg' or '' (none).")
         if global_pool == "token" and not class_token:
             raise BadInput("global_pool='token' reads the class token; pass class_token=True or global_pool='avg'.")
         num_stages = len(depths)
         uses_compared = attention_layout(attn_layout, num_stages)
         options_per_stage = stage_options(compared_attention, attention_kwargs, num_stages)
         self.compared_attention = compared_attention
-        self.num_classes = num_classes
+        self.num_classes, self.in_chans = num_classes, in_chans
         self.global_pool = global_pool
         self.num_features = self.head_hidden_size = embed_dims[-1]
         self.num_prefix_tokens = 1 if class_token else 0
+        self.output_fmt = _output_fmt(self.num_prefix_tokens)
         norm_layer = partial(nn.LayerNorm, eps=1e-6)
-        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        dpr = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()  # numbers, on any device
 
         self.patch_sizes = tuple(patch_sizes)
         self.img_size = patch_grid(img_size)
@@ -342,10 +344,14 @@ class PyramidVisionTransformer(StageIntermediates, nn.Module):
         return self.head
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
-        self.num_classes = num_classes
         if global_pool is not None:
+            if global_pool not in ("token", "avg", ""):
+                raise BadInput(f"global_pool={global_pool!r}; PVT supports 'token', 'avg' or '' (none).")
+            if global_pool == "token" and not self.num_prefix_tokens:
+                raise BadInput("global_pool='token' reads the class token, which this model has not; use 'avg'.")
             self.global_pool = global_pool
-        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        self.num_classes = num_classes
+        self.head = _new_head(self, num_classes)
 
     def set_input_size(self, img_size: Optional[Union[int, Sequence[int]]] = None) -> None:
         """Follow a new input resolution: every stage's grid, its attention's grid (and with it VCA's pooling),
@@ -357,7 +363,8 @@ class PyramidVisionTransformer(StageIntermediates, nn.Module):
         for stage, old, new in zip(self.stages, self.stage_grids, grids):
             stage.pos_embed = nn.Parameter(resample_abs_pos_embed(
                 stage.pos_embed.detach(), new_size=list(new), old_size=list(old),
-                num_prefix_tokens=stage.num_prefix_tokens, verbose=False))
+                num_prefix_tokens=stage.num_prefix_tokens, verbose=False),
+                requires_grad=stage.pos_embed.requires_grad)  # a frozen model stays frozen
         self.stage_grids, self.img_size = grids, patch_grid(img_size)
 
     def _to_map(self, x: torch.Tensor, i: int) -> torch.Tensor:
@@ -370,23 +377,47 @@ class PyramidVisionTransformer(StageIntermediates, nn.Module):
     def _drop_head(self, prune_end: bool) -> None:
         if prune_end:  # the class token joins in the last stage, which is gone
             self.num_prefix_tokens = 0
+            self.output_fmt = _output_fmt(0)
         self.reset_classifier(0, "avg")
 
+    def _features_out(self, x: torch.Tensor) -> torch.Tensor:
+        """The last stage's normed tokens as ``forward_features`` gives them (see there)."""
+        if self.num_prefix_tokens:
+            return x
+        H, W = self.stage_grids[-1]
+        return x.reshape(x.shape[0], H, W, x.shape[-1])
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Image -> last-stage tokens (B, prefix + H*W, C), normed when ``head_norm``."""
+        """Image -> the last stage, normed when ``head_norm``: a (B, H, W, C) map (``output_fmt`` NHWC, as timm's
+        Swin) without a class token; with one, the tokens (B, 1 + H*W, C) as timm's ViTs (``output_fmt`` NLC)."""
         for i, stage in enumerate(self.stages):
             if i:
                 x = self._to_map(x, i - 1)
             x = stage(x)
-        return self.norm(x)
+        return self._features_out(self.norm(x))
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = x[:, 0] if self.global_pool == "token" else x[:, self.num_prefix_tokens:].mean(dim=1)
+        if self.global_pool == "token":
+            x = x[:, 0]
+        elif self.global_pool == "avg":
+            # the mean over the same (B, H*W, C) tokens either way: the map is a view of them
+            x = x[:, self.num_prefix_tokens:].mean(dim=1) if self.num_prefix_tokens else x.flatten(1, 2).mean(dim=1)
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
+
+
+def _output_fmt(num_prefix_tokens: int) -> str:
+    return "NLC" if num_prefix_tokens else "NHWC"
+
+
+def _new_head(model: nn.Module, num_classes: int) -> nn.Module:
+    """A fresh classifier on the model's device and dtype, in its train / eval mode (as timm's reset_classifier)."""
+    head = (nn.Linear(model.num_features, num_classes, **get_device_dtype(model)) if num_classes > 0
+            else nn.Identity())
+    return head.train(model.training)
 
 
 def _prod(values: Sequence[int]) -> int:
@@ -416,7 +447,7 @@ PVT_PAPER = dict(paper_ids="arXiv:2102.12122",
 def _cfg(**kwargs: Any) -> Dict[str, Any]:
     # PVT evaluates like DeiT (crop 0.875, bicubic); no weights are published for these builds.
     return hierarchical_cfg(
-        pool_size=None, crop_pct=0.875, interpolation="bicubic", mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD,
+        pool_size=(7, 7), crop_pct=0.875, interpolation="bicubic", mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD,
         first_conv="stages.0.patch_embed.proj", classifier="head", **kwargs)
 
 
