@@ -94,8 +94,8 @@ def test_vca_pvt_tiny_is_the_labs_layout():
     assert all(s.cls_token is None for s in control.stages) and isinstance(control.norm, torch.nn.Identity)
     x = torch.randn(1, 3, 64, 64)
     small_model = small("vca_pvt_tiny").eval()
-    tokens = small_model.forward_features(x)
-    torch.testing.assert_close(small_model.forward_head(tokens), small_model.head(tokens.mean(dim=1)))
+    features = small_model.forward_features(x)  # the last stage's (B, H, W, C) map: timm's Swin convention
+    torch.testing.assert_close(small_model.forward_head(features), small_model.head(features.flatten(1, 2).mean(dim=1)))
 
 
 def test_vca_swin_tiny_is_the_labs_layout():

@@ -7,12 +7,15 @@ Models run at 64 px with one or two blocks per stage (stage grids 16/8/4/2), as 
 """
 from __future__ import annotations
 
+import fnmatch
+
 import pytest
 import timm
 import timm.optim
 import torch
 from safetensors.torch import save_file
 from timm.models import FeatureGraphNet, create_feature_extractor
+from torchvision.models.feature_extraction import create_feature_extractor as torchvision_feature_extractor
 
 import vcarepro.models  # noqa: F401  (registers the models)
 from vcarepro.errors import BadInput
@@ -279,3 +282,81 @@ def test_pretrained_loads_a_safetensors_file_to_identical_outputs(name, tmp_path
 def test_pretrained_without_weights_is_one_clear_error():
     with pytest.raises(BadInput, match=r"^no pretrained weights are published for vca_pvt_tiny; pass your own"):
         timm.create_model("vca_pvt_tiny", pretrained=True)
+
+
+# 8. the contract timm's own model tests hold every registered model to (timm's tests/test_models.py), checked here
+#    so that a regression fails in this suite. Shapes at the registered size cost nothing on the meta device.
+
+# the head reads the class token: its features are tokens, as timm's ViTs' (and PiT's) are
+CLASS_TOKEN = {"pvt_tiny"}
+
+
+def meta(name: str, **kwargs) -> torch.nn.Module:
+    """The model at its registered size and head, one block per stage (the contract does not depend on depth)."""
+    depths = {"depths": SMALL[name]["depths"]}
+    return timm.create_model(name, device="meta", **depths, **kwargs).eval()
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_cfg_pool_size_and_head_widths_match_the_model_at_its_registered_size(name):
+    model = meta(name)
+    cfg = model.pretrained_cfg
+    assert cfg["num_classes"] == model.num_classes == 1000 and cfg["input_size"][0] == model.in_chans == 3
+    params = model.state_dict()
+    assert f"{cfg['first_conv']}.weight" in params and f"{cfg['classifier']}.weight" in params
+    x = torch.randn(2, *cfg["input_size"], device="meta")
+    features = model.forward_features(x)
+    pre_logits = model.forward_head(features, pre_logits=True)
+    assert pre_logits.shape == (2, model.head_hidden_size) and model.num_features == channels(name)[-1]
+    if name in CLASS_TOKEN:
+        assert model.output_fmt == "NLC" and features.shape == (2, 1 + 7 * 7, model.num_features)
+    else:  # timm's Swin convention: a (B, H, W, C) map of the cfg's pool_size
+        assert cfg["pool_size"] == (7, 7) and model.output_fmt == "NHWC"
+        assert features.shape == (2, *cfg["pool_size"], model.num_features)
+    model.reset_classifier(0)
+    assert model.num_classes == 0 and model(x).shape == pre_logits.shape
+    assert meta(name, num_classes=0)(x).shape == pre_logits.shape
+    if name not in CLASS_TOKEN:  # no pooling: the unpooled map
+        model.reset_classifier(0, "")
+        assert model(x).shape == features.shape
+        assert meta(name, num_classes=0, global_pool="")(x).shape == features.shape
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_factory_device_dtype_and_unknown_arguments_behave_as_timm_expects(name):
+    with pytest.raises(TypeError):
+        timm.create_model(name, device="meta", not_a_model_arg=1)
+    model = meta(name, dtype=torch.bfloat16)
+    tensors = [*model.parameters(), *model.buffers()]
+    assert {t.device.type for t in tensors} == {"meta"} and {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    model.train()
+    model.reset_classifier(3)  # a new head joins the model's device, dtype and mode
+    head = model.get_classifier()
+    assert head.weight.device.type == "meta" and head.weight.dtype == torch.bfloat16 and head.training
+    assert model(torch.randn(1, 3, 224, 224, device="meta", dtype=torch.bfloat16)).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_a_frozen_model_stays_frozen_through_reset_resize_and_its_groups_name_its_parameters(name):
+    model = meta(name).requires_grad_(False)
+    model.reset_classifier(0)
+    if name not in CLASS_TOKEN:
+        model.reset_classifier(0, "")
+    model.set_input_size(img_size=448)
+    assert not [n for n, p in model.named_parameters() if p.requires_grad]
+    names = [n for n, _ in model.named_parameters()]
+    groups = timm.models.group_parameters(model, model.group_matcher(coarse=False), reverse=True)
+    assert len(set(groups.values())) > 1
+    assert all(any(fnmatch.fnmatch(n, pattern) for n in names) for pattern in model.no_weight_decay())
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_the_fx_traced_model_scripts_as_timm_builds_it(name):
+    """timm's check: trace with its leaf modules and autowrapped functions, then TorchScript the graph."""
+    model = small(name)
+    tracer = dict(leaf_modules=timm.models.get_notrace_modules(),
+                  autowrap_functions=timm.models.get_notrace_functions(), param_shapes_constant=True)
+    traced = torchvision_feature_extractor(model, return_nodes=["head"], tracer_kwargs=tracer)
+    scripted = torch.jit.script(traced)
+    with torch.no_grad():
+        torch.testing.assert_close(scripted(X)["head"], model(X), rtol=0, atol=1e-5)
