@@ -313,12 +313,7 @@ def meta_vit(name: str, **kwargs) -> torch.nn.Module:
     return timm.create_model(name, device="meta", depth=2, **kwargs).eval()
 
 
-# FLatten's set_input_size makes a new pos_encoding Parameter that forgets requires_grad=False (attention/flatten.py)
-FLATTEN_UNFREEZES = pytest.mark.xfail(reason="FLatten's resized pos_encoding is trainable again", strict=True)
-
-
-@pytest.mark.parametrize(("name", "extra"), [pytest.param(n, e, id=n, marks=[FLATTEN_UNFREEZES] if "flatten" in n
-                                                          else []) for n, e in ONE_PER_NAME.items()])
+@pytest.mark.parametrize(("name", "extra"), list(ONE_PER_NAME.items()), ids=list(ONE_PER_NAME))
 def test_cfg_names_head_widths_device_dtype_and_frozen_weights_as_timm_expects(name, extra):
     with pytest.raises(TypeError):
         timm.create_model(name, device="meta", not_a_model_arg=1)
@@ -327,15 +322,14 @@ def test_cfg_names_head_widths_device_dtype_and_frozen_weights_as_timm_expects(n
     assert f"{cfg['first_conv']}.weight" in params and f"{cfg['classifier']}.weight" in params
     assert cfg["input_size"][0] == model.in_chans and cfg["num_classes"] == model.num_classes
     assert {t.device.type for t in [*model.parameters(), *model.buffers()]} == {"meta"}
-    if name != "flatten_deit_tiny_patch16_224":  # FLatten's float32 section needs a real device's autocast
-        x = torch.randn(1, *cfg["input_size"], device="meta")
-        features = model.forward_features(x)
-        assert features.shape[-1] == model.num_features
-        pre_logits = model.forward_head(features, pre_logits=True)
-        assert pre_logits.shape == (1, model.head_hidden_size)
-        model.reset_classifier(0)
-        assert model.num_classes == 0 and model(x).shape == pre_logits.shape
-        assert meta_vit(name, num_classes=0)(x).shape == pre_logits.shape
+    x = torch.randn(1, *cfg["input_size"], device="meta")  # FLatten's float32 section included
+    features = model.forward_features(x)
+    assert features.shape[-1] == model.num_features
+    pre_logits = model.forward_head(features, pre_logits=True)
+    assert pre_logits.shape == (1, model.head_hidden_size)
+    model.reset_classifier(0)
+    assert model.num_classes == 0 and model(x).shape == pre_logits.shape
+    assert meta_vit(name, num_classes=0)(x).shape == pre_logits.shape
     as_bf16 = meta_vit(name, dtype=torch.bfloat16).train()
     assert {p.dtype for p in as_bf16.parameters()} == {torch.bfloat16}
     as_bf16.reset_classifier(3)

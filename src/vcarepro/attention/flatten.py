@@ -59,6 +59,7 @@ keeps the prefix rows.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from typing import Literal, Optional, Sequence, Type, Union
 
 import torch
@@ -210,7 +211,9 @@ class FocusedLinearAttention(GridAttention):
             grid = table[:, P:].reshape(1, H, W, self.dim).permute(0, 3, 1, 2).to(work)
             grid = F.interpolate(grid, size=(h, w), mode=POS_ENCODING_INTERPOLATION, align_corners=False)
             grid = grid.permute(0, 2, 3, 1).reshape(1, h * w, self.dim).to(table.dtype)
-            self.pos_encoding = nn.Parameter(torch.cat([table[:, :P], grid], dim=1))
+            # a frozen table stays frozen (timm's set_input_size on a frozen model)
+            self.pos_encoding = nn.Parameter(torch.cat([table[:, :P], grid], dim=1),
+                                             requires_grad=self.pos_encoding.requires_grad)
         self.grid_size = new
 
     def extra_repr(self) -> str:
@@ -291,7 +294,8 @@ class FocusedLinearAttention(GridAttention):
 
         # float32 island (float64 stays float64): see the module docstring
         work = torch.float64 if x.dtype == torch.float64 else torch.float32
-        with torch.autocast(device_type=x.device.type, enabled=False):
+        # the meta device (timm's shape checks) has no autocast to switch off
+        with torch.autocast(device_type=x.device.type, enabled=False) if x.device.type != "meta" else nullcontext():
             fq, fk = self.feature_maps(q.to(work), k.to(work), literal=bool(reference))
             fq, fk, vw = self._split_heads(fq), self._split_heads(fk), v.to(work)
             if reference:
