@@ -23,7 +23,8 @@ The DiT/SiT backbone has its own factory, ``models.dit.create_dit``.
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
 
 import timm
 import torch.nn as nn
@@ -32,6 +33,7 @@ from . import cswin, deit, family, pvt, swin  # noqa: F401  (each registers its 
 from .deit import VcaVisionTransformer
 from .placement import HIERARCHICAL_VCA_OPTIONS
 from ..attention import ATTENTIONS, all_attention_options, attention_options
+from vcarepro.attention_names import model_options
 from vcarepro.errors import BadInput
 
 # arch -> {attention: timm model name}
@@ -52,6 +54,29 @@ CLASSIFIER_ATTENTIONS = ATTENTIONS
 LAB_MODELS = (pvt.LAB_MODEL, swin.LAB_MODEL, cswin.LAB_MODEL)
 # Every attention's own knobs, and the placement knob of the hierarchical VCA models
 _ALL_OPTIONS = all_attention_options() | set(HIERARCHICAL_VCA_OPTIONS)
+
+
+@dataclass
+class ModelSpec:
+    """What to build: a model spec from params ``models`` plus the scale's shape overrides.
+
+    train.classification.ClassifierSpec and train.generation.GeneratorSpec add how each is created.
+    """
+
+    arch: str
+    attention: str
+    options: Dict[str, Any]
+    shape: Dict[str, Any]
+
+    @classmethod
+    def for_run(cls, run, shape: Optional[Dict[str, Any]] = None) -> "ModelSpec":
+        """The spec of a pipeline run (``pipeline.ClsRun`` / ``GenRun``); ``shape`` replaces the scale's shape overrides."""
+        return cls(run.model["arch"], run.model["attention"], run.model.get("options") or {},
+                   run.shape if shape is None else shape)
+
+    def resolved(self) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        """The constructor's shape arguments and the attention's own options (``attention_names.model_options``)."""
+        return model_options(self.attention, self.options, self.shape)
 
 
 def classifier_name(arch: str, attention: str) -> str:

@@ -13,7 +13,6 @@ import os
 import signal
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -33,8 +32,7 @@ from ..data.augment import pillow_safe
 from ..data.folders import ManifestDataset, read_classes
 from ..integrity import intact_file
 from ..io import save_tensors, write_json
-from ..models import create_classifier
-from ..attention_names import model_options
+from ..models import ModelSpec, create_classifier
 from .checkpoint import resumable_checkpoint, resume_message, save_checkpoint, seed_everything, stream_seed
 from .distributed import DistInfo, all_reduce_mean, any_rank, say
 from .precision import MixedPrecision, maybe_compile, slow_precision_note
@@ -46,23 +44,11 @@ class NonFiniteLossError(UserError, RuntimeError):
     pass
 
 
-@dataclass
-class ClassifierSpec:
-    """What to build: a model spec from params ``models`` plus the scale's shape overrides."""
-
-    arch: str
-    attention: str
-    options: Dict[str, Any]
-    shape: Dict[str, Any]
-
-    @classmethod
-    def for_run(cls, run, shape: Dict[str, Any] = None) -> "ClassifierSpec":
-        """The spec of a pipeline run (``pipeline.ClsRun``); ``shape`` replaces the scale's shape overrides."""
-        return cls(run.model["arch"], run.model["attention"], run.model.get("options") or {},
-                   run.shape if shape is None else shape)
+class ClassifierSpec(ModelSpec):
+    """A classifier's spec (``ModelSpec``), created through the (arch, attention) factory."""
 
     def create(self, num_classes: int, drop_path: float = 0.0) -> nn.Module:
-        shape, options = model_options(self.attention, self.options, self.shape)
+        shape, options = self.resolved()
         return create_classifier(self.arch, self.attention, num_classes=num_classes,
                                  drop_path_rate=drop_path, **shape, **options)
 

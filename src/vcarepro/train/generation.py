@@ -13,7 +13,6 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -23,8 +22,8 @@ from safetensors.torch import load_file
 from timm.utils import ModelEmaV3
 from torch.nn.parallel import DistributedDataParallel
 
+from ..models import ModelSpec
 from ..models.dit import create_dit
-from ..attention_names import model_options
 from .checkpoint import resumable_checkpoint, resume_message, save_checkpoint, seed_everything, stream_seed
 from .classification import NonFiniteLossError
 from .diffusion import GaussianDiffusion
@@ -39,21 +38,11 @@ from vcarepro.protocol import sampler_of
 from vcarepro.io import save_tensors
 
 
-@dataclass
-class GeneratorSpec:
-    arch: str
-    attention: str
-    options: Dict[str, Any]
-    shape: Dict[str, Any]
-
-    @classmethod
-    def for_run(cls, run, shape: Dict[str, Any] = None) -> "GeneratorSpec":
-        """The spec of a pipeline run (``pipeline.GenRun``); ``shape`` replaces the scale's shape overrides."""
-        return cls(run.model["arch"], run.model["attention"], run.model.get("options") or {},
-                   run.shape if shape is None else shape)
+class GeneratorSpec(ModelSpec):
+    """A DiT / SiT backbone's spec (``ModelSpec``), created by models.dit."""
 
     def create(self, *, learn_sigma: bool = True, class_dropout_prob: float = 0.1) -> nn.Module:
-        shape, options = model_options(self.attention, self.options, self.shape)
+        shape, options = self.resolved()
         return create_dit(self.arch, self.attention, learn_sigma=learn_sigma, class_dropout_prob=class_dropout_prob,
                           attention_options=options, **shape)
 
