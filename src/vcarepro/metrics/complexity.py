@@ -11,8 +11,9 @@ does not see, are added at 5 n log2 n flops per complex transform of n points.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Iterator, Optional
 
 import torch
 import torch.nn as nn
@@ -49,17 +50,24 @@ def count_flops(fn: Callable[[], object]) -> FlopCount:
     return FlopCount(flops=int(counter.get_total_flops()), by_operator=by_op)
 
 
-def model_flops(model: nn.Module, input_shape, device: Optional[torch.device] = None) -> FlopCount:
-    """Forward FLOPs of ``model`` on one input of ``input_shape`` (batch included)."""
-    device = device or next(model.parameters()).device
-    x = torch.zeros(input_shape, device=device)
+@contextmanager
+def inference(model: nn.Module) -> Iterator[None]:
+    """Eval mode and no grad for the block; the model's own mode afterwards."""
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            return count_flops(lambda: model(x))
+            yield
     finally:
         model.train(was_training)
+
+
+def model_flops(model: nn.Module, input_shape, device: Optional[torch.device] = None) -> FlopCount:
+    """Forward FLOPs of ``model`` on one input of ``input_shape`` (batch included)."""
+    device = device or next(model.parameters()).device
+    x = torch.zeros(input_shape, device=device)
+    with inference(model):
+        return count_flops(lambda: model(x))
 
 
 def throughput(model: nn.Module, input_shape, *, warmup: int = 2, iters: int = 5,
@@ -67,20 +75,15 @@ def throughput(model: nn.Module, input_shape, *, warmup: int = 2, iters: int = 5
     """Inference images per second at ``input_shape`` (batch first), eval mode, no grad."""
     device = device or next(model.parameters()).device
     x = torch.randn(input_shape, device=device)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for _ in range(warmup):
-                model(x)
-            _sync(device)
-            start = time.perf_counter()
-            for _ in range(iters):
-                model(x)
-            _sync(device)
-            elapsed = time.perf_counter() - start
-    finally:
-        model.train(was_training)
+    with inference(model):
+        for _ in range(warmup):
+            model(x)
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(iters):
+            model(x)
+        _sync(device)
+        elapsed = time.perf_counter() - start
     return input_shape[0] * iters / elapsed
 
 
