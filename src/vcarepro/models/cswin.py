@@ -46,14 +46,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import trunc_normal_
 from timm.models import generate_default_cfgs, register_model
 
 from ..attention import build_attention
 from ..attention.grid import patch_grid
 from .placement import (LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, hierarchical_cfg,
                         set_stage_grids, stage_options)
-from .pvt import PreNormBlock, StageIntermediates, _new_head
+from .pvt import PreNormBlock, StagedBackbone, _new_head
 from vcarepro.errors import BadInput
 
 # The lab's layout with any attention of the family (compared_attention=...).
@@ -180,7 +179,7 @@ class CSWinStage(nn.Module):
         return self.blocks(self.embed(x))
 
 
-class CSWinTransformer(StageIntermediates, nn.Module):
+class CSWinTransformer(StagedBackbone, nn.Module):
     """CSWin Transformer with cross-shaped attention (``B``) or a global compared attention (``A``) per stage, as
     ``attn_layout`` says; ``**attention_kwargs`` are the compared attention's own options."""
 
@@ -251,18 +250,6 @@ class CSWinTransformer(StageIntermediates, nn.Module):
         self.head = nn.Linear(dims[-1], num_classes) if num_classes > 0 else nn.Identity()
         self.apply(self._init_weights)
 
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, nn.Linear):
-            trunc_normal_(module.weight, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
-        elif callable(getattr(module, "init_weights", None)):  # an attention's own parameters (VCA's, Agent's biases)
-            module.init_weights()
-
     @torch.jit.ignore
     def no_weight_decay(self) -> set:
         return set()
@@ -274,10 +261,6 @@ class CSWinTransformer(StageIntermediates, nn.Module):
                     blocks=r"^stages\.(\d+)" if coarse else [(r"^stages\.(\d+)\.embed", (0,)),
                                                                 (r"^stages\.(\d+)\.blocks\.(\d+)", None),
                                                                 (r"^norm", (99999,))])
-
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         if global_pool not in (None, "avg", ""):
@@ -310,22 +293,11 @@ class CSWinTransformer(StageIntermediates, nn.Module):
         H, W = self.stage_grids[-1]
         return x.reshape(x.shape[0], H, W, x.shape[-1])
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Image -> the last stage's normed (B, H, W, C) map (``output_fmt`` NHWC, as timm's Swin)."""
-        for i, stage in enumerate(self.stages):
-            if i:
-                x = self._to_map(x, i - 1)
-            x = stage(x)
-        return self._features_out(self.norm(x))
-
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         if self.global_pool == "avg":
             x = x.flatten(1, 2).mean(dim=1)  # the mean over the (B, H*W, C) tokens the map is a view of
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
 
 
 def _stage_grids(img_size: Union[int, Sequence[int]], num_stages: int) -> List[Tuple[int, int]]:

@@ -172,13 +172,41 @@ class PvtStage(nn.Module):
         return self.blocks(self.pos_drop(x + self.pos_embed))
 
 
-class StageIntermediates:
-    """timm's ``forward_intermediates`` / ``prune_intermediate_layers`` for a backbone of token stages (PVT, CSWin).
+class StagedBackbone:
+    """What the backbones of token stages (PVT, CSWin) share: the weight init, ``forward_features`` / ``forward``,
+    ``get_classifier``, and timm's ``forward_intermediates`` / ``prune_intermediate_layers``.
 
-    The backbone has ``stages``, ``stage_grids``, ``norm``, ``feature_info``, ``_to_map(x, i)`` (stage i's tokens
-    to its (B, C, H, W) map), ``_features_out(x)`` (the last stage's normed tokens as ``forward_features`` gives
-    them) and ``_drop_head(prune_end)`` (what pruning does to its head).
+    The backbone has ``stages``, ``stage_grids``, ``norm``, ``head``, ``feature_info``, ``forward_head``,
+    ``_to_map(x, i)`` (stage i's tokens to its (B, C, H, W) map), ``_features_out(x)`` (the last stage's normed
+    tokens as ``forward_features`` gives them) and ``_drop_head(prune_end)`` (what pruning does to its head).
     """
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            trunc_normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+        elif callable(getattr(module, "init_weights", None)):  # an attention's own parameters (VCA's, Agent's biases)
+            module.init_weights()
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Image -> the last stage, normed, as ``_features_out`` gives it (see the backbone's ``output_fmt``)."""
+        for i, stage in enumerate(self.stages):
+            if i:
+                x = self._to_map(x, i - 1)
+            x = stage(x)
+        return self._features_out(self.norm(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
 
     def forward_intermediates(
         self,
@@ -229,7 +257,7 @@ class StageIntermediates:
         return take_indices
 
 
-class PyramidVisionTransformer(StageIntermediates, nn.Module):
+class PyramidVisionTransformer(StagedBackbone, nn.Module):
     """PVT v1 with spatial-reduction attention (``B``) or the compared attention (``A``) per stage, as
     ``attn_layout`` says; ``**attention_kwargs`` are the compared attention's own options."""
 
@@ -310,19 +338,12 @@ class PyramidVisionTransformer(StageIntermediates, nn.Module):
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, nn.Linear):
-            trunc_normal_(module.weight, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
-        elif isinstance(module, PvtStage):
+        if isinstance(module, PvtStage):  # neither a Linear nor a LayerNorm: the shared init's branches stay first
             trunc_normal_(module.pos_embed, std=0.02)
             if module.cls_token is not None:
                 trunc_normal_(module.cls_token, std=0.02)
-        elif callable(getattr(module, "init_weights", None)):  # an attention's own parameters (VCA's, Agent's biases)
-            module.init_weights()
+        else:
+            StagedBackbone._init_weights(module)
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set:
@@ -338,10 +359,6 @@ class PyramidVisionTransformer(StageIntermediates, nn.Module):
                         (r"^stages\.(\d+)\.(?:patch_embed|pos_embed|cls_token)", (0,)),
                         (r"^stages\.(\d+)\.blocks\.(\d+)", None),
                         (r"^norm", (99999,))])
-
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         if global_pool is not None:
@@ -381,20 +398,13 @@ class PyramidVisionTransformer(StageIntermediates, nn.Module):
         self.reset_classifier(0, "avg")
 
     def _features_out(self, x: torch.Tensor) -> torch.Tensor:
-        """The last stage's normed tokens as ``forward_features`` gives them (see there)."""
+        """The last stage (normed when ``head_norm``) as ``forward_features`` gives it: a (B, H, W, C) map
+        (``output_fmt`` NHWC, as timm's Swin) without a class token; with one, the tokens (B, 1 + H*W, C) as timm's
+        ViTs (``output_fmt`` NLC)."""
         if self.num_prefix_tokens:
             return x
         H, W = self.stage_grids[-1]
         return x.reshape(x.shape[0], H, W, x.shape[-1])
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Image -> the last stage, normed when ``head_norm``: a (B, H, W, C) map (``output_fmt`` NHWC, as timm's
-        Swin) without a class token; with one, the tokens (B, 1 + H*W, C) as timm's ViTs (``output_fmt`` NLC)."""
-        for i, stage in enumerate(self.stages):
-            if i:
-                x = self._to_map(x, i - 1)
-            x = stage(x)
-        return self._features_out(self.norm(x))
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         if self.global_pool == "token":
@@ -404,9 +414,6 @@ class PyramidVisionTransformer(StageIntermediates, nn.Module):
             x = x[:, self.num_prefix_tokens:].mean(dim=1) if self.num_prefix_tokens else x.flatten(1, 2).mean(dim=1)
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
 
 
 def _output_fmt(num_prefix_tokens: int) -> str:
