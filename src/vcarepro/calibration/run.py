@@ -94,6 +94,7 @@ def calibrate_generator(params: Dict[str, Any], name: str, device: torch.device,
     from ..metrics.fid50k import evaluate_samples, evaluator_options, load_reference_set
     from ..data.samples import discard_work
     from ..pipeline import TRAINING_CODE, fingerprint, source_digest
+    from ..protocol import sampler_of
     from ..train.generation import generate_batches
 
     cal = params["calibrate"]
@@ -132,9 +133,9 @@ def calibrate_generator(params: Dict[str, Any], name: str, device: torch.device,
     # measured: the samples (10 GB at FID-50K) and their work go; a re-run samples afresh
     discard_work(work_dir / f"{name}.work")
     samples.unlink()
-    sampler = "ddpm" if entry["objective"] == "ddpm" else f"flow-{entry['sampler']}"
-    protocol = {"sampler": sampler, "sampler_steps": sampling["ddpm_steps"], "cfg_scale": entry["cfg_scale"],
-                "labels": "random", "decoder": vae_name, "num_samples": figures["num_samples"],
+    sampler, steps = sampler_of(entry["objective"], sampling)  # what generate_batches followed
+    protocol = {"sampler": sampler, "sampler_steps": steps, "cfg_scale": sampling["cfg_scale"],
+                "labels": sampling["labels"], "decoder": vae_name, "num_samples": figures["num_samples"],
                 "fid_feature_dims": figures["fid_feature_dims"], "extractor": extractor_name,
                 **{k: figures[k] for k in ("inception_score", "sfid", "precision", "recall") if k in figures}}
     return row(params["scale"], "gen", name, entry, float(figures["fid"]), path, digest, protocol, deviations)

@@ -406,6 +406,14 @@ class TableBuilder:
         return self._correct(rows, "decomposition")
 
     def table2(self) -> List[Dict[str, Any]]:
+        """Each Table 2 row (data/paper_reference.yaml) beside ours: FID-50K and the protocol it followed.
+
+        Where each number is made: ``fid`` is ``runs/gen/<run>/metrics.json``, written by the ``eval_gen@RUN``
+        stage (stages/eval_gen.py) with ``vcarepro.metrics.fid50k.evaluate_samples`` over the ``.npz`` samples
+        ``sample_gen@RUN`` drew (``vcarepro.train.sampling``), against ``fid_reference``'s statistics; the
+        protocol is the samples' ``protocol.json`` that eval_gen copied (``vcarepro.protocol``), worded by
+        ``protocol.describe`` and compared with the paper's by ``protocol.deviations``.
+        """
         return [{"model": r["model"], "attention": r["attention"], "run": r["run"],
                  "fid": self.fid_cell(r["run"], r["fid"]).as_dict(), "protocol": self.protocol_text(r["run"])}
                 for r in self.ref["table2"]["rows"]]
