@@ -20,7 +20,8 @@ from vcarepro.config import stage_params
 from vcarepro.data.samples import discard_work
 from vcarepro.integrity import prepared
 from vcarepro.io import atomic_directory
-from vcarepro.pipeline import GEN_DATA, TRAINING_CODE, data_digest, fingerprint, gen_run, source_digest
+from vcarepro.pipeline import GEN_DATA, gen_run
+from vcarepro.stage_facts import digest, stage_facts
 from vcarepro.train.generation import GeneratorSpec, load_generator
 from vcarepro.train.sampling import sample_space, write_protocol, write_seed_samples
 
@@ -35,15 +36,14 @@ def main() -> None:
     spec = GeneratorSpec.for_run(run)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     space = sample_space(meta, run.sampling["vae_decoder"], device)
-    code = source_digest(*TRAINING_CODE)
+    facts = stage_facts(f"sample_gen@{args.run}")  # its weights, sampler settings, code and numerics
     with atomic_directory(run.paths.root / "samples", digests=True) as tmp:
         write_protocol(tmp, run.objective, run.sampling, space, run.recipe["precision"])
         for seed in run.seeds:
             weights = run.paths.seed_dir(seed) / "model_ema.safetensors"
             model = load_generator(spec, weights, run.recipe)
-            # unfinished work resumes only for the same weights, sampler settings and code
-            key = fingerprint(data_digest(weights), run.objective, run.sampling, run.recipe["flow_path"],
-                              space.input_shape, seed, code)
+            # unfinished work resumes only under the facts DVC keys this stage on
+            key = digest(facts, seed)
             write_seed_samples(model, run.objective, run.sampling, space, tmp, seed, num_classes=meta["num_classes"],
                                device=device, flow_path=run.recipe["flow_path"],
                                work_dir=run.paths.ckpt_dir(seed) / "samples", key=key,

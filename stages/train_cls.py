@@ -5,7 +5,8 @@ import argparse
 
 from vcarepro.errors import run_stage
 from vcarepro.config import stage_params
-from vcarepro.pipeline import CLS_DATA, TRAINING_CODE, cls_run, data_digest, fingerprint, source_digest
+from vcarepro.pipeline import CLS_DATA, cls_run
+from vcarepro.stage_facts import stage_facts
 from vcarepro.train.classification import ClassifierSpec, train_classifier
 from vcarepro.train.seeds import train_seeds
 
@@ -19,15 +20,14 @@ def main() -> None:
     run = cls_run(params, args.run)
     spec = ClassifierSpec.for_run(run)
 
-    # a checkpoint resumes only under the same code and data as well as the same settings
-    code = source_digest(*TRAINING_CODE)
-    data = data_digest(CLS_DATA / "manifest.csv", CLS_DATA / "classes.json")
+    # a checkpoint resumes only under the facts DVC keys this stage on (every declared param and dependency)
+    facts = stage_facts(f"train_cls@{args.run}")
 
     def train_one(seed, info, live):
         return train_classifier(
             spec=spec, recipe=run.recipe, data_root=CLS_DATA, seed=seed, out_dir=run.paths.seed_dir(seed),
             ckpt_dir=run.paths.ckpt_dir(seed), info=info, live=live, max_steps=args.max_steps,
-            fingerprint=fingerprint(run.model, run.shape, run.recipe, seed, args.max_steps, code, data),
+            fingerprint={"facts": facts, "seed": seed, "max_steps": args.max_steps},
             log_prefix=f"seed_{seed}/")
 
     train_seeds(f"train_cls {args.run}", run.seeds, run.paths.live_dir, train_one,

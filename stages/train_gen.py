@@ -5,7 +5,8 @@ import argparse
 
 from vcarepro.errors import run_stage
 from vcarepro.config import stage_params
-from vcarepro.pipeline import GEN_DATA, TRAINING_CODE, data_digest, fingerprint, gen_run, source_digest
+from vcarepro.pipeline import GEN_DATA, gen_run
+from vcarepro.stage_facts import stage_facts
 from vcarepro.train.generation import GeneratorSpec, train_generator
 from vcarepro.train.seeds import train_seeds
 
@@ -19,16 +20,15 @@ def main() -> None:
     run = gen_run(params, args.run)
     spec = GeneratorSpec.for_run(run)
 
-    # a checkpoint resumes only under the same code and data as well as the same settings
-    code = source_digest(*TRAINING_CODE)
-    data = data_digest(GEN_DATA / "meta.json", GEN_DATA / "latents" / "index.json", GEN_DATA / "train.safetensors")
+    # a checkpoint resumes only under the facts DVC keys this stage on (every declared param and dependency)
+    facts = stage_facts(f"train_gen@{args.run}")
 
     def train_one(seed, info, live):
         return train_generator(
             spec=spec, objective=run.objective, recipe=run.recipe, data_root=GEN_DATA,
             seed=seed, out_dir=run.paths.seed_dir(seed), ckpt_dir=run.paths.ckpt_dir(seed), info=info,
             live=live, max_steps=args.max_steps, log_prefix=f"seed_{seed}/",
-            fingerprint=fingerprint(run.model, run.objective, run.shape, run.recipe, seed, args.max_steps, code, data))
+            fingerprint={"facts": facts, "seed": seed, "max_steps": args.max_steps})
 
     train_seeds(f"train_gen {args.run}", run.seeds, run.paths.live_dir, train_one,
                 seed_processes=params["distributed"]["seed_processes"])

@@ -46,10 +46,14 @@ from typing import List, Mapping, Optional
 
 HERE = Path(__file__).resolve()
 PACKAGE = HERE.parents[1] / "src" / "vcarepro"  # the code the server preloads (src/vcarepro)
-# Modules the stages import; the server imports them once, each child inherits them.
+# Modules the stages import; the server imports them once, each child inherits them. A speed list, not a
+# correctness one: the server's key hashes every file of src/vcarepro (server_key), so a child never runs code
+# older than its checkout; a module left out is imported by the child itself, which costs only its import time.
+# DVC's stage loader is what vcarepro.stage_facts asks for the facts a training stage resumes under.
 PRELOAD = ("torch", "timm", "vcarepro", "vcarepro.launch", "vcarepro.train.classification",
            "vcarepro.train.generation", "vcarepro.metrics.complexity", "vcarepro.metrics.fid50k",
-           "vcarepro.data.samples", "vcarepro.bench", "vcarepro.report.render", "dvclive")
+           "vcarepro.data.samples", "vcarepro.bench", "vcarepro.report.render", "dvclive",
+           "vcarepro.stage_facts", "dvc.repo", "dvc.dvcfile", "dvc.stage.loader", "dvc.dependency.param")
 # What the preloaded modules fix when they load. A child forked from the server runs with them as the
 # server read them, whatever the child's own environment says: OpenMP sizes its thread pool from
 # OMP_NUM_THREADS, MKL / oneDNN / ATen pick their kernels (MKL_CBWR, MKL_ENABLE_INSTRUCTIONS,

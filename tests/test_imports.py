@@ -29,8 +29,9 @@ FLOORS: Tuple[Tuple[str, ...], ...] = (
     ("vcarepro.models", "vcarepro"),
     # 3. what trains and measures them
     ("vcarepro.train", "vcarepro.metrics"),
-    # 4. params.yaml onto the library: the schema checks a model's options against its constructor
-    ("vcarepro.schema", "vcarepro.config", "vcarepro.pipeline", "vcarepro.provenance"),
+    # 4. params.yaml onto the library: the schema checks a model's options against its constructor; what a
+    #    stage's result depends on (its dvc.yaml definition, resolved over params.yaml)
+    ("vcarepro.schema", "vcarepro.config", "vcarepro.pipeline", "vcarepro.provenance", "vcarepro.stage_facts"),
     # 5. released checkpoints; the report
     ("vcarepro.calibration", "vcarepro.report"),
     # 6. the tools on top

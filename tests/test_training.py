@@ -296,14 +296,6 @@ def test_a_rerun_after_a_finished_checkpoint_replays_the_logs_and_returns_the_fi
         {k: v for k, v in first.items() if k != "train_seconds"}
 
 
-def test_checkpoints_are_keyed_to_the_code_that_wrote_them():
-    from vcarepro.pipeline import TRAINING_CODE, source_digest
-
-    assert source_digest(*TRAINING_CODE) == source_digest(*TRAINING_CODE)
-    assert source_digest("train") != source_digest("models") != source_digest("train", "models")
-    assert "train" in TRAINING_CODE and "models" in TRAINING_CODE and "attention" in TRAINING_CODE
-
-
 def test_a_diverging_classifier_stops_at_once_naming_the_step_and_keeps_its_last_good_checkpoint(
         tmp_path, digits, embedded, one_torch_thread):
     from vcarepro.train.classification import NonFiniteLossError

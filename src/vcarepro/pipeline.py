@@ -1,8 +1,6 @@
 """From params.yaml to what one stage of one named run needs. Stages call only this and the library."""
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List
@@ -20,40 +18,6 @@ CLS_DATA = Path("data/cls")
 GEN_DATA = Path("data/gen")
 FID_REFERENCE = Path("data/fid_reference")
 SMOKE_INPUTS = Path("data/smoke")   # the smoke scale's stand-ins (stage smoke_inputs; conf/scale/smoke.yaml points here)
-
-
-def fingerprint(*parts: Any) -> str:
-    """A stable hash of the settings that define a run (for resuming only matching checkpoints)."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def source_digest(*subpackages: str) -> str:
-    """A hash of the code of ``vcarepro.<subpackage>`` for each name given (its .py files).
-
-    Part of a training checkpoint's fingerprint: DVC re-runs a stage when its code
-    changes, and the re-run must then train with the new code, not resume what the old
-    code left behind.
-    """
-    package = Path(__file__).resolve().parent
-    digest = hashlib.sha256()
-    for name in subpackages:
-        target = package / name
-        for path in sorted(target.rglob("*.py")) if target.is_dir() else [target]:
-            digest.update(str(path.relative_to(package)).encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def data_digest(*paths: str | Path) -> str:
-    """A hash of the small files that identify a prepared dataset (manifest, class index, meta, index)."""
-    digest = hashlib.sha256()
-    for path in map(Path, paths):
-        digest.update(str(path).encode())
-        digest.update(path.read_bytes() if path.is_file() else b"absent")
-    return digest.hexdigest()[:16]
-
-
-TRAINING_CODE = ("attention", "attention_names.py", "models", "train", "data", "pipeline.py")
 
 
 def _run(params: Dict[str, Any], branch: str, name: str) -> Dict[str, Any]:

@@ -93,13 +93,13 @@ def calibrate_generator(params: Dict[str, Any], name: str, device: torch.device,
     from ..metrics.extractors import make_extractor
     from ..metrics.fid50k import evaluate_samples, evaluator_options, load_reference_set
     from ..data.samples import discard_work
-    from ..pipeline import TRAINING_CODE, fingerprint, source_digest
+    from ..stage_facts import digest, stage_facts
     from ..protocol import sampler_of
     from ..train.generation import generate_batches
 
     cal = params["calibrate"]
     entry = entries(cal, "gen")[name]
-    model, path, digest, deviations = load_released(build_model("gen", entry), cal, name, entry)
+    model, path, weights_digest, deviations = load_released(build_model("gen", entry), cal, name, entry)
     side = entry["image_size"] // 8  # the latent grid build_model made the model for
     sampling = sampling_for(params, entry)
     vae_name = cal["vae_decoder"] or params["sampling"]["vae_decoder"]
@@ -114,9 +114,9 @@ def calibrate_generator(params: Dict[str, Any], name: str, device: torch.device,
         deviations.append(f"FID over {params['eval_gen']['feature_dims']} Inception coordinates, not 2048")
     vae = load_vae(vae_name, device)
     samples = work_dir / f"{name}.npz"
-    # unfinished work resumes only for the same weights, sampler settings, shape and code (as sample_gen's)
-    key = fingerprint(digest, entry["objective"], sampling, vae_name, cal["seed"], (4, side, side),
-                      source_digest(*TRAINING_CODE))
+    # unfinished work resumes only for the same weights and under the facts DVC keys calibrate_gen on (as
+    # sample_gen's): its params (this entry's, the sampler's) and dependencies (the code, data/released)
+    key = digest(weights_digest, stage_facts("calibrate_gen"))
     writer = NpzSampleWriter(samples, num, (entry["image_size"], entry["image_size"], 3),
                              work_dir=work_dir / f"{name}.work", key=key)
     for batch, (start, x, labels) in enumerate(generate_batches(
@@ -138,4 +138,4 @@ def calibrate_generator(params: Dict[str, Any], name: str, device: torch.device,
                 "labels": sampling["labels"], "decoder": vae_name, "num_samples": figures["num_samples"],
                 "fid_feature_dims": figures["fid_feature_dims"], "extractor": extractor_name,
                 **{k: figures[k] for k in ("inception_score", "sfid", "precision", "recall") if k in figures}}
-    return row(params["scale"], "gen", name, entry, float(figures["fid"]), path, digest, protocol, deviations)
+    return row(params["scale"], "gen", name, entry, float(figures["fid"]), path, weights_digest, protocol, deviations)

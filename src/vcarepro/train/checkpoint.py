@@ -65,8 +65,36 @@ def load_checkpoint(path: str | Path, problems: Optional[List[str]] = None) -> O
     return None
 
 
-def resumable_checkpoint(ckpt_dir: str | Path, fingerprint: str, seed: int, say) -> Optional[Dict[str, Any]]:
+def what_changed(old: Any, new: Any) -> str:
+    """The facts that differ between two run identities (``{"facts": stage facts, "seed": ...}``, as the
+    training stages make them from ``vcarepro.stage_facts``), named as dvc.yaml names them.
+
+    e.g. ``"train_cls@deit_tiny-mhsa's params numerics; deps src/vcarepro/numerics.py"``; empty where
+    nothing can be named (an identity that is not such a mapping).
+    """
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return ""
+    old_facts, new_facts = old.get("facts") or {}, new.get("facts") or {}
+    names: List[str] = []
+    for kind in ("params", "deps"):
+        a, b = old_facts.get(kind) or {}, new_facts.get(kind) or {}
+        differ = sorted(k for k in set(a) | set(b) if a.get(k, ...) != b.get(k, ...))
+        if differ:
+            names.append(f"{kind} {', '.join(differ)}")
+    if old_facts.get("stage") != new_facts.get("stage"):
+        names.append(f"stage {old_facts.get('stage')} -> {new_facts.get('stage')}")
+    names.extend(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
+                 if k != "facts" and old.get(k) != new.get(k))  # e.g. max_steps
+    stage = new_facts.get("stage")
+    return (f"{stage}'s " if stage and names else "") + "; ".join(names)
+
+
+def resumable_checkpoint(ckpt_dir: str | Path, fingerprint: Any, seed: int, say) -> Optional[Dict[str, Any]]:
     """``ckpt_dir/last.pt`` (or its ``.prev``) if intact and made with ``fingerprint``; otherwise None.
+
+    ``fingerprint`` identifies the run: the training stages pass ``{"facts": stage_facts(stage), "seed": ...}``
+    (:mod:`vcarepro.stage_facts`: every param value and dependency hash DVC keys the stage on), so a
+    checkpoint is resumed only under exactly the facts its results will be recorded with.
 
     Why nothing can be resumed is said through ``say`` in one sentence; the files passed over on
     the way to the one loaded are kept in ``state["_passed_over"]`` for :func:`resume_message`.
@@ -79,7 +107,9 @@ def resumable_checkpoint(ckpt_dir: str | Path, fingerprint: str, seed: int, say)
             say(f"seed {seed}: checkpoint {' and '.join(problems)}; starting afresh")
         return None
     if state.get("fingerprint") != fingerprint:
-        say(f"seed {seed}: {state['_loaded_from']} was made with other settings, code or data; starting afresh")
+        changed = what_changed(state.get("fingerprint"), fingerprint)
+        say(f"seed {seed}: {state['_loaded_from']} was written under other "
+            + (f"facts ({changed})" if changed else "settings, code or data") + "; starting afresh")
         return None
     state["_passed_over"] = problems
     return state

@@ -151,12 +151,13 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device) -> Dict
 
 def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root: str | Path, seed: int,
                      out_dir: str | Path, ckpt_dir: str | Path, info: DistInfo, live=None,
-                     max_steps: Optional[int] = None, fingerprint: str = "",
+                     max_steps: Optional[int] = None, fingerprint: Any = "",
                      log_prefix: str = "") -> Dict[str, float]:
     """Train one seed; rank 0 writes ``out_dir/model.safetensors`` and returns the final figures.
 
     ``ckpt_dir/last.pt`` is written after every epoch and resumed from when present and
-    made with the same ``fingerprint`` (a hash of everything that defines the run).
+    made with the same ``fingerprint`` (the stage's facts and the seed:
+    :func:`~vcarepro.train.checkpoint.resumable_checkpoint`).
     ``max_steps`` stops early (tests only).
     """
     device = info.device

@@ -113,7 +113,7 @@ def _epoch_share(n: int, world_size: int, rank: int, seed: int, epoch: int) -> t
 
 def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, Any], data_root: str | Path,
                     seed: int, out_dir: str | Path, ckpt_dir: str | Path, info: DistInfo, live=None,
-                    max_steps: Optional[int] = None, fingerprint: str = "",
+                    max_steps: Optional[int] = None, fingerprint: Any = "",
                     log_prefix: str = "") -> Dict[str, float]:
     """Train one seed for ``recipe['steps']`` steps; rank 0 writes the EMA and raw weights."""
     device = info.device

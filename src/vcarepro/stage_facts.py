@@ -1,0 +1,153 @@
+"""What a stage's result depends on, read from the stage's own definition in dvc.yaml.
+
+DVC re-runs a stage when the value of a param it declares, or the content of a dependency it
+declares, differs from what ``dvc.lock`` recorded. Work a stage left behind (a training
+checkpoint, half-written samples) may be resumed only if it was written under exactly those
+facts: otherwise DVC would record, beside the new params, results that the old ones produced.
+So the facts are not listed here by hand; :func:`stage_facts` asks DVC for the stage's
+definition (its ``foreach`` resolved the way ``dvc repro`` resolves it) and hashes what DVC
+hashes: each declared param's value, each declared dependency's content (DVC's own md5, from
+its state database, so a 150 GB ``data/cls`` is not read again).
+
+Outside a DVC project (a stage script run by hand in a bare directory, as the tests do) the same
+definition is read from the dvc.yaml of the code's own checkout, its ``${key}`` / ``${item.*}``
+filled from the local params.yaml, and each dependency hashed where it lies: under the working
+directory, else (the code) under that checkout.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+from .errors import BadInput
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout this code runs from (src/vcarepro/..)
+PIPELINE = "dvc.yaml"
+PARAMS = "params.yaml"
+_INTERPOLATION = re.compile(r"\$\{\s*([^}]+?)\s*\}")
+
+
+def stage_facts(stage: str, root: str | Path = ".") -> Dict[str, Any]:
+    """``{"stage", "deps": {path: hash}, "params": {key: value}}`` for ``stage`` (e.g. ``train_cls@deit_tiny-vca``).
+
+    A dependency that does not exist hashes as None (DVC itself refuses to run the stage then).
+    """
+    root = Path(root)
+    if (root / ".dvc").is_dir() and (root / PIPELINE).is_file():
+        deps, params = _from_dvc(stage, root)
+    else:
+        deps, params = _from_definition(stage, root)
+    # JSON values: what a checkpoint stores and compares (no tuples, no YAML node types)
+    return json.loads(json.dumps({"stage": stage, "deps": deps, "params": params}, sort_keys=True))
+
+
+def digest(*parts: Any) -> str:
+    """A short stable hash of JSON-able ``parts`` (facts, a seed, ...)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# -- inside a DVC project: DVC's own stage loader and hashes -----------------------------------------------------
+
+def _from_dvc(stage: str, root: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    from dvc.dependency.param import ParamsDependency
+    from dvc.dvcfile import ProjectFile
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+    from dvc.stage.loader import StageLoader
+
+    deps: Dict[str, Any] = {}
+    params: Dict[str, Any] = {}
+    try:
+        with Repo(str(root)) as repo:
+            pipeline = ProjectFile(repo, str(root.resolve() / PIPELINE))
+            # dvc.lock is not read: the facts are what is here now, not what was recorded
+            loaded = StageLoader(pipeline, pipeline.contents)[stage]
+            for dep in loaded.deps:
+                if isinstance(dep, ParamsDependency):
+                    params.update(dep.get_hash().value)
+                    continue
+                try:
+                    deps[dep.def_path] = dep.get_hash().value
+                except FileNotFoundError:
+                    deps[dep.def_path] = None
+    except DvcException as err:
+        raise BadInput(f"cannot read what stage {stage} depends on from {root / PIPELINE} ({err}); "
+                       f"fix dvc.yaml or params.yaml (`dvc status {stage}` shows the same).") from None
+    return deps, params
+
+
+# -- outside one: the same definition, resolved and hashed here ----------------------------------------------------
+
+def stage_definition(stage: str, root: str | Path = ".") -> Tuple[List[str], List[str]]:
+    """(deps, params) of ``stage`` as DVC resolves them: ``foreach`` over a params section, ``${key}``, ``${item.x}``.
+
+    Reads ``root/dvc.yaml`` if there is one, else the code's own; the vars come from ``root/params.yaml``.
+    """
+    import yaml
+
+    from .config import load_params
+
+    root = Path(root)
+    pipeline = root / PIPELINE if (root / PIPELINE).is_file() else REPO_ROOT / PIPELINE
+    stages = (yaml.safe_load(pipeline.read_text()) or {}).get("stages") or {}
+    group, _, key = stage.partition("@")
+    if group not in stages:
+        raise BadInput(f"{pipeline} has no stage {group!r}; name one of {', '.join(stages)}.")
+    definition = stages[group]
+    context: Dict[str, Any] = dict(load_params(root / PARAMS))
+    if "foreach" in definition:
+        items = _resolve(definition["foreach"], context)
+        if not isinstance(items, dict) or key not in items:
+            raise BadInput(f"stage {stage} is not one of {group}'s entries in {pipeline}; name a run of its "
+                           f"foreach ({definition['foreach']}).")
+        context.update(key=key, item=items[key])
+        definition = definition["do"]
+    elif key:
+        raise BadInput(f"stage {group} in {pipeline} has no foreach, so {stage} names nothing; drop @{key}.")
+    deps = [_resolve(d, context) for d in definition.get("deps") or []]
+    params = [_resolve(p, context) for p in definition.get("params") or []]
+    return deps, params
+
+
+def _lookup(context: Dict[str, Any], dotted: str) -> Any:
+    value: Any = context
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise BadInput(f"${{{dotted}}} in {PIPELINE} names nothing in {PARAMS}; regenerate it with "
+                           f"`python -m vcarepro.config`.")
+        value = value[part]
+    return value
+
+
+def _resolve(text: Any, context: Dict[str, Any]) -> Any:
+    if not isinstance(text, str):
+        raise BadInput(f"{PIPELINE} holds {text!r} where a path or a param name belongs; write it as a string.")
+    whole = _INTERPOLATION.fullmatch(text)
+    if whole:
+        return _lookup(context, whole.group(1))
+    return _INTERPOLATION.sub(lambda m: str(_lookup(context, m.group(1))), text)
+
+
+def _from_definition(stage: str, root: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    from .config import load_params
+
+    dep_paths, keys = stage_definition(stage, root)
+    values = load_params(root / PARAMS)
+    params = {key: _lookup(values, key) for key in keys}
+    deps = {}
+    for path in dep_paths:
+        where = root / path if (root / path).exists() else REPO_ROOT / path
+        deps[path] = _content_hash(where) if where.exists() else None
+    return deps, params
+
+
+def _content_hash(path: Path) -> str:
+    if path.is_file():
+        return hashlib.md5(path.read_bytes()).hexdigest()
+    listing = hashlib.md5()
+    for file in sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        listing.update(f"{file.relative_to(path).as_posix()}\0{_content_hash(file)}\n".encode())
+    return listing.hexdigest() + ".dir"
