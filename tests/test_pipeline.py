@@ -56,9 +56,8 @@ def stage_names(params: dict) -> set:
     return names
 
 
-def reproduced_repo(repo: Path, params: dict, targets: str = "") -> Path:
-    """This project's tracked files (no outputs) with ``params`` in a new git repository, after `dvc repro`
-    (of ``targets`` and what they depend on; every stage without)."""
+def copied_project(repo: Path) -> Path:
+    """This project's tracked files (no outputs) in ``repo``."""
     tracked = sh("git ls-files --cached --others --exclude-standard", ROOT).stdout.split()
     outputs = ("runs/", "reports/", "metrics/", "checkpoints/", "data/cls", "data/gen", "data/fid_reference",
                "data/smoke", "dvc.lock")
@@ -66,6 +65,13 @@ def reproduced_repo(repo: Path, params: dict, targets: str = "") -> Path:
         if (ROOT / rel).is_file() and not rel.startswith(outputs):
             (repo / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / rel, repo / rel)
+    return repo
+
+
+def reproduced_repo(repo: Path, params: dict, targets: str = "") -> Path:
+    """This project's tracked files (no outputs) with ``params`` in a new git repository, after `dvc repro`
+    (of ``targets`` and what they depend on; every stage without)."""
+    copied_project(repo)
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     sh("git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm micro", repo)
     sh(f"dvc repro {targets}".strip(), repo)

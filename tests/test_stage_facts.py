@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from test_pipeline import ROOT, sh
+from test_pipeline import ROOT, copied_project, sh
 from vcarepro.stage_facts import stage_definition, stage_facts
 from vcarepro.train.checkpoint import resumable_checkpoint, save_checkpoint, what_changed
 
@@ -129,13 +129,7 @@ SHRINK = [f"cls_runs.{RUN}.seeds=[0]", "cls_shape.depth=1", "cls_shape.embed_dim
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     """This checkout's tracked files (no outputs) in a new git + DVC repository, params from the real config."""
-    repo = tmp_path_factory.mktemp("facts") / "repo"
-    outputs = ("runs/", "reports/", "metrics/", "checkpoints/", "data/cls", "data/gen", "data/fid_reference",
-               "data/smoke", "dvc.lock")
-    for rel in sh("git ls-files --cached --others --exclude-standard", ROOT).stdout.split():
-        if (ROOT / rel).is_file() and not rel.startswith(outputs):
-            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, repo / rel)
+    repo = copied_project(tmp_path_factory.mktemp("facts") / "repo")
     sh("git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm facts", repo)
     return repo
 
