@@ -29,6 +29,16 @@ def test_committed_params_yaml_is_the_default_composition(tmp_path, embedded):
     assert (tmp_path / "params.yaml").read_text() == (ROOT / "params.yaml").read_text()
 
 
+def test_params_yaml_holds_the_bytes_dvcs_own_hydra_dumper_writes(tmp_path):
+    """`dvc exp run -S` writes params.yaml with compose_and_dump; the command checks first, then writes the same."""
+    from dvc.utils.hydra import compose_and_dump
+
+    overrides = ["scale=paper", "cls_recipe@cls_recipes.deit=lab", "cls_recipe_overrides.epochs=30"]
+    compose_and_dump(tmp_path / "dvc.yaml", str(ROOT / "conf"), None, "config", "", overrides)
+    write_params(overrides, out=tmp_path / "ours.yaml")
+    assert (tmp_path / "ours.yaml").read_bytes() == (tmp_path / "dvc.yaml").read_bytes()
+
+
 def test_default_scale_is_embedded_and_paper_is_one_override_away(embedded, paper):
     assert embedded["scale"] == "embedded" and paper["scale"] == "paper"
     assert embedded["prepare_cls"]["source"] == "digits" and paper["prepare_cls"]["source"] == "imagenet"

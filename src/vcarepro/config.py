@@ -6,16 +6,24 @@ which DVC reads and tracks. ``dvc exp run -S scale=paper`` recomposes it through
 DVC's Hydra integration; ``python -m vcarepro.config [overrides...]`` does the same
 for ``dvc repro``. A test keeps the committed ``params.yaml`` equal to the default
 composition.
+
+Bad input is refused where it enters, as one sentence with exit status 2 and ``params.yaml`` left as it was: an
+unknown option of a config group (``scale=huge``), an override of a key the composition lacks, and whatever the
+schema refuses (:func:`vcarepro.schema.validate`: an unknown or missing key, a bad value, an unsafe run name),
+naming the file in conf/ (or the command-line override) that set it. The stages check the same schema on the
+``params.yaml`` that ``dvc exp run -S`` composes (:func:`stage_params`).
 """
 from __future__ import annotations
 
+import difflib
+import re
 import sys
 from pathlib import Path
-from typing import Any, Dict, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import yaml
-from vcarepro.errors import BadInput, MissingInput, UnknownName
-from vcarepro.schema import flatten, validate  # noqa: F401  (flatten re-exported: the params code reads it here)
+from vcarepro.errors import USER_ERROR_STATUS, BadInput, MissingInput, UnknownName, UserError
+from vcarepro.schema import ParamsError, flatten, validate  # noqa: F401  (flatten re-exported: the params code reads it here)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,7 +46,7 @@ def stage_params(path: str | Path = "params.yaml") -> Dict[str, Any]:
     is a user error, which the stage's ``run_stage`` prints as one ``error:`` line with exit status 2.
     """
     params = load_params(path)
-    validate(params, str(path))
+    validate(params, _stage_source(str(path), params))
     return params
 
 
@@ -49,24 +57,201 @@ def section(params: Dict[str, Any], name: str) -> Any:
         raise UnknownName(f"params.yaml has no '{name}' section; regenerate it with `python -m vcarepro.config`.") from None
 
 
-def compose(overrides: Sequence[str] = (), config_dir: str | Path = REPO_ROOT / "conf") -> Dict[str, Any]:
-    """The Hydra composition of ``conf/`` with ``overrides`` (e.g. ``["scale=paper"]``), as DVC makes it."""
+def _hydra_config(overrides: Sequence[str], config_dir: str | Path):
+    """Hydra's composition of ``config_dir`` (interpolations resolved); a Hydra error is one :class:`ParamsError`."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    config_dir = Path(config_dir).resolve()
+    try:
+        with initialize_config_dir(str(config_dir), version_base=None):
+            cfg = hydra_compose(config_name="config", overrides=list(overrides))
+        OmegaConf.resolve(cfg)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise _composition_error(err, list(overrides), config_dir) from None
+    return cfg
+
+
+def compose(overrides: Sequence[str] = (), config_dir: str | Path = REPO_ROOT / "conf") -> Dict[str, Any]:
+    """The Hydra composition of ``conf/`` with ``overrides`` (e.g. ``["scale=paper"]``), as DVC makes it."""
     from omegaconf import OmegaConf
 
-    with initialize_config_dir(str(Path(config_dir).resolve()), version_base=None):
-        cfg = hydra_compose(config_name="config", overrides=list(overrides))
-    return OmegaConf.to_container(cfg, resolve=True)
+    return OmegaConf.to_container(_hydra_config(overrides, config_dir), resolve=True)
 
 
 def write_params(overrides: Sequence[str] = (), out: str | Path = "params.yaml",
                  config_dir: str | Path = REPO_ROOT / "conf") -> None:
-    """Compose and write params.yaml with DVC's own Hydra dumper, so both produce the same bytes."""
-    from dvc.utils.hydra import compose_and_dump
+    """Compose, validate, and only then write params.yaml (atomically).
 
-    compose_and_dump(out, str(Path(config_dir).resolve()), None, "config", "", list(overrides))
+    The bytes are those of DVC's own Hydra dumper (``dvc.utils.hydra.compose_and_dump``: ``OmegaConf.to_yaml``
+    of the resolved composition), so ``dvc exp run -S`` and this command write the same file. A refusal is a
+    :class:`ParamsError` naming the key and the file in conf/ or the override that set it; ``out`` is untouched.
+    """
+    from omegaconf import OmegaConf
+
+    from vcarepro.io import write_bytes
+
+    cfg = _hydra_config(overrides, config_dir)
+    validate(OmegaConf.to_container(cfg), _conf_source(list(overrides), Path(config_dir).resolve()))
+    write_bytes(out, OmegaConf.to_yaml(cfg).encode("utf-8"))
+
+
+# ----------------------------------------------------------------------------- where a key came from
+
+_ABSENT = object()
+
+
+def _lookup(tree: Any, path: Tuple[Any, ...]) -> Any:
+    for key in path:
+        if not isinstance(tree, dict) or key not in tree:
+            return _ABSENT
+        tree = tree[key]
+    return tree
+
+
+def _parse(overrides: Sequence[str]) -> list:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_overrides(list(overrides))
+
+
+def _is_group(override, config_dir: Path) -> bool:
+    return (config_dir / override.key_or_group).is_dir()
+
+
+def _conf_files(overrides: Sequence[str], config_dir: Path) -> List[Tuple[str, Dict[str, Any]]]:
+    """Each conf file of the composition, in Hydra's merge order, as (its name, what it sets at its package)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    with initialize_config_dir(str(config_dir), version_base=None):
+        loader = GlobalHydra.instance().config_loader()
+        defaults = loader.compute_defaults_list("config", list(overrides), RunMode.RUN).defaults
+    files = []
+    for entry in defaults:
+        path = config_dir / f"{entry.config_path}.yaml"
+        if entry.config_path is None or entry.config_path.startswith("hydra/") or not path.is_file():
+            continue
+        tree = yaml.safe_load(path.read_text()) or {}
+        tree.pop("defaults", None)
+        for part in reversed((entry.package or "").split(".") if entry.package else []):
+            tree = {part: tree}
+        files.append((f"{config_dir.name}/{entry.config_path}.yaml", tree))
+    return files
+
+
+def _locate(files: List[Tuple[str, Dict[str, Any]]], path: Tuple[Any, ...], params: Dict[str, Any],
+            same_value: bool) -> Optional[str]:
+    """The file that set ``path``: the last to hold it (with the value params holds, if ``same_value``), else,
+    for a key that is missing, the first to hold its entry."""
+    value = _lookup(params, path)
+    for name, tree in reversed(files):
+        held = _lookup(tree, path)
+        if held is not _ABSENT and (not same_value or value is _ABSENT or held == value):
+            return name
+    if value is _ABSENT:
+        for cut in range(len(path) - 1, 1, -1):
+            for name, tree in files:
+                if _lookup(tree, path[:cut]) is not _ABSENT:
+                    return name
+    return None
+
+
+def _conf_source(overrides: List[str], config_dir: Path) -> Callable[[Tuple[Any, ...]], str]:
+    """For :func:`vcarepro.schema.validate`: the command-line override, else the conf file, that set a key."""
+    def source(path: Tuple[Any, ...]) -> str:
+        for override in reversed(_parse(overrides)):
+            if override.is_delete() or _is_group(override, config_dir):
+                continue
+            keys = tuple(override.key_or_group.split("."))
+            if keys == path[:len(keys)] or path == keys[:len(path)]:
+                return f"the command-line override `{override.input_line}`"
+        params = compose(overrides, config_dir)
+        return _locate(_conf_files(overrides, config_dir), path, params, same_value=False) or \
+            f"the composition of {config_dir.name}/"
+    return source
+
+
+def _stage_source(name: str, params: Dict[str, Any]) -> Callable[[Tuple[Any, ...]], str]:
+    """For a stage: ``name`` (params.yaml), and the conf file that sets the key to the value params.yaml holds,
+    where one does (``dvc exp run -S`` composes params.yaml from conf/ and the overrides, which it does not keep)."""
+    def source(path: Tuple[Any, ...]) -> str:
+        try:
+            config_dir = REPO_ROOT / "conf"
+            scale = params.get("scale")
+            groups = [f"scale={scale}"] if (config_dir / "scale" / f"{scale}.yaml").is_file() else []
+            found = _locate(_conf_files([*groups, "family=all"], config_dir), path, params, same_value=True)
+        except Exception:  # naming the file is a courtesy: never let it hide the refusal itself
+            found = None
+        return f"{name} (as {found} sets it)" if found else name
+    return source
+
+
+def _composition_error(err: Exception, overrides: List[str], config_dir: Path) -> ParamsError:
+    """Hydra's (or OmegaConf's) refusal of a composition as one sentence naming the override or file and the fix."""
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+
+    conf = config_dir.name
+    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if isinstance(err, OverrideParseException):
+        bad = next((o for o in overrides if not _parses(o)), " ".join(overrides))
+        return ParamsError(f"the command-line override `{bad}` is not Hydra's override syntax (key=value, "
+                           f"+key=value to add a key, group=option); fix it and run `python -m vcarepro.config` again.")
+    if isinstance(err, MissingConfigException) and err.options is not None and err.missing_cfg_file:
+        group, _, option = err.missing_cfg_file.rpartition("/")
+        options = list(err.options)
+        by = next((o.input_line for o in _parse(overrides) if o.key_or_group == group), None)
+        parent = re.match(r"In '([^']+)'", str(err))
+        where = f"the command-line override `{by}`" if by else \
+            f"{conf}/{parent.group(1)}.yaml" if parent else f"{conf}/"
+        close = difflib.get_close_matches(option, options, n=1)
+        return ParamsError(f"{where}: {group} has no option {option!r}"
+                           + (f" (did you mean {close[0]}?)" if close else "")
+                           + f"; choose one of {', '.join(options)} ({conf}/{group}/*.yaml).")
+    cause = err.__cause__
+    full_key = getattr(cause, "full_key", None)
+    if isinstance(err, ConfigCompositionException) and full_key and str(err).startswith("Could not override"):
+        by = next((o.input_line for o in _parse(overrides) if o.key_or_group == full_key), full_key)
+        groups = [o.input_line for o in _parse(overrides) if _is_group(o, config_dir)]
+        valid = list(flatten(compose(groups, config_dir)))
+        close = difflib.get_close_matches(full_key, valid, n=1)
+        return ParamsError(f"the command-line override `{by}`: {full_key} is not a key of the composition of {conf}/"
+                           + (f" (did you mean {close[0]}?)" if close else "")
+                           + "; fix its spelling (a new entry of a free section such as cls_runs takes a leading +) "
+                           "and run `python -m vcarepro.config` again.")
+    parent = re.match(r"In '([^']+)': (.*)", first_line)
+    where, what = (f"{conf}/{parent.group(1)}.yaml", parent.group(2)) if parent else (f"{conf}/", first_line)
+    return ParamsError(f"{where} cannot be composed: {what.rstrip('.')}; fix it and run "
+                       f"`python -m vcarepro.config` again.")
+
+
+def _parses(override: str) -> bool:
+    from hydra.errors import OverrideParseException
+
+    try:
+        _parse([override])
+    except OverrideParseException:
+        return False
+    return True
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m vcarepro.config [overrides...]``: write params.yaml, or refuse with one ``error:`` line and 2.
+
+    Run from the repository root, as DVC composes: the conf/ there (the package's own where there is none).
+    """
+    here = Path("conf")
+    try:
+        write_params(sys.argv[1:] if argv is None else argv, config_dir=here if here.is_dir() else REPO_ROOT / "conf")
+    except UserError as err:  # the stages' convention (vcarepro.errors.run_stage)
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return USER_ERROR_STATUS
+    return 0
 
 
 if __name__ == "__main__":
-    write_params(sys.argv[1:])
+    sys.exit(main())

@@ -6,7 +6,8 @@ to fix it. Sections whose keys are names chosen by the user (``models``, the run
 lists, the recipes) are checked for the fields every entry needs, and their names for a
 safe alphabet (each becomes a directory and a DVC stage name). The keys of the sections
 passed on to a model's constructor (``cls_shape``, ``gen_shape``, ``models.*.options``) are
-checked against what that constructor takes, the closest valid name suggested.
+checked against what that constructor takes, the closest valid name suggested. A run entry holds exactly its
+branch's fields (:data:`RUN_FIELDS`), and an unknown key anywhere is named with the nearest valid one.
 """
 from __future__ import annotations
 
@@ -16,13 +17,16 @@ import numbers
 import re
 import typing
 from functools import lru_cache
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 from .attention_names import (ATTENTIONS, BENCH_LAYERS, FLOW_ODE_METHODS, FLOW_PATHS, FLOW_SAMPLERS, LABEL_MODES,
                               OBJECTIVES)
 from .errors import BadInput
 
 Rule = Tuple[str, Callable[[Any], bool]]
+# Where a value came from: a name ("params.yaml"), or a function of the key's path that names the file in conf/
+# (or the command-line override) that set it (vcarepro.config).
+Source = Union[str, Callable[[Tuple[Any, ...]], str]]
 
 
 def flatten(d: Any, prefix: str = "") -> Dict[str, Any]:
@@ -189,6 +193,25 @@ class ParamsError(BadInput):
     pass
 
 
+# What a run entry holds (vcarepro.pipeline.cls_run / gen_run; a gen run's recipe: overrides of gen_recipe).
+RUN_FIELDS = {"cls_runs": {"required": ("model", "recipe", "seeds"), "optional": ()},
+              "gen_runs": {"required": ("model", "objective", "seeds"), "optional": ("recipe",)}}
+
+
+def _at(source: Source, *path: Any) -> str:
+    return source(tuple(path)) if callable(source) else source
+
+
+def _close(key: Any, valid) -> str:
+    """`` (did you mean X?)`` for the valid name nearest ``key``, or nothing where none is near."""
+    close = difflib.get_close_matches(str(key), sorted(map(str, valid)), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _fields(fields: Dict[str, Tuple[str, ...]]) -> str:
+    return ", ".join(fields["required"]) + (f" (and {', '.join(fields['optional'])})" if fields["optional"] else "")
+
+
 # Names joined into paths (runs/<branch>/<run>, checkpoints/...) and DVC stage names: a safe alphabet.
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")  # no ".": dvc.yaml reads cls_runs.${key} as a dotted path
 NAMED_SECTIONS = ("models", "cls_runs", "gen_runs", "cls_recipes")
@@ -199,19 +222,18 @@ def safe_name(name: Any) -> bool:
     return isinstance(name, str) and NAME.fullmatch(name) is not None
 
 
-def _check_name(where: str, name: Any, source: str) -> None:
+def _check_name(where: str, name: Any, source: Source) -> None:
     if not safe_name(name):
-        raise ParamsError(f"{source}: {where} has an entry named {name!r}; a name is 1 to 100 letters, digits, "
-                          f"'_' or '-' (starting with a letter or digit), since it becomes a "
-                          f"directory and a DVC stage name; rename it in conf/ and run `python -m vcarepro.config`.")
+        raise ParamsError(f"{_at(source, *where.split('.'), name)}: {where} has an entry named {name!r}; a name "
+                          f"is 1 to 100 letters, digits, '_' or '-' (starting with a letter or digit), since it "
+                          f"becomes a directory and a DVC stage name; rename it in conf/ and run `python -m vcarepro.config`.")
 
 
-def _unknown_key(source: str, where: str, key: str, consumer: str, valid) -> ParamsError:
+def _unknown_key(source: Source, where: str, key: str, consumer: str, valid) -> ParamsError:
     valid = sorted(valid)
-    close = difflib.get_close_matches(key, valid, n=1)
-    hint = f" (did you mean {close[0]}?)" if close else ""
-    return ParamsError(f"{source}: {where}.{key} is not an argument of {consumer}{hint}, which takes "
-                       f"{', '.join(valid) if valid else 'none'}; {FIX}.")
+    hint = _close(key, valid)
+    return ParamsError(f"{_at(source, *where.split('.'), key)}: {where}.{key} is not an argument of {consumer}{hint}, "
+                       f"which takes {', '.join(valid) if valid else 'none'}; {FIX}.")
 
 
 # What the pipeline itself passes to a model's constructor (ClassifierSpec.create, GeneratorSpec.create): never
@@ -268,8 +290,12 @@ def model_arguments(arch: str, attention: str) -> Tuple[str, frozenset, frozense
     return f"{cls.__name__} ({name})", frozenset(shape), frozenset(options)
 
 
-def validate(params: Dict[str, Any], source: str = "params.yaml") -> None:
-    """Raise :class:`ParamsError` (one sentence) at the first value that breaks its rule."""
+def validate(params: Dict[str, Any], source: Source = "params.yaml") -> None:
+    """Raise :class:`ParamsError` (one sentence) at the first value that breaks its rule.
+
+    ``source`` names where the values came from: a string, or a function of the offending key's path (a tuple)
+    that names the file in conf/ (or the override) that set it.
+    """
     for section in NAMED_SECTIONS:
         for name in params.get(section) or {}:
             _check_name(section, name, source)
@@ -282,64 +308,74 @@ def validate(params: Dict[str, Any], source: str = "params.yaml") -> None:
         fields = CALIBRATION_FIELDS[group]
         for name, entry in named.items():
             _check_name(f"calibrate.{group}", name, source)  # it names the entry's work files
+            at = ("calibrate", group, name)
             entry = entry if isinstance(entry, dict) else {}
             missing = [f for f in fields["required"] if f not in entry]
             extra = sorted(set(entry) - set(fields["required"]) - set(fields["optional"]))
             if missing or extra:
-                raise ParamsError(f"{source}: calibrate.{group}.{name} "
-                                  + (f"lacks {', '.join(missing)}" if missing else f"has unknown {', '.join(extra)}")
+                raise ParamsError(f"{_at(source, *at, *extra[:1])}: calibrate.{group}.{name} "
+                                  + (f"lacks {', '.join(missing)}" if missing else f"has unknown {', '.join(extra)}"
+                                     + _close(extra[0], [*fields["required"], *fields["optional"]]))
                                   + f"; an entry holds {', '.join(fields['required'])} (and "
                                   f"{', '.join(fields['optional'])}); {FIX}.")
             for field, value in entry.items():
                 rule = CALIBRATION_RULES[field]
                 if not rule[1](value):
-                    raise ParamsError(f"{source}: calibrate.{group}.{name}.{field} must be {rule[0]}, got {value!r}; "
-                                      f"{FIX}.")
+                    raise ParamsError(f"{_at(source, *at, field)}: calibrate.{group}.{name}.{field} must be "
+                                      f"{rule[0]}, got {value!r}; {FIX}.")
             if group == "classifiers":
                 _check_model(entry, f"calibrate.classifiers.{name}", source)
             if group == "classifiers" and entry["recipe"] not in (params.get("cls_recipes") or {}):
-                raise ParamsError(f"{source}: calibrate.classifiers.{name}.recipe must name an entry of cls_recipes, "
-                                  f"got {entry['recipe']!r}; {FIX}.")
+                raise ParamsError(f"{_at(source, *at, 'recipe')}: calibrate.classifiers.{name}.recipe must name an "
+                                  f"entry of cls_recipes, got {entry['recipe']!r}; {FIX}.")
             if group == "generators" and entry["objective"] == "flow" and "sampler" not in entry:
-                raise ParamsError(f"{source}: calibrate.generators.{name} is a flow model and needs a sampler "
-                                  f"(sde or ode); {FIX}.")
+                raise ParamsError(f"{_at(source, *at)}: calibrate.generators.{name} is a flow model and needs a "
+                                  f"sampler (sde or ode); {FIX}.")
+    sections = {key.split(".")[0] for key in RULES} | set(FREE_SECTIONS)
     for key, value in flatten(rest).items():
         rule = RULES.get(key)
         if rule is None:
-            raise ParamsError(f"{source}: {key} is not a known parameter; {FIX}.")
+            head = key.split(".")[0]
+            if head not in sections:
+                raise ParamsError(f"{_at(source, head)}: {head} is not a known section{_close(head, sections)}; "
+                                  f"{FIX}.")
+            raise ParamsError(f"{_at(source, *key.split('.'))}: {key} is not a known parameter"
+                              f"{_close(key, [k for k in RULES if k.startswith(head + '.')])}; {FIX}.")
         if not rule[1](value):
-            raise ParamsError(f"{source}: {key} must be {rule[0]}, got {value!r}; {FIX}.")
+            raise ParamsError(f"{_at(source, *key.split('.'))}: {key} must be {rule[0]}, got {value!r}; {FIX}.")
     recipes = params.get("cls_recipes") or {}
     for name, recipe in recipes.items():
+        _check_recipe(recipe or {}, f"cls_recipes.{name}", source)  # a misspelt knob first: it names the missing one
         missing = [knob for knob in CLS_RECIPE_RULES if knob not in (recipe or {})]
         if missing:
-            raise ParamsError(f"{source}: cls_recipes.{name} lacks {', '.join(missing)}; every named recipe holds "
-                              f"every knob (conf/cls_recipe/{name}.yaml inherits them from its defaults); {FIX}.")
-        _check_recipe(recipe, f"cls_recipes.{name}", source)
+            raise ParamsError(f"{_at(source, 'cls_recipes', name)}: cls_recipes.{name} lacks {', '.join(missing)}; "
+                              f"every named recipe holds every knob (conf/cls_recipe/{name}.yaml inherits them from "
+                              f"its defaults); {FIX}.")
     # null in the overrides: not overridden (each run keeps its recipe's value)
     _check_recipe(params.get("cls_recipe_overrides") or {}, "cls_recipe_overrides", source, null_keeps=True)
     models = params.get("models", {})
     for name, spec in models.items():
         extra = sorted(set(spec or {}) - MODEL_KEYS) if isinstance(spec, dict) else ["(not a mapping)"]
         if extra:
-            hint = " (the attention's knobs now live under options:)" if "vca" in extra else ""
-            raise ParamsError(f"{source}: models.{name} has {', '.join(extra)}{hint}; a model entry holds only "
-                              f"{', '.join(sorted(MODEL_KEYS))}; {FIX}.")
+            hint = " (the attention's knobs now live under options:)" if "vca" in extra else _close(extra[0], MODEL_KEYS)
+            raise ParamsError(f"{_at(source, 'models', name, extra[0])}: models.{name} has {', '.join(extra)}{hint}; "
+                              f"a model entry holds only {', '.join(sorted(MODEL_KEYS))}; {FIX}.")
         if spec.get("attention") not in ATTENTIONS:
-            raise ParamsError(f"{source}: models.{name}.attention must be one of {', '.join(ATTENTIONS)}, got "
-                              f"{spec.get('attention')!r}; {FIX}.")
+            raise ParamsError(f"{_at(source, 'models', name, 'attention')}: models.{name}.attention must be one of "
+                              f"{', '.join(ATTENTIONS)}, got {spec.get('attention')!r}; {FIX}.")
         _check_model(spec, f"models.{name}", source)
-    for branch in ("cls_runs", "gen_runs"):
+    for branch in RUN_FIELDS:
         for name, run in (params.get(branch) or {}).items():
-            if not isinstance(run, dict) or run.get("model") not in models:
-                raise ParamsError(f"{source}: {branch}.{name}.model must name an entry of models "
-                                  f"({', '.join(models)}), got {run.get('model') if isinstance(run, dict) else run!r}; "
-                                  f"{FIX}.")
-            seeds = run.get("seeds")
+            _check_run_keys(branch, name, run, source)
+            if run["model"] not in models:
+                raise ParamsError(f"{_at(source, branch, name, 'model')}: {branch}.{name}.model must name an entry "
+                                  f"of models ({', '.join(models)}), got {run['model']!r}{_close(run['model'], models)}"
+                                  f"; {FIX}.")
+            seeds = run["seeds"]
             if not (isinstance(seeds, list) and seeds and all(_int(0)[1](s) for s in seeds)
                     and len(set(seeds)) == len(seeds)):
-                raise ParamsError(f"{source}: {branch}.{name}.seeds must be a non-empty list of distinct integers "
-                                  f">= 0, got {seeds!r}; {FIX}.")
+                raise ParamsError(f"{_at(source, branch, name, 'seeds')}: {branch}.{name}.seeds must be a non-empty "
+                                  f"list of distinct integers >= 0, got {seeds!r}; {FIX}.")
             shape = params.get(f"{branch[:3]}_shape") or {}
             if shape:
                 consumer, takes, _ = model_arguments(models[run["model"]]["arch"], models[run["model"]]["attention"])
@@ -347,24 +383,48 @@ def validate(params: Dict[str, Any], source: str = "params.yaml") -> None:
                     if key not in takes:
                         raise _unknown_key(source, f"{branch[:3]}_shape", key,
                                            f"{consumer}, the model of {branch}.{name}", takes)
-            if branch == "cls_runs" and run.get("recipe") not in recipes:
-                raise ParamsError(f"{source}: cls_runs.{name}.recipe must name an entry of cls_recipes "
-                                  f"({', '.join(recipes)}), got {run.get('recipe')!r}; {FIX}.")
+            if branch == "cls_runs" and run["recipe"] not in recipes:
+                raise ParamsError(f"{_at(source, branch, name, 'recipe')}: cls_runs.{name}.recipe must name an entry "
+                                  f"of cls_recipes ({', '.join(recipes)}), got {run['recipe']!r}"
+                                  f"{_close(run['recipe'], recipes)}; {FIX}.")
             if branch == "gen_runs":
-                for key, value in (run.get("recipe") or {}).items():  # per-run overrides of gen_recipe
+                overrides = run.get("recipe") or {}
+                if not isinstance(overrides, dict):
+                    raise ParamsError(f"{_at(source, branch, name, 'recipe')}: gen_runs.{name}.recipe must be a "
+                                      f"mapping of gen_recipe knobs, got {overrides!r}; {FIX}.")
+                for key, value in overrides.items():  # per-run overrides of gen_recipe
                     rule = RULES.get(f"gen_recipe.{key}")
                     if rule is None:
-                        raise ParamsError(f"{source}: gen_runs.{name}.recipe.{key} overrides nothing in "
-                                          f"gen_recipe; {FIX}.")
+                        raise ParamsError(f"{_at(source, branch, name, 'recipe', key)}: gen_runs.{name}.recipe.{key} "
+                                          f"overrides nothing in gen_recipe"
+                                          f"{_close(key, [k[11:] for k in RULES if k.startswith('gen_recipe.')])}; "
+                                          f"{FIX}.")
                     if not rule[1](value):
-                        raise ParamsError(f"{source}: gen_runs.{name}.recipe.{key} must be {rule[0]}, got "
-                                          f"{value!r}; {FIX}.")
-            if branch == "gen_runs" and run.get("objective") not in OBJECTIVES:
-                raise ParamsError(f"{source}: gen_runs.{name}.objective must be {' or '.join(OBJECTIVES)}, got "
-                                  f"{run.get('objective')!r}; {FIX}.")
+                        raise ParamsError(f"{_at(source, branch, name, 'recipe', key)}: gen_runs.{name}.recipe.{key} "
+                                          f"must be {rule[0]}, got {value!r}; {FIX}.")
+            if branch == "gen_runs" and run["objective"] not in OBJECTIVES:
+                raise ParamsError(f"{_at(source, branch, name, 'objective')}: gen_runs.{name}.objective must be "
+                                  f"{' or '.join(OBJECTIVES)}, got {run['objective']!r}; {FIX}.")
 
 
-def _check_model(spec: Dict[str, Any], where: str, source: str) -> None:
+def _check_run_keys(branch: str, name: str, run: Any, source: Source) -> None:
+    """A run entry holds exactly its branch's fields: a misspelt one is named with the field it is nearest to."""
+    fields = RUN_FIELDS[branch]
+    if not isinstance(run, dict):
+        raise ParamsError(f"{_at(source, branch, name)}: {branch}.{name} must be a mapping holding "
+                          f"{_fields(fields)}, got {run!r}; {FIX}.")
+    valid = (*fields["required"], *fields["optional"])
+    for key in run:
+        if key not in valid:
+            raise ParamsError(f"{_at(source, branch, name, key)}: {branch}.{name}.{key} is not a key of a {branch} "
+                              f"entry{_close(key, valid)}, which holds {_fields(fields)}; {FIX}.")
+    for key in fields["required"]:
+        if key not in run:
+            raise ParamsError(f"{_at(source, branch, name, key)}: {branch}.{name}.{key} is missing; a {branch} entry "
+                              f"holds {_fields(fields)}; {FIX}.")
+
+
+def _check_model(spec: Dict[str, Any], where: str, source: Source) -> None:
     """A model's arch is known and takes its attention, and every key of its options is one it takes."""
     from .models import CLASSIFIER_ARCHS
     from .models.dit import DIT_CONFIGS
@@ -374,26 +434,28 @@ def _check_model(spec: Dict[str, Any], where: str, source: str) -> None:
         consumer, _, takes = model_arguments(arch, attention)
     except KeyError:
         archs = [*CLASSIFIER_ARCHS, *DIT_CONFIGS]
-        close = difflib.get_close_matches(str(arch), archs, n=1)
-        raise ParamsError(f"{source}: {where}.arch must be one of {', '.join(archs)}, got {arch!r}"
-                          + (f" (did you mean {close[0]}?)" if close else "") + f"; {FIX}.") from None
+        raise ParamsError(f"{_at(source, *where.split('.'), 'arch')}: {where}.arch must be one of {', '.join(archs)}, "
+                          f"got {arch!r}{_close(arch, archs)}; {FIX}.") from None
     except BadInput as err:  # an attention the arch does not come with
-        raise ParamsError(f"{source}: {where}: {str(err).rstrip('.')}; {FIX}.") from None
+        raise ParamsError(f"{_at(source, *where.split('.'), 'attention')}: {where}: {str(err).rstrip('.')}; "
+                          f"{FIX}.") from None
     options = spec.get("options") or {}
     if not isinstance(options, dict):
-        raise ParamsError(f"{source}: {where}.options must be a mapping of the attention's knobs, got "
-                          f"{options!r}; {FIX}.")
+        raise ParamsError(f"{_at(source, *where.split('.'), 'options')}: {where}.options must be a mapping of the "
+                          f"attention's knobs, got {options!r}; {FIX}.")
     for key in options:
         if key not in takes:
             raise _unknown_key(source, f"{where}.options", key, f"{consumer} with attention {attention!r}", takes)
 
 
-def _check_recipe(recipe: Dict[str, Any], where: str, source: str, null_keeps: bool = False) -> None:
+def _check_recipe(recipe: Dict[str, Any], where: str, source: Source, null_keeps: bool = False) -> None:
     for knob, value in recipe.items():
         rule = CLS_RECIPE_RULES.get(knob)
         if rule is None:
-            raise ParamsError(f"{source}: {where}.{knob} is not a known parameter; {FIX}.")
+            raise ParamsError(f"{_at(source, *where.split('.'), knob)}: {where}.{knob} is not a known parameter"
+                              f"{_close(knob, CLS_RECIPE_RULES)}; {FIX}.")
         if value is None and null_keeps:
             continue
         if not rule[1](value):
-            raise ParamsError(f"{source}: {where}.{knob} must be {rule[0]}, got {value!r}; {FIX}.")
+            raise ParamsError(f"{_at(source, *where.split('.'), knob)}: {where}.{knob} must be {rule[0]}, got "
+                              f"{value!r}; {FIX}.")
