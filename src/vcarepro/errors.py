@@ -8,6 +8,9 @@ is also the built-in exception it used to be, so ``except ValueError`` and the l
 from __future__ import annotations
 
 import errno
+import os
+import re
+import signal
 import sys
 from pathlib import Path
 from typing import Callable, Optional
@@ -17,6 +20,26 @@ USER_ERROR_STATUS = 2
 
 class UserError(Exception):
     """A problem in the user's input, data, parameters or environment, with its fix in the message."""
+
+    def __str__(self) -> str:
+        return worker_sentence(super().__str__())
+
+
+# torch's DataLoader re-raises a loader worker's exception in the loading process as the same class, built
+# from "Caught NAME in DataLoader worker process N.\nOriginal Traceback ...\nmodule.NAME: sentence" (its
+# ExceptionWrapper): the sentence is the last part, after the worker's traceback
+_RERAISED = re.compile(r"Caught (\w+) [^\n]*\.\nOriginal Traceback \(most recent call last\):\n")
+
+
+def worker_sentence(text: str) -> str:
+    """``text`` itself, or the error's own sentence where ``text`` is a loader worker's re-raised traceback."""
+    caught = _RERAISED.match(text)
+    if caught is None:
+        return text
+    last = None
+    for last in re.finditer(rf"^(?:[\w.]+\.)?{caught.group(1)}: ", text, re.MULTILINE):
+        pass
+    return text[last.end():].strip() if last is not None else text
 
 
 class BadInput(UserError, ValueError):
@@ -35,7 +58,7 @@ class UnknownName(UserError, KeyError):
     """A run, model or section name that is not defined."""
 
     def __str__(self) -> str:  # KeyError would quote the sentence
-        return str(self.args[0]) if self.args else ""
+        return worker_sentence(str(self.args[0])) if self.args else ""
 
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -84,13 +107,26 @@ def run_stage(main: Callable[[], object]) -> None:
             raise BadInput(str(err)) from None
         main()
     except UserError as err:
+        _ending()
         print(f"error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(USER_ERROR_STATUS) from None
     except Exception as err:
         if not is_disk_full(err):
             raise
+        _ending()
         print(f"error: {disk_full_error(err, _written_path(err))}", file=sys.stderr, flush=True)
         raise SystemExit(USER_ERROR_STATUS) from None
+
+
+def _ending() -> None:
+    """In a rank of a launch, ignore SIGTERM from here on: the stage is ending with its sentence, and the launcher
+    stopping the other ranks (one of which failed because this one left) must not turn its status 2 into a kill."""
+    if os.environ.get("WORLD_SIZE", "1").strip() in ("", "0", "1"):  # one process: nobody stops it
+        return
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:  # not the main thread: leave signals alone
+        pass
 
 
 def _written_path(err: BaseException) -> Optional[str]:

@@ -9,9 +9,10 @@
   launcher watches every rank: when one exits non-zero it sends the others SIGTERM (a
   training rank checkpoints and exits 143), SIGKILL after ``--grace`` seconds, says which
   rank ended how in one sentence and exits with that rank's status (128 + the signal for a
-  rank killed by one). SIGINT, SIGTERM and SIGHUP reaching the launcher are passed on to
-  every rank. The store's temporary folder is removed on every way out but the launcher's
-  own SIGKILL;
+  rank killed by one; a rank that stopped on a user error, status 2, is the one named even
+  where a rank whose collective it broke exited first). SIGINT, SIGTERM and SIGHUP reaching
+  the launcher are passed on to every rank. The store's temporary folder is removed on every
+  way out but the launcher's own SIGKILL;
 * ``--launcher torchrun``: ``torchrun`` for this node's processes with a c10d rendezvous at
   ``--rdzv-endpoint host:port``; on several nodes the same command runs on each node;
 * ``--launcher srun``: run once inside a SLURM allocation (``salloc`` / ``sbatch``);
@@ -42,7 +43,7 @@ import tempfile
 import time
 from typing import Callable, List, Mapping, Optional
 
-from vcarepro.errors import BadInput
+from vcarepro.errors import USER_ERROR_STATUS, BadInput
 
 DEFAULT_PORT = 29500
 RDZV_TIMEOUT_ENV = "VCAREPRO_RDZV_TIMEOUT"  # read by the ranks (vcarepro.train.distributed)
@@ -216,6 +217,11 @@ def _watch(procs: List[subprocess.Popen], received: List[int], grace: float) -> 
             for rank in running:
                 _signal(procs[rank], signal.SIGKILL)
         time.sleep(POLL)
+    if failed is not None and failed[1] != USER_ERROR_STATUS:  # the first to exit may have failed because of one
+        said = next((rank for rank, proc in enumerate(procs) if proc.returncode == USER_ERROR_STATUS), None)
+        if said is not None:  # that stopped with its one-sentence error (a damaged image): the sentence names it
+            stopped = sorted(set(stopped) - {said} | {failed[0]})
+            failed = (said, USER_ERROR_STATUS)
     how = f" (SIGKILL after {grace:g} s)" if killed else ""
     others = f"stopped {_ranks(stopped)}{how}" if stopped else "the other ranks had finished"
     if failed is not None:  # what came first is what the sentence names

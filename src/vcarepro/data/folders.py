@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import csv
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 from PIL import Image
 from torch.utils.data import Dataset
-from vcarepro.errors import BadInput, MissingInput
+from vcarepro.errors import BadInput, MissingInput, UserError
 
 MANIFEST = "manifest.csv"
 CLASSES = "classes.json"
@@ -46,6 +47,40 @@ def read_manifest(root: str | Path, split: str) -> List[Tuple[str, int]]:
         raise MissingInput(f"{path} is missing; run the prepare_cls stage (dvc repro prepare_cls) first.")
     with path.open(newline="") as f:
         return [(row["path"], int(row["label"])) for row in csv.DictReader(f) if row["split"] == split]
+
+
+class UnreadableImage(UserError, OSError):
+    """A listed image of the prepared layout that cannot be opened or decoded (truncated, overwritten, missing).
+
+    An ``OSError``, as PIL's "image file is truncated" and a missing file are.
+    """
+
+
+# The prepared layout is a DVC output: prepare it again, or take it back from DVC's cache (without --force,
+# `dvc checkout` refuses to replace a file that changed).
+REPAIR = ("re-run prepare_cls (`dvc repro -f -s prepare_cls`) or restore it (`dvc checkout --force data/cls`), "
+          "then `dvc repro`")
+
+
+def unreadable_image(path: str | Path, err: BaseException) -> UnreadableImage:
+    reason = " ".join(str(err).split()) or type(err).__name__  # one line, whatever the decoder said
+    return UnreadableImage(f"the prepared image {path} cannot be read ({reason}); the prepared data is damaged: "
+                           f"{REPAIR}.")
+
+
+@contextmanager
+def decoded_image(path: str | Path) -> Iterator[Image.Image]:
+    """``Image.open(path)``; a failure to open or decode it inside the block is an :class:`UnreadableImage`.
+
+    Keep the block to reading pixels (``convert``, ``resize``, a crop): whatever fails in it is blamed on the file.
+    """
+    try:
+        with Image.open(path) as img:
+            yield img
+    except (UserError, MemoryError):  # not the file's fault
+        raise
+    except Exception as err:  # noqa: BLE001 - PIL's OSError, SyntaxError, ValueError, zlib and struct errors
+        raise unreadable_image(path, err) from None
 
 
 def write_manifest(root: str | Path, rows: List[Tuple[str, str, int]]) -> None:
@@ -89,7 +124,7 @@ class ManifestDataset(Dataset):
 
     def _read(self, index: int):
         rel, label = self.samples[index]
-        with Image.open(self.root / rel) as img:
+        with decoded_image(self.root / rel) as img:
             img = img.convert("RGB")
         if self.transform is not None:
             img = self.transform(img)

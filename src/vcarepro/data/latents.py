@@ -42,6 +42,7 @@ from numpy.lib.format import open_memmap
 from PIL import Image
 
 from ..io import preallocate, write_json
+from .folders import decoded_image
 from vcarepro.errors import BadInput, MissingInput
 
 INDEX = "index.json"
@@ -78,11 +79,8 @@ def _to_model_space(image: Image.Image) -> torch.Tensor:
 
 
 def _load_cropped(path: str | Path, image_size: int) -> torch.Tensor:
-    try:
-        with Image.open(path) as image:
-            return _to_model_space(adm_center_crop(image, image_size))
-    except Exception as err:  # name the file: a bare decoder error does not
-        raise OSError(f"cannot read image {path}: {err}") from err
+    with decoded_image(path) as image:  # names the file and the fix: a bare decoder error does not
+        return _to_model_space(adm_center_crop(image, image_size))
 
 
 def to_uint8_pixels(images: torch.Tensor) -> torch.Tensor:

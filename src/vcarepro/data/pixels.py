@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .folders import read_classes, read_manifest
+from .folders import decoded_image, read_classes, read_manifest
 from vcarepro.errors import BadInput
 
 
@@ -23,7 +23,7 @@ def load_split_pixels(cls_root: str | Path, split: str, image_size: int) -> Dict
     cls_root = Path(cls_root)
     images, labels = [], []
     for rel, label in read_manifest(cls_root, split):
-        with Image.open(cls_root / rel) as img:
+        with decoded_image(cls_root / rel) as img:
             mode = "L" if img.mode in ("L", "1", "I;16") else "RGB"
             img = img.convert(mode).resize((image_size, image_size), Image.BICUBIC)
         arr = np.asarray(img, dtype=np.uint8)

@@ -18,14 +18,14 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from ..data.folders import read_manifest
+from ..data.folders import decoded_image, read_manifest
 from vcarepro.errors import BadInput
 
 MAX_ITER = 5000   # lbfgs reaches its tolerance on the digits well within this
 
 
 def _gray(path: Path, image_size: Optional[int]) -> np.ndarray:
-    with Image.open(path) as img:
+    with decoded_image(path) as img:  # a damaged file: one sentence naming it and the fix
         img = img.convert("L")
         if image_size is not None:
             img = ImageOps.fit(img, (image_size, image_size), Image.BICUBIC)

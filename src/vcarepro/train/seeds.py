@@ -9,18 +9,22 @@ before, resuming each from its worker's final checkpoint, so the run's log, weig
 history come from one place whichever way the seeds were trained. A seed whose worker failed
 is trained (resumed) in the stage's process under the worker's thread count, so its bits are
 the worker's, where its error is raised as usual; the line that says so gives the worker's
-error. A worker stopped by SIGTERM (a preemption notice) stops the stage as a preempted rank
-does: the other workers are sent SIGTERM too, each keeps its checkpoint, and the stage exits 143
-without training anything itself; re-running resumes every seed in its worker. Workers must be
-forked before the process runs any backward pass (torch's "Autograd and Fork": the engine's
-threads do not survive a fork), which a stage does; a process that has trained already gets
-that error from every worker.
+error. A worker that raised a :class:`~vcarepro.errors.UserError` (a damaged image, a diverged
+run) is not redone: the other workers are stopped as below and the stage raises that error, so it
+ends as one sentence and exit 2 (:func:`~vcarepro.errors.run_stage`). A worker stopped by SIGTERM
+(a preemption notice) stops the stage as a preempted rank does: the other workers are sent
+SIGTERM too, each keeps its checkpoint, and the stage exits 143 without training anything
+itself; re-running resumes every seed in its worker. Workers must be forked before the
+process runs any backward pass (torch's "Autograd and Fork": the engine's threads do not
+survive a fork), which a stage does; a process that has trained already gets that error from
+every worker.
 """
 from __future__ import annotations
 
 import json
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import tempfile
@@ -34,11 +38,17 @@ from dvclive import Live
 
 from .distributed import DistInfo, barrier, init_distributed, shutdown
 from .preemption import Preempted, stop_on_sigterm
+from vcarepro.errors import USER_ERROR_STATUS, UserError
 
 
 def train_seeds(label: str, seeds: Iterable[int], live_dir, train_one: Callable[[int, DistInfo, Live], Dict],
                 seed_processes: int = 1) -> None:
-    """Run ``train_one(seed, info, live)`` for each seed; one log per run, one metric family per seed."""
+    """Run ``train_one(seed, info, live)`` for each seed; one log per run, one metric family per seed.
+
+    Of several ranks, one stopping on a :class:`UserError` (a damaged image in its share) marks that in the
+    process group's store before it leaves the group; a rank whose collective then fails exits with
+    ``PEER_STOPPED_STATUS`` and no traceback, so the stage's output is that rank's sentence.
+    """
     seeds = list(seeds)
     info = init_distributed()
     in_workers: Dict[int, Dict] = {}
@@ -70,8 +80,39 @@ def train_seeds(label: str, seeds: Iterable[int], live_dir, train_one: Callable[
         if live is not None:
             live.end()
             write_timing(live_dir, {"train_seconds": seconds})
+    except UserError:
+        _say_to_the_other_ranks(info)  # before this rank leaves the process group, failing their collectives
+        raise
+    except Exception:
+        if _another_rank_said_why(info):  # its sentence is the stage's; this rank's lost collective is no news
+            raise SystemExit(PEER_STOPPED_STATUS) from None
+        raise
     finally:
         shutdown(info)
+
+
+PEER_FAILED = "vcarepro/user_error"  # the store key a rank that stops on a UserError sets to its rank
+PEER_STOPPED_STATUS = 1  # a rank whose collective failed because another rank stopped on a UserError
+
+
+def _say_to_the_other_ranks(info: DistInfo) -> None:
+    if not info.distributed:
+        return
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+        _get_default_store().set(PEER_FAILED, str(info.rank))
+    except Exception:  # noqa: BLE001 - the store gone too: the others keep their tracebacks
+        pass
+
+
+def _another_rank_said_why(info: DistInfo) -> bool:
+    if not info.distributed:
+        return False
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+        return _get_default_store().check([PEER_FAILED])
+    except Exception:  # noqa: BLE001 - no store to ask: keep this rank's own traceback
+        return False
 
 
 TIMINGS = Path("timings")  # wall times: beside the results, never in a DVC output (issue 25)
@@ -120,9 +161,10 @@ def run_in_workers(label: str, seeds: List[int], work: Callable[[int], Optional[
     """``work(seed)`` for every seed in ``processes`` forked workers (seed i in worker i mod processes).
 
     Returns {seed: what ``work`` returned (or {})} for the seeds that finished; the caller redoes the others,
-    and reads the finished ones back from what ``work`` left on disk. A worker stopped by SIGTERM (its
-    ``work`` raised :class:`Preempted`), or a SIGTERM reaching this process, stops every worker the same
-    way and raises :class:`Preempted` here: the stage stops (exit 143) instead of redoing the seed.
+    and reads the finished ones back from what ``work`` left on disk. A :class:`UserError` in a worker stops the
+    other workers as a SIGTERM does and is raised here (the first seed's, in ``seeds`` order). A worker stopped
+    by SIGTERM (its ``work`` raised :class:`Preempted`), or a SIGTERM reaching this process, stops every worker
+    the same way and raises :class:`Preempted` here: the stage stops (exit 143) instead of redoing the seed.
     """
     processes = min(processes, len(seeds))
     threads = worker_threads(processes, len(seeds))
@@ -138,7 +180,8 @@ def run_in_workers(label: str, seeds: List[int], work: Callable[[int], Optional[
                 for w in workers:
                     w.start()
                 while any(w.is_alive() for w in workers):
-                    if stopping is None and (stop.requested or any(Path(tmp).glob("seed_*.preempted"))):
+                    if stopping is None and (stop.requested or any(Path(tmp).glob("seed_*.preempted"))
+                                             or any(Path(tmp).glob("seed_*.usererror"))):
                         stopping = time.monotonic()  # stop the others at their next step boundary, checkpoints kept
                         for w in workers:
                             if w.is_alive():
@@ -155,6 +198,10 @@ def run_in_workers(label: str, seeds: List[int], work: Callable[[int], Optional[
                         w.terminate()
                         w.join()
             stopped_here = stop.requested  # also a SIGTERM just after the last worker ended
+        for seed in seeds:  # the user's to fix: redoing the seed here would only meet it again
+            refused = Path(tmp) / f"seed_{seed}.usererror"
+            if refused.is_file():
+                raise pickle.loads(refused.read_bytes())
         stopped = [p.read_text() for p in sorted(Path(tmp).glob("seed_*.preempted"))]
         if stopping is not None or stopped or stopped_here:
             raise Preempted(f"in a seed worker ({'; '.join(stopped) or 'the stage was sent SIGTERM'})")
@@ -190,7 +237,20 @@ def _work_one(seed: int, work, out: Path) -> None:
     except Preempted as stopped:  # the stage stops too; the checkpoint is on disk
         (out / f"seed_{seed}.preempted").write_text(f"seed {seed} {stopped.where}")
         os._exit(143)
+    except UserError as err:  # bad data, a diverged run: the stage stops with the error's one sentence
+        (out / f"seed_{seed}.usererror").write_bytes(_pickled(err))
+        os._exit(USER_ERROR_STATUS)
     except BaseException as err:  # noqa: BLE001 - the stage's process redoes the seed and reports the error
         (out / f"seed_{seed}.error").write_text(f"{type(err).__name__}: {err}")
         os._exit(1)
     (out / f"seed_{seed}.json").write_text(json.dumps(result or {}))
+
+
+def _pickled(err: UserError) -> bytes:
+    """``err`` for the stage's process; as a plain :class:`UserError` with its sentence where it does not unpickle."""
+    try:
+        data = pickle.dumps(err)
+        pickle.loads(data)
+        return data
+    except Exception:  # noqa: BLE001 - an error class whose constructor takes other arguments
+        return pickle.dumps(UserError(str(err)))
