@@ -5,6 +5,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -40,8 +41,9 @@ def micro_params(overrides: Sequence[str] = (), cls_runs: Sequence[str] = CLS_RU
     return p
 
 
-def sh(cmd, cwd, check=True):
-    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+def sh(cmd, cwd, check=True, env=None):
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           **(env or {})}
     result = subprocess.run(cmd, cwd=cwd, shell=True, capture_output=True, text=True, env=env)
     if check and result.returncode != 0:
         raise AssertionError(f"{cmd} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
@@ -81,7 +83,9 @@ def reproduced_repo(repo: Path, params: dict, targets: str = "") -> Path:
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     repo = reproduced_repo(tmp_path_factory.mktemp("pipeline") / "repo", micro_params())
-    sh("git add -A && git -c user.name=t -c user.email=t@t commit -qm results", repo)  # dvc.lock, .gitignores
+    # every output lies under a path the project's .gitignore files name already: DVC adds no .gitignore
+    assert sh("git status --porcelain", repo).stdout == "?? dvc.lock\n"
+    sh("git add -A && git -c user.name=t -c user.email=t@t commit -qm results", repo)
     return repo
 
 
@@ -148,6 +152,61 @@ def test_changing_one_run_reruns_only_that_run_and_the_report(repo):
     sh("git checkout params.yaml && dvc repro", repo)  # back to the committed state (from DVC's run cache)
 
 
+def readme_command(start: str) -> str:
+    """The one command line of the README's code blocks that starts with ``start``: the test runs what it shows."""
+    lines = [line.strip() for line in (ROOT / "README.md").read_text().splitlines()
+             if line.strip().startswith(start)]
+    assert len(lines) == 1, lines
+    return lines[0].split("  #")[0].strip()
+
+
+@pytest.mark.slow
+def test_an_experiment_compares_in_160_columns_and_leaves_the_checkout_as_it_was(repo):
+    """README "Comparing runs": `dvc exp run --temp -S <a recipe knob>`, then its `dvc exp show` line in a
+    160-column terminal gives the knob and every run's headline number, the experiment beside its baseline;
+    the checkout's files stay as committed, and Ctrl-C in a second experiment leaves them so too."""
+    # the micro params are written, not composed from conf/: -S edits params.yaml itself (Hydra off, in the
+    # untracked .dvc/config.local)
+    sh("dvc config --local hydra.enabled false", repo)
+    committed = {name: (repo / name).read_bytes() for name in ("params.yaml", "dvc.lock")}
+    sh("dvc exp run --temp -S cls_recipe_overrides.lr=0.1 -n lr-up", repo)
+    assert sh("git status --porcelain", repo).stdout == ""
+    assert {name: (repo / name).read_bytes() for name in committed} == committed
+    shown = sh(readme_command("dvc exp show"), repo, env={"COLUMNS": "160"}).stdout
+    lines = shown.splitlines()
+    assert lines and max(len(line) for line in lines) <= 160, shown
+    header = next(line for line in lines if "Experiment" in line).split()
+    baseline = json.loads((repo / "metrics" / "cls_top1.json").read_text())  # the workspace is the commit's
+    exp = json.loads(sh("dvc exp show --json", repo).stdout)
+    ran = next(e for e in exp[1]["experiments"] if e["name"] == "lr-up")["revs"][0]["data"]
+    theirs = ran["metrics"]["metrics/cls_top1.json"]["data"]
+    assert ran["params"]["params.yaml"]["data"]["cls_recipe_overrides"]["lr"] == 0.1
+    assert header[1:] == [*sorted(run for run in baseline if baseline[run] != theirs[run]),
+                          "cls_recipe_overrides.lr"], shown   # the generation runs did not change: no column
+    rows = {line.split()[0] if "[" not in line else line.split("[")[1].split("]")[0]: line.split()
+            for line in lines if line.strip(" ─") and "Experiment" not in line}   # not the rules
+    commit = sh("git branch --show-current", repo).stdout.strip()
+    for name, values in ((commit, baseline), ("lr-up", theirs)):
+        assert rows[name][-1] == ("0.024" if name == commit else "0.1"), shown
+        shown_numbers = [float(x) for x in rows[name][-1 - (len(header) - 2):-1]]
+        assert shown_numbers == pytest.approx([values[run] for run in header[1:-1]], rel=1e-4), shown
+    # Ctrl-C (SIGINT to the process group, as a terminal sends it) during training: the checkout is as it was
+    proc = subprocess.Popen("dvc exp run --temp -S cls_recipe_overrides.lr=0.2 -n stopped", shell=True, cwd=repo,
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "DVC_NO_ANALYTICS": "1",
+                                 "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    for line in proc.stdout:
+        if line.startswith("Running stage 'train_cls@"):
+            os.killpg(proc.pid, signal.SIGINT)
+            break
+    proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert sh("git status --porcelain", repo).stdout == ""
+    assert {name: (repo / name).read_bytes() for name in committed} == committed
+    assert "stopped" not in sh("dvc exp list --name-only", repo).stdout
+    sh("dvc exp remove -A && dvc config --local --unset hydra.enabled", repo)
+
+
 @pytest.mark.slow
 def test_results_travel_through_a_local_remote(repo, tmp_path):
     remote = tmp_path / "remote"
@@ -178,7 +237,8 @@ def test_a_clean_repro_reproduces_every_hash_of_the_committed_lock(repo):
     verified = sh(f"{sys.executable} -m vcarepro.lockcheck verify", repo)
     assert "outputs hash as in the committed dvc.lock" in verified.stdout
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
-    assert {o["path"] for o in lock["stages"]["report"]["outs"]} == {"reports/results.json"}
+    assert {o["path"] for o in lock["stages"]["report"]["outs"]} == {"reports/results.json", "metrics/cls_top1.json",
+                                                                     "metrics/gen_fid.json"}
     # the wall times are there, outside every output
     assert json.loads((repo / "timings" / "cls" / "deit_tiny-vca.json").read_text())["train_seconds"]["seed_0"] > 0
     assert "train_seconds" not in (repo / "runs" / "cls" / "deit_tiny-vca" / "live" / "metrics.json").read_text()

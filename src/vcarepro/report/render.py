@@ -17,6 +17,7 @@ from .collect import collect_runs, read_json, real_grid
 from .environment import describe_environment
 from .. import numerics
 from .export import write_tables
+from .headline import headline_files, write_headlines
 from .figures import CLS_CURVES, GEN_CURVES, attention_cost_png, curves_png, gains_png
 from ..config import flatten
 from ..io import write_json
@@ -191,6 +192,7 @@ def build_context(root: Path) -> Dict[str, Any]:
         "cpu_guarantee": numerics.CPU_GUARANTEE,
         "gpu_guarantee": numerics.GPU_GUARANTEE,
         "changes": changes_since(root, params, run_metrics, stale={r["run"]: r["status"] for r in stale}),
+        "headlines": headline_files(params, run_metrics),
         "stale": stale,
         "gains": gains,
         "cls_reference": cls_reference,
@@ -317,6 +319,7 @@ def render_report(root: str | Path = ".", out: str | Path = "reports/index.html"
     out.parent.mkdir(parents=True, exist_ok=True)
     written = write_tables({name: context[name] for name in EXPORTED_TABLES}, out.parent / "tables")
     write_json(out.parent / "results.json", {name: context[name] for name in RESULT_TABLES})
+    write_headlines(root, context["headlines"])   # the stage's DVC metrics (report/headline.py)
     exported = sorted({path.stem for path in written}, key=EXPORTED_TABLES.index)
     html = env.get_template("report.html.j2").render(**context, exported=exported)
     tmp = out.with_suffix(".html.tmp")
