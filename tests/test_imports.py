@@ -37,6 +37,8 @@ FLOORS: Tuple[Tuple[str, ...], ...] = (
     # 6. the tools on top
     ("vcarepro.bench", "vcarepro.standins", "vcarepro.export", "vcarepro.lockcheck", "vcarepro.preflight",
      "vcarepro.cluster"),
+    # 7. the one command over them (vcarepro: runs each tool as python -m does, and explains a run's knobs)
+    ("vcarepro.cli",),
 )
 # What the report must not load, at the top of any module it imports (a function may, e.g. to describe torch).
 REPORT_MUST_NOT_LOAD = ("torch", "timm", "vcarepro.models", "vcarepro.train", "vcarepro.attention", "vcarepro.data")
