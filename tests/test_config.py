@@ -62,7 +62,7 @@ def test_paper_scale_carries_the_deit_and_dit_recipes(paper):
     assert (s["num_samples"], s["ddpm_steps"], s["flow_steps"], s["cfg_scale"]) == (50000, 250, 250, 1.0)
 
 
-# What the lab's recipe changes against DeiT's. Shared EVIDENCE.md section 2 names the first six (20 warm-up
+# What the lab's recipe changes against DeiT's. docs/evidence.md names the first six, from LeapLabTHU/Agent-Attention agent_transformer/config.py and cfgs/ (20 warm-up
 # epochs, warm-up and minimum lr scaled with the batch like the base lr, clipping 5.0, no repeated
 # augmentation); reading LeapLabTHU/Agent-Attention's agent_transformer/ adds the rest: main.py keeps no EMA,
 # lr_scheduler.py steps every update, data/build.py resizes to a 256 square before the centre crop, and the

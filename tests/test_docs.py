@@ -1,0 +1,186 @@
+"""The documentation keeps its promises: the README's two commands are the ones CI runs, every relative link and
+#anchor of the README and of docs/ resolves (GitHub's heading slugs; mkdocs --strict for the pages), and
+docs/layout.md names exactly the modules and folders that exist."""
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Set, Tuple
+from urllib.parse import unquote
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+CI = ROOT / ".ci" / "run"
+
+
+# -- the README's two commands are CI's ----------------------------------------------------------------------------
+
+def readme_line(number: int) -> str:
+    return README.read_text(encoding="utf-8").splitlines()[number - 1]
+
+
+def test_readme_line_4_is_the_command_ci_runs_as_command_1():
+    """.ci/run runs `bash -c "$(sed -n 4p README.md)"`: line 4 must be the set-up-and-run command."""
+    ci = CI.read_text(encoding="utf-8")
+    reads = re.findall(r"sed -n (\d+)p README\.md", ci)
+    assert reads == ["4"], f".ci/run reads README line(s) {reads}, not line 4 alone"
+    assert 'bash -c "$(sed -n 4p README.md)"' in ci.splitlines()
+    line = readme_line(4)
+    assert line == ("python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && . .venv/bin/activate "
+                    "&& dvc repro"), line
+    shlex.split(line)  # one shell line, quotes balanced
+
+
+def test_readme_line_5_is_the_test_command_ci_runs_verbatim():
+    line = readme_line(5)
+    assert line == "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && .venv/bin/python -m pytest", line
+    assert line in CI.read_text(encoding="utf-8").splitlines(), ".ci/run does not run README line 5 verbatim"
+    assert readme_line(3) == "```bash" and readme_line(6) == "```"  # the README's first code block: these two lines
+
+
+# -- links and anchors ----------------------------------------------------------------------------------------------
+
+FENCE = re.compile(r"^(```|~~~)")
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+HTML_ANCHOR = re.compile(r"<a\s+(?:name|id)=\"([^\"]+)\"")
+
+
+def prose(text: str) -> List[str]:
+    """The lines outside fenced code blocks, with inline code spans blanked (links in code are not links)."""
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if FENCE.match(line.strip()):
+            fenced = not fenced
+            lines.append("")
+            continue
+        lines.append("" if fenced or line.startswith("    ") and not line.lstrip().startswith(("-", "*", "|"))
+                     else re.sub(r"(`+).*?\1", "``", line))
+    return lines
+
+
+def github_slug(heading: str) -> str:
+    """GitHub's anchor for a heading: its text (code spans' content, links' text), lower-cased, punctuation other
+    than '-' and '_' removed, each space a '-' (github-slugger, which GitHub's renderer follows)."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)
+    text = text.replace("`", "").replace("*", "")
+    text = re.sub(r"<[^>]+>", "", text).lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> Set[str]:
+    found: Set[str] = set()
+    counts: Dict[str, int] = {}
+    fenced = False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if FENCE.match(line.strip()):
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        match = HEADING.match(line)
+        if match:
+            slug = github_slug(match.group(2))
+            n = counts.get(slug, 0)
+            counts[slug] = n + 1
+            found.add(slug if n == 0 else f"{slug}-{n}")
+        found.update(HTML_ANCHOR.findall(line))
+    return found
+
+
+def relative_links(path: Path) -> List[Tuple[int, str]]:
+    return [(number, target) for number, line in enumerate(prose(path.read_text(encoding="utf-8")), 1)
+            for target in LINK.findall(line)
+            if not re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I)]  # http:, https:, mailto: ...
+
+
+def broken_links(path: Path) -> List[str]:
+    problems = []
+    for number, target in relative_links(path):
+        file_part, _, anchor = target.partition("#")
+        where = f"{path.relative_to(ROOT)}:{number}: {target}"
+        dest = (path.parent / unquote(file_part)).resolve() if file_part else path
+        if not dest.exists():
+            problems.append(f"{where}: {file_part} does not exist")
+        elif anchor:
+            if dest.suffix != ".md":
+                problems.append(f"{where}: an anchor into a file that is not Markdown")
+            elif unquote(anchor) not in anchors(dest):
+                problems.append(f"{where}: {dest.relative_to(ROOT)} has no heading with anchor #{anchor}")
+    return problems
+
+
+def test_every_relative_link_and_anchor_of_the_readme_resolves():
+    assert relative_links(README), "the README links to no page of docs/"
+    assert broken_links(README) == []
+
+
+def test_every_relative_link_and_anchor_of_the_docs_resolves_on_github_too():
+    """mkdocs checks the pages with its own slugs; GitHub's differ (it keeps runs of '-'), and the pages are read
+    there as well."""
+    pages = sorted(DOCS.glob("*.md"))
+    assert pages
+    assert [p for page in pages for p in broken_links(page)] == []
+
+
+def test_the_readme_links_every_page_of_the_docs():
+    linked = {(README.parent / target.partition("#")[0]).resolve() for _, target in relative_links(README)}
+    assert sorted(p.name for p in DOCS.glob("*.md") if p.resolve() not in linked and p.name != "index.md") == []
+
+
+def test_one_readme_line_starts_with_dvc_exp_show_and_its_output_goes_right_under_it():
+    """tests/test_pipeline.py runs the README's one `dvc exp show` line; the real output is pasted under it."""
+    lines = README.read_text(encoding="utf-8").splitlines()
+    shows = [i for i, line in enumerate(lines) if line.strip().startswith("dvc exp show")]
+    assert len(shows) == 1, [lines[i] for i in shows]
+    assert lines[shows[0]].strip() == "dvc exp show --no-pager --only-changed --drop 'Created|.*/|conf$|runs$'"
+    assert lines[shows[0] - 1].strip() == "dvc exp run --temp -S cls_recipe_overrides.lr=0.012 -n lr-half"
+    assert "<!-- exp show output -->" in lines[shows[0] + 1:shows[0] + 4]
+
+
+def test_the_docs_build_with_mkdocs_strict_every_link_and_anchor_between_pages_resolving(tmp_path):
+    """mkdocs.yml's validation makes a missing page, link target or anchor a warning; --strict fails on any. mkdocs
+    is in the test extra (README command 2 installs it)."""
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site"),
+                           "--config-file", str(ROOT / "mkdocs.yml")], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "site" / "index.html").is_file()
+
+
+# -- the layout page is checked, not hand-kept ----------------------------------------------------------------------
+
+def code_tree() -> Set[str]:
+    """Every folder and every file but __init__.py under src/vcarepro and stages, as `path/` or `path`."""
+    names: Set[str] = set()
+    for top in (ROOT / "src" / "vcarepro", ROOT / "stages"):
+        names.add(top.relative_to(ROOT).as_posix() + "/")
+        for path in top.rglob("*"):
+            if "__pycache__" in path.parts or path.name.endswith((".pyc", ".egg-info")):
+                continue
+            rel = path.relative_to(ROOT).as_posix()
+            if path.is_dir():
+                names.add(rel + "/")
+            elif path.name != "__init__.py":
+                names.add(rel)
+    return names
+
+
+def named_in_layout() -> Set[str]:
+    text = (DOCS / "layout.md").read_text(encoding="utf-8")
+    return {name for name in re.findall(r"`([^`\s]+)`", text) if name.startswith(("src/vcarepro/", "stages/"))}
+
+
+def test_the_layout_page_names_every_module_and_folder():
+    assert sorted(code_tree() - named_in_layout()) == [], "add a line for each to docs/layout.md"
+
+
+def test_everything_the_layout_page_names_exists():
+    gone = [name for name in named_in_layout() if not (ROOT / name.rstrip("/")).exists()
+            or name.endswith("/") != (ROOT / name.rstrip("/")).is_dir()]
+    assert sorted(gone) == [], "remove or rename these lines of docs/layout.md"
