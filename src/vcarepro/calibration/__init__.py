@@ -137,7 +137,7 @@ def load_strict(model: torch.nn.Module, state: Dict[str, torch.Tensor], keymap: 
 def missing_file_message(calibrate: Dict[str, Any], name: str, entry: Dict[str, Any]) -> str:
     path = checkpoint_path(calibrate, entry)
     return (f"released checkpoint {path} for calibration entry {name} is missing; download {entry['file']} from "
-            f"{entry['where']} into {calibrate['dir']}/ (README: Calibration).")
+            f"{entry['where']} into {calibrate['dir']}/ (docs/calibration.md).")
 
 
 def verdict(scale: str, difference: float, tolerance: float, deviations: List[str] = ()) -> str:
