@@ -1,10 +1,14 @@
-"""python -m vcarepro.preflight: every run of a scale stepped once on this machine, its cost projected from
-the recipe, and every problem a run would meet later reported now as one sentence (exit status 2)."""
+"""python -m vcarepro.preflight: every run of a scale stepped on this machine (the median of a few timed steps), its
+cost projected from the recipe, and every problem a run would meet later reported now (exit status 2), what to fix
+first: missing inputs before the table, the runs that do not fit in one sentence after it."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -68,7 +72,11 @@ def assert_json_matches(table: dict, report: dict) -> None:
         assert row["sample CPU-h"] == fmt(entry["sample_gpu_hours"])
         assert row["CPU-h"] == fmt(entry["gpu_hours"])
         assert row["batch run/recipe"].rstrip("*") == f"{entry['batch_run']}/{entry['recipe_batch']}"
-        assert row["fits"] == {True: "yes", False: "no"}[entry["fits"]]
+        assert row["fits"].split()[0] == {True: "yes", False: "no"}[entry["fits"]]
+        # the step time is the median of the timed steps at the batch run, scaled to the recipe's batch
+        assert len(entry["step_seconds_measured"]) == report["timed_steps"]
+        micro = statistics.median(entry["step_seconds_measured"]) * entry["recipe_batch"] / entry["batch_run"]
+        assert entry["step_seconds"] == pytest.approx(micro * entry["accum_steps"])
     assert table["total"]["CPU-h"] == fmt(report["total"]["gpu_hours"])
 
 
@@ -102,6 +110,11 @@ def test_every_run_of_the_embedded_scale_is_stepped_and_costed(embedded):
     assert (sampling["passes_per_batch"], sampling["batches"]) == (params["sampling"]["ddpm_steps"], 1)
     assert "no file from outside the repository is needed" in result.stdout
     assert "generated 500 x 375 JPEGs" in result.stdout  # no data/cls in this directory, and it says so
+    assert "step s: the median of 3 timed optimizer steps after 1 warm-up step" in result.stdout
+    # stderr is a pipe, not a terminal: no progress (no --verbose), and not torch's CUDA_HOME note on a GPU-less machine
+    assert "stepping" not in result.stderr and "\r" not in result.stderr
+    assert "No CUDA runtime is found" not in result.stderr
+    assert result.stderr.strip() == ""
 
 
 # --- paper runs at batch 1 (the CPU cannot hold a batch of 1024 at 224 px) ---
@@ -110,7 +123,7 @@ def test_every_run_of_the_embedded_scale_is_stepped_and_costed(embedded):
 def test_paper_runs_at_batch_one_project_the_recipe_and_report_missing_inputs(tmp_path):
     missing = tmp_path / "no-imagenet"
     result = preflight(tmp_path, "--scale", "paper", "--runs", "deit_tiny-mhsa,dit_s2-mhsa", "--batch", "1",
-                       "--devices", "8", "--json", "out.json", "--loader-seconds", "1",
+                       "--devices", "8", "--json", "out.json", "--loader-seconds", "1", "--steps", "1",
                        f"prepare_cls.imagenet_root={missing}")
     table = rows(result.stdout)
     assert set(table) == {"deit_tiny-mhsa", "dit_s2-mhsa", "total"}
@@ -123,13 +136,17 @@ def test_paper_runs_at_batch_one_project_the_recipe_and_report_missing_inputs(tm
     assert float(table["dit_s2-mhsa"]["sample CPU-h"]) > 0
     assert_hours_follow_the_formula(table)
     assert_json_matches(table, json.loads((tmp_path / "out.json").read_text()))
-    # the data is missing, the models were stepped anyway; each missing file is one sentence, exit 2
+    # the data is missing, the models were stepped anyway; each missing file is one sentence, first, exit 2
     assert result.returncode == USER_ERROR_STATUS
     lines = errors(result)
-    assert f"error: ImageNet root not found at {missing} (prepare_cls.imagenet_root); " in "\n".join(lines)
+    assert lines[0].startswith("error: ImageNet root (prepare_cls.imagenet_root, read by prepare_cls and prepare_gen; "
+                               f"2 selected runs need it): not found at {missing}; fix: set prepare_cls.imagenet_root ")
     for name in ("SD-VAE", "Inception weights", "ADM reference batch"):
-        assert any(line.startswith(f"error: {name} not found at ") and line.endswith(".") for line in lines), name
+        (line,) = [line for line in lines if line.startswith(f"error: {name} ")]  # the SD-VAE's two params: once
+        assert " not found " in line and "; fix: " in line and line.endswith("."), line
+    assert lines.index(line) < 4  # the four missing inputs lead
     assert f"ImageNet root (prepare_cls.imagenet_root = {missing}): MISSING" in result.stdout
+    assert "SD-VAE (prepare_gen.vae and sampling.vae_decoder = stabilityai/sd-vae-ft-ema): MISSING" in result.stdout
 
 
 # --- a prepared dataset is read, and a split too small for one batch is caught ---
@@ -193,7 +210,7 @@ class _FakeStep:
 
 
 def test_running_out_of_memory_halves_the_batch_and_records_where_it_failed():
-    from vcarepro.preflight import RunCost, _fill_costs, measure_step
+    from vcarepro.preflight import RunCost, _fill_costs, fit_summary, measure_step, table
 
     measured = measure_step(lambda b: _FakeStep(b, fits_up_to=3), 16, torch.device("cpu"))
     assert (measured.batch, measured.out_of_memory_at) == (2, 16)  # 16, 8, 4 fail; 2 runs
@@ -202,9 +219,14 @@ def test_running_out_of_memory_halves_the_batch_and_records_where_it_failed():
                    recipe_batch=16, steps=10, device_memory=2 ** 30)
     _fill_costs(cost, measured)
     assert cost.fits is False and cost.out_of_memory_at == 16
-    assert cost.problems == ["r: a per-device batch of 16 does not fit the 1.0 GiB of this device (out of memory at "
-                             "batch 16); raise the device count (distributed.nproc_per_node, --devices here) or the "
-                             "recipe's accum_steps."]
+    # not one of the run's problems: the table's fits column, and the one summary sentence for all runs
+    assert cost.problems == [] and cost.fit_note == "ran out of memory at batch 16"
+    assert "| no (OOM at 16) |" in table([cost], cpu=True)
+    assert fit_summary([cost], 2 ** 30, cpu=True) == (
+        "1 of 1 run (r) does not fit the recipe's per-device batch in this machine's 1.0 GiB of RAM (it ran out of "
+        "memory at batch 16): raise the device count (--devices K here, distributed.nproc_per_node when training) "
+        "or, for a classification run, its recipe's accum_steps; for GPU memory, run this preflight on the GPU machine "
+        "the runs will train on.")
     # a step of 2 scaled to the recipe's 16
     assert cost.step_seconds == pytest.approx(measured.seconds * 8)
 
@@ -226,7 +248,7 @@ def test_a_projected_peak_keeps_the_static_part_and_scales_the_rest():
                    recipe_batch=128, steps=100, device_memory=10 * 2 ** 30)
     _fill_costs(cost, Measured(batch=2, seconds=0.5, peak_bytes=3 * 2 ** 30, static_bytes=2 ** 30))
     assert cost.peak_bytes == 2 ** 30 + 2 * 2 ** 30 * 64 and cost.peak_projected
-    assert cost.fits is False and "projected from batch 2" in cost.problems[0]
+    assert cost.fits is False and cost.fit_note == "needs about 129.0 of 10.0 GiB (projected from batch 2)"
     assert cost.train_gpu_hours == pytest.approx(3 * 100 * (0.5 * 64) * 2 / 3600)
 
 
@@ -241,3 +263,148 @@ def test_the_classification_step_counts_steps_from_the_dataset_and_the_recipe():
     assert cost.steps == (run.recipe["epochs"] + run.recipe["cooldown_epochs"]) * 100
     assert cost.peak_bytes_measured is not None and cost.step_seconds > 0 and not cost.problems
     assert math.isclose(cost.train_gpu_hours, 3 * cost.steps * cost.step_seconds * 2 / 3600)
+
+
+# --- what the output leads with, in-process on fake steps of known durations and sizes (no model is built) ---
+
+class _StubDiT(torch.nn.Module):
+    """What sampling is timed on: the real sampler's passes are counted on a stand-in of this shape."""
+    out_channels, num_classes = 8, 1000
+
+    def forward(self, x, t, y):
+        return torch.zeros(len(x), self.out_channels, *x.shape[2:])
+
+
+class _ClockedStep:
+    """A training step that takes known durations on a fake clock, with a known static size (its peak)."""
+
+    def __init__(self, clock: list, durations, static: int):
+        self.clock, self.durations, self.static = clock, iter(durations), static
+        self.model, self.input_shape = _StubDiT(), (4, 32, 32)
+
+    def __call__(self):
+        self.clock[0] += next(self.durations, 0.0)
+
+    def static_bytes(self) -> int:
+        return self.static
+
+
+@pytest.fixture
+def known_steps(monkeypatch, tmp_path):
+    """Steps of a run take DURATIONS (one warm-up, then the timed steps) on a fake clock; a run in TOO_BIG has a
+    static size of twice the device's memory; no input exists (not even a cached SD-VAE); one stream for both
+    stdout and stderr, so the order of what is printed can be read. Returns (main(*args) -> status, the output)."""
+    import huggingface_hub.constants
+    import vcarepro.bench.train_step as train_step
+    import vcarepro.preflight as preflight
+
+    clock = [0.0]
+    memory = 64 * 2 ** 30
+
+    def build(run, *, batch, device, **_):
+        if batch == 1:  # the throw-away first step of a branch
+            return _ClockedStep(clock, [], 1000)
+        return _ClockedStep(clock, DURATIONS.get(run.name, [0.01] * 4), 2 * memory if run.name in TOO_BIG else 1000)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setattr(preflight, "clock", lambda: clock[0])
+    monkeypatch.setattr(preflight, "device_memory", lambda device: memory)
+    monkeypatch.setattr(preflight, "loader_rates", lambda runs, **kw: {})
+    monkeypatch.setattr(train_step, "classification_step", build)
+    monkeypatch.setattr(train_step, "generation_step", build)
+    out = io.StringIO()
+
+    def main(*args):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            return preflight.main(list(args))
+
+    return main, out
+
+
+DURATIONS = {"deit_tiny-mhsa": [100.0, 5.0, 1.0, 3.0]}   # warm-up, then 3 timed steps: the median is 3 s
+TOO_BIG = {"deit_tiny-vca", "dit_s2-mhsa"}
+PAPER_RUNS = ("--scale", "paper", "--runs", "deit_tiny-mhsa,deit_tiny-vca,dit_s2-mhsa", "--devices", "8")
+CLS_RUNS = ("--scale", "paper", "--runs", "deit_tiny-mhsa,deit_tiny-vca", "--devices", "8")  # no sampler to count
+
+
+def test_missing_inputs_lead_then_the_table_then_one_sentence_for_the_runs_that_do_not_fit(known_steps, tmp_path):
+    main, out = known_steps
+    assert main(*PAPER_RUNS, "--json", "out.json", f"prepare_cls.imagenet_root={tmp_path / 'none'}") \
+        == USER_ERROR_STATUS
+    lines = out.getvalue().splitlines()
+    missing = [i for i, line in enumerate(lines) if " not found " in line]
+    head = lines.index(next(line for line in lines if line.startswith("| run |")))
+    (summary,) = [i for i, line in enumerate(lines) if "not fit the recipe's per-device batch" in line]
+    assert missing == [0, 1, 2, 3] and max(missing) < head < summary == len(lines) - 1
+    assert [line.split(" (")[0] for line in lines[:4]] == [
+        "error: ImageNet root", "error: SD-VAE stabilityai/sd-vae-ft-ema", "error: Inception weights",
+        "error: ADM reference batch"]
+    # the SD-VAE two params name is one input, named once, with who reads it
+    assert lines[1].startswith("error: SD-VAE stabilityai/sd-vae-ft-ema (prepare_gen.vae and sampling.vae_decoder, "
+                               "read by prepare_gen and sample_gen; 1 selected run needs it): not found as a folder "
+                               f"or in the Hugging Face cache ({tmp_path / 'hf-cache'}); fix: on a machine with "
+                               "internet run `huggingface-cli download stabilityai/sd-vae-ft-ema")
+    assert lines[1].endswith("copy the folder here and point prepare_gen.vae and sampling.vae_decoder at it.")
+    assert "ImageNet root (prepare_cls.imagenet_root, read by prepare_cls and prepare_gen; 3 selected runs need it)" \
+        in lines[0]
+    # fits is a column; the runs that do not fit are one sentence, counted, not one error each
+    table = rows(out.getvalue())
+    assert {name: row["fits"] for name, row in table.items() if name != "total"} == {
+        "deit_tiny-mhsa": "yes", "deit_tiny-vca": "no", "dit_s2-mhsa": "no"}
+    assert lines[summary] == (
+        "error: 2 of 3 runs (deit_tiny-vca, dit_s2-mhsa) do not fit the recipe's per-device batch in this machine's "
+        "64.0 GiB of RAM (fits = no in the table): raise the device count (--devices K here, "
+        "distributed.nproc_per_node when training) or, for a classification run, its recipe's accum_steps; for GPU "
+        "memory, run this preflight on the GPU machine the runs will train on.")
+    assert sum(line.startswith("error: ") for line in lines) == 5
+    report = json.loads((tmp_path / "out.json").read_text())
+    assert report["do_not_fit"] == ["deit_tiny-vca", "dit_s2-mhsa"] and len(report["missing_inputs"]) == 4
+    assert report["problems"] == [line[len("error: "):] for line in lines if line.startswith("error: ")]
+    # not a terminal, not --verbose: no progress at all
+    assert not any("stepping" in line for line in lines) and "\r" not in out.getvalue()
+
+
+def test_the_step_time_is_the_median_of_the_timed_steps_after_the_warm_up(known_steps, tmp_path):
+    main, out = known_steps
+    main(*CLS_RUNS, "--batch", "2", "--json", "out.json")
+    from vcarepro.preflight import fmt
+
+    # 5, 1 and 3 s timed after a warm-up of 100 s: 3 s at batch 2, scaled to DeiT's 1024 / 8 devices = 128
+    entry = next(r for r in json.loads((tmp_path / "out.json").read_text())["runs"] if r["run"] == "deit_tiny-mhsa")
+    assert entry["step_seconds_measured"] == [5.0, 1.0, 3.0]
+    assert rows(out.getvalue())["deit_tiny-mhsa"]["step s"] == fmt(3.0 * 128 / 2) == "192.0"
+    assert "step s: the median of 3 timed optimizer steps after 1 warm-up step" in out.getvalue()
+    # --steps N times N steps
+    main(*CLS_RUNS, "--batch", "2", "--steps", "1", "--json", "one.json")
+    entry = next(r for r in json.loads((tmp_path / "one.json").read_text())["runs"] if r["run"] == "deit_tiny-mhsa")
+    assert entry["step_seconds_measured"] == [5.0] and "the median of 1 timed optimizer step after" in out.getvalue()
+
+
+def test_verbose_prints_a_line_per_run(known_steps):
+    main, out = known_steps
+    main(*CLS_RUNS, "--verbose")
+    lines = out.getvalue().splitlines()
+    assert [line for line in lines if line.startswith("stepping ")] == [
+        "stepping deit_tiny-mhsa (1/2) ...", "stepping deit_tiny-vca (2/2) ..."]
+
+
+def test_on_a_terminal_progress_is_one_line_rewritten_in_place():
+    from vcarepro.preflight import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    progress = Progress(terminal)
+    progress("stepping a-long-name (1/2) ...")
+    progress("stepping b (2/2) ...")
+    progress.clear()
+    text = terminal.getvalue()
+    assert "\n" not in text and text.count("\r") == 4
+    # the shorter line is padded over the longer; clearing blanks what was last written
+    assert text == ("\rstepping a-long-name (1/2) ...\rstepping b (2/2) ..." + " " * 10 + "\r" + " " * 20 + "\r")
+    piped = io.StringIO()
+    Progress(piped)("stepping a (1/1) ...")
+    assert piped.getvalue() == ""

@@ -1,30 +1,39 @@
 """What every run of a scale will cost on the machine at hand, and what would stop it, before it starts.
 
-    python -m vcarepro.preflight [--scale paper] [--runs NAME,...] [--batch N] [--devices K]
-                                 [--device cuda] [--json PATH] [--loader-seconds S] [KEY=VALUE ...]
+    python -m vcarepro.preflight [--scale paper] [--runs NAME,...] [--batch N] [--devices K] [--steps N]
+                                 [--device cuda] [--json PATH] [--loader-seconds S] [--verbose] [KEY=VALUE ...]
 
 For every ``cls_runs`` and ``gen_runs`` entry of the scale (params composed with ``scale=<scale>`` and
 any Hydra overrides given, e.g. ``prepare_cls.imagenet_root=/data/imagenet``; params.yaml is not touched) it builds the model, EMA, optimizer, loss and precision as training does
-(:mod:`vcarepro.bench.train_step`) and runs one warm-up step and one timed step at the recipe's
-per-device batch (global batch / (devices x accum_steps)), or at ``--batch`` if that is smaller, the
-time then scaled linearly to the recipe's batch. It records the peak memory of those steps
-(``torch.cuda.max_memory_allocated`` on a GPU, the growth of the process's peak RSS on a CPU) and, where
-the batch was capped, projects it to the recipe's batch (what lives between steps stays, the rest grows
-with the batch). It measures the training transform's throughput at the recipe's workers, the cost of
-sampling (forward passes at the sampling batch, counted by running the real sampler on a stand-in
-model), and checks the files the scale needs. Inputs that are missing do not stop the measurement: the
-models run on random tensors of the right shape.
+(:mod:`vcarepro.bench.train_step`) and runs one warm-up step and ``--steps`` timed steps (default 3; the
+median is reported) at the recipe's per-device batch (global batch / (devices x accum_steps)), or at
+``--batch`` if that is smaller, the time then scaled linearly to the recipe's batch. It records the peak
+memory of those steps (``torch.cuda.max_memory_allocated`` on a GPU, the growth of the process's peak RSS
+on a CPU) and, where the batch was capped, projects it to the recipe's batch (what lives between steps
+stays, the rest grows with the batch). It measures the training transform's throughput at the recipe's
+workers, the cost of sampling (forward passes at the sampling batch, counted by running the real sampler
+on a stand-in model), and checks the files the scale needs. Inputs that are missing do not stop the
+measurement: the models run on random tensors of the right shape.
 
-Exit status 0: every selected run can start here. 2: at least one problem, each printed as one sentence
-(``error: ...``) after the table; an unknown scale or run name stops at once with one sentence. 1: a run
-failed unexpectedly (a bug: its traceback is printed, the other runs are still measured).
+What it prints leads with what to fix: first one ``error:`` sentence per missing input (an input several
+params name, such as the SD-VAE, once), before any run is stepped; then the table (its ``fits`` column
+says whether the recipe's per-device batch fits this device); then any problem of a single run, and one
+sentence counting the runs that do not fit. Progress is one line rewritten in place on a terminal, and
+nothing in a log unless ``--verbose`` asks for a line per run.
+
+Exit status 0: every selected run can start here. 2: at least one problem (a missing input, a run that
+does not fit, a split too small for one batch, ...), each printed as an ``error: ...`` sentence; an
+unknown scale or run name stops at once with one sentence. 1: a run failed unexpectedly (a bug: its
+traceback is printed, the other runs are still measured).
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -32,7 +41,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -218,49 +227,99 @@ class Input:
     param: str
     path: str
     present: bool
-    fix: str = ""
+    fix: str = ""              # what to do; {param} stands for the param(s) naming this input
     generated: bool = False    # a stand-in the pipeline makes itself (smoke scale): missing is not a problem
+    stages: Tuple[str, ...] = ()   # the stages that read it
+    runs: int = 0              # how many of the selected runs need it
+    where: str = ""            # where it was looked for, when not simply at its path
 
     def line(self) -> str:
-        state = "present" if self.present else (
-            "not generated yet (dvc repro smoke_inputs makes it)" if self.generated else "MISSING")
-        return f"{self.name} ({self.param} = {self.path}): {state}"
+        return input_line([self])
 
 
-def check_inputs(params: Dict[str, Any], *, classification: bool, generation: bool,
-                 cls_prepared: bool) -> List[Input]:
-    """The files from outside the repository that the selected runs need, as params name them."""
+def _and(items: Sequence[str]) -> str:
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def group_inputs(inputs: Sequence[Input]) -> List[List[Input]]:
+    """The inputs by what they are (name and path): the SD-VAE that prepare_gen.vae and sampling.vae_decoder both
+    name is one input, read twice."""
+    groups: Dict[tuple, List[Input]] = {}
+    for entry in inputs:
+        groups.setdefault((entry.name, str(entry.path)), []).append(entry)
+    return list(groups.values())
+
+
+def input_line(group: Sequence[Input]) -> str:
+    first = group[0]
+    state = "present" if first.present else (
+        "not generated yet (dvc repro smoke_inputs makes it)" if first.generated else "MISSING")
+    return f"{first.name} ({_and([i.param for i in group])} = {first.path}): {state}"
+
+
+def missing_input_sentence(group: Sequence[Input]) -> str:
+    """One sentence for a missing input, however many params name it: what, who reads it, where it was looked for,
+    and the fix."""
+    first = group[0]
+    params = _and([i.param for i in group])
+    stages = _and(list(dict.fromkeys(stage for i in group for stage in i.stages)))
+    runs = max(i.runs for i in group)
+    label = f"{first.name} {first.path}" if first.where else first.name
+    where = first.where or f"at {first.path}"
+    needed = f", read by {stages}" if stages else ""
+    needed += f"; {runs} selected run{'s' if runs != 1 else ''} need{'s' if runs == 1 else ''} it" if runs else ""
+    return f"{label} ({params}{needed}): not found {where}; fix: {first.fix.format(param=params)}."
+
+
+def missing_inputs(inputs: Sequence[Input]) -> List[str]:
+    return [missing_input_sentence(group) for group in group_inputs(inputs)
+            if not group[0].present and not group[0].generated]
+
+
+def check_inputs(params: Dict[str, Any], *, cls_runs: int, gen_runs: int, cls_prepared: bool) -> List[Input]:
+    """The files from outside the repository that the selected runs (``cls_runs`` and ``gen_runs`` of each branch)
+    need, as params name them: one entry per param, so an input two params name comes twice (see
+    :func:`group_inputs`)."""
     from .data.latents import _local_vae_folder
     from .metrics.fid50k import INCEPTION_WEIGHTS_FILENAME
 
     inputs: List[Input] = []
     prep = params["prepare_cls"]
-    if prep["source"] == "imagenet" and not cls_prepared and (classification or generation):
+    if prep["source"] == "imagenet" and not cls_prepared and (cls_runs or gen_runs):
         root = prep["imagenet_root"]
+        # prepare_gen makes its latents or pixels from data/cls, so every generation run needs ImageNet too
         inputs.append(Input("ImageNet root", "prepare_cls.imagenet_root", root, Path(root).is_dir(),
                             "set prepare_cls.imagenet_root to the folder holding ILSVRC2012_img_train.tar or "
-                            "train/ (dvc exp run -S prepare_cls.imagenet_root=/path)"))
-    if not generation:
+                            "train/ (dvc exp run -S prepare_cls.imagenet_root=/path)",
+                            stages=("prepare_cls", "prepare_gen") if gen_runs else ("prepare_cls",),
+                            runs=cls_runs + gen_runs))
+    if not gen_runs:
         return inputs
     gen = params["prepare_gen"]
     vaes = {}
     if gen["source"] == "vae_latents":
-        vaes["prepare_gen.vae"] = gen["vae"]
-        vaes["sampling.vae_decoder"] = params["sampling"]["vae_decoder"]
-    for param, name in vaes.items():
+        vaes[("prepare_gen.vae", "prepare_gen")] = gen["vae"]
+        vaes[("sampling.vae_decoder", "sample_gen")] = params["sampling"]["vae_decoder"]
+    if vaes:
+        from huggingface_hub.constants import HF_HUB_CACHE
+    for (param, stage), name in vaes.items():
         inputs.append(Input("SD-VAE", param, name, _local_vae_folder(name) is not None,
                             f"on a machine with internet run `huggingface-cli download {name} --local-dir "
-                            f"weights/{name.rstrip('/').split('/')[-1]}`, copy the folder here and point {param} "
-                            f"at it"))
+                            f"weights/{name.rstrip('/').split('/')[-1]}`, copy the folder here and point {{param}} "
+                            f"at it", stages=(stage,), runs=gen_runs,
+                            where=f"as a folder or in the Hugging Face cache ({HF_HUB_CACHE})"))
     if gen["fid_extractor"] == "inception":
         path = gen["inception_weights"]
         inputs.append(Input("Inception weights", "prepare_gen.inception_weights", path, Path(path).is_file(),
-                            f"copy {INCEPTION_WEIGHTS_FILENAME} (torch-fidelity's v0.2.0 GitHub release) there"))
+                            f"copy {INCEPTION_WEIGHTS_FILENAME} (torch-fidelity's v0.2.0 GitHub release) there",
+                            stages=("fid_reference", "eval_gen"), runs=gen_runs))
     adm = params["fid_reference"].get("adm_npz")
     if adm:
         inputs.append(Input("ADM reference batch", "fid_reference.adm_npz", adm, Path(adm).is_file(),
                             "download VIRTUAL_imagenet256_labeled.npz from openai/guided-diffusion's evaluations "
-                            "README on a connected machine and put it there"))
+                            "README on a connected machine and put it there", stages=("fid_reference",),
+                            runs=gen_runs))
     standins = _standins(params)
     if standins:
         for entry in inputs:
@@ -273,27 +332,36 @@ def check_inputs(params: Dict[str, Any], *, classification: bool, generation: bo
 @dataclass
 class Measured:
     batch: int                           # the per-device batch that ran
-    seconds: Optional[float] = None      # one step at that batch
+    seconds: Optional[float] = None      # one step at that batch: the median of the timed steps
     peak_bytes: Optional[int] = None
     static_bytes: Optional[int] = None
     out_of_memory_at: Optional[int] = None
+    step_seconds: List[float] = field(default_factory=list)   # each timed step, in order
 
 
-# Timed repetitions stop once this many seconds are spent (a large model is timed once).
-TIMING_BUDGET = 1.0
+TIMED_STEPS = 3    # timed steps per run after the warm-up, by default (--steps)
+WARMUP_STEPS = 1   # steps run before timing: allocations, kernel selection, lazy initialisation
+
+clock = time.perf_counter  # what steps are timed with (a test gives it known durations)
 
 
-def timed(fn: Callable[[], Any], repeats: int, budget: float = TIMING_BUDGET) -> float:
-    """Median seconds of ``fn()`` over up to ``repeats`` calls (at least one), stopping after ``budget`` seconds."""
+def step_times(fn: Callable[[], Any], repeats: int) -> List[float]:
+    """Seconds of each of ``repeats`` calls of ``fn()`` (at least one)."""
     times: List[float] = []
-    while len(times) < max(1, repeats) and sum(times) < budget:
-        started = time.perf_counter()
+    for _ in range(max(1, repeats)):
+        started = clock()
         fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        times.append(clock() - started)
+    return times
 
 
-def measure_step(make_step: Callable[[int], Any], batch: int, device: torch.device, *, repeats: int = 1,
+def timed(fn: Callable[[], Any], repeats: int) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls (at least one): one slow step on a busy machine does not
+    become the run's time."""
+    return statistics.median(step_times(fn, repeats))
+
+
+def measure_step(make_step: Callable[[int], Any], batch: int, device: torch.device, *, repeats: int = TIMED_STEPS,
                  after: Optional[Callable[[Any], None]] = None) -> Measured:
     """Build the step at ``batch``, run one warm-up and ``repeats`` timed steps (median), with its peak memory.
 
@@ -306,13 +374,14 @@ def measure_step(make_step: Callable[[int], Any], batch: int, device: torch.devi
         try:
             with PeakMemory(device) as memory:
                 step = make_step(batch)
-                step()  # warm-up: allocations, kernel selection
-                seconds = timed(step, repeats)
+                for _ in range(WARMUP_STEPS):
+                    step()
+                times = step_times(step, repeats)
                 peak = memory.peak()
             static = step.static_bytes()
             if after is not None:
                 after(step)
-            return Measured(batch, seconds, peak, static, out_of_memory_at)
+            return Measured(batch, statistics.median(times), peak, static, out_of_memory_at, times)
         except Exception as err:  # noqa: BLE001 - only running out of memory is handled
             if not _is_out_of_memory(err):
                 raise
@@ -395,7 +464,8 @@ class RunCost:
     recipe_batch: int                      # per device: global / (devices x accum_steps)
     batch_run: Optional[int] = None        # what ran; below recipe_batch the time is scaled linearly
     steps: int = 0                         # optimizer steps of one seed
-    step_seconds: Optional[float] = None   # one optimizer step at the recipe's batch (accum micro-steps)
+    step_seconds: Optional[float] = None   # one optimizer step at the recipe's batch (accum micro-steps), median
+    step_seconds_measured: List[float] = field(default_factory=list)  # each timed step at the batch run
     train_gpu_hours: Optional[float] = None
     sample_gpu_hours: float = 0.0
     gpu_hours: Optional[float] = None
@@ -403,7 +473,8 @@ class RunCost:
     peak_bytes: Optional[int] = None       # per device at the recipe batch (projected when capped)
     peak_projected: bool = False
     device_memory: int = 0
-    fits: Optional[bool] = None
+    fits: Optional[bool] = None            # the peak at the recipe's batch within device_memory (None: not measured)
+    fit_note: str = ""                     # why not, when it does not fit
     out_of_memory_at: Optional[int] = None
     step_images_per_s: Optional[float] = None
     loader_images_per_s: Optional[float] = None
@@ -419,6 +490,7 @@ def _fill_costs(cost: RunCost, measured: Measured) -> None:
     cost.batch_run = measured.batch
     cost.out_of_memory_at = measured.out_of_memory_at
     cost.peak_bytes_measured = measured.peak_bytes
+    cost.step_seconds_measured = list(measured.step_seconds)
     if measured.seconds is not None:
         micro = measured.seconds * cost.recipe_batch / measured.batch
         cost.step_seconds = micro * cost.accum_steps
@@ -430,20 +502,17 @@ def _fill_costs(cost: RunCost, measured: Measured) -> None:
         growing = max(measured.peak_bytes - static, 0)
         cost.peak_bytes = round(static + growing * cost.recipe_batch / measured.batch)
         cost.peak_projected = measured.batch < cost.recipe_batch
+    # Not fitting is not one of the run's problems: it is the table's fits column, and one sentence for all runs
+    # (fit_summary), since on a small device it is true of most of them at once.
     gib = cost.device_memory / GIB
-    fix = ("raise the device count (distributed.nproc_per_node, --devices here) or the recipe's accum_steps"
-           if cost.branch == "cls" else "raise the device count (distributed.nproc_per_node, --devices here)")
     if measured.out_of_memory_at is not None:
         cost.fits = False
-        cost.problems.append(f"{cost.run}: a per-device batch of {cost.recipe_batch} does not fit the {gib:.1f} GiB "
-                             f"of this device (out of memory at batch {measured.out_of_memory_at}); {fix}.")
+        cost.fit_note = f"ran out of memory at batch {measured.out_of_memory_at}"
     elif cost.peak_bytes is not None:
         cost.fits = cost.peak_bytes <= cost.device_memory
         if not cost.fits:
             how = f"projected from batch {measured.batch}" if cost.peak_projected else "measured"
-            cost.problems.append(f"{cost.run}: a per-device batch of {cost.recipe_batch} needs about "
-                                 f"{cost.peak_bytes / GIB:.1f} GiB, more than the {gib:.1f} GiB of this device "
-                                 f"({how}); {fix}.")
+            cost.fit_note = f"needs about {cost.peak_bytes / GIB:.1f} of {gib:.1f} GiB ({how})"
 
 
 def cls_cost(run, *, dataset: Dataset, num_classes: int, devices: int, cap: Optional[int], device: torch.device,
@@ -585,7 +654,7 @@ def table(costs: Sequence[RunCost], cpu: bool) -> str:
         peak = "-" if c.peak_bytes is None else fmt(c.peak_bytes / GIB, 3) + ("~" if c.peak_projected else "")
         fits = {True: "yes", False: "no", None: "-"}[c.fits]
         if c.out_of_memory_at is not None:
-            fits = f"does not fit (OOM at {c.out_of_memory_at})"
+            fits = f"no (OOM at {c.out_of_memory_at})"
         rates = f"{fmt(c.step_images_per_s, 3)}/{fmt(c.loader_images_per_s, 3)}" if c.branch == "cls" \
             else f"{fmt(c.step_images_per_s, 3)}/in memory"
         rows.append([c.run, c.model, c.recipe, c.precision, batch, fmt(c.step_seconds), str(c.seeds), str(c.steps),
@@ -599,6 +668,85 @@ def table(costs: Sequence[RunCost], cpu: bool) -> str:
     return "\n".join(lines)
 
 
+def fit_summary(costs: Sequence[RunCost], memory: int, cpu: bool) -> Optional[str]:
+    """One sentence for every run whose per-device batch does not fit this device (None when all fit)."""
+    misfits = [c for c in costs if c.fits is False]
+    if not misfits:
+        return None
+    where = f"this machine's {memory / GIB:.1f} GiB of RAM" if cpu else f"this GPU's {memory / GIB:.1f} GiB"
+    names = f" ({', '.join(c.run for c in misfits)})" if len(misfits) <= 5 else ""
+    oom = sum(c.out_of_memory_at is not None for c in misfits)
+    detail = f"it {misfits[0].fit_note}" if len(misfits) == 1 else \
+        "fits = no in the table" + (f"; {oom} ran out of memory" if oom else "")
+    fix = "raise the device count (--devices K here, distributed.nproc_per_node when training)"
+    if any(c.branch == "cls" for c in misfits):
+        fix += " or, for a classification run, its recipe's accum_steps"
+    if cpu:
+        fix += "; for GPU memory, run this preflight on the GPU machine the runs will train on"
+    runs = f"{len(misfits)} of {len(costs)} run{'s' if len(costs) != 1 else ''}{names}"
+    return (f"{runs} do{'es' if len(misfits) == 1 else ''} not fit the recipe's per-device batch in {where} "
+            f"({detail}): {fix}.")
+
+
+# ---------------------------------------------------------------- progress and logs
+
+class Progress:
+    """What the preflight is doing, on ``stream``: with ``verbose`` a line for each run; otherwise, on a terminal, one
+    line rewritten in place (and cleared before anything else is printed), and in a log nothing."""
+
+    def __init__(self, stream, verbose: bool = False):
+        self.stream, self.verbose = stream, verbose
+        self.live = not verbose and getattr(stream, "isatty", lambda: False)()
+        self.width = 0
+
+    def __call__(self, text: str) -> None:
+        if self.verbose:
+            print(text, file=self.stream, flush=True)
+        elif self.live:
+            text = text[:max(shutil.get_terminal_size().columns - 1, 20)]
+            self.stream.write("\r" + text.ljust(self.width))
+            self.stream.flush()
+            self.width = len(text)
+
+    def clear(self) -> None:
+        if self.live and self.width:
+            self.stream.write("\r" + " " * self.width + "\r")
+            self.stream.flush()
+            self.width = 0
+
+
+class _NoCudaRuntimeNote(logging.Filter):
+    """Drops torch's "No CUDA runtime is found, using CUDA_HOME=..." (logged by ``torch.utils.cpp_extension`` when
+    ``torch.utils.benchmark``, which :mod:`vcarepro.bench` uses, imports it on a machine with a CUDA folder and no
+    GPU): a note for building CUDA extensions, which the preflight never does. Every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No CUDA runtime is found")
+
+
+def _quiet_cuda_note() -> None:
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    if not any(isinstance(f, _NoCudaRuntimeNote) for f in logger.filters):
+        logger.addFilter(_NoCudaRuntimeNote())
+
+
+_quiet_cuda_note()  # before anything imports vcarepro.bench
+
+
+def _throw_away_step(build, run, device: torch.device) -> None:
+    """The process's first step pays one-time costs (thread pools, lazy imports, allocator arenas) that would count as
+    the first run's memory and time: one step of each branch at batch 1, before its runs are measured."""
+    warm = None
+    try:
+        warm = build(run, batch=1, device=str(device))
+        warm()
+    except Exception:  # noqa: BLE001 - the measurement itself reports what fails
+        pass
+    finally:
+        del warm
+        _release_memory(device)
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m vcarepro.preflight", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -609,11 +757,15 @@ def parse_args(argv):
                                                   f"{DEFAULT_CPU_BATCH}; on a GPU: none); the time is scaled linearly")
     parser.add_argument("--devices", type=int, help="devices the runs will train on (default: visible GPUs, or 1)")
     parser.add_argument("--device", help="where to step the models (default: cuda if visible, else cpu)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help=f"timed steps per run after the warm-up, median; fewer once {TIMING_BUDGET:g} s are spent")
+    parser.add_argument("--steps", "--repeats", dest="steps", type=int, default=TIMED_STEPS,
+                        help=f"timed steps per run after {WARMUP_STEPS} warm-up step; the table shows their median "
+                             f"(default {TIMED_STEPS})")
     parser.add_argument("--loader-seconds", type=float, default=3.0,
                         help="seconds of data-loader timing per distinct training transform")
     parser.add_argument("--json", help="also write everything to this JSON file")
+    parser.add_argument("--verbose", action="store_true",
+                        help="a line for each run stepped (default: one line updated in place on a terminal, "
+                             "none in a log)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="Hydra overrides after scale=<scale>, as dvc exp run -S takes them "
                              "(e.g. prepare_cls.imagenet_root=/data/imagenet)")
@@ -645,6 +797,8 @@ def main(argv=None) -> int:
     unknown = [name for name in chosen if name not in every]
     if unknown:
         raise UnknownName(f"no run {', '.join(map(repr, unknown))} at scale {scale}; choose from {', '.join(every)}.")
+    if args.steps < 1:
+        raise BadInput(f"--steps {args.steps}: time at least one step.")
     from .bench.train_step import classification_step, generation_step
     cls_runs = [cls_run(params, name) for name in chosen if name in params["cls_runs"]]
     gen_runs = [gen_run(params, name) for name in chosen if name in params["gen_runs"]]
@@ -659,63 +813,54 @@ def main(argv=None) -> int:
     cap = args.batch if args.batch is not None else (DEFAULT_CPU_BATCH if cpu else None)
     if cap is not None and cap < 1:
         raise BadInput(f"--batch {cap}: give a positive per-device batch.")
-    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    progress = Progress(sys.stderr, args.verbose)
 
     load_before = os.getloadavg()[0]
     cls_data = cls_dataset(params, scale)
     gen_data = gen_dataset(params, scale)
-    inputs = check_inputs(params, classification=bool(cls_runs), generation=bool(gen_runs),
-                          cls_prepared=cls_data.prepared)
-    problems = [f"{i.name} not found at {i.path} ({i.param}); {i.fix}." for i in inputs
-                if not i.present and not i.generated]
-
-    # The process's first step pays one-time costs (thread pools, lazy imports, allocator arenas) that
-    # would count as the first run's memory and time: take one throw-away step of each branch first.
-    for run, build in ((cls_runs[:1], classification_step), (gen_runs[:1], generation_step)):
-        for first in run:
-            try:
-                warm = build(first, batch=1, device=str(device))
-                warm()
-            except Exception:  # noqa: BLE001 - the measurement itself reports what fails
-                pass
-            finally:
-                warm = None
-                _release_memory(device)
+    inputs = check_inputs(params, cls_runs=len(cls_runs), gen_runs=len(gen_runs), cls_prepared=cls_data.prepared)
+    # What to fix first, before the minutes of stepping: each missing input once, however many params name it.
+    missing = missing_inputs(inputs)
+    for sentence in missing:
+        print(f"error: {sentence}", file=sys.stderr, flush=True)
 
     costs: List[RunCost] = []
+    run_problems: List[str] = []
     failures: List[str] = []  # unexpected errors (bugs), not the user's to fix
-    for run in cls_runs:
-        log(f"stepping {run.name} ...")
-        try:
-            costs.append(cls_cost(run, dataset=cls_data, num_classes=expected_classes(params), devices=devices,
-                                  cap=cap, device=device, repeats=args.repeats))
-        except UserError as err:  # an unknown arch or attention, a bad option: the run cannot be built
-            problems.append(f"{run.name}: {err}")
-        except Exception as err:  # noqa: BLE001 - a bug: its traceback, and the other runs still measured
-            traceback.print_exc()
-            failures.append(f"{run.name}: {type(err).__name__}: {err}")
-    loaders = loader_rates(cls_runs, dataset=cls_data, seconds=args.loader_seconds, log=log) if cls_runs else {}
+    measure = dict(devices=devices, cap=cap, device=device, repeats=args.steps)
+    branches = ((cls_runs, classification_step, lambda run: cls_cost(
+                    run, dataset=cls_data, num_classes=expected_classes(params), **measure)),
+                (gen_runs, generation_step, lambda run: gen_cost(run, dataset=gen_data, **measure)))
+    done, selected = 0, len(cls_runs) + len(gen_runs)
+    for runs, build, cost_of in branches:
+        if runs:
+            _throw_away_step(build, runs[0], device)
+        for run in runs:
+            done += 1
+            progress(f"stepping {run.name} ({done}/{selected}) ...")
+            try:
+                costs.append(cost_of(run))
+            except UserError as err:  # an unknown arch or attention, a bad option: the run cannot be built
+                run_problems.append(f"{run.name}: {err}")
+            except Exception as err:  # noqa: BLE001 - a bug: its traceback, and the other runs still measured
+                progress.clear()
+                traceback.print_exc()
+                failures.append(f"{run.name}: {type(err).__name__}: {err}")
+    loaders = loader_rates(cls_runs, dataset=cls_data, seconds=args.loader_seconds, log=progress) if cls_runs else {}
+    progress.clear()
     for cost in costs:
-        entry = loaders.get(cost.run, {})
-        cost.loader_images_per_s = entry.get("images_per_s")
-    for run in gen_runs:
-        log(f"stepping {run.name} ...")
-        try:
-            costs.append(gen_cost(run, dataset=gen_data, devices=devices, cap=cap, device=device,
-                                  repeats=args.repeats))
-        except UserError as err:
-            problems.append(f"{run.name}: {err}")
-        except Exception as err:  # noqa: BLE001 - a bug: its traceback, and the other runs still measured
-            traceback.print_exc()
-            failures.append(f"{run.name}: {type(err).__name__}: {err}")
-    problems += [p for c in costs for p in c.problems]
-    problems += sorted({e["error"] for e in loaders.values() if "error" in e})
+        cost.loader_images_per_s = loaders.get(cost.run, {}).get("images_per_s")
+    run_problems += [p for c in costs for p in c.problems]
+    run_problems += sorted({e["error"] for e in loaders.values() if "error" in e})
+    memory = device_memory(device)
+    summary = fit_summary(costs, memory, cpu)
+    problems = missing + run_problems + ([summary] if summary else [])
 
     from .bench import describe_machine
     machine = describe_machine()
     where = f"{device.type}" + (f" ({torch.cuda.get_device_name(device)})" if not cpu else f" ({machine['cpu']})")
     print(f"preflight, scale {scale}, {len(costs)} run(s), stepped on {where}, projected for {devices} device(s) "
-          f"of {fmt(device_memory(device) / GIB, 3)} GiB each")
+          f"of {fmt(memory / GIB, 3)} GiB each")
     if cpu:
         print("These are CPU times: the hours columns are a CPU projection (CPU-hours on this machine), "
               "not GPU-hours.")
@@ -724,12 +869,14 @@ def main(argv=None) -> int:
     busy = "; the machine was busier than its cores, so these times are inflated" if max(load) > cores else ""
     print(f"load average (1 min) {load[0]:.1f} at the start, {load[1]:.1f} at the end, on {cores} cores{busy}.")
     print(table(costs, cpu))
-    print(f"step s: one optimizer step at the recipe's per-device batch (global batch / (devices x accum_steps)); "
+    print(f"step s: the median of {args.steps} timed optimizer step{'s' if args.steps != 1 else ''} after "
+          f"{WARMUP_STEPS} warm-up step, at the recipe's per-device batch (global batch / (devices x accum_steps)); "
           f"* measured at the smaller batch shown and scaled linearly to the recipe's. "
           f"{'CPU' if cpu else 'GPU'}-h = seeds x steps x step s x devices / 3600 (training) + sampling "
           f"(seeds x sampling batches x sampler passes x one pass at the sampling batch / 3600, one device, "
           f"VAE decoding not included). Peak memory: "
-          f"{PeakMemory(device).method}; ~ projected to the recipe's batch. Loader: images/s of one training "
+          f"{PeakMemory(device).method}; ~ projected to the recipe's batch; fits: that peak is within the "
+          f"{fmt(memory / GIB, 3)} GiB of this device. Loader: images/s of one training "
           f"process's loader at the recipe's workers.")
     print("\ninputs")
     print(f"  classification data: {cls_data.source}" if cls_runs else "  classification: no run selected")
@@ -737,25 +884,28 @@ def main(argv=None) -> int:
     for entry in {id(e): e for e in loaders.values()}.values():
         rate = f"{fmt(entry['images_per_s'], 3)} images/s" if "images_per_s" in entry else "FAILED"
         print(f"  loader ({', '.join(entry['recipes'])}; {entry['workers']} workers) on {entry['source']}: {rate}")
-    for i in inputs:
-        print(f"  {i.line()}")
+    for group in group_inputs(inputs):
+        print(f"  {input_line(group)}")
     if not inputs:
         print("  no file from outside the repository is needed")
+    sys.stdout.flush()  # the table before the sentences below, where stdout and stderr go to one place
 
     if args.json:
         from .io import write_json
         write_json(args.json, {
             "scale": scale, "device": device.type, "cpu_projection": cpu, "devices": devices, "batch_cap": cap,
-            "machine": machine, "device_memory_bytes": device_memory(device), "load_average": load,
+            "warmup_steps": WARMUP_STEPS, "timed_steps": args.steps,
+            "machine": machine, "device_memory_bytes": memory, "load_average": load,
             "datasets": {"cls": asdict(cls_data), "gen": asdict(gen_data)},
-            "inputs": [asdict(i) for i in inputs],
+            "inputs": [asdict(i) for i in inputs], "missing_inputs": missing,
             "loaders": [{k: v for k, v in e.items()} for e in {id(e): e for e in loaders.values()}.values()],
             "runs": [dict(asdict(c), scaled=c.scaled) for c in costs],
             "total": {k: sum(getattr(c, k) or 0.0 for c in costs)
                       for k in ("train_gpu_hours", "sample_gpu_hours", "gpu_hours")},
+            "do_not_fit": [c.run for c in costs if c.fits is False],
             "problems": problems, "failures": failures,
         })
-    for problem in problems:
+    for problem in run_problems + ([summary] if summary else []):
         print(f"error: {problem}", file=sys.stderr, flush=True)
     for failure in failures:
         print(f"failed (a bug, traceback above): {failure}", file=sys.stderr, flush=True)
