@@ -114,10 +114,22 @@ def test_report_shows_paper_beside_ours_without_judging_embedded_numbers(project
     assert "-1.0" not in row and "+0.0" not in row.split(NOT_COMPARABLE)[0]  # no difference for smoke numbers
     compute = html[html.index("<h3>Parameters and GMACs"):html.index("Where the gain comes from")]
     assert MATCHES in compute  # 5.974M params at paper shape vs the paper's 6.0M
-    # the rows nothing was run for are one line with the command, not 14 rows of "not run"
-    assert ("Not run at this scale (16 rows): DeiT-T, DeiT-S, PVT-T, Swin-T, CSwin-T. To run: <code>dvc repro (runs "
-            "of this scale); the others: dvc exp run -S scale=paper -S prepare_cls.imagenet_root=/path/to/imagenet"
-            "</code>") in html
+    # every row of the paper's table stays, run or not (a paper number never folds): a row not run shows the
+    # paper's number and one "not run" mark over our cells, keyed to the line below that says how to run it
+    table = html[html.index("<h3>Accuracy</h3>"):html.index("<h3>Parameters and GMACs")]
+    assert table.count("<tr>") == 1 + 17 and table.count('<td colspan="3" class="verdict not-run">not run <a') == 16
+    small = accuracy_row(html, "DeiT-S", "VCA")
+    assert '80.7<span class="src">[N]</span>' in small
+    assert 'class="verdict not-run">not run <a href="#howto-table1-' in small
+    key = re.search(r'href="#howto-table1-(\w)"', small).group(1)
+    line = table[table.index(f'<p class="folded" id="howto-table1-{key}">'):].split("</p>")[0]
+    assert ("To run: at smoke scale, <code>dvc exp run --temp -S scale=smoke -n smoke</code>; or at paper scale, "
+            "<code>git switch -c paper &amp;&amp; python -m vcarepro.config scale=paper "
+            "prepare_cls.imagenet_root=/path/to/imagenet &amp;&amp; dvc repro</code>.") in line
+    baseline = accuracy_row(html, "DeiT-T", "MHSA")   # in this scale's run list, no numbers yet
+    key = re.search(r'href="#howto-table1-(\w)"', baseline).group(1)
+    assert table[table.index(f'id="howto-table1-{key}"'):].split("</p>")[0].endswith("To run: <code>dvc repro</code>.")
+    assert "dvc repro (runs of this scale)" not in html   # each line one way to run its rows, not several mixed
     assert "other summary: 75.4" in html  # the Table 3 conflict is shown where the row was run
     contrast = compose([])["cls_shape"]["contrast_tokens"]
     assert f"contrast_tokens={contrast}, stage2=diff" in html  # the options the run used, not the paper shape's
@@ -189,9 +201,14 @@ def test_report_shows_the_vca_gain_beside_the_papers_with_its_direction(project)
     assert "+28.25 [+14.81, +41.69] (95% Welch, n=2 vs 2)" in row
     assert "+3.4" in row and "same direction as paper (resolved)" in row and "(Holm over 1)" in section
     assert "embedded" in row  # the scale travels with the number
-    folded = section[section.index('<p class="folded">'):]
-    assert all(m in folded.split("</p>")[0] for m in ("DeiT-S", "PVT-T", "Swin-T", "CSwin-T"))  # one line
-    assert section.count("<tr>") == 2  # header and DeiT-T: nothing shown as a zero it did not measure
+    folded = section[section.index('<p class="folded"'):]
+    assert all(m in folded for m in ("DeiT-S", "PVT-T", "Swin-T", "CSwin-T", "SiT-S/4"))
+    # header, DeiT-T and every other model with a paper difference, run or not (Tables 1 and 2: 4 + 5); nothing
+    # shown as a zero it did not measure: a row not run has one "not run" mark over our columns
+    rows = section.split("<tr>")[2:]
+    assert section.count("<tr>") == 2 + 9 and "<td>SiT-S/4<" not in section   # no paper difference, not run: folded
+    for r in rows[1:]:
+        assert '<td colspan="2" class="verdict not-run">not run <a href="#howto-gains-' in r and "embedded" not in r
 
 
 def test_a_gain_whose_interval_holds_zero_or_rests_on_one_seed_gets_no_direction(project):
@@ -236,7 +253,15 @@ def test_table1_shows_each_backbones_rows_and_splits_the_gain_into_recipe_and_at
     assert "recipe:" in rows[1] and "0 (the same run at this scale)" in rows[1]
     assert "attention:" in rows[2] and "+28.25 [+14.81, +41.69]" in rows[2] and "positive (resolved)" in rows[2]
     assert "p (Holm) 0.017" in rows[2]
-    assert "<td>CSwin-T</td>" not in split and "Not run at this scale (14 parts): DeiT-S, PVT-T, Swin-T, CSwin-T" in split
+    # every backbone's paper gain stays (its total row, not run, one mark over our columns); the parts with no paper
+    # number fold into the lines that say how to run them: 14 parts not run in all
+    cswin = [r for r in split.split("<tr>") if "<td>CSwin-T</td>" in r]
+    assert len(cswin) == 1 and "total:" in cswin[0] and "<td>+0.6</td>" in cswin[0]
+    assert '<td colspan="2" class="verdict not-run">not run <a href="#howto-decomposition-' in cswin[0]
+    counts = re.findall(r'id="howto-decomposition-\w">Not run at this scale \((\d+) parts?', split)
+    hidden = re.findall(r"(\d+) not shown, with no paper number", split)
+    assert sum(map(int, counts)) == 14 and sum(map(int, hidden)) == 14 - 4   # 4 totals shown, 10 parts folded
+    assert all(m in split.split('<p class="folded"', 1)[1] for m in ("DeiT-S", "PVT-T", "Swin-T", "CSwin-T"))
 
 
 def test_report_checks_the_linear_cost_claim_from_the_attention_cost_stage(project):
@@ -379,15 +404,19 @@ def family_section(html):
 def test_family_section_says_not_run_and_how_to_run_it_when_the_switch_is_off(project):
     html = render_report(project, project / "reports" / "index.html").read_text()
     section = family_section(html)
-    assert "dvc exp run -S family=all" in section
+    assert "dvc exp run --temp -S family=all -n family" in section
     row = section[section.index("<tr><td>Agent"):]
     row = row[:row.index("</tr>")]
     # the published row with its source mark; our runs of it are one "not run" line with the command
     assert "74.9<span class=\"src\">[M]</span>" in row
     ours = section[section.index("<h3>Our runs</h3>"):section.index("Where VCA's gain comes from")]
-    assert "Agent" in ours and "dvc exp run -S family=all</code>" in ours
+    assert "Agent" in ours and ("at this scale, with the attention family, "
+                                "<code>dvc exp run --temp -S family=all -n family</code>") in ours
     decomposition = section[section.index("Where VCA's gain comes from"):]
-    assert "Not run at this scale (10 differences)" in decomposition   # five per branch, none measured
+    # five per branch, none measured: the eight with a family run need the switch, the totals only `dvc repro`
+    assert ("Not run at this scale (8 differences)" in decomposition
+            and "(2 differences): DeiT-T: total: VCA minus MHSA, DiT-S/2: total: VCA minus MHSA. To run: "
+                "<code>dvc repro</code>." in decomposition)
     assert "Agent" in (project / "reports" / "tables" / "family.csv").read_text()   # exported with the rest
 
 
@@ -407,7 +436,7 @@ def test_family_section_shows_each_member_against_mhsa_and_vca_with_intervals(pr
     write_seeds(project, "gen", "dit_s2-agent", "fid", [20.0, 21.0, 22.0])
     html = render_report(project, project / "reports" / "index.html").read_text()
     section = family_section(html)
-    assert "dvc exp run -S family=all" not in section   # the switch is on: what is missing is `dvc repro` away
+    assert "family=all" not in section   # the switch is on: what is missing is `dvc repro` away
     ours = section[section.index("<h3>Our runs</h3>"):]
     row = ours[ours.index("<tr><td>Agent"):]
     row = row[:row.index("</tr>")]
@@ -427,4 +456,4 @@ def test_family_section_shows_each_member_against_mhsa_and_vca_with_intervals(pr
     assert "+0.00" in mhsa_dwc and "not resolved with 3 seeds" in mhsa_dwc and "resolved)" not in mhsa_dwc
     alone = next(r for r in rows if "without its depthwise term, minus MHSA" in r and "DeiT-T" in r)
     assert "not resolved with 3 seeds" in alone   # +-10 points of spread: no sign
-    assert "DiT-S/2: total: VCA minus MHSA" in decomposition.split('<p class="folded">')[1]  # no dit_s2-vca here
+    assert "DiT-S/2: total: VCA minus MHSA" in decomposition.split('<p class="folded"')[1]  # no dit_s2-vca here

@@ -60,8 +60,13 @@ def test_the_summary_is_the_first_section_and_holds_one_row_per_claim(project):
     assert fid["status"] == "not resolved with 2 seeds" and fid["source"] == "A"
     assert fid["ours"].startswith("DiT-S/2: -0.75 [") and "; SiT-S/2: -0.75 [" in fid["ours"]  # each its interval
     assert "2 of 12 rows measured" in fid["note"]
-    # the command runs what was not run: the runs of this scale were, so only the paper scale's is named
-    assert fid["command"] == "dvc exp run -S scale=paper -S prepare_cls.imagenet_root=/path/to/imagenet"
+    # the command runs what was not run: the runs of this scale were, so only the paper scale's is named (a branch
+    # of its own: README, Scales), and it ends in the `dvc repro` that runs them
+    assert fid["command"] == ("at paper scale: git switch -c paper && python -m vcarepro.config scale=paper "
+                              "prepare_cls.imagenet_root=/path/to/imagenet && dvc repro")
+    summary = html[html.index('<table id="summary-table">'):html.index("</table>")]
+    assert ("to run: at paper scale, <code>git switch -c paper &amp;&amp; python -m vcarepro.config scale=paper "
+            "prepare_cls.imagenet_root=/path/to/imagenet &amp;&amp; dvc repro</code>") in summary
 
 
 def test_a_claim_over_several_rows_takes_its_weakest_measured_row():

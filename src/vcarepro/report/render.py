@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import yaml
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -21,7 +21,9 @@ from .headline import headline_files, write_headlines
 from .figures import CLS_CURVES, GEN_CURVES, attention_cost_png, curves_png, gains_png
 from ..config import flatten
 from ..io import write_json
+from .howto import scale_matrices
 from .reference import load_reference
+from .rows import role
 from .summary import STATUSES, status_key, summary
 from .tables import FLAT_LOSS_FRACTION, FLAT_TOP1_POINTS, TableBuilder, runs_frame, verdict_class
 
@@ -124,19 +126,56 @@ def measured_row(row: Dict[str, Any]) -> bool:
     return row["ours"] is not None or bool(row["stale"])
 
 
-def fold(rows: List[Dict[str, Any]], measured, label, runs, tables: TableBuilder) -> Dict[str, Any]:
-    """Rows with nothing measured folded into one line: what was not run, and the command that runs it."""
-    shown = [r for r in rows if measured(r)]
-    hidden = [r for r in rows if not measured(r)]
-    names = list(dict.fromkeys(label(r) for r in hidden))
-    return {"rows": shown, "not_run": names, "n_not_run": len(hidden),
-            "command": tables.how_to_run([x for r in hidden for x in runs(r)]) if hidden else None}
+HOWTO_KEYS = "abcdefghijklmnopqrstuvwxyz"
+COMPLEXITY_COMMAND = "dvc repro complexity"   # counts every model of every scale at the paper's shape
+
+
+def paper_row(*cells: str):
+    """Whether a row has a paper number in one of ``cells`` (``Cell.as_dict`` or a difference row's "paper")."""
+    return lambda r: any((r[c]["paper"] if isinstance(r[c], dict) else r[c]) is not None for c in cells)
+
+
+def fold(rows: List[Dict[str, Any]], measured, label, runs, tables: TableBuilder, keep=lambda r: False,
+         command: Optional[str] = None) -> Dict[str, Any]:
+    """A table's rows as the page shows them, and a how-to-run line for each distinct way to run what is missing.
+
+    A row that ``keep`` holds (a row of the paper's own tables, or one with a paper number) stays in its table
+    whether or not we ran it: a paper number never folds. What folds is ours: a row with nothing measured shows
+    one "not run" mark for its cells of ours, keyed (``howto``: a, b, ...) to the line below the table that says
+    how to run its runs (``TableBuilder.how_to_run``: this scale's ``dvc repro``, or the scale whose run list has
+    them, with its command). A row ``keep`` does not hold and nothing was measured for is named in that line only.
+    """
+    notes: Dict[str, Dict[str, Any]] = {}
+    shown = []
+    for r in rows:
+        if measured(r):
+            shown.append({**r, "howto": None})
+            continue
+        text = command or tables.how_to_run(runs(r))
+        note = notes.get(text)
+        if note is None:
+            note = notes[text] = {"key": HOWTO_KEYS[len(notes) % len(HOWTO_KEYS)], "command": text,
+                                  "plan": tables.plans.get(text) or [{"runs": None,
+                                                                      "options": [{"where": None, "command": text}]}],
+                                  "labels": [], "n": 0, "n_hidden": 0}
+        note["n"] += 1
+        if label(r) not in note["labels"]:
+            note["labels"].append(label(r))
+        if keep(r):
+            shown.append({**r, "howto": note["key"]})
+        else:
+            note["n_hidden"] += 1
+    for note in notes.values():
+        note["n_shown"] = note["n"] - note["n_hidden"]
+    return {"rows": shown, "howto": list(notes.values()), "n_not_run": sum(n["n"] for n in notes.values())}
 
 
 def build_context(root: Path) -> Dict[str, Any]:
     params = load_params(root / "params.yaml")
     reference = load_reference(root / "data" / "paper_reference.yaml")
-    paper = compose(["scale=paper"], config_dir=root / "conf")
+    # every scale's run list, for the how-to-run lines of what this scale did not run (report/howto.py)
+    matrices = scale_matrices(root / "conf")
+    paper = matrices["paper"][False] if "paper" in matrices else compose(["scale=paper"], config_dir=root / "conf")
     complexity = read_json(root / "metrics" / "complexity.json") or {}
     # wall times live in timings/ (no DVC output, so absent after `dvc pull`); used only where they belong to
     # the results beside them: images/s for exactly these models, attention times measured with this config
@@ -165,7 +204,7 @@ def build_context(root: Path) -> Dict[str, Any]:
     tables = TableBuilder(reference, params, cls, gen, complexity, attention_cost, attention_macs=macs,
                           cls_comparable=cls_comparable, gen_comparable=gen_comparable, paper_params=paper,
                           reference_top1=(cls_reference["logreg_top1"], "logistic-regression")
-                          if cls_reference and cls_reference.get("computed") else None)
+                          if cls_reference and cls_reference.get("computed") else None, matrices=matrices)
     cls_keys = ["top1", "top5", "loss", "plateau_spread"]
     gen_keys = ["fid", "kid_mean", "inception_score", "precision", "recall"]
     gains = tables.gains()
@@ -216,27 +255,38 @@ def build_context(root: Path) -> Dict[str, Any]:
         "flat_top1_points": FLAT_TOP1_POINTS,
         "flat_loss_fraction": FLAT_LOSS_FRACTION,
         "recipe_knobs": recipe_knobs(params, paper),
+        # the paper's tables (1-4) whole at every scale, each row with a paper number in the tables derived from
+        # them; what folds is our cells of a row not run, and rows with neither a paper number nor ours (fold)
         "folded": {
-            "table1": fold(table1, lambda r: measured_cell(r["top1"]), lambda r: r["model"], lambda r: [r["run"]], tables),
-            "compute": fold(table1, lambda r: r["params_m"]["ours"] is not None, lambda r: r["model"],
-                            lambda r: [r["run"]], tables),
-            "decomposition": fold(decomposition, measured_row,
-                                  lambda r: r["model"], lambda r: r["runs"].split(" − "), tables),
-            "table2": fold(table2, lambda r: measured_cell(r["fid"]), lambda r: r["model"], lambda r: [r["run"]], tables),
+            "table1": fold(table1, lambda r: measured_cell(r["top1"]), lambda r: r["model"], lambda r: [r["run"]],
+                           tables, keep=lambda r: True),
+            "compute": fold([r for r in table1 if paper_row("params_m", "gmacs")(r)],
+                            lambda r: r["params_m"]["ours"] is not None or r["gmacs"]["ours"] is not None,
+                            lambda r: r["model"], lambda r: [r["run"]], tables, keep=lambda r: True,
+                            command=COMPLEXITY_COMMAND),
+            "decomposition": fold(decomposition, measured_row, lambda r: r["model"], lambda r: r["runs"].split(" − "),
+                                  tables, keep=paper_row("paper")),
+            "table2": fold(table2, lambda r: measured_cell(r["fid"]), lambda r: r["model"], lambda r: [r["run"]],
+                           tables, keep=lambda r: True),
             "gains": fold(gains, measured_row, lambda r: r["model"],
                           lambda r: [x["run"] for t in ("table1", "table2") for x in reference[t]["rows"]
-                                     if x["model"] == r["model"]], tables),
-            **{k: fold(ablations[k], lambda r: measured_cell(r["top1"]) or measured_cell(r["fid"]),
-                       lambda r: r["variant"], lambda r: [r["cls_run"], r["gen_run"]], tables) for k in ablations},
+                                     if x["model"] == r["model"] and role(x) in ("baseline", "vca")], tables,
+                          keep=paper_row("paper")),
+            # Tables 3 and 4: one table per branch, each cell its own run
+            **{f"{k}_{metric}": fold(ablations[k], lambda r, m=metric: measured_cell(r[m]), lambda r: r["variant"],
+                                     lambda r, key=run_key: [r[key]], tables, keep=lambda r: True)
+               for k in ablations for metric, run_key in (("top1", "cls_run"), ("fid", "gen_run"))},
             **{f"{k}_gains": fold(ablation_gains[k], measured_row,
                                   lambda r: f"{r['model']} ({'top-1' if r['metric'] == 'top1' else 'FID'})",
-                                  lambda r: r["runs"].split(" − "), tables) for k in ablation_gains},
+                                  lambda r: r["runs"].split(" − "), tables, keep=paper_row("paper"))
+               for k in ablation_gains},
             "family": fold(family, lambda r: any(r[k] is not None or r[f"{k}_stale"] for k in ("top1", "fid")),
                            lambda r: r["label"], lambda r: [r["cls_run"], r["gen_run"]], tables),
             "family_decomposition": fold(family_decomposition, measured_row,
                                          lambda r: f"{r['branch']}: {r['part']}", lambda r: r["runs"].split(" − "),
                                          tables),
         },
+        "plans": tables.plans,   # each how-to-run text of the page (the summary's commands) -> its commands
         "calibration": {**calibration_section(root, params["scale"]), "dir": params["calibrate"]["dir"]},
         "table1": table1,
         "decomposition": decomposition,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..metrics.intervals import ONE_SEED, OPPOSITE, SAME
+from .rows import role
 from .tables import TableBuilder
 
 REPRODUCED = "reproduced"
@@ -179,7 +180,10 @@ def summary(tables: TableBuilder, gains: List[Dict[str, Any]], ablation_gains: D
 
 
 def _runs_by_model(rows: Sequence[Dict[str, Any]]) -> Dict[str, List[str]]:
+    """Each model's runs that its gain row (VCA minus baseline) compares: the lab-recipe twin and the control
+    enter no summary row, so the command that runs what is missing does not name them."""
     out: Dict[str, List[str]] = {}
     for r in rows:
-        out.setdefault(r["model"], []).append(r["run"])
+        if role(r) in ("baseline", "vca"):
+            out.setdefault(r["model"], []).append(r["run"])
     return out

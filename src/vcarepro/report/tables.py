@@ -13,6 +13,7 @@ from ..attention_names import model_options
 from ..protocol import deviations as protocol_deviations, describe as describe_protocol
 from ..provenance import Stale
 from .collect import RunResult
+from .howto import HowToRun, Matrices, plan_text, scale_command
 from .reference import PaperValue, paper_value, unverified_sources
 from .rows import STATISTICS, answering_run, role as _role, seed_values
 from vcarepro.errors import BadInput
@@ -24,10 +25,10 @@ NOT_COMPARABLE = "not comparable"
 NOT_RUN = "not run"
 NOT_FINITE = "not a finite number"
 NO_PAPER_VALUE = "paper value not available"
-# How a user runs the attention family (conf/family/all.yaml) when the report shows it as not run
-FAMILY_COMMAND = "dvc exp run -S family=all"
-# How a user runs the rows that only the paper scale's matrix holds (ImageNet-1K from a path; README: Paper scale)
-PAPER_COMMAND = "dvc exp run -S scale=paper -S prepare_cls.imagenet_root=/path/to/imagenet"
+# How a user runs the attention family (conf/family/all.yaml) at embedded scale when the report shows it as not run
+FAMILY_COMMAND = scale_command("embedded", True, "embedded")
+# How a user runs the rows that only the paper scale's run list holds (a branch of its own; docs/scales.md)
+PAPER_COMMAND = scale_command("paper", False, "embedded")
 MATCHES = "matches paper"
 DIFFERS = "differs from paper"
 
@@ -169,7 +170,7 @@ class TableBuilder:
                  attention_cost: Optional[Dict[str, Any]] = None, *, cls_comparable: bool,
                  gen_comparable: bool, paper_params: Optional[Dict[str, Any]] = None,
                  reference_top1: Optional[Tuple[float, str]] = None,
-                 attention_macs: Optional[Dict[str, Any]] = None) -> None:
+                 attention_macs: Optional[Dict[str, Any]] = None, matrices: Optional[Matrices] = None) -> None:
         self.ref = reference
         self.sources = reference["sources"]
         self.unverified = unverified_sources(reference)
@@ -188,6 +189,14 @@ class TableBuilder:
         self.comparisons: Dict[str, int] = {}  # table -> differences with an interval in its Holm correction
         # (branch, run) -> its convergence flags: every cell, gain row and family difference of a run asks
         self._convergence: Dict[Tuple[str, Optional[str]], Tuple[str, ...]] = {}
+        # every scale's run list (howto.scale_matrices); without it, this scale's and the paper scale's
+        if matrices is None:
+            matrices = {self.scale: {False: params}}
+            if paper_params is not None:
+                matrices.setdefault("paper", {False: paper_params})
+        paper_all = matrices.get("paper", {}).get(True) or self.paper_params
+        self._howto = HowToRun(params, matrices, lambda run, where: answering_run(run, where, paper_all, reference))
+        self.plans: Dict[str, List[Dict[str, Any]]] = {}   # how_to_run's text -> its plan (the page renders it)
 
     def _pv(self, entry) -> PaperValue:
         return paper_value(entry, self.sources, self.unverified)
@@ -235,21 +244,23 @@ class TableBuilder:
                                  f"({(before - last) / before:.0%} over the last tenth of its steps)")
         return tuple(flags)
 
+    def has_results(self, run: str) -> bool:
+        """Whether ``run`` (or the run that answers it here) has numbers on disk, current or stale."""
+        result = self.cls_result(run) or self.gen.get(run)   # run names are distinct across the branches
+        return result is not None and (result.metrics is not None or result.stale is not None)
+
+    def run_plan(self, runs) -> List[Dict[str, Any]]:
+        """How to run those of ``runs`` (names of cls or gen runs) that have no numbers (``howto.HowToRun.plan``)."""
+        missing = [r for r in dict.fromkeys(runs) if r and not self.has_results(r)]
+        return self._howto.plan(missing)
+
     def how_to_run(self, runs) -> str:
-        """The command that would run ``runs`` (names of cls or gen runs), for a "not run" line."""
-        here = {**self.params.get("cls_runs", {}), **self.params.get("gen_runs", {})}
-        missing = [r for r in runs if r and r not in here]
-        if not missing:  # in this scale's matrix, their results not yet made
-            return "dvc repro"
-        if len(missing) < len([r for r in runs if r]):  # some here, some only in another matrix
-            return f"dvc repro (runs of this scale); the others: {self.how_to_run(missing)}"
-        family = {r[k] for r in self.ref["family"]["rows"] for k in ("cls_run", "gen_run")} | {
-            r[k] for r in self.ref["family"]["decomposition"] for k in ("cls_run", "gen_run")}
-        if missing and all(r in family for r in missing):
-            return FAMILY_COMMAND + ("" if self.scale == "embedded" else f" -S scale={self.scale}")
-        if self.scale != "paper":
-            return PAPER_COMMAND
-        return "add the runs to cls_runs / gen_runs (conf/scale/paper.yaml)"
+        """The command that would run ``runs`` (names of cls or gen runs), for a "not run" line: this scale's
+        ``dvc repro`` for runs of its list, else the scale(s) whose list has them, with their command."""
+        plan = self.run_plan(runs)
+        text = plan_text(plan)
+        self.plans[text] = plan
+        return text
 
     def _seeds(self, branch: str, name: str, n: int) -> List[Any]:
         seeds = list((self.params.get(f"{branch}_runs", {}).get(name) or {}).get("seeds") or [])
