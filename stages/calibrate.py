@@ -18,6 +18,7 @@ from vcarepro.config import stage_params
 from vcarepro.errors import BadInput, run_stage
 from vcarepro.io import write_json
 from vcarepro.pipeline import CHECKPOINTS_DIR, CLS_DATA, FID_REFERENCE
+from vcarepro import progress
 
 
 def main() -> None:
@@ -25,6 +26,7 @@ def main() -> None:
     parser.add_argument("--kind", choices=sorted(KINDS), required=True)
     kind = parser.parse_args().kind
     params = stage_params()
+    progress.configure(params, f"calibrate_{kind}")
     cal = params["calibrate"]
     chosen = selected(cal, kind)
     if chosen and params["scale"] not in ("paper", "smoke"):

@@ -18,6 +18,7 @@ from vcarepro.io import write_json
 from vcarepro.metrics.aggregate import aggregate_seeds
 from vcarepro.provenance import write_provenance
 from vcarepro.pipeline import CLS_DATA, cls_run
+from vcarepro import progress
 from vcarepro.train.classification import ClassifierSpec, best_epoch_figures, build_transforms, evaluate, \
     load_classifier
 
@@ -27,6 +28,7 @@ def main() -> None:
     parser.add_argument("--run", required=True)
     args = parser.parse_args()
     params = stage_params()
+    progress.configure(params, "eval_cls", args.run)
     run = cls_run(params, args.run)
     spec = ClassifierSpec.for_run(run)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -37,10 +39,11 @@ def main() -> None:
     for seed in run.seeds:
         weights = run.paths.seed_dir(seed)
         model = load_classifier(spec, weights / "model.safetensors", num_classes).to(device)
-        per_seed[seed] = evaluate(model, loader, device)
+        per_seed[seed] = evaluate(model, loader, device, report="val", seed=seed)
         if (weights / "model_ema.safetensors").is_file():  # the recipe keeps an EMA: report both
             ema = load_classifier(spec, weights / "model_ema.safetensors", num_classes).to(device)
-            per_seed[seed].update({f"{k}_ema": v for k, v in evaluate(ema, loader, device).items()})
+            per_seed[seed].update({f"{k}_ema": v for k, v in evaluate(ema, loader, device, report="EMA val",
+                                                                          seed=seed).items()})
         per_seed[seed].update(best_epoch_figures(weights))
         print(f"eval_cls {args.run} seed {seed}: " + ", ".join(f"{k}={v:.2f}" for k, v in per_seed[seed].items()))
     keys = ["top1", "top5", "loss", "top1_best", "best_epoch", "plateau_spread"]

@@ -24,6 +24,7 @@ from vcarepro.metrics.fid50k import evaluate_samples, evaluator_options, load_re
 from vcarepro.provenance import write_provenance
 from vcarepro.pipeline import FID_REFERENCE, GEN_DATA, gen_run
 from vcarepro.protocol import measured_protocol, read_protocol
+from vcarepro import progress
 
 
 def main() -> None:
@@ -31,6 +32,7 @@ def main() -> None:
     parser.add_argument("--run", required=True)
     args = parser.parse_args()
     params = stage_params()
+    progress.configure(params, "eval_gen", args.run)
     run = gen_run(params, args.run)
     e = params["eval_gen"]
     meta = json.loads((prepared(GEN_DATA, "prepare_gen", without=("latents/",)) / "meta.json").read_text())

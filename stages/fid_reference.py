@@ -27,6 +27,7 @@ from vcarepro.metrics.extractors import make_extractor
 from vcarepro.metrics.fid50k import write_reference
 from vcarepro.metrics.own_reference import own_reference
 from vcarepro.pipeline import CLS_DATA, FID_REFERENCE, GEN_DATA
+from vcarepro import progress
 
 ADM_URL = ("https://openaipublic.blob.core.windows.net/diffusion/jul-2021/ref_batches/imagenet/256/"
            "VIRTUAL_imagenet256_labeled.npz")
@@ -34,6 +35,7 @@ ADM_URL = ("https://openaipublic.blob.core.windows.net/diffusion/jul-2021/ref_ba
 
 def main() -> None:
     params = stage_params()
+    progress.configure(params, "fid_reference")
     p = params["fid_reference"]
     adm = Path(p["adm_npz"]) if p["adm_npz"] else None
     if adm is not None and not adm.is_file():  # before any work: one sentence, no output

@@ -6,10 +6,13 @@ from vcarepro.config import section, stage_params
 from vcarepro.data.embedded import export_digits
 from vcarepro.data.imagenet import prepare_imagenet
 from vcarepro.pipeline import CLS_DATA
+from vcarepro import progress
 
 
 def main() -> None:
-    p = section(stage_params(), "prepare_cls")
+    params = stage_params()
+    progress.configure(params, "prepare_cls")
+    p = section(params, "prepare_cls")
     if p["source"] == "digits":
         counts = export_digits(CLS_DATA, val_fraction=p["val_fraction"], seed=p["split_seed"])
     elif p["source"] == "imagenet":

@@ -7,6 +7,7 @@ from vcarepro.data.pixels import load_split_pixels
 from vcarepro.io import atomic_directory, safetensors_bytes, write_bytes, write_json
 from vcarepro.metrics.digit_features import DIGITS_EXTRACTOR, save_feature_net, train_feature_net
 from vcarepro.pipeline import CLS_DATA, GEN_DATA
+from vcarepro import progress
 
 
 def prepare_latents(p) -> dict:
@@ -19,9 +20,11 @@ def prepare_latents(p) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     vae = load_vae(p["vae"], device)  # fails here, before any output, when the weights are absent
     items = [(CLS_DATA / rel, label) for rel, label in read_manifest(CLS_DATA, "train")]
-    with atomic_directory(GEN_DATA, digests=True) as tmp:
+    with atomic_directory(GEN_DATA, digests=True) as tmp, \
+            progress.Progress("encoding", len(items), unit="image") as encoded:
         index = encode_to_shards(items, tmp / "latents", vae, image_size=p["image_size"],
-                                 batch_size=p["vae_batch_size"], shard_size=p["shard_size"], device=device)
+                                 batch_size=p["vae_batch_size"], shard_size=p["shard_size"], device=device,
+                                 progress=lambda done, total: encoded.update(done))
         meta = {"kind": "vae_latents", "image_size": p["image_size"], "vae": p["vae"],
                 "latent_shape": index["latent_shape"], "scaling_factor": index["scaling_factor"],
                 "num_classes": len(read_classes(CLS_DATA)), "num_images": index["num_images"],
@@ -48,7 +51,9 @@ def prepare_pixels(p) -> dict:
 
 
 def main() -> None:
-    p = section(stage_params(), "prepare_gen")
+    params = stage_params()
+    progress.configure(params, "prepare_gen")
+    p = section(params, "prepare_gen")
     if p["source"] == "pixels":
         meta = prepare_pixels(p)
     elif p["source"] == "vae_latents":

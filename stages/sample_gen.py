@@ -24,6 +24,7 @@ from vcarepro.pipeline import GEN_DATA, gen_run
 from vcarepro.stage_facts import digest, stage_facts
 from vcarepro.train.generation import GeneratorSpec, load_generator
 from vcarepro.train.sampling import sample_space, write_protocol, write_seed_samples
+from vcarepro import progress
 
 
 def main() -> None:
@@ -31,6 +32,7 @@ def main() -> None:
     parser.add_argument("--run", required=True)
     args = parser.parse_args()
     params = stage_params()
+    progress.configure(params, "sample_gen", args.run)
     run = gen_run(params, args.run)
     meta = json.loads((prepared(GEN_DATA, "prepare_gen", without=("latents/",)) / "meta.json").read_text())
     spec = GeneratorSpec.for_run(run)

@@ -9,6 +9,7 @@ from vcarepro.pipeline import CLS_DATA, cls_run
 from vcarepro.stage_facts import stage_facts
 from vcarepro.train.classification import ClassifierSpec, train_classifier
 from vcarepro.train.seeds import train_seeds
+from vcarepro import progress
 
 
 def main() -> None:
@@ -17,6 +18,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=None, help="stop early (tests only)")
     args = parser.parse_args()
     params = stage_params()
+    progress.configure(params, "train_cls", args.run)
     run = cls_run(params, args.run)
     spec = ClassifierSpec.for_run(run)
 

@@ -9,6 +9,7 @@ from vcarepro.pipeline import GEN_DATA, gen_run
 from vcarepro.stage_facts import stage_facts
 from vcarepro.train.generation import GeneratorSpec, train_generator
 from vcarepro.train.seeds import train_seeds
+from vcarepro import progress
 
 
 def main() -> None:
@@ -17,6 +18,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=None, help="stop early (tests only)")
     args = parser.parse_args()
     params = stage_params()
+    progress.configure(params, "train_gen", args.run)
     run = gen_run(params, args.run)
     spec = GeneratorSpec.for_run(run)
 

@@ -20,9 +20,9 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # An import may point to its own floor or lower, never higher.
 FLOORS: Tuple[Tuple[str, ...], ...] = (
     # 0. torch-free ground: errors, atomic writes and digests, the numerics profile, the names of choices,
-    #    the sampling protocol, the launcher's process plumbing
+    #    the sampling protocol, the launcher's process plumbing, what a long loop prints
     ("vcarepro.errors", "vcarepro.io", "vcarepro.integrity", "vcarepro.numerics", "vcarepro.attention_names",
-     "vcarepro.protocol", "vcarepro.launch"),
+     "vcarepro.protocol", "vcarepro.launch", "vcarepro.progress"),
     # 1. the attention layers; the datasets
     ("vcarepro.attention", "vcarepro.data"),
     # 2. the models (importing the package registers them with timm)

@@ -2,6 +2,7 @@
 
     python -m vcarepro.cluster run [STAGE...] [--max-jobs K] [--poll S]  # on the login node, in the workspace
     python -m vcarepro.cluster status                                 # every stage: done / queued / running / ...
+                                                                      # (a running one's step of the total, ETA)
     python -m vcarepro.cluster cancel                                 # scancel this workspace's jobs
 
 ``run`` reads the stage graph from DVC (``dvc.yaml``) and what is out of date from ``dvc status``.
@@ -51,6 +52,7 @@ import submitit
 from .config import section, stage_params
 from .errors import USER_ERROR_STATUS, UserError
 from .io import write_json
+from .progress import latest
 
 STATE_DIR = Path(".slurm")
 JOBS_FILE = STATE_DIR / "jobs.json"
@@ -393,6 +395,31 @@ def fix_line(path: Path) -> Optional[str]:
     return found[-1] if found else None
 
 
+PROGRESS_TAIL_BYTES = 1 << 18  # the end of a log that holds its latest progress lines (vcarepro.progress)
+
+
+def progress_log(root: Path, record: "Record") -> Path:
+    """Where a stage's progress lines go: a job's stdout (submitit's ``_log.out``), a local stage's one log."""
+    return job_paths(root, record.job_id).stdout if record.job_id else root / record.log
+
+
+def log_progress(path: Path, stage: str = "") -> str:
+    """How far the loops in a log have got, from their latest progress lines: ``step 1200/375000 (0.3%), eta
+    3d 04:12:00`` (several, ``;``-separated, where seeds train side by side); "" for none."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - PROGRESS_TAIL_BYTES))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    named = " ".join(stage.split("@"))  # the label's stage and run: the row names them already
+    shown = []
+    for line in latest(text.splitlines()):
+        label = line.label[len(named):].strip() if named and line.label.startswith(named) else line.label
+        shown.append(f"{label}: {line.summary()}" if label else line.summary())
+    return "; ".join(shown)
+
+
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else "no message"
@@ -624,8 +651,8 @@ class Driver:
 
 
 def status_rows(root: Path) -> List[Dict[str, Any]]:
-    """Every stage: its state (done / queued / running / failed / ready / waiting), job id, log, note, and a
-    failed one's last log lines."""
+    """Every stage: its state (done / queued / running / failed / ready / waiting), job id, log, note, a
+    running one's progress, and a failed one's last log lines."""
     graph = stage_graph(root)
     records = load_records(root)
     listed = our_jobs(root)
@@ -638,7 +665,7 @@ def status_rows(root: Path) -> List[Dict[str, Any]]:
         record = records.get(stage)
         job = listed.get(record.job_id) if record is not None and record.job_id else None
         row = {"stage": stage, "job": record.job_id if record else "", "log": record.log if record else "",
-               "note": "", "tail": []}
+               "note": "", "tail": [], "progress": ""}
         if job is not None and job.state in ACTIVE:
             row["state"] = "queued" if job.state in QUEUED else "running"
             row["note"] = job.reason if job.reason not in ("None", "") else ""
@@ -654,18 +681,16 @@ def status_rows(root: Path) -> List[Dict[str, Any]]:
             row["state"] = "waiting"
         else:
             row["state"] = "ready"
+        if row["state"] == "running":  # how far it has got: its log's latest progress lines
+            row["progress"] = log_progress(progress_log(root, record), stage)
         rows.append(row)
     return rows
 
 
 def print_status(root: Path, out=sys.stdout) -> None:
     rows = status_rows(root)
-    width = max(len(r["stage"]) for r in rows)
-    print(f"{'stage':<{width}}  {'state':<8} {'job':<8} log", file=out)
-    for r in rows:
-        print(f"{r['stage']:<{width}}  {r['state']:<8} {r['job']:<8} {r['log']}", file=out)
-        if r["note"]:
-            print(f"{'':<{width}}  {r['note']}", file=out)
+    for line in status_lines(rows):
+        print(line, file=out)
     for r in rows:
         if r["state"] == "failed":
             print(f"\n{r['stage']} (job {r['job'] or 'here'}) failed; last lines of {r['log']}:", file=out)
@@ -674,6 +699,21 @@ def print_status(root: Path, out=sys.stdout) -> None:
     counts = {s: sum(1 for r in rows if r["state"] == s) for s in ("done", "queued", "running", "failed",
                                                                    "ready", "waiting")}
     print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()), file=out)
+
+
+def status_lines(rows: Sequence[Mapping[str, Any]]) -> List[str]:
+    """The table of ``status``: stage, state, job, how far a running one has got (a column only while one
+    reports: :func:`log_progress`), log; a row's note below it."""
+    width = max(len(r["stage"]) for r in rows)
+    shown = max((len(r.get("progress") or "") for r in rows), default=0)
+    column = (lambda text: f"{text:<{max(shown, len('progress'))}} ") if shown else (lambda text: "")
+    lines = [f"{'stage':<{width}}  {'state':<8} {'job':<8} {column('progress')}log"]
+    for r in rows:
+        lines.append(f"{r['stage']:<{width}}  {r['state']:<8} {r['job']:<8} {column(r.get('progress') or '')}"
+                     f"{r['log']}")
+        if r["note"]:
+            lines.append(f"{'':<{width}}  {r['note']}")
+    return lines
 
 
 def cancel(root: Path) -> int:

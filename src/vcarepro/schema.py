@@ -107,6 +107,7 @@ RULES: Dict[str, Rule] = {
     "cluster.partition": _optional(_STR), "cluster.account": _optional(_STR), "cluster.qos": _optional(_STR),
     "numerics.cpu": _choice("portable", "native"), "numerics.gpu": _choice("deterministic", "fast"),
     "numerics.threads": _int(1),
+    "progress.interval_s": _num(0.0),  # 0: a line at every update (tests)
     "cluster.gpu": _BOOL, "cluster.nodes": _int(1), "cluster.gpus_per_node": _int(1), "cluster.cpus_per_task": _int(1),
     "cluster.mem_gb": _optional(_int(1)), "cluster.train_minutes": _int(1), "cluster.stage_minutes": _int(1),
     "cluster.signal_delay_s": _int(30), "cluster.max_requeues": _int(0), "cluster.poll_seconds": _POS,

@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from . import build_model, check_digest, entries, keymap_for, load_strict, read_released, require_file, row
 from ..errors import BadInput
+from ..progress import Progress
 
 # The published protocols' sizes: ImageNet-1K val (1000 classes, 50,000 images) and FID-50K.
 IMAGENET_VAL = (1000, 50_000)
@@ -67,7 +68,7 @@ def calibrate_classifier(params: Dict[str, Any], name: str, device: torch.device
         deviations.append(f"{len(split.classes)} classes and {len(val)} val images, not ImageNet-1K val's "
                           f"{IMAGENET_VAL[0]} and {IMAGENET_VAL[1]:,}")
     loader = DataLoader(val, batch_size=cal["batch_size"], num_workers=cal["workers"])
-    figures = evaluate(model.to(device), loader, device)
+    figures = evaluate(model.to(device), loader, device, report=f"{name} val")
     protocol = {"recipe": entry["recipe"], "crop_pct": recipe["crop_pct"], "crop_mode": recipe["crop_mode"],
                 "interpolation": recipe["interpolation"], "img_size": recipe["img_size"], "val_images": len(val),
                 "top5": figures["top5"]}
@@ -119,11 +120,14 @@ def calibrate_generator(params: Dict[str, Any], name: str, device: torch.device,
     key = digest(weights_digest, stage_facts("calibrate_gen"))
     writer = NpzSampleWriter(samples, num, (entry["image_size"], entry["image_size"], 3),
                              work_dir=work_dir / f"{name}.work", key=key)
-    for batch, (start, x, labels) in enumerate(generate_batches(
-            model, entry["objective"], sampling, num_samples=num, num_classes=1000, input_shape=(4, side, side),
-            seed=cal["seed"], device=device, flow_path="linear", start_batch=writer.done_batches),
-            start=writer.done_batches):
-        writer.write(batch, start, decode_to_uint8(vae, x.to(device)).cpu(), labels)
+    done = min(num, writer.done_batches * sampling["batch_size"])
+    with Progress(f"{name} sampling", num, start=done, unit="sample") as progress:
+        for batch, (start, x, labels) in enumerate(generate_batches(
+                model, entry["objective"], sampling, num_samples=num, num_classes=1000, input_shape=(4, side, side),
+                seed=cal["seed"], device=device, flow_path="linear", start_batch=writer.done_batches),
+                start=writer.done_batches):
+            writer.write(batch, start, decode_to_uint8(vae, x.to(device)).cpu(), labels)
+            progress.update(start + len(labels))
     writer.close()
     extractor, extractor_name = make_extractor({"fid_extractor": params["prepare_gen"]["fid_extractor"]},
                                                params["prepare_gen"], device,

@@ -33,6 +33,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 from PIL import Image
 
 from ..io import atomic_directory, write_json
+from ..progress import Progress
 from .folders import CLASSES, write_manifest
 from vcarepro.errors import BadInput, MissingInput
 
@@ -151,7 +152,9 @@ def prepare_imagenet(
             found[split] += len(items)
         if expect_full and not subset:
             _check_image_counts(found, layout)
-        results += [r for batch in _run(_check_paths, train_jobs + val_jobs, workers) for r in batch]
+        checks = train_jobs + val_jobs
+        with Progress("decode check", sum(len(items) for _, _, items, _ in checks), unit="image") as progress:
+            results += [r for batch in _run(_check_paths, checks, workers, progress, len) for r in batch]
         report = _report(results, layout, wnids, found)
         bad = report["bad"]["count"]
         if results and bad / len(results) > max_bad_fraction:
@@ -510,7 +513,16 @@ def _extract_class_tar(job: Tuple[str, int, int, str, str, str]) -> List[_Checke
     return results
 
 
-def _run(fn, jobs: List, workers: int) -> Iterator[List[_Checked]]:
+def _run(fn, jobs: List, workers: int, progress: Optional[Progress] = None,
+         count=lambda result: 1) -> Iterator[List[_Checked]]:
+    """``fn(job)`` of every job in ``workers`` processes, as they finish; ``progress`` advances ``count(result)``."""
+    for result in _results(fn, jobs, workers):
+        if progress is not None:
+            progress.advance(count(result))
+        yield result
+
+
+def _results(fn, jobs: List, workers: int) -> Iterator[List[_Checked]]:
     if workers <= 1 or len(jobs) <= 1:
         yield from map(fn, jobs)
         return
@@ -529,7 +541,11 @@ _Job = Tuple[str, str, List[Tuple[str, str]], bool]  # split, base of relative p
 def _train_images(layout: _Layout, wnids: List[str], out: Path, workers: int) -> Tuple[List[_Checked], List[_Job]]:
     """Train images already extracted and checked (archive), or check jobs for the class folders."""
     if layout.train_dir is not None:
-        items = [(w, p) for w in wnids for p in _images_in(layout.train_dir / w)]
+        items = []
+        with Progress("indexing train", len(wnids), unit="class") as progress:
+            for wnid in wnids:
+                items += [(wnid, p) for p in _images_in(layout.train_dir / wnid)]
+                progress.advance()
         return [], [("train", "", chunk, False) for chunk in _chunks(items)]
     tar_path = layout.files[TRAIN_TAR]
     keep, jobs = set(wnids), []
@@ -539,7 +555,8 @@ def _train_images(layout: _Layout, wnids: List[str], out: Path, workers: int) ->
             if member.isfile() and name.endswith(".tar") and name[:-4] in keep:
                 jobs.append((str(tar_path), member.offset_data, member.size, name[:-4], str(out), tar_path.name))
     jobs.sort(key=lambda job: -job[2])  # biggest first: a better balance over the workers
-    return [r for batch in _run(_extract_class_tar, jobs, workers) for r in batch], []
+    with Progress("extracting train", len(jobs), unit="class") as progress:
+        return [r for batch in _run(_extract_class_tar, jobs, workers, progress) for r in batch], []
 
 
 def _val_jobs(layout: _Layout, meta: _Metadata, train_wnids: set, label_of: Dict[str, int], out: Path) -> List[_Job]:
@@ -579,7 +596,7 @@ def _val_jobs(layout: _Layout, meta: _Metadata, train_wnids: set, label_of: Dict
 def _extract_val_tar(tar_path: Path, wnid_of, label_of: Dict[str, int], out: Path) -> List[Tuple[str, str]]:
     """Stream the flat validation archive into ``<out>/images/val/<wnid>/``; (wnid, path relative to out)."""
     items = []
-    with tarfile.open(tar_path, "r|") as archive:
+    with tarfile.open(tar_path, "r|") as archive, Progress("extracting val", None, unit="image") as progress:
         for member in archive:
             name = _safe_member_name(member.name, tar_path)
             if member.isdir() or Path(name).suffix.lower() not in IMAGE_SUFFIXES:
@@ -594,6 +611,7 @@ def _extract_val_tar(tar_path: Path, wnid_of, label_of: Dict[str, int], out: Pat
             (out / rel.parent).mkdir(parents=True, exist_ok=True)
             _copy_member(archive, member, out / rel)
             items.append((wnid, str(rel)))
+            progress.update(len(items))
     return sorted(items)
 
 

@@ -40,6 +40,7 @@ from torch_fidelity.feature_extractor_base import FeatureExtractorBase
 from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
 from vcarepro.errors import BadInput
 from vcarepro.io import safetensors_bytes, write_bytes
+from vcarepro.progress import Progress
 
 DIGITS_EXTRACTOR = "vcarepro-digits"
 INCEPTION_EXTRACTOR = "inception-v3-compat"
@@ -137,15 +138,21 @@ def train_feature_net(images_uint8: ImageArray, labels: ImageArray, *, epochs: i
     steps_per_epoch = -(-len(inputs) // batch_size)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=epochs * steps_per_epoch)
     net.train()
-    for _ in range(epochs):
-        order = torch.randperm(len(inputs), generator=generator)
-        for start in range(0, len(inputs), batch_size):
-            batch = order[start:start + batch_size]
-            loss = F.cross_entropy(net(inputs[batch]), targets[batch])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
+    epoch, loss = 0, None
+    progress = Progress("extractor training", epochs * steps_per_epoch, unit="step", images_per_step=batch_size,
+                        figures=lambda: {"epoch": f"{epoch + 1}/{epochs}", "loss": loss.item() if loss is not None
+                                         else None})  # read when a line is due only
+    with progress:
+        for epoch in range(epochs):
+            order = torch.randperm(len(inputs), generator=generator)
+            for start in range(0, len(inputs), batch_size):
+                batch = order[start:start + batch_size]
+                loss = F.cross_entropy(net(inputs[batch]), targets[batch])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                schedule.step()
+                progress.advance()
     net.eval()
     return net, evaluate_accuracy(net, images, targets)
 

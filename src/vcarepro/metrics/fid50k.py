@@ -51,6 +51,7 @@ from vcarepro.metrics.digit_features import INCEPTION_EXTRACTOR, INCEPTION_FEATU
 from vcarepro.errors import BadInput, MissingInput
 from vcarepro.integrity import prepared
 from vcarepro.io import write_npz
+from vcarepro.progress import Progress
 
 PathLike = Union[str, Path]
 ArrayLike = Union[np.ndarray, torch.Tensor]
@@ -509,21 +510,23 @@ def evaluate_samples(npz_path: PathLike, reference: FeatureStats, extractor: Any
     pool_stats = StatsAccumulator(reference.dim)
     spatial_stats = StatsAccumulator(spatial_reference.dim) if spatial_reference is not None else None
     logits, kept_pool = [], []
-    for batch in iter_npz_images(npz_path, batch_size):
-        images = torch.from_numpy(batch).permute(0, 3, 1, 2)
-        if spatial_stats is not None:
-            pool, logit, spatial = extractor.extract(images)
-            spatial_stats.update(_as_float64(spatial)[:, :spatial_reference.dim])
-        else:
-            pool, logit = extractor(images)
-        pool = _as_float64(pool)
-        if pool.shape[1] != full_dim:
-            raise BadInput(f"The extractor gives {pool.shape[1]}-d features but the reference statistics are "
-                             f"{full_dim}-d; compute both with the same extractor.")
-        pool_stats.update(pool[:, :reference.dim])
-        logits.append(np.asarray(logit.cpu() if isinstance(logit, torch.Tensor) else logit, dtype=np.float32))
-        if reference_features is not None:
-            kept_pool.append(pool.astype(np.float32))
+    with Progress("features", num_samples, unit="image", seed=seed) as progress:
+        for batch in iter_npz_images(npz_path, batch_size):
+            images = torch.from_numpy(batch).permute(0, 3, 1, 2)
+            if spatial_stats is not None:
+                pool, logit, spatial = extractor.extract(images)
+                spatial_stats.update(_as_float64(spatial)[:, :spatial_reference.dim])
+            else:
+                pool, logit = extractor(images)
+            pool = _as_float64(pool)
+            if pool.shape[1] != full_dim:
+                raise BadInput(f"The extractor gives {pool.shape[1]}-d features but the reference statistics are "
+                                 f"{full_dim}-d; compute both with the same extractor.")
+            pool_stats.update(pool[:, :reference.dim])
+            logits.append(np.asarray(logit.cpu() if isinstance(logit, torch.Tensor) else logit, dtype=np.float32))
+            if reference_features is not None:
+                kept_pool.append(pool.astype(np.float32))
+            progress.advance(len(batch))
 
     inception_mean, inception_std = inception_score(np.concatenate(logits), split_size=split_size)
     samples_stats = pool_stats.result()
@@ -555,7 +558,7 @@ def evaluate_samples(npz_path: PathLike, reference: FeatureStats, extractor: Any
 
 
 def reference_from_images(image_iter: Iterable[ArrayLike], extractor: Any, *, keep_features: int = ADM_REFERENCE_SIZE,
-                          seed: int = 0, spatial: bool = False):
+                          seed: int = 0, spatial: bool = False, total: Optional[int] = None):
     """Reference statistics over every image yielded, and a random subset of their pool features for precision/recall.
 
     ``image_iter`` yields uint8 (B, 3, H, W) batches (e.g. the training set at
@@ -564,23 +567,25 @@ def reference_from_images(image_iter: Iterable[ArrayLike], extractor: Any, *, ke
     drawn by reservoir sampling, the same for the same ``seed`` and image
     order; ADM's reference batch has 10,000 images. With ``spatial=True``
     (``extractor`` being :class:`InceptionFeatures`) the spatial statistics
-    for sFID come third: ``(stats, kept, spatial_stats)``.
+    for sFID come third: ``(stats, kept, spatial_stats)``. ``total``: the images to expect, for the progress.
     """
     pool_stats = spatial_stats = reservoir = None
-    for images in image_iter:
-        if spatial:
-            pool, _, spatial_features = extractor.extract(images)
-            spatial_features = _as_float64(spatial_features)
-            spatial_stats = spatial_stats or StatsAccumulator(spatial_features.shape[1])
-            spatial_stats.update(spatial_features)
-        else:
-            pool, _ = extractor(images)
-        pool = _as_float64(pool)
-        if pool_stats is None:
-            pool_stats = StatsAccumulator(pool.shape[1])
-            reservoir = FeatureReservoir(keep_features, pool.shape[1], seed=seed)
-        pool_stats.update(pool)
-        reservoir.update(pool)
+    with Progress("reference features", total, unit="image") as progress:
+        for images in image_iter:
+            if spatial:
+                pool, _, spatial_features = extractor.extract(images)
+                spatial_features = _as_float64(spatial_features)
+                spatial_stats = spatial_stats or StatsAccumulator(spatial_features.shape[1])
+                spatial_stats.update(spatial_features)
+            else:
+                pool, _ = extractor(images)
+            pool = _as_float64(pool)
+            if pool_stats is None:
+                pool_stats = StatsAccumulator(pool.shape[1])
+                reservoir = FeatureReservoir(keep_features, pool.shape[1], seed=seed)
+            pool_stats.update(pool)
+            reservoir.update(pool)
+            progress.advance(len(pool))
     if pool_stats is None:
         raise BadInput("reference_from_images got no images; check the dataset path and split.")
     if spatial:
@@ -595,8 +600,11 @@ def adm_reference_features(path: PathLike, extractor: Any, *, batch_size: Option
         raise MissingInput(f"ADM reference batch not found at {path}; download VIRTUAL_imagenet256_labeled.npz "
                                 "from openai/guided-diffusion's evaluations README on a connected machine and put it there.")
     batch_size = batch_size or getattr(extractor, "batch_size", 100)
-    features = [_as_float64(extractor(torch.from_numpy(batch).permute(0, 3, 1, 2))[0]).astype(np.float32)
-                for batch in iter_npz_images(path, batch_size)]
+    features = []
+    with Progress("ADM reference features", npz_num_images(path), unit="image") as progress:
+        for batch in iter_npz_images(path, batch_size):
+            features.append(_as_float64(extractor(torch.from_numpy(batch).permute(0, 3, 1, 2))[0]).astype(np.float32))
+            progress.advance(len(batch))
     if not features:
         raise BadInput(f"{path} holds no images in arr_0; pass a reference batch with images.")
     return np.concatenate(features)

@@ -25,9 +25,13 @@ def _crop_to_uint8(size: int):
     return transform
 
 
-def imagenet_batches(cls_data: str | Path, image_size: int, batch_size: int, workers: int):
-    """uint8 (B, 3, S, S) batches of the prepared train split under ``cls_data``, ADM-center-cropped to S."""
-    dataset = ManifestDataset(cls_data, "train", _crop_to_uint8(image_size))
+def imagenet_dataset(cls_data: str | Path, image_size: int) -> ManifestDataset:
+    """The prepared train split under ``cls_data`` as uint8 (3, S, S) images, ADM-center-cropped to S."""
+    return ManifestDataset(cls_data, "train", _crop_to_uint8(image_size))
+
+
+def imagenet_batches(dataset: ManifestDataset, batch_size: int, workers: int):
+    """uint8 (B, 3, S, S) batches of ``dataset`` (:func:`imagenet_dataset`), in order."""
     for images, _ in DataLoader(dataset, batch_size=batch_size, num_workers=workers, shuffle=False):
         yield images
 
@@ -41,9 +45,11 @@ def own_reference(meta: Dict[str, Any], p: Dict[str, Any], extractor, *, gen_dat
     if meta["kind"] == "pixels":
         images = load_file(str(Path(gen_data) / "train.safetensors"))["images"]
         batches = (images[i:i + p["batch_size"]] for i in range(0, len(images), p["batch_size"]))
-        stats, features = reference_from_images(batches, extractor, keep_features=p["keep_features"], seed=p["seed"])
+        stats, features = reference_from_images(batches, extractor, keep_features=p["keep_features"], seed=p["seed"],
+                                                total=len(images))
         return stats, features, None, f"{gen_data}/train.safetensors (the training digits)"
+    dataset = imagenet_dataset(cls_data, meta["image_size"])
     stats, features, spatial = reference_from_images(
-        imagenet_batches(cls_data, meta["image_size"], p["batch_size"], p["workers"]), extractor,
-        keep_features=p["keep_features"], seed=p["seed"], spatial=True)
+        imagenet_batches(dataset, p["batch_size"], p["workers"]), extractor,
+        keep_features=p["keep_features"], seed=p["seed"], spatial=True, total=len(dataset))
     return stats, features, spatial, f"{cls_data} train split, ADM center crop to {meta['image_size']} px"

@@ -33,6 +33,7 @@ from ..data.folders import ManifestDataset, read_classes
 from ..integrity import intact_file
 from ..io import save_tensors, write_json
 from ..models import ModelSpec, create_classifier
+from ..progress import Progress
 from .checkpoint import resumable_checkpoint, resume_message, save_checkpoint, seed_everything, stream_seed
 from .distributed import DistInfo, all_reduce_mean, any_rank, say
 from .precision import MixedPrecision, maybe_compile, slow_precision_note
@@ -133,19 +134,25 @@ def _ignore_sigterm(worker_id: int) -> None:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader, device: torch.device) -> Dict[str, float]:
-    """Top-1 / top-5 accuracy (%) and mean cross-entropy over the loader."""
+def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, *, report: Optional[str] = None,
+             seed: Optional[int] = None) -> Dict[str, float]:
+    """Top-1 / top-5 accuracy (%) and mean cross-entropy over the loader.
+
+    ``report``: a name for its progress (:mod:`vcarepro.progress`; an evaluation stage's), none inside training.
+    """
     model.eval()
     correct1 = correct5 = total = 0
     loss_sum = 0.0
-    for images, targets in loader:
-        images, targets = images.to(device), targets.to(device)
-        logits = model(images)
-        loss_sum += nn.functional.cross_entropy(logits, targets, reduction="sum").item()
-        top = logits.topk(min(5, logits.shape[1]), dim=1).indices
-        correct1 += (top[:, 0] == targets).sum().item()
-        correct5 += (top == targets[:, None]).any(dim=1).sum().item()
-        total += targets.numel()
+    with Progress(report, len(loader.dataset), unit="image", seed=seed, enabled=report is not None) as progress:
+        for images, targets in loader:
+            images, targets = images.to(device), targets.to(device)
+            logits = model(images)
+            loss_sum += nn.functional.cross_entropy(logits, targets, reduction="sum").item()
+            top = logits.topk(min(5, logits.shape[1]), dim=1).indices
+            correct1 += (top[:, 0] == targets).sum().item()
+            correct5 += (top == targets[:, None]).any(dim=1).sum().item()
+            total += targets.numel()
+            progress.update(total)
     return {"top1": 100.0 * correct1 / total, "top5": 100.0 * correct5 / total, "loss": loss_sum / total}
 
 
@@ -206,7 +213,16 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
     step = start_epoch * updates_per_epoch
     started = time.perf_counter()
     figures: Dict[str, float] = {}
-    with stop_on_sigterm() as stop:
+    epoch, latest, loss_sum, batches = start_epoch, math.nan, 0.0, 0
+    total_steps = total_epochs * updates_per_epoch if max_steps is None else min(total_epochs * updates_per_epoch,
+                                                                                 max_steps)
+    # read when a line is due only (vcarepro.progress): the loss is a float already, the lr a lookup
+    progress = Progress(None, total_steps, start=step, unit="step", images_per_step=recipe["batch_size"], seed=seed,
+                        enabled=info.is_main,
+                        figures=lambda: {"epoch": f"{epoch + 1}/{total_epochs}",
+                                         "loss": f"{latest:.4f} (avg {loss_sum / max(batches, 1):.4f})",
+                                         "lr": optimizer.param_groups[0]["lr"]})
+    with progress, stop_on_sigterm() as stop:
         for epoch in range(start_epoch, total_epochs):
             # Every random stream of the epoch (data order, loader workers' augmentation, mixup,
             # drop path) restarts from (seed, rank, epoch): a resumed run cannot depend on how far
@@ -226,12 +242,13 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
                     images, targets = mixup(images, targets)
                 with amp.autocast():
                     loss = criterion(forward(images), targets)
-                if not math.isfinite(loss.item()):
+                latest = loss.item()
+                if not math.isfinite(latest):
                     raise NonFiniteLossError(
-                        f"the training loss became {loss.item()} at epoch {epoch}, batch {i}; lower the learning "
+                        f"the training loss became {latest} at epoch {epoch}, batch {i}; lower the learning "
                         f"rate or check the data. The last good checkpoint is {Path(ckpt_dir) / 'last.pt'}.")
                 amp.scaler.scale(loss / accum).backward()
-                loss_sum += loss.item()
+                loss_sum += latest
                 batches += 1
                 if (i + 1) % accum == 0:
                     if recipe["clip_grad"]:
@@ -244,6 +261,7 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
                     scheduler.step_update(num_updates=step)
                     if ema is not None:
                         ema.update(model, step=step)
+                    progress.update(step)
                 if max_steps is not None and step >= max_steps:
                     break
                 if any_rank(stop.requested, info):  # the last finished epoch's checkpoint is the resume point
@@ -261,6 +279,7 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
                     figures.update({f"val_{k}_ema": all_reduce_mean(v, info) for k, v in val.items()})
             _log_epoch(live, info, figures, log_prefix)
             history.append(figures)
+            progress.note(epoch_line(history, total_epochs))
             if info.is_main:
                 save_checkpoint(Path(ckpt_dir) / "last.pt", {
                     "model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -369,6 +388,20 @@ def build_scheduler(optimizer, recipe: Dict[str, Any], updates_per_epoch: int):
         updates_per_epoch=updates_per_epoch)
     # not timm's count, which adds the cooldown back only for its cycle schedulers (cosine, tanh, poly)
     return scheduler, recipe["epochs"]
+
+
+def epoch_line(history: List[Dict[str, float]], total_epochs: int) -> str:
+    """What an epoch's end prints (its last entry of ``history``): loss, lr, and the validation top-1 with the best so
+    far, where the epoch was evaluated."""
+    now = history[-1]
+    parts = [f"epoch {int(now['epoch'])}/{total_epochs} done", f"train loss {now['train_loss']:.4f}",
+             f"lr {now['train_lr']:.3g}"]
+    for suffix, name in (("", "val top-1"), ("_ema", "EMA val top-1")):
+        key = f"val_top1{suffix}"
+        if key in now:
+            best = max((h for h in history if key in h), key=lambda h: h[key])
+            parts.append(f"{name} {now[key]:.2f} (best {best[key]:.2f} at epoch {int(best['epoch'])})")
+    return " | ".join(parts)
 
 
 def _log_epoch(live, info: DistInfo, figures: Dict[str, float], prefix: str) -> None:

@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..models import ModelSpec
 from ..models.dit import create_dit
+from ..progress import Progress
 from .checkpoint import resumable_checkpoint, resume_message, save_checkpoint, seed_everything, stream_seed
 from .classification import NonFiniteLossError
 from .diffusion import GaussianDiffusion
@@ -159,7 +160,15 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
     forward = maybe_compile(ddp, recipe["compile"])
     started = time.perf_counter()
     ddp.train()
-    with stop_on_sigterm() as stop:
+    per_epoch = (n // info.world_size) // per_rank  # epoch_batch's
+    latest = math.nan
+    # read when a line is due only (vcarepro.progress): the loss is a float already, the lr a lookup
+    progress = Progress(None, total, start=step, unit="step", images_per_step=recipe["batch_size"], seed=seed,
+                        enabled=info.is_main,
+                        figures=lambda: {"epoch": step // per_epoch + 1,
+                                         "loss": f"{latest:.4f}" + (f" (avg {running / count:.4f})" if count else ""),
+                                         "lr": optimizer.param_groups[0]["lr"]})
+    with progress, stop_on_sigterm() as stop:
         while step < total:
             # flips, latent samples, t, noise and label dropout restart from (seed, rank, step)
             seed_everything(stream_seed(seed, info.rank, step))
@@ -172,9 +181,10 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
             x, y = data.batch(idx, flip, generator).to(device), labels[idx].to(device)
             with amp.autocast():
                 loss = loss_fn.training_losses(forward, x, y)["loss"]
-            if not math.isfinite(loss.item()):
+            latest = loss.item()
+            if not math.isfinite(latest):
                 raise NonFiniteLossError(
-                    f"the training loss became {loss.item()} at step {step}; lower the learning rate or check the "
+                    f"the training loss became {latest} at step {step}; lower the learning rate or check the "
                     f"data. The last good checkpoint is {Path(ckpt_dir) / 'last.pt'}.")
             optimizer.zero_grad(set_to_none=True)
             amp.scaler.scale(loss).backward()
@@ -182,7 +192,7 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
             amp.scaler.update()
             ema.update(model, step=step)
             step += 1
-            running += loss.item()
+            running += latest
             count += 1
             if step % recipe["log_every"] == 0 or step == total:
                 logged = {"step": step, "loss": all_reduce_mean(running / count, info),
@@ -199,6 +209,7 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
                 })
             if stopping:
                 raise Preempted(f"at step {step} of {total}")
+            progress.update(step)
 
     figures = {"steps": float(step), "train_seconds": time.perf_counter() - started, "world_size": info.world_size}
     if info.is_main:

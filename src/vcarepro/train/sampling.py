@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from vcarepro.data.samples import NpzSampleWriter
 from vcarepro.io import write_json
+from vcarepro.progress import Progress
 from vcarepro.protocol import PIXELS_DECODER, PROTOCOL_FILE, sampling_protocol
 from .generation import generate_batches, pixels_to_uint8
 
@@ -72,11 +73,14 @@ def write_seed_samples(model: nn.Module, objective: str, sampling: Dict[str, Any
         log(writer.note)
     if writer.done_batches:
         log(f"resuming after {writer.done_batches} finished batches")
-    for batch, (start, samples, labels) in enumerate(generate_batches(
-            model, objective, sampling, num_samples=num, num_classes=num_classes, input_shape=space.input_shape,
-            seed=seed, device=device, flow_path=flow_path, start_batch=writer.done_batches),
-            start=writer.done_batches):
-        writer.write(batch, start, space.to_uint8(samples).cpu(), labels)
+    done = min(num, writer.done_batches * sampling["batch_size"])
+    with Progress("sampling", num, start=done, unit="sample", seed=seed) as progress:
+        for batch, (start, samples, labels) in enumerate(generate_batches(
+                model, objective, sampling, num_samples=num, num_classes=num_classes, input_shape=space.input_shape,
+                seed=seed, device=device, flow_path=flow_path, start_batch=writer.done_batches),
+                start=writer.done_batches):
+            writer.write(batch, start, space.to_uint8(samples).cpu(), labels)
+            progress.update(start + len(labels))
     # the preview, from the memory maps: the first ten classes, eight samples each
     grid = torch.from_numpy(writer.preview(GRID_PER_CLASS, min(GRID_CLASSES, num_classes)))
     writer.close()

@@ -37,6 +37,7 @@ import torch
 from dvclive import Live
 
 from .distributed import DistInfo, barrier, init_distributed, shutdown
+from .. import progress
 from .preemption import Preempted, stop_on_sigterm
 from vcarepro.errors import USER_ERROR_STATUS, UserError
 
@@ -222,6 +223,8 @@ def run_in_workers(label: str, seeds: List[int], work: Callable[[int], Optional[
 
 def _worker(seeds: List[int], work, threads: int, out: Path) -> None:
     torch.set_num_threads(threads)
+    # lines naming the seed, on the stage's stdout (inherited): the siblings' bars would fight for one terminal line
+    progress.lines_only()
     with stop_on_sigterm() as stop:  # a SIGTERM between two seeds (training installs its own handler)
         for seed in seeds:
             if stop.requested:
