@@ -130,7 +130,11 @@ def test_a_training_stage_runs_ddp_on_two_cpu_processes(tmp_path, branch, run, s
     assert (out / "train" / "seed_0" / weights).is_file()
     summary = json.loads((out / "live" / "metrics.json").read_text())
     assert summary["seed_0"]["world_size"] == 2
-    assert result.stdout.count(f"{stage.split('.')[0]} {run} seed 0") == 1  # only rank 0 reports and writes
+    # only rank 0 reports and writes: one summary line, and one progress line for the start and for the end
+    prefix = f"{stage.split('.')[0]} {run} seed 0"
+    assert result.stdout.count(f"{prefix}:") == 1
+    assert result.stdout.count(f"{prefix} | step 0/") == 1, result.stdout
+    assert len([line for line in result.stdout.splitlines() if line.startswith(f"{prefix} |") and " | done in " in line]) == 1
 
 
 def test_ranks_see_disjoint_data_that_covers_the_split():
