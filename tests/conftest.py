@@ -1,5 +1,6 @@
 """Shared test set-up: DVC never phones home; fixtures for tests of tiny models and for tests that must not reach a network."""
 import os
+import shutil
 import socket
 
 import pytest
@@ -77,3 +78,18 @@ def pytest_sessionfinish(session, exitstatus):
         print(f"\nerror: the test session changed {len(changed)} file(s) in the checkout {_ROOT} (tests must write "
               f"under tmp_path; README command 1 runs here next):\n  {shown}", flush=True)
         session.exitstatus = 1
+
+
+@pytest.fixture(scope="module")
+def driver():
+    """Debian's Chromium under Selenium, offline (every host name resolves to nothing; vcarepro.report.browser);
+    skipped without chromium / chromedriver unless VCAREPRO_REQUIRE_BROWSER is set, as .ci/run sets it."""
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        if os.environ.get("VCAREPRO_REQUIRE_BROWSER"):
+            pytest.fail("chromium or chromedriver is missing; .ci/run installs Debian's chromium and chromium-driver")
+        pytest.skip("chromium / chromedriver not installed (.ci/run installs them; VCAREPRO_REQUIRE_BROWSER=1 insists)")
+    from vcarepro.report.browser import open_browser
+
+    browser = open_browser()
+    yield browser
+    browser.quit()

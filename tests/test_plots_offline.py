@@ -165,19 +165,6 @@ MIN_INK = 2000  # pixels: axes, labels and marks; an empty canvas has none
 MIN_MARKS = 150  # coloured pixels: the loss chart's two lines, the scatter's twelve circles, the confusion cells
 
 
-@pytest.fixture(scope="module")
-def driver():
-    if not (shutil.which("chromium") and shutil.which("chromedriver")):
-        if os.environ.get("VCAREPRO_REQUIRE_BROWSER"):
-            pytest.fail("chromium or chromedriver is missing; .ci/run installs Debian's chromium and chromium-driver")
-        pytest.skip("chromium / chromedriver not installed (.ci/run installs them; VCAREPRO_REQUIRE_BROWSER=1 insists)")
-    from vcarepro.report.browser import open_browser
-
-    browser = open_browser()   # every host name resolves to nothing: the page gets no network
-    yield browser
-    browser.quit()
-
-
 def _dvc(*args: str, cwd: Path) -> str:
     dvc = Path(sys.executable).with_name("dvc")
     command = [str(dvc) if dvc.exists() else shutil.which("dvc"), *args]

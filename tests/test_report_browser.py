@@ -1,28 +1,14 @@
 """The report read in a real browser (Chromium under Selenium) at 1400 and 800 px, offline."""
 from __future__ import annotations
 
-import os
-import shutil
-
 import pytest
 
-from vcarepro.report.browser import check_page, open_browser
+from vcarepro.report.browser import check_page
 from vcarepro.report.render import render_report
 
 from test_report import ROOT, add_vca_and_baseline, project, vouch, write_seeds  # noqa: F401  (project: a fixture)
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def driver():
-    if not (shutil.which("chromium") and shutil.which("chromedriver")):
-        if os.environ.get("VCAREPRO_REQUIRE_BROWSER"):
-            pytest.fail("chromium or chromedriver is missing; .ci/run installs Debian's chromium and chromium-driver")
-        pytest.skip("chromium / chromedriver not installed (.ci/run installs them; VCAREPRO_REQUIRE_BROWSER=1 insists)")
-    browser = open_browser()
-    yield browser
-    browser.quit()
 
 
 def test_the_report_fits_both_widths_opens_offline_and_answers_first(project, driver):

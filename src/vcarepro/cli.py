@@ -135,7 +135,7 @@ def calibrate_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="vcarepro calibrate", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Released checkpoints through this project's evaluation, beside their published numbers "
-                    "(README: Calibration).\n\nComposes params.yaml with scale=SCALE and calibrate.checkpoints="
+                    "(docs/calibration.md).\n\nComposes params.yaml with scale=SCALE and calibrate.checkpoints="
                     "[ENTRY,...] (and any KEY=VALUE overrides), then runs `dvc repro` of calibrate_cls and/or "
                     "calibrate_gen, as the entries need:\n\n"
                     "  vcarepro calibrate deit_tiny dit_xl2_cfg15\n"
@@ -162,7 +162,7 @@ def calibrate_main(argv: Sequence[str]) -> int:
     project = Path.cwd()
     if not args.dry_run and not (project / "dvc.yaml").is_file():
         raise MissingInput(f"{project} has no dvc.yaml; run `vcarepro calibrate` from the repository's root.")
-    conf = project / "conf" if (project / "conf").is_dir() else REPO_ROOT / "conf"
+    conf = _project() / "conf"  # the cwd's conf/, else this checkout's (as vcarepro config)
     hydra = [f"scale={args.scale}", *overrides, f"calibrate.checkpoints=[{','.join(names)}]"]
     params = config.compose(hydra, conf)
     config.validate(params, config._conf_source(hydra, conf))
