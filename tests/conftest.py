@@ -2,11 +2,23 @@
 import os
 import shutil
 import socket
+import sys
 
 import pytest
 import torch
 
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+
+
+@pytest.fixture(autouse=True)
+def _progress_unconfigured():
+    """A stage's main run in this process configures progress reporting for the process; the next test starts
+    silent again, as a fresh process would (a test that ran fid_reference in-process once made the stand-ins
+    command print its reference features' progress lines)."""
+    yield
+    progress = sys.modules.get("vcarepro.progress")
+    if progress is not None:
+        progress.reset()
 
 
 @pytest.fixture
