@@ -80,6 +80,19 @@ def assert_json_matches(table: dict, report: dict) -> None:
     assert table["total"]["CPU-h"] == fmt(report["total"]["gpu_hours"])
 
 
+def assert_progress_lines_only(stderr: str, total: int) -> None:
+    """stderr holds the preflight's progress lines and nothing else: a start, then lines at the interval with a run
+    count that never goes back and an ETA, then the end."""
+    from vcarepro.progress import parse_line
+
+    lines = [parse_line(text) for text in stderr.strip().splitlines()]
+    assert lines and None not in lines, stderr
+    assert {line.label for line in lines} == {"preflight"} and {line.total for line in lines} == {total}
+    assert lines[0].state == "start" and lines[-1].state == "done" and lines[-1].n == total
+    assert all(line.state == "running" and line.eta for line in lines[1:-1])
+    assert [line.n for line in lines] == sorted(line.n for line in lines)
+
+
 # --- the embedded scale: every run, fast ---
 
 @pytest.fixture(scope="module")
@@ -111,10 +124,10 @@ def test_every_run_of_the_embedded_scale_is_stepped_and_costed(embedded):
     assert "no file from outside the repository is needed" in result.stdout
     assert "generated 500 x 375 JPEGs" in result.stdout  # no data/cls in this directory, and it says so
     assert "step s: the median of 3 timed optimizer steps after 1 warm-up step" in result.stdout
-    # stderr is a pipe, not a terminal: no progress (no --verbose), and not torch's CUDA_HOME note on a GPU-less machine
-    assert "stepping" not in result.stderr and "\r" not in result.stderr
-    assert "No CUDA runtime is found" not in result.stderr
-    assert result.stderr.strip() == ""
+    # stderr is a pipe, not a terminal: progress lines of vcarepro.progress (a start, one per interval, the end),
+    # nothing else (not torch's CUDA_HOME note on a GPU-less machine), and none of it in the table on stdout
+    assert_progress_lines_only(result.stderr, total=len(table) - 1)
+    assert "No CUDA runtime is found" not in result.stderr and "preflight |" not in result.stdout
 
 
 # --- paper runs at batch 1 (the CPU cannot hold a batch of 1024 at 224 px) ---
@@ -361,8 +374,10 @@ def test_missing_inputs_lead_then_the_table_then_one_sentence_for_the_runs_that_
     report = json.loads((tmp_path / "out.json").read_text())
     assert report["do_not_fit"] == ["deit_tiny-vca", "dit_s2-mhsa"] and len(report["missing_inputs"]) == 4
     assert report["problems"] == [line[len("error: "):] for line in lines if line.startswith("error: ")]
-    # not a terminal, not --verbose: no progress at all
-    assert not any("stepping" in line for line in lines) and "\r" not in out.getvalue()
+    # not a terminal, not --verbose: a progress line at the start and the end (the fake steps take no real time, far
+    # below progress.interval_s), none in place
+    progress = [line for line in lines if line.startswith("preflight |")]
+    assert len(progress) == 2 and "\r" not in out.getvalue()
 
 
 def test_the_step_time_is_the_median_of_the_timed_steps_after_the_warm_up(known_steps, tmp_path):
@@ -384,27 +399,30 @@ def test_the_step_time_is_the_median_of_the_timed_steps_after_the_warm_up(known_
 def test_verbose_prints_a_line_per_run(known_steps):
     main, out = known_steps
     main(*CLS_RUNS, "--verbose")
-    lines = out.getvalue().splitlines()
-    assert [line for line in lines if line.startswith("stepping ")] == [
-        "stepping deit_tiny-mhsa (1/2) ...", "stepping deit_tiny-vca (2/2) ..."]
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("preflight |")]
+    assert lines[0] == "preflight | run 0/2 (0.0%) | start"
+    # a line as each run starts being stepped, and as it is done, through the one reporter every stage uses
+    assert [line.split(" | ")[1:3] for line in lines[1:-1]] == [
+        ["run 0/2 (0.0%)", "stepping deit_tiny-mhsa"], ["run 1/2 (50.0%)", "stepping deit_tiny-mhsa"],
+        ["run 1/2 (50.0%)", "stepping deit_tiny-vca"], ["run 2/2 (100.0%)", "stepping deit_tiny-vca"]]
+    assert all(" | eta " in line for line in lines[2:-1]) and lines[-1].split(" | ")[2].startswith("done in ")
+    assert_progress_lines_only("\n".join(lines), total=2)
 
 
-def test_on_a_terminal_progress_is_one_line_rewritten_in_place():
-    from vcarepro.preflight import Progress
+def test_on_a_terminal_progress_is_a_bar_and_the_log_gets_no_line(known_steps, monkeypatch):
+    main, out = known_steps
 
     class Terminal(io.StringIO):
         def isatty(self):
             return True
 
     terminal = Terminal()
-    progress = Progress(terminal)
-    progress("stepping a-long-name (1/2) ...")
-    progress("stepping b (2/2) ...")
-    progress.clear()
-    text = terminal.getvalue()
-    assert "\n" not in text and text.count("\r") == 4
-    # the shorter line is padded over the longer; clearing blanks what was last written
-    assert text == ("\rstepping a-long-name (1/2) ...\rstepping b (2/2) ..." + " " * 10 + "\r" + " " * 20 + "\r")
-    piped = io.StringIO()
-    Progress(piped)("stepping a (1/1) ...")
-    assert piped.getvalue() == ""
+    monkeypatch.setattr(sys, "stderr", terminal)
+    import vcarepro.preflight as preflight
+
+    with contextlib.redirect_stdout(out):
+        preflight.main(list(CLS_RUNS))
+    drawn = terminal.getvalue()
+    # tqdm's bar, redrawn in place, ending full, with what it last did beside it
+    assert "\r" in drawn and "preflight: 100%" in drawn and "2/2" in drawn and "stepping deit_tiny-vca" in drawn
+    assert "preflight |" not in out.getvalue() + drawn

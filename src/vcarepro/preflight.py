@@ -18,8 +18,8 @@ measurement: the models run on random tensors of the right shape.
 What it prints leads with what to fix: first one ``error:`` sentence per missing input (an input several
 params name, such as the SD-VAE, once), before any run is stepped; then the table (its ``fits`` column
 says whether the recipe's per-device batch fits this device); then any problem of a single run, and one
-sentence counting the runs that do not fit. Progress is one line rewritten in place on a terminal, and
-nothing in a log unless ``--verbose`` asks for a line per run.
+sentence counting the runs that do not fit. Progress goes to stderr through :mod:`vcarepro.progress`: a bar on a
+terminal, a line every ``progress.interval_s`` in a log, and a line at every run with ``--verbose``.
 
 Exit status 0: every selected run can start here. 2: at least one problem (a missing input, a run that
 does not fit, a split too small for one batch, ...), each printed as an ``error: ...`` sentence; an
@@ -33,7 +33,6 @@ import gc
 import logging
 import math
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -611,7 +610,7 @@ def loader_rates(runs, *, dataset: Dataset, seconds: float, log: Callable[[str],
                         generated = write_imagenet_like_jpegs(Path(tmp) / "jpegs")
                     root, source = generated, "64 generated 500 x 375 JPEGs (no dataset prepared)"
                 workers = run.recipe["workers"]
-                log(f"loader: recipe {run.recipe_name}, {workers} workers, on {source}")
+                log(f"timing the loader of recipe {run.recipe_name} ({workers} workers)")
                 entry = {"recipes": [], "workers": workers, "source": source, "transform": repr(transform)}
                 try:
                     from .bench.loader import loader_throughput
@@ -690,29 +689,24 @@ def fit_summary(costs: Sequence[RunCost], memory: int, cpu: bool) -> Optional[st
 
 # ---------------------------------------------------------------- progress and logs
 
-class Progress:
-    """What the preflight is doing, on ``stream``: with ``verbose`` a line for each run; otherwise, on a terminal, one
-    line rewritten in place (and cleared before anything else is printed), and in a log nothing."""
+def _stepping_progress(params, total: int, verbose: bool, now: List[str]):
+    """The preflight's progress through :mod:`vcarepro.progress`, as every long loop reports: on a terminal a bar
+    on stderr (``now[0]``, what it is doing, "stepping deit_tiny-vca", beside it); in a log a line on stderr every
+    ``progress.interval_s``, the table on stdout left clean; ``--verbose`` a line at every run."""
+    from . import progress as reporting
 
-    def __init__(self, stream, verbose: bool = False):
-        self.stream, self.verbose = stream, verbose
-        self.live = not verbose and getattr(stream, "isatty", lambda: False)()
-        self.width = 0
+    reporting.configure(params, "preflight", interval_s=0.0 if verbose else None)
+    on_terminal = not verbose and _isatty(sys.stderr)
+    return reporting.Progress(None, total, unit="run", figures=lambda: dict([now[0].partition(" ")[::2]]),
+                              bar=on_terminal,
+                              stream=None if on_terminal else sys.stderr)
 
-    def __call__(self, text: str) -> None:
-        if self.verbose:
-            print(text, file=self.stream, flush=True)
-        elif self.live:
-            text = text[:max(shutil.get_terminal_size().columns - 1, 20)]
-            self.stream.write("\r" + text.ljust(self.width))
-            self.stream.flush()
-            self.width = len(text)
 
-    def clear(self) -> None:
-        if self.live and self.width:
-            self.stream.write("\r" + " " * self.width + "\r")
-            self.stream.flush()
-            self.width = 0
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 class _NoCudaRuntimeNote(logging.Filter):
@@ -764,8 +758,8 @@ def parse_args(argv):
                         help="seconds of data-loader timing per distinct training transform")
     parser.add_argument("--json", help="also write everything to this JSON file")
     parser.add_argument("--verbose", action="store_true",
-                        help="a line for each run stepped (default: one line updated in place on a terminal, "
-                             "none in a log)")
+                        help="a progress line at each run stepped (default: a bar on a terminal, a line every "
+                             "progress.interval_s seconds in a log)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="Hydra overrides after scale=<scale>, as dvc exp run -S takes them "
                              "(e.g. prepare_cls.imagenet_root=/data/imagenet)")
@@ -813,7 +807,6 @@ def main(argv=None) -> int:
     cap = args.batch if args.batch is not None else (DEFAULT_CPU_BATCH if cpu else None)
     if cap is not None and cap < 1:
         raise BadInput(f"--batch {cap}: give a positive per-device batch.")
-    progress = Progress(sys.stderr, args.verbose)
 
     load_before = os.getloadavg()[0]
     cls_data = cls_dataset(params, scale)
@@ -832,22 +825,29 @@ def main(argv=None) -> int:
                     run, dataset=cls_data, num_classes=expected_classes(params), **measure)),
                 (gen_runs, generation_step, lambda run: gen_cost(run, dataset=gen_data, **measure)))
     done, selected = 0, len(cls_runs) + len(gen_runs)
-    for runs, build, cost_of in branches:
-        if runs:
-            _throw_away_step(build, runs[0], device)
-        for run in runs:
-            done += 1
-            progress(f"stepping {run.name} ({done}/{selected}) ...")
-            try:
-                costs.append(cost_of(run))
-            except UserError as err:  # an unknown arch or attention, a bad option: the run cannot be built
-                run_problems.append(f"{run.name}: {err}")
-            except Exception as err:  # noqa: BLE001 - a bug: its traceback, and the other runs still measured
-                progress.clear()
-                traceback.print_exc()
-                failures.append(f"{run.name}: {type(err).__name__}: {err}")
-    loaders = loader_rates(cls_runs, dataset=cls_data, seconds=args.loader_seconds, log=progress) if cls_runs else {}
-    progress.clear()
+    now = ["stepping"]
+    progress = _stepping_progress(params, selected, args.verbose, now)
+
+    def at(text: str) -> None:
+        now[0] = text
+        progress.update(progress.n)
+
+    with progress:
+        for runs, build, cost_of in branches:
+            if runs:
+                _throw_away_step(build, runs[0], device)
+            for run in runs:
+                at(f"stepping {run.name}")
+                try:
+                    costs.append(cost_of(run))
+                except UserError as err:  # an unknown arch or attention, a bad option: the run cannot be built
+                    run_problems.append(f"{run.name}: {err}")
+                except Exception as err:  # noqa: BLE001 - a bug: its traceback, and the other runs still measured
+                    traceback.print_exc()
+                    failures.append(f"{run.name}: {type(err).__name__}: {err}")
+                done += 1
+                progress.update(done)
+        loaders = loader_rates(cls_runs, dataset=cls_data, seconds=args.loader_seconds, log=at) if cls_runs else {}
     for cost in costs:
         cost.loader_images_per_s = loaders.get(cost.run, {}).get("images_per_s")
     run_problems += [p for c in costs for p in c.problems]
