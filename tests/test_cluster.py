@@ -371,6 +371,7 @@ def test_cancel_ends_a_running_job_for_good_and_the_next_run_submits_it_again(sl
     shutil.copytree(repo, copy, symlinks=True, ignore=shutil.ignore_patterns(".slurm", "checkpoints"))
     params = yaml.safe_load((copy / "params.yaml").read_text())
     params["cls_recipe_overrides"]["epochs"] = 3000  # not done before it is cancelled
+    params["progress"]["interval_s"] = 1  # a progress line every second in the job's log
     (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     stage = f"train_cls@{CLS}"
     log = tmp_path / "driver.log"
@@ -378,6 +379,21 @@ def test_cancel_ends_a_running_job_for_good_and_the_next_run_submits_it_again(sl
     try:
         ckpt = copy / "checkpoints" / "cls" / CLS / "seed_0" / "last.pt"
         wait(ckpt.exists, "checkpoint", driver=driver, log=log)
+        # status reads the running job's latest progress line from its SLURM log: step of total and an ETA, the
+        # step moving on between two looks
+        job = records(copy)[stage]["job_id"]
+        row = re.compile(rf"^{re.escape(stage)} +running +{job} +seed 0: step (\d+)/(\d+) \([\d.]+%\), eta \d.*$", re.M)
+        looks = []
+
+        def progressed():
+            found = row.search(slurm.run(sys.executable, "-m", "vcarepro.cluster", "status", cwd=copy).stdout)
+            if found:
+                looks.append((int(found[1]), int(found[2])))
+                print(f"\ncluster status: {found[0]}")
+            return len(looks) >= 2 and looks[-1][0] > looks[0][0]
+
+        wait(progressed, "a running job's progress in cluster status", timeout=120, driver=driver, log=log)
+        assert len({total for _, total in looks}) == 1 and looks[-1][0] < looks[0][1]
         refused = slurm.run(sys.executable, "-m", "vcarepro.cluster", "cancel", cwd=copy, check=False)
         assert refused.returncode == 2 and "stop it first (Ctrl-C), then cancel" in refused.stderr, refused.stderr
         slurm.interrupt(driver)
