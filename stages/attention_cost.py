@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from vcarepro.errors import run_stage
-from vcarepro.bench import bench_attention, describe_machine, family_speed_table, speed_targets
-from vcarepro.config import stage_params
-from vcarepro.io import write_json
+from vcarepro.core.errors import run_stage
+from vcarepro.tools.bench import bench_attention, describe_machine, family_speed_table, speed_targets
+from vcarepro.params.config import stage_params
+from vcarepro.core.io import write_json
 
 TIMING = "timings/attention_cost.json"
 

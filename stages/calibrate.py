@@ -14,11 +14,11 @@ import torch
 
 from vcarepro.calibration import KINDS, entries, keymap_for, not_run, require_file, selected
 from vcarepro.calibration.run import calibrate_classifier, calibrate_generator
-from vcarepro.config import stage_params
-from vcarepro.errors import BadInput, run_stage
-from vcarepro.io import write_json
-from vcarepro.pipeline import CHECKPOINTS_DIR, CLS_DATA, FID_REFERENCE
-from vcarepro import progress
+from vcarepro.params.config import stage_params
+from vcarepro.core.errors import BadInput, run_stage
+from vcarepro.core.io import write_json
+from vcarepro.params.runs import CHECKPOINTS_DIR, CLS_DATA, FID_REFERENCE
+from vcarepro.core import progress
 
 
 def main() -> None:

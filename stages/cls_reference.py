@@ -1,11 +1,11 @@
 """DVC stage `cls_reference`: a logistic regression's top-1 on the classification split (the report's reference line)."""
 from __future__ import annotations
 
-from vcarepro.errors import run_stage
-from vcarepro.config import section, stage_params
-from vcarepro.io import write_json
+from vcarepro.core.errors import run_stage
+from vcarepro.params.config import section, stage_params
+from vcarepro.core.io import write_json
 from vcarepro.metrics.linear_reference import logistic_regression_top1
-from vcarepro.pipeline import CLS_DATA
+from vcarepro.params.runs import CLS_DATA
 
 
 def main() -> None:

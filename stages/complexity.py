@@ -4,9 +4,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vcarepro.errors import run_stage
-from vcarepro.config import section, stage_params
-from vcarepro.io import write_json
+from vcarepro.core.errors import run_stage
+from vcarepro.params.config import section, stage_params
+from vcarepro.core.io import write_json
 from vcarepro.metrics.complexity import model_complexity
 from vcarepro.train.seeds import run_in_workers
 

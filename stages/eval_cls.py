@@ -11,14 +11,14 @@ import argparse
 
 import torch
 
-from vcarepro.errors import run_stage
-from vcarepro.config import stage_params
+from vcarepro.core.errors import run_stage
+from vcarepro.params.config import stage_params
 from vcarepro.data.folders import ManifestDataset, read_classes
-from vcarepro.io import write_json
+from vcarepro.core.io import write_json
 from vcarepro.metrics.aggregate import aggregate_seeds
-from vcarepro.provenance import write_provenance
-from vcarepro.pipeline import CLS_DATA, cls_run
-from vcarepro import progress
+from vcarepro.params.provenance import write_provenance
+from vcarepro.params.runs import CLS_DATA, cls_run
+from vcarepro.core import progress
 from vcarepro.train.classification import ClassifierSpec, best_epoch_figures, build_transforms, evaluate, \
     load_classifier
 

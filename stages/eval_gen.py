@@ -14,17 +14,17 @@ import json
 
 import torch
 
-from vcarepro.errors import BadInput, UserError, run_stage
-from vcarepro.config import stage_params
-from vcarepro.io import write_json
+from vcarepro.core.errors import BadInput, UserError, run_stage
+from vcarepro.params.config import stage_params
+from vcarepro.core.io import write_json
 from vcarepro.metrics.aggregate import aggregate_seeds
-from vcarepro.integrity import prepared
+from vcarepro.core.integrity import prepared
 from vcarepro.metrics.extractors import make_extractor
 from vcarepro.metrics.fid50k import evaluate_samples, evaluator_options, load_reference_set
-from vcarepro.provenance import write_provenance
-from vcarepro.pipeline import FID_REFERENCE, GEN_DATA, gen_run
-from vcarepro.protocol import measured_protocol, read_protocol
-from vcarepro import progress
+from vcarepro.params.provenance import write_provenance
+from vcarepro.params.runs import FID_REFERENCE, GEN_DATA, gen_run
+from vcarepro.metrics.protocol import measured_protocol, read_protocol
+from vcarepro.core import progress
 
 
 def main() -> None:

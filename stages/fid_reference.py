@@ -19,15 +19,15 @@ from pathlib import Path
 
 import torch
 
-from vcarepro.errors import MissingInput, run_stage
-from vcarepro.config import stage_params
-from vcarepro.integrity import prepared
-from vcarepro.io import atomic_directory, write_json
+from vcarepro.core.errors import MissingInput, run_stage
+from vcarepro.params.config import stage_params
+from vcarepro.core.integrity import prepared
+from vcarepro.core.io import atomic_directory, write_json
 from vcarepro.metrics.extractors import make_extractor
 from vcarepro.metrics.fid50k import write_reference
 from vcarepro.metrics.own_reference import own_reference
-from vcarepro.pipeline import CLS_DATA, FID_REFERENCE, GEN_DATA
-from vcarepro import progress
+from vcarepro.params.runs import CLS_DATA, FID_REFERENCE, GEN_DATA
+from vcarepro.core import progress
 
 ADM_URL = ("https://openaipublic.blob.core.windows.net/diffusion/jul-2021/ref_batches/imagenet/256/"
            "VIRTUAL_imagenet256_labeled.npz")

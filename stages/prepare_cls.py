@@ -1,12 +1,12 @@
 """DVC stage `prepare_cls`: the classification dataset in the shared layout (data/cls)."""
 from __future__ import annotations
 
-from vcarepro.errors import run_stage
-from vcarepro.config import section, stage_params
+from vcarepro.core.errors import run_stage
+from vcarepro.params.config import section, stage_params
 from vcarepro.data.embedded import export_digits
 from vcarepro.data.imagenet import prepare_imagenet
-from vcarepro.pipeline import CLS_DATA
-from vcarepro import progress
+from vcarepro.params.runs import CLS_DATA
+from vcarepro.core import progress
 
 
 def main() -> None:

@@ -1,13 +1,13 @@
 """DVC stage `prepare_gen`: the generation training set and the FID reference (data/gen)."""
 from __future__ import annotations
 
-from vcarepro.errors import BadInput, run_stage
-from vcarepro.config import section, stage_params
+from vcarepro.core.errors import BadInput, run_stage
+from vcarepro.params.config import section, stage_params
 from vcarepro.data.pixels import load_split_pixels
-from vcarepro.io import atomic_directory, safetensors_bytes, write_bytes, write_json
+from vcarepro.core.io import atomic_directory, safetensors_bytes, write_bytes, write_json
 from vcarepro.metrics.digit_features import DIGITS_EXTRACTOR, save_feature_net, train_feature_net
-from vcarepro.pipeline import CLS_DATA, GEN_DATA
-from vcarepro import progress
+from vcarepro.params.runs import CLS_DATA, GEN_DATA
+from vcarepro.core import progress
 
 
 def prepare_latents(p) -> dict:

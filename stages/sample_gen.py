@@ -6,7 +6,7 @@ with labels drawn as ``sampling.labels`` says. At paper scale the model samples 
 latents, decoded with ``sampling.vae_decoder`` batch by batch. Unfinished work lives in
 ``checkpoints/gen/<run>/seed_<s>/samples`` and a killed
 stage resumes there at the first unfinished batch. ``protocol.json`` records the protocol the
-samples follow (vcarepro.protocol), which eval_gen copies beside its numbers.
+samples follow (vcarepro.metrics.protocol), which eval_gen copies beside its numbers.
 """
 from __future__ import annotations
 
@@ -15,16 +15,16 @@ import json
 
 import torch
 
-from vcarepro.errors import run_stage
-from vcarepro.config import stage_params
+from vcarepro.core.errors import run_stage
+from vcarepro.params.config import stage_params
 from vcarepro.data.samples import discard_work
-from vcarepro.integrity import prepared
-from vcarepro.io import atomic_directory
-from vcarepro.pipeline import GEN_DATA, gen_run
-from vcarepro.stage_facts import digest, stage_facts
+from vcarepro.core.integrity import prepared
+from vcarepro.core.io import atomic_directory
+from vcarepro.params.runs import GEN_DATA, gen_run
+from vcarepro.params.stage_facts import digest, stage_facts
 from vcarepro.train.generation import GeneratorSpec, load_generator
 from vcarepro.train.sampling import sample_space, write_protocol, write_seed_samples
-from vcarepro import progress
+from vcarepro.core import progress
 
 
 def main() -> None:

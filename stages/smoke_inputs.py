@@ -1,6 +1,6 @@
 """DVC stage `smoke_inputs`: the smoke scale's generated stand-ins for ImageNet, the SD-VAE, Inception and ADM's batch.
 
-At ``scale: smoke`` it writes them under ``data/smoke`` (vcarepro.standins: the official archive layout,
+At ``scale: smoke`` it writes them under ``data/smoke`` (vcarepro.tools.standins: the official archive layout,
 a diffusers folder, torch-fidelity's weights file, an ADM-format ``.npz``, and the released checkpoints of
 ``calibrate`` in their released key layouts), which the smoke scale's ``prepare_cls.imagenet_root``,
 ``prepare_gen.vae``, ``prepare_gen.inception_weights``, ``sampling.vae_decoder``, ``fid_reference.adm_npz``
@@ -9,10 +9,10 @@ note, the same bytes at every such scale, so the stages that depend on it never 
 """
 from __future__ import annotations
 
-from vcarepro.config import section, stage_params
-from vcarepro.errors import run_stage
-from vcarepro.io import atomic_directory
-from vcarepro.pipeline import SMOKE_INPUTS
+from vcarepro.params.config import section, stage_params
+from vcarepro.core.errors import run_stage
+from vcarepro.core.io import atomic_directory
+from vcarepro.params.runs import SMOKE_INPUTS
 
 
 def main() -> None:
@@ -22,11 +22,11 @@ def main() -> None:
     if params["scale"] != "smoke":
         with atomic_directory(root) as tmp:
             (tmp / "README.txt").write_text(
-                "The smoke scale's generated stand-ins (python -m vcarepro.standins) go here; other scales do not "
+                "The smoke scale's generated stand-ins (python -m vcarepro.tools.standins) go here; other scales do not "
                 "use them.\n")
         print(f"smoke_inputs: scale={params['scale']}, no stand-ins needed")
         return
-    from vcarepro.standins import write_standins
+    from vcarepro.tools.standins import write_standins
 
     for name, path, _ in write_standins(root, seed=p["seed"], classes=p["classes"],
                                         train_per_class=p["train_per_class"], val_per_class=p["val_per_class"],

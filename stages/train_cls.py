@@ -1,15 +1,15 @@
-"""DVC stage `train_cls@RUN`: train every seed of one classification run (launched by vcarepro.launch)."""
+"""DVC stage `train_cls@RUN`: train every seed of one classification run (launched by vcarepro.train.launch)."""
 from __future__ import annotations
 
 import argparse
 
-from vcarepro.errors import run_stage
-from vcarepro.config import stage_params
-from vcarepro.pipeline import CLS_DATA, cls_run
-from vcarepro.stage_facts import stage_facts
+from vcarepro.core.errors import run_stage
+from vcarepro.params.config import stage_params
+from vcarepro.params.runs import CLS_DATA, cls_run
+from vcarepro.params.stage_facts import stage_facts
 from vcarepro.train.classification import ClassifierSpec, train_classifier
 from vcarepro.train.seeds import train_seeds
-from vcarepro import progress
+from vcarepro.core import progress
 
 
 def main() -> None:

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import argparse
 
-from vcarepro.errors import run_stage
-from vcarepro.config import stage_params
-from vcarepro.pipeline import GEN_DATA, gen_run
-from vcarepro.stage_facts import stage_facts
+from vcarepro.core.errors import run_stage
+from vcarepro.params.config import stage_params
+from vcarepro.params.runs import GEN_DATA, gen_run
+from vcarepro.params.stage_facts import stage_facts
 from vcarepro.train.generation import GeneratorSpec, train_generator
 from vcarepro.train.seeds import train_seeds
-from vcarepro import progress
+from vcarepro.core import progress
 
 
 def main() -> None:

@@ -49,17 +49,17 @@ PACKAGE = HERE.parents[1] / "src" / "vcarepro"  # the code the server preloads (
 # Modules the stages import; the server imports them once, each child inherits them. A speed list, not a
 # correctness one: the server's key hashes every file of src/vcarepro (server_key), so a child never runs code
 # older than its checkout; a module left out is imported by the child itself, which costs only its import time.
-# DVC's stage loader is what vcarepro.stage_facts asks for the facts a training stage resumes under.
-PRELOAD = ("torch", "timm", "vcarepro", "vcarepro.launch", "vcarepro.train.classification",
+# DVC's stage loader is what vcarepro.params.stage_facts asks for the facts a training stage resumes under.
+PRELOAD = ("torch", "timm", "vcarepro", "vcarepro.train.launch", "vcarepro.train.classification",
            "vcarepro.train.generation", "vcarepro.metrics.complexity", "vcarepro.metrics.fid50k",
-           "vcarepro.data.samples", "vcarepro.bench", "vcarepro.report.render", "dvclive",
-           "vcarepro.stage_facts", "dvc.repo", "dvc.dvcfile", "dvc.stage.loader", "dvc.dependency.param")
+           "vcarepro.data.samples", "vcarepro.tools.bench", "vcarepro.report.render", "dvclive",
+           "vcarepro.params.stage_facts", "dvc.repo", "dvc.dvcfile", "dvc.stage.loader", "dvc.dependency.param")
 # What the preloaded modules fix when they load. A child forked from the server runs with them as the
 # server read them, whatever the child's own environment says: OpenMP sizes its thread pool from
 # OMP_NUM_THREADS, MKL / oneDNN / ATen pick their kernels (MKL_CBWR, MKL_ENABLE_INSTRUCTIONS,
 # MKL_DEBUG_CPU_TYPE, ONEDNN_MAX_CPU_ISA, DNNL_*, ONEDNN_DEFAULT_FPMATH_MODE, ATEN_CPU_CAPABILITY),
 # numpy its dispatched loops (NPY_DISABLE_CPU_FEATURES), cuBLAS its workspace (CUBLAS_WORKSPACE_CONFIG; all of
-# them the numerics profile's, src/vcarepro/numerics.py), KMP_* / GOMP_* tune the OpenMP runtimes, torch reads TORCH*_ / PYTORCH_* and CUDA_* (CUDA_VISIBLE_DEVICES,
+# them the numerics profile's, src/vcarepro/core/numerics.py), KMP_* / GOMP_* tune the OpenMP runtimes, torch reads TORCH*_ / PYTORCH_* and CUDA_* (CUDA_VISIBLE_DEVICES,
 # CUDA_HOME), timm TIMM_* (TIMM_FUSED_ATTN picks its attention kernel), huggingface_hub HF_* (HF_HUB_OFFLINE),
 # the interpreter PYTHON* (PYTHONHASHSEED, PYTHONPATH) and the dynamic loader LD_* (LD_PRELOAD,
 # LD_LIBRARY_PATH) at start-up. Their values are part of the server's key, so a client whose values differ
@@ -352,7 +352,7 @@ def _execute(argv: List[str]) -> int:
         if argv[0] == "-m":
             sys.argv = [argv[1], *argv[2:]]
             sys.path[0] = os.getcwd()
-            # the warm import already holds the module (vcarepro.launch): run it afresh as __main__, as
+            # the warm import already holds the module (vcarepro.train.launch): run it afresh as __main__, as
             # `python -m` does, instead of letting runpy warn that it found it in sys.modules
             if not hasattr(sys.modules.get(argv[1]), "__path__"):  # a package runs its __main__, no warning
                 sys.modules.pop(argv[1], None)

@@ -16,7 +16,7 @@ def _progress_unconfigured():
     silent again, as a fresh process would (a test that ran fid_reference in-process once made the stand-ins
     command print its reference features' progress lines)."""
     yield
-    progress = sys.modules.get("vcarepro.progress")
+    progress = sys.modules.get("vcarepro.core.progress")
     if progress is not None:
         progress.reset()
 

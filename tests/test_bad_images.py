@@ -14,10 +14,10 @@ import pytest
 import torch
 import yaml
 
-from vcarepro.config import compose
+from vcarepro.params.config import compose
 from vcarepro.data.embedded import export_digits
 from vcarepro.data.folders import ManifestDataset, UnreadableImage
-from vcarepro.errors import USER_ERROR_STATUS, BadInput, UserError, run_stage
+from vcarepro.core.errors import USER_ERROR_STATUS, BadInput, UserError, run_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "deit_tiny-vca"
@@ -202,7 +202,7 @@ sys.exit(2)
 
 
 def test_the_launcher_names_the_rank_that_stopped_on_a_user_error_and_exits_with_its_status(tmp_path, capfd):
-    from vcarepro.launch import run_local
+    from vcarepro.train.launch import run_local
 
     (tmp_path / "ranks.py").write_text(RANKS)
     assert run_local(str(tmp_path / "ranks.py"), [str(tmp_path / "rank1-left")], 2, grace=10) == USER_ERROR_STATUS

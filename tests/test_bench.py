@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 from vcarepro.attention import VisualContrastAttention
-from vcarepro.bench.suite import bench_attention_memory, saved_activation_bytes
+from vcarepro.tools.bench.suite import bench_attention_memory, saved_activation_bytes
 
 
 def test_activation_memory_counts_what_autograd_keeps_and_not_the_weights():
@@ -33,11 +33,11 @@ def test_vca_compiles_as_one_graph_and_matches_eager(one_torch_thread):
     assert x.grad is not None and torch.isfinite(x.grad).all()
 
 
-# --- the attention family's speed bench (python -m vcarepro.bench attention, stage attention_cost) ---
+# --- the attention family's speed bench (python -m vcarepro.tools.bench attention, stage attention_cost) ---
 
 import pytest  # noqa: E402
 
-from vcarepro.bench import (BENCH_LAYERS, LINEAR_LAYERS, NOT_COMPILED, bench_attention,  # noqa: E402
+from vcarepro.tools.bench import (BENCH_LAYERS, LINEAR_LAYERS, NOT_COMPILED, bench_attention,  # noqa: E402
                             family_speed_table, speed_targets)
 from vcarepro.report.figures import attention_cost_png  # noqa: E402
 

@@ -19,11 +19,11 @@ from test_errors import one_error_line, stage
 from test_paper_road import prepared, smoke_params  # noqa: F401  (the fixture: ImageNet prepared by prepare_cls)
 from vcarepro.calibration import entries, keymap_for, keymaps, load_strict, read_released, verdict
 from vcarepro.calibration.run import ImageNetLabels
-from vcarepro.config import compose
+from vcarepro.params.config import compose
 from vcarepro.data.folders import ClassInfo
-from vcarepro.errors import USER_ERROR_STATUS, BadInput
+from vcarepro.core.errors import USER_ERROR_STATUS, BadInput
 from vcarepro.report.calibration import calibration_section
-from vcarepro.standins import write_released_checkpoints
+from vcarepro.tools.standins import write_released_checkpoints
 
 LAYOUTS = Path(__file__).parent / "data" / "released_layouts"
 PAPER = compose(["scale=paper"])["calibrate"]

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vcarepro import cli
-from vcarepro.config import compose
-from vcarepro.pipeline import cls_recipe, cls_run, gen_run
-from vcarepro.stage_facts import stage_definition
+from vcarepro.tools import cli
+from vcarepro.params.config import compose
+from vcarepro.params.runs import cls_recipe, cls_run, gen_run
+from vcarepro.params.stage_facts import stage_definition
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src")}  # this checkout's code, whatever the venv's install points at
@@ -69,7 +69,7 @@ def ran(tmp_path_factory):
 
 def test_pyproject_declares_the_console_script():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts == {"vcarepro": "vcarepro.cli:main"}
+    assert scripts == {"vcarepro": "vcarepro.tools.cli:main"}
 
 
 @pytest.mark.slow
@@ -106,8 +106,8 @@ def test_a_wrapped_command_is_its_python_m_twin(ran):
 
 
 def test_importing_the_cli_imports_nothing_of_the_package_or_torch():
-    """Every tool is imported when its command runs (importing vcarepro.cli still runs vcarepro/__init__.py)."""
-    tree = ast.parse((ROOT / "src" / "vcarepro" / "cli.py").read_text())
+    """Every tool is imported when its command runs (importing vcarepro.tools.cli still runs vcarepro/__init__.py)."""
+    tree = ast.parse((ROOT / "src" / "vcarepro" / "tools" / "cli.py").read_text())
     top = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
     names = [alias.name for node in top if isinstance(node, ast.Import) for alias in node.names]
     names += [node.module or "" for node in top if isinstance(node, ast.ImportFrom) if not node.level]
@@ -253,7 +253,7 @@ def test_calibrate_composes_the_selection_and_runs_the_stages_it_needs(monkeypat
     monkeypatch.chdir(ROOT)
     assert cli.main(["calibrate", "--dry-run", "deit_tiny", "dit_xl2_cfg15"]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "python -m vcarepro.config scale=paper 'calibrate.checkpoints=[deit_tiny,dit_xl2_cfg15]'",
+        "python -m vcarepro.params.config scale=paper 'calibrate.checkpoints=[deit_tiny,dit_xl2_cfg15]'",
         "dvc repro calibrate_cls calibrate_gen"]
     assert cli.main(["calibrate", "--dry-run", "deit_tny"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -1,4 +1,4 @@
-"""`python -m vcarepro.cluster`: every stage a SLURM job, DVC keeping the books.
+"""`python -m vcarepro.tools.cluster`: every stage a SLURM job, DVC keeping the books.
 
 The fast tests check how a job is sized from params.yaml and which stages may start. The slow ones
 start a real one-node SLURM (Debian's slurm-wlm and munge, tests/slurm_node.py, in a private network
@@ -24,8 +24,8 @@ import pytest
 import yaml
 
 from test_pipeline import ROOT, micro_params, reproduced_repo, sh
-from vcarepro import cluster
-from vcarepro.config import compose
+from vcarepro.tools import cluster
+from vcarepro.params.config import compose
 
 # ---------------------------------------------------------------------------------------------
 # A job's size and the order of stages, without SLURM.
@@ -97,7 +97,7 @@ def test_the_stage_graph_is_dvcs_own():
 
 
 def test_the_cluster_section_is_checked(tmp_path):
-    from vcarepro.schema import ParamsError, validate
+    from vcarepro.params.schema import ParamsError, validate
     params = compose([])
     params["cluster"]["cpus_per_task"] = 0
     with pytest.raises(ParamsError, match="cluster.cpus_per_task must be an integer >= 1"):
@@ -169,7 +169,7 @@ class OneNodeSlurm:
             return  # it has ended already
         for child in children:
             try:
-                if "vcarepro.cluster" in child.cmdline():
+                if "vcarepro.tools.cluster" in child.cmdline():
                     child.send_signal(sig)
             except psutil.NoSuchProcess:  # a `dvc status` of the command's, gone meanwhile
                 pass
@@ -247,7 +247,7 @@ def repo(tmp_path_factory):
 def test_two_runs_as_simultaneous_jobs_one_preempted_and_requeued_end_bit_identical(slurm, repo):
     log1 = repo.parent / "driver1.log"
     started = time.monotonic()
-    driver = slurm.start(sys.executable, "-m", "vcarepro.cluster", "run", "--max-jobs", "2", cwd=repo, out=log1)
+    driver = slurm.start(sys.executable, "-m", "vcarepro.tools.cluster", "run", "--max-jobs", "2", cwd=repo, out=log1)
     try:
         ckpt = repo / "checkpoints" / "cls" / CLS / "seed_0" / "last.pt"
         wait(lambda: ckpt.exists() and {f"train_cls@{CLS}", f"train_cls@{TWIN}"} <= running_jobs(slurm),
@@ -264,7 +264,7 @@ def test_two_runs_as_simultaneous_jobs_one_preempted_and_requeued_end_bit_identi
         if driver.poll() is None:
             driver.kill()
     log2 = repo.parent / "driver2.log"
-    again = slurm.start(sys.executable, "-m", "vcarepro.cluster", "run", "--max-jobs", "2", cwd=repo, out=log2)
+    again = slurm.start(sys.executable, "-m", "vcarepro.tools.cluster", "run", "--max-jobs", "2", cwd=repo, out=log2)
     assert again.wait(600) == 0, log2.read_text()[-4000:]
     took = time.monotonic() - started
     text1, text2 = log1.read_text(), log2.read_text()
@@ -302,7 +302,7 @@ def test_two_runs_as_simultaneous_jobs_one_preempted_and_requeued_end_bit_identi
     for stage in jobs[2:]:
         assert f"submitted {stage} as job" in text1 + text2
     assert "running report here" in text2 and "every stage is up to date" in text2
-    status = slurm.run(sys.executable, "-m", "vcarepro.cluster", "status", cwd=repo).stdout
+    status = slurm.run(sys.executable, "-m", "vcarepro.tools.cluster", "status", cwd=repo).stdout
     assert f"train_cls@{CLS}" in status and f" done     {job} " in status, status
     print(f"\ncluster figures: two trainings of {EPOCHS} epochs as two jobs, one requeued, the command "
           f"interrupted once; {took:.0f} s from the first submission to every stage recorded")
@@ -315,7 +315,7 @@ def test_a_job_that_fails_for_a_user_error_is_not_requeued_and_its_fix_is_shown(
     params["cls_runs"]["deit_tiny-vca-broken"] = {**params["cls_runs"][CLS], "model": "deit_tiny-vca-broken"}
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     log = repo.parent / "driver3.log"
-    driver = slurm.start(sys.executable, "-m", "vcarepro.cluster", "run", "--max-jobs", "2", cwd=repo, out=log)
+    driver = slurm.start(sys.executable, "-m", "vcarepro.tools.cluster", "run", "--max-jobs", "2", cwd=repo, out=log)
     assert driver.wait(600) == 1, log.read_text()[-4000:]
     text = log.read_text()
     stage = "train_cls@deit_tiny-vca-broken"
@@ -327,7 +327,7 @@ def test_a_job_that_fails_for_a_user_error_is_not_requeued_and_its_fix_is_shown(
     job = records(repo)[stage]["job_id"]
     assert "Restarts=0" in slurm.run("scontrol", "show", "job", job).stdout
     assert [r["state"] for r in completions(slurm) if r["id"] == job] == ["FAILED"]
-    status = slurm.run(sys.executable, "-m", "vcarepro.cluster", "status", cwd=repo).stdout
+    status = slurm.run(sys.executable, "-m", "vcarepro.tools.cluster", "status", cwd=repo).stdout
     assert re.search(rf"^{stage} +failed ", status, re.M) and "unknown stage1 'bogus'" in status, status
     assert re.search(r"^eval_cls@deit_tiny-vca-broken +waiting ", status, re.M), status
 
@@ -345,7 +345,7 @@ def test_the_srun_launcher_starts_its_ranks_inside_a_cluster_job(slurm, repo, tm
     (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     stage = f"train_cls@{CLS}"
     log = tmp_path / "driver.log"
-    driver = slurm.start(sys.executable, "-m", "vcarepro.cluster", "run", stage, "--max-jobs", "1", cwd=copy, out=log)
+    driver = slurm.start(sys.executable, "-m", "vcarepro.tools.cluster", "run", stage, "--max-jobs", "1", cwd=copy, out=log)
     ckpt = copy / "checkpoints" / "cls" / CLS / "seed_0" / "last.pt"
     wait(ckpt.exists, "checkpoint of the two-rank training", driver=driver, log=log)
     job = records(copy)[stage]["job_id"]
@@ -375,7 +375,7 @@ def test_cancel_ends_a_running_job_for_good_and_the_next_run_submits_it_again(sl
     (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     stage = f"train_cls@{CLS}"
     log = tmp_path / "driver.log"
-    driver = slurm.start(sys.executable, "-m", "vcarepro.cluster", "run", stage, "--max-jobs", "1", cwd=copy, out=log)
+    driver = slurm.start(sys.executable, "-m", "vcarepro.tools.cluster", "run", stage, "--max-jobs", "1", cwd=copy, out=log)
     try:
         ckpt = copy / "checkpoints" / "cls" / CLS / "seed_0" / "last.pt"
         wait(ckpt.exists, "checkpoint", driver=driver, log=log)
@@ -386,7 +386,7 @@ def test_cancel_ends_a_running_job_for_good_and_the_next_run_submits_it_again(sl
         looks = []
 
         def progressed():
-            found = row.search(slurm.run(sys.executable, "-m", "vcarepro.cluster", "status", cwd=copy).stdout)
+            found = row.search(slurm.run(sys.executable, "-m", "vcarepro.tools.cluster", "status", cwd=copy).stdout)
             if found:
                 looks.append((int(found[1]), int(found[2])))
                 print(f"\ncluster status: {found[0]}")
@@ -394,7 +394,7 @@ def test_cancel_ends_a_running_job_for_good_and_the_next_run_submits_it_again(sl
 
         wait(progressed, "a running job's progress in cluster status", timeout=120, driver=driver, log=log)
         assert len({total for _, total in looks}) == 1 and looks[-1][0] < looks[0][1]
-        refused = slurm.run(sys.executable, "-m", "vcarepro.cluster", "cancel", cwd=copy, check=False)
+        refused = slurm.run(sys.executable, "-m", "vcarepro.tools.cluster", "cancel", cwd=copy, check=False)
         assert refused.returncode == 2 and "stop it first (Ctrl-C), then cancel" in refused.stderr, refused.stderr
         slurm.interrupt(driver)
         assert driver.wait(60) == 130
@@ -402,7 +402,7 @@ def test_cancel_ends_a_running_job_for_good_and_the_next_run_submits_it_again(sl
         if driver.poll() is None:
             driver.kill()
     job = records(copy)[stage]["job_id"]
-    done = slurm.run(sys.executable, "-m", "vcarepro.cluster", "cancel", cwd=copy)
+    done = slurm.run(sys.executable, "-m", "vcarepro.tools.cluster", "cancel", cwd=copy)
     assert f"cancelled 1 job(s): {stage} ({job})" in done.stdout
     wait(lambda: any(r["id"] == job for r in completions(slurm)), "the cancelled job's end")
     time.sleep(15)  # longer than the test cluster's requeue delay: a requeue would show now
@@ -410,7 +410,7 @@ def test_cancel_ends_a_running_job_for_good_and_the_next_run_submits_it_again(sl
     assert "Restarts=0" in slurm.run("scontrol", "show", "job", job).stdout
     assert stage not in running_jobs(slurm)
     # the next run says how the job ended and submits the stage anew
-    again = slurm.start(sys.executable, "-m", "vcarepro.cluster", "run", stage, "--max-jobs", "1", cwd=copy,
+    again = slurm.start(sys.executable, "-m", "vcarepro.tools.cluster", "run", stage, "--max-jobs", "1", cwd=copy,
                         out=tmp_path / "again.log")
     try:
         wait(lambda: f"submitted {stage} as job" in (tmp_path / "again.log").read_text(), "the new submission",
@@ -420,4 +420,4 @@ def test_cancel_ends_a_running_job_for_good_and_the_next_run_submits_it_again(sl
     finally:
         slurm.interrupt(again)
         again.wait(60)
-        slurm.run(sys.executable, "-m", "vcarepro.cluster", "cancel", cwd=copy)
+        slurm.run(sys.executable, "-m", "vcarepro.tools.cluster", "cancel", cwd=copy)

@@ -6,7 +6,7 @@ import timm
 import torch
 from timm.layers import Attention
 
-import vcarepro  # noqa: F401
+import vcarepro.models  # noqa: F401  (registers the models)
 from vcarepro.attention import VisualContrastAttention
 from vcarepro.metrics.complexity import count_flops, model_flops
 
@@ -73,7 +73,7 @@ def test_every_table1_complexity_cell_of_the_lab_layouts_matches_the_paper():
 
     import yaml
 
-    from vcarepro.config import compose
+    from vcarepro.params.config import compose
     from vcarepro.metrics.complexity import model_complexity
     from vcarepro.report.reference import paper_value
     from vcarepro.report.tables import MATCHES, exact_verdict

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vcarepro.config import compose, write_params
-from vcarepro.pipeline import cls_recipe, cls_run, gen_run
+from vcarepro.params.config import compose, write_params
+from vcarepro.params.runs import cls_recipe, cls_run, gen_run
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vcarepro.config import compose
-from vcarepro.errors import USER_ERROR_STATUS, BadInput, MissingInput, UnknownName, UserError, run_stage
+from vcarepro.params.config import compose
+from vcarepro.core.errors import USER_ERROR_STATUS, BadInput, MissingInput, UnknownName, UserError, run_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 

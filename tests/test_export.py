@@ -1,4 +1,4 @@
-"""`python -m vcarepro.export`: a trained run leaves the project in the layout timm and the Hugging Face Hub read."""
+"""`python -m vcarepro.tools.export`: a trained run leaves the project in the layout timm and the Hugging Face Hub read."""
 from __future__ import annotations
 
 import json
@@ -12,11 +12,11 @@ import torch
 import yaml
 from timm.models import load_checkpoint
 
-from vcarepro.io import save_tensors
-from vcarepro.config import load_params
-from vcarepro.errors import BadInput, MissingInput, UnknownName, run_stage
-from vcarepro.export import CURVES, WEIGHTS, export_run, main
-from vcarepro.pipeline import cls_run
+from vcarepro.core.io import save_tensors
+from vcarepro.params.config import load_params
+from vcarepro.core.errors import BadInput, MissingInput, UnknownName, run_stage
+from vcarepro.tools.export import CURVES, WEIGHTS, export_run, main
+from vcarepro.params.runs import cls_run
 from vcarepro.train.classification import ClassifierSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,7 +151,7 @@ def test_an_existing_folder_is_kept_unless_forced_and_a_failed_export_leaves_not
         export_run(RUN, root=root, out=out)
     assert (out / "mine.txt").read_text() == "keep"
 
-    import vcarepro.export as export
+    import vcarepro.tools.export as export
 
     def broken(*args, **kwargs):
         raise RuntimeError("killed while drawing")

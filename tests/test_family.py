@@ -20,7 +20,7 @@ from timm.models.vision_transformer import Block
 
 from vcarepro.attention import ATTENTIONS, build_attention
 from vcarepro.attention.controls import MhsaLocalConv
-from vcarepro.errors import BadInput
+from vcarepro.core.errors import BadInput
 from vcarepro.metrics.complexity import count_parameters, model_flops
 from vcarepro.models import classifier_name, create_classifier
 from vcarepro.models import family as family_models
@@ -85,7 +85,7 @@ def test_published_model_matches_published_params_and_gmacs(name, img_size, row,
 
 def test_published_deit_tiny_models_are_the_pipelines_published_archs():
     """The complexity stage's deit_tiny-<a>-published models resolve to the row's published model."""
-    from vcarepro.config import compose
+    from vcarepro.params.config import compose
 
     models = compose()["models"]
     for row in FAMILY_REF["rows"]:
@@ -453,7 +453,7 @@ def test_models_refuse_an_option_of_another_attention():
 
 @pytest.fixture(scope="module")
 def configs():
-    from vcarepro.config import compose
+    from vcarepro.params.config import compose
 
     return {"default": compose(), "embedded": compose(["family=all"]),
             "paper": compose(["family=all", "scale=paper"])}
@@ -502,7 +502,7 @@ def test_every_run_names_a_model_and_the_reference_names_real_runs(configs):
 
 
 def test_model_options_maps_pooled_tokens_per_attention(configs):
-    from vcarepro.attention_names import model_options
+    from vcarepro.core.choices import model_options
 
     shape = configs["embedded"]["cls_shape"]
     tokens = shape["contrast_tokens"]
@@ -517,7 +517,7 @@ def test_model_options_maps_pooled_tokens_per_attention(configs):
 
 def test_every_family_run_builds_at_the_embedded_shape(configs, one_torch_thread):
     """What the training stages do with a family run: model_options, then the factory, then a forward."""
-    from vcarepro.attention_names import model_options
+    from vcarepro.core.choices import model_options
 
     cfg = configs["embedded"]
     for suffix in FAMILY_RUNS:

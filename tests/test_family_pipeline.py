@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from vcarepro.attention_names import FAMILY
+from vcarepro.core.choices import FAMILY
 from test_pipeline import micro_params, reproduced_repo
 
 MEMBERS = [*FAMILY, "mhsa_dwc", "vca-no_dwc"]

@@ -31,7 +31,7 @@ import yaml
 from safetensors.torch import load_file
 
 from test_pipeline import micro_params, reproduced_repo, sh
-from vcarepro.config import compose
+from vcarepro.params.config import compose
 from vcarepro.train.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +130,7 @@ def test_sigterm_to_one_rank_stops_both_and_the_rerun_resumes_to_the_uninterrupt
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     subprocess.run([sys.executable, str(ROOT / "stages" / "prepare_cls.py")], cwd=tmp_path, env=env, check=True,
                    capture_output=True)
-    command = [sys.executable, "-m", "vcarepro.launch", "--nproc-per-node", "2", "--rdzv-endpoint", "file",
+    command = [sys.executable, "-m", "vcarepro.train.launch", "--nproc-per-node", "2", "--rdzv-endpoint", "file",
                str(ROOT / "stages" / "train_cls.py"), "--run", RUN]
 
     def launch():

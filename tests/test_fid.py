@@ -355,7 +355,7 @@ def _reordered_metadata(data: bytes) -> bytes:
 def test_canonical_safetensors_orders_the_header_and_keeps_every_value():
     from safetensors.torch import load, save
 
-    from vcarepro.io import canonical_safetensors, safetensors_bytes
+    from vcarepro.core.io import canonical_safetensors, safetensors_bytes
 
     tensors = {"b": torch.arange(3.0), "a": torch.ones(2, 2, dtype=torch.float64), "c": torch.zeros(5, dtype=torch.int8)}
     plain = save(tensors)

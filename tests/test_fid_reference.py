@@ -26,7 +26,7 @@ from vcarepro.metrics.fid50k import (
     reference_from_images,
     write_reference,
 )
-from vcarepro.standins import write_random_inception
+from vcarepro.tools.standins import write_random_inception
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -566,7 +566,7 @@ def test_a_missing_adm_batch_is_one_sentence_with_where_to_get_it_and_no_output(
 
     import yaml
 
-    from vcarepro.config import compose
+    from vcarepro.params.config import compose
 
     params = compose(["scale=paper"])
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from vcarepro.config import compose
+from vcarepro.params.config import compose
 from vcarepro.data.embedded import export_digits
 from vcarepro.data.latents import decode_to_uint8, load_vae
-from vcarepro.standins import write_random_vae
+from vcarepro.tools.standins import write_random_vae
 from vcarepro.train.distributed import DistInfo
 from vcarepro.train.generation import GeneratorSpec, generate_batches, load_generator, train_generator
 

@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from vcarepro.attention import build_attention
 from vcarepro.attention.grid import GridAttention, token_grid, value_grid
-from vcarepro.errors import BadInput
+from vcarepro.core.errors import BadInput
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -19,8 +19,8 @@ from PIL import Image
 
 from vcarepro.data.folders import ManifestDataset, read_classes, read_manifest
 from vcarepro.data.imagenet import TRAIN_TAR, index_imagenet_folders, prepare_imagenet
-from vcarepro.standins import MiniImageNet
-from vcarepro.standins import add_to_tar as add
+from vcarepro.tools.standins import MiniImageNet
+from vcarepro.tools.standins import add_to_tar as add
 
 # wnid -> (ILSVRC2012_ID, words); the IDs are deliberately not in sorted-wnid order.
 CLASSES = {
@@ -46,7 +46,7 @@ def encoded(seed: int, fmt: str = "JPEG", mode: str = "RGB", size=(48, 40)) -> b
 
 
 class Mini(MiniImageNet):
-    """The miniature's noise images, written out in any layout (the official archives by vcarepro.standins)."""
+    """The miniature's noise images, written out in any layout (the official archives by vcarepro.tools.standins)."""
 
     def __init__(self) -> None:
         train = {w: {f"{w}_{i}.JPEG": encoded(10 * c + i) for i in range(TRAIN_PER_CLASS)}
@@ -359,7 +359,7 @@ def prepare_cls_stage(project: Path, root: Path, **settings):
 
     import yaml
 
-    from vcarepro.config import compose
+    from vcarepro.params.config import compose
 
     params = compose([])
     params["prepare_cls"].update(source="imagenet", imagenet_root=str(root), expect_full=False, workers=1, **settings)

@@ -3,7 +3,7 @@ points down the floors below, and the report reads files without loading the mod
 
 An import inside a function counts like one at the top of a module: a lazy import that closes a circle is
 still a circle in the design, only one that a test run may not trip over. The implicit import of a parent
-package (``import vcarepro.io`` runs ``vcarepro/__init__.py``) is Python's, not an arrow of the design.
+package (``import vcarepro.core.io`` runs ``vcarepro/__init__.py``) is Python's, not an arrow of the design.
 """
 from __future__ import annotations
 
@@ -15,31 +15,26 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-# The floors, lowest first. A module stands on the floor of the longest name here that is it or a package above
-# it, so a new module joins its package's floor (attention/grid.py: the layers'; report/rows.py: the report's).
-# An import may point to its own floor or lower, never higher.
-FLOORS: Tuple[Tuple[str, ...], ...] = (
-    # 0. torch-free ground: errors, atomic writes and digests, the numerics profile, the names of choices,
-    #    the sampling protocol, the launcher's process plumbing, what a long loop prints
-    ("vcarepro.errors", "vcarepro.io", "vcarepro.integrity", "vcarepro.numerics", "vcarepro.attention_names",
-     "vcarepro.protocol", "vcarepro.launch", "vcarepro.progress"),
-    # 1. the attention layers; the datasets
-    ("vcarepro.attention", "vcarepro.data"),
-    # 2. the models (importing the package registers them with timm)
-    ("vcarepro.models", "vcarepro"),
-    # 3. what trains and measures them
-    ("vcarepro.train", "vcarepro.metrics"),
-    # 4. params.yaml onto the library: the schema checks a model's options against its constructor; what a
-    #    stage's result depends on (its dvc.yaml definition, resolved over params.yaml)
-    ("vcarepro.schema", "vcarepro.config", "vcarepro.pipeline", "vcarepro.provenance", "vcarepro.stage_facts"),
-    # 5. released checkpoints; the report
-    ("vcarepro.calibration", "vcarepro.report"),
-    # 6. the tools on top
-    ("vcarepro.bench", "vcarepro.standins", "vcarepro.export", "vcarepro.lockcheck", "vcarepro.preflight",
-     "vcarepro.cluster"),
-    # 7. the one command over them (vcarepro: runs each tool as python -m does, and explains a run's knobs)
-    ("vcarepro.cli",),
-)
+def read_floors(src: Path, package: str) -> Dict[str, Optional[int]]:
+    """Each folder of ``package`` -> the ``FLOOR = N`` its ``__init__.py`` declares (None: none), read with ast."""
+    floors: Dict[str, Optional[int]] = {}
+    for init in sorted((src / package).glob("*/__init__.py")):
+        values = [node.value.value for node in ast.parse(init.read_text()).body
+                  if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                  and any(isinstance(t, ast.Name) and t.id == "FLOOR" for t in node.targets)]
+        floors[f"{package}.{init.parent.name}"] = values[0] if values else None
+    return floors
+
+
+# The floors, lowest first, read from the folders (src/vcarepro/*/__init__.py: FLOOR = N). A module stands on the
+# floor of its folder (attention/grid.py: the layers'; report/rows.py: the report's). An import may point to its own
+# floor or lower, never higher. The package face (vcarepro/__init__.py) imports nothing when it loads and the
+# attention layer when `vcarepro.VisualContrastAttention` is first asked for: it stands on the layers' floor.
+FOLDER_FLOORS = read_floors(SRC, "vcarepro")
+FACE_FLOOR = FOLDER_FLOORS["vcarepro.attention"]
+FLOORS: Tuple[Tuple[str, ...], ...] = tuple(
+    tuple(sorted(name for name, floor in FOLDER_FLOORS.items() if floor == level)) + (("vcarepro",) if level == FACE_FLOOR else ())
+    for level in range(max(f for f in FOLDER_FLOORS.values() if f is not None) + 1))
 # What the report must not load, at the top of any module it imports (a function may, e.g. to describe torch).
 REPORT_MUST_NOT_LOAD = ("torch", "timm", "vcarepro.models", "vcarepro.train", "vcarepro.attention", "vcarepro.data")
 
@@ -80,7 +75,7 @@ def imported_names(name: str, path: Path, known: Set[str], top_level_only: bool 
         else:
             prefix = node.module or ""
         submodules = [f"{prefix}.{alias.name}" for alias in node.names if f"{prefix}.{alias.name}" in known]
-        yield from submodules  # `from vcarepro import numerics` needs vcarepro.numerics, not vcarepro's __init__
+        yield from submodules  # `from vcarepro import numerics` needs vcarepro.core.numerics, not vcarepro's __init__
         if len(submodules) < len(node.names):
             yield prefix
 
@@ -155,11 +150,39 @@ GRAPH = import_graph(SRC, "vcarepro")
 
 
 def test_the_graph_is_read_from_the_source():
-    assert {"vcarepro.config", "vcarepro.schema", "vcarepro.report.render", "vcarepro.models.dit"} <= set(GRAPH)
-    assert "vcarepro.schema" in GRAPH["vcarepro.config"]       # stage_params validates
-    assert "vcarepro.numerics" in GRAPH["vcarepro.errors"]     # a lazy import counts
-    assert "vcarepro.numerics" in GRAPH["vcarepro.report.render"]  # `from .. import numerics`
+    assert {"vcarepro.params.config", "vcarepro.params.schema", "vcarepro.report.render", "vcarepro.models.dit"} <= set(GRAPH)
+    assert "vcarepro.params.schema" in GRAPH["vcarepro.params.config"]       # stage_params validates
+    assert "vcarepro.core.numerics" in GRAPH["vcarepro.core.errors"]     # a lazy import counts
+    assert "vcarepro.core.numerics" in GRAPH["vcarepro.report.render"]  # `from .. import numerics`
     assert "vcarepro" not in GRAPH["vcarepro.report.render"]  # ... is not an arrow to the package's __init__
+
+
+def test_every_folder_declares_its_floor_and_no_floor_is_empty():
+    assert [name for name, floor in FOLDER_FLOORS.items() if not isinstance(floor, int)] == []
+    assert all(FLOORS), FLOORS  # floors 0..top, each holding at least one folder
+
+
+def test_no_module_stands_outside_a_folder():
+    """The top of the package is its face alone: every module lives in the folder of its floor."""
+    assert sorted(p.name for p in (SRC / "vcarepro").glob("*.py")) == ["__init__.py"]
+
+
+def test_importing_the_package_or_its_ground_loads_neither_torch_nor_timm():
+    """The face is lazy, and the torch-free modules are torch-free when imported (stages/run.py imports
+    vcarepro.core.numerics before torch loads; the report's readers follow the protocol module)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, vcarepro, vcarepro.core.numerics, vcarepro.core.choices, vcarepro.metrics.protocol, "
+            "vcarepro.train.launch, vcarepro.tools.cli; "
+            "print(sorted(m for m in ('torch', 'timm', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    # the report's whole page, imported for real: no torch, timm, model or training module
+    code = ("import sys, vcarepro.report.render; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'timm') or m.startswith(('vcarepro.models', 'vcarepro.train', 'vcarepro.attention'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_no_module_imports_itself_back():
@@ -175,10 +198,8 @@ def test_no_arrow_points_up_a_floor():
 
 
 def test_the_report_loads_neither_torch_nor_the_models_nor_training():
-    """The report reads files (DESIGN.md: it never imports training code): what its modules import when they load,
-    followed through every module of the package they reach, holds no torch, timm, layer, model, data or training
-    module. (Importing any vcarepro module runs vcarepro/__init__.py, which registers the models: that is the
-    package's doing, not the report's.)"""
+    """The report reads files and never imports training code: what its modules import when they load, followed
+    through every module of the package they reach, holds no torch, timm, layer, model, data or training module."""
     top = import_graph(SRC, "vcarepro", top_level_only=True)
     files = module_files(SRC, "vcarepro")
     reached = {name for name in top if name.startswith("vcarepro.report")}
@@ -232,6 +253,7 @@ def test_the_checker_finds_an_arrow_up_a_floor_and_places_new_modules_by_package
 
 
 @pytest.mark.parametrize("module, level", [("vcarepro.attention.grid", 1), ("vcarepro.report.rows", 5),
-                                           ("vcarepro.report.card", 5), ("vcarepro.io", 0), ("vcarepro", 2)])
+                                           ("vcarepro.report.card", 5), ("vcarepro.core.io", 0), ("vcarepro", 1),
+                                           ("vcarepro.tools.cli", 6), ("vcarepro.params.runs", 4)])
 def test_new_and_old_modules_find_their_floor(module, level):
     assert floor_of(module) == level

@@ -17,7 +17,7 @@ import torch
 
 from test_pipeline import micro_params, reproduced_repo, sh
 from vcarepro.data.samples import NpzSampleWriter
-from vcarepro.integrity import MANIFEST, check, sha256_file
+from vcarepro.core.integrity import MANIFEST, check, sha256_file
 
 CLS, GEN = "deit_tiny-vca", "dit_s2-vca"
 TARGETS = f"eval_cls@{CLS} eval_gen@{GEN}"  # and the stages they depend on
@@ -146,9 +146,9 @@ def test_a_damaged_finished_sample_batch_is_sampled_again_and_the_result_is_unch
 
 
 def test_a_prepared_directory_without_its_manifest_is_refused(tmp_path):
-    from vcarepro.errors import UserError
-    from vcarepro.integrity import prepared
-    from vcarepro.io import atomic_directory
+    from vcarepro.core.errors import UserError
+    from vcarepro.core.integrity import prepared
+    from vcarepro.core.io import atomic_directory
 
     with atomic_directory(tmp_path / "gen", digests=True) as tmp:
         (tmp / "meta.json").write_text("{}")
@@ -162,7 +162,7 @@ def test_a_prepared_directory_without_its_manifest_is_refused(tmp_path):
 SAMPLES_ON_A_FULL_DISK = """
 import sys
 from vcarepro.data.samples import NpzSampleWriter
-from vcarepro.errors import run_stage
+from vcarepro.core.errors import run_stage
 run_stage(lambda: NpzSampleWriter(sys.argv[1] + "/seed_0.npz", 2000, (64, 64, 3), work_dir=sys.argv[1] + "/work"))
 """
 

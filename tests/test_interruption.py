@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vcarepro.integrity import sha256_file
+from vcarepro.core.integrity import sha256_file
 from vcarepro.train.checkpoint import load_checkpoint, previous_path, save_checkpoint
 
 DRIVER = Path(__file__).resolve().parent / "train_driver.py"
@@ -172,7 +172,7 @@ def save_bytes(tensors) -> bytes:
 
 KILLED_BUILD = """
 import os, signal, sys
-from vcarepro.io import atomic_directory
+from vcarepro.core.io import atomic_directory
 with atomic_directory(sys.argv[1]) as tmp:
     (tmp / "manifest.csv").write_text("half written")
     os.kill(os.getpid(), signal.SIGKILL)
@@ -180,7 +180,7 @@ with atomic_directory(sys.argv[1]) as tmp:
 
 
 def test_a_preparation_killed_midway_leaves_nothing_a_later_stage_would_accept(tmp_path):
-    from vcarepro.io import atomic_directory
+    from vcarepro.core.io import atomic_directory
 
     target = tmp_path / "data" / "cls"
     killed = subprocess.run([sys.executable, "-c", KILLED_BUILD, str(target)], capture_output=True)

@@ -14,7 +14,7 @@ from PIL import Image
 
 from vcarepro.data.latents import (LatentShards, adm_center_crop, decode_to_uint8, encode_to_shards, load_vae,
                                    to_uint8_pixels)
-from vcarepro.standins import write_random_vae
+from vcarepro.tools.standins import write_random_vae
 
 CPU = torch.device("cpu")
 IMAGE_SIZE = 16  # the tiny VAE downsamples by 2: 8x8 latents

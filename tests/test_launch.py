@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vcarepro.config import compose
-from vcarepro.launch import RELAYED, LaunchError, main, parse, resolve, srun_command, torchrun_command
+from vcarepro.params.config import compose
+from vcarepro.train.launch import RELAYED, LaunchError, main, parse, resolve, srun_command, torchrun_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,7 +121,7 @@ def test_a_training_stage_runs_ddp_on_two_cpu_processes(tmp_path, branch, run, s
     if branch == "gen":
         subprocess.run([sys.executable, str(ROOT / "stages" / "prepare_gen.py")], cwd=tmp_path, env=env, check=True)
     result = subprocess.run(
-        [sys.executable, "-m", "vcarepro.launch", "--nproc-per-node", "2", "--rdzv-endpoint", "file",
+        [sys.executable, "-m", "vcarepro.train.launch", "--nproc-per-node", "2", "--rdzv-endpoint", "file",
          str(ROOT / "stages" / stage), "--run", run, "--max-steps", "3"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -173,7 +173,7 @@ if rank == 1 and mode == "die":
 if rank == 1 and mode == "late":
     time.sleep(300)
 
-from vcarepro.errors import run_stage
+from vcarepro.core.errors import run_stage
 from vcarepro.train.distributed import init_distributed
 
 
@@ -195,7 +195,7 @@ run_stage(main)
 
 
 class Launch:
-    """``python -m vcarepro.launch --nproc-per-node 2 --rdzv-endpoint file OPTIONS rank.py MODE MARKS``, with its
+    """``python -m vcarepro.train.launch --nproc-per-node 2 --rdzv-endpoint file OPTIONS rank.py MODE MARKS``, with its
     own TMPDIR (where the store's folder goes) and its own session, so that nothing outlives the test."""
 
     def __init__(self, tmp_path: Path, mode: str, *options: str):
@@ -206,7 +206,7 @@ class Launch:
         script.write_text(RANK)
         env = {**os.environ, "TMPDIR": str(self.tmp), "PYTHONPATH": str(ROOT / "src")}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "vcarepro.launch", "--nproc-per-node", "2", "--rdzv-endpoint", "file", *options,
+            [sys.executable, "-m", "vcarepro.train.launch", "--nproc-per-node", "2", "--rdzv-endpoint", "file", *options,
              str(script), mode, str(self.marks)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             start_new_session=True)
 
@@ -313,7 +313,7 @@ def test_the_torchrun_launcher_really_starts_its_ranks_with_the_scripts_own_opti
     `--run` was refused as an ambiguous `--run-path` (caught by the SLURM test's srun launch)."""
     script = tmp_path / "ranks.py"
     script.write_text(RANK_SCRIPT)
-    command = (f"{IP} link set lo up && {sys.executable} -m vcarepro.launch --nnodes 1 --nproc-per-node 2 "
+    command = (f"{IP} link set lo up && {sys.executable} -m vcarepro.train.launch --nnodes 1 --nproc-per-node 2 "
                f"--rdzv-endpoint 127.0.0.1:29531 --launcher torchrun {script} --run {tmp_path}")
     result = subprocess.run([UNSHARE, "--net", "sh", "-c", command], capture_output=True, text=True, timeout=300,
                             env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})

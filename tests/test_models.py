@@ -8,7 +8,7 @@ from safetensors.torch import save_file
 from timm.layers import Attention, DiffAttention
 from timm.models import VisionTransformer
 
-import vcarepro  # noqa: F401  (registers the models)
+import vcarepro.models  # noqa: F401  (registers the models)
 from vcarepro.attention import VisualContrastAttention, lambda_init_for_layer
 from vcarepro.metrics.complexity import count_parameters
 from vcarepro.models import VcaVisionTransformer, classifier_name, create_classifier

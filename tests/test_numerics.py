@@ -1,4 +1,4 @@
-"""The numerics profile (src/vcarepro/numerics.py) reaches every process a stage starts, changes what they compute
+"""The numerics profile (src/vcarepro/core/numerics.py) reaches every process a stage starts, changes what they compute
 with when it changes, and makes an emulated AMD EPYC compute the bits this machine computes (issue 25)."""
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vcarepro import lockcheck, numerics
+from vcarepro.tools import lockcheck
 
+from vcarepro.core import numerics
 ROOT = Path(__file__).resolve().parents[1]
 RUN = str(ROOT / "stages" / "run.py")
 HAS_AVX512 = "avx512f" in numerics.cpu_flags()
@@ -22,7 +23,7 @@ HAS_AVX512 = "avx512f" in numerics.cpu_flags()
 PROBE = '''
 import json, os, sys
 import torch
-from vcarepro.errors import run_stage
+from vcarepro.core.errors import run_stage
 from vcarepro.train.seeds import run_in_workers
 
 def state(where):
@@ -57,7 +58,7 @@ def probe(folder: Path, *args: str, env=None, warm: bool = True, launch: bool = 
     env["VCAREPRO_WARM"] = "1" if warm else "0"
     command = [sys.executable, RUN]
     if launch:
-        command += ["-m", "vcarepro.launch", "--nproc-per-node", "2", "--rdzv-endpoint", "file"]
+        command += ["-m", "vcarepro.train.launch", "--nproc-per-node", "2", "--rdzv-endpoint", "file"]
     done = subprocess.run([*command, "probe.py", *args], cwd=folder, env=env, capture_output=True, text=True,
                           timeout=600)
     return done
@@ -155,7 +156,7 @@ def test_the_profiles_set_what_their_documentation_names():
 
 
 def test_every_scale_has_its_profile():
-    from vcarepro.config import compose
+    from vcarepro.params.config import compose
     assert compose([])["numerics"] == {"cpu": "portable", "threads": 2, "gpu": "deterministic"}
     assert compose(["scale=smoke"])["numerics"]["cpu"] == "native"  # the paper path's numerics, no lock to reproduce
     assert compose(["scale=paper"])["numerics"] == {"cpu": "native", "threads": 2, "gpu": "deterministic"}
@@ -194,7 +195,7 @@ def test_the_portable_profile_computes_the_same_bits_on_an_emulated_amd_epyc(tmp
     assert aten_emulated == "AVX2" and blas_emulated in (["Haswell"], ["Zen"])
     if HAS_AVX512:
         assert json.loads(run("-c", where, environ=native_env))[0] == "AVX512"
-    fingerprint = ["-m", "vcarepro.lockcheck", "fingerprint", "--params", "params.yaml", "--out"]
+    fingerprint = ["-m", "vcarepro.tools.lockcheck", "fingerprint", "--params", "params.yaml", "--out"]
     run(*fingerprint, "here.json")
     run(*fingerprint, "epyc.json", emulate=True)
     here, epyc = (json.loads((tmp_path / name).read_text()) for name in ("here.json", "epyc.json"))
@@ -208,7 +209,7 @@ def test_the_vector_math_replacement_is_exact_differentiable_and_covers_every_fo
 
     code = """
 import numpy as np, torch
-from vcarepro import numerics
+from vcarepro.core import numerics
 x = torch.arange(1, 20001, dtype=torch.float64) / 7.0
 before = torch.equal(torch.sqrt(x.float()), torch.from_numpy(np.sqrt(x.float().numpy())))
 numerics.exact_vector_math()
@@ -284,11 +285,11 @@ def test_the_machine_description_names_the_cpu_model_and_caches():
 
 
 def test_lockcheck_stale_ignores_missing_outputs_and_names_changed_code():
-    status = {"prepare_gen": [{"changed deps": {"data/cls": "deleted", "src/vcarepro/io.py": "modified"}},
+    status = {"prepare_gen": [{"changed deps": {"data/cls": "deleted", "src/vcarepro/core/io.py": "modified"}},
                               {"changed outs": {"data/gen": "deleted"}}],
               "train_cls@deit_tiny-vca": [{"changed deps": {"data/cls": "deleted"}}, {"changed outs": {"x": "deleted"}}],
               "report": [{"changed deps": {"params.yaml": {"numerics": "modified"}, "runs": "modified"}}]}
     lines = lockcheck.stale_entries(status, ["data/gen", "data/cls", "x", "runs/cls/a/train"])
-    assert "prepare_gen: dep src/vcarepro/io.py modified" in lines
+    assert "prepare_gen: dep src/vcarepro/core/io.py modified" in lines
     assert not any("train_cls" in line for line in lines)
     assert len(lines) == 2

@@ -16,8 +16,8 @@ import yaml
 from PIL import Image
 
 from test_errors import one_error_line, stage
-from vcarepro.config import compose
-from vcarepro.errors import USER_ERROR_STATUS
+from vcarepro.params.config import compose
+from vcarepro.core.errors import USER_ERROR_STATUS
 
 ROOT = Path(__file__).resolve().parents[1]
 # DeiT's layout at 32 px (patch 16 -> a 2x2 grid), so that a stage trains in seconds
@@ -38,7 +38,7 @@ def smoke_params(**overrides):
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     """data/cls prepared by the real prepare_cls stage from a miniature in the official archive layout."""
-    from vcarepro.standins import write_mini_imagenet
+    from vcarepro.tools.standins import write_mini_imagenet
     work = tmp_path_factory.mktemp("road")
     write_mini_imagenet(work / "ilsvrc", classes=4, train_per_class=4, val_per_class=2, seed=0)
     params = smoke_params()
@@ -64,7 +64,7 @@ def history(tmp_path, run):
 def test_randaugment_with_magnitude_noise_never_raises_on_real_images():
     """Problem 1: timm's rand-m9-mstd0.5-inc1 passes bits=0 to Pillow 13's posterize (4 of 3,000 transforms)."""
     import vcarepro.data.augment as augment
-    from vcarepro.standins import synthetic_jpeg
+    from vcarepro.tools.standins import synthetic_jpeg
     from vcarepro.train.classification import build_transforms
     import io
 
@@ -119,7 +119,7 @@ def test_a_split_that_cannot_fill_one_step_is_refused_before_any_work(tmp_path, 
 @pytest.mark.slow
 def test_epochs_counts_every_epoch_trained_whatever_the_recipes_cooldown(tmp_path, prepared):
     """Problems 4 and 5: `-S cls_recipe_overrides.epochs=1` failed at paper scale, and trained 11 epochs of CSwin."""
-    result = subprocess.run([sys.executable, "-m", "vcarepro.config", "scale=paper", "cls_recipe_overrides.epochs=2",
+    result = subprocess.run([sys.executable, "-m", "vcarepro.params.config", "scale=paper", "cls_recipe_overrides.epochs=2",
                              "cls_recipe_overrides.accum_steps=2"], cwd=tmp_path, capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     assert result.returncode == 0, result.stderr
@@ -169,7 +169,7 @@ def test_the_linear_reference_reads_imagenet_shaped_splits(tmp_path, prepared):
 @pytest.mark.slow
 def test_a_partial_copy_is_refused_with_the_key_to_set(tmp_path):
     """Problem 9: the expect-full error said `expect_full=False`, not the key a user sets."""
-    from vcarepro.standins import write_mini_imagenet
+    from vcarepro.tools.standins import write_mini_imagenet
     write_mini_imagenet(tmp_path / "ilsvrc", classes=4, train_per_class=1, val_per_class=1, seed=0)
     params = smoke_params()
     params["prepare_cls"].update(imagenet_root=str(tmp_path / "ilsvrc"), expect_full=True, workers=1)
@@ -180,12 +180,12 @@ def test_a_partial_copy_is_refused_with_the_key_to_set(tmp_path):
 
 @pytest.mark.slow
 def test_a_launched_stage_prints_no_runpy_warning(tmp_path, prepared):
-    """Problem 9: every stage launched through the warm server printed runpy's RuntimeWarning about vcarepro.launch."""
+    """Problem 9: every stage launched through the warm server printed runpy's RuntimeWarning about vcarepro.train.launch."""
     tmp_path = project(tmp_path, prepared)
     shutil.copytree(ROOT / "stages", tmp_path / "stages")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(smoke_params()))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "VCAREPRO_WARM": "1"}
-    result = subprocess.run([sys.executable, str(ROOT / "stages" / "run.py"), "-m", "vcarepro.launch", "--nnodes", "1",
+    result = subprocess.run([sys.executable, str(ROOT / "stages" / "run.py"), "-m", "vcarepro.train.launch", "--nnodes", "1",
                              "--nproc-per-node", "1", "--node-rank", "0", "--rdzv-endpoint", "file", "--launcher",
                              "torchrun", "stages/train_cls.py", "--run", "deit_tiny-vca"], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=600)

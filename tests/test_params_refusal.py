@@ -1,6 +1,6 @@
 """Issue 36: bad params are refused where they enter, in one sentence, and nothing is written.
 
-`python -m vcarepro.config` refuses a misspelt or missing key, an unsafe run name and an unknown option of a
+`python -m vcarepro.params.config` refuses a misspelt or missing key, an unsafe run name and an unknown option of a
 config group with exit status 2 and one `error:` line naming the key, the conf file (or command-line override)
 that set it and the nearest valid key, and leaves params.yaml byte for byte as it was. A stage refuses the same
 key in a params.yaml that `dvc exp run -S` composed, before it writes anything. Seen before on main: exit 0 and
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vcarepro.config import compose, main
-from vcarepro.errors import USER_ERROR_STATUS
+from vcarepro.params.config import compose, main
+from vcarepro.core.errors import USER_ERROR_STATUS
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -46,15 +46,15 @@ CASES = {
     "sedes": (("conf/scale/embedded.yaml", "deit_tiny-mhsa: {seeds: [0, 1, 2]}", "deit_tiny-mhsa: {sedes: [0, 1, 2]}"),
               [], "error: conf/scale/embedded.yaml: cls_runs.deit_tiny-mhsa.sedes is not a key of a cls_runs entry "
                   "(did you mean seeds?), which holds model, recipe, seeds; fix it in conf/ and run "
-                  "`python -m vcarepro.config` (or pass -S to dvc exp run)."),
+                  "`python -m vcarepro.params.config` (or pass -S to dvc exp run)."),
     "modle": (("conf/config.yaml", "deit_tiny-vca: {model: deit_tiny-vca,", "deit_tiny-vca: {modle: deit_tiny-vca,"),
               [], "error: conf/config.yaml: cls_runs.deit_tiny-vca.modle is not a key of a cls_runs entry (did you "
-                  "mean model?), which holds model, recipe, seeds; fix it in conf/ and run `python -m vcarepro.config` "
+                  "mean model?), which holds model, recipe, seeds; fix it in conf/ and run `python -m vcarepro.params.config` "
                   "(or pass -S to dvc exp run)."),
     "evil": (("conf/runs/sit.yaml", "  sit_s2-vca:", '  "../evil":'),
              [], "error: conf/runs/sit.yaml: gen_runs has an entry named '../evil'; a name is 1 to 100 letters, digits, "
                  "'_' or '-' (starting with a letter or digit), since it becomes a directory and a DVC stage name; "
-                 "rename it in conf/ and run `python -m vcarepro.config`."),
+                 "rename it in conf/ and run `python -m vcarepro.params.config`."),
     "huge": (None, ["scale=huge"],
              "error: the command-line override `scale=huge`: scale has no option 'huge'; choose one of embedded, "
              "paper, proxy, smoke (conf/scale/*.yaml)."),
@@ -63,12 +63,12 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def refused(tmp_path_factory):
-    """Each case through the real `python -m vcarepro.config`, and one real stage, all at once."""
+    """Each case through the real `python -m vcarepro.params.config`, and one real stage, all at once."""
     base = tmp_path_factory.mktemp("refusal")
     running = {}
     for name, (edit, overrides, _) in CASES.items():
         where = project(base / name, edit)
-        running[name] = (where, subprocess.Popen([sys.executable, "-m", "vcarepro.config", *overrides], cwd=where,
+        running[name] = (where, subprocess.Popen([sys.executable, "-m", "vcarepro.params.config", *overrides], cwd=where,
                                                  env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     # the same misspelling in a params.yaml that `dvc exp run -S +cls_runs.deit_tiny-mhsa.sedes=...` could leave
     stage_dir = base / "stage" / "project"
@@ -100,7 +100,7 @@ def test_a_stage_refuses_the_misspelt_key_dvc_exp_run_could_compose_before_writi
     assert status == USER_ERROR_STATUS, err
     assert err.splitlines() == [
         "error: params.yaml: cls_runs.deit_tiny-mhsa.sedes is not a key of a cls_runs entry (did you mean seeds?), "
-        "which holds model, recipe, seeds; fix it in conf/ and run `python -m vcarepro.config` (or pass -S to dvc "
+        "which holds model, recipe, seeds; fix it in conf/ and run `python -m vcarepro.params.config` (or pass -S to dvc "
         "exp run)."]
     assert sorted(str(p.relative_to(where.parent)) for p in where.parent.rglob("*")) == [
         "project", "project/params.yaml"]

@@ -14,7 +14,7 @@ from typing import Sequence
 import pytest
 import yaml
 
-from vcarepro.config import compose
+from vcarepro.params.config import compose
 
 ROOT = Path(__file__).resolve().parents[1]
 CLS_RUNS = ["deit_tiny-mhsa", "deit_tiny-vca"]
@@ -231,10 +231,10 @@ def test_a_clean_repro_reproduces_every_hash_of_the_committed_lock(repo):
     """What .ci/run checks at the embedded scale, here at micro scale: no output's hash holds a wall time, a date,
     a commit or this machine, so removing every output and the cache and running again gives dvc.lock byte for byte."""
     sh("git clean -fdXq", repo)
-    assert sh(f"{sys.executable} -m vcarepro.lockcheck stale", repo).returncode == 0
+    assert sh(f"{sys.executable} -m vcarepro.tools.lockcheck stale", repo).returncode == 0
     sh("dvc repro", repo)
     assert sh("git status --porcelain dvc.lock", repo).stdout == ""
-    verified = sh(f"{sys.executable} -m vcarepro.lockcheck verify", repo)
+    verified = sh(f"{sys.executable} -m vcarepro.tools.lockcheck verify", repo)
     assert "outputs hash as in the committed dvc.lock" in verified.stdout
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
     assert {o["path"] for o in lock["stages"]["report"]["outs"]} == {"reports/results.json", "metrics/cls_top1.json",
@@ -245,18 +245,18 @@ def test_a_clean_repro_reproduces_every_hash_of_the_committed_lock(repo):
     assert json.loads((repo / "timings" / "attention_cost.json").read_text())["rows"][0]["forward_ms"] > 0
     assert "forward_ms" not in (repo / "metrics" / "attention_macs.json").read_text()
     # a stale lock is named: a module a stage imports changes after the recording
-    (repo / "src" / "vcarepro" / "io.py").write_text((repo / "src" / "vcarepro" / "io.py").read_text() + "\n# edit\n")
-    stale = sh(f"{sys.executable} -m vcarepro.lockcheck stale", repo, check=False)
-    assert stale.returncode == 1 and "prepare_gen: dep src/vcarepro/io.py modified" in stale.stderr
-    sh("git checkout src/vcarepro/io.py", repo)
+    (repo / "src" / "vcarepro" / "core" / "io.py").write_text((repo / "src" / "vcarepro" / "core" / "io.py").read_text() + "\n# edit\n")
+    stale = sh(f"{sys.executable} -m vcarepro.tools.lockcheck stale", repo, check=False)
+    assert stale.returncode == 1 and "prepare_gen: dep src/vcarepro/core/io.py modified" in stale.stderr
+    sh("git checkout src/vcarepro/core/io.py", repo)
     # the record keeps every directory output's files, so a difference names the file
-    assert "written" in sh(f"{sys.executable} -m vcarepro.lockcheck record", repo).stdout
+    assert "written" in sh(f"{sys.executable} -m vcarepro.tools.lockcheck record", repo).stdout
     machine = json.loads((repo / "dvc.lock.machine.json").read_text())
     assert set(machine["files"]["data/gen"]) >= {"meta.json", "SHA256SUMS"}
     meta = repo / "data" / "gen" / "meta.json"
     meta.write_text(meta.read_text().replace("{", '{"edited": 1, ', 1))
     sh("dvc commit -f -q prepare_gen", repo)
-    differs = sh(f"{sys.executable} -m vcarepro.lockcheck verify", repo, check=False)
+    differs = sh(f"{sys.executable} -m vcarepro.tools.lockcheck verify", repo, check=False)
     assert differs.returncode == 1 and "data/gen (prepare_gen)" in differs.stderr
     assert "files: meta.json (differs)" in differs.stderr and "family/model/stepping" in differs.stderr
     sh("git checkout dvc.lock && rm dvc.lock.machine.json && dvc checkout -f -q", repo)

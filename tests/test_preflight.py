@@ -1,4 +1,4 @@
-"""python -m vcarepro.preflight: every run of a scale stepped on this machine (the median of a few timed steps), its
+"""python -m vcarepro.tools.preflight: every run of a scale stepped on this machine (the median of a few timed steps), its
 cost projected from the recipe, and every problem a run would meet later reported now (exit status 2), what to fix
 first: missing inputs before the table, the runs that do not fit in one sentence after it."""
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from vcarepro.config import compose
-from vcarepro.errors import USER_ERROR_STATUS
-from vcarepro.pipeline import cls_run
+from vcarepro.params.config import compose
+from vcarepro.core.errors import USER_ERROR_STATUS
+from vcarepro.params.runs import cls_run
 
 ROOT = Path(__file__).resolve().parents[1]
 HOURS = ("train CPU-h", "sample CPU-h", "CPU-h")
@@ -27,7 +27,7 @@ HOURS = ("train CPU-h", "sample CPU-h", "CPU-h")
 def preflight(cwd: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     """The real CLI in a fresh process, in a directory with no prepared data and no weights (unless a test adds them)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run([sys.executable, "-m", "vcarepro.preflight", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "vcarepro.tools.preflight", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -61,7 +61,7 @@ def assert_hours_follow_the_formula(table: dict) -> None:
 
 
 def assert_json_matches(table: dict, report: dict) -> None:
-    from vcarepro.preflight import fmt
+    from vcarepro.tools.preflight import fmt
 
     assert [r["run"] for r in report["runs"]] == [name for name in table if name != "total"]
     for entry in report["runs"]:
@@ -83,7 +83,7 @@ def assert_json_matches(table: dict, report: dict) -> None:
 def assert_progress_lines_only(stderr: str, total: int) -> None:
     """stderr holds the preflight's progress lines and nothing else: a start, then lines at the interval with a run
     count that never goes back and an ETA, then the end."""
-    from vcarepro.progress import parse_line
+    from vcarepro.core.progress import parse_line
 
     lines = [parse_line(text) for text in stderr.strip().splitlines()]
     assert lines and None not in lines, stderr
@@ -124,7 +124,7 @@ def test_every_run_of_the_embedded_scale_is_stepped_and_costed(embedded):
     assert "no file from outside the repository is needed" in result.stdout
     assert "generated 500 x 375 JPEGs" in result.stdout  # no data/cls in this directory, and it says so
     assert "step s: the median of 3 timed optimizer steps after 1 warm-up step" in result.stdout
-    # stderr is a pipe, not a terminal: progress lines of vcarepro.progress (a start, one per interval, the end),
+    # stderr is a pipe, not a terminal: progress lines of vcarepro.core.progress (a start, one per interval, the end),
     # nothing else (not torch's CUDA_HOME note on a GPU-less machine), and none of it in the table on stdout
     assert_progress_lines_only(result.stderr, total=len(table) - 1)
     assert "No CUDA runtime is found" not in result.stderr and "preflight |" not in result.stdout
@@ -201,7 +201,7 @@ def test_an_unknown_run_name_exits_2_with_one_sentence(tmp_path):
 def test_an_unknown_scale_exits_2_naming_the_scales(tmp_path):
     result = preflight(tmp_path, "--scale", "nowhere")
     assert result.returncode == USER_ERROR_STATUS
-    from vcarepro.preflight import scales
+    from vcarepro.tools.preflight import scales
 
     assert "embedded" in scales() and "paper" in scales()
     assert errors(result) == [f"error: no scale 'nowhere' under conf/scale/; choose one of {', '.join(scales())}."]
@@ -223,7 +223,7 @@ class _FakeStep:
 
 
 def test_running_out_of_memory_halves_the_batch_and_records_where_it_failed():
-    from vcarepro.preflight import RunCost, _fill_costs, fit_summary, measure_step, table
+    from vcarepro.tools.preflight import RunCost, _fill_costs, fit_summary, measure_step, table
 
     measured = measure_step(lambda b: _FakeStep(b, fits_up_to=3), 16, torch.device("cpu"))
     assert (measured.batch, measured.out_of_memory_at) == (2, 16)  # 16, 8, 4 fail; 2 runs
@@ -245,7 +245,7 @@ def test_running_out_of_memory_halves_the_batch_and_records_where_it_failed():
 
 
 def test_anything_but_out_of_memory_is_not_swallowed():
-    from vcarepro.preflight import measure_step
+    from vcarepro.tools.preflight import measure_step
 
     def broken(batch):
         raise RuntimeError("shape mismatch")
@@ -255,7 +255,7 @@ def test_anything_but_out_of_memory_is_not_swallowed():
 
 
 def test_a_projected_peak_keeps_the_static_part_and_scales_the_rest():
-    from vcarepro.preflight import Measured, RunCost, _fill_costs
+    from vcarepro.tools.preflight import Measured, RunCost, _fill_costs
 
     cost = RunCost("r", "gen", "m", "ddpm", "tf32", seeds=3, devices=2, accum_steps=1, global_batch=256,
                    recipe_batch=128, steps=100, device_memory=10 * 2 ** 30)
@@ -266,7 +266,7 @@ def test_a_projected_peak_keeps_the_static_part_and_scales_the_rest():
 
 
 def test_the_classification_step_counts_steps_from_the_dataset_and_the_recipe():
-    from vcarepro.preflight import Dataset, cls_cost
+    from vcarepro.tools.preflight import Dataset, cls_cost
 
     params = compose(["scale=embedded"])
     run = cls_run(params, "deit_tiny-vca")
@@ -308,8 +308,8 @@ def known_steps(monkeypatch, tmp_path):
     static size of twice the device's memory; no input exists (not even a cached SD-VAE); one stream for both
     stdout and stderr, so the order of what is printed can be read. Returns (main(*args) -> status, the output)."""
     import huggingface_hub.constants
-    import vcarepro.bench.train_step as train_step
-    import vcarepro.preflight as preflight
+    import vcarepro.tools.bench.train_step as train_step
+    import vcarepro.tools.preflight as preflight
 
     clock = [0.0]
     memory = 64 * 2 ** 30
@@ -383,7 +383,7 @@ def test_missing_inputs_lead_then_the_table_then_one_sentence_for_the_runs_that_
 def test_the_step_time_is_the_median_of_the_timed_steps_after_the_warm_up(known_steps, tmp_path):
     main, out = known_steps
     main(*CLS_RUNS, "--batch", "2", "--json", "out.json")
-    from vcarepro.preflight import fmt
+    from vcarepro.tools.preflight import fmt
 
     # 5, 1 and 3 s timed after a warm-up of 100 s: 3 s at batch 2, scaled to DeiT's 1024 / 8 devices = 128
     entry = next(r for r in json.loads((tmp_path / "out.json").read_text())["runs"] if r["run"] == "deit_tiny-mhsa")
@@ -418,7 +418,7 @@ def test_on_a_terminal_progress_is_a_bar_and_the_log_gets_no_line(known_steps, m
 
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
-    import vcarepro.preflight as preflight
+    import vcarepro.tools.preflight as preflight
 
     with contextlib.redirect_stdout(out):
         preflight.main(list(CLS_RUNS))

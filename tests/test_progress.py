@@ -24,9 +24,9 @@ import pytest
 import yaml
 
 from test_pipeline import ROOT, micro_params
-from vcarepro import progress
-from vcarepro.cluster import log_progress, status_lines
-from vcarepro.progress import Progress, latest, parse_line
+from vcarepro.core import progress
+from vcarepro.tools.cluster import log_progress, status_lines
+from vcarepro.core.progress import Progress, latest, parse_line
 
 CLS, GEN = "deit_tiny-vca", "dit_s2-vca"
 UPDATES_PER_EPOCH = 5  # 1,437 training digits in batches of 256
@@ -161,9 +161,9 @@ def test_cluster_status_shows_each_running_loops_step_of_total_and_eta(tmp_path)
 def test_the_vae_encoding_of_prepare_gen_reports_images_of_the_total(tmp_path, monkeypatch, capsys, one_torch_thread):
     from test_gen_latents import load_stage
 
-    from vcarepro.config import compose
+    from vcarepro.params.config import compose
     from vcarepro.data.embedded import export_digits
-    from vcarepro.standins import write_random_vae
+    from vcarepro.tools.standins import write_random_vae
 
     export_digits(tmp_path / "data" / "cls", val_fraction=0.9, seed=0)  # 179 training digits
     write_random_vae(tmp_path / "vae", seed=0, block_out_channels=(8, 16), sample_size=16)
@@ -203,7 +203,7 @@ OUTPUTS = ["data/cls", "data/gen", "data/fid_reference",
 
 @pytest.fixture(scope="module")
 def imagenet(tmp_path_factory):
-    from vcarepro.standins import MiniImageNet
+    from vcarepro.tools.standins import MiniImageNet
 
     root = tmp_path_factory.mktemp("imagenet")
     MiniImageNet.synthetic(classes=4, train_per_class=8, val_per_class=2).write_official(root)

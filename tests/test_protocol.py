@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vcarepro.errors import MissingInput
-from vcarepro.protocol import (PIXELS_DECODER, PROTOCOL_FILE, deviations, describe, measured_protocol, read_protocol,
+from vcarepro.core.errors import MissingInput
+from vcarepro.metrics.protocol import (PIXELS_DECODER, PROTOCOL_FILE, deviations, describe, measured_protocol, read_protocol,
                                sampler_of, sampling_protocol)
 from vcarepro.report.reference import load_reference
 
@@ -23,7 +23,7 @@ def test_sampling_records_the_protocol_it_followed(tmp_path, monkeypatch, one_to
                                                    sampler, steps):
     """protocol.json beside the samples names the sampler, steps and guidance generate_batches called, and the labels
     the .npz holds."""
-    from vcarepro.config import compose
+    from vcarepro.params.config import compose
     from vcarepro.data.samples import read_samples
     from vcarepro.train.diffusion import GaussianDiffusion
     from vcarepro.train.flow import FlowMatching

@@ -6,9 +6,9 @@ import re
 import pytest
 import torch
 
-from vcarepro.config import compose
-from vcarepro.pipeline import cls_run, gen_run
-from vcarepro.schema import validate
+from vcarepro.params.config import compose
+from vcarepro.params.runs import cls_run, gen_run
+from vcarepro.params.schema import validate
 from vcarepro.train.classification import ClassifierSpec, build_optimizer, build_scheduler
 from vcarepro.train.generation import GeneratorSpec, make_objective
 from vcarepro.train.precision import MixedPrecision

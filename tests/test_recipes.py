@@ -9,11 +9,11 @@ import torch
 from timm.data.distributed_sampler import RepeatAugSampler
 
 from vcarepro.attention import VisualContrastAttention
-from vcarepro.config import compose
-from vcarepro.errors import BadInput
+from vcarepro.params.config import compose
+from vcarepro.core.errors import BadInput
 from vcarepro.data.embedded import export_digits
 from vcarepro.models import create_classifier
-from vcarepro.pipeline import cls_run
+from vcarepro.params.runs import cls_run
 from vcarepro.train.classification import (ClassifierSpec, best_epoch_figures, build_optimizer, build_scheduler,
                                            build_transforms, make_loader, scaled_lrs, train_classifier)
 from vcarepro.train.distributed import DistInfo
@@ -191,7 +191,7 @@ def test_an_epochs_override_trains_that_many_epochs_whatever_the_recipes_cooldow
 @pytest.mark.parametrize("scale", ["embedded", "proxy", "paper"])
 def test_every_recipe_knob_overrides_plainly_at_every_scale(scale):
     """Issue 21 (5): `-S cls_recipe_overrides.epochs=1` failed at paper scale (Hydra needs `+` for an absent key)."""
-    from vcarepro.schema import CLS_RECIPE_RULES
+    from vcarepro.params.schema import CLS_RECIPE_RULES
     params = compose([f"scale={scale}", "cls_recipe_overrides.accum_steps=2", "cls_recipe_overrides.epochs=3",
                       "cls_recipe_overrides.cooldown_epochs=0"])
     assert set(params["cls_recipe_overrides"]) == set(CLS_RECIPE_RULES)

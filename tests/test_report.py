@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vcarepro.config import compose
-from vcarepro.provenance import write_provenance
+from vcarepro.params.config import compose
+from vcarepro.params.provenance import write_provenance
 from vcarepro.report.reference import PaperValue, load_reference, paper_value
 from vcarepro.report.render import render_report
 from vcarepro.report.tables import (BETTER, DIFFERS, MATCHES, NO_PAPER_VALUE, NOT_COMPARABLE, NOT_RUN, REPRODUCED,
@@ -124,7 +124,7 @@ def test_report_shows_paper_beside_ours_without_judging_embedded_numbers(project
     key = re.search(r'href="#howto-table1-(\w)"', small).group(1)
     line = table[table.index(f'<p class="folded" id="howto-table1-{key}">'):].split("</p>")[0]
     assert ("To run: at smoke scale, <code>dvc exp run --temp -S scale=smoke -n smoke</code>; or at paper scale, "
-            "<code>git switch -c paper &amp;&amp; python -m vcarepro.config scale=paper "
+            "<code>git switch -c paper &amp;&amp; python -m vcarepro.params.config scale=paper "
             "prepare_cls.imagenet_root=/path/to/imagenet &amp;&amp; dvc repro</code>.") in line
     baseline = accuracy_row(html, "DeiT-T", "MHSA")   # in this scale's run list, no numbers yet
     key = re.search(r'href="#howto-table1-(\w)"', baseline).group(1)
@@ -365,7 +365,7 @@ def test_table2_judges_only_fids_that_followed_the_papers_protocol(tmp_path):
     assert NOT_COMPARABLE in mhsa and REPRODUCED not in mhsa and SHORT not in mhsa
     assert "own reference statistics (the paper&#39;s: ADM&#39;s reference batch)" in mhsa
     assert "trained in bf16 (the paper&#39;s: tf32)" in mhsa
-    # the paper's protocol, stated by the formatter that words ours (vcarepro.protocol.describe)
+    # the paper's protocol, stated by the formatter that words ours (vcarepro.metrics.protocol.describe)
     assert "ddpm 250 steps (ddpm models) or flow-sde 250 steps (flow models), cfg 1.0, random labels, 50000 samples" \
         in table
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from vcarepro.config import compose
+from vcarepro.params.config import compose
 from vcarepro.report.card import run_rows
 from vcarepro.report.reference import load_reference
 from vcarepro.report.rows import STATISTICS, answering_run, paper_rows, seed_values

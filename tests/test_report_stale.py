@@ -16,8 +16,8 @@ import pytest
 import yaml
 from markupsafe import escape
 
-from vcarepro.config import compose
-from vcarepro.provenance import PROVENANCE_FILE, check, run_provenance, write_provenance
+from vcarepro.params.config import compose
+from vcarepro.params.provenance import PROVENANCE_FILE, check, run_provenance, write_provenance
 from vcarepro.report.changes import metrics_changes
 from vcarepro.report.render import render_report
 from test_report import project, vouch  # noqa: F401  (project: the report's fixture tree)

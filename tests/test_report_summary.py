@@ -7,7 +7,7 @@ import re
 
 import yaml
 
-from vcarepro.config import compose
+from vcarepro.params.config import compose
 from vcarepro.report.figures import gains_png
 from vcarepro.report.render import render_report
 from vcarepro.report.summary import (NOT_RESOLVED, NOT_RUN, NOT_TESTABLE, REPRODUCED, SAME_DIRECTION, STATUSES,
@@ -62,10 +62,10 @@ def test_the_summary_is_the_first_section_and_holds_one_row_per_claim(project):
     assert "2 of 12 rows measured" in fid["note"]
     # the command runs what was not run: the runs of this scale were, so only the paper scale's is named (a branch
     # of its own: README, Scales), and it ends in the `dvc repro` that runs them
-    assert fid["command"] == ("at paper scale: git switch -c paper && python -m vcarepro.config scale=paper "
+    assert fid["command"] == ("at paper scale: git switch -c paper && python -m vcarepro.params.config scale=paper "
                               "prepare_cls.imagenet_root=/path/to/imagenet && dvc repro")
     summary = html[html.index('<table id="summary-table">'):html.index("</table>")]
-    assert ("to run: at paper scale, <code>git switch -c paper &amp;&amp; python -m vcarepro.config scale=paper "
+    assert ("to run: at paper scale, <code>git switch -c paper &amp;&amp; python -m vcarepro.params.config scale=paper "
             "prepare_cls.imagenet_root=/path/to/imagenet &amp;&amp; dvc repro</code>") in summary
 
 

@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 import pytest
 import yaml
 
-from vcarepro.config import compose
+from vcarepro.params.config import compose
 from vcarepro.report.howto import scale_matrices
 from vcarepro.report.reference import load_reference
 from vcarepro.report.render import render_report
@@ -23,11 +23,11 @@ REFERENCE = load_reference(ROOT / "data" / "paper_reference.yaml")
 
 # the commands a how-to-run line names (docs/scales.md; docs/family.md)
 REPRO = "dvc repro"
-EMBEDDED = "at embedded scale, python -m vcarepro.config && dvc repro"
+EMBEDDED = "at embedded scale, python -m vcarepro.params.config && dvc repro"
 SMOKE = "at smoke scale, dvc exp run --temp -S scale=smoke -n smoke"
-PROXY = ("at proxy scale, git switch -c proxy && python -m vcarepro.config scale=proxy "
+PROXY = ("at proxy scale, git switch -c proxy && python -m vcarepro.params.config scale=proxy "
          "prepare_cls.imagenet_root=/path/to/imagenet && dvc repro")
-PAPER = ("at paper scale, git switch -c paper && python -m vcarepro.config scale=paper "
+PAPER = ("at paper scale, git switch -c paper && python -m vcarepro.params.config scale=paper "
          "prepare_cls.imagenet_root=/path/to/imagenet && dvc repro")
 FAMILY_HERE = {"embedded": "at this scale, with the attention family, dvc exp run --temp -S family=all -n family",
                "smoke": "at this scale, with the attention family, "
@@ -281,5 +281,5 @@ def test_the_plan_names_one_command_for_runs_of_several_scales_where_one_scale_h
     at_paper = builder("paper")
     assert at_paper.how_to_run(["sit_b8-vca", "deit_small-mhsa-lab"]) == REPRO
     assert at_paper.how_to_run(["dit_s2-agent"]) == ("at this scale, with the attention family: python -m "
-                                                     "vcarepro.config scale=paper family=all "
+                                                     "vcarepro.params.config scale=paper family=all "
                                                      "prepare_cls.imagenet_root=/path/to/imagenet && dvc repro")

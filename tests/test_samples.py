@@ -63,7 +63,7 @@ def test_work_left_by_other_settings_is_discarded(tmp_path):
 
 
 def test_sampling_resumed_at_a_batch_gives_the_uninterrupted_batches(one_torch_thread):
-    from vcarepro.config import compose
+    from vcarepro.params.config import compose
     from vcarepro.train.generation import GeneratorSpec, generate_batches
 
     params = compose([])
@@ -106,7 +106,7 @@ def test_random_labels_are_uniform_draws_per_batch_and_resume_to_the_same_draws(
 
 
 def test_sampling_writes_the_labels_it_conditioned_on(one_torch_thread):
-    from vcarepro.config import compose
+    from vcarepro.params.config import compose
     from vcarepro.train.generation import GeneratorSpec, generate_batches
 
     params = compose([])
@@ -163,7 +163,7 @@ def test_npz_outputs_are_the_same_bytes_under_every_python_here(tmp_path):
     if len(pythons) < 2:
         pytest.skip(f"one CPython 3.11 here ({', '.join(pythons)}): nothing to compare")
     np.save(tmp_path / "big.npy", np.arange(5000, dtype=np.uint8).reshape(50, 100))
-    code = ("import sys, numpy as np; from vcarepro.io import write_npz, write_npz_to; "
+    code = ("import sys, numpy as np; from vcarepro.core.io import write_npz, write_npz_to; "
             "write_npz(sys.argv[1], {'mu': np.arange(4.0), 'sigma': np.eye(4), 'num': np.int64(7)}); "
             "f = open(sys.argv[2], 'wb'); write_npz_to(f, {'arr_0': sys.argv[3], 'arr_1': np.arange(3)}); f.close()")
     path = f"{Path(__file__).resolve().parents[1] / 'src'}:{sysconfig.get_paths()['purelib']}"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vcarepro.config import compose
-from vcarepro.schema import ParamsError, validate
+from vcarepro.params.config import compose
+from vcarepro.params.schema import ParamsError, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,7 @@ def test_a_bad_value_is_one_sentence_naming_key_value_and_fix(scales, path, valu
     with pytest.raises(ParamsError) as err:
         validate(params)
     text = str(err.value)
-    assert message in text and "python -m vcarepro.config" in text and "\n" not in text
+    assert message in text and "python -m vcarepro.params.config" in text and "\n" not in text
 
 
 @pytest.mark.parametrize("branch, field, value, message", [
@@ -95,7 +95,7 @@ def test_a_stage_with_bad_params_exits_with_one_line_and_writes_nothing(tmp_path
     assert result.returncode == 2  # a user error, as every other: run_stage's one `error:` line
     assert result.stderr.strip().splitlines() == [
         "error: params.yaml: prepare_cls.val_fraction must be a number > 0 and < 1, got 1.5; fix it in conf/ and run "
-        "`python -m vcarepro.config` (or pass -S to dvc exp run)."]
+        "`python -m vcarepro.params.config` (or pass -S to dvc exp run)."]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
 
 
@@ -183,7 +183,7 @@ def test_a_run_named_outside_the_safe_alphabet_is_refused_before_anything_is_wri
     assert result.stderr.splitlines() == [
         f"error: params.yaml: cls_runs has an entry named {name!r}; a name is 1 to 100 letters, digits, '_' or '-' "
         f"(starting with a letter or digit), since it becomes a directory and a DVC stage name; rename "
-        f"it in conf/ and run `python -m vcarepro.config`."]
+        f"it in conf/ and run `python -m vcarepro.params.config`."]
     assert only_params_left(tmp_path)  # nothing nested under runs/, nothing beside or above the project
 
 
@@ -205,8 +205,8 @@ def test_a_models_arch_must_exist_and_the_library_refuses_an_unsafe_run_path_its
     with pytest.raises(ParamsError, match=r"models\.deit_tiny-vca\.arch must be one of .*, got 'deit_tiyn' "
                                           r"\(did you mean deit_tiny\?\)"):
         validate(params)
-    from vcarepro.errors import BadInput
-    from vcarepro.pipeline import run_paths
+    from vcarepro.core.errors import BadInput
+    from vcarepro.params.runs import run_paths
     with pytest.raises(BadInput, match=r"run name '\.\./x' cannot become a directory"):
         run_paths("cls", "../x")
 
@@ -217,9 +217,9 @@ def test_a_models_arch_must_exist_and_the_library_refuses_an_unsafe_run_path_its
 ])
 def test_a_generation_choice_is_one_of_the_names_module_list(scales, path, names):
     """The schema checks each choice against the torch-free names module's list, the one the code acts on."""
-    from vcarepro import attention_names
+    from vcarepro.core import choices as names_module
 
-    choices = getattr(attention_names, names)
+    choices = getattr(names_module, names)
     section, key = path.split(".")
     for value in choices:
         params = copy.deepcopy(scales["embedded"])
@@ -232,7 +232,7 @@ def test_a_generation_choice_is_one_of_the_names_module_list(scales, path, names
 
 
 def test_a_run_objective_outside_the_names_module_list_fails(scales):
-    from vcarepro.attention_names import OBJECTIVES
+    from vcarepro.core.choices import OBJECTIVES
 
     params = copy.deepcopy(scales["embedded"])
     params["gen_runs"]["dit_s2-vca"]["objective"] = "gan"

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from test_pipeline import reproduced_repo, sh, stage_names
-from vcarepro.config import compose
+from vcarepro.params.config import compose
 
 
 @pytest.fixture(scope="module")

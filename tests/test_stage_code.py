@@ -1,7 +1,7 @@
 """Every DVC stage declares the code it runs: the static import closure of its command inside src/vcarepro.
 
 A stage whose deps leave out a module it imports is not re-run when that module changes, so its outputs stop
-following from the code while `dvc status` says they do (issue 25: prepare_gen imported vcarepro.config,
+following from the code while `dvc status` says they do (issue 25: prepare_gen imported vcarepro.params.config,
 pipeline, io and errors and declared none of them).
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _package_of(file: Path) -> str:
 
 
 def _absolute(node: ast.ImportFrom, package: str) -> str:
-    """The absolute module a ``from ... import`` in ``package`` names (``from ..io`` in vcarepro.bench: vcarepro.io)."""
+    """The absolute module a ``from ... import`` in ``package`` names (``from ..io`` in vcarepro.tools.bench: vcarepro.core.io)."""
     if not node.level:
         return node.module or ""
     base = package.split(".")[:len(package.split(".")) - node.level + 1]
@@ -110,8 +110,8 @@ def test_every_stage_declares_every_module_its_command_imports(name, stage):
 
 def test_the_closure_follows_relative_lazy_and_parent_package_imports():
     seen = {str(f.relative_to(SRC)) for f in closure(ROOT / "stages" / "prepare_gen.py")}
-    assert {"vcarepro/__init__.py", "vcarepro/config.py", "vcarepro/io.py", "vcarepro/errors.py",
-            "vcarepro/numerics.py", "vcarepro/data/latents.py", "vcarepro/metrics/digit_features.py"} <= seen
+    assert {"vcarepro/__init__.py", "vcarepro/params/config.py", "vcarepro/core/io.py", "vcarepro/core/errors.py",
+            "vcarepro/core/numerics.py", "vcarepro/data/latents.py", "vcarepro/metrics/digit_features.py"} <= seen
     # vcarepro/__init__.py imports .models, whose registrations import the attention layers
     assert "vcarepro/models/__init__.py" in seen and "vcarepro/attention/vca.py" in seen
 

@@ -1,7 +1,7 @@
 """What a run depends on is read from its stage in dvc.yaml, once: any change that makes DVC re-run a training
 stage trains afresh, and what dvc.lock records beside the weights is what produced them (issue 36).
 
-Seen before: `python -m vcarepro.config numerics.cpu=native`, then `dvc repro train_cls@deit_tiny-mhsa`, resumed
+Seen before: `python -m vcarepro.params.config numerics.cpu=native`, then `dvc repro train_cls@deit_tiny-mhsa`, resumed
 the portable profile's finished checkpoint ("already trained") and recorded its weights beside `cpu: native`,
 because the checkpoint's fingerprint was a third, hand-kept list of what a run depends on.
 """
@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from test_pipeline import ROOT, copied_project, sh
-from vcarepro.stage_facts import stage_definition, stage_facts
+from vcarepro.params.stage_facts import stage_definition, stage_facts
 from vcarepro.train.checkpoint import resumable_checkpoint, save_checkpoint, what_changed
 
 RUN = "deit_tiny-mhsa"
@@ -50,8 +50,8 @@ def test_inside_a_dvc_project_the_facts_are_dvcs_own_hashes():
     assert set(facts["params"]) == {"numerics", f"cls_runs.{RUN}", f"models.{RUN}", "cls_shape", "cls_recipes.deit",
                                     "cls_recipe_overrides", "distributed.seed_processes"}
     import hashlib
-    assert facts["deps"]["src/vcarepro/numerics.py"] == \
-        hashlib.md5((ROOT / "src/vcarepro/numerics.py").read_bytes()).hexdigest()  # DVC's md5, as dvc.lock has it
+    assert facts["deps"]["src/vcarepro/core/numerics.py"] == \
+        hashlib.md5((ROOT / "src/vcarepro/core/numerics.py").read_bytes()).hexdigest()  # DVC's md5, as dvc.lock has it
     assert facts["deps"]["src/vcarepro/train"].endswith(".dir")
 
 
@@ -97,7 +97,7 @@ def test_every_declared_dependency_is_a_fact_by_its_content(bare):
 
 
 def test_an_unknown_stage_or_run_is_one_sentence(bare):
-    from vcarepro.errors import BadInput
+    from vcarepro.core.errors import BadInput
 
     with pytest.raises(BadInput, match="has no stage 'train_clss'; name one of smoke_inputs, "):
         stage_facts("train_clss@x", bare)
@@ -112,14 +112,14 @@ def test_a_checkpoint_of_other_facts_is_passed_over_naming_what_changed(tmp_path
     said = []
     assert resumable_checkpoint(tmp_path, mine, 0, said.append)["fingerprint"] == mine and said == []
     native = {**facts, "params": {**facts["params"], "numerics": {**facts["params"]["numerics"], "cpu": "native"}},
-              "deps": {**facts["deps"], "src/vcarepro/numerics.py": "0" * 32}}
+              "deps": {**facts["deps"], "src/vcarepro/core/numerics.py": "0" * 32}}
     assert resumable_checkpoint(tmp_path, {**mine, "facts": native}, 0, said.append) is None
     assert said == [f"seed 0: {tmp_path / 'last.pt'} was written under other facts ({STAGE}'s params numerics; "
-                    f"deps src/vcarepro/numerics.py); starting afresh"]
+                    f"deps src/vcarepro/core/numerics.py); starting afresh"]
     assert what_changed(mine, {**mine, "max_steps": 3}) == f"{STAGE}'s max_steps None -> 3"
 
 
-# -- the real thing: python -m vcarepro.config, then dvc repro, in a DVC project --------------------------------
+# -- the real thing: python -m vcarepro.params.config, then dvc repro, in a DVC project --------------------------------
 
 # One run, one seed, two epochs of a one-block DeiT: seconds a training.
 SHRINK = [f"cls_runs.{RUN}.seeds=[0]", "cls_shape.depth=1", "cls_shape.embed_dim=32",
@@ -135,7 +135,7 @@ def project(tmp_path_factory):
 
 
 def configure(project: Path, *overrides: str) -> None:
-    sh(f"python -m vcarepro.config {' '.join(repr(o) for o in [*SHRINK, *overrides])}", project)
+    sh(f"python -m vcarepro.params.config {' '.join(repr(o) for o in [*SHRINK, *overrides])}", project)
 
 
 def repro(project: Path, flags: str = "") -> str:
@@ -175,16 +175,16 @@ def test_each_change_dvc_reruns_a_training_stage_for_trains_afresh(project):
     assert lock["params"]["params.yaml"]["numerics"]["cpu"] == "native"
 
     # 2. a declared code file: an edit trains afresh, naming the file
-    numerics = project / "src" / "vcarepro" / "numerics.py"
+    numerics = project / "src" / "vcarepro" / "core" / "numerics.py"
     numerics.write_text(numerics.read_text() + "\n# an edit DVC sees\n")
     edited = repro(project)
-    assert f"({STAGE}'s deps src/vcarepro/numerics.py); starting afresh" in edited, edited[-3000:]
+    assert f"({STAGE}'s deps src/vcarepro/core/numerics.py); starting afresh" in edited, edited[-3000:]
 
     # 3. a declared param of another section (distributed.seed_processes), which the old fingerprint left out
     configure(project, "numerics.cpu=native", "distributed.seed_processes=1")
     other = repro(project)
     assert f"({STAGE}'s params distributed.seed_processes); starting afresh" in other, other[-3000:]
     assert trained_under(project)["params"]["distributed.seed_processes"] == 1
-    assert trained_under(project)["deps"]["src/vcarepro/numerics.py"] == \
-        {d["path"]: d["md5"] for d in recorded(project)["deps"]}["src/vcarepro/numerics.py"]
+    assert trained_under(project)["deps"]["src/vcarepro/core/numerics.py"] == \
+        {d["path"]: d["md5"] for d in recorded(project)["deps"]}["src/vcarepro/core/numerics.py"]
     assert "changed" not in sh(f"dvc status {STAGE}", project).stdout  # the lock holds what produced the weights

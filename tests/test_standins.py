@@ -24,14 +24,14 @@ import torch_fidelity.feature_extractor_inceptionv3 as tf_inception
 import yaml
 from PIL import Image
 
-from vcarepro.config import compose
+from vcarepro.params.config import compose
 from vcarepro.data.folders import ManifestDataset, read_classes, read_manifest
 from vcarepro.data.imagenet import prepare_imagenet
-from vcarepro.errors import BadInput
+from vcarepro.core.errors import BadInput
 from vcarepro.metrics.extractors import make_extractor
 from vcarepro.metrics.fid50k import (InceptionFeatures, adm_reference_features, iter_npz_images, load_adm_reference,
                                      write_reference)
-from vcarepro.standins import (DEVKIT_TAR, TRAIN_TAR, VAL_TAR, MiniImageNet, main, synthetic_batch,
+from vcarepro.tools.standins import (DEVKIT_TAR, TRAIN_TAR, VAL_TAR, MiniImageNet, main, synthetic_batch,
                                write_adm_reference, write_mini_imagenet, write_random_inception, write_random_vae,
                                write_standins)
 
@@ -339,10 +339,10 @@ def test_the_command_refuses_a_directory_it_did_not_write_in_one_line(tmp_path):
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
-    result = subprocess.run([sys.executable, "-m", "vcarepro.standins", "--out", str(foreign)], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "vcarepro.tools.standins", "--out", str(foreign)], capture_output=True,
                             text=True)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"error: {foreign} exists and was not written by vcarepro.standins (no standins.json); remove it or pass "
+        f"error: {foreign} exists and was not written by vcarepro.tools.standins (no standins.json); remove it or pass "
         f"another --out."]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"] and (foreign / "notes.txt").read_text() == "keep me"

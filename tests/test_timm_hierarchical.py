@@ -18,7 +18,7 @@ from timm.models import FeatureGraphNet, create_feature_extractor
 from torchvision.models.feature_extraction import create_feature_extractor as torchvision_feature_extractor
 
 import vcarepro.models  # noqa: F401  (registers the models)
-from vcarepro.errors import BadInput
+from vcarepro.core.errors import BadInput
 from vcarepro.models.placement import LAB_MODEL_ATTENTIONS
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -16,7 +16,7 @@ from timm.models import FeatureGraphNet, create_feature_extractor
 
 import vcarepro.models  # noqa: F401  (registers the models)
 from vcarepro.attention import ATTENTIONS
-from vcarepro.errors import BadInput
+from vcarepro.core.errors import BadInput
 from vcarepro.train.classification import build_optimizer
 
 # A 4x4 patch grid: two blocks of width 48, pooled-token counts that fit the grid.

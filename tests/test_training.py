@@ -13,10 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vcarepro.config import compose
+from vcarepro.params.config import compose
 from vcarepro.data.embedded import export_digits
-from vcarepro.io import write_manifest
-from vcarepro.pipeline import cls_run
+from vcarepro.core.io import write_manifest
+from vcarepro.params.runs import cls_run
 from vcarepro.train.checkpoint import load_checkpoint
 from vcarepro.train.classification import ClassifierSpec, train_classifier
 from vcarepro.train.distributed import DistInfo
@@ -122,7 +122,7 @@ def test_generator_fp16_and_compile_paths_write_scaler_state(tmp_path, embedded,
 
 
 def test_the_train_step_benchmark_projects_a_full_run_from_its_step_time(one_torch_thread):
-    from vcarepro.bench.train_step import bench_gen_step
+    from vcarepro.tools.bench.train_step import bench_gen_step
 
     row = bench_gen_step("sit_s8-vca", batch=2, device="cpu", precision="fp32", min_run_time=0.2)
     assert (row["objective"], row["model"]["arch"], row["global_batch"], row["recipe_steps"]) == \
@@ -131,7 +131,7 @@ def test_the_train_step_benchmark_projects_a_full_run_from_its_step_time(one_tor
 
 
 def test_the_proxy_classification_step_projects_epochs_of_imagenet_100(one_torch_thread, monkeypatch):
-    from vcarepro.bench import train_step
+    from vcarepro.tools.bench import train_step
 
     monkeypatch.setattr(train_step, "time_ms", lambda step, min_run_time: 250.0)  # a fixed step time
     row = train_step.bench_train_step("deit_tiny-vca", scale="proxy", batch=8, device="cpu", precision="fp32")
@@ -170,8 +170,8 @@ class RecordingLive:
 SEEDS_SCRIPT = """
 import sys, torch
 from pathlib import Path
-from vcarepro.config import compose
-from vcarepro.pipeline import cls_run
+from vcarepro.params.config import compose
+from vcarepro.params.runs import cls_run
 from vcarepro.train.classification import ClassifierSpec, train_classifier
 from vcarepro.train.seeds import train_seeds
 torch.set_num_threads(1)
@@ -224,7 +224,7 @@ def _forked_children(pid: int) -> list:
 
 @pytest.mark.slow
 def test_sigterm_to_one_seed_worker_stops_the_stage_and_the_rerun_is_bit_identical(tmp_path, digits):
-    from vcarepro.integrity import check
+    from vcarepro.core.integrity import check
 
     def command(name):
         return [sys.executable, "-c", SEEDS_SCRIPT, str(digits), str(tmp_path / name), "2", "6"]

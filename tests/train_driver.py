@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
-from vcarepro.config import compose
+from vcarepro.params.config import compose
 from vcarepro.data.embedded import export_digits
-from vcarepro.io import write_manifest
-from vcarepro.pipeline import cls_run
+from vcarepro.core.io import write_manifest
+from vcarepro.params.runs import cls_run
 from vcarepro.train.classification import ClassifierSpec, train_classifier
 from vcarepro.train.distributed import DistInfo
 from vcarepro.train.generation import GeneratorSpec, train_generator

@@ -20,6 +20,8 @@ checks, the qkv / q-k-norm / local-term preamble) is in ``attention/grid.py``.
 are ``num_prefix_tokens`` prefix tokens followed by a ``grid_size`` patch grid; the
 grid-aware layers take that layout, timm's two do not need it.
 """
+
+FLOOR = 1
 from __future__ import annotations
 
 import importlib
@@ -29,9 +31,9 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Type, Union
 import torch.nn as nn
 from timm.layers import Attention, DiffAttention
 
-from ..attention_names import ATTENTIONS, CONTROLS, FAMILY, POOLED_TOKEN_OPTION
-from .vca import VisualContrastAttention, lambda_init_for_layer
-from vcarepro.errors import BadInput
+from vcarepro.core.choices import ATTENTIONS, CONTROLS, FAMILY, POOLED_TOKEN_OPTION
+from vcarepro.attention.vca import VisualContrastAttention, lambda_init_for_layer
+from vcarepro.core.errors import BadInput
 
 # name -> "module:Class" under vcarepro.attention (imported on first use)
 _LAYER_PATHS = {

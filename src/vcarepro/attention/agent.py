@@ -62,7 +62,7 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_, use_fused_attn
 from vcarepro.attention.grid import (GridAttention, check_layer_args, check_token_count, check_unmasked, patch_grid,
                                      pooling_matrix, token_grid)
-from vcarepro.errors import BadInput
+from vcarepro.core.errors import BadInput
 
 # Agent tokens per layer: ``AgentAttention(agent_num=49)`` in agent_deit.py, and
 # ``AGENT.NUM: 49-49-49-49`` in cfgs/agent_deit_t.yaml and agent_deit_s.yaml (81 for DeiT-B).

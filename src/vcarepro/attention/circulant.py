@@ -82,7 +82,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_module
 from vcarepro.attention.grid import check_choice, check_token_count, check_unmasked, patch_grid
-from vcarepro.errors import BadInput
+from vcarepro.core.errors import BadInput
 
 LogitDivisor = Literal["sqrt_n", "n"]
 PrefixAttention = Literal["global", "none"]

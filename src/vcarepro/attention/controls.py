@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import use_fused_attn
 
-from .grid import GridAttention, check_layer_args, check_token_count, check_unmasked, local_conv_layer, patch_grid
+from vcarepro.attention.grid import GridAttention, check_layer_args, check_token_count, check_unmasked, local_conv_layer, patch_grid
 
 
 

@@ -68,7 +68,7 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_module
 from vcarepro.attention.grid import (GridAttention, check_choice, check_layer_args, check_token_count, check_unmasked,
                                      patch_grid)
-from vcarepro.errors import BadInput
+from vcarepro.core.errors import BadInput
 
 PosEncoding = Literal["learned", "none"]
 POS_ENCODINGS = ("learned", "none")

@@ -21,7 +21,7 @@ from typing import List, Optional, Sequence, Tuple, Type, Union
 import torch
 import torch.nn as nn
 from timm.layers import register_notrace_function
-from vcarepro.errors import BadInput
+from vcarepro.core.errors import BadInput
 
 # VCA's local term: a 3x3 depthwise convolution of v on the patch grid (shared with the mhsa+dwc control).
 LOCAL_CONV_KERNEL = 3

@@ -63,7 +63,7 @@ import torch.nn.functional as F
 
 from vcarepro.attention.grid import (GridAttention, check_layer_args, check_token_count, check_unmasked, patch_grid,
                                      value_grid)
-from vcarepro.errors import BadInput
+from vcarepro.core.errors import BadInput
 
 # Kernel functions phi offered by the official code (models/inline_swin.py,
 # InLineAttention(kernel_func=...)); none of the released models passes one, so

@@ -86,7 +86,7 @@ import torch.nn.functional as F
 from timm.layers import RmsNormFp32, trunc_normal_, use_fused_attn
 from vcarepro.attention.grid import (GridAttention, check_choice, check_layer_args, check_token_count, check_unmasked,
                                      local_conv_layer, patch_grid, pooling_matrix, token_grid)
-from vcarepro.errors import BadInput
+from vcarepro.core.errors import BadInput
 
 StageKind = Literal["vca", "diff"]
 TokenKind = Literal["pool", "emb", "pool+emb"]

@@ -15,9 +15,11 @@ evaluate the entries listed in ``calibrate.checkpoints``:
   (sample_gen's sampler code) under the entry's sampler, steps and guidance, decoded by the VAE, and
   measured by ``fid50k.evaluate_samples`` against data/fid_reference (eval_gen's evaluator).
 
-Every row records the file's sha256. At smoke scale the files are stand-ins that ``vcarepro.standins``
+Every row records the file's sha256. At smoke scale the files are stand-ins that ``vcarepro.tools.standins``
 writes in the released layouts (random weights): the rows show that the road runs, and are not judged.
 """
+
+FLOOR = 5
 from __future__ import annotations
 
 import hashlib
@@ -27,8 +29,8 @@ from typing import Any, Dict, List
 
 import torch
 
-from ..errors import BadInput, MissingInput, UnknownName
-from .keymaps import KeyMap
+from vcarepro.core.errors import BadInput, MissingInput, UnknownName
+from vcarepro.calibration.keymaps import KeyMap
 
 KINDS = {"cls": "classifiers", "gen": "generators"}
 METRIC = {"cls": "top1", "gen": "fid"}
@@ -36,7 +38,7 @@ METRIC = {"cls": "top1", "gen": "fid"}
 
 def keymaps() -> Dict[str, KeyMap]:
     """Every released layout this project maps onto its layers, by layout name."""
-    from .keymaps import backbones, lab
+    from vcarepro.calibration.keymaps import backbones, lab
     return {**backbones.KEYMAPS, **lab.KEYMAPS}
 
 
@@ -74,9 +76,9 @@ def sha256(path: Path) -> str:
 def build_model(kind: str, entry: Dict[str, Any]) -> torch.nn.Module:
     """The model of ours an entry's released weights load into (the calibration and the stand-ins build it here)."""
     if kind == "cls":
-        from ..models import create_classifier
+        from vcarepro.models import create_classifier
         return create_classifier(entry["arch"], entry["attention"], **(entry.get("options") or {}))
-    from ..models.dit import create_dit
+    from vcarepro.models.dit import create_dit
     # ImageNet's 1000 classes, latents of the SD VAE (4 channels, 8x downsampling)
     return create_dit(entry["arch"], "mhsa", input_size=entry["image_size"] // 8, in_channels=4, num_classes=1000,
                       learn_sigma=entry["learn_sigma"])

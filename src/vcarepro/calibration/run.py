@@ -7,9 +7,9 @@ from typing import Any, Dict
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from . import build_model, check_digest, entries, keymap_for, load_strict, read_released, require_file, row
-from ..errors import BadInput
-from ..progress import Progress
+from vcarepro.calibration import build_model, check_digest, entries, keymap_for, load_strict, read_released, require_file, row
+from vcarepro.core.errors import BadInput
+from vcarepro.core.progress import Progress
 
 # The published protocols' sizes: ImageNet-1K val (1000 classes, 50,000 images) and FID-50K.
 IMAGENET_VAL = (1000, 50_000)
@@ -55,8 +55,8 @@ class ImageNetLabels(Dataset):
 
 def calibrate_classifier(params: Dict[str, Any], name: str, device: torch.device, data_root: Path) -> Dict[str, Any]:
     """Top-1 of released classifier ``name`` on data_root's val split, with the recipe its authors evaluated with."""
-    from ..data.folders import ManifestDataset
-    from ..train.classification import build_transforms, evaluate
+    from vcarepro.data.folders import ManifestDataset
+    from vcarepro.train.classification import build_transforms, evaluate
 
     cal = params["calibrate"]
     entry = entries(cal, "cls")[name]
@@ -89,14 +89,14 @@ def sampling_for(params: Dict[str, Any], entry: Dict[str, Any]) -> Dict[str, Any
 def calibrate_generator(params: Dict[str, Any], name: str, device: torch.device, work_dir: Path,
                         fid_reference: Path) -> Dict[str, Any]:
     """FID-50K (and the rest of ADM's evaluation) of released generator ``name``'s samples."""
-    from ..data.latents import decode_to_uint8, load_vae
-    from ..data.samples import NpzSampleWriter
-    from ..metrics.extractors import make_extractor
-    from ..metrics.fid50k import evaluate_samples, evaluator_options, load_reference_set
-    from ..data.samples import discard_work
-    from ..stage_facts import digest, stage_facts
-    from ..protocol import sampler_of
-    from ..train.generation import generate_batches
+    from vcarepro.data.latents import decode_to_uint8, load_vae
+    from vcarepro.data.samples import NpzSampleWriter
+    from vcarepro.metrics.extractors import make_extractor
+    from vcarepro.metrics.fid50k import evaluate_samples, evaluator_options, load_reference_set
+    from vcarepro.data.samples import discard_work
+    from vcarepro.params.stage_facts import digest, stage_facts
+    from vcarepro.metrics.protocol import sampler_of
+    from vcarepro.train.generation import generate_batches
 
     cal = params["calibrate"]
     entry = entries(cal, "gen")[name]

@@ -15,9 +15,9 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-from ..io import atomic_directory, write_json
-from .folders import CLASSES, write_manifest
-from vcarepro.errors import BadInput
+from vcarepro.core.io import atomic_directory, write_json
+from vcarepro.data.folders import CLASSES, write_manifest
+from vcarepro.core.errors import BadInput
 
 
 def export_digits(out: str | Path, *, val_fraction: float = 0.2, seed: int = 0) -> dict:

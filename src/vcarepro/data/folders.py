@@ -18,7 +18,7 @@ from typing import Callable, Iterator, List, Optional, Tuple
 
 from PIL import Image
 from torch.utils.data import Dataset
-from vcarepro.errors import BadInput, MissingInput, UserError
+from vcarepro.core.errors import BadInput, MissingInput, UserError
 
 MANIFEST = "manifest.csv"
 CLASSES = "classes.json"

@@ -32,10 +32,10 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from PIL import Image
 
-from ..io import atomic_directory, write_json
-from ..progress import Progress
-from .folders import CLASSES, write_manifest
-from vcarepro.errors import BadInput, MissingInput
+from vcarepro.core.io import atomic_directory, write_json
+from vcarepro.core.progress import Progress
+from vcarepro.data.folders import CLASSES, write_manifest
+from vcarepro.core.errors import BadInput, MissingInput
 
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png"}
 

@@ -41,9 +41,9 @@ import torch
 from numpy.lib.format import open_memmap
 from PIL import Image
 
-from ..io import preallocate, write_json
-from .folders import decoded_image
-from vcarepro.errors import BadInput, MissingInput
+from vcarepro.core.io import preallocate, write_json
+from vcarepro.data.folders import decoded_image
+from vcarepro.core.errors import BadInput, MissingInput
 
 INDEX = "index.json"
 MEAN, STD = 0, 1  # positions on the moments axis

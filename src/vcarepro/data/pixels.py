@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .folders import decoded_image, read_classes, read_manifest
-from vcarepro.errors import BadInput
+from vcarepro.data.folders import decoded_image, read_classes, read_manifest
+from vcarepro.core.errors import BadInput
 
 
 def load_split_pixels(cls_root: str | Path, split: str, image_size: int) -> Dict[str, torch.Tensor]:

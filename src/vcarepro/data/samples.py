@@ -21,8 +21,8 @@ from typing import Tuple
 
 import numpy as np
 import torch
-from vcarepro.errors import BadInput, MissingInput
-from vcarepro.io import preallocate, write_json, write_npz_to
+from vcarepro.core.errors import BadInput, MissingInput
+from vcarepro.core.io import preallocate, write_json, write_npz_to
 
 PROGRESS = "progress.json"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import statistics
 from typing import Any, Dict, Iterable, List, Mapping
-from vcarepro.errors import BadInput
+from vcarepro.core.errors import BadInput
 
 
 def aggregate_seeds(per_seed: Mapping[int, Mapping[str, float]], keys: Iterable[str]) -> Dict[str, float]:

@@ -41,7 +41,7 @@ def count_flops(fn: Callable[[], object]) -> FlopCount:
     torch's counter ignores FFTs; Circulant Attention's are counted at the usual 5 n log2 n
     flops per complex transform (``attention.circulant.flop_counter_mapping``).
     """
-    from ..attention.circulant import flop_counter_mapping
+    from vcarepro.attention.circulant import flop_counter_mapping
 
     counter = FlopCounterMode(display=False, custom_mapping=flop_counter_mapping())
     with sdpa_kernel(SDPBackend.MATH), counter:
@@ -95,7 +95,7 @@ def _sync(device: torch.device) -> None:
 def classifier_complexity(arch: str, attention: str, options: Optional[dict] = None, *, img_size: int = 224,
                           num_classes: int = 1000, throughput_batch: int = 0) -> Dict[str, float]:
     """Parameters (M), GMACs and, if ``throughput_batch`` > 0, inference images/s of one classifier."""
-    from ..models import create_classifier
+    from vcarepro.models import create_classifier
 
     model = create_classifier(arch, attention, img_size=img_size, num_classes=num_classes, **(options or {}))
     figures = {
@@ -111,7 +111,7 @@ def generator_complexity(arch: str, attention: str, options: Optional[dict] = No
                          latent_channels: int = 4, num_classes: int = 1000,
                          throughput_batch: int = 0) -> Dict[str, float]:
     """Parameters (M), GMACs of one denoiser call and, if asked, samples/s of that call, for a DiT/SiT backbone."""
-    from ..models.dit import create_dit
+    from vcarepro.models.dit import create_dit
 
     model = create_dit(arch, attention, input_size=latent_size, in_channels=latent_channels,
                        num_classes=num_classes, attention_options=options)

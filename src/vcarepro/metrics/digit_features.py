@@ -38,9 +38,9 @@ from safetensors.torch import load_file
 from torch.utils.data import Dataset
 from torch_fidelity.feature_extractor_base import FeatureExtractorBase
 from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
-from vcarepro.errors import BadInput
-from vcarepro.io import safetensors_bytes, write_bytes
-from vcarepro.progress import Progress
+from vcarepro.core.errors import BadInput
+from vcarepro.core.io import safetensors_bytes, write_bytes
+from vcarepro.core.progress import Progress
 
 DIGITS_EXTRACTOR = "vcarepro-digits"
 INCEPTION_EXTRACTOR = "inception-v3-compat"

@@ -14,8 +14,8 @@ from typing import Any, Dict, Tuple
 import numpy as np
 import torch
 
-from .digit_features import DIGITS_EXTRACTOR, INCEPTION_EXTRACTOR, load_feature_net
-from vcarepro.errors import BadInput
+from vcarepro.metrics.digit_features import DIGITS_EXTRACTOR, INCEPTION_EXTRACTOR, load_feature_net
+from vcarepro.core.errors import BadInput
 
 
 class DigitFeatures:
@@ -40,6 +40,6 @@ def make_extractor(gen_meta: Dict[str, Any], prepare_gen: Dict[str, Any], device
     if gen_meta["fid_extractor"] == "digits":
         return DigitFeatures(Path(gen_data) / "fid_extractor.safetensors", device), DIGITS_EXTRACTOR
     if gen_meta["fid_extractor"] == "inception":
-        from .fid50k import InceptionFeatures
+        from vcarepro.metrics.fid50k import InceptionFeatures
         return InceptionFeatures(prepare_gen["inception_weights"], device, batch_size=batch_size), INCEPTION_EXTRACTOR
     raise BadInput(f"fid_extractor={gen_meta['fid_extractor']!r} is unknown; use 'digits' or 'inception'.")

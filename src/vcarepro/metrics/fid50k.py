@@ -48,10 +48,10 @@ from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorIncepti
 
 from vcarepro.metrics.digit_features import INCEPTION_EXTRACTOR, INCEPTION_FEATURE_DIM, INCEPTION_WEIGHTS_FILENAME, \
     default_inception_weights_path
-from vcarepro.errors import BadInput, MissingInput
-from vcarepro.integrity import prepared
-from vcarepro.io import write_npz
-from vcarepro.progress import Progress
+from vcarepro.core.errors import BadInput, MissingInput
+from vcarepro.core.integrity import prepared
+from vcarepro.core.io import write_npz
+from vcarepro.core.progress import Progress
 
 PathLike = Union[str, Path]
 ArrayLike = Union[np.ndarray, torch.Tensor]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 from scipy import stats
-from vcarepro.errors import BadInput
+from vcarepro.core.errors import BadInput
 
 LEVEL = 0.95
 MAX_SEEDS_ESTIMATE = 1000   # beyond this the estimate says "more than"

@@ -18,8 +18,8 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from ..data.folders import decoded_image, read_manifest
-from vcarepro.errors import BadInput
+from vcarepro.data.folders import decoded_image, read_manifest
+from vcarepro.core.errors import BadInput
 
 MAX_ITER = 5000   # lbfgs reaches its tolerance on the digits well within this
 

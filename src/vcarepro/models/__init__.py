@@ -21,6 +21,8 @@ For PVT, Swin and CSWin, "mhsa" names the backbone's own attention.
 
 The DiT/SiT backbone has its own factory, ``models.dit.create_dit``.
 """
+
+FLOOR = 2
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,12 +31,12 @@ from typing import Any, Dict, Optional, Tuple
 import timm
 import torch.nn as nn
 
-from . import cswin, deit, family, pvt, swin  # noqa: F401  (each registers its timm models)
-from .deit import VcaVisionTransformer
-from .placement import HIERARCHICAL_VCA_OPTIONS
-from ..attention import ATTENTIONS, all_attention_options, attention_options
-from vcarepro.attention_names import model_options
-from vcarepro.errors import BadInput
+from vcarepro.models import cswin, deit, family, pvt, swin  # noqa: F401  (each registers its timm models)
+from vcarepro.models.deit import VcaVisionTransformer
+from vcarepro.models.placement import HIERARCHICAL_VCA_OPTIONS
+from vcarepro.attention import ATTENTIONS, all_attention_options, attention_options
+from vcarepro.core.choices import model_options
+from vcarepro.core.errors import BadInput
 
 # arch -> {attention: timm model name}
 CLASSIFIER_ARCHS = {

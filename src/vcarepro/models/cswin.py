@@ -48,12 +48,12 @@ import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import generate_default_cfgs, register_model
 
-from ..attention import build_attention
-from ..attention.grid import patch_grid
-from .placement import (LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, hierarchical_cfg,
+from vcarepro.attention import build_attention
+from vcarepro.attention.grid import patch_grid
+from vcarepro.models.placement import (LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, hierarchical_cfg,
                         set_stage_grids, stage_options)
-from .pvt import PreNormBlock, StagedBackbone, _new_head
-from vcarepro.errors import BadInput
+from vcarepro.models.pvt import PreNormBlock, StagedBackbone, _new_head
+from vcarepro.core.errors import BadInput
 
 # The lab's layout with any attention of the family (compared_attention=...).
 LAB_MODEL = "lab_cswin_tiny_224"

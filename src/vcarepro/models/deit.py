@@ -21,8 +21,8 @@ from timm.layers import to_2tuple
 from timm.models import VisionTransformer, build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._builder import resolve_pretrained_cfg
 
-from ..attention import attention_options, build_attention
-from vcarepro.errors import BadInput
+from vcarepro.attention import attention_options, build_attention
+from vcarepro.core.errors import BadInput
 
 # Knobs of VisualContrastAttention that a model accepts as keyword arguments.
 VCA_OPTIONS = attention_options("vca")

@@ -23,8 +23,8 @@ import torch
 import torch.nn as nn
 from timm.layers import Mlp, PatchEmbed
 
-from ..attention import ATTENTIONS, all_attention_options, attention_options, build_attention
-from vcarepro.errors import BadInput
+from vcarepro.attention import ATTENTIONS, all_attention_options, attention_options, build_attention
+from vcarepro.core.errors import BadInput
 
 DIT_ATTENTIONS = ATTENTIONS
 # Classifier-free guidance acts on the first 3 output channels, as facebookresearch/DiT and

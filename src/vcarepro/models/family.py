@@ -27,7 +27,7 @@ import torch.nn as nn
 from timm.models import generate_default_cfgs, register_model
 from timm.models.vision_transformer import Block
 
-from .deit import DEIT_SHAPES, SwappedAttentionVisionTransformer, _build, _cfg
+from vcarepro.models.deit import DEIT_SHAPES, SwappedAttentionVisionTransformer, _build, _cfg
 
 
 class ConvPositionBlock(Block):

@@ -22,9 +22,9 @@ import torch
 from timm.models import build_model_with_cfg
 from timm.models._builder import _resolve_pretrained_source, resolve_pretrained_cfg
 
-from ..attention import ATTENTIONS, POOLED_TOKEN_OPTION, all_attention_options, attention_options
-from .deit import VCA_OPTIONS
-from vcarepro.errors import BadInput, UnknownArgument
+from vcarepro.attention import ATTENTIONS, POOLED_TOKEN_OPTION, all_attention_options, attention_options
+from vcarepro.models.deit import VCA_OPTIONS
+from vcarepro.core.errors import BadInput, UnknownArgument
 
 ContrastTokens = Union[int, Sequence[int], Sequence[Union[int, Sequence[int]]]]
 

@@ -47,11 +47,11 @@ from timm.layers import DropPath, Mlp, get_device_dtype, resample_abs_pos_embed,
 from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 
-from ..attention import build_attention
-from ..attention.grid import patch_grid
-from .placement import (LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, hierarchical_cfg,
+from vcarepro.attention import build_attention
+from vcarepro.attention.grid import patch_grid
+from vcarepro.models.placement import (LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, hierarchical_cfg,
                         set_stage_grids, stage_options)
-from vcarepro.errors import BadInput
+from vcarepro.core.errors import BadInput
 
 # The lab's layout with any attention of the family (compared_attention=...).
 LAB_MODEL = "lab_pvt_tiny"

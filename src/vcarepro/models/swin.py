@@ -42,11 +42,11 @@ from timm.models import SwinTransformer, generate_default_cfgs, register_model
 from timm.models.swin_transformer import _cfg as _swin_cfg
 from timm.models.swin_transformer import SwinTransformerBlock, calc_stage_window_sizes
 
-from ..attention import attention_options, build_attention
-from ..attention.grid import patch_grid
-from .placement import (LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, hierarchical_cfg,
+from vcarepro.attention import attention_options, build_attention
+from vcarepro.attention.grid import patch_grid
+from vcarepro.models.placement import (LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, hierarchical_cfg,
                         set_stage_grids, stage_options)
-from vcarepro.errors import BadInput
+from vcarepro.core.errors import BadInput
 
 # The lab's layout with any attention of the family (compared_attention=...).
 LAB_MODEL = "lab_swin_tiny_patch4_window7_224"

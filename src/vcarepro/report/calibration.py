@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict
 
-from .collect import read_json
+from vcarepro.report.collect import read_json
 
 LABELS = {"top1": "top-1 (%)", "fid": "FID-50K"}
 

@@ -1,6 +1,6 @@
 """The model card (README.md) of an exported classification run, written from files as the report reads them.
 
-``vcarepro.export`` writes the weights and ``config.json`` and calls ``model_card`` / ``curves_png`` here.
+``vcarepro.tools.export`` writes the weights and ``config.json`` and calls ``model_card`` / ``curves_png`` here.
 What the card says comes from the report's own sources: the metrics.json readers (``collect``), the read-out
 per paper statistic, the paper rows and the run that answers each (``rows``), the curve list (``figures``).
 It imports no training code: the run is a ``pipeline.ClsRun``, the weights' facts come in as arguments.
@@ -14,12 +14,12 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..config import flatten
-from ..metrics.intervals import direction, welch
-from ..pipeline import ClsRun
-from .collect import read_curves, read_json
-from .figures import CLS_CURVES, curves_png as draw_curves
-from .rows import STATISTICS, answering_run, paper_rows, seed_values
+from vcarepro.params.config import flatten
+from vcarepro.metrics.intervals import direction, welch
+from vcarepro.params.runs import ClsRun
+from vcarepro.report.collect import read_curves, read_json
+from vcarepro.report.figures import CLS_CURVES, curves_png as draw_curves
+from vcarepro.report.rows import STATISTICS, answering_run, paper_rows, seed_values
 
 CURVES = "curves.png"
 REFERENCE = Path("data/paper_reference.yaml")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ..config import flatten
+from vcarepro.params.config import flatten
 
 METRIC_KEYS = ("top1", "top5", "fid", "sfid", "kid_mean", "inception_score", "precision", "recall")
 

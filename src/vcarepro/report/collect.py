@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ..provenance import Stale, check
+from vcarepro.params.provenance import Stale, check
 
 
 @dataclass

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, Iterable, Mapping, Optional
 
-from ..io import write_json
+from vcarepro.core.io import write_json
 
 HEADLINE = {"cls": ("metrics/cls_top1.json", "top1"), "gen": ("metrics/gen_fid.json", "fid")}
 

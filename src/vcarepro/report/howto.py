@@ -2,7 +2,7 @@
 
 Every scale's run list is composed from ``conf/`` (``scale=<s>``, with and without ``family=all``); a paper row
 whose run is not in this scale's list is run by a scale that has it, switched to as docs/scales.md
-does: the embedded default with ``python -m vcarepro.config``, the smoke scale as a ``dvc exp run --temp``
+does: the embedded default with ``python -m vcarepro.params.config``, the smoke scale as a ``dvc exp run --temp``
 experiment, the proxy and paper scales on a git branch of their own. The attention family is ``family=all``.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import hashlib
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..config import compose
+from vcarepro.params.config import compose
 
 SCALES = ("embedded", "smoke", "proxy", "paper")
 # ImageNet's path, which the proxy and paper scales read (docs/paper-scale.md, "Pointing it at ImageNet")
@@ -59,12 +59,12 @@ def scale_command(scale: str, family: bool, here: str) -> str:
     if scale == "embedded":
         if here == "embedded":
             return "dvc exp run --temp -S family=all -n family" if family else REPRO
-        return f"python -m vcarepro.config{' family=all' if family else ''} && dvc repro"
+        return f"python -m vcarepro.params.config{' family=all' if family else ''} && dvc repro"
     if scale == "smoke":
         return ("dvc exp run --temp -S scale=smoke -S family=all -n smoke-family" if family
                 else "dvc exp run --temp -S scale=smoke -n smoke")
     # proxy and paper: days of runs, on a git branch of their own whose params and lock it commits
-    config = f"python -m vcarepro.config scale={scale}{' family=all' if family else ''} {IMAGENET} && dvc repro"
+    config = f"python -m vcarepro.params.config scale={scale}{' family=all' if family else ''} {IMAGENET} && dvc repro"
     return config if here == scale else f"git switch -c {scale} && {config}"
 
 

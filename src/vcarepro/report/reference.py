@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, Optional
 
 import yaml
-from vcarepro.errors import BadInput, MissingInput
+from vcarepro.core.errors import BadInput, MissingInput
 
 
 @dataclass(frozen=True)

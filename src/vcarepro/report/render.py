@@ -7,25 +7,25 @@ from typing import Any, Dict, List, Optional
 import yaml
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from ..config import compose, load_params
-from ..attention_names import model_options
-from ..pipeline import cls_recipe, cls_run, gen_run
-from ..protocol import describe as describe_protocol
-from .changes import changes_since
-from .calibration import calibration_section
-from .collect import collect_runs, read_json, real_grid
-from .environment import describe_environment
-from .. import numerics
-from .export import write_tables
-from .headline import headline_files, write_headlines
-from .figures import CLS_CURVES, GEN_CURVES, attention_cost_png, curves_png, gains_png
-from ..config import flatten
-from ..io import write_json
-from .howto import scale_matrices
-from .reference import load_reference
-from .rows import role
-from .summary import STATUSES, status_key, summary
-from .tables import FLAT_LOSS_FRACTION, FLAT_TOP1_POINTS, TableBuilder, runs_frame, verdict_class
+from vcarepro.params.config import compose, load_params
+from vcarepro.core.choices import model_options
+from vcarepro.params.runs import cls_recipe, cls_run, gen_run
+from vcarepro.metrics.protocol import describe as describe_protocol
+from vcarepro.report.changes import changes_since
+from vcarepro.report.calibration import calibration_section
+from vcarepro.report.collect import collect_runs, read_json, real_grid
+from vcarepro.report.environment import describe_environment
+from vcarepro.core import numerics
+from vcarepro.report.export import write_tables
+from vcarepro.report.headline import headline_files, write_headlines
+from vcarepro.report.figures import CLS_CURVES, GEN_CURVES, attention_cost_png, curves_png, gains_png
+from vcarepro.params.config import flatten
+from vcarepro.core.io import write_json
+from vcarepro.report.howto import scale_matrices
+from vcarepro.report.reference import load_reference
+from vcarepro.report.rows import role
+from vcarepro.report.summary import STATUSES, status_key, summary
+from vcarepro.report.tables import FLAT_LOSS_FRACTION, FLAT_TOP1_POINTS, TableBuilder, runs_frame, verdict_class
 
 # One name per quantity in the page, the CSV and the Markdown (the glossary defines each)
 RUN_COLUMNS = {"top1": "top-1 (%)", "top5": "top-5 (%)", "loss": "val loss", "plateau_spread": "plateau spread (points)",
@@ -192,7 +192,7 @@ def build_context(root: Path) -> Dict[str, Any]:
     cls_reference = read_json(root / "metrics" / "cls_reference.json")
     reference_line = ({"val/top1": (cls_reference["logreg_top1"], "logistic regression")}
                       if cls_reference and cls_reference.get("computed") else {})
-    # a run whose numbers other params produced comes without them, marked stale (vcarepro.provenance)
+    # a run whose numbers other params produced comes without them, marked stale (vcarepro.params.provenance)
     cls = collect_runs(root / "runs", "cls", list(params["cls_runs"]), params)
     gen = collect_runs(root / "runs", "gen", list(params["gen_runs"]), params)
     stale = [{"run": r.name, "branch": r.branch, "stage": r.stale.stage, "status": r.stale.text,
@@ -324,7 +324,7 @@ def build_context(root: Path) -> Dict[str, Any]:
     }
 
 
-MACHINE_RECORD = "dvc.lock.machine.json"  # the machine that recorded dvc.lock (python -m vcarepro.lockcheck record)
+MACHINE_RECORD = "dvc.lock.machine.json"  # the machine that recorded dvc.lock (python -m vcarepro.tools.lockcheck record)
 
 
 def machines(root: Path) -> List[Dict[str, str]]:

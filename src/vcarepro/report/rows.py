@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
-from ..metrics.aggregate import per_seed_values
-from ..pipeline import cls_recipe
+from vcarepro.metrics.aggregate import per_seed_values
+from vcarepro.params.runs import cls_recipe
 
 # Which of our top-1 figures answers a paper number, by the statistic the paper's number is
 # (data/paper_reference.yaml): the metrics.json key and how the report names it.

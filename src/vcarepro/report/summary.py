@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..metrics.intervals import ONE_SEED, OPPOSITE, SAME
-from .rows import role
-from .tables import TableBuilder
+from vcarepro.metrics.intervals import ONE_SEED, OPPOSITE, SAME
+from vcarepro.report.rows import role
+from vcarepro.report.tables import TableBuilder
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"

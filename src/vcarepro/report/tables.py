@@ -7,16 +7,16 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pandas as pd
 
-from ..metrics.aggregate import per_seed_values
-from ..metrics.intervals import Difference, direction, holm, holm_adjusted, seeds_note, welch
-from ..attention_names import model_options
-from ..protocol import deviations as protocol_deviations, describe as describe_protocol
-from ..provenance import Stale
-from .collect import RunResult
-from .howto import HowToRun, Matrices, plan_text, scale_command
-from .reference import PaperValue, paper_value, unverified_sources
-from .rows import STATISTICS, answering_run, role as _role, seed_values
-from vcarepro.errors import BadInput
+from vcarepro.metrics.aggregate import per_seed_values
+from vcarepro.metrics.intervals import Difference, direction, holm, holm_adjusted, seeds_note, welch
+from vcarepro.core.choices import model_options
+from vcarepro.metrics.protocol import deviations as protocol_deviations, describe as describe_protocol
+from vcarepro.params.provenance import Stale
+from vcarepro.report.collect import RunResult
+from vcarepro.report.howto import HowToRun, Matrices, plan_text, scale_command
+from vcarepro.report.reference import PaperValue, paper_value, unverified_sources
+from vcarepro.report.rows import STATISTICS, answering_run, role as _role, seed_values
+from vcarepro.core.errors import BadInput
 
 REPRODUCED = "reproduced"
 BETTER = "better than paper"
@@ -422,7 +422,7 @@ class TableBuilder:
         Where each number is made: ``fid`` is ``runs/gen/<run>/metrics.json``, written by the ``eval_gen@RUN``
         stage (stages/eval_gen.py) with ``vcarepro.metrics.fid50k.evaluate_samples`` over the ``.npz`` samples
         ``sample_gen@RUN`` drew (``vcarepro.train.sampling``), against ``fid_reference``'s statistics; the
-        protocol is the samples' ``protocol.json`` that eval_gen copied (``vcarepro.protocol``), worded by
+        protocol is the samples' ``protocol.json`` that eval_gen copied (``vcarepro.metrics.protocol``), worded by
         ``protocol.describe`` and compared with the paper's by ``protocol.deviations``.
         """
         return [{"model": r["model"], "attention": r["attention"], "run": r["run"],

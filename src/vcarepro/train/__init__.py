@@ -1,4 +1,4 @@
-"""Training: classification (DeiT recipe), diffusion (DiT), flow (SiT), distributed launch, checkpoints."""
+"""Training: classification (DeiT recipe), diffusion (DiT), flow (SiT), sampling, checkpoints, seed workers, and
+the distributed launcher (launch, torch-free: it starts the ranks)."""
 
-from .diffusion import GaussianDiffusion  # noqa: E402,F401  (DiT's DDPM objective and sampler)
-from .flow import FlowMatching  # noqa: E402,F401  (SiT's flow-matching objective and samplers)
+FLOOR = 3

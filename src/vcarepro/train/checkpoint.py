@@ -11,8 +11,8 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from vcarepro.integrity import check, expected_digest
-from vcarepro.io import write_bytes, write_sidecar
+from vcarepro.core.integrity import check, expected_digest
+from vcarepro.core.io import write_bytes, write_sidecar
 
 
 def previous_path(path: str | Path) -> Path:
@@ -67,9 +67,9 @@ def load_checkpoint(path: str | Path, problems: Optional[List[str]] = None) -> O
 
 def what_changed(old: Any, new: Any) -> str:
     """The facts that differ between two run identities (``{"facts": stage facts, "seed": ...}``, as the
-    training stages make them from ``vcarepro.stage_facts``), named as dvc.yaml names them.
+    training stages make them from ``vcarepro.params.stage_facts``), named as dvc.yaml names them.
 
-    e.g. ``"train_cls@deit_tiny-mhsa's params numerics; deps src/vcarepro/numerics.py"``; empty where
+    e.g. ``"train_cls@deit_tiny-mhsa's params numerics; deps src/vcarepro/core/numerics.py"``; empty where
     nothing can be named (an identity that is not such a mapping).
     """
     if not (isinstance(old, dict) and isinstance(new, dict)):
@@ -93,7 +93,7 @@ def resumable_checkpoint(ckpt_dir: str | Path, fingerprint: Any, seed: int, say)
     """``ckpt_dir/last.pt`` (or its ``.prev``) if intact and made with ``fingerprint``; otherwise None.
 
     ``fingerprint`` identifies the run: the training stages pass ``{"facts": stage_facts(stage), "seed": ...}``
-    (:mod:`vcarepro.stage_facts`: every param value and dependency hash DVC keys the stage on), so a
+    (:mod:`vcarepro.params.stage_facts`: every param value and dependency hash DVC keys the stage on), so a
     checkpoint is resumed only under exactly the facts its results will be recorded with.
 
     Why nothing can be resumed is said through ``say`` in one sentence; the files passed over on

@@ -28,17 +28,17 @@ from timm.utils import ModelEmaV3
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ..data.augment import pillow_safe
-from ..data.folders import ManifestDataset, read_classes
-from ..integrity import intact_file
-from ..io import save_tensors, write_json
-from ..models import ModelSpec, create_classifier
-from ..progress import Progress
-from .checkpoint import resumable_checkpoint, resume_message, save_checkpoint, seed_everything, stream_seed
-from .distributed import DistInfo, all_reduce_mean, any_rank, say
-from .precision import MixedPrecision, maybe_compile, slow_precision_note
-from .preemption import Preempted, stop_on_sigterm
-from vcarepro.errors import BadInput, MissingInput, UserError
+from vcarepro.data.augment import pillow_safe
+from vcarepro.data.folders import ManifestDataset, read_classes
+from vcarepro.core.integrity import intact_file
+from vcarepro.core.io import save_tensors, write_json
+from vcarepro.models import ModelSpec, create_classifier
+from vcarepro.core.progress import Progress
+from vcarepro.train.checkpoint import resumable_checkpoint, resume_message, save_checkpoint, seed_everything, stream_seed
+from vcarepro.train.distributed import DistInfo, all_reduce_mean, any_rank, say
+from vcarepro.train.precision import MixedPrecision, maybe_compile, slow_precision_note
+from vcarepro.train.preemption import Preempted, stop_on_sigterm
+from vcarepro.core.errors import BadInput, MissingInput, UserError
 
 
 class NonFiniteLossError(UserError, RuntimeError):
@@ -138,7 +138,7 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, *, repo
              seed: Optional[int] = None) -> Dict[str, float]:
     """Top-1 / top-5 accuracy (%) and mean cross-entropy over the loader.
 
-    ``report``: a name for its progress (:mod:`vcarepro.progress`; an evaluation stage's), none inside training.
+    ``report``: a name for its progress (:mod:`vcarepro.core.progress`; an evaluation stage's), none inside training.
     """
     model.eval()
     correct1 = correct5 = total = 0
@@ -216,7 +216,7 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
     epoch, latest, loss_sum, batches = start_epoch, math.nan, 0.0, 0
     total_steps = total_epochs * updates_per_epoch if max_steps is None else min(total_epochs * updates_per_epoch,
                                                                                  max_steps)
-    # read when a line is due only (vcarepro.progress): the loss is a float already, the lr a lookup
+    # read when a line is due only (vcarepro.core.progress): the loss is a float already, the lr a lookup
     progress = Progress(None, total_steps, start=step, unit="step", images_per_step=recipe["batch_size"], seed=seed,
                         enabled=info.is_main,
                         figures=lambda: {"epoch": f"{epoch + 1}/{total_epochs}",

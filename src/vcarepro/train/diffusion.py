@@ -27,7 +27,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from diffusers import DDPMScheduler
-from vcarepro.errors import BadInput
+from vcarepro.core.errors import BadInput
 
 Model = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 

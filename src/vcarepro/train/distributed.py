@@ -1,4 +1,4 @@
-"""Process-group set-up for training stages launched by ``vcarepro.launch``.
+"""Process-group set-up for training stages launched by ``vcarepro.train.launch``.
 
 One process: no process group at all. Several: the launcher sets RANK, WORLD_SIZE,
 LOCAL_RANK (torchrun does the same) and, for single-node runs over a file store,
@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
-from vcarepro.errors import BadInput, UserError
-from vcarepro.launch import DEFAULT_RDZV_TIMEOUT, RDZV_TIMEOUT_ENV
+from vcarepro.core.errors import BadInput, UserError
+from vcarepro.train.launch import DEFAULT_RDZV_TIMEOUT, RDZV_TIMEOUT_ENV
 
 
 class RendezvousTimeout(UserError, TimeoutError):

@@ -29,8 +29,8 @@ import math
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
-from vcarepro.attention_names import FLOW_ODE_METHODS, FLOW_PATHS
-from vcarepro.errors import BadInput
+from vcarepro.core.choices import FLOW_ODE_METHODS, FLOW_PATHS
+from vcarepro.core.errors import BadInput
 
 Model = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 

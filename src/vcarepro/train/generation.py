@@ -22,21 +22,21 @@ from safetensors.torch import load_file
 from timm.utils import ModelEmaV3
 from torch.nn.parallel import DistributedDataParallel
 
-from ..models import ModelSpec
-from ..models.dit import create_dit
-from ..progress import Progress
-from .checkpoint import resumable_checkpoint, resume_message, save_checkpoint, seed_everything, stream_seed
-from .classification import NonFiniteLossError
-from .diffusion import GaussianDiffusion
-from .distributed import DistInfo, all_reduce_mean, any_rank, say
-from .flow import FlowMatching
-from .precision import MixedPrecision, maybe_compile, slow_precision_note
-from .preemption import Preempted, stop_on_sigterm
-from vcarepro.attention_names import LABEL_MODES
-from vcarepro.errors import BadInput, MissingInput
-from vcarepro.integrity import intact_file, prepared
-from vcarepro.protocol import sampler_of
-from vcarepro.io import save_tensors
+from vcarepro.models import ModelSpec
+from vcarepro.models.dit import create_dit
+from vcarepro.core.progress import Progress
+from vcarepro.train.checkpoint import resumable_checkpoint, resume_message, save_checkpoint, seed_everything, stream_seed
+from vcarepro.train.classification import NonFiniteLossError
+from vcarepro.train.diffusion import GaussianDiffusion
+from vcarepro.train.distributed import DistInfo, all_reduce_mean, any_rank, say
+from vcarepro.train.flow import FlowMatching
+from vcarepro.train.precision import MixedPrecision, maybe_compile, slow_precision_note
+from vcarepro.train.preemption import Preempted, stop_on_sigterm
+from vcarepro.core.choices import LABEL_MODES
+from vcarepro.core.errors import BadInput, MissingInput
+from vcarepro.core.integrity import intact_file, prepared
+from vcarepro.metrics.protocol import sampler_of
+from vcarepro.core.io import save_tensors
 
 
 class GeneratorSpec(ModelSpec):
@@ -84,7 +84,7 @@ def load_training_set(root: str | Path):
         prepared(root, "prepare_gen")
     meta = json.loads(meta_path.read_text())
     if meta["kind"] == "vae_latents":
-        from ..data.latents import LatentShards  # diffusers is imported only where latents are used
+        from vcarepro.data.latents import LatentShards  # diffusers is imported only where latents are used
         return LatentShards(root / "latents")
     data = load_file(str(root / "train.safetensors"))
     return PixelSet(data["inputs"].float(), data["labels"].long())
@@ -162,7 +162,7 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
     ddp.train()
     per_epoch = (n // info.world_size) // per_rank  # epoch_batch's
     latest = math.nan
-    # read when a line is due only (vcarepro.progress): the loss is a float already, the lr a lookup
+    # read when a line is due only (vcarepro.core.progress): the loss is a float already, the lr a lookup
     progress = Progress(None, total, start=step, unit="step", images_per_step=recipe["batch_size"], seed=seed,
                         enabled=info.is_main,
                         figures=lambda: {"epoch": step // per_epoch + 1,
@@ -251,7 +251,7 @@ def generate_batches(model: nn.Module, objective: str, sampling: Dict[str, Any],
     """
     model = model.to(device).eval()
     sampler = make_objective(objective, flow_path)
-    method, steps = sampler_of(objective, sampling)  # the protocol sample_gen records (vcarepro.protocol)
+    method, steps = sampler_of(objective, sampling)  # the protocol sample_gen records (vcarepro.metrics.protocol)
     size = sampling["batch_size"]
     for batch in range(start_batch, math.ceil(num_samples / size)):
         start = batch * size

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-from vcarepro.errors import BadInput
+from vcarepro.core.errors import BadInput
 
 DTYPES = {"fp32": None, "tf32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 

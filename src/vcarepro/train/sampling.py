@@ -5,7 +5,7 @@ batch by batch, or pixels at embedded scale (:func:`sample_space`). Either way a
 uint8 image of the ADM evaluator's format, grayscale repeated to RGB. :func:`write_seed_samples`
 fills one seed's ``seed_<s>.npz`` resumably (:class:`~vcarepro.data.samples.NpzSampleWriter`) and
 draws its preview grid; :func:`write_protocol` records the protocol the samples followed
-(:mod:`vcarepro.protocol`), which ``eval_gen`` copies beside its numbers.
+(:mod:`vcarepro.metrics.protocol`), which ``eval_gen`` copies beside its numbers.
 """
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ import torch
 import torch.nn as nn
 
 from vcarepro.data.samples import NpzSampleWriter
-from vcarepro.io import write_json
-from vcarepro.progress import Progress
-from vcarepro.protocol import PIXELS_DECODER, PROTOCOL_FILE, sampling_protocol
-from .generation import generate_batches, pixels_to_uint8
+from vcarepro.core.io import write_json
+from vcarepro.core.progress import Progress
+from vcarepro.metrics.protocol import PIXELS_DECODER, PROTOCOL_FILE, sampling_protocol
+from vcarepro.train.generation import generate_batches, pixels_to_uint8
 
 GRID_PER_CLASS = 8
 GRID_CLASSES = 10  # the preview shows the first ten classes, eight samples each

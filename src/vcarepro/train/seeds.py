@@ -9,9 +9,9 @@ before, resuming each from its worker's final checkpoint, so the run's log, weig
 history come from one place whichever way the seeds were trained. A seed whose worker failed
 is trained (resumed) in the stage's process under the worker's thread count, so its bits are
 the worker's, where its error is raised as usual; the line that says so gives the worker's
-error. A worker that raised a :class:`~vcarepro.errors.UserError` (a damaged image, a diverged
+error. A worker that raised a :class:`~vcarepro.core.errors.UserError` (a damaged image, a diverged
 run) is not redone: the other workers are stopped as below and the stage raises that error, so it
-ends as one sentence and exit 2 (:func:`~vcarepro.errors.run_stage`). A worker stopped by SIGTERM
+ends as one sentence and exit 2 (:func:`~vcarepro.core.errors.run_stage`). A worker stopped by SIGTERM
 (a preemption notice) stops the stage as a preempted rank does: the other workers are sent
 SIGTERM too, each keeps its checkpoint, and the stage exits 143 without training anything
 itself; re-running resumes every seed in its worker. Workers must be forked before the
@@ -36,10 +36,10 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional
 import torch
 from dvclive import Live
 
-from .distributed import DistInfo, barrier, init_distributed, shutdown
-from .. import progress
-from .preemption import Preempted, stop_on_sigterm
-from vcarepro.errors import USER_ERROR_STATUS, UserError
+from vcarepro.train.distributed import DistInfo, barrier, init_distributed, shutdown
+from vcarepro.core import progress
+from vcarepro.train.preemption import Preempted, stop_on_sigterm
+from vcarepro.core.errors import USER_ERROR_STATUS, UserError
 
 
 def train_seeds(label: str, seeds: Iterable[int], live_dir, train_one: Callable[[int, DistInfo, Live], Dict],
@@ -128,7 +128,7 @@ def timing_path(live_dir) -> Path:
 def write_timing(live_dir, figures: Dict) -> None:
     """Write a run's wall times outside its DVC outputs: a duration differs on every run and every machine, so in
     dvclive's summary it would change the output's hash (and the report's, which reads runs/) on every `dvc repro`."""
-    from vcarepro.io import write_json
+    from vcarepro.core.io import write_json
 
     path = timing_path(live_dir)
     path.parent.mkdir(parents=True, exist_ok=True)

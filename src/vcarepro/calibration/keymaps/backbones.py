@@ -37,7 +37,7 @@ from typing import Callable, Dict, Tuple
 
 import torch
 
-from . import KeyMap, StateDict, identity, renamed
+from vcarepro.calibration.keymaps import KeyMap, StateDict, identity, renamed
 
 
 def _ordered(state: StateDict, rank: Callable[[str], Tuple]) -> StateDict:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from typing import Dict, Sequence
 
-from . import KeyMap, StateDict, identity, renamed
+from vcarepro.calibration.keymaps import KeyMap, StateDict, identity, renamed
 
 CONTAINERS = ("model",)
 

@@ -1,6 +1,6 @@
 """A trained classification run's weights in the layout timm and the Hugging Face Hub read.
 
-    python -m vcarepro.export --run deit_tiny-vca [--seed 0] [--out exports/deit_tiny-vca] [--force]
+    python -m vcarepro.tools.export --run deit_tiny-vca [--seed 0] [--out exports/deit_tiny-vca] [--force]
 
 writes one folder per (run, seed): ``config.json`` and ``model.safetensors`` by timm's own
 ``save_for_hf`` (architecture, the model_args that rebuild the run's shape, the evaluation
@@ -23,13 +23,13 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from .config import compose, load_params
-from .errors import BadInput, MissingInput, run_stage
-from .integrity import intact_file
-from .io import atomic_directory
-from .pipeline import CLS_DATA, ClsRun, cls_run
-from .report.card import CURVES, REFERENCE, curves_png, model_card
-from .report.collect import read_json
+from vcarepro.params.config import compose, load_params
+from vcarepro.core.errors import BadInput, MissingInput, run_stage
+from vcarepro.core.integrity import intact_file
+from vcarepro.core.io import atomic_directory
+from vcarepro.params.runs import CLS_DATA, ClsRun, cls_run
+from vcarepro.report.card import CURVES, REFERENCE, curves_png, model_card
+from vcarepro.report.collect import read_json
 
 WEIGHTS = "model.safetensors"
 EXPORTS_DIR = Path("exports")
@@ -46,7 +46,7 @@ def trained_model(run: ClsRun, seed: int, root: Path) -> nn.Module:
     """The run's model at its trained shape with the seed's final weights, in eval mode."""
     from safetensors.torch import load_file
 
-    from .train.classification import ClassifierSpec
+    from vcarepro.train.classification import ClassifierSpec
 
     if seed not in run.seeds:
         raise BadInput(f"run {run.name!r} trains seeds {', '.join(map(str, run.seeds))}, not {seed}; "
@@ -140,7 +140,7 @@ def export_run(name: str, *, seed: int = 0, out: str | Path | None = None, root:
     metrics = read_json(root / run.paths.metrics)
     reference = None
     if (root / REFERENCE).is_file():
-        from .report.reference import load_reference
+        from vcarepro.report.reference import load_reference
         reference = load_reference(root / REFERENCE)
     model_config: Dict[str, Any] = {}
     classes = root / CLS_DATA / "classes.json"
@@ -170,7 +170,7 @@ def export_run(name: str, *, seed: int = 0, out: str | Path | None = None, root:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m vcarepro.export", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m vcarepro.tools.export", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True, help="a classification run of params.yaml (cls_runs)")
     parser.add_argument("--seed", type=int, default=0, help="which trained seed to export (default 0)")

@@ -5,9 +5,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List
 
-from .attention_names import OBJECTIVES
-from .config import section
-from vcarepro.errors import BadInput, UnknownName
+from vcarepro.core.choices import OBJECTIVES
+from vcarepro.params.config import section
+from vcarepro.core.errors import BadInput, UnknownName
 
 RUNS_DIR = Path("runs")
 # Resumable training state lives outside runs/ and outside DVC: it is scratch for a
@@ -58,7 +58,7 @@ class RunPaths:
 
 
 def run_paths(branch: str, name: str) -> RunPaths:
-    from .schema import safe_name
+    from vcarepro.params.schema import safe_name
 
     if not safe_name(name):  # the schema refuses it first; this guards every other caller
         raise BadInput(f"run name {name!r} cannot become a directory under {RUNS_DIR}/{branch}; use letters, digits, "

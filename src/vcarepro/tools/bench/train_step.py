@@ -1,6 +1,6 @@
 """Training-step time of a generation or classification run, and the GPU-hours a full run would take.
 
-``python -m vcarepro.bench train-step --run dit_s2-vca --batch 32 --device cuda``
+``python -m vcarepro.tools.bench train-step --run dit_s2-vca --batch 32 --device cuda``
 builds the run's model at its scale's shape (params composed with ``scale=paper``, or
 ``--scale proxy``), times forward + backward + optimizer steps on random latents (or
 images, for a ``cls_runs`` entry) at ``--batch`` per device, and projects
@@ -18,13 +18,13 @@ import torch
 from timm.data.mixup import mixup_target
 from timm.utils import ModelEmaV3
 
-from ..config import compose
-from .timing import time_ms
-from ..errors import UnknownName
-from ..pipeline import cls_run, gen_run
-from ..train.classification import ClassifierSpec, build_criterion, build_optimizer, recipe_steps
-from ..train.generation import GeneratorSpec, make_objective
-from ..train.precision import MixedPrecision, maybe_compile
+from vcarepro.params.config import compose
+from vcarepro.tools.bench.timing import time_ms
+from vcarepro.core.errors import UnknownName
+from vcarepro.params.runs import cls_run, gen_run
+from vcarepro.train.classification import ClassifierSpec, build_criterion, build_optimizer, recipe_steps
+from vcarepro.train.generation import GeneratorSpec, make_objective
+from vcarepro.train.precision import MixedPrecision, maybe_compile
 
 LATENT_SHAPE = (4, 32, 32)  # 256 px through the SD VAE
 

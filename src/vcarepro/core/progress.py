@@ -12,7 +12,7 @@ feature extraction) reports through one :class:`Progress`::
 
       train_cls deit_tiny-vca seed 0 | step 1200/375000 (0.3%) | epoch 1/300 | loss 6.9078 (avg 6.9102) | lr 1.2e-06 | 812 img/s | elapsed 0:25:12 | eta 3d 12:04:55
 
-  ``python -m vcarepro.cluster status`` reads the latest such line of each running job (:func:`latest`).
+  ``python -m vcarepro.tools.cluster status`` reads the latest such line of each running job (:func:`latest`).
 * A loop costs one ``time.monotonic()`` comparison per update; ``figures`` (a callable giving the loss, the
   learning rate...) is called only when a line is due, so a loss on a GPU is read (a sync) only then.
 * Only a process that a stage has :func:`configure`\\ d reports, and of a launch's ranks only rank 0: a library
@@ -249,7 +249,7 @@ def _make_bar(label: str, total: Optional[int], start: int, unit: str):
                mininterval=BAR_REFRESH_S, smoothing=0.1, leave=True)
 
 
-# -- reading it back (python -m vcarepro.cluster status) -------------------------------------------------------------
+# -- reading it back (python -m vcarepro.tools.cluster status) -------------------------------------------------------------
 
 _LINE = re.compile(r"^(?P<label>[^|]+?) \| (?P<unit>[a-z]+) (?P<n>\d+)(?:/(?P<total>\d+) \((?P<percent>[\d.]+)%\))?"
                    r" \| (?P<rest>.*)$")

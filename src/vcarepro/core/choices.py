@@ -21,7 +21,7 @@ BENCH_LAYERS = (*ATTENTIONS, *(c for c in CONTROLS if c not in ATTENTIONS))
 POOLED_TOKEN_OPTION = {"vca": "contrast_tokens", "agent": "agent_tokens"}
 
 # The choices of generation, for the schema and for the code that acts on them (train/generation.py,
-# train/flow.py, vcarepro.protocol): a run's objective (DiT's DDPM, SiT's flow matching), a flow
+# train/flow.py, vcarepro.metrics.protocol): a run's objective (DiT's DDPM, SiT's flow matching), a flow
 # model's path, its sampler and ODE solver, and how the sampled class labels are drawn (uniform
 # draws, as DiT's and SiT's sample_ddp.py; or a balanced cycle).
 OBJECTIVES = ("ddpm", "flow")

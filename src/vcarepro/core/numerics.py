@@ -16,7 +16,7 @@ and the thread count of each process to ``numerics.threads`` whatever the machin
 ``stages/run.py`` sets these variables before torch, numpy or any library is imported, in the process
 that becomes the stage (or the warm interpreter it is forked from, whose key includes them); seed
 workers (forked), ranks and torchrun (spawned with the stage's environment) inherit them, and
-:func:`enter`, which every stage's :func:`vcarepro.errors.run_stage` calls, checks that they took effect
+:func:`enter`, which every stage's :func:`vcarepro.core.errors.run_stage` calls, checks that they took effect
 and sets the in-process parts. ``numerics.cpu: native`` sets nothing: each library's fastest choice for
 this CPU (the paper scale's default; its CPU work is data loading).
 
@@ -181,7 +181,7 @@ def enter() -> Optional[Dict[str, object]]:
 # ATen computes these through oneMKL's vector math (VML) where oneMKL is linked (PyTorch's x86 wheels), and VML
 # follows its own dispatch, not MKL_CBWR, on a non-Intel CPU: on qemu's emulated AMD EPYC-Rome each gave other bits
 # than on the Intel host under every MKL_CBWR branch (AdamW's sqrt among them, so every trained weight), while the
-# 49 other ops of the probe agreed. Measured with `python -m vcarepro.lockcheck fingerprint` natively and under
+# 49 other ops of the probe agreed. Measured with `python -m vcarepro.tools.lockcheck fingerprint` natively and under
 # qemu-x86_64 -cpu EPYC-Rome (tests/test_numerics.py). sqrt is IEEE-exact in numpy; the others numpy computes with
 # its AVX2 loops or the C library, the same code on every AVX2 CPU.
 VML_OPS = ("sqrt", "log", "log10", "atan", "acos", "asin")
@@ -318,7 +318,7 @@ def _build_line(marker: str) -> str:
 
 
 def main(argv=None) -> int:
-    """``python -m vcarepro.numerics``: this process's profile and machine, as JSON (through stages/run.py: a stage's)."""
+    """``python -m vcarepro.core.numerics``: this process's profile and machine, as JSON (through stages/run.py: a stage's)."""
     enter()  # what run_stage does in every stage
     json.dump(describe_machine(), sys.stdout, indent=1, sort_keys=True)
     print()

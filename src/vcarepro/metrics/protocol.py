@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from .attention_names import FLOW_SAMPLERS
-from .errors import BadInput, MissingInput
+from vcarepro.core.choices import FLOW_SAMPLERS
+from vcarepro.core.errors import BadInput, MissingInput
 
 PROTOCOL_FILE = "protocol.json"    # in runs/gen/<run>/samples/, written by sample_gen
 PIXELS_DECODER = "none (pixels)"   # the decoder of a model that samples pixels (embedded scale)

@@ -15,8 +15,8 @@ import torch
 import torch.nn as nn
 from timm.layers import Attention
 
-from ..attention import VisualContrastAttention
-from .timing import time_ms
+from vcarepro.attention import VisualContrastAttention
+from vcarepro.tools.bench.timing import time_ms
 
 
 def bench_models(img_sizes: Sequence[int] = (224, 448, 896), *, batch: int = 1,
@@ -24,7 +24,7 @@ def bench_models(img_sizes: Sequence[int] = (224, 448, 896), *, batch: int = 1,
     """Forward time of timm's DeiT-T against VCA-DeiT-T (49 contrast tokens) at growing image sizes."""
     import timm
 
-    import vcarepro  # noqa: F401  (registers the VCA models with timm)
+    import vcarepro.models  # noqa: F401  (registers the VCA models with timm)
     rows = []
     for size in img_sizes:
         for name in ("deit_tiny_patch16_224", "vca_deit_tiny_patch16_224"):
@@ -92,12 +92,12 @@ def bench_train_loop(steps: int = 20, batch: int = 64) -> Dict[str, float]:
     """
     from timm.optim import create_optimizer_v2
 
-    from ..config import compose
-    from ..data.embedded import export_digits
-    from ..data.folders import ManifestDataset
-    from ..pipeline import cls_run
-    from ..train.classification import ClassifierSpec, build_transforms, make_loader, train_classifier
-    from ..train.distributed import DistInfo
+    from vcarepro.params.config import compose
+    from vcarepro.data.embedded import export_digits
+    from vcarepro.data.folders import ManifestDataset
+    from vcarepro.params.runs import cls_run
+    from vcarepro.train.classification import ClassifierSpec, build_transforms, make_loader, train_classifier
+    from vcarepro.train.distributed import DistInfo
 
     params = compose([])
     recipe = dict(cls_run(params, "deit_tiny-mhsa").recipe, batch_size=batch, epochs=1000, eval_every=10 ** 6,
@@ -139,10 +139,10 @@ def bench_jpeg_decode(workers: Sequence[int] = (0, 2), images: int = 64, side: i
     import numpy as np
     from PIL import Image
 
-    from ..config import compose
-    from ..data.folders import ManifestDataset, write_manifest
-    from ..pipeline import cls_run
-    from ..train.classification import build_transforms
+    from vcarepro.params.config import compose
+    from vcarepro.data.folders import ManifestDataset, write_manifest
+    from vcarepro.params.runs import cls_run
+    from vcarepro.train.classification import build_transforms
 
     recipe = cls_run(compose(["scale=paper"]), "deit_tiny-mhsa").recipe
     rows = []

@@ -7,11 +7,11 @@ remaining arguments unchanged), so its help, output and exit status are the modu
 with one ``error:`` line. The ``python -m`` forms stay. Two commands are this module's own:
 
 - ``vcarepro calibrate ENTRY...`` selects released checkpoints and runs their calibration stages, the README's
-  ``python -m vcarepro.config scale=paper 'calibrate.checkpoints=[...]' && dvc repro calibrate_cls`` in one step;
+  ``python -m vcarepro.params.config scale=paper 'calibrate.checkpoints=[...]' && dvc repro calibrate_cls`` in one step;
 - ``vcarepro explain RUN [overrides...]`` prints every resolved knob of a run: its value, the conf/ file (or
   command-line override) that set it, and the stages that declare it in dvc.yaml.
 
-Nothing of the package is imported here until a command runs (importing ``vcarepro.cli`` still runs
+Nothing of the package is imported here until a command runs (importing ``vcarepro.tools.cli`` still runs
 ``vcarepro/__init__.py``, which registers the models with timm: that is the package's doing).
 """
 from __future__ import annotations
@@ -30,19 +30,19 @@ import textwrap
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout this code runs from (src/vcarepro/..)
-USER_ERROR_STATUS = 2  # vcarepro.errors' convention, repeated here so that --help imports nothing
+REPO_ROOT = Path(__file__).resolve().parents[3]  # the checkout this code runs from (src/vcarepro/<folder>/../..)
+USER_ERROR_STATUS = 2  # vcarepro.core.errors' convention, repeated here so that --help imports nothing
 WIDTH = 120            # explain's table fits this many columns (a long value may push its own row past it)
 
 # command -> (the module it runs as __main__, one line for --help). Order: the order of --help.
 WRAPPED: Dict[str, Tuple[str, str]] = {
-    "config": ("vcarepro.config", "compose conf/ (with Hydra overrides, e.g. scale=paper) into params.yaml"),
-    "preflight": ("vcarepro.preflight", "before a GPU-hour: each run's inputs, memory and time on this machine"),
-    "cluster": ("vcarepro.cluster", "the pipeline on SLURM, every stage a job (run / status / cancel)"),
-    "lockcheck": ("vcarepro.lockcheck", "does dvc repro here reproduce dvc.lock bit for bit (stale / verify / ...)"),
-    "bench": ("vcarepro.bench", "benchmarks: the attention family, a training step, the whole suite"),
-    "export": ("vcarepro.export", "a trained classification run's weights for timm and the Hugging Face Hub"),
-    "standins": ("vcarepro.standins", "write the smoke scale's generated stand-ins for the external inputs"),
+    "config": ("vcarepro.params.config", "compose conf/ (with Hydra overrides, e.g. scale=paper) into params.yaml"),
+    "preflight": ("vcarepro.tools.preflight", "before a GPU-hour: each run's inputs, memory and time on this machine"),
+    "cluster": ("vcarepro.tools.cluster", "the pipeline on SLURM, every stage a job (run / status / cancel)"),
+    "lockcheck": ("vcarepro.tools.lockcheck", "does dvc repro here reproduce dvc.lock bit for bit (stale / verify / ...)"),
+    "bench": ("vcarepro.tools.bench", "benchmarks: the attention family, a training step, the whole suite"),
+    "export": ("vcarepro.tools.export", "a trained classification run's weights for timm and the Hugging Face Hub"),
+    "standins": ("vcarepro.tools.standins", "write the smoke scale's generated stand-ins for the external inputs"),
     "report-check": ("vcarepro.report.browser", "read the rendered report in Chromium and list its problems"),
 }
 OWN: Dict[str, str] = {
@@ -84,10 +84,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         return run_module(WRAPPED[command][0], rest)
     if command in OWN:
-        from vcarepro.errors import UserError
+        from vcarepro.core.errors import UserError
         try:
             return {"explain": explain_main, "calibrate": calibrate_main}[command](rest)
-        except UserError as err:  # the stages' convention (vcarepro.errors.run_stage)
+        except UserError as err:  # the stages' convention (vcarepro.core.errors.run_stage)
             print(f"error: {err}", file=sys.stderr, flush=True)
             return USER_ERROR_STATUS
     close = difflib.get_close_matches(command, ORDER, n=1)
@@ -112,7 +112,7 @@ def _config_help() -> str:
     import ast
     import importlib.util
 
-    origin = importlib.util.find_spec("vcarepro.config").origin  # read, not imported: run_module imports it fresh
+    origin = importlib.util.find_spec("vcarepro.params.config").origin  # read, not imported: run_module imports it fresh
     tree = ast.parse(Path(origin).read_text())
     intro = (ast.get_docstring(tree) or "").split("\n\n")
     main_doc = next((ast.get_docstring(node) for node in tree.body
@@ -122,7 +122,7 @@ def _config_help() -> str:
 
 
 def _project() -> Path:
-    """Where conf/ and dvc.yaml are read: the working directory where it has conf/ (as `python -m vcarepro.config`
+    """Where conf/ and dvc.yaml are read: the working directory where it has conf/ (as `python -m vcarepro.params.config`
     composes), else this code's checkout."""
     here = Path.cwd()
     return here if (here / "conf").is_dir() else REPO_ROOT
@@ -139,7 +139,7 @@ def calibrate_main(argv: Sequence[str]) -> int:
                     "[ENTRY,...] (and any KEY=VALUE overrides), then runs `dvc repro` of calibrate_cls and/or "
                     "calibrate_gen, as the entries need:\n\n"
                     "  vcarepro calibrate deit_tiny dit_xl2_cfg15\n"
-                    "  == python -m vcarepro.config scale=paper 'calibrate.checkpoints=[deit_tiny,dit_xl2_cfg15]' "
+                    "  == python -m vcarepro.params.config scale=paper 'calibrate.checkpoints=[deit_tiny,dit_xl2_cfg15]' "
                     "&& dvc repro calibrate_cls calibrate_gen\n\n"
                     "The entries are those of calibrate.classifiers and calibrate.generators in conf/config.yaml; "
                     "put each file in data/released/ first. A new selection replaces the last one's rows.")
@@ -155,9 +155,9 @@ def calibrate_main(argv: Sequence[str]) -> int:
     if not names:
         parser.error("name at least one entry of calibrate.classifiers or calibrate.generators (e.g. deit_tiny)")
 
-    from vcarepro import config
+    from vcarepro.params import config
     from vcarepro.calibration import KINDS, selected
-    from vcarepro.errors import MissingInput
+    from vcarepro.core.errors import MissingInput
 
     project = Path.cwd()
     if not args.dry_run and not (project / "dvc.yaml").is_file():
@@ -168,7 +168,7 @@ def calibrate_main(argv: Sequence[str]) -> int:
     config.validate(params, config._conf_source(hydra, conf))
     kinds = [kind for kind in KINDS if selected(params["calibrate"], kind)]  # refuses an unknown entry
     stages = [f"calibrate_{kind}" for kind in kinds] + (["report"] if args.report else [])
-    compose_cmd = ["python", "-m", "vcarepro.config", *hydra]
+    compose_cmd = ["python", "-m", "vcarepro.params.config", *hydra]
     repro_cmd = ["dvc", "repro", *stages]
     if args.dry_run:
         print(shlex.join(compose_cmd))
@@ -221,11 +221,11 @@ def _covers(declared: str, key: str) -> bool:
 
 
 class _Sources:
-    """Which conf/ file, or command-line override, set a key: vcarepro.config's own finder (the one its refusals
+    """Which conf/ file, or command-line override, set a key: vcarepro.params.config's own finder (the one its refusals
     use), with Hydra's defaults list computed once for every key."""
 
     def __init__(self, overrides: Sequence[str], conf: Path, params: Dict[str, Any]):
-        from vcarepro import config
+        from vcarepro.params import config
 
         self.config = config
         self.conf = conf
@@ -249,7 +249,7 @@ class _Sources:
         return name, written
 
     def sentence(self, path: Tuple[Any, ...]) -> str:
-        """For vcarepro.schema.validate, worded as vcarepro.config words it."""
+        """For vcarepro.params.schema.validate, worded as vcarepro.params.config words it."""
         by = self.override(path)
         if by:
             return f"the command-line override `{by}`"
@@ -274,10 +274,10 @@ class _Sources:
 def _stages(project: Path, params: Dict[str, Any], branch: str, run: str) -> Tuple[List[str], List[str],
                                                                                   Dict[str, List[str]]]:
     """The run's own stages (``train_cls@run``, ...), every stage without foreach, and what each declares under
-    ``params:``, as :func:`vcarepro.stage_facts.stage_definition` resolves dvc.yaml over these params."""
+    ``params:``, as :func:`vcarepro.params.stage_facts.stage_definition` resolves dvc.yaml over these params."""
     import yaml
 
-    from vcarepro.stage_facts import PARAMS, PIPELINE, _resolve, stage_definition
+    from vcarepro.params.stage_facts import PARAMS, PIPELINE, _resolve, stage_definition
 
     pipeline = project / PIPELINE if (project / PIPELINE).is_file() else REPO_ROOT / PIPELINE
     stages = (yaml.safe_load(pipeline.read_text()) or {}).get("stages") or {}
@@ -303,10 +303,10 @@ def explain(run: str, overrides: Sequence[str] = (), project: Path = REPO_ROOT) 
     """Every knob ``run`` resolves to under ``overrides`` of ``project``/conf, as :func:`render` prints it.
 
     The knobs are what the run's own stages (train_cls@run, eval_cls@run; train_gen, sample_gen, eval_gen)
-    declare as params in dvc.yaml, with the recipe resolved as :mod:`vcarepro.pipeline` resolves it.
+    declare as params in dvc.yaml, with the recipe resolved as :mod:`vcarepro.params.runs` resolves it.
     """
-    from vcarepro import config, pipeline
-    from vcarepro.errors import UnknownName
+    from vcarepro.params import config, runs
+    from vcarepro.core.errors import UnknownName
 
     overrides = list(overrides)
     conf = project / "conf" if (project / "conf").is_dir() else REPO_ROOT / "conf"
@@ -317,7 +317,7 @@ def explain(run: str, overrides: Sequence[str] = (), project: Path = REPO_ROOT) 
     branch = next((b for b in ("cls", "gen") if run in (params.get(f"{b}_runs") or {})), None)
     if branch is None:
         raise UnknownName(_unknown_run(run, overrides, params, conf))
-    resolved = pipeline.cls_run(params, run) if branch == "cls" else pipeline.gen_run(params, run)
+    resolved = runs.cls_run(params, run) if branch == "cls" else runs.gen_run(params, run)
     entry = params[f"{branch}_runs"][run]
     model = entry["model"]
     own, shared, declared = _stages(project, params, branch, run)
@@ -405,8 +405,8 @@ def _recipe_knobs(add, params: Dict[str, Any], branch: str, run: str, entry: Dic
 
 
 def _unknown_run(run: str, overrides: List[str], params: Dict[str, Any], conf: Path) -> str:
-    from vcarepro import config
-    from vcarepro.errors import UserError
+    from vcarepro.params import config
+    from vcarepro.core.errors import UserError
 
     runs = [*(params.get("cls_runs") or {}), *(params.get("gen_runs") or {})]
     close = difflib.get_close_matches(run, runs, n=3, cutoff=0.5)

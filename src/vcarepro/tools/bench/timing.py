@@ -8,7 +8,7 @@ from typing import Dict
 import torch
 import torch.utils.benchmark as benchmark
 
-from ..report.environment import cpu_name
+from vcarepro.report.environment import cpu_name
 
 # One thread (torch.utils.benchmark's default): the least noisy figure on a shared machine.
 TIMED_THREADS = 1

@@ -9,7 +9,7 @@ without error and are trained on. So each such file gets its digest when it is w
 * a prepared directory (``data/gen``, ``data/fid_reference``, a run's samples): one
   ``SHA256SUMS`` listing every file in it, written last.
 
-:mod:`vcarepro.io` writes them (``write_bytes(..., digest=True)``, ``write_sidecar``, ``write_manifest``);
+:mod:`vcarepro.core.io` writes them (``write_bytes(..., digest=True)``, ``write_sidecar``, ``write_manifest``);
 :func:`check` verifies a file against whichever of the two covers it and gives the reason it
 cannot be used (``None`` when intact); :func:`require_intact` turns that reason into one sentence
 with the fix. A file is hashed once per process (its size, mtime and inode key the memo).
@@ -22,7 +22,7 @@ import hashlib
 from pathlib import Path
 from typing import Dict, Iterable, Optional, Tuple
 
-from vcarepro.errors import BadInput, MissingInput
+from vcarepro.core.errors import BadInput, MissingInput
 
 SIDECAR = ".sha256"
 MANIFEST = "SHA256SUMS"

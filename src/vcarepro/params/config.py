@@ -3,13 +3,13 @@
 ``conf/`` is the source (Hydra: ``conf/config.yaml`` holds the paper's recipes and
 run list, the ``scale`` group adapts them); ``params.yaml`` is its composition,
 which DVC reads and tracks. ``dvc exp run -S scale=paper`` recomposes it through
-DVC's Hydra integration; ``python -m vcarepro.config [overrides...]`` does the same
+DVC's Hydra integration; ``python -m vcarepro.params.config [overrides...]`` does the same
 for ``dvc repro``. A test keeps the committed ``params.yaml`` equal to the default
 composition.
 
 Bad input is refused where it enters, as one sentence with exit status 2 and ``params.yaml`` left as it was: an
 unknown option of a config group (``scale=huge``), an override of a key the composition lacks, and whatever the
-schema refuses (:func:`vcarepro.schema.validate`: an unknown or missing key, a bad value, an unsafe run name),
+schema refuses (:func:`vcarepro.params.schema.validate`: an unknown or missing key, a bad value, an unsafe run name),
 naming the file in conf/ (or the command-line override) that set it. The stages check the same schema on the
 ``params.yaml`` that ``dvc exp run -S`` composes (:func:`stage_params`).
 """
@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import yaml
-from vcarepro.errors import USER_ERROR_STATUS, BadInput, MissingInput, UnknownName, UserError
-from vcarepro.schema import ParamsError, flatten, validate  # noqa: F401  (flatten re-exported: the params code reads it here)
+from vcarepro.core.errors import USER_ERROR_STATUS, BadInput, MissingInput, UnknownName, UserError
+from vcarepro.params.schema import ParamsError, flatten, validate  # noqa: F401  (flatten re-exported: the params code reads it here)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def load_params(path: str | Path = "params.yaml") -> Dict[str, Any]:
@@ -40,9 +40,9 @@ def load_params(path: str | Path = "params.yaml") -> Dict[str, Any]:
 
 
 def stage_params(path: str | Path = "params.yaml") -> Dict[str, Any]:
-    """params.yaml for a stage: loaded and validated against :mod:`vcarepro.schema`.
+    """params.yaml for a stage: loaded and validated against :mod:`vcarepro.params.schema`.
 
-    A bad value stops the stage before it writes anything: the schema's :class:`~vcarepro.schema.ParamsError`
+    A bad value stops the stage before it writes anything: the schema's :class:`~vcarepro.params.schema.ParamsError`
     is a user error, which the stage's ``run_stage`` prints as one ``error:`` line with exit status 2.
     """
     params = load_params(path)
@@ -54,7 +54,7 @@ def section(params: Dict[str, Any], name: str) -> Any:
     try:
         return params[name]
     except KeyError:
-        raise UnknownName(f"params.yaml has no '{name}' section; regenerate it with `python -m vcarepro.config`.") from None
+        raise UnknownName(f"params.yaml has no '{name}' section; regenerate it with `python -m vcarepro.params.config`.") from None
 
 
 def _hydra_config(overrides: Sequence[str], config_dir: str | Path):
@@ -92,7 +92,7 @@ def write_params(overrides: Sequence[str] = (), out: str | Path = "params.yaml",
     """
     from omegaconf import OmegaConf
 
-    from vcarepro.io import write_bytes
+    from vcarepro.core.io import write_bytes
 
     cfg = _hydra_config(overrides, config_dir)
     validate(OmegaConf.to_container(cfg), _conf_source(list(overrides), Path(config_dir).resolve()))
@@ -162,7 +162,7 @@ def _locate(files: List[Tuple[str, Dict[str, Any]]], path: Tuple[Any, ...], para
 
 
 def _conf_source(overrides: List[str], config_dir: Path) -> Callable[[Tuple[Any, ...]], str]:
-    """For :func:`vcarepro.schema.validate`: the command-line override, else the conf file, that set a key."""
+    """For :func:`vcarepro.params.schema.validate`: the command-line override, else the conf file, that set a key."""
     def source(path: Tuple[Any, ...]) -> str:
         for override in reversed(_parse(overrides)):
             if override.is_delete() or _is_group(override, config_dir):
@@ -200,7 +200,7 @@ def _composition_error(err: Exception, overrides: List[str], config_dir: Path) -
     if isinstance(err, OverrideParseException):
         bad = next((o for o in overrides if not _parses(o)), " ".join(overrides))
         return ParamsError(f"the command-line override `{bad}` is not Hydra's override syntax (key=value, "
-                           f"+key=value to add a key, group=option); fix it and run `python -m vcarepro.config` again.")
+                           f"+key=value to add a key, group=option); fix it and run `python -m vcarepro.params.config` again.")
     if isinstance(err, MissingConfigException) and err.options is not None and err.missing_cfg_file:
         group, _, option = err.missing_cfg_file.rpartition("/")
         options = list(err.options)
@@ -222,11 +222,11 @@ def _composition_error(err: Exception, overrides: List[str], config_dir: Path) -
         return ParamsError(f"the command-line override `{by}`: {full_key} is not a key of the composition of {conf}/"
                            + (f" (did you mean {close[0]}?)" if close else "")
                            + "; fix its spelling (a new entry of a free section such as cls_runs takes a leading +) "
-                           "and run `python -m vcarepro.config` again.")
+                           "and run `python -m vcarepro.params.config` again.")
     parent = re.match(r"In '([^']+)': (.*)", first_line)
     where, what = (f"{conf}/{parent.group(1)}.yaml", parent.group(2)) if parent else (f"{conf}/", first_line)
     return ParamsError(f"{where} cannot be composed: {what.rstrip('.')}; fix it and run "
-                       f"`python -m vcarepro.config` again.")
+                       f"`python -m vcarepro.params.config` again.")
 
 
 def _parses(override: str) -> bool:
@@ -240,14 +240,14 @@ def _parses(override: str) -> bool:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m vcarepro.config [overrides...]``: write params.yaml, or refuse with one ``error:`` line and 2.
+    """``python -m vcarepro.params.config [overrides...]``: write params.yaml, or refuse with one ``error:`` line and 2.
 
     Run from the repository root, as DVC composes: the conf/ there (the package's own where there is none).
     """
     here = Path("conf")
     try:
         write_params(sys.argv[1:] if argv is None else argv, config_dir=here if here.is_dir() else REPO_ROOT / "conf")
-    except UserError as err:  # the stages' convention (vcarepro.errors.run_stage)
+    except UserError as err:  # the stages' convention (vcarepro.core.errors.run_stage)
         print(f"error: {err}", file=sys.stderr, flush=True)
         return USER_ERROR_STATUS
     return 0

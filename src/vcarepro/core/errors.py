@@ -100,7 +100,7 @@ def run_stage(main: Callable[[], object]) -> None:
     naming the file being written when the error or the writing frame tells it.
     """
     try:
-        from vcarepro.numerics import NumericsError, enter
+        from vcarepro.core.numerics import NumericsError, enter
         try:
             enter()  # the numerics profile stages/run.py set: check it took effect, set its in-process parts
         except NumericsError as err:

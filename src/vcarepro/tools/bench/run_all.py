@@ -1,12 +1,12 @@
-"""``python -m vcarepro.bench``: every benchmark, printed as tables of ratios, and one JSON."""
+"""``python -m vcarepro.tools.bench``: every benchmark, printed as tables of ratios, and one JSON."""
 from __future__ import annotations
 
 from dataclasses import asdict
 from typing import Dict
 
-from ..io import write_json
-from .attention_cost import attention_table, bench_attention
-from .suite import (bench_attention_memory, bench_dvc_noop, bench_jpeg_decode, bench_models, bench_train_loop)
+from vcarepro.core.io import write_json
+from vcarepro.tools.bench.attention_cost import attention_table, bench_attention
+from vcarepro.tools.bench.suite import (bench_attention_memory, bench_dvc_noop, bench_jpeg_decode, bench_models, bench_train_loop)
 
 
 def run_all(machine: Dict[str, object], *, quick: bool = False, json_path: str = "bench.json") -> Dict[str, object]:
@@ -15,7 +15,7 @@ def run_all(machine: Dict[str, object], *, quick: bool = False, json_path: str =
     out: Dict[str, object] = {"machine": machine, "quick": quick}
 
     sides = (14, 28) if quick else (14, 28, 56)
-    # MHSA against VCA here; `python -m vcarepro.bench attention` times the whole family
+    # MHSA against VCA here; `python -m vcarepro.tools.bench attention` times the whole family
     attention = bench_attention(sides, layers=("mhsa", "vca"), min_run_time=timing)
     out["attention"] = [asdict(r) for r in attention]
     print("\n1. One attention layer (DeiT-T width 192, 3 heads, 49 contrast tokens, batch 8), median ms")

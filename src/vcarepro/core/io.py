@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from vcarepro.errors import DISK_FULL, DiskFull, disk_full_error, is_disk_full  # noqa: F401  (io's own names too)
-from vcarepro.integrity import MANIFEST, remember, sha256_bytes, sha256_file, sidecar_path, sidecar_text
+from vcarepro.core.errors import DISK_FULL, DiskFull, disk_full_error, is_disk_full  # noqa: F401  (io's own names too)
+from vcarepro.core.integrity import MANIFEST, remember, sha256_bytes, sha256_file, sidecar_path, sidecar_text
 
 @contextmanager
 def disk_full_names(path: str | Path, needed: Optional[int] = None) -> Iterator[None]:
@@ -34,7 +34,7 @@ def write_bytes(path: str | Path, data, digest: bool = False) -> Path:
     """Write ``data`` to ``path`` atomically: a temporary file in the same directory, fsynced, then renamed.
 
     A crash leaves ``path`` either as it was or complete. With ``digest``, its SHA-256 goes to
-    ``<path>.sha256`` first (:mod:`vcarepro.integrity`), so a crash between the two renames leaves a
+    ``<path>.sha256`` first (:mod:`vcarepro.core.integrity`), so a crash between the two renames leaves a
     mismatch, never a wrong match. A full disk is one sentence naming ``path`` and the bytes needed.
     The file gets the permissions ``open`` would give it (0666 less the umask), not mkstemp's 0600.
     """
@@ -88,7 +88,7 @@ def atomic_directory(path: str | Path, digests: bool = False) -> Iterator[Path]:
 
     A process killed inside leaves only its temporary directory, never ``path``; the
     next build of the same path removes such leftovers first. With ``digests``, a
-    ``SHA256SUMS`` of every file is written last (:mod:`vcarepro.integrity`), which the
+    ``SHA256SUMS`` of every file is written last (:mod:`vcarepro.core.integrity`), which the
     stages that build on the directory check before use. A full disk inside names ``path``.
     """
     path = Path(path)

@@ -1,11 +1,11 @@
 """What every run of a scale will cost on the machine at hand, and what would stop it, before it starts.
 
-    python -m vcarepro.preflight [--scale paper] [--runs NAME,...] [--batch N] [--devices K] [--steps N]
+    python -m vcarepro.tools.preflight [--scale paper] [--runs NAME,...] [--batch N] [--devices K] [--steps N]
                                  [--device cuda] [--json PATH] [--loader-seconds S] [--verbose] [KEY=VALUE ...]
 
 For every ``cls_runs`` and ``gen_runs`` entry of the scale (params composed with ``scale=<scale>`` and
 any Hydra overrides given, e.g. ``prepare_cls.imagenet_root=/data/imagenet``; params.yaml is not touched) it builds the model, EMA, optimizer, loss and precision as training does
-(:mod:`vcarepro.bench.train_step`) and runs one warm-up step and ``--steps`` timed steps (default 3; the
+(:mod:`vcarepro.tools.bench.train_step`) and runs one warm-up step and ``--steps`` timed steps (default 3; the
 median is reported) at the recipe's per-device batch (global batch / (devices x accum_steps)), or at
 ``--batch`` if that is smaller, the time then scaled linearly to the recipe's batch. It records the peak
 memory of those steps (``torch.cuda.max_memory_allocated`` on a GPU, the growth of the process's peak RSS
@@ -18,7 +18,7 @@ measurement: the models run on random tensors of the right shape.
 What it prints leads with what to fix: first one ``error:`` sentence per missing input (an input several
 params name, such as the SD-VAE, once), before any run is stepped; then the table (its ``fits`` column
 says whether the recipe's per-device batch fits this device); then any problem of a single run, and one
-sentence counting the runs that do not fit. Progress goes to stderr through :mod:`vcarepro.progress`: a bar on a
+sentence counting the runs that do not fit. Progress goes to stderr through :mod:`vcarepro.core.progress`: a bar on a
 terminal, a line every ``progress.interval_s`` in a log, and a line at every run with ``--verbose``.
 
 Exit status 0: every selected run can start here. 2: at least one problem (a missing input, a run that
@@ -44,9 +44,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .config import REPO_ROOT, compose, load_params
-from .errors import USER_ERROR_STATUS, BadInput, UnknownName, UserError, run_stage
-from .pipeline import CLS_DATA, GEN_DATA, cls_run, gen_run
+from vcarepro.params.config import REPO_ROOT, compose, load_params
+from vcarepro.core.errors import USER_ERROR_STATUS, BadInput, UnknownName, UserError, run_stage
+from vcarepro.params.runs import CLS_DATA, GEN_DATA, cls_run, gen_run
 
 GIB = 1024 ** 3
 # Training images of the classification set per scale when it is not prepared here: ImageNet-1K's
@@ -147,7 +147,7 @@ def _is_out_of_memory(err: BaseException) -> bool:
 
 def _standins(params: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """The smoke scale's ``smoke`` section (the sizes of the stand-in inputs the pipeline generates) and their root."""
-    from .pipeline import SMOKE_INPUTS
+    from vcarepro.params.runs import SMOKE_INPUTS
 
     section = params.get("smoke")
     return {**section, "root": str(SMOKE_INPUTS)} if isinstance(section, dict) else None
@@ -189,7 +189,7 @@ class Dataset:
 
 
 def cls_dataset(params: Dict[str, Any], scale: str, root: Path = CLS_DATA) -> Dataset:
-    from .data.folders import read_classes, read_manifest
+    from vcarepro.data.folders import read_classes, read_manifest
 
     if (root / "classes.json").is_file() and (root / "manifest.csv").is_file():
         classes = len(read_classes(root))
@@ -280,8 +280,8 @@ def check_inputs(params: Dict[str, Any], *, cls_runs: int, gen_runs: int, cls_pr
     """The files from outside the repository that the selected runs (``cls_runs`` and ``gen_runs`` of each branch)
     need, as params name them: one entry per param, so an input two params name comes twice (see
     :func:`group_inputs`)."""
-    from .data.latents import _local_vae_folder
-    from .metrics.fid50k import INCEPTION_WEIGHTS_FILENAME
+    from vcarepro.data.latents import _local_vae_folder
+    from vcarepro.metrics.fid50k import INCEPTION_WEIGHTS_FILENAME
 
     inputs: List[Input] = []
     prep = params["prepare_cls"]
@@ -415,7 +415,7 @@ def sampler_passes(model: torch.nn.Module, objective: str, sampling: Dict[str, A
 
     Guidance doubles the images of a pass. An adaptive ODE solver's count on a stand-in is a lower bound.
     """
-    from .train.generation import generate_batches
+    from vcarepro.train.generation import generate_batches
 
     stub = _CountingModel(model.out_channels, model.num_classes)
     for _ in generate_batches(stub, objective, dict(sampling, batch_size=1), num_samples=1,
@@ -516,8 +516,8 @@ def _fill_costs(cost: RunCost, measured: Measured) -> None:
 
 def cls_cost(run, *, dataset: Dataset, num_classes: int, devices: int, cap: Optional[int], device: torch.device,
              repeats: int) -> RunCost:
-    from .bench.train_step import classification_step
-    from .train.classification import recipe_steps
+    from vcarepro.tools.bench.train_step import classification_step
+    from vcarepro.train.classification import recipe_steps
 
     recipe = run.recipe
     accum, global_batch = recipe["accum_steps"], recipe["batch_size"]
@@ -545,7 +545,7 @@ def cls_cost(run, *, dataset: Dataset, num_classes: int, devices: int, cap: Opti
 
 def gen_cost(run, *, dataset: Dataset, devices: int, cap: Optional[int], device: torch.device,
              repeats: int) -> RunCost:
-    from .bench.train_step import generation_step
+    from vcarepro.tools.bench.train_step import generation_step
 
     recipe, sampling = run.recipe, run.sampling
     global_batch = recipe["batch_size"]
@@ -591,8 +591,8 @@ def loader_rates(runs, *, dataset: Dataset, seconds: float, log: Callable[[str],
 
     A transform that raises (a bad augmentation level, an unreadable image) is a problem, not a crash.
     """
-    from .data.folders import ManifestDataset
-    from .train.classification import build_transforms
+    from vcarepro.data.folders import ManifestDataset
+    from vcarepro.train.classification import build_transforms
 
     by_key: Dict[tuple, Dict[str, Any]] = {}
     per_run: Dict[str, Dict[str, Any]] = {}
@@ -606,14 +606,14 @@ def loader_rates(runs, *, dataset: Dataset, seconds: float, log: Callable[[str],
                     root, source = CLS_DATA, f"the prepared {CLS_DATA}"
                 else:
                     if generated is None:
-                        from .bench.loader import write_imagenet_like_jpegs
+                        from vcarepro.tools.bench.loader import write_imagenet_like_jpegs
                         generated = write_imagenet_like_jpegs(Path(tmp) / "jpegs")
                     root, source = generated, "64 generated 500 x 375 JPEGs (no dataset prepared)"
                 workers = run.recipe["workers"]
                 log(f"timing the loader of recipe {run.recipe_name} ({workers} workers)")
                 entry = {"recipes": [], "workers": workers, "source": source, "transform": repr(transform)}
                 try:
-                    from .bench.loader import loader_throughput
+                    from vcarepro.tools.bench.loader import loader_throughput
                     data = ManifestDataset(root, "train", transform)
                     entry.update(loader_throughput(data, workers=workers, seconds=seconds,
                                                    batch=min(LOADER_BATCH, max(1, run.recipe["batch_size"])),
@@ -690,10 +690,10 @@ def fit_summary(costs: Sequence[RunCost], memory: int, cpu: bool) -> Optional[st
 # ---------------------------------------------------------------- progress and logs
 
 def _stepping_progress(params, total: int, verbose: bool, now: List[str]):
-    """The preflight's progress through :mod:`vcarepro.progress`, as every long loop reports: on a terminal a bar
+    """The preflight's progress through :mod:`vcarepro.core.progress`, as every long loop reports: on a terminal a bar
     on stderr (``now[0]``, what it is doing, "stepping deit_tiny-vca", beside it); in a log a line on stderr every
     ``progress.interval_s``, the table on stdout left clean; ``--verbose`` a line at every run."""
-    from . import progress as reporting
+    from vcarepro.core import progress as reporting
 
     reporting.configure(params, "preflight", interval_s=0.0 if verbose else None)
     on_terminal = not verbose and _isatty(sys.stderr)
@@ -711,7 +711,7 @@ def _isatty(stream) -> bool:
 
 class _NoCudaRuntimeNote(logging.Filter):
     """Drops torch's "No CUDA runtime is found, using CUDA_HOME=..." (logged by ``torch.utils.cpp_extension`` when
-    ``torch.utils.benchmark``, which :mod:`vcarepro.bench` uses, imports it on a machine with a CUDA folder and no
+    ``torch.utils.benchmark``, which :mod:`vcarepro.tools.bench` uses, imports it on a machine with a CUDA folder and no
     GPU): a note for building CUDA extensions, which the preflight never does. Every other record passes."""
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -724,7 +724,7 @@ def _quiet_cuda_note() -> None:
         logger.addFilter(_NoCudaRuntimeNote())
 
 
-_quiet_cuda_note()  # before anything imports vcarepro.bench
+_quiet_cuda_note()  # before anything imports vcarepro.tools.bench
 
 
 def _throw_away_step(build, run, device: torch.device) -> None:
@@ -742,7 +742,7 @@ def _throw_away_step(build, run, device: torch.device) -> None:
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m vcarepro.preflight", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m vcarepro.tools.preflight", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", help="the scale to check (default: the scale of ./params.yaml)")
     parser.add_argument("--runs", action="append", default=[],
@@ -780,7 +780,7 @@ def main(argv=None) -> int:
             raise
         raise BadInput(f"the overrides {' '.join(args.overrides)} do not apply to conf/: "
                        f"{str(err).strip().splitlines()[0]}") from None
-    from .schema import ParamsError, validate
+    from vcarepro.params.schema import ParamsError, validate
     try:
         validate(params, f"the scale={scale} composition")
     except ParamsError as err:
@@ -793,7 +793,7 @@ def main(argv=None) -> int:
         raise UnknownName(f"no run {', '.join(map(repr, unknown))} at scale {scale}; choose from {', '.join(every)}.")
     if args.steps < 1:
         raise BadInput(f"--steps {args.steps}: time at least one step.")
-    from .bench.train_step import classification_step, generation_step
+    from vcarepro.tools.bench.train_step import classification_step, generation_step
     cls_runs = [cls_run(params, name) for name in chosen if name in params["cls_runs"]]
     gen_runs = [gen_run(params, name) for name in chosen if name in params["gen_runs"]]
 
@@ -856,7 +856,7 @@ def main(argv=None) -> int:
     summary = fit_summary(costs, memory, cpu)
     problems = missing + run_problems + ([summary] if summary else [])
 
-    from .bench import describe_machine
+    from vcarepro.tools.bench import describe_machine
     machine = describe_machine()
     where = f"{device.type}" + (f" ({torch.cuda.get_device_name(device)})" if not cpu else f" ({machine['cpu']})")
     print(f"preflight, scale {scale}, {len(costs)} run(s), stepped on {where}, projected for {devices} device(s) "
@@ -891,7 +891,7 @@ def main(argv=None) -> int:
     sys.stdout.flush()  # the table before the sentences below, where stdout and stderr go to one place
 
     if args.json:
-        from .io import write_json
+        from vcarepro.core.io import write_json
         write_json(args.json, {
             "scale": scale, "device": device.type, "cpu_projection": cpu, "devices": devices, "batch_cap": cap,
             "warmup_steps": WARMUP_STEPS, "timed_steps": args.steps,

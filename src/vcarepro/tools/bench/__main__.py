@@ -1,6 +1,6 @@
-"""python -m vcarepro.bench [all] [--quick] [--json bench.json]   every benchmark, one table each
-python -m vcarepro.bench attention [--batch 8] [--layers vca agent ...] [--no-compile] [--json out.json]
-python -m vcarepro.bench train-step --run dit_s2-vca [--batch 32] [--device cuda] [--precision bf16]"""
+"""python -m vcarepro.tools.bench [all] [--quick] [--json bench.json]   every benchmark, one table each
+python -m vcarepro.tools.bench attention [--batch 8] [--layers vca agent ...] [--no-compile] [--json out.json]
+python -m vcarepro.tools.bench train-step --run dit_s2-vca [--batch 32] [--device cuda] [--precision bf16]"""
 from __future__ import annotations
 
 import argparse
@@ -9,14 +9,14 @@ from dataclasses import asdict
 
 import torch
 
-from ..errors import run_stage
-from ..io import write_json
-from .attention_cost import BENCH_LAYERS, bench_attention, family_speed_table, speed_targets
-from .timing import describe_machine
+from vcarepro.core.errors import run_stage
+from vcarepro.core.io import write_json
+from vcarepro.tools.bench.attention_cost import BENCH_LAYERS, bench_attention, family_speed_table, speed_targets
+from vcarepro.tools.bench.timing import describe_machine
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m vcarepro.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m vcarepro.tools.bench", description=__doc__)
     sub = parser.add_subparsers(dest="suite")
     every = sub.add_parser("all", help="every benchmark on this machine (the default)")
     every.add_argument("--quick", action="store_true", help="shorter timings and sizes (a smoke run)")
@@ -51,11 +51,11 @@ def main(argv=None) -> None:
 
     machine = describe_machine()
     if args.suite == "all":
-        from .run_all import run_all
+        from vcarepro.tools.bench.run_all import run_all
         run_all(machine, quick=args.quick, json_path=args.json)
         return
     if args.suite == "train-step":
-        from .train_step import bench_train_step
+        from vcarepro.tools.bench.train_step import bench_train_step
         print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
         row = bench_train_step(args.run, scale=args.scale, batch=args.batch, device=args.device,
                                precision=args.precision, min_run_time=args.min_run_time)

@@ -1,17 +1,17 @@
 """Does this machine's `dvc repro` reproduce the committed dvc.lock bit for bit? (issue 25)
 
-``python -m vcarepro.lockcheck stale``
+``python -m vcarepro.tools.lockcheck stale``
     before ``dvc repro``: fails when ``dvc status`` reports anything but missing outputs, i.e. when a
     git-tracked dependency, a parameter or a command changed after dvc.lock was recorded (a stale lock:
     it no longer describes what the code produces).
-``python -m vcarepro.lockcheck verify``
+``python -m vcarepro.tools.lockcheck verify``
     after ``dvc repro``: fails when any output's hash differs from the committed lock's (``git show
     HEAD:dvc.lock``), naming the outputs, their stages, the machine that recorded the lock and this one.
-``python -m vcarepro.lockcheck record``
+``python -m vcarepro.tools.lockcheck record``
     writes dvc.lock.machine.json, the machine that recorded dvc.lock (CPU, ISA flags, libraries, numerics
-    profile as a stage's process sees them, through ``stages/run.py -m vcarepro.numerics``); commit it
+    profile as a stage's process sees them, through ``stages/run.py -m vcarepro.core.numerics``); commit it
     with the lock.
-``python -m vcarepro.lockcheck fingerprint [--out F] [--compare G]``
+``python -m vcarepro.tools.lockcheck fingerprint [--out F] [--compare G]``
     hashes of what each op and each layer of the embedded models computes (forward and backward), of the
     digit extractor's training step, FID's matrix square root and the logistic-regression reference,
     under this process's numerics. Recorded on one machine and compared on another, it names the first
@@ -107,11 +107,11 @@ def file_differences(recorded: Optional[Dict[str, str]], here: Optional[Dict[str
 
 
 def this_machine(root: Path) -> dict:
-    """The machine and numerics a stage's process sees here: ``stages/run.py -m vcarepro.numerics``."""
-    done = subprocess.run([sys.executable, "stages/run.py", "-m", "vcarepro.numerics"], cwd=root,
+    """The machine and numerics a stage's process sees here: ``stages/run.py -m vcarepro.core.numerics``."""
+    done = subprocess.run([sys.executable, "stages/run.py", "-m", "vcarepro.core.numerics"], cwd=root,
                           capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
-        raise SystemExit(f"error: `python stages/run.py -m vcarepro.numerics` failed: {done.stderr.strip()[-500:]}")
+        raise SystemExit(f"error: `python stages/run.py -m vcarepro.core.numerics` failed: {done.stderr.strip()[-500:]}")
     return json.loads(done.stdout)
 
 
@@ -158,7 +158,7 @@ def cmd_stale(root: Path) -> int:
     if lines:
         print(f"dvc.lock is stale: {len(lines)} change(s) since it was recorded, so it no longer describes what "
               "the code produces; re-record it (README command 1 on a fresh clone, then commit its dvc.lock and "
-              f"`python -m vcarepro.lockcheck record`'s {MACHINE_RECORD}):", file=sys.stderr)
+              f"`python -m vcarepro.tools.lockcheck record`'s {MACHINE_RECORD}):", file=sys.stderr)
         for line in lines:
             print(f"  {line}", file=sys.stderr)
         return 1
@@ -179,7 +179,7 @@ def cmd_verify(root: Path) -> int:
             lines[i] = line + file_differences(recorded_files.get(path), here_files.get(path))
         print(f"dvc repro here does not reproduce the committed dvc.lock: {len(lines)} output(s) differ. "
               f"Recorded on {describe(machine)}; this machine: {describe(this_machine(root))}. Compare "
-              "`python stages/run.py -m vcarepro.lockcheck fingerprint` on both to find the op:", file=sys.stderr)
+              "`python stages/run.py -m vcarepro.tools.lockcheck fingerprint` on both to find the op:", file=sys.stderr)
         for line in lines:
             print(f"  {line}", file=sys.stderr)
         return 1
@@ -222,12 +222,12 @@ def fingerprint(params_path: str = "params.yaml") -> Dict[str, str]:
     import torch
     import torch.nn.functional as F
 
-    import vcarepro  # noqa: F401 (registers the models)
-    from vcarepro import numerics
+    import vcarepro.models  # noqa: F401 (registers the models)
+    from vcarepro.core import numerics
 
     numerics.enter()  # the in-process part of the profile the environment names, as every stage's run_stage does
-    from vcarepro.config import load_params
-    from vcarepro.pipeline import cls_run, gen_run
+    from vcarepro.params.config import load_params
+    from vcarepro.params.runs import cls_run, gen_run
     from vcarepro.train.classification import ClassifierSpec
     from vcarepro.train.generation import GeneratorSpec
 
@@ -327,7 +327,7 @@ def cmd_fingerprint(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vcarepro.lockcheck", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m vcarepro.tools.lockcheck", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("stale", help="before dvc repro: dvc status reports only missing outputs")
     sub.add_parser("verify", help="after dvc repro: every output hashes as in the committed dvc.lock")

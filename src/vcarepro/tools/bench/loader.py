@@ -27,7 +27,7 @@ def write_imagenet_like_jpegs(root: str | Path, count: int = 64, size=IMAGENET_L
     import numpy as np
     from PIL import Image
 
-    from ..data.folders import write_manifest
+    from vcarepro.data.folders import write_manifest
 
     root = Path(root)
     rng = np.random.default_rng(seed)

@@ -22,9 +22,9 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from .errors import BadInput
+from vcarepro.core.errors import BadInput
 
-REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout this code runs from (src/vcarepro/..)
+REPO_ROOT = Path(__file__).resolve().parents[3]  # the checkout this code runs from (src/vcarepro/<folder>/../..)
 PIPELINE = "dvc.yaml"
 PARAMS = "params.yaml"
 _INTERPOLATION = re.compile(r"\$\{\s*([^}]+?)\s*\}")
@@ -88,7 +88,7 @@ def stage_definition(stage: str, root: str | Path = ".") -> Tuple[List[str], Lis
     """
     import yaml
 
-    from .config import load_params
+    from vcarepro.params.config import load_params
 
     root = Path(root)
     pipeline = root / PIPELINE if (root / PIPELINE).is_file() else REPO_ROOT / PIPELINE
@@ -117,7 +117,7 @@ def _lookup(context: Dict[str, Any], dotted: str) -> Any:
     for part in dotted.split("."):
         if not isinstance(value, dict) or part not in value:
             raise BadInput(f"${{{dotted}}} in {PIPELINE} names nothing in {PARAMS}; regenerate it with "
-                           f"`python -m vcarepro.config`.")
+                           f"`python -m vcarepro.params.config`.")
         value = value[part]
     return value
 
@@ -132,7 +132,7 @@ def _resolve(text: Any, context: Dict[str, Any]) -> Any:
 
 
 def _from_definition(stage: str, root: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    from .config import load_params
+    from vcarepro.params.config import load_params
 
     dep_paths, keys = stage_definition(stage, root)
     values = load_params(root / PARAMS)

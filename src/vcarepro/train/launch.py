@@ -1,6 +1,6 @@
 """Launch a training stage on one or several processes, on one node or many.
 
-    python -m vcarepro.launch --nnodes 1 --nproc-per-node 1 --node-rank 0 --rdzv-endpoint file \
+    python -m vcarepro.train.launch --nnodes 1 --nproc-per-node 1 --node-rank 0 --rdzv-endpoint file \
         --launcher torchrun stages/train_cls.py --run deit_tiny-vca
 
 * one process in all: runs the script in this process (no process group);
@@ -43,7 +43,7 @@ import tempfile
 import time
 from typing import Callable, List, Mapping, Optional
 
-from vcarepro.errors import USER_ERROR_STATUS, BadInput
+from vcarepro.core.errors import USER_ERROR_STATUS, BadInput
 
 DEFAULT_PORT = 29500
 RDZV_TIMEOUT_ENV = "VCAREPRO_RDZV_TIMEOUT"  # read by the ranks (vcarepro.train.distributed)
@@ -58,7 +58,7 @@ class LaunchError(BadInput):
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(prog="python -m vcarepro.launch", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m vcarepro.train.launch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nnodes", default="1", help="an integer, or env (SLURM_NNODES / NNODES)")
     p.add_argument("--nproc-per-node", default="1", help="an integer, or gpu (every visible GPU)")
@@ -270,7 +270,7 @@ def torchrun_command(args) -> list:
 # ranks at a step; torchrun and the ranks ignore SIGUSR1 and SIGUSR2. srun itself answers SIGTERM, SIGINT (twice) and SIGHUP by killing
 # its step, but passes SIGUSR1 on to every task (measured with Debian's slurm-wlm 22.05), so the launcher
 # sends srun SIGUSR1 where it is asked to stop. SLURM's warning signal (sbatch --signal=USR2, which the
-# jobs of python -m vcarepro.cluster ask for) reaches every step of a job, this one too, and its default
+# jobs of python -m vcarepro.tools.cluster ask for) reaches every step of a job, this one too, and its default
 # action would kill torchrun and the ranks at once; the job answers it with a SIGTERM of its own.
 RELAY = """
 import signal, subprocess, sys
@@ -292,7 +292,7 @@ SRUN_STOP = {signal.SIGTERM: signal.SIGUSR1, signal.SIGINT: signal.SIGUSR1, sign
 def srun_command(args, env: Optional[Mapping[str, str]] = None) -> list:
     """One torchrun per node of the allocation; c10d assigns node ranks, the job id names the rendezvous."""
     env = os.environ if env is None else env
-    # Inside a job step (a job of python -m vcarepro.cluster runs the stage in one), the new step shares
+    # Inside a job step (a job of python -m vcarepro.tools.cluster runs the stage in one), the new step shares
     # the step's CPUs, memory and GPUs (srun --overlap, Slurm >= 20.11) instead of waiting for them.
     overlap = ["--overlap"] if "SLURM_STEP_ID" in env else []
     return ["srun", f"--nodes={args.nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *overlap,

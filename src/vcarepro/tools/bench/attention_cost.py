@@ -1,4 +1,4 @@
-"""The attention family's speed bench (``python -m vcarepro.bench attention``, stage attention_cost).
+"""The attention family's speed bench (``python -m vcarepro.tools.bench attention``, stage attention_cost).
 
 Every attention of the family (and VCA without its local term) at DeiT-T width over growing
 token counts, eager and under ``torch.compile``, and their MACs, all in one run so the ratios
@@ -13,10 +13,10 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import torch
 
-from ..attention import POOLED_TOKEN_OPTION, build_attention
-from ..attention_names import BENCH_LAYERS   # every attention, then VCA without its local term ("vca-dwc")
-from ..metrics.complexity import count_flops
-from .timing import sync, time_ms
+from vcarepro.attention import POOLED_TOKEN_OPTION, build_attention
+from vcarepro.core.choices import BENCH_LAYERS   # every attention, then VCA without its local term ("vca-dwc")
+from vcarepro.metrics.complexity import count_flops
+from vcarepro.tools.bench.timing import sync, time_ms
 
 # Layers whose cost grows linearly in the token count N (circulant: N log N, through its FFTs);
 # mhsa, diff and mhsa+dwc keep an N x N map and grow quadratically.
@@ -97,7 +97,7 @@ def bench_attention(sides: Sequence[int] = (14, 28, 56), *, dim: int = 192, head
     layers = tuple(BENCH_LAYERS if layers is None else layers)
     unknown = [n for n in layers if n not in BENCH_LAYERS]
     if unknown:
-        from ..errors import BadInput
+        from vcarepro.core.errors import BadInput
         raise BadInput(f"unknown attention {', '.join(map(repr, unknown))}; choose from {', '.join(BENCH_LAYERS)}.")
     rows = []
     for side in sides:

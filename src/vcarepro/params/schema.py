@@ -19,13 +19,13 @@ import typing
 from functools import lru_cache
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
-from .attention_names import (ATTENTIONS, BENCH_LAYERS, FLOW_ODE_METHODS, FLOW_PATHS, FLOW_SAMPLERS, LABEL_MODES,
+from vcarepro.core.choices import (ATTENTIONS, BENCH_LAYERS, FLOW_ODE_METHODS, FLOW_PATHS, FLOW_SAMPLERS, LABEL_MODES,
                               OBJECTIVES)
-from .errors import BadInput
+from vcarepro.core.errors import BadInput
 
 Rule = Tuple[str, Callable[[Any], bool]]
 # Where a value came from: a name ("params.yaml"), or a function of the key's path that names the file in conf/
-# (or the command-line override) that set it (vcarepro.config).
+# (or the command-line override) that set it (vcarepro.params.config).
 Source = Union[str, Callable[[Tuple[Any, ...]], str]]
 
 
@@ -72,7 +72,7 @@ _BOOL: Rule = ("true or false", lambda v: isinstance(v, bool))
 _PROB = _num(0.0, 1.0)
 _DECAY = _num(0.0, 1.0, open_hi=True)
 _POS = _num(0.0, open_lo=True)
-# the layers attention_cost can measure (vcarepro.bench.BENCH_LAYERS): the family and its two controls
+# the layers attention_cost can measure (vcarepro.tools.bench.BENCH_LAYERS): the family and its two controls
 _BENCH_LAYERS = BENCH_LAYERS
 
 # Every knob of a classification recipe: each entry of cls_recipes holds all of them, cls_recipe_overrides any.
@@ -183,7 +183,7 @@ CALIBRATION_RULES = {
     "image_size": ("a multiple of 8 (the SD VAE's downsampling)", lambda v: _int(8)[1](v) and v % 8 == 0),
     "options": ("a mapping", lambda v: isinstance(v, dict)), "sha256": _optional(_HEX),
 }
-FIX = "fix it in conf/ and run `python -m vcarepro.config` (or pass -S to dvc exp run)"
+FIX = "fix it in conf/ and run `python -m vcarepro.params.config` (or pass -S to dvc exp run)"
 
 
 # What a `models` entry holds: the architecture, the attention by name, and that attention's own knobs.
@@ -194,7 +194,7 @@ class ParamsError(BadInput):
     pass
 
 
-# What a run entry holds (vcarepro.pipeline.cls_run / gen_run; a gen run's recipe: overrides of gen_recipe).
+# What a run entry holds (vcarepro.params.runs.cls_run / gen_run; a gen run's recipe: overrides of gen_recipe).
 RUN_FIELDS = {"cls_runs": {"required": ("model", "recipe", "seeds"), "optional": ()},
               "gen_runs": {"required": ("model", "objective", "seeds"), "optional": ("recipe",)}}
 
@@ -227,7 +227,7 @@ def _check_name(where: str, name: Any, source: Source) -> None:
     if not safe_name(name):
         raise ParamsError(f"{_at(source, *where.split('.'), name)}: {where} has an entry named {name!r}; a name "
                           f"is 1 to 100 letters, digits, '_' or '-' (starting with a letter or digit), since it "
-                          f"becomes a directory and a DVC stage name; rename it in conf/ and run `python -m vcarepro.config`.")
+                          f"becomes a directory and a DVC stage name; rename it in conf/ and run `python -m vcarepro.params.config`.")
 
 
 def _unknown_key(source: Source, where: str, key: str, consumer: str, valid) -> ParamsError:
@@ -268,9 +268,9 @@ def model_arguments(arch: str, attention: str) -> Tuple[str, frozenset, frozense
     """
     from timm.models._registry import model_entrypoint
 
-    from .attention import attention_options
-    from .models import CLASSIFIER_ARCHS, LAB_MODELS, classifier_name
-    from .models.dit import DIT_ATTENTIONS, DIT_CONFIGS, DiT
+    from vcarepro.attention import attention_options
+    from vcarepro.models import CLASSIFIER_ARCHS, LAB_MODELS, classifier_name
+    from vcarepro.models.dit import DIT_ATTENTIONS, DIT_CONFIGS, DiT
 
     if arch in DIT_CONFIGS:
         if attention not in DIT_ATTENTIONS:
@@ -427,8 +427,8 @@ def _check_run_keys(branch: str, name: str, run: Any, source: Source) -> None:
 
 def _check_model(spec: Dict[str, Any], where: str, source: Source) -> None:
     """A model's arch is known and takes its attention, and every key of its options is one it takes."""
-    from .models import CLASSIFIER_ARCHS
-    from .models.dit import DIT_CONFIGS
+    from vcarepro.models import CLASSIFIER_ARCHS
+    from vcarepro.models.dit import DIT_CONFIGS
 
     arch, attention = spec.get("arch"), spec.get("attention")
     try:

@@ -1,9 +1,9 @@
 """The pipeline on SLURM: every stage one job, up to K at once, DVC keeping the books.
 
-    python -m vcarepro.cluster run [STAGE...] [--max-jobs K] [--poll S]  # on the login node, in the workspace
-    python -m vcarepro.cluster status                                 # every stage: done / queued / running / ...
+    python -m vcarepro.tools.cluster run [STAGE...] [--max-jobs K] [--poll S]  # on the login node, in the workspace
+    python -m vcarepro.tools.cluster status                                 # every stage: done / queued / running / ...
                                                                       # (a running one's step of the total, ETA)
-    python -m vcarepro.cluster cancel                                 # scancel this workspace's jobs
+    python -m vcarepro.tools.cluster cancel                                 # scancel this workspace's jobs
 
 ``run`` reads the stage graph from DVC (``dvc.yaml``) and what is out of date from ``dvc status``.
 A stage runs once every stage upstream of it is up to date: each one named in ``cluster.local_stages``
@@ -49,10 +49,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set
 
 import submitit
 
-from .config import section, stage_params
-from .errors import USER_ERROR_STATUS, UserError
-from .io import write_json
-from .progress import latest
+from vcarepro.params.config import section, stage_params
+from vcarepro.core.errors import USER_ERROR_STATUS, UserError
+from vcarepro.core.io import write_json
+from vcarepro.core.progress import latest
 
 STATE_DIR = Path(".slurm")
 JOBS_FILE = STATE_DIR / "jobs.json"
@@ -395,7 +395,7 @@ def fix_line(path: Path) -> Optional[str]:
     return found[-1] if found else None
 
 
-PROGRESS_TAIL_BYTES = 1 << 18  # the end of a log that holds its latest progress lines (vcarepro.progress)
+PROGRESS_TAIL_BYTES = 1 << 18  # the end of a log that holds its latest progress lines (vcarepro.core.progress)
 
 
 def progress_log(root: Path, record: "Record") -> Path:
@@ -646,7 +646,7 @@ class Driver:
             return 0
         blocked = sorted(todo_stages(self.graph, changed) - set(failed))
         self.say(f"{len(failed)} stage(s) failed: {', '.join(failed)}; {len(blocked)} stage(s) wait for them. "
-                 f"Fix what the logs say, then run `python -m vcarepro.cluster run` again.")
+                 f"Fix what the logs say, then run `python -m vcarepro.tools.cluster run` again.")
         return 1
 
 
@@ -737,9 +737,9 @@ class _DriverLock:
         try:
             fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            then = ("watch it with `python -m vcarepro.cluster status`, or stop it first" if self.purpose == "run"
+            then = ("watch it with `python -m vcarepro.tools.cluster status`, or stop it first" if self.purpose == "run"
                     else "stop it first (Ctrl-C), then cancel")
-            raise ClusterError(f"a `python -m vcarepro.cluster run` drives this workspace; {then}.") from None
+            raise ClusterError(f"a `python -m vcarepro.tools.cluster run` drives this workspace; {then}.") from None
         return self
 
     def __exit__(self, *exc):
@@ -747,7 +747,7 @@ class _DriverLock:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vcarepro.cluster", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m vcarepro.tools.cluster", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run_p = sub.add_parser("run", help="run every out-of-date stage, each as a SLURM job")
     run_p.add_argument("targets", nargs="*", help="stages to bring up to date, with what they need (default: all)")
@@ -775,8 +775,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 return driver.run()
             except KeyboardInterrupt:
                 driver.stop_local()
-                print("interrupted: the jobs SLURM holds keep running; `python -m vcarepro.cluster run` again picks "
-                      "them up, `python -m vcarepro.cluster status` shows them.", file=sys.stderr)
+                print("interrupted: the jobs SLURM holds keep running; `python -m vcarepro.tools.cluster run` again picks "
+                      "them up, `python -m vcarepro.tools.cluster status` shows them.", file=sys.stderr)
                 return 130
     except UserError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
@@ -784,6 +784,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    # Through the importable module, so that jobs pickle vcarepro.cluster.StageJob by reference, not __main__'s.
-    from vcarepro.cluster import main as _main
+    # Through the importable module, so that jobs pickle vcarepro.tools.cluster.StageJob by reference, not __main__'s.
+    from vcarepro.tools.cluster import main as _main
     raise SystemExit(_main())

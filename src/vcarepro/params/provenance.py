@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
-from .config import flatten
-from .io import write_json
-from .pipeline import cls_run, gen_run, run_paths
+from vcarepro.params.config import flatten
+from vcarepro.core.io import write_json
+from vcarepro.params.runs import cls_run, gen_run, run_paths
 
 PROVENANCE_FILE = "provenance.json"
 DIGEST_KEY = "metrics_sha256"   # of the metrics.json the record vouches for (written just before it)
