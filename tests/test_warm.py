@@ -141,13 +141,15 @@ def test_an_edited_launcher_gets_a_new_server(tmp_path, monkeypatch):
     assert warm.server_key() != before
 
 
-def test_the_client_imports_neither_the_package_nor_torch():
-    """stages/run.py and its client load neither torch nor the package: only the server and a fresh stage do."""
+def test_the_client_imports_neither_the_library_nor_torch():
+    """stages/run.py and its client load neither torch, numpy nor the library: only the server and a fresh stage do.
+    Of the package they load the torch-free face and the numerics profile, which must be in the environment before
+    torch or numpy loads anywhere."""
     probe = ("import sys; "
              f"sys.path.insert(0, {str(ROOT / 'stages')!r}); import run; "
              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vcarepro', 'numpy')))")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
-    assert result.stdout.strip() == "[]"
+    assert result.stdout.strip() == "['vcarepro', 'vcarepro.core', 'vcarepro.core.numerics']"
 
 
 def test_the_socket_lives_in_a_folder_only_this_user_can_enter(monkeypatch, tmp_path):
