@@ -174,17 +174,17 @@ def test_each_change_dvc_reruns_a_training_stage_for_trains_afresh(project):
     assert [p for p in lock["params"]["params.yaml"] if p == "numerics"] == ["numerics"]
     assert lock["params"]["params.yaml"]["numerics"]["cpu"] == "native"
 
-    # 2. a declared code file: an edit trains afresh, naming the file
+    # 2. declared code (core/, one folder dep): an edit to a file in it trains afresh, naming the dependency
     numerics = project / "src" / "vcarepro" / "core" / "numerics.py"
     numerics.write_text(numerics.read_text() + "\n# an edit DVC sees\n")
     edited = repro(project)
-    assert f"({STAGE}'s deps src/vcarepro/core/numerics.py); starting afresh" in edited, edited[-3000:]
+    assert f"({STAGE}'s deps src/vcarepro/core); starting afresh" in edited, edited[-3000:]
 
     # 3. a declared param of another section (distributed.seed_processes), which the old fingerprint left out
     configure(project, "numerics.cpu=native", "distributed.seed_processes=1")
     other = repro(project)
     assert f"({STAGE}'s params distributed.seed_processes); starting afresh" in other, other[-3000:]
     assert trained_under(project)["params"]["distributed.seed_processes"] == 1
-    assert trained_under(project)["deps"]["src/vcarepro/core/numerics.py"] == \
-        {d["path"]: d["md5"] for d in recorded(project)["deps"]}["src/vcarepro/core/numerics.py"]
+    assert trained_under(project)["deps"]["src/vcarepro/core"] == \
+        {d["path"]: d["md5"] for d in recorded(project)["deps"]}["src/vcarepro/core"]
     assert "changed" not in sh(f"dvc status {STAGE}", project).stdout  # the lock holds what produced the weights
