@@ -1,13 +1,14 @@
-"""Run a stage's Python command in a warm interpreter: torch and timm imported once, not 47 times.
+"""Run a stage's Python command in a warm interpreter: torch and timm imported once per server, not once per stage.
 
-Every DVC stage is its own process, and each used to spend most of its start-up importing
-torch, timm and this package (about 9 s on a 2-core machine, so minutes over the embedded
-pipeline). ``python stages/run.py SCRIPT ARGS...`` (or ``-m MODULE ARGS...``) runs the same
+Every DVC stage is its own process, and in a fresh interpreter each spends much of its start-up
+importing torch, timm and the package before its first line of work, once for every stage of the
+pipeline. ``python stages/run.py SCRIPT ARGS...`` (or ``-m MODULE ARGS...``) runs the same
 command, but in a child forked from a local server that holds those modules already:
 
-* the client (this module, standard library only, imported by ``stages/run.py`` beside it, so
-  that the package and torch load only in the server) connects to a Unix socket in a private
-  temporary directory, starting the server (``python stages/warm.py serve``) if none answers;
+* the client (this module: the standard library and the torch-free ``vcarepro.core.supervise``,
+  imported by ``stages/run.py`` beside it, so that torch and the rest of the package load only in
+  the server) connects to a Unix socket in a private temporary directory, starting the server
+  (``python stages/warm.py serve``) if none answers;
 * it hands over its command line, working directory, environment and its stdin / stdout /
   stderr file descriptors, so the child reads and writes exactly where the stage would;
 * the server forks; the child becomes its own process group, takes those descriptors,
@@ -16,7 +17,8 @@ command, but in a child forked from a local server that holds those modules alre
   which ends the same way;
 * SIGINT, SIGTERM and SIGHUP reaching the client are forwarded to the child's process group
   (a SIGTERM still stops training at a step boundary with exit 143); if the client dies
-  without a word (SIGKILL), the server kills the child.
+  without a word (SIGKILL), the server kills the child's process group at once (SIGKILL, no grace)
+  and reaps the child (:func:`vcarepro.core.supervise.stop`).
 
 Nothing listens on the network: the socket is a file in a directory only this user can
 enter. The server's key is a hash of the interpreter, of every ``.py`` file of the package and this
@@ -43,6 +45,8 @@ import time
 import traceback
 from pathlib import Path
 from typing import List, Mapping, Optional
+
+from vcarepro.core import supervise  # standard library only, as this client must stay
 
 HERE = Path(__file__).resolve()
 PACKAGE = HERE.parents[1] / "src" / "vcarepro"  # the code the server preloads (src/vcarepro)
@@ -72,7 +76,6 @@ PRELOAD = ("torch", "timm", "vcarepro", "vcarepro.train.launch", "vcarepro.train
 IMPORT_ENV_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "ONEDNN_", "DNNL_", "ATEN_", "NPY_", "TORCH",
                        "PYTORCH_", "CUDA_", "CUBLAS_", "TIMM_", "HF_", "HUGGINGFACE_", "PYTHON", "LD_", "XDG_", "HOME",
                        "MALLOC_", "GLIBC_TUNABLES")
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 START_TIMEOUT = 120.0  # seconds for a new server to import everything and listen
 
 
@@ -197,22 +200,14 @@ def _run_on(sock: socket.socket, command: List[str]) -> int:
         raise SystemExit("the warm server closed the connection before starting the command; "
                          "run it with VCAREPRO_WARM=0 to see why.")
     child = started["pid"]
-
-    def forward(signum, frame):
-        try:
-            os.killpg(child, signum)
-        except ProcessLookupError:
-            pass
-
-    for signum in FORWARDED:
-        signal.signal(signum, forward)
-    finished, _ = lines.read()
-    if finished is None:
-        raise SystemExit("the warm server stopped while the command ran; re-run it (or set VCAREPRO_WARM=0).")
-    if finished.get("signal"):
-        signal.signal(finished["signal"], signal.SIG_DFL)
-        os.kill(os.getpid(), finished["signal"])  # end the way the command ended, as a fresh process would
-    return int(finished["exit"])
+    with supervise.forwarding(lambda signum: supervise.send(child, signum, group=True)):
+        finished, _ = lines.read()
+        if finished is None:
+            raise SystemExit("the warm server stopped while the command ran; re-run it (or set VCAREPRO_WARM=0).")
+        if finished.get("signal"):
+            signal.signal(finished["signal"], signal.SIG_DFL)
+            os.kill(os.getpid(), finished["signal"])  # end the way the command ended, as a fresh process would
+        return int(finished["exit"])
 
 
 # -- server -------------------------------------------------------------------------------------
@@ -306,11 +301,7 @@ def _wait(pid: int, conn: socket.socket) -> dict:
         except socket.timeout:
             continue
         except OSError:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            os.waitpid(pid, 0)
+            supervise.stop(pid, 0, signals=(signal.SIGKILL,), group=True, poll_s=0.05)
             return {"exit": 137, "signal": signal.SIGKILL}
 
 
@@ -321,7 +312,7 @@ def _child(request: dict, fds: List[int]) -> None:
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
-        for signum in FORWARDED:
+        for signum in supervise.FORWARDED:
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.chdir(request["cwd"])

@@ -142,14 +142,14 @@ def test_an_edited_launcher_gets_a_new_server(tmp_path, monkeypatch):
 
 
 def test_the_client_imports_neither_the_library_nor_torch():
-    """stages/run.py and its client load neither torch, numpy nor the library: only the server and a fresh stage do.
-    Of the package they load the torch-free face and the numerics profile, which must be in the environment before
-    torch or numpy loads anywhere."""
+    """stages/run.py and its client load neither torch nor the package beyond the numerics profile and the
+    supervisor (both torch-free, standard library only): the rest only the server and a fresh stage do."""
     probe = ("import sys; "
              f"sys.path.insert(0, {str(ROOT / 'stages')!r}); import run; "
              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vcarepro', 'numpy')))")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
-    assert result.stdout.strip() == "['vcarepro', 'vcarepro.core', 'vcarepro.core.numerics']"
+    assert result.stdout.strip() == str(["vcarepro", "vcarepro.core", "vcarepro.core.numerics",
+                                         "vcarepro.core.supervise"])
 
 
 def test_the_socket_lives_in_a_folder_only_this_user_can_enter(monkeypatch, tmp_path):

@@ -4,7 +4,8 @@
 (a module imports its own floor or lower; tests/test_imports.py reads the floors from each folder's
 ``FLOOR``)::
 
-    core/         0  errors, atomic writes and digests, the numerics profile, progress lines, names of choices
+    core/         0  errors, atomic writes and digests, the numerics profile, progress lines, names of choices,
+                     stopping child processes
     attention/    1  the attention layers (VCA and its family)
     data/         1  the datasets' on-disk layout and sources
     models/       2  the timm models; importing vcarepro.models registers them with timm

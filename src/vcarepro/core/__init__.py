@@ -1,4 +1,5 @@
 """The ground floor, torch-free: errors and exit statuses, atomic writes and digests, file integrity, the numerics
-profile, progress lines, and the names of the choices the schema checks and the code acts on."""
+profile, progress lines, the names of the choices the schema checks and the code acts on, and stopping child
+processes (SIGTERM, a grace period, SIGKILL)."""
 
 FLOOR = 0

@@ -50,6 +50,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set
 import submitit
 
 from vcarepro.params.config import section, stage_params
+from vcarepro.core import supervise
 from vcarepro.core.errors import USER_ERROR_STATUS, UserError
 from vcarepro.core.io import write_json
 from vcarepro.core.progress import latest
@@ -280,21 +281,10 @@ class StageJob(submitit.helpers.Checkpointable):
         # (stages/run.py to the stage, the launcher to torchrun or srun, srun to its step on every node,
         # torchrun to the ranks), each once; one that got it twice may stop before its checkpoint. DVC
         # itself is left to see its command fail, so it releases its locks and records nothing.
-        for proc in top:
-            try:
-                proc.send_signal(signal.SIGTERM)
-            except psutil.NoSuchProcess:
-                pass
-        deadline = time.monotonic() + grace
-        while self._proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        for proc in children:  # past the grace: the stage goes; DVC, recording nothing, is left to exit
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        while self._proc.poll() is None and time.monotonic() < deadline + 10:
-            time.sleep(0.2)
+        supervise.send(top, signal.SIGTERM, gone=(psutil.NoSuchProcess,))
+        # Past the grace (or once DVC has ended) every process under DVC goes; DVC, recording nothing, gets 10 s
+        # more to exit.
+        supervise.stop(self._proc, grace, signals=(), kill=children, reap_s=10, gone=(psutil.NoSuchProcess,))
 
 
 SHELLS = {"sh", "dash", "bash", "zsh", "fish", "ksh"}
@@ -600,11 +590,7 @@ class Driver:
     def stop_local(self) -> None:
         """The stage this command runs itself stops with it (SIGTERM; DVC records nothing)."""
         if self.local_proc is not None and self.local_proc[1].poll() is None:
-            self.local_proc[1].terminate()
-            try:
-                self.local_proc[1].wait(60)
-            except subprocess.TimeoutExpired:
-                self.local_proc[1].kill()
+            supervise.stop(self.local_proc[1], 60)  # SIGTERM, SIGKILL after 60 s
 
     def active_jobs(self) -> int:
         return sum(1 for r in self.records.values() if r.state == "submitted" and r.job_id)

@@ -43,13 +43,13 @@ import tempfile
 import time
 from typing import Callable, List, Mapping, Optional
 
+from vcarepro.core import supervise
 from vcarepro.core.errors import USER_ERROR_STATUS, BadInput
 
 DEFAULT_PORT = 29500
 RDZV_TIMEOUT_ENV = "VCAREPRO_RDZV_TIMEOUT"  # read by the ranks (vcarepro.train.distributed)
 DEFAULT_RDZV_TIMEOUT = 600  # seconds, as torchrun's join_timeout
 DEFAULT_GRACE = 30  # seconds between SIGTERM and SIGKILL for the ranks left when one fails
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 POLL = 0.2  # seconds between looks at the ranks
 
 
@@ -150,73 +150,57 @@ def resolve(args, env: Optional[Mapping[str, str]] = None, gpu_count: Optional[C
 def run_local(script: str, script_args, nproc: int, rdzv_timeout: int = DEFAULT_RDZV_TIMEOUT,
               grace: float = DEFAULT_GRACE) -> int:
     """Start ``nproc`` ranks of ``script`` here, rendezvousing through a file store; watch them all."""
-    received: List[int] = []  # signals that reached the launcher, passed on to the ranks by _watch
-
-    def note(signum, frame):
-        received.append(signum)
-
-    previous = {}
-    for signum in FORWARDED:
+    received: List[int] = []  # signals that reached the launcher (SIGINT, SIGTERM, SIGHUP), passed on by _watch
+    with supervise.forwarding(received.append):
+        # Removed on every way out of here. A SIGKILL of the launcher itself cannot be caught: the folder (a
+        # few bytes) then stays in the temporary directory, and the ranks live on unless the kill took its
+        # whole process group (the warm client's does), since they share the launcher's group.
+        tmp = tempfile.mkdtemp(prefix="vcarepro-dist-")
+        procs: List[subprocess.Popen] = []
         try:
-            previous[signum] = signal.signal(signum, note)
-        except ValueError:  # not the main thread: leave signals alone
-            break
-    # Removed on every way out of here. A SIGKILL of the launcher itself cannot be caught: the folder (a
-    # few bytes) then stays in the temporary directory, and the ranks live on unless the kill took its
-    # whole process group (the warm client's does), since they share the launcher's group.
-    tmp = tempfile.mkdtemp(prefix="vcarepro-dist-")
-    procs: List[subprocess.Popen] = []
-    try:
-        for rank in range(nproc):
-            if received:
-                break
-            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
-                       LOCAL_WORLD_SIZE=str(nproc), VCAREPRO_DIST_INIT=f"file://{tmp}/store",
-                       GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-                       **{RDZV_TIMEOUT_ENV: str(rdzv_timeout)})
-            procs.append(subprocess.Popen([sys.executable, script, *script_args], env=env))
-        return _watch(procs, received, grace)
-    finally:
-        for proc in procs:  # only after an error in the launcher itself is any still running
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            for rank in range(nproc):
+                if received:
+                    break
+                env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
+                           LOCAL_WORLD_SIZE=str(nproc), VCAREPRO_DIST_INIT=f"file://{tmp}/store",
+                           GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+                           **{RDZV_TIMEOUT_ENV: str(rdzv_timeout)})
+                procs.append(subprocess.Popen([sys.executable, script, *script_args], env=env))
+            return _watch(procs, received, grace)
+        finally:  # only after an error in the launcher itself is any still running
+            supervise.stop(procs, 0, signals=(signal.SIGKILL,), poll_s=POLL)
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _watch(procs: List[subprocess.Popen], received: List[int], grace: float) -> int:
     """Wait for every rank; the first to fail (or a signal to the launcher) stops the rest. The exit status."""
     failed = None  # (rank, status) of the first rank that exited non-zero while the others ran
-    stopped: List[int] = []  # ranks still running when the stop began
-    stop_since = None
-    forwarded = 0
-    killed = False
     while True:
         codes = [proc.poll() for proc in procs]
         running = [rank for rank, code in enumerate(codes) if code is None]
-        # A signal to the launcher goes to every rank still running. One sent to the whole process group
-        # (Ctrl-C, the warm client's forwarding) reaches a rank twice: harmless for SIGTERM, a flag in training.
-        for signum in received[forwarded:]:
-            forwarded += 1
-            for rank in running:
-                _signal(procs[rank], signum)
-            if stop_since is None:
-                stop_since, stopped = time.monotonic(), running
-        if stop_since is None:
-            failed = next(((rank, code) for rank, code in enumerate(codes) if code not in (None, 0)), None)
-            if failed is not None:
-                stop_since, stopped = time.monotonic(), running
-                for rank in running:
-                    _signal(procs[rank], signal.SIGTERM)
-        if not running:
+        if received:  # passed on to every rank still running, which stops them
             break
-        if stop_since is not None and not killed and time.monotonic() - stop_since > grace:
-            killed = True
-            for rank in running:
-                _signal(procs[rank], signal.SIGKILL)
+        failed = next(((rank, code) for rank, code in enumerate(codes) if code not in (None, 0)), None)
+        if failed is not None or not running:  # the others get SIGTERM
+            break
         time.sleep(POLL)
+    stopped = running  # ranks still running when the stop began
+    killed = False
+    if stopped:
+        # A signal to the launcher goes to every rank still running, also while they stop. One sent to the whole
+        # process group (Ctrl-C, the warm client's forwarding) reaches a rank twice: harmless for SIGTERM, a flag
+        # in training.
+        seen = len(received)
+
+        def pending() -> List[int]:
+            nonlocal seen
+            new = received[seen:]
+            seen += len(new)
+            return new
+
+        killed = supervise.stop([procs[rank] for rank in stopped], grace,
+                                signals=received[:seen] if seen else (signal.SIGTERM,), pending=pending,
+                                poll_s=POLL).killed
     if failed is not None and failed[1] != USER_ERROR_STATUS:  # the first to exit may have failed because of one
         said = next((rank for rank, proc in enumerate(procs) if proc.returncode == USER_ERROR_STATUS), None)
         if said is not None:  # that stopped with its one-sentence error (a damaged image): the sentence names it
@@ -226,29 +210,15 @@ def _watch(procs: List[subprocess.Popen], received: List[int], grace: float) -> 
     others = f"stopped {_ranks(stopped)}{how}" if stopped else "the other ranks had finished"
     if failed is not None:  # what came first is what the sentence names
         rank, code = failed
-        status = f"{code} (killed by {_name(-code)})" if code < 0 else str(code)
+        status = f"{code} (killed by {supervise.signal_name(-code)})" if code < 0 else str(code)
         print(f"launch: rank {rank} exited with status {status}; {others}; see the ranks' output above.",
               file=sys.stderr, flush=True)
-        return 128 - code if code < 0 else code
+        return supervise.exit_status(code)
     if received:
-        print(f"launch: stopped by {_name(received[0])}, passed on to {_ranks(stopped) if stopped else 'no rank'}"
-              f"{how}.", file=sys.stderr, flush=True)
+        print(f"launch: stopped by {supervise.signal_name(received[0])}, passed on to "
+              f"{_ranks(stopped) if stopped else 'no rank'}{how}.", file=sys.stderr, flush=True)
         return 128 + received[0]
     return 0
-
-
-def _signal(proc: subprocess.Popen, signum: int) -> None:
-    try:
-        proc.send_signal(signum)  # nothing if it has been reaped already
-    except ProcessLookupError:  # it ended between the look and the signal
-        pass
-
-
-def _name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def _ranks(ranks: List[int]) -> str:
@@ -329,24 +299,10 @@ def call_forwarding(command: List[str], env: Mapping[str, str],
     them, or they would be orphaned. A status from a signal is 128 + its number (143 for SIGTERM).
     """
     process = subprocess.Popen(command, env=dict(env))
-    previous = {}
     translate = translate or {}
-
-    def forward(signum, frame):
-        if process.poll() is None:
-            process.send_signal(translate.get(signum, signum))
-
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        try:
-            previous[signum] = signal.signal(signum, forward)
-        except ValueError:  # not the main thread: leave signals alone
-            break
-    try:
+    with supervise.forwarding(lambda signum: supervise.send(process, translate.get(signum, signum))):
         code = process.wait()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    return 128 - code if code < 0 else code
+    return supervise.exit_status(code)
 
 
 if __name__ == "__main__":

@@ -22,13 +22,12 @@ every worker.
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 import os
 import pickle
-import signal
 import sys
 import tempfile
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional
@@ -37,7 +36,7 @@ import torch
 from dvclive import Live
 
 from vcarepro.train.distributed import DistInfo, barrier, init_distributed, shutdown
-from vcarepro.core import progress
+from vcarepro.core import progress, supervise
 from vcarepro.train.preemption import Preempted, stop_on_sigterm
 from vcarepro.core.errors import USER_ERROR_STATUS, UserError
 
@@ -175,36 +174,30 @@ def run_in_workers(label: str, seeds: List[int], work: Callable[[int], Optional[
                                    daemon=False)
                    for k in range(processes)]
         print(f"{label}: {what} {seeds} in {processes} worker processes, {threads} thread(s) each", flush=True)
-        stopping = None  # when the stop began
+        stopping = False
         with stop_on_sigterm() as stop:
             try:
                 for w in workers:
                     w.start()
                 while any(w.is_alive() for w in workers):
-                    if stopping is None and (stop.requested or any(Path(tmp).glob("seed_*.preempted"))
-                                             or any(Path(tmp).glob("seed_*.usererror"))):
-                        stopping = time.monotonic()  # stop the others at their next step boundary, checkpoints kept
-                        for w in workers:
-                            if w.is_alive():
-                                os.kill(w.pid, signal.SIGTERM)
-                    elif stopping is not None and time.monotonic() - stopping > WORKER_GRACE:
-                        for w in workers:  # one that cannot reach a step boundary in time
-                            if w.is_alive():
-                                w.kill()
+                    if (stop.requested or any(Path(tmp).glob("seed_*.preempted"))
+                            or any(Path(tmp).glob("seed_*.usererror"))):
+                        # SIGTERM stops the others at their next step boundary, checkpoints kept; SIGKILL one that
+                        # cannot reach a step boundary in time
+                        stopping = True
+                        supervise.stop(workers, WORKER_GRACE, poll_s=0.1)
+                        break
                     for w in workers:
                         w.join(timeout=0.1)
-            finally:
-                for w in workers:  # the stage was interrupted otherwise: stop the workers with it
-                    if w.is_alive():
-                        w.terminate()
-                        w.join()
+            finally:  # the stage was interrupted otherwise: stop the workers with it (SIGTERM, waited for)
+                supervise.stop(workers, math.inf, poll_s=0.1)
             stopped_here = stop.requested  # also a SIGTERM just after the last worker ended
         for seed in seeds:  # the user's to fix: redoing the seed here would only meet it again
             refused = Path(tmp) / f"seed_{seed}.usererror"
             if refused.is_file():
                 raise pickle.loads(refused.read_bytes())
         stopped = [p.read_text() for p in sorted(Path(tmp).glob("seed_*.preempted"))]
-        if stopping is not None or stopped or stopped_here:
+        if stopping or stopped or stopped_here:
             raise Preempted(f"in a seed worker ({'; '.join(stopped) or 'the stage was sent SIGTERM'})")
         done, failed = {}, []
         for seed in seeds:
