@@ -20,7 +20,8 @@ from vcarepro.core.io import write_json
 from vcarepro.metrics.aggregate import aggregate_seeds
 from vcarepro.core.integrity import prepared
 from vcarepro.metrics.extractors import make_extractor
-from vcarepro.metrics.fid50k import evaluate_samples, evaluator_options, load_reference_set
+from vcarepro.metrics.evaluator import evaluate_samples, evaluator_options
+from vcarepro.metrics.fid_reference import load_reference_set
 from vcarepro.params.provenance import write_provenance
 from vcarepro.params.runs import FID_REFERENCE, GEN_DATA, gen_run
 from vcarepro.metrics.protocol import measured_protocol, read_protocol

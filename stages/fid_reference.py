@@ -24,7 +24,7 @@ from vcarepro.params.config import stage_params
 from vcarepro.core.integrity import prepared
 from vcarepro.core.io import atomic_directory, write_json
 from vcarepro.metrics.extractors import make_extractor
-from vcarepro.metrics.fid50k import write_reference
+from vcarepro.metrics.fid_reference import write_reference
 from vcarepro.metrics.own_reference import own_reference
 from vcarepro.params.runs import CLS_DATA, FID_REFERENCE, GEN_DATA
 from vcarepro.core import progress

@@ -55,7 +55,8 @@ PACKAGE = HERE.parents[1] / "src" / "vcarepro"  # the code the server preloads (
 # older than its checkout; a module left out is imported by the child itself, which costs only its import time.
 # DVC's stage loader is what vcarepro.params.stage_facts asks for the facts a training stage resumes under.
 PRELOAD = ("torch", "timm", "vcarepro", "vcarepro.train.launch", "vcarepro.train.classification",
-           "vcarepro.train.generation", "vcarepro.metrics.complexity", "vcarepro.metrics.fid50k",
+           "vcarepro.train.generation", "vcarepro.metrics.complexity", "vcarepro.metrics.evaluator",
+           "vcarepro.metrics.fid_reference", "vcarepro.metrics.inception",
            "vcarepro.data.samples", "vcarepro.tools.bench", "vcarepro.report.render", "dvclive",
            "vcarepro.params.stage_facts", "dvc.repo", "dvc.dvcfile", "dvc.stage.loader", "dvc.dependency.param")
 # What the preloaded modules fix when they load. A child forked from the server runs with them as the

@@ -323,7 +323,8 @@ def test_inception_path_runs_end_to_end_from_a_local_weights_file(digits, tmp_pa
 def test_the_pipelines_streamed_evaluation_agrees_with_torch_fidelity(digits, trained, tmp_path):
     """eval_gen's path (reference statistics, kept features, samples .npz) gives torch-fidelity's FID."""
     from vcarepro.metrics.extractors import DigitFeatures
-    from vcarepro.metrics.fid50k import evaluate_samples, reference_from_images
+    from vcarepro.metrics.evaluator import evaluate_samples
+    from vcarepro.metrics.fid_reference import reference_from_images
 
     extractor = DigitFeatures(trained["path"], torch.device("cpu"))
     real, fake = digits["a"][:400], digits["b"][:300]

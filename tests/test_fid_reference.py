@@ -9,23 +9,16 @@ import torch
 import torch_fidelity.feature_extractor_inceptionv3 as tf_inception
 from scipy import linalg
 from scipy.spatial.distance import cdist
+from torch_fidelity.metric_kid import KEY_METRIC_KID_MEAN, KEY_METRIC_KID_STD, kid_features_to_metric
 
-from vcarepro.metrics.fid50k import (
-    SPATIAL_FEATURE_DIM,
-    FeatureReservoir,
-    FeatureStats,
-    InceptionFeatures,
-    StatsAccumulator,
-    adm_reference_features,
-    evaluate_samples,
-    frechet_distance,
-    inception_score,
-    iter_npz_images,
-    load_adm_reference,
-    precision_recall,
-    reference_from_images,
-    write_reference,
-)
+from vcarepro.metrics.evaluator import evaluate_samples
+from vcarepro.metrics.feature_stats import FeatureReservoir, FeatureStats, StatsAccumulator, frechet_distance
+from vcarepro.metrics.fid_reference import adm_reference_features, load_adm_reference, reference_from_images, \
+    write_reference
+from vcarepro.metrics.inception import SPATIAL_FEATURE_DIM, InceptionFeatures
+from vcarepro.metrics.inception_score import inception_score
+from vcarepro.metrics.kid import kernel_inception_distance
+from vcarepro.metrics.precision_recall import precision_recall
 from vcarepro.tools.standins import write_random_inception
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -207,6 +200,25 @@ def test_precision_recall_needs_more_points_than_k():
         precision_recall(np.zeros((3, 2)), np.zeros((10, 2)))
 
 
+# --------------------------------------------------------------------------- KID
+
+
+def test_kid_is_torch_fidelitys_over_subsets_no_larger_than_the_smaller_set():
+    rng = np.random.default_rng(8)
+    real = rng.normal(size=(30, 5)).astype(np.float32)
+    fake = (rng.normal(size=(20, 5)) + 0.5).astype(np.float32)
+    mean, std = kernel_inception_distance(real, fake, subsets=7, subset_size=1000, seed=3)
+    theirs = kid_features_to_metric(torch.from_numpy(real), torch.from_numpy(fake), kid_subsets=7,
+                                    kid_subset_size=20, rng_seed=3, verbose=False)
+    assert (mean, std) == (theirs[KEY_METRIC_KID_MEAN], theirs[KEY_METRIC_KID_STD])
+    assert mean > 0 and std > 0
+    with pytest.raises(ValueError, match="KID subset size 21"):  # what the clip to 20 spares a smoke evaluation
+        kid_features_to_metric(torch.from_numpy(real), torch.from_numpy(fake), kid_subsets=7, kid_subset_size=21,
+                               verbose=False)
+    assert kernel_inception_distance(real, fake, subsets=7, subset_size=10, seed=4) != \
+        kernel_inception_distance(real, fake, subsets=7, subset_size=10, seed=3)
+
+
 # --------------------------------------------------------------------------- reservoir and reference statistics
 
 
@@ -292,29 +304,6 @@ def test_reference_from_images_stats_cover_all_images_and_keep_a_subset():
     np.testing.assert_allclose(spatial.sigma, np.cov(spatial_features, rowvar=False), rtol=1e-8)
     with pytest.raises(ValueError, match="got no images"):
         reference_from_images(iter([]), FakeExtractor())
-
-
-# --------------------------------------------------------------------------- sample files
-
-
-def test_npz_images_stream_in_batches_from_plain_and_compressed_files(tmp_path):
-    images = random_images(23, seed=9)
-    np.savez(tmp_path / "plain.npz", images)
-    np.savez_compressed(tmp_path / "packed.npz", images)
-    np.save(tmp_path / "array.npy", images)
-    for name in ("plain.npz", "packed.npz", "array.npy"):
-        batches = list(iter_npz_images(tmp_path / name, 10))
-        assert [len(b) for b in batches] == [10, 10, 3]
-        np.testing.assert_array_equal(np.concatenate(batches), images)
-
-
-def test_npz_images_reject_non_image_arrays(tmp_path):
-    np.savez(tmp_path / "floats.npz", np.zeros((4, 8, 8, 3), np.float32))
-    with pytest.raises(ValueError, match=r"not uint8 \(N, H, W, 3\) images"):
-        list(iter_npz_images(tmp_path / "floats.npz", 2))
-    np.savez(tmp_path / "named.npz", images=np.zeros((4, 8, 8, 3), np.uint8))
-    with pytest.raises(ValueError, match=r"has no 'arr_0' array \(keys: \['images'\]\)"):
-        list(iter_npz_images(tmp_path / "named.npz", 2))
 
 
 def test_evaluate_samples_streams_the_file_and_computes_adm_metrics(tmp_path):

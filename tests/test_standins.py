@@ -29,8 +29,9 @@ from vcarepro.data.folders import ManifestDataset, read_classes, read_manifest
 from vcarepro.data.imagenet import prepare_imagenet
 from vcarepro.core.errors import BadInput
 from vcarepro.metrics.extractors import make_extractor
-from vcarepro.metrics.fid50k import (InceptionFeatures, adm_reference_features, iter_npz_images, load_adm_reference,
-                                     write_reference)
+from vcarepro.metrics.fid_reference import adm_reference_features, load_adm_reference, write_reference
+from vcarepro.metrics.inception import InceptionFeatures
+from vcarepro.metrics.npz_images import iter_npz_images
 from vcarepro.tools.standins import (DEVKIT_TAR, TRAIN_TAR, VAL_TAR, MiniImageNet, main, synthetic_batch,
                                write_adm_reference, write_mini_imagenet, write_random_inception, write_random_vae,
                                write_standins)

@@ -13,7 +13,7 @@ evaluate the entries listed in ``calibrate.checkpoints``:
   so the released 1000-way head is read as its authors read it;
 - a generator: loaded strictly into ``create_dit(arch)``, sampled with ``generation.generate_batches``
   (sample_gen's sampler code) under the entry's sampler, steps and guidance, decoded by the VAE, and
-  measured by ``fid50k.evaluate_samples`` against data/fid_reference (eval_gen's evaluator).
+  measured by ``evaluator.evaluate_samples`` against data/fid_reference (eval_gen's evaluator).
 
 Every row records the file's sha256. At smoke scale the files are stand-ins that ``vcarepro.tools.standins``
 writes in the released layouts (random weights): the rows show that the road runs, and are not judged.

@@ -92,7 +92,8 @@ def calibrate_generator(params: Dict[str, Any], name: str, device: torch.device,
     from vcarepro.data.latents import decode_to_uint8, load_vae
     from vcarepro.data.samples import NpzSampleWriter
     from vcarepro.metrics.extractors import make_extractor
-    from vcarepro.metrics.fid50k import evaluate_samples, evaluator_options, load_reference_set
+    from vcarepro.metrics.evaluator import evaluate_samples, evaluator_options
+    from vcarepro.metrics.fid_reference import load_reference_set
     from vcarepro.data.samples import discard_work
     from vcarepro.params.stage_facts import digest, stage_facts
     from vcarepro.metrics.protocol import sampler_of

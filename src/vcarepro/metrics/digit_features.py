@@ -1,6 +1,6 @@
 """The embedded scale's FID features: a digit classifier registered with torch-fidelity as a feature extractor.
 
-The FID-50K of the paper scale (ADM's evaluator) is :mod:`vcarepro.metrics.fid50k`; this module holds the
+The FID-50K of the paper scale (ADM's evaluator) is :mod:`vcarepro.metrics.evaluator`; this module holds the
 extractor names both scales use and :func:`compute_generation_metrics`, FID and KID of two in-memory image
 sets through torch-fidelity, offline. Two feature extractors, one code path:
 

@@ -2,7 +2,7 @@
 
 ``extractor(images)`` takes uint8 (B, C, H, W) images and returns ``(features, logits)``:
 the space FID / KID / precision-recall are computed in, and the classifier logits the
-Inception Score uses. Paper scale: torch-fidelity's Inception (``fid50k.InceptionFeatures``,
+Inception Score uses. Paper scale: torch-fidelity's Inception (``inception.InceptionFeatures``,
 which also gives sFID's spatial features through ``extract``). Embedded scale: the digit
 classifier that prepare_gen trained (:class:`DigitFeatures`).
 """
@@ -40,6 +40,6 @@ def make_extractor(gen_meta: Dict[str, Any], prepare_gen: Dict[str, Any], device
     if gen_meta["fid_extractor"] == "digits":
         return DigitFeatures(Path(gen_data) / "fid_extractor.safetensors", device), DIGITS_EXTRACTOR
     if gen_meta["fid_extractor"] == "inception":
-        from vcarepro.metrics.fid50k import InceptionFeatures
+        from vcarepro.metrics.inception import InceptionFeatures
         return InceptionFeatures(prepare_gen["inception_weights"], device, batch_size=batch_size), INCEPTION_EXTRACTOR
     raise BadInput(f"fid_extractor={gen_meta['fid_extractor']!r} is unknown; use 'digits' or 'inception'.")

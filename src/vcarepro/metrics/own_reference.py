@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from vcarepro.data.folders import ManifestDataset
 from vcarepro.data.latents import adm_center_crop
-from vcarepro.metrics.fid50k import reference_from_images
+from vcarepro.metrics.fid_reference import reference_from_images
 
 
 def _crop_to_uint8(size: int):

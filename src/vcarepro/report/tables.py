@@ -420,7 +420,7 @@ class TableBuilder:
         """Each Table 2 row (data/paper_reference.yaml) beside ours: FID-50K and the protocol it followed.
 
         Where each number is made: ``fid`` is ``runs/gen/<run>/metrics.json``, written by the ``eval_gen@RUN``
-        stage (stages/eval_gen.py) with ``vcarepro.metrics.fid50k.evaluate_samples`` over the ``.npz`` samples
+        stage (stages/eval_gen.py) with ``vcarepro.metrics.evaluator.evaluate_samples`` over the ``.npz`` samples
         ``sample_gen@RUN`` drew (``vcarepro.train.sampling``), against ``fid_reference``'s statistics; the
         protocol is the samples' ``protocol.json`` that eval_gen copied (``vcarepro.metrics.protocol``), worded by
         ``protocol.describe`` and compared with the paper's by ``protocol.deviations``.
@@ -435,7 +435,7 @@ class TableBuilder:
         ``top1``: the row's ``cls_run``'s metrics.json from ``eval_cls@RUN`` (``classification.evaluate`` /
         ``best_epoch_figures``, as in ``table1``), read with the table's statistic. ``fid``: the row's
         ``gen_run``'s ``runs/gen/<run>/metrics.json``, written by the ``eval_gen@RUN`` stage (stages/eval_gen.py)
-        with ``vcarepro.metrics.fid50k.evaluate_samples`` over the samples ``sample_gen@RUN`` drew.
+        with ``vcarepro.metrics.evaluator.evaluate_samples`` over the samples ``sample_gen@RUN`` drew.
         """
         rows = []
         for r in self.ref[name]["rows"]:
@@ -578,7 +578,7 @@ class TableBuilder:
         carry Welch's 95% interval and a sign only where it excludes zero.
 
         Where each number is made: ``top1`` by ``eval_cls@RUN`` (``classification.evaluate``, final epoch), ``fid``
-        by ``eval_gen@RUN`` (``metrics.fid50k.evaluate_samples``), each run's metrics.json; the parameter and
+        by ``eval_gen@RUN`` (``metrics.evaluator.evaluate_samples``), each run's metrics.json; the parameter and
         GMAC counts (ours of the published model and of the drop-in) by the ``complexity`` stage
         (``metrics.complexity.model_complexity``, metrics/complexity.json); the MHSA baseline's run is
         ``rows.answering_run`` of the family's ``baseline.cls_run``.

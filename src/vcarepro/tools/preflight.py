@@ -281,7 +281,7 @@ def check_inputs(params: Dict[str, Any], *, cls_runs: int, gen_runs: int, cls_pr
     need, as params name them: one entry per param, so an input two params name comes twice (see
     :func:`group_inputs`)."""
     from vcarepro.data.latents import _local_vae_folder
-    from vcarepro.metrics.fid50k import INCEPTION_WEIGHTS_FILENAME
+    from vcarepro.metrics.digit_features import INCEPTION_WEIGHTS_FILENAME
 
     inputs: List[Input] = []
     prep = params["prepare_cls"]

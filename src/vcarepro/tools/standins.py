@@ -373,14 +373,15 @@ def write_adm_reference(path: PathLike, *, inception_weights: PathLike, num_imag
 
     The images are the miniature's (``classes`` in turn, ADM-center-cropped to S); the statistics
     (float64, 2048-d pool and 2023-d spatial, as in ADM's files) are those of these images
-    through :class:`vcarepro.metrics.fid50k.InceptionFeatures` on ``inception_weights``, so they are
+    through :class:`vcarepro.metrics.inception.InceptionFeatures` on ``inception_weights``, so they are
     consistent with what eval_gen measures samples with. ADM's statistics cover ImageNet train, not
     only its 10,000 images; with N <= 2048 images these covariances are singular, which the
     Frechet distance handles (it takes the square root of the eigenvalues as complex numbers).
     """
     import torch
 
-    from vcarepro.metrics.fid50k import InceptionFeatures, reference_from_images
+    from vcarepro.metrics.fid_reference import reference_from_images
+    from vcarepro.metrics.inception import InceptionFeatures
 
     if num_images < 2:
         raise BadInput(f"an ADM reference batch needs at least 2 images for a covariance, got num_images={num_images}.")
