@@ -21,8 +21,9 @@ are ``num_prefix_tokens`` prefix tokens followed by a ``grid_size`` patch grid; 
 grid-aware layers take that layout, timm's two do not need it.
 """
 
-FLOOR = 1
 from __future__ import annotations
+
+FLOOR = 1
 
 import importlib
 import inspect

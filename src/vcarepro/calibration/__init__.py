@@ -19,8 +19,9 @@ Every row records the file's sha256. At smoke scale the files are stand-ins that
 writes in the released layouts (random weights): the rows show that the road runs, and are not judged.
 """
 
-FLOOR = 5
 from __future__ import annotations
+
+FLOOR = 5
 
 import hashlib
 import pickle

@@ -22,8 +22,9 @@ For PVT, Swin and CSWin, "mhsa" names the backbone's own attention.
 The DiT/SiT backbone has its own factory, ``models.dit.create_dit``.
 """
 
-FLOOR = 2
 from __future__ import annotations
+
+FLOOR = 2
 
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
