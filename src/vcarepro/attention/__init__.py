@@ -36,6 +36,8 @@ from vcarepro.core.choices import ATTENTIONS, CONTROLS, FAMILY, POOLED_TOKEN_OPT
 from vcarepro.attention.vca import VisualContrastAttention, lambda_init_for_layer
 from vcarepro.core.errors import BadInput
 
+FLOOR = 1
+
 # name -> "module:Class" under vcarepro.attention (imported on first use)
 _LAYER_PATHS = {
     "vca": "vca:VisualContrastAttention",

@@ -33,6 +33,8 @@ import torch
 from vcarepro.core.errors import BadInput, MissingInput, UnknownName
 from vcarepro.calibration.keymaps import KeyMap
 
+FLOOR = 5
+
 KINDS = {"cls": "classifiers", "gen": "generators"}
 METRIC = {"cls": "top1", "gen": "fid"}
 

@@ -39,6 +39,8 @@ from vcarepro.attention import ATTENTIONS, all_attention_options, attention_opti
 from vcarepro.core.choices import model_options
 from vcarepro.core.errors import BadInput
 
+FLOOR = 2
+
 # arch -> {attention: timm model name}
 CLASSIFIER_ARCHS = {
     "deit_tiny": {"mhsa": "deit_tiny_patch16_224", "vca": "vca_deit_tiny_patch16_224",
