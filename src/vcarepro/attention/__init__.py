@@ -23,8 +23,6 @@ grid-aware layers take that layout, timm's two do not need it.
 
 from __future__ import annotations
 
-FLOOR = 1
-
 import importlib
 import inspect
 from typing import Any, Dict, Optional, Sequence, Tuple, Type, Union

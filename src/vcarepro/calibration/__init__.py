@@ -21,8 +21,6 @@ writes in the released layouts (random weights): the rows show that the road run
 
 from __future__ import annotations
 
-FLOOR = 5
-
 import hashlib
 import pickle
 from pathlib import Path

@@ -24,8 +24,6 @@ The DiT/SiT backbone has its own factory, ``models.dit.create_dit``.
 
 from __future__ import annotations
 
-FLOOR = 2
-
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
