@@ -1,5 +1,5 @@
-"""python -m vcarepro.tools.preflight: every run of a scale stepped on this machine (the median of a few timed steps), its
-cost projected from the recipe, and every problem a run would meet later reported now (exit status 2), what to fix
+"""python -m vcarepro.tools.preflight: every run of a scale stepped on this machine (the median of a few timed steps),
+its cost projected from the recipe, and every problem a run would meet later reported now (exit status 2), what to fix
 first: missing inputs before the table, the runs that do not fit in one sentence after it."""
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vcarepro.params.config import compose
 from vcarepro.core.errors import USER_ERROR_STATUS
+from vcarepro.params.config import compose
 from vcarepro.params.runs import cls_run, gen_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +25,8 @@ HOURS = ("train CPU-h", "sample CPU-h", "CPU-h")
 
 
 def preflight(cwd: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    """The real CLI in a fresh process, in a directory with no prepared data and no weights (unless a test adds them)."""
+    """The real CLI in a fresh process, in a directory with no prepared data and no weights (unless a test adds
+    them)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     return subprocess.run([sys.executable, "-m", "vcarepro.tools.preflight", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
@@ -314,6 +315,7 @@ def known_steps(monkeypatch, tmp_path):
     static size of twice the device's memory; no input exists (not even a cached SD-VAE); one stream for both
     stdout and stderr, so the order of what is printed can be read. Returns (main(*args) -> status, the output)."""
     import huggingface_hub.constants
+
     import vcarepro.tools.bench.train_step as train_step
     from vcarepro.tools.preflight import cli, loader, machine, stepping
 
