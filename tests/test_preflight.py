@@ -1,5 +1,5 @@
-"""python -m vcarepro.tools.preflight: every run of a scale stepped on this machine (the median of a few timed steps), its
-cost projected from the recipe, and every problem a run would meet later reported now (exit status 2), what to fix
+"""python -m vcarepro.tools.preflight: every run of a scale stepped on this machine (the median of a few timed steps),
+its cost projected from the recipe, and every problem a run would meet later reported now (exit status 2), what to fix
 first: missing inputs before the table, the runs that do not fit in one sentence after it."""
 from __future__ import annotations
 
@@ -16,16 +16,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from vcarepro.params.config import compose
 from vcarepro.core.errors import USER_ERROR_STATUS
-from vcarepro.params.runs import cls_run
+from vcarepro.params.config import compose
+from vcarepro.params.runs import cls_run, gen_run
 
 ROOT = Path(__file__).resolve().parents[1]
 HOURS = ("train CPU-h", "sample CPU-h", "CPU-h")
 
 
 def preflight(cwd: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    """The real CLI in a fresh process, in a directory with no prepared data and no weights (unless a test adds them)."""
+    """The real CLI in a fresh process, in a directory with no prepared data and no weights (unless a test adds
+    them)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     return subprocess.run([sys.executable, "-m", "vcarepro.tools.preflight", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
@@ -61,7 +62,7 @@ def assert_hours_follow_the_formula(table: dict) -> None:
 
 
 def assert_json_matches(table: dict, report: dict) -> None:
-    from vcarepro.tools.preflight import fmt
+    from vcarepro.tools.preflight.table import fmt
 
     assert [r["run"] for r in report["runs"]] == [name for name in table if name != "total"]
     for entry in report["runs"]:
@@ -201,7 +202,7 @@ def test_an_unknown_run_name_exits_2_with_one_sentence(tmp_path):
 def test_an_unknown_scale_exits_2_naming_the_scales(tmp_path):
     result = preflight(tmp_path, "--scale", "nowhere")
     assert result.returncode == USER_ERROR_STATUS
-    from vcarepro.tools.preflight import scales
+    from vcarepro.tools.preflight.cli import scales
 
     assert "embedded" in scales() and "paper" in scales()
     assert errors(result) == [f"error: no scale 'nowhere' under conf/scale/; choose one of {', '.join(scales())}."]
@@ -223,14 +224,16 @@ class _FakeStep:
 
 
 def test_running_out_of_memory_halves_the_batch_and_records_where_it_failed():
-    from vcarepro.tools.preflight import RunCost, _fill_costs, fit_summary, measure_step, table
+    from vcarepro.tools.preflight.cost import RunCost, fill_costs
+    from vcarepro.tools.preflight.stepping import measure_step
+    from vcarepro.tools.preflight.table import fit_summary, table
 
     measured = measure_step(lambda b: _FakeStep(b, fits_up_to=3), 16, torch.device("cpu"))
     assert (measured.batch, measured.out_of_memory_at) == (2, 16)  # 16, 8, 4 fail; 2 runs
     assert measured.seconds is not None and measured.seconds >= 0
     cost = RunCost("r", "cls", "m", "deit", "fp32", seeds=1, devices=1, accum_steps=1, global_batch=16,
                    recipe_batch=16, steps=10, device_memory=2 ** 30)
-    _fill_costs(cost, measured)
+    fill_costs(cost, measured)
     assert cost.fits is False and cost.out_of_memory_at == 16
     # not one of the run's problems: the table's fits column, and the one summary sentence for all runs
     assert cost.problems == [] and cost.fit_note == "ran out of memory at batch 16"
@@ -245,7 +248,7 @@ def test_running_out_of_memory_halves_the_batch_and_records_where_it_failed():
 
 
 def test_anything_but_out_of_memory_is_not_swallowed():
-    from vcarepro.tools.preflight import measure_step
+    from vcarepro.tools.preflight.stepping import measure_step
 
     def broken(batch):
         raise RuntimeError("shape mismatch")
@@ -255,23 +258,27 @@ def test_anything_but_out_of_memory_is_not_swallowed():
 
 
 def test_a_projected_peak_keeps_the_static_part_and_scales_the_rest():
-    from vcarepro.tools.preflight import Measured, RunCost, _fill_costs
+    from vcarepro.tools.preflight.cost import RunCost, fill_costs
+    from vcarepro.tools.preflight.stepping import Measured
 
     cost = RunCost("r", "gen", "m", "ddpm", "tf32", seeds=3, devices=2, accum_steps=1, global_batch=256,
                    recipe_batch=128, steps=100, device_memory=10 * 2 ** 30)
-    _fill_costs(cost, Measured(batch=2, seconds=0.5, peak_bytes=3 * 2 ** 30, static_bytes=2 ** 30))
+    fill_costs(cost, Measured(batch=2, seconds=0.5, peak_bytes=3 * 2 ** 30, static_bytes=2 ** 30))
     assert cost.peak_bytes == 2 ** 30 + 2 * 2 ** 30 * 64 and cost.peak_projected
     assert cost.fits is False and cost.fit_note == "needs about 129.0 of 10.0 GiB (projected from batch 2)"
     assert cost.train_gpu_hours == pytest.approx(3 * 100 * (0.5 * 64) * 2 / 3600)
 
 
 def test_the_classification_step_counts_steps_from_the_dataset_and_the_recipe():
-    from vcarepro.tools.preflight import Dataset, cls_cost
+    from vcarepro.tools.preflight.branches import classification, run_cost
+    from vcarepro.tools.preflight.machine import device_memory
+    from vcarepro.tools.preflight.sizing import Dataset
 
     params = compose(["scale=embedded"])
     run = cls_run(params, "deit_tiny-vca")
-    cost = cls_cost(run, dataset=Dataset("cls", True, 6400, "test"), num_classes=10, devices=2, cap=2,
-                    device=torch.device("cpu"), repeats=1)
+    cpu = torch.device("cpu")
+    branch = classification([run], Dataset("cls", True, 6400, "test"), num_classes=10)
+    cost = run_cost(branch, run, devices=2, cap=2, device=cpu, memory=device_memory(cpu), repeats=1)
     assert cost.recipe_batch == 32 and cost.batch_run == 2
     assert cost.steps == (run.recipe["epochs"] + run.recipe["cooldown_epochs"]) * 100
     assert cost.peak_bytes_measured is not None and cost.step_seconds > 0 and not cost.problems
@@ -308,8 +315,9 @@ def known_steps(monkeypatch, tmp_path):
     static size of twice the device's memory; no input exists (not even a cached SD-VAE); one stream for both
     stdout and stderr, so the order of what is printed can be read. Returns (main(*args) -> status, the output)."""
     import huggingface_hub.constants
+
     import vcarepro.tools.bench.train_step as train_step
-    import vcarepro.tools.preflight as preflight
+    from vcarepro.tools.preflight import cli, loader, machine, stepping
 
     clock = [0.0]
     memory = 64 * 2 ** 30
@@ -321,16 +329,16 @@ def known_steps(monkeypatch, tmp_path):
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-    monkeypatch.setattr(preflight, "clock", lambda: clock[0])
-    monkeypatch.setattr(preflight, "device_memory", lambda device: memory)
-    monkeypatch.setattr(preflight, "loader_rates", lambda runs, **kw: {})
+    monkeypatch.setattr(stepping, "clock", lambda: clock[0])
+    monkeypatch.setattr(machine, "device_memory", lambda device: memory)
+    monkeypatch.setattr(loader, "loader_rates", lambda runs, **kw: {})
     monkeypatch.setattr(train_step, "classification_step", build)
     monkeypatch.setattr(train_step, "generation_step", build)
     out = io.StringIO()
 
     def main(*args):
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            return preflight.main(list(args))
+            return cli.main(list(args))
 
     return main, out
 
@@ -383,7 +391,7 @@ def test_missing_inputs_lead_then_the_table_then_one_sentence_for_the_runs_that_
 def test_the_step_time_is_the_median_of_the_timed_steps_after_the_warm_up(known_steps, tmp_path):
     main, out = known_steps
     main(*CLS_RUNS, "--batch", "2", "--json", "out.json")
-    from vcarepro.tools.preflight import fmt
+    from vcarepro.tools.preflight.table import fmt
 
     # 5, 1 and 3 s timed after a warm-up of 100 s: 3 s at batch 2, scaled to DeiT's 1024 / 8 devices = 128
     entry = next(r for r in json.loads((tmp_path / "out.json").read_text())["runs"] if r["run"] == "deit_tiny-mhsa")
@@ -418,11 +426,129 @@ def test_on_a_terminal_progress_is_a_bar_and_the_log_gets_no_line(known_steps, m
 
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
-    import vcarepro.tools.preflight as preflight
+    from vcarepro.tools.preflight import cli
 
     with contextlib.redirect_stdout(out):
-        preflight.main(list(CLS_RUNS))
+        cli.main(list(CLS_RUNS))
     drawn = terminal.getvalue()
     # tqdm's bar, redrawn in place, ending full, with what it last did beside it
     assert "\r" in drawn and "preflight: 100%" in drawn and "2/2" in drawn and "stepping deit_tiny-vca" in drawn
     assert "preflight |" not in out.getvalue() + drawn
+
+
+# --- one path for both branches: what differs is the branch's data, its sizing and whether it samples ---
+
+def test_each_branch_counts_its_data_where_its_stage_prepared_it_and_says_where_the_count_comes_from(tmp_path):
+    from vcarepro.tools.preflight.sizing import Dataset, dataset
+
+    params = compose(["scale=embedded"])
+    cls_root, gen_root = tmp_path / "cls", tmp_path / "gen"
+    assert dataset("cls", params, "embedded", cls_root) == Dataset(
+        "cls", False, 1437, f"{cls_root} is not prepared (dvc repro prepare_cls makes it); 1,437 training images from "
+                            "the digits' split (1,797 images)")
+    write_tiny_prepared_set(cls_root, train_images=40)
+    assert dataset("cls", params, "embedded", cls_root) == Dataset(
+        "cls", True, 40, f"{cls_root} prepared (10 classes, 40 training images)")
+    assert dataset("cls", compose(["scale=paper"]), "paper", cls_root) == Dataset(
+        "cls", False, 1_281_167, f"{cls_root} holds another scale's data (10 classes, not 1000); 1,281,167 training "
+                                 "images from ImageNet-1K's known count")
+    assert dataset("gen", params, "embedded", gen_root).source.startswith(
+        f"{gen_root} is not prepared (dvc repro prepare_gen makes it); 1,437 training examples from ")
+    gen_root.mkdir()
+    (gen_root / "meta.json").write_text(json.dumps({"kind": "pixels", "num_classes": 10, "num_images": 1200}))
+    assert dataset("gen", params, "embedded", gen_root) == Dataset(
+        "gen", True, 1200, f"{gen_root} prepared (pixels, 1,200 training examples)")
+    (gen_root / "meta.json").write_text(json.dumps({"kind": "vae_latents", "num_classes": 1000, "num_images": 5}))
+    assert dataset("gen", params, "embedded", gen_root) == Dataset(
+        "gen", False, 1437, f"{gen_root} holds another scale's data (vae_latents, 1000 classes); 1,437 training "
+                            "examples from the digits' split (1,797 images)")
+
+
+class _TimedStubDiT(_StubDiT):
+    """A sampling forward pass that takes half a second on the fake clock."""
+
+    def __init__(self, clock: list):
+        super().__init__()
+        self.clock = clock
+
+    def forward(self, x, t, y):
+        self.clock[0] += 0.5
+        return super().forward(x, t, y)
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    from vcarepro.tools.preflight import stepping
+
+    clock = [0.0]
+    monkeypatch.setattr(stepping, "clock", lambda: clock[0])
+    return clock
+
+
+def test_one_path_steps_a_run_of_either_branch_and_only_a_generation_run_samples(fake_clock):
+    from vcarepro.tools.preflight.branches import Branch, run_cost
+    from vcarepro.tools.preflight.sizing import Dataset, size_cls_run, size_gen_run
+
+    built = []
+
+    def build(run, *, batch, device, **options):
+        built.append((run.name, batch, options))
+        step = _ClockedStep(fake_clock, [2.0] * 4, 1000)  # a warm-up and 3 timed steps of 2 s
+        step.model = _TimedStubDiT(fake_clock)
+        return step
+
+    params = compose(["scale=embedded"])
+    data, cpu = Dataset("any", True, 6400, "test"), torch.device("cpu")
+    measure = dict(devices=1, cap=2, device=cpu, memory=2 ** 30, repeats=3)
+    cls = run_cost(Branch("cls", "classification", [], data, size_cls_run, build, {"num_classes": 10}),
+                   cls_run(params, "deit_tiny-vca"), **measure)
+    gen = run_cost(Branch("gen", "generation", [], data, size_gen_run, build, {}, samples=True),
+                   gen_run(params, "dit_s2-vca"), **measure)
+    # each built by its branch's step with its own options, at the cap; both timed and projected the same way
+    assert built == [("deit_tiny-vca", 2, {"num_classes": 10}), ("dit_s2-vca", 2, {})]
+    for cost in (cls, gen):
+        assert cost.step_seconds_measured == [2.0, 2.0, 2.0] and cost.step_seconds == 2.0 * 64 / 2
+        assert cost.device_memory == 2 ** 30 and cost.fits is True
+    assert cls.sampling is None and cls.sample_gpu_hours == 0 and cls.gpu_hours == cls.train_gpu_hours
+    # the sampler's passes counted (DDPM: one per step), one pass of 0.5 s at batch 2 scaled to the sampling batch
+    sampling = params["sampling"]
+    assert gen.sampling["passes_per_batch"] == sampling["ddpm_steps"] and gen.sampling["batch_run"] == 2
+    assert gen.sampling["forward_seconds"] == 0.5 * sampling["batch_size"] / 2
+    batches = math.ceil(sampling["num_samples"] / sampling["batch_size"])
+    assert gen.sample_gpu_hours == pytest.approx(
+        len(gen_run(params, "dit_s2-vca").seeds) * batches * sampling["ddpm_steps"] * 0.5 * sampling["batch_size"] / 2
+        / 3600)
+    assert gen.gpu_hours == pytest.approx(gen.train_gpu_hours + gen.sample_gpu_hours)
+
+
+def test_a_run_whose_batch_cannot_be_split_over_the_devices_is_sized_not_stepped():
+    from vcarepro.tools.preflight.branches import Branch, run_cost
+    from vcarepro.tools.preflight.sizing import Dataset, size_cls_run, size_gen_run
+
+    def build(run, **_):
+        raise AssertionError("stepped")
+
+    params = compose(["scale=embedded"])
+    data, measure = Dataset("any", True, 6400, "test"), dict(devices=65, cap=None, device=torch.device("cpu"),
+                                                             memory=2 ** 30, repeats=1)
+    gen = run_cost(Branch("gen", "generation", [], data, size_gen_run, build, {}, samples=True),
+                   gen_run(params, "dit_s2-vca"), **measure)
+    cls = run_cost(Branch("cls", "classification", [], data, size_cls_run, build, {}),
+                   cls_run(params, "deit_tiny-vca"), **measure)
+    assert (gen.recipe_batch, gen.batch_run, gen.step_seconds, gen.fits) == (0, None, None, None)
+    assert gen.problems == ["dit_s2-vca: gen_recipe.batch_size=64 cannot be filled by 65 device(s) from 6,400 training "
+                            "examples; choose a batch between the device count and the dataset size."]
+    assert (cls.recipe_batch, cls.batch_run) == (0, None)
+    assert cls.problems == ["deit_tiny-vca: batch_size=64 is smaller than 65 device(s) x accum_steps=1; raise "
+                            "batch_size or lower accum_steps."]
+
+
+def test_the_package_runs_under_both_names_with_the_same_help(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    script = Path(sys.executable).parent / "vcarepro"
+    ours, theirs = (subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                    for command in ([str(script), "preflight", "--help"],
+                                    [sys.executable, "-m", "vcarepro.tools.preflight", "--help"]))
+    assert (ours.returncode, ours.stdout, ours.stderr) == (theirs.returncode, theirs.stdout, theirs.stderr)
+    assert ours.returncode == 0 and ours.stdout.startswith("usage: python -m vcarepro.tools.preflight [-h] ")
+    assert "Exit status 0: every selected run can start here." in ours.stdout

@@ -1,0 +1,280 @@
+"""What every run of a scale will cost on the machine at hand, and what would stop it, before it starts.
+
+    python -m vcarepro.tools.preflight [--scale paper] [--runs NAME,...] [--batch N] [--devices K] [--steps N]
+                                 [--device cuda] [--json PATH] [--loader-seconds S] [--verbose] [KEY=VALUE ...]
+
+For every ``cls_runs`` and ``gen_runs`` entry of the scale (params composed with ``scale=<scale>`` and
+any Hydra overrides given, e.g. ``prepare_cls.imagenet_root=/data/imagenet``; params.yaml is not touched) it builds the model, EMA, optimizer, loss and precision as training does
+(:mod:`vcarepro.tools.bench.train_step`) and runs one warm-up step and ``--steps`` timed steps (default 3; the
+median is reported) at the recipe's per-device batch (global batch / (devices x accum_steps)), or at
+``--batch`` if that is smaller, the time then scaled linearly to the recipe's batch. It records the peak
+memory of those steps (``torch.cuda.max_memory_allocated`` on a GPU, the growth of the process's peak RSS
+on a CPU) and, where the batch was capped, projects it to the recipe's batch (what lives between steps
+stays, the rest grows with the batch). It measures the training transform's throughput at the recipe's
+workers, the cost of sampling (forward passes at the sampling batch, counted by running the real sampler
+on a stand-in model), and checks the files the scale needs. Inputs that are missing do not stop the
+measurement: the models run on random tensors of the right shape.
+
+What it prints leads with what to fix: first one ``error:`` sentence per missing input (an input several
+params name, such as the SD-VAE, once), before any run is stepped; then the table (its ``fits`` column
+says whether the recipe's per-device batch fits this device); then any problem of a single run, and one
+sentence counting the runs that do not fit. Progress goes to stderr through :mod:`vcarepro.core.progress`: a bar on a
+terminal, a line every ``progress.interval_s`` in a log, and a line at every run with ``--verbose``.
+
+Exit status 0: every selected run can start here. 2: at least one problem (a missing input, a run that
+does not fit, a split too small for one batch, ...), each printed as an ``error: ...`` sentence; an
+unknown scale or run name stops at once with one sentence. 1: a run failed unexpectedly (a bug: its
+traceback is printed, the other runs are still measured).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from vcarepro.core.errors import USER_ERROR_STATUS, BadInput, UnknownName, UserError
+from vcarepro.params.config import REPO_ROOT, compose, load_params
+from vcarepro.params.runs import cls_run, gen_run
+from vcarepro.tools.preflight import loader, machine
+from vcarepro.tools.preflight.branches import Branch, classification, generation, run_cost
+from vcarepro.tools.preflight.cost import RunCost
+from vcarepro.tools.preflight.inputs import Input, check_inputs, missing_inputs
+from vcarepro.tools.preflight.machine import PeakMemory
+from vcarepro.tools.preflight.sizing import dataset, expected_classes
+from vcarepro.tools.preflight.stepping import TIMED_STEPS, WARMUP_STEPS, throw_away_step
+from vcarepro.tools.preflight.table import fit_summary, header, inputs_section, legend, table
+
+DEFAULT_CPU_BATCH = 2
+
+
+class _NoCudaRuntimeNote(logging.Filter):
+    """Drops torch's "No CUDA runtime is found, using CUDA_HOME=..." (logged by ``torch.utils.cpp_extension`` when
+    ``torch.utils.benchmark``, which :mod:`vcarepro.tools.bench` uses, imports it on a machine with a CUDA folder and no
+    GPU): a note for building CUDA extensions, which the preflight never does. Every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No CUDA runtime is found")
+
+
+def _quiet_cuda_note() -> None:
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    if not any(isinstance(f, _NoCudaRuntimeNote) for f in logger.filters):
+        logger.addFilter(_NoCudaRuntimeNote())
+
+
+_quiet_cuda_note()  # before anything imports vcarepro.tools.bench
+
+
+def scales() -> List[str]:
+    return sorted(p.stem for p in (REPO_ROOT / "conf" / "scale").glob("*.yaml"))
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m vcarepro.tools.preflight", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", help="the scale to check (default: the scale of ./params.yaml)")
+    parser.add_argument("--runs", action="append", default=[],
+                        help="comma-separated cls_runs / gen_runs entries (default: every run of the scale)")
+    parser.add_argument("--batch", type=int, help="cap on the per-device batch actually run (default on a CPU: "
+                                                  f"{DEFAULT_CPU_BATCH}; on a GPU: none); the time is scaled linearly")
+    parser.add_argument("--devices", type=int, help="devices the runs will train on (default: visible GPUs, or 1)")
+    parser.add_argument("--device", help="where to step the models (default: cuda if visible, else cpu)")
+    parser.add_argument("--steps", "--repeats", dest="steps", type=int, default=TIMED_STEPS,
+                        help=f"timed steps per run after {WARMUP_STEPS} warm-up step; the table shows their median "
+                             f"(default {TIMED_STEPS})")
+    parser.add_argument("--loader-seconds", type=float, default=3.0,
+                        help="seconds of data-loader timing per distinct training transform")
+    parser.add_argument("--json", help="also write everything to this JSON file")
+    parser.add_argument("--verbose", action="store_true",
+                        help="a progress line at each run stepped (default: a bar on a terminal, a line every "
+                             "progress.interval_s seconds in a log)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="Hydra overrides after scale=<scale>, as dvc exp run -S takes them "
+                             "(e.g. prepare_cls.imagenet_root=/data/imagenet)")
+    return parser.parse_args(argv)
+
+
+def composed(scale: Optional[str], overrides: Sequence[str]) -> Tuple[str, Dict[str, Any]]:
+    """The scale asked for (else ./params.yaml's, else embedded) and its params composed with ``overrides``, checked."""
+    known = scales()
+    scale = scale or (load_params("params.yaml").get("scale") if Path("params.yaml").is_file() else None) \
+        or "embedded"
+    if scale not in known:
+        raise UnknownName(f"no scale {scale!r} under conf/scale/; choose one of {', '.join(known)}.")
+    try:
+        params = compose([f"scale={scale}", *overrides])
+    except Exception as err:  # noqa: BLE001 - Hydra's override errors are the user's to fix
+        if type(err).__module__.split(".")[0] not in ("hydra", "omegaconf"):
+            raise
+        raise BadInput(f"the overrides {' '.join(overrides)} do not apply to conf/: "
+                       f"{str(err).strip().splitlines()[0]}") from None
+    from vcarepro.params.schema import ParamsError, validate
+    try:
+        validate(params, f"the scale={scale} composition")
+    except ParamsError as err:
+        raise BadInput(str(err)) from None
+    return scale, params
+
+
+def selected(params: Dict[str, Any], scale: str, runs: Sequence[str]) -> List[str]:
+    """The run names of ``--runs`` (comma-separated, repeatable), or every run of the scale."""
+    every = [*params["cls_runs"], *params["gen_runs"]]
+    chosen = [name.strip() for arg in runs for name in arg.split(",") if name.strip()] or every
+    unknown = [name for name in chosen if name not in every]
+    if unknown:
+        raise UnknownName(f"no run {', '.join(map(repr, unknown))} at scale {scale}; choose from {', '.join(every)}.")
+    return chosen
+
+
+def hardware(args) -> Tuple[torch.device, int, Optional[int]]:
+    """(where to step, the devices to project for, the cap on the per-device batch run)."""
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise BadInput("--device cuda was asked for but no GPU is visible; drop --device or use --device cpu.")
+    devices = args.devices or (torch.cuda.device_count() if torch.cuda.is_available() else 1)
+    if devices < 1:
+        raise BadInput(f"--devices {devices}: give at least one device.")
+    cap = args.batch if args.batch is not None else (DEFAULT_CPU_BATCH if device.type == "cpu" else None)
+    if cap is not None and cap < 1:
+        raise BadInput(f"--batch {cap}: give a positive per-device batch.")
+    return device, devices, cap
+
+
+def step_every_run(branches: Sequence[Branch], progress, doing: Callable[[str], None],
+                   **measure) -> Tuple[List[RunCost], List[str], List[str]]:
+    """Every selected run stepped and costed (:func:`run_cost` with ``measure``), each branch after one throw-away
+    step: (the costs, the runs that cannot be built as problems, the runs that failed unexpectedly as failures)."""
+    costs: List[RunCost] = []
+    problems: List[str] = []
+    failures: List[str] = []  # unexpected errors (bugs), not the user's to fix
+    for branch in branches:
+        if branch.runs:
+            throw_away_step(branch.step, branch.runs[0], measure["device"])
+        for run in branch.runs:
+            doing(f"stepping {run.name}")
+            try:
+                costs.append(run_cost(branch, run, **measure))
+            except UserError as err:  # an unknown arch or attention, a bad option: the run cannot be built
+                problems.append(f"{run.name}: {err}")
+            except Exception as err:  # noqa: BLE001 - a bug: its traceback, and the other runs still measured
+                traceback.print_exc()
+                failures.append(f"{run.name}: {type(err).__name__}: {err}")
+            progress.advance()
+    return costs, problems, failures
+
+
+def print_findings(*, scale: str, device: torch.device, devices: int, memory: int, described: Dict[str, Any],
+                   load: Tuple[float, float], steps: int, branches: Sequence[Branch], inputs: Sequence[Input],
+                   loaders: Dict[str, Dict[str, Any]], costs: Sequence[RunCost]) -> None:
+    """The header, the table and its legend, and the inputs, on stdout."""
+    cpu = device.type == "cpu"
+    where = f"{device.type}" + (f" ({torch.cuda.get_device_name(device)})" if not cpu else f" ({described['cpu']})")
+    print(header(scale, len(costs), where, devices, memory, cpu, load, os.cpu_count() or 1))
+    print(table(costs, cpu))
+    print(legend(steps, cpu, PeakMemory(device).method, memory))
+    print(inputs_section(branches, loader.distinct(loaders), inputs))
+    sys.stdout.flush()  # the table before the sentences below, where stdout and stderr go to one place
+
+
+def write_findings(path: str, *, scale: str, device: torch.device, devices: int, cap: Optional[int], steps: int,
+                   memory: int, described: Dict[str, Any], load: Tuple[float, float], branches: Sequence[Branch],
+                   inputs: Sequence[Input], missing: List[str], loaders: Dict[str, Dict[str, Any]],
+                   costs: Sequence[RunCost], problems: List[str], failures: List[str]) -> None:
+    """Everything the preflight found, as JSON at ``path`` (--json)."""
+    from vcarepro.core.io import write_json
+    write_json(path, {
+        "scale": scale, "device": device.type, "cpu_projection": device.type == "cpu", "devices": devices,
+        "batch_cap": cap, "warmup_steps": WARMUP_STEPS, "timed_steps": steps,
+        "machine": described, "device_memory_bytes": memory, "load_average": load,
+        "datasets": {branch.name: asdict(branch.dataset) for branch in branches},
+        "inputs": [asdict(i) for i in inputs], "missing_inputs": missing,
+        "loaders": [dict(entry) for entry in loader.distinct(loaders)],
+        "runs": [dict(asdict(c), scaled=c.scaled) for c in costs],
+        "total": {k: sum(getattr(c, k) or 0.0 for c in costs)
+                  for k in ("train_gpu_hours", "sample_gpu_hours", "gpu_hours")},
+        "do_not_fit": [c.run for c in costs if c.fits is False],
+        "problems": problems, "failures": failures,
+    })
+
+
+def _stepping_progress(params, total: int, verbose: bool) -> Tuple[Any, Callable[[str], None]]:
+    """The preflight's progress through :mod:`vcarepro.core.progress`, as every long loop reports: on a terminal a bar
+    on stderr (what it is doing, "stepping deit_tiny-vca", beside it); in a log a line on stderr every
+    ``progress.interval_s``, the table on stdout left clean; ``--verbose`` a line at every run. Returns the progress
+    and ``doing(text)``, which says what it is doing now."""
+    from vcarepro.core import progress as reporting
+
+    reporting.configure(params, "preflight", interval_s=0.0 if verbose else None)
+    on_terminal = not verbose and _isatty(sys.stderr)
+    now = ["stepping"]
+    progress = reporting.Progress(None, total, unit="run", figures=lambda: dict([now[0].partition(" ")[::2]]),
+                                  bar=on_terminal,
+                                  stream=None if on_terminal else sys.stderr)
+
+    def doing(text: str) -> None:
+        now[0] = text
+        progress.update(progress.n)
+
+    return progress, doing
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    scale, params = composed(args.scale, args.overrides)
+    names = selected(params, scale, args.runs)
+    if args.steps < 1:
+        raise BadInput(f"--steps {args.steps}: time at least one step.")
+    cls_runs = [cls_run(params, name) for name in names if name in params["cls_runs"]]
+    gen_runs = [gen_run(params, name) for name in names if name in params["gen_runs"]]
+    device, devices, cap = hardware(args)
+
+    load_before = os.getloadavg()[0]
+    branches = (classification(cls_runs, dataset("cls", params, scale), num_classes=expected_classes(params)),
+                generation(gen_runs, dataset("gen", params, scale)))
+    inputs = check_inputs(params, cls_runs=len(cls_runs), gen_runs=len(gen_runs),
+                          cls_prepared=branches[0].dataset.prepared)
+    # What to fix first, before the minutes of stepping: each missing input once, however many params name it.
+    missing = missing_inputs(inputs)
+    for sentence in missing:
+        print(f"error: {sentence}", file=sys.stderr, flush=True)
+
+    memory = machine.device_memory(device)
+    progress, doing = _stepping_progress(params, len(cls_runs) + len(gen_runs), args.verbose)
+    with progress:
+        costs, run_problems, failures = step_every_run(branches, progress, doing, devices=devices, cap=cap,
+                                                       device=device, memory=memory, repeats=args.steps)
+        loaders = loader.loader_rates(cls_runs, dataset=branches[0].dataset, seconds=args.loader_seconds,
+                                      log=doing) if cls_runs else {}
+    for cost in costs:
+        cost.loader_images_per_s = loaders.get(cost.run, {}).get("images_per_s")
+    run_problems += [p for c in costs for p in c.problems]
+    run_problems += sorted({e["error"] for e in loaders.values() if "error" in e})
+    summary = fit_summary(costs, memory, device.type == "cpu")
+    problems = missing + run_problems + ([summary] if summary else [])
+
+    from vcarepro.tools.bench import describe_machine
+    found = dict(scale=scale, device=device, devices=devices, memory=memory, described=describe_machine(),
+                 load=(load_before, os.getloadavg()[0]), steps=args.steps, branches=branches, inputs=inputs,
+                 loaders=loaders, costs=costs)
+    print_findings(**found)
+    if args.json:
+        write_findings(args.json, **found, cap=cap, missing=missing, problems=problems, failures=failures)
+    for problem in run_problems + ([summary] if summary else []):
+        print(f"error: {problem}", file=sys.stderr, flush=True)
+    for failure in failures:
+        print(f"failed (a bug, traceback above): {failure}", file=sys.stderr, flush=True)
+    return 1 if failures else USER_ERROR_STATUS if problems else 0

@@ -1,0 +1,91 @@
+"""Stepping a run: its training step built at a batch, one warm-up and a few timed steps (their median), the peak
+memory they allocate, and on running out of memory the batch halved until a step runs."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Optional
+
+import torch
+
+from vcarepro.tools.preflight.machine import PeakMemory, is_out_of_memory, release_memory
+
+
+@dataclass
+class Measured:
+    batch: int                           # the per-device batch that ran
+    seconds: Optional[float] = None      # one step at that batch: the median of the timed steps
+    peak_bytes: Optional[int] = None
+    static_bytes: Optional[int] = None
+    out_of_memory_at: Optional[int] = None
+    step_seconds: List[float] = field(default_factory=list)   # each timed step, in order
+
+
+TIMED_STEPS = 3    # timed steps per run after the warm-up, by default (--steps)
+WARMUP_STEPS = 1   # steps run before timing: allocations, kernel selection, lazy initialisation
+
+clock = time.perf_counter  # what steps are timed with (a test gives it known durations)
+
+
+def step_times(fn: Callable[[], Any], repeats: int) -> List[float]:
+    """Seconds of each of ``repeats`` calls of ``fn()`` (at least one)."""
+    times: List[float] = []
+    for _ in range(max(1, repeats)):
+        started = clock()
+        fn()
+        times.append(clock() - started)
+    return times
+
+
+def timed(fn: Callable[[], Any], repeats: int) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls (at least one): one slow step on a busy machine does not
+    become the run's time."""
+    return statistics.median(step_times(fn, repeats))
+
+
+def measure_step(make_step: Callable[[int], Any], batch: int, device: torch.device, *, repeats: int = TIMED_STEPS,
+                 after: Optional[Callable[[Any], None]] = None) -> Measured:
+    """Build the step at ``batch``, run one warm-up and ``repeats`` timed steps (median), with its peak memory.
+
+    Out of memory, it halves the batch until a step runs (the time is still wanted) and records where
+    it failed. ``after(step)`` runs on the built step before it is freed (e.g. to time sampling).
+    """
+    out_of_memory_at = None
+    while True:
+        step = None
+        try:
+            with PeakMemory(device) as memory:
+                step = make_step(batch)
+                for _ in range(WARMUP_STEPS):
+                    step()
+                times = step_times(step, repeats)
+                peak = memory.peak()
+            static = step.static_bytes()
+            if after is not None:
+                after(step)
+            return Measured(batch, statistics.median(times), peak, static, out_of_memory_at, times)
+        except Exception as err:  # noqa: BLE001 - only running out of memory is handled
+            if not is_out_of_memory(err):
+                raise
+            out_of_memory_at = out_of_memory_at or batch
+            if batch == 1:
+                return Measured(batch, out_of_memory_at=out_of_memory_at)
+            batch //= 2
+        finally:
+            del step
+            release_memory(device)
+
+
+def throw_away_step(build: Callable[..., Any], run, device: torch.device) -> None:
+    """The process's first step pays one-time costs (thread pools, lazy imports, allocator arenas) that would count as
+    the first run's memory and time: one step of each branch at batch 1, before its runs are measured."""
+    warm = None
+    try:
+        warm = build(run, batch=1, device=str(device))
+        warm()
+    except Exception:  # noqa: BLE001 - the measurement itself reports what fails
+        pass
+    finally:
+        del warm
+        release_memory(device)
