@@ -1,8 +1,10 @@
 """The documentation keeps its promises: the README's two commands are the ones CI runs, every relative link and
 #anchor of the README and of docs/ resolves (GitHub's heading slugs; mkdocs --strict for the pages), and
-docs/layout.md names exactly the modules and folders that exist."""
+docs/layout.md names exactly the modules and folders that exist, one section per folder of the package in floor
+order, each stating the floor its __init__.py declares and opening with its docstring's summary."""
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 import subprocess
@@ -10,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Set, Tuple
 from urllib.parse import unquote
+
+from test_imports import read_floors
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -184,3 +188,64 @@ def test_everything_the_layout_page_names_exists():
     gone = [name for name in named_in_layout() if not (ROOT / name.rstrip("/")).exists()
             or name.endswith("/") != (ROOT / name.rstrip("/")).is_dir()]
     assert sorted(gone) == [], "remove or rename these lines of docs/layout.md"
+
+
+# -- the layout page follows the floors: one section per folder, in floor order ------------------------------------
+
+SECTION = re.compile(r"^#{2,3} `src/vcarepro/([^/`]+)/`: floor (\d+)$")
+
+
+def folder_sections() -> List[Tuple[str, int, List[str]]]:
+    """docs/layout.md's folder sections in page order: (folder, the floor its heading states, its lines)."""
+    sections: List[Tuple[str, int, List[str]]] = []
+    body = None
+    for line in (DOCS / "layout.md").read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            match = SECTION.match(line)
+            body = [] if match else None
+            if match:
+                sections.append((match.group(1), int(match.group(2)), body))
+        elif body is not None:
+            body.append(line)
+    return sections
+
+
+def docstring_summary(folder: str) -> str:
+    """The first paragraph of the folder's docstring, on one line, its ``code`` spans in Markdown's `code`."""
+    source = (ROOT / "src" / "vcarepro" / folder / "__init__.py").read_text(encoding="utf-8")
+    doc = ast.get_docstring(ast.parse(source)) or ""
+    return " ".join(doc.split("\n\n")[0].split()).replace("``", "`")
+
+
+def table_paths(lines: List[str]) -> List[str]:
+    return [match.group(1) for line in lines for match in [re.match(r"^\| `([^`]+)` \|", line)] if match]
+
+
+def test_the_layout_page_has_one_section_per_folder_stating_the_floor_its_init_declares():
+    declared = {name.rpartition(".")[2]: floor for name, floor in read_floors(ROOT / "src", "vcarepro").items()}
+    assert {folder: floor for folder, floor in declared.items() if floor is None} == {}, "a folder without FLOOR"
+    sections = folder_sections()
+    assert sorted(folder for folder, _, _ in sections) == sorted(declared), "one section per folder of src/vcarepro"
+    assert {folder: stated for folder, stated, _ in sections} == declared, "a heading's floor is not its folder's"
+
+
+def test_the_layout_page_sections_go_up_the_floors():
+    floors = [(stated, folder) for folder, stated, _ in folder_sections()]
+    assert [stated for stated, _ in floors] == sorted(stated for stated, _ in floors), floors
+
+
+def test_each_folder_section_opens_with_its_docstring_summary():
+    opening = {folder: next((line for line in lines if line.strip()), "") for folder, _, lines in folder_sections()}
+    assert opening == {folder: docstring_summary(folder) for folder in opening}
+
+
+def test_each_folder_section_lists_exactly_its_folders_modules():
+    """Every file and subfolder of a folder has its row in that folder's section, and the section lists nothing
+    from elsewhere (the folder's own row may stand there too; its heading names it)."""
+    tree = code_tree()
+    for folder, _, lines in folder_sections():
+        top = f"src/vcarepro/{folder}/"
+        rows = table_paths(lines)
+        assert [row for row in rows if not row.startswith(top)] == [], f"rows outside {top} in its section"
+        assert sorted(name for name in tree if name.startswith(top) and name != top and name not in rows) == [], \
+            f"{top}'s section lacks these rows"

@@ -167,6 +167,18 @@ def test_no_module_stands_outside_a_folder():
     assert sorted(p.name for p in (SRC / "vcarepro").glob("*.py")) == ["__init__.py"]
 
 
+def test_every_module_compiles():
+    """The graph is read with ast.parse, which takes what Python will not run: a ``from __future__`` import after
+    ``FLOOR = N`` parses, and only the compiler refuses it. So every module is compiled too (nothing imported)."""
+    refused = []
+    for name, path in module_files(SRC, "vcarepro").items():
+        try:
+            compile(path.read_text(), str(path), "exec", dont_inherit=True)
+        except SyntaxError as error:
+            refused.append(f"{name}: {error}")
+    assert refused == []
+
+
 def test_importing_the_package_or_its_ground_loads_neither_torch_nor_timm():
     """The face is lazy, and the torch-free modules are torch-free when imported (stages/run.py imports
     vcarepro.core.numerics before torch loads; the report's readers follow the protocol module)."""
