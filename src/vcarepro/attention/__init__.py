@@ -21,7 +21,6 @@ are ``num_prefix_tokens`` prefix tokens followed by a ``grid_size`` patch grid; 
 grid-aware layers take that layout, timm's two do not need it.
 """
 
-FLOOR = 1
 from __future__ import annotations
 
 import importlib
@@ -34,6 +33,8 @@ from timm.layers import Attention, DiffAttention
 from vcarepro.core.choices import ATTENTIONS, CONTROLS, FAMILY, POOLED_TOKEN_OPTION
 from vcarepro.attention.vca import VisualContrastAttention, lambda_init_for_layer
 from vcarepro.core.errors import BadInput
+
+FLOOR = 1
 
 # name -> "module:Class" under vcarepro.attention (imported on first use)
 _LAYER_PATHS = {

@@ -19,7 +19,6 @@ Every row records the file's sha256. At smoke scale the files are stand-ins that
 writes in the released layouts (random weights): the rows show that the road runs, and are not judged.
 """
 
-FLOOR = 5
 from __future__ import annotations
 
 import hashlib
@@ -31,6 +30,8 @@ import torch
 
 from vcarepro.core.errors import BadInput, MissingInput, UnknownName
 from vcarepro.calibration.keymaps import KeyMap
+
+FLOOR = 5
 
 KINDS = {"cls": "classifiers", "gen": "generators"}
 METRIC = {"cls": "top1", "gen": "fid"}

@@ -22,7 +22,6 @@ For PVT, Swin and CSWin, "mhsa" names the backbone's own attention.
 The DiT/SiT backbone has its own factory, ``models.dit.create_dit``.
 """
 
-FLOOR = 2
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,6 +36,8 @@ from vcarepro.models.placement import HIERARCHICAL_VCA_OPTIONS
 from vcarepro.attention import ATTENTIONS, all_attention_options, attention_options
 from vcarepro.core.choices import model_options
 from vcarepro.core.errors import BadInput
+
+FLOOR = 2
 
 # arch -> {attention: timm model name}
 CLASSIFIER_ARCHS = {
