@@ -72,12 +72,13 @@ class ModelSpec:
 
     @classmethod
     def for_run(cls, run, shape: Optional[Dict[str, Any]] = None) -> "ModelSpec":
-        """The spec of a pipeline run (``pipeline.ClsRun`` / ``GenRun``); ``shape`` replaces the scale's shape overrides."""
+        """The spec of a pipeline run (``params.runs.ClsRun`` / ``GenRun``); ``shape`` replaces the scale's shape
+        overrides."""
         return cls(run.model["arch"], run.model["attention"], run.model.get("options") or {},
                    run.shape if shape is None else shape)
 
     def resolved(self) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-        """The constructor's shape arguments and the attention's own options (``attention_names.model_options``)."""
+        """The constructor's shape arguments and the attention's own options (``core.choices.model_options``)."""
         return model_options(self.attention, self.options, self.shape)
 
 
