@@ -1,4 +1,5 @@
-"""DVC stages `calibrate_cls` / `calibrate_gen`: released checkpoints through our evaluation, beside their published numbers.
+"""DVC stages `calibrate_cls` / `calibrate_gen`: released checkpoints through our evaluation, beside their published
+numbers.
 
 Evaluates the entries of ``calibrate.classifiers`` (``--kind cls``) or ``calibrate.generators`` (``--kind gen``)
 that ``calibrate.checkpoints`` lists, each loaded strictly from ``calibrate.dir`` (vcarepro.calibration), and

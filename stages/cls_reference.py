@@ -1,4 +1,5 @@
-"""DVC stage `cls_reference`: a logistic regression's top-1 on the classification split (the report's reference line)."""
+"""DVC stage `cls_reference`: a logistic regression's top-1 on the classification split (the report's reference
+line)."""
 from __future__ import annotations
 
 from vcarepro.core.errors import run_stage

@@ -22,8 +22,8 @@ def main() -> None:
     if params["scale"] != "smoke":
         with atomic_directory(root) as tmp:
             (tmp / "README.txt").write_text(
-                "The smoke scale's generated stand-ins (python -m vcarepro.tools.standins) go here; other scales do not "
-                "use them.\n")
+                "The smoke scale's generated stand-ins (python -m vcarepro.tools.standins) go here; other scales do "
+                "not use them.\n")
         print(f"smoke_inputs: scale={params['scale']}, no stand-ins needed")
         return
     from vcarepro.tools.standins import write_standins

@@ -1,4 +1,5 @@
-"""Shared test set-up: DVC never phones home; fixtures for tests of tiny models and for tests that must not reach a network."""
+"""Shared test set-up: DVC never phones home; fixtures for tests of tiny models and for tests that must not reach a
+network."""
 import os
 import shutil
 import socket

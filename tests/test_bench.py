@@ -1,11 +1,15 @@
 """Benchmarks print figures; these tests check that what they measure is measured right."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn as nn
 
 from vcarepro.attention import VisualContrastAttention
+from vcarepro.tools.bench import (BENCH_LAYERS, LINEAR_LAYERS, NOT_COMPILED, bench_attention, family_speed_table,
+                                  speed_targets)
 from vcarepro.tools.bench.suite import bench_attention_memory, saved_activation_bytes
+from vcarepro.report.figures import attention_cost_png
 
 
 def test_activation_memory_counts_what_autograd_keeps_and_not_the_weights():
@@ -34,12 +38,6 @@ def test_vca_compiles_as_one_graph_and_matches_eager(one_torch_thread):
 
 
 # --- the attention family's speed bench (python -m vcarepro.tools.bench attention, stage attention_cost) ---
-
-import pytest  # noqa: E402
-
-from vcarepro.tools.bench import (BENCH_LAYERS, LINEAR_LAYERS, NOT_COMPILED, bench_attention,  # noqa: E402
-                            family_speed_table, speed_targets)
-from vcarepro.report.figures import attention_cost_png  # noqa: E402
 
 TINY = dict(dim=24, heads=3, batch=1, contrast_tokens=4, min_run_time=0.001)
 

@@ -201,7 +201,9 @@ def test_cyclic_translation_of_the_grid_commutes_with_the_layer(reference):
     """BCCB attention and token-wise projections make the layer equivariant to cyclic grid shifts."""
     m = make_ca(0, (4, 6))
     x = tokens(0, (4, 6))
-    shift = lambda t: torch.roll(t.reshape(2, 4, 6, DIM), shifts=(1, -2), dims=(1, 2)).reshape(2, 24, DIM)
+    def shift(t):
+        return torch.roll(t.reshape(2, 4, 6, DIM), shifts=(1, -2), dims=(1, 2)).reshape(2, 24, DIM)
+
     with torch.no_grad():
         torch.testing.assert_close(m(shift(x), reference=reference), shift(m(x, reference=reference)),
                                    rtol=1e-10, atol=1e-10)

@@ -247,7 +247,7 @@ def test_explain_main_prints_json_and_refuses_an_unknown_run_in_one_sentence(mon
     assert len(err) == 1 and "add scale=paper" in err[0]
 
 
-# -- calibrate ----------------------------------------------------------------------------------------------------------
+# -- calibrate ---------------------------------------------------------------------------------------------------------
 
 def test_calibrate_composes_the_selection_and_runs_the_stages_it_needs(monkeypatch, capsys):
     monkeypatch.chdir(ROOT)

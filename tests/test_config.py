@@ -62,11 +62,11 @@ def test_paper_scale_carries_the_deit_and_dit_recipes(paper):
     assert (s["num_samples"], s["ddpm_steps"], s["flow_steps"], s["cfg_scale"]) == (50000, 250, 250, 1.0)
 
 
-# What the lab's recipe changes against DeiT's. docs/evidence.md names the first six, from LeapLabTHU/Agent-Attention agent_transformer/config.py and cfgs/ (20 warm-up
-# epochs, warm-up and minimum lr scaled with the batch like the base lr, clipping 5.0, no repeated
-# augmentation); reading LeapLabTHU/Agent-Attention's agent_transformer/ adds the rest: main.py keeps no EMA,
-# lr_scheduler.py steps every update, data/build.py resizes to a 256 square before the centre crop, and the
-# README's commands pass no --amp (fp32 with PyTorch 1.11's TF32 matmuls).
+# What the lab's recipe changes against DeiT's. docs/evidence.md names the first six, from LeapLabTHU/Agent-Attention
+# agent_transformer/config.py and cfgs/ (20 warm-up epochs, warm-up and minimum lr scaled with the batch like the base
+# lr, clipping 5.0, no repeated augmentation); reading LeapLabTHU/Agent-Attention's agent_transformer/ adds the rest:
+# main.py keeps no EMA, lr_scheduler.py steps every update, data/build.py resizes to a 256 square before the centre
+# crop, and the README's commands pass no --amp (fp32 with PyTorch 1.11's TF32 matmuls).
 LAB_VS_DEIT = {"warmup_epochs": (5, 20), "warmup_lr": (1e-6, 5e-7), "min_lr": (1e-5, 5e-6),
                "scale_warmup_min_lr": (False, True), "clip_grad": (None, 5.0), "repeated_aug": (True, False),
                "ema_decay": (0.99996, 0.0), "lr_step": ("epoch", "update"), "crop_mode": ("center", "squash"),

@@ -1,4 +1,4 @@
-"""The prepared classification layout and its sources (embedded digits, ImageNet class folders)."""
+"""The prepared classification layout and the embedded digits (ImageNet's layouts: tests/test_imagenet.py)."""
 from __future__ import annotations
 
 import csv
@@ -12,7 +12,6 @@ from sklearn.datasets import load_digits
 
 from vcarepro.data.embedded import export_digits
 from vcarepro.data.folders import ManifestDataset, read_classes, read_manifest
-from vcarepro.data.imagenet import index_imagenet_folders
 from vcarepro.data.pixels import load_split_pixels
 
 
@@ -83,32 +82,3 @@ def test_bad_inputs_are_clear_errors(tmp_path):
         read_manifest(tmp_path, "train")
     with pytest.raises(ValueError, match="unknown split 'test'"):
         read_manifest(tmp_path, "test")
-
-
-def _fake_imagenet(root, wnids, per_class=2, val_wnids=None):
-    for split, names in (("train", wnids), ("val", val_wnids or wnids)):
-        for wnid in names:
-            (root / split / wnid).mkdir(parents=True)
-            for i in range(per_class):
-                Image.new("RGB", (12, 10), (i * 40, 10, 200)).save(root / split / wnid / f"{wnid}_{i}.JPEG")
-
-
-def test_imagenet_class_folders_are_indexed_in_place(tmp_path):
-    src = tmp_path / "imagenet"
-    _fake_imagenet(src, ["n01440764", "n01443537", "n01484850"])
-    counts = index_imagenet_folders(src, tmp_path / "cls")
-    assert counts == {"train": 6, "val": 6, "classes": 3}
-    ds = ManifestDataset(tmp_path / "cls", "val")
-    img, label = ds[5]
-    assert img.size == (12, 10) and label == 2
-    assert [c.wnid for c in read_classes(tmp_path / "cls")] == ["n01440764", "n01443537", "n01484850"]
-
-
-def test_imagenet_errors_name_what_was_expected_where(tmp_path):
-    with pytest.raises(FileNotFoundError, match="expected ImageNet class folders at"):
-        index_imagenet_folders(tmp_path / "nowhere", tmp_path / "cls")
-    src = tmp_path / "imagenet"
-    _fake_imagenet(src, ["n1", "n2"], val_wnids=["n1"])
-    with pytest.raises(ValueError, match="hold different class folders"):
-        index_imagenet_folders(src, tmp_path / "cls")
-    assert not (tmp_path / "cls").exists()

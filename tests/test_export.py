@@ -1,4 +1,5 @@
-"""`python -m vcarepro.tools.export`: a trained run leaves the project in the layout timm and the Hugging Face Hub read."""
+"""`python -m vcarepro.tools.export`: a trained run leaves the project in the layout timm and the Hugging Face Hub
+read."""
 from __future__ import annotations
 
 import json

@@ -173,7 +173,9 @@ def test_focus_keeps_the_norm_sharpens_the_direction_and_is_homogeneous():
     torch.testing.assert_close(focus(7.0 * a, 3), 7.0 * f)
     torch.testing.assert_close(focus(a, 1), a)
     # a larger power concentrates the mass on the largest channels: the top channel's share grows
-    share = lambda t: (t.max(-1).values / t.sum(-1))
+    def share(t):
+        return t.max(-1).values / t.sum(-1)
+
     assert (share(f) > share(a)).all()
 
 

@@ -67,7 +67,8 @@ def test_model_names_map_pipeline_archs_to_registered_timm_models():
         ("swin_tiny_patch4_window7_224", 28.3e6, 0.005),  # Swin paper: 28M (timm: 28.29M)
         # CSWin paper: 23M; the official code's modules (reproduced here one for one) hold 22.32M.
         ("cswin_tiny_224", 22.32e6, 0.005),
-        # the lab's backbones with their own attention: 2-4-18-1 CSWin holds 20.39M (microsoft/CSWin-Transformer models/cswin.py at depths 2-4-18-1; docs/evidence.md)
+        # the lab's backbones with their own attention: 2-4-18-1 CSWin holds 20.39M (microsoft/CSWin-Transformer
+        # models/cswin.py at depths 2-4-18-1; docs/evidence.md)
         ("cswin_tiny_2418_224", 20.39e6, 0.001),
         # PVT-T's 13,229,288 less the class token, its position-embedding row and the final norm (weight, bias)
         ("pvt_tiny_gap", 13_229_288 - 4 * 512, 1e-9),
@@ -310,7 +311,8 @@ def test_a_stages_hold_the_named_attention_and_b_stages_the_backbones_own(arch, 
 @pytest.mark.parametrize("arch", LAB_BACKBONES)
 def test_agent_in_the_lab_layouts_is_the_labs_agent_model(arch):
     """agent_{pvt,swin,cswin}.py + cfgs: 9-16-49-49 agent tokens in the A stages; Agent-Swin-T holds 28.90M and
-    Agent-CSwin-T 20.46M (LeapLabTHU/Agent-Attention agent_transformer/models/agent_cswin.py, cfgs/agent_cswin_t.yaml), Agent-PVT-T 11.6M (Agent Attention, Table 2)."""
+    Agent-CSwin-T 20.46M (LeapLabTHU/Agent-Attention agent_transformer/models/agent_cswin.py,
+    cfgs/agent_cswin_t.yaml), Agent-PVT-T 11.6M (Agent Attention, Table 2)."""
     model = create_classifier(arch, "agent")
     _, _, layout = LAB_BACKBONES[arch]
     for letter, grid, layers in zip(layout, [(3, 3), (4, 4), (7, 7), (7, 7)], stage_layers(arch, model)):

@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from vcarepro.data.folders import ManifestDataset, read_classes, read_manifest
-from vcarepro.data.imagenet import TRAIN_TAR, index_imagenet_folders, prepare_imagenet
+from vcarepro.data.imagenet import TRAIN_TAR, prepare_imagenet
 from vcarepro.tools.standins import MiniImageNet
 from vcarepro.tools.standins import add_to_tar as add
 
@@ -174,10 +174,15 @@ def test_kaggle_without_synset_mapping_names_classes_by_wnid(tmp_path):
     assert_prepared(tmp_path / "cls", mini, names=False)
 
 
-def test_index_imagenet_folders_still_indexes_class_folders(tmp_path):
-    mini = Mini()
-    counts = index_imagenet_folders(mini.class_folders(tmp_path / "imagenet"), tmp_path / "cls")
-    assert counts == {"train": 12, "val": 8, "classes": 4}
+def test_val_class_folders_that_train_lacks_are_refused(tmp_path):
+    """Class-folder val is labelled by its folder names: a folder train has not would be a class without a label."""
+    root = Mini().class_folders(tmp_path / "imagenet")
+    (root / "val" / "n09999999").mkdir()
+    (root / "val" / "n09999999" / "stray.JPEG").write_bytes(encoded(7))
+    with pytest.raises(ValueError, match=r"val holds class folders absent from .*train \(first: n09999999\); "
+                                         r"train and val must share their classes"):
+        prepare_imagenet(root, tmp_path / "cls", **MINIATURE)
+    assert not (tmp_path / "cls").exists()
 
 
 # ----------------------------------------------------------------------------- subsets and counts

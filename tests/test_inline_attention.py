@@ -144,7 +144,9 @@ def test_the_map_is_injective_in_the_query_scale_where_linear_attention_is_not()
     A1, A3 = m.attention_scores(q, k), m.attention_scores(3.0 * q, k)
     assert not torch.allclose(A1, A3)
     torch.testing.assert_close(A3 - 0.25, 3.0 * (A1 - 0.25))  # linear in the query around the uniform map
-    linear = lambda qq: (qq @ k.transpose(-1, -2)) / (qq @ k.transpose(-1, -2)).sum(-1, keepdim=True)
+    def linear(qq):
+        return (qq @ k.transpose(-1, -2)) / (qq @ k.transpose(-1, -2)).sum(-1, keepdim=True)
+
     torch.testing.assert_close(linear(q), linear(3.0 * q))
     assert (m.attention_scores(100.0 * q, -k) < 0).any()
 

@@ -105,7 +105,8 @@ def test_changing_the_profile_changes_what_the_child_runs_with(tmp_path):
     native = json.loads((tmp_path / "probe.json").read_text())["stage"]
     assert native["threads"] == 1 and native["env"]["MKL_CBWR"] == "AUTO"  # native: the caller's own settings
     assert native["nnpack"] and not native["sqrt_exact"]  # and the libraries' own kernels
-    # the caller's own OpenBLAS kernel choice, whatever it is (some machines set one for their OpenBLAS): not the profile's
+    # the caller's own OpenBLAS kernel choice, whatever it is (some machines set one for their OpenBLAS): not the
+    # profile's
     assert native["env"]["OPENBLAS_CORETYPE"] == os.environ.get("OPENBLAS_CORETYPE")
     if HAS_AVX512:
         assert native["aten"] == "AVX512"
@@ -204,8 +205,6 @@ def test_the_portable_profile_computes_the_same_bits_on_an_emulated_amd_epyc(tmp
 
 
 def test_the_vector_math_replacement_is_exact_differentiable_and_covers_every_form():
-    import numpy as np
-    import torch
 
     code = """
 import numpy as np, torch
@@ -233,7 +232,8 @@ except RuntimeError as err:
 m = torch.rand(2, 3, 4, 5).to(memory_format=torch.channels_last)
 assert torch.sqrt(m).stride() == m.stride()  # the input's layout, as ATen keeps it
 v = torch.rand(6, 4); w = v.clone(); v[:, 1].sqrt_()  # in place on a strided view: that column only
-assert torch.equal(v[:, 1], torch.from_numpy(np.sqrt(w[:, 1].numpy()))) and torch.equal(v[:, [0, 2, 3]], w[:, [0, 2, 3]])
+assert torch.equal(v[:, 1], torch.from_numpy(np.sqrt(w[:, 1].numpy())))
+assert torch.equal(v[:, [0, 2, 3]], w[:, [0, 2, 3]])
 print(before)
 """
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "MKL_CBWR": "COMPATIBLE"}

@@ -180,7 +180,8 @@ def test_a_partial_copy_is_refused_with_the_key_to_set(tmp_path):
 
 @pytest.mark.slow
 def test_a_launched_stage_prints_no_runpy_warning(tmp_path, prepared):
-    """Problem 9: every stage launched through the warm server printed runpy's RuntimeWarning about vcarepro.train.launch."""
+    """Problem 9: every stage launched through the warm server printed runpy's RuntimeWarning about
+    vcarepro.train.launch."""
     tmp_path = project(tmp_path, prepared)
     shutil.copytree(ROOT / "stages", tmp_path / "stages")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(smoke_params()))

@@ -99,9 +99,9 @@ def test_a_stage_refuses_the_misspelt_key_dvc_exp_run_could_compose_before_writi
     where, status, out, err = refused["stage"]
     assert status == USER_ERROR_STATUS, err
     assert err.splitlines() == [
-        "error: params.yaml: cls_runs.deit_tiny-mhsa.sedes is not a key of a cls_runs entry (did you mean seeds?), "
-        "which holds model, recipe, seeds; fix it in conf/ and run `python -m vcarepro.params.config` (or pass -S to dvc "
-        "exp run)."]
+        "error: params.yaml: cls_runs.deit_tiny-mhsa.sedes is not a key of a cls_runs entry (did you mean "
+        "seeds?), which holds model, recipe, seeds; fix it in conf/ and run `python -m vcarepro.params.config` "
+        "(or pass -S to dvc exp run)."]
     assert sorted(str(p.relative_to(where.parent)) for p in where.parent.rglob("*")) == [
         "project", "project/params.yaml"]
 
@@ -110,21 +110,22 @@ def test_a_stage_refuses_the_misspelt_key_dvc_exp_run_could_compose_before_writi
 @pytest.mark.parametrize("edit, overrides, line", [
     (("conf/runs/ablations.yaml", "{model: dit_s2-vca-stage1_only, objective: ddpm, seeds: [0]}",
       "{model: dit_s2-vca-stage1_only, seeds: [0]}"), [],
-     "error: conf/runs/ablations.yaml: gen_runs.dit_s2-vca-stage1_only.objective is missing; a gen_runs entry holds "
-     "model, objective, seeds (and recipe); "),
+     "error: conf/runs/ablations.yaml: gen_runs.dit_s2-vca-stage1_only.objective is missing; a gen_runs "
+     "entry holds model, objective, seeds (and recipe); "),
     (None, ["distributed.seed_process=2"],
-     "error: the command-line override `distributed.seed_process=2`: distributed.seed_process is not a key of the "
-     "composition of conf/ (did you mean distributed.seed_processes?); "),
+     "error: the command-line override `distributed.seed_process=2`: distributed.seed_process is not a key "
+     "of the composition of conf/ (did you mean distributed.seed_processes?); "),
     (None, ["+cls_runs.deit_tiny-mhsa.sedes=[0]"],
-     "error: the command-line override `+cls_runs.deit_tiny-mhsa.sedes=[0]`: cls_runs.deit_tiny-mhsa.sedes is not a "
-     "key of a cls_runs entry (did you mean seeds?)"),
+     "error: the command-line override `+cls_runs.deit_tiny-mhsa.sedes=[0]`: cls_runs.deit_tiny-mhsa.sedes "
+     "is not a key of a cls_runs entry (did you mean seeds?)"),
     (None, ["cls_recipe@cls_recipes.deit=labb"],
-     "error: the command-line override `cls_recipe@cls_recipes.deit=labb`: cls_recipe has no option 'labb' (did you "
-     "mean lab?); choose one of cswin, deit, lab, "),
+     "error: the command-line override `cls_recipe@cls_recipes.deit=labb`: cls_recipe has no option 'labb' "
+     "(did you mean lab?); choose one of cswin, deit, lab, "),
     (("conf/config.yaml", "  - family: none", "  - family: nnoe"), [],
      "error: conf/config.yaml: family has no option 'nnoe' (did you mean none?); choose one of all, none "),
     (("conf/scale/embedded.yaml", "\n  epochs: 15", "\n  epoch: 15"), [],
-     "error: conf/scale/embedded.yaml: cls_recipe_overrides.epoch is not a known parameter (did you mean epochs?); "),
+     "error: conf/scale/embedded.yaml: cls_recipe_overrides.epoch is not a known parameter (did you mean "
+     "epochs?); "),
     (("conf/config.yaml", "\n  rdzv_timeout: 600", "\n  rdzv_timeuot: 600"), [],
      "error: conf/config.yaml: distributed.rdzv_timeuot is not a known parameter (did you mean "
      "distributed.rdzv_timeout?); "),

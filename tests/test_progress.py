@@ -26,7 +26,7 @@ import yaml
 from test_pipeline import ROOT, micro_params
 from vcarepro.core import progress
 from vcarepro.tools.cluster import log_progress, status_lines
-from vcarepro.core.progress import Progress, latest, parse_line
+from vcarepro.core.progress import Progress, parse_line
 
 CLS, GEN = "deit_tiny-vca", "dit_s2-vca"
 UPDATES_PER_EPOCH = 5  # 1,437 training digits in batches of 256
@@ -134,7 +134,7 @@ train_gen dit_s2-vca seed 0 | step 1200/400000 (0.3%) | epoch 1 | loss 0.1523 | 
 train_gen dit_s2-vca seed 1 | step 0/400000 (0.0%) | start, 256 images a step
 train_gen dit_s2-vca seed 1 | step 1100/400000 (0.3%) | epoch 1 | loss 0.1611 | lr 0.0001 | 790 img/s | elapsed 0:06:10 | eta 1d 12:01:00
 train_gen dit_s2-vca seed 0 | step 1400/400000 (0.4%) | epoch 1 | loss 0.1499 | lr 0.0001 | 805 img/s | elapsed 0:07:20 | eta 1d 10:50:00
-"""
+"""  # noqa: E501  (a SLURM job's log: the loops' lines as long as they are)
 
 
 def test_cluster_status_shows_each_running_loops_step_of_total_and_eta(tmp_path):

@@ -1,4 +1,5 @@
-"""The LeapLabTHU lab's released DeiT-T checkpoints (Agent, InLine, Circulant; FLatten released none) against our models.
+"""The LeapLabTHU lab's released DeiT-T checkpoints (Agent, InLine, Circulant; FLatten released none) against our
+models.
 
 The layouts in tests/data/released_layouts/<name>.json were dumped from the original model code
 (``model.state_dict()`` of the released DeiT-T configuration); the key maps are

@@ -134,7 +134,8 @@ def test_sample_files_that_are_missing_or_not_images_are_clear_errors(tmp_path):
 # -- the same arrays are the same .npz bytes under every CPython (issue 25) -----------------------------------------
 
 def _cpython_311s():
-    """Every CPython 3.11 on this machine (the venv's, Debian's, pyenv's): one ABI, so the venv's numpy loads in each."""
+    """Every CPython 3.11 on this machine (the venv's, Debian's, pyenv's): one ABI, so the venv's numpy loads in
+    each."""
     import glob
     import shutil
     import subprocess
@@ -156,7 +157,6 @@ def test_npz_outputs_are_the_same_bytes_under_every_python_here(tmp_path):
     and pyenv's 3.11.7 on these machines wrote the same samples and FID statistics as different files, so
     a lock recorded with one never reproduced with the other. io.write_npz_to gives one content."""
     import subprocess
-    import sys
     import sysconfig
 
     pythons = _cpython_311s()

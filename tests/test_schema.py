@@ -151,7 +151,8 @@ def only_params_left(where: Path) -> bool:
     ("models.deit_tiny-vca.options", "local_convv", "train_cls.py", "deit_tiny-vca",
      "models.deit_tiny-vca.options.local_convv is not an argument of VcaVisionTransformer "
      "(vca_deit_tiny_patch16_224) with attention 'vca' (did you mean local_conv?), which takes apply_attn_drop, "
-     "contrast_embed_init, contrast_tokens, local_conv, stage1, stage2, stage2_softmax, tokens_neg, tokens_pos; "),
+     "contrast_embed_init, contrast_tokens, local_conv, stage1, stage2, stage2_softmax, tokens_neg, "
+     "tokens_pos; "),
     ("gen_shape", "hidden_sizee", "train_gen.py", "dit_s2-vca",
      "gen_shape.hidden_sizee is not an argument of DiT, the model of gen_runs.dit_s2-mhsa (did you mean "
      "hidden_size?), which takes contrast_tokens, depth, hidden_size, in_channels, input_size, mlp_ratio, "

@@ -38,7 +38,8 @@ def _package_of(file: Path) -> str:
 
 
 def _absolute(node: ast.ImportFrom, package: str) -> str:
-    """The absolute module a ``from ... import`` in ``package`` names (``from ..io`` in vcarepro.tools.bench: vcarepro.core.io)."""
+    """The absolute module a ``from ... import`` in ``package`` names (``from ...core.io`` in vcarepro.tools.bench:
+    vcarepro.core.io)."""
     if not node.level:
         return node.module or ""
     base = package.split(".")[:len(package.split(".")) - node.level + 1]
@@ -121,8 +122,9 @@ def test_the_closure_follows_relative_lazy_and_parent_package_imports():
 # `dvc status` says nothing changed (issue 27: eval_gen read fid_reference.batch_size undeclared). The reads are
 # found statically: the whole params (``stage_params()`` / ``load_params()``) subscripted, ``.get`` or ``section``
 # with a constant key, a section held in a variable and read the same way, and the whole params passed to a
-# function of the stage or the package (resolved through the imports), followed into it under its argument's name. A section handed on whole (to a
-# function that takes the section) counts as a read of the section, satisfied by any declared key under it.
+# function of the stage or the package (resolved through the imports), followed into it under its argument's name.
+# A section handed on whole (to a function that takes the section) counts as a read of the section, satisfied by any
+# declared key under it.
 
 PARAMS_SOURCES = ("stage_params", "load_params")
 

@@ -130,7 +130,8 @@ def _ending() -> None:
 
 
 def _written_path(err: BaseException) -> Optional[str]:
-    """The file a failed write was writing: the error's own filename, else an open file or path in the failing frames."""
+    """The file a failed write was writing: the error's own filename, else an open file or path in the failing
+    frames."""
     if getattr(err, "filename", None):
         return str(err.filename)
     tb, found = err.__traceback__, None

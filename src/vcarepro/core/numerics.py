@@ -10,8 +10,8 @@ reproduce on the other. Measured on this project (issue 25): the same commit's d
 and everything generated after it, hashed differently on an AMD EPYC (Zen 4) and on an Intel Xeon, and
 on one machine changed with each of ``ATEN_CPU_CAPABILITY``, ``MKL_CBWR`` and ``ONEDNN_MAX_CPU_ISA``.
 
-``numerics.cpu: portable`` (the embedded scale's default; paper and smoke run native) fixes every one of those choices to
-the AVX2 code path that every x86-64 CPU with AVX2 and FMA runs the same way (:data:`PORTABLE_CPU_ENV`),
+``numerics.cpu: portable`` (the embedded scale's default; paper and smoke run native) fixes every one of those
+choices to the AVX2 code path that every x86-64 CPU with AVX2 and FMA runs the same way (:data:`PORTABLE_CPU_ENV`),
 and the thread count of each process to ``numerics.threads`` whatever the machine's core count.
 ``stages/run.py`` sets these variables before torch, numpy or any library is imported, in the process
 that becomes the stage (or the warm interpreter it is forked from, whose key includes them); seed
@@ -26,7 +26,8 @@ autotuning, and ``torch.use_deterministic_algorithms(True, warn_only=True)`` (an
 CUDA kernel warns rather than stopping a paid run). ``fast`` sets none of it. Even deterministic, GPU bits
 hold only on the same GPU model, driver, CUDA / cuDNN and world size (:data:`GPU_GUARANTEE`).
 
-This file is standard library only: ``stages/run.py`` loads it by path before anything is imported.
+At import this module loads the standard library only (``vcarepro`` and ``vcarepro.core`` load nothing):
+``stages/run.py`` imports it before torch, numpy or any library is imported.
 """
 from __future__ import annotations
 
@@ -148,7 +149,8 @@ def active() -> Optional[Dict[str, object]]:
 
 def enter() -> Optional[Dict[str, object]]:
     """Check that the profile reached this process and set its in-process parts (thread count, deterministic
-    algorithms and cuDNN flags where there is a GPU). Raises :class:`NumericsError` when a variable did not take effect."""
+    algorithms and cuDNN flags where there is a GPU).
+    Raises :class:`NumericsError` when a variable did not take effect."""
     settings = active()
     if settings is None:
         return None
@@ -318,7 +320,8 @@ def _build_line(marker: str) -> str:
 
 
 def main(argv=None) -> int:
-    """``python -m vcarepro.core.numerics``: this process's profile and machine, as JSON (through stages/run.py: a stage's)."""
+    """``python -m vcarepro.core.numerics``: this process's profile and machine, as JSON (through stages/run.py:
+    a stage's)."""
     enter()  # what run_stage does in every stage
     json.dump(describe_machine(), sys.stdout, indent=1, sort_keys=True)
     print()

@@ -19,7 +19,7 @@ feature extraction) reports through one :class:`Progress`::
   call from a test, a tool or the preflight prints nothing.
 * The interval is params.yaml's ``progress.interval_s``, read when the stage starts. No stage declares it in
   dvc.yaml and nothing printed here goes into an output, so changing it re-runs nothing.
-"""
+"""  # noqa: E501  (the example line above is one line of a log, as long as the real ones)
 from __future__ import annotations
 
 import math
@@ -249,7 +249,7 @@ def _make_bar(label: str, total: Optional[int], start: int, unit: str):
                mininterval=BAR_REFRESH_S, smoothing=0.1, leave=True)
 
 
-# -- reading it back (python -m vcarepro.tools.cluster status) -------------------------------------------------------------
+# -- reading it back (python -m vcarepro.tools.cluster status) ---------------------------------------------------------
 
 _LINE = re.compile(r"^(?P<label>[^|]+?) \| (?P<unit>[a-z]+) (?P<n>\d+)(?:/(?P<total>\d+) \((?P<percent>[\d.]+)%\))?"
                    r" \| (?P<rest>.*)$")

@@ -25,7 +25,8 @@ def posterize(img: Image.Image, bits_to_keep: int, **_) -> Image.Image:
 
 
 def pillow_safe(transform):
-    """``transform`` (a timm / torchvision Compose) with its RandAugment / AutoAugment posterize ops mended, in place."""
+    """``transform`` (a timm / torchvision Compose) with its RandAugment / AutoAugment posterize ops mended, in
+    place."""
     from timm.data.auto_augment import AugMixAugment, AutoAugment, RandAugment
 
     for t in getattr(transform, "transforms", [transform]):

@@ -60,40 +60,6 @@ CHECK_CHUNK = 256
 # ----------------------------------------------------------------------------- public API
 
 
-def index_imagenet_folders(root: str | Path, out: str | Path, *, drop_empty_classes: bool = False) -> dict:
-    """Index ``root/train/<wnid>/*`` and ``root/val/<wnid>/*`` into the prepared layout (no copying).
-
-    The quick path for an already verified copy: no decode check and no count check; use
-    :func:`prepare_imagenet` for anything else. An empty train class folder is refused, or dropped
-    with a warning under ``drop_empty_classes`` (see :func:`without_empty_classes`).
-    """
-    root = Path(root)
-    train, val = root / "train", root / "val"
-    if not train.is_dir() or not val.is_dir():
-        raise MissingInput(
-            f"expected ImageNet class folders at {train} and {val}; set prepare_cls.imagenet_root in conf/ "
-            f"(or pick scale=embedded)."
-        )
-    wnids = _class_dirs(train)
-    val_wnids = _class_dirs(val)
-    if wnids != val_wnids:
-        raise BadInput(f"{train} and {val} hold different class folders ({len(wnids)} vs {len(val_wnids)}); "
-                         f"extract val into class folders too.")
-    images = {w: _images_in(train / w) for w in wnids}
-    wnids = without_empty_classes(wnids, Counter({w: len(files) for w, files in images.items()}), train,
-                                  drop_empty_classes)
-    rows = []
-    for split, folder in (("train", train), ("val", val)):
-        for label, wnid in enumerate(wnids):
-            files = images[wnid] if split == "train" else _images_in(folder / wnid)
-            rows.extend((split, str(f), label) for f in files)
-    with atomic_directory(out) as tmp:
-        write_json(tmp / CLASSES, [{"index": i, "wnid": w, "name": w} for i, w in enumerate(wnids)])
-        write_manifest(tmp, rows)
-    return {"train": sum(r[0] == "train" for r in rows), "val": sum(r[0] == "val" for r in rows),
-            "classes": len(wnids)}
-
-
 def prepare_imagenet(
     root: str | Path,
     out: str | Path,

@@ -117,7 +117,8 @@ def _conv_block(cin: int, cout: int, *, stride: int) -> nn.Sequential:
 def train_feature_net(images_uint8: ImageArray, labels: ImageArray, *, epochs: int = 6, batch_size: int = 64,
                       lr: float = 3e-3, seed: int = 0, input_size: int = 32, width: int = 32,
                       feature_dim: int = 64, num_classes: Optional[int] = None) -> Tuple[DigitFeatureNet, float]:
-    """Train a :class:`DigitFeatureNet` on uint8 (N, C, H, W) images; returns the net (eval mode) and its train accuracy.
+    """Train a :class:`DigitFeatureNet` on uint8 (N, C, H, W) images; returns the net (eval mode) and its train
+    accuracy.
 
     ``num_classes`` defaults to ``max(labels) + 1``. Deterministic on CPU for a
     given seed: initialisation and shuffling draw from RNGs seeded with
@@ -211,7 +212,8 @@ def load_feature_net(path: Union[str, Path]) -> DigitFeatureNet:
 
 
 class FeatureExtractorDigits(FeatureExtractorBase):
-    """torch-fidelity wrapper of a trained :class:`DigitFeatureNet`; register with :func:`register_digit_feature_extractor`.
+    """torch-fidelity wrapper of a trained :class:`DigitFeatureNet`; register with
+    :func:`register_digit_feature_extractor`.
 
     Provides ``"features"`` (penultimate activations, used for FID, KID and
     PRC) and ``"logits"`` (used for the Inception Score).

@@ -4,8 +4,8 @@ It tells a reader where a converged classifier should land on the embedded digit
 under it has not been trained enough). Images are read from the prepared layout exactly as
 listed in its manifest, as grayscale at their stored size (or, with ``image_size``, resized on the
 shorter side and centre-cropped to that square, for ImageNet-shaped splits whose images differ in
-size), scaled to [0, 1] and standardised with the training split's statistics. Only small splits are fitted: on ImageNet a pixel-space
-linear model says nothing and would take hours, so the stage records that it was not computed.
+size), scaled to [0, 1] and standardised with the training split's statistics. Only small splits are fitted: on
+ImageNet a pixel-space linear model says nothing and would take hours, so the stage records that it was not computed.
 """
 from __future__ import annotations
 

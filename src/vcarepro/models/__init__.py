@@ -52,7 +52,6 @@ for _arch, _dropin in DROPIN_MODELS.items():
     CLASSIFIER_ARCHS[_arch].update({a: _dropin for a in ATTENTIONS if a not in CLASSIFIER_ARCHS[_arch]})
 for _module in (pvt, swin, cswin, family):
     CLASSIFIER_ARCHS.update(_module.MODEL_NAMES)
-CLASSIFIER_ATTENTIONS = ATTENTIONS
 # The lab's hierarchical layouts with any attention, told which by compared_attention=.
 LAB_MODELS = (pvt.LAB_MODEL, swin.LAB_MODEL, cswin.LAB_MODEL)
 # Every attention's own knobs, and the placement knob of the hierarchical VCA models
@@ -73,12 +72,13 @@ class ModelSpec:
 
     @classmethod
     def for_run(cls, run, shape: Optional[Dict[str, Any]] = None) -> "ModelSpec":
-        """The spec of a pipeline run (``pipeline.ClsRun`` / ``GenRun``); ``shape`` replaces the scale's shape overrides."""
+        """The spec of a pipeline run (``params.runs.ClsRun`` / ``GenRun``); ``shape`` replaces the scale's shape
+        overrides."""
         return cls(run.model["arch"], run.model["attention"], run.model.get("options") or {},
                    run.shape if shape is None else shape)
 
     def resolved(self) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-        """The constructor's shape arguments and the attention's own options (``attention_names.model_options``)."""
+        """The constructor's shape arguments and the attention's own options (``core.choices.model_options``)."""
         return model_options(self.attention, self.options, self.shape)
 
 
@@ -109,5 +109,5 @@ def create_classifier(arch: str, attention: str, **kwargs: Any) -> nn.Module:
     return timm.create_model(name, **kwargs)
 
 
-__all__ = ["CLASSIFIER_ARCHS", "CLASSIFIER_ATTENTIONS", "DROPIN_MODELS", "LAB_MODELS", "VcaVisionTransformer",
+__all__ = ["CLASSIFIER_ARCHS", "DROPIN_MODELS", "LAB_MODELS", "VcaVisionTransformer",
            "classifier_name", "create_classifier"]

@@ -12,7 +12,7 @@ decay, and ``pretrained=True`` with ``pretrained_cfg_overlay=dict(file=...)`` fo
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn

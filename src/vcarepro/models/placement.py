@@ -22,7 +22,7 @@ import torch
 from timm.models import build_model_with_cfg
 from timm.models._builder import _resolve_pretrained_source, resolve_pretrained_cfg
 
-from vcarepro.attention import ATTENTIONS, POOLED_TOKEN_OPTION, all_attention_options, attention_options
+from vcarepro.attention import POOLED_TOKEN_OPTION, all_attention_options, attention_options
 from vcarepro.models.deit import VCA_OPTIONS
 from vcarepro.core.errors import BadInput, UnknownArgument
 

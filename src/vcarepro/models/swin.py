@@ -36,7 +36,6 @@ from __future__ import annotations
 from typing import Any, List, Optional, Tuple
 
 import torch
-import torch.nn as nn
 from timm.layers import to_2tuple
 from timm.models import SwinTransformer, generate_default_cfgs, register_model
 from timm.models.swin_transformer import _cfg as _swin_cfg

@@ -263,7 +263,7 @@ def model_arguments(arch: str, attention: str) -> Tuple[str, frozenset, frozense
 
     A classifier takes what its timm model's class takes (the model factory's return annotation,
     its ``__init__`` followed through ``**kwargs``) and its attention's own knobs; a DiT what
-    ``DiT`` takes. ``contrast_tokens`` is a shape override for every model (``attention_names.model_options``).
+    ``DiT`` takes. ``contrast_tokens`` is a shape override for every model (``core.choices.model_options``).
     Raises ``KeyError`` for an unknown arch, ``BadInput`` for an attention the arch does not come with.
     """
     from timm.models._registry import model_entrypoint

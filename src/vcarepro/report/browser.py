@@ -32,7 +32,8 @@ FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-backgroun
 MEASURE = """
 const main = document.querySelector('main') || document.body;
 const column = main.clientWidth;
-const heading = e => { let n = e; while (n && !/^H[1-3]$/.test(n.tagName)) { n = n.previousElementSibling || n.parentElement; }
+const heading = e => { let n = e;
+                       while (n && !/^H[1-3]$/.test(n.tagName)) { n = n.previousElementSibling || n.parentElement; }
                        return n ? n.textContent.trim().slice(0, 60) : '(top)'; };
 const firstSection = document.querySelector('main h2');
 return {

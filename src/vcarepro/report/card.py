@@ -3,7 +3,7 @@
 ``vcarepro.tools.export`` writes the weights and ``config.json`` and calls ``model_card`` / ``curves_png`` here.
 What the card says comes from the report's own sources: the metrics.json readers (``collect``), the read-out
 per paper statistic, the paper rows and the run that answers each (``rows``), the curve list (``figures``).
-It imports no training code: the run is a ``pipeline.ClsRun``, the weights' facts come in as arguments.
+It imports no training code: the run is a ``params.runs.ClsRun``, the weights' facts come in as arguments.
 """
 from __future__ import annotations
 

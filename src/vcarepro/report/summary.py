@@ -27,7 +27,8 @@ STATUSES = {
     REPRODUCED: "at the paper's scale, recipe and protocol, our difference is within the stated tolerance of the "
                 "paper's (a point comparison, as the paper reports single runs; with several seeds, their mean); "
                 "compute claims: as the claim words it, counted at the paper's shape",
-    NOT_REPRODUCED: "at the paper's scale, recipe and protocol (or for a compute count), ours is outside that tolerance",
+    NOT_REPRODUCED: "at the paper's scale, recipe and protocol (or for a compute count), ours is outside that "
+                    "tolerance",
     SAME_DIRECTION: "measured where sizes cannot be compared with the paper's: our difference is significant in the "
                     "paper's direction (Welch's test, Holm-corrected over the comparisons of its table, family-wise 5%)",
     OPPOSITE_DIRECTION: "significant in the same sense, on the other side from the paper's",

@@ -122,8 +122,8 @@ def _config_help() -> str:
 
 
 def _project() -> Path:
-    """Where conf/ and dvc.yaml are read: the working directory where it has conf/ (as `python -m vcarepro.params.config`
-    composes), else this code's checkout."""
+    """Where conf/ and dvc.yaml are read: the working directory where it has conf/ (as
+    `python -m vcarepro.params.config` composes), else this code's checkout."""
     here = Path.cwd()
     return here if (here / "conf").is_dir() else REPO_ROOT
 
@@ -380,7 +380,7 @@ def explain(run: str, overrides: Sequence[str] = (), project: Path = REPO_ROOT) 
 
 def _recipe_knobs(add, params: Dict[str, Any], branch: str, run: str, entry: Dict[str, Any],
                   recipe: Dict[str, Any]) -> None:
-    """The recipe the run trains with (pipeline.cls_run / gen_run resolved it), each knob where its value lives:
+    """The recipe the run trains with (params.runs.cls_run / gen_run resolved it), each knob where its value lives:
     the override where one replaced the named recipe's value (which is kept beside it), else the recipe."""
     if branch == "cls":
         name = entry["recipe"]

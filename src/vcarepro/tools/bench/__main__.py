@@ -59,7 +59,8 @@ def main(argv=None) -> None:
         print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
         row = bench_train_step(args.run, scale=args.scale, batch=args.batch, device=args.device,
                                precision=args.precision, min_run_time=args.min_run_time)
-        print(f"{row['run']} ({row['objective']}), {row['precision']} on {row['device']}, batch {row['batch_per_device']}: "
+        print(f"{row['run']} ({row['objective']}), {row['precision']} on {row['device']}, "
+              f"batch {row['batch_per_device']}: "
               f"{row['ms_per_step']:.1f} ms/step, {row['images_per_second']:.1f} images/s")
         print(f"projected: {row['recipe_steps']} steps at global batch {row['global_batch']} = "
               f"{row['projected_device_hours']:.1f} device-hours (compute only; an estimate, not a measurement "

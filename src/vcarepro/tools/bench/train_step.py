@@ -77,7 +77,7 @@ class TrainStep:
 
 def classification_step(run, *, batch: int, device: str = "cpu", precision: Optional[str] = None,
                         num_classes: int = 1000) -> TrainStep:
-    """The training step of a ``cls_runs`` entry (``pipeline.ClsRun``) at ``batch`` images per device.
+    """The training step of a ``cls_runs`` entry (``params.runs.ClsRun``) at ``batch`` images per device.
 
     As ``train.classification.train_classifier`` builds it: the model with the recipe's drop path, timm's
     optimizer with the scaled lr, the EMA, Mixup / CutMix and the criterion they imply, clipping, and the
@@ -124,7 +124,7 @@ def classification_step(run, *, batch: int, device: str = "cpu", precision: Opti
 
 
 def generation_step(run, *, batch: int, device: str = "cpu", precision: Optional[str] = None) -> TrainStep:
-    """The training step of a ``gen_runs`` entry (``pipeline.GenRun``) at ``batch`` inputs per device.
+    """The training step of a ``gen_runs`` entry (``params.runs.GenRun``) at ``batch`` inputs per device.
 
     As ``train.generation.train_generator`` builds it: DiT with the recipe's sigma and label dropout, AdamW,
     the EMA updated every step, flips, the run's objective and the recipe's precision (``precision``
