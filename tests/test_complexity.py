@@ -76,7 +76,7 @@ def test_every_table1_complexity_cell_of_the_lab_layouts_matches_the_paper():
     from vcarepro.params.config import compose
     from vcarepro.metrics.complexity import model_complexity
     from vcarepro.report.reference import paper_value
-    from vcarepro.report.tables import MATCHES, exact_verdict
+    from vcarepro.report.verdicts import MATCHES, exact_verdict
 
     paper = compose(["scale=paper"])
     reference = yaml.safe_load((Path(__file__).resolve().parents[1] / "data" / "paper_reference.yaml").read_text())

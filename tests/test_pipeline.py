@@ -247,7 +247,7 @@ def test_a_clean_repro_reproduces_every_hash_of_the_committed_lock(repo):
     # a stale lock is named: a module a stage imports changes after the recording
     (repo / "src" / "vcarepro" / "core" / "io.py").write_text((repo / "src" / "vcarepro" / "core" / "io.py").read_text() + "\n# edit\n")
     stale = sh(f"{sys.executable} -m vcarepro.tools.lockcheck stale", repo, check=False)
-    assert stale.returncode == 1 and "prepare_gen: dep src/vcarepro/core/io.py modified" in stale.stderr
+    assert stale.returncode == 1 and "prepare_gen: dep src/vcarepro/core modified" in stale.stderr
     sh("git checkout src/vcarepro/core/io.py", repo)
     # the record keeps every directory output's files, so a difference names the file
     assert "written" in sh(f"{sys.executable} -m vcarepro.tools.lockcheck record", repo).stdout

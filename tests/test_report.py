@@ -14,8 +14,8 @@ from vcarepro.params.config import compose
 from vcarepro.params.provenance import write_provenance
 from vcarepro.report.reference import PaperValue, load_reference, paper_value
 from vcarepro.report.render import render_report
-from vcarepro.report.tables import (BETTER, DIFFERS, MATCHES, NO_PAPER_VALUE, NOT_COMPARABLE, NOT_RUN, REPRODUCED,
-                                    SHORT, Measured, exact_verdict, verdict)
+from vcarepro.report.verdicts import (BETTER, DIFFERS, MATCHES, NO_PAPER_VALUE, NOT_COMPARABLE, NOT_RUN, REPRODUCED,
+                                      SHORT, Measured, exact_verdict, verdict)
 
 ROOT = Path(__file__).resolve().parents[1]
 

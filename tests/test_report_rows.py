@@ -9,7 +9,7 @@ from vcarepro.params.config import compose
 from vcarepro.report.card import run_rows
 from vcarepro.report.reference import load_reference
 from vcarepro.report.rows import STATISTICS, answering_run, paper_rows, seed_values
-from vcarepro.report.tables import TableBuilder
+from vcarepro.report.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,13 +61,12 @@ def test_nothing_stands_in_where_the_recipes_differ_or_the_run_is_unknown(scales
 
 def test_the_report_tables_use_the_same_rule(scales, reference):
     embedded, paper = scales["embedded"], scales["paper"]
-    tables = TableBuilder(reference, embedded, {}, {}, {}, cls_comparable=False, gen_comparable=False,
-                          paper_params=paper)
-    assert tables.same_run("deit_tiny-mhsa-lab") == "deit_tiny-mhsa"   # Table 1's "same as" column
-    assert tables.same_run("deit_tiny-mhsa") is None                    # trained here: no stand-in to name
-    assert tables._run_used("deit_tiny-mhsa-lab") == "deit_tiny-mhsa"
-    assert TableBuilder(reference, scales["smoke"], {}, {}, {}, cls_comparable=False, gen_comparable=False,
-                        paper_params=paper).same_run("deit_tiny-mhsa-lab") is None
+    ws = Workspace(reference, embedded, {}, {}, {}, cls_comparable=False, gen_comparable=False, paper_params=paper)
+    assert ws.same_run("deit_tiny-mhsa-lab") == "deit_tiny-mhsa"   # Table 1's "same as" column
+    assert ws.same_run("deit_tiny-mhsa") is None                    # trained here: no stand-in to name
+    assert ws.run_used("deit_tiny-mhsa-lab") == "deit_tiny-mhsa"
+    assert Workspace(reference, scales["smoke"], {}, {}, {}, cls_comparable=False, gen_comparable=False,
+                     paper_params=paper).same_run("deit_tiny-mhsa-lab") is None
 
 
 def test_seed_values_are_the_per_seed_figures_in_seed_order_or_the_single_mean():

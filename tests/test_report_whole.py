@@ -15,7 +15,7 @@ from vcarepro.params.config import compose
 from vcarepro.report.howto import scale_matrices
 from vcarepro.report.reference import load_reference
 from vcarepro.report.render import render_report
-from vcarepro.report.tables import TableBuilder
+from vcarepro.report.workspace import Workspace
 
 from test_report import ROOT, project, write_seeds  # noqa: F401  (project: a fixture)
 
@@ -258,8 +258,8 @@ def test_the_plan_names_one_command_for_runs_of_several_scales_where_one_scale_h
     paper = matrices["paper"][False]
 
     def builder(scale, family=False):
-        return TableBuilder(REFERENCE, matrices[scale][family], {}, {}, {}, cls_comparable=False,
-                            gen_comparable=False, paper_params=paper, matrices=matrices)
+        return Workspace(REFERENCE, matrices[scale][family], {}, {}, {}, cls_comparable=False,
+                         gen_comparable=False, paper_params=paper, matrices=matrices)
 
     smoke, embedded = builder("smoke"), builder("embedded")
     # a run of this scale's list and one of the paper's only: the paper scale runs both

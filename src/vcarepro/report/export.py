@@ -40,3 +40,8 @@ def write_tables(tables: Dict[str, List[Dict[str, Any]]], out_dir: str | Path) -
         (out_dir / f"{name}.md").write_text(frame.to_markdown(index=False) + "\n", encoding="utf-8")
         written += [out_dir / f"{name}.csv", out_dir / f"{name}.md"]
     return written
+
+
+def records(rows: List[Any]) -> List[Dict[str, Any]]:
+    """A table's rows as the records the exports write: a typed row's ``as_dict``, a record as it is."""
+    return [row.as_dict() if hasattr(row, "as_dict") else row for row in rows]

@@ -16,7 +16,7 @@ from vcarepro.report.calibration import calibration_section
 from vcarepro.report.collect import collect_runs, read_json, real_grid
 from vcarepro.report.environment import describe_environment
 from vcarepro.core import numerics
-from vcarepro.report.export import write_tables
+from vcarepro.report.export import records, write_tables
 from vcarepro.report.headline import headline_files, write_headlines
 from vcarepro.report.figures import CLS_CURVES, GEN_CURVES, attention_cost_png, curves_png, gains_png
 from vcarepro.params.config import flatten
@@ -25,7 +25,11 @@ from vcarepro.report.howto import scale_matrices
 from vcarepro.report.reference import load_reference
 from vcarepro.report.rows import role
 from vcarepro.report.summary import STATUSES, status_key, summary
-from vcarepro.report.tables import FLAT_LOSS_FRACTION, FLAT_TOP1_POINTS, TableBuilder, runs_frame, verdict_class
+from vcarepro.report import claims as claim_checks, family as family_tables, gains as gain_tables, paper_tables
+from vcarepro.report.convergence import FLAT_LOSS_FRACTION, FLAT_TOP1_POINTS
+from vcarepro.report.runs_table import runs_frame
+from vcarepro.report.verdicts import ShownCell, verdict_class
+from vcarepro.report.workspace import Workspace
 
 # One name per quantity in the page, the CSV and the Markdown (the glossary defines each)
 RUN_COLUMNS = {"top1": "top-1 (%)", "top5": "top-5 (%)", "loss": "val loss", "plateau_spread": "plateau spread (points)",
@@ -116,53 +120,56 @@ def recipe_knobs(params: Dict[str, Any], paper: Dict[str, Any]) -> Dict[str, Any
     return out
 
 
-def measured_cell(cell: Dict[str, Any]) -> bool:
-    """A table cell (``Cell.as_dict``) with our number in it, or the mark that the run's numbers are stale."""
-    return cell["ours"] is not None or cell["stale"] is not None
+def measured_cell(cell: ShownCell) -> bool:
+    """A table cell with our number in it, or the mark that the run's numbers are stale."""
+    return cell.ours is not None or cell.stale is not None
 
 
-def measured_row(row: Dict[str, Any]) -> bool:
+def measured_row(row: Any) -> bool:
     """A difference row (gains, decompositions) with our difference in it, or the mark that a side is stale."""
-    return row["ours"] is not None or bool(row["stale"])
+    return row.ours is not None or bool(row.stale)
 
 
 HOWTO_KEYS = "abcdefghijklmnopqrstuvwxyz"
 COMPLEXITY_COMMAND = "dvc repro complexity"   # counts every model of every scale at the paper's shape
 
 
-def paper_row(*cells: str):
-    """Whether a row has a paper number in one of ``cells`` (``Cell.as_dict`` or a difference row's "paper")."""
-    return lambda r: any((r[c]["paper"] if isinstance(r[c], dict) else r[c]) is not None for c in cells)
+def paper_row(*fields: str):
+    """Whether a row has a paper number in one of ``fields`` (a ``ShownCell`` or a difference row's "paper")."""
+    def paper(value: Any) -> Optional[str]:
+        return value.paper if isinstance(value, ShownCell) else value
+    return lambda r: any(paper(getattr(r, f)) is not None for f in fields)
 
 
-def fold(rows: List[Dict[str, Any]], measured, label, runs, tables: TableBuilder, keep=lambda r: False,
+def fold(rows: List[Any], measured, label, runs, ws: Workspace, keep=lambda r: False,
          command: Optional[str] = None) -> Dict[str, Any]:
     """A table's rows as the page shows them, and a how-to-run line for each distinct way to run what is missing.
 
     A row that ``keep`` holds (a row of the paper's own tables, or one with a paper number) stays in its table
     whether or not we ran it: a paper number never folds. What folds is ours: a row with nothing measured shows
     one "not run" mark for its cells of ours, keyed (``howto``: a, b, ...) to the line below the table that says
-    how to run its runs (``TableBuilder.how_to_run``: this scale's ``dvc repro``, or the scale whose run list has
+    how to run its runs (``Workspace.how_to_run``: this scale's ``dvc repro``, or the scale whose run list has
     them, with its command). A row ``keep`` does not hold and nothing was measured for is named in that line only.
+    Each shown row comes as (row, its howto key or None).
     """
     notes: Dict[str, Dict[str, Any]] = {}
     shown = []
     for r in rows:
         if measured(r):
-            shown.append({**r, "howto": None})
+            shown.append((r, None))
             continue
-        text = command or tables.how_to_run(runs(r))
+        text = command or ws.how_to_run(runs(r))
         note = notes.get(text)
         if note is None:
             note = notes[text] = {"key": HOWTO_KEYS[len(notes) % len(HOWTO_KEYS)], "command": text,
-                                  "plan": tables.plans.get(text) or [{"runs": None,
-                                                                      "options": [{"where": None, "command": text}]}],
+                                  "plan": ws.plans.get(text) or [{"runs": None,
+                                                                  "options": [{"where": None, "command": text}]}],
                                   "labels": [], "n": 0, "n_hidden": 0}
         note["n"] += 1
         if label(r) not in note["labels"]:
             note["labels"].append(label(r))
         if keep(r):
-            shown.append({**r, "howto": note["key"]})
+            shown.append((r, note["key"]))
         else:
             note["n_hidden"] += 1
     for note in notes.values():
@@ -201,26 +208,26 @@ def build_context(root: Path) -> Dict[str, Any]:
     cls_comparable = params["scale"] == "paper" and not any(k["knob"].startswith(("prepare_cls", "cls_")) for k in knobs)
     gen_comparable = params["scale"] == "paper" and not any(
         k["knob"].startswith(("prepare_gen", "gen_", "sampling")) for k in knobs)
-    tables = TableBuilder(reference, params, cls, gen, complexity, attention_cost, attention_macs=macs,
-                          cls_comparable=cls_comparable, gen_comparable=gen_comparable, paper_params=paper,
-                          reference_top1=(cls_reference["logreg_top1"], "logistic-regression")
-                          if cls_reference and cls_reference.get("computed") else None, matrices=matrices)
+    ws = Workspace(reference, params, cls, gen, complexity, attention_cost, attention_macs=macs,
+                   cls_comparable=cls_comparable, gen_comparable=gen_comparable, paper_params=paper,
+                   reference_top1=(cls_reference["logreg_top1"], "logistic-regression")
+                   if cls_reference and cls_reference.get("computed") else None, matrices=matrices)
     cls_keys = ["top1", "top5", "loss", "plateau_spread"]
     gen_keys = ["fid", "kid_mean", "inception_score", "precision", "recall"]
-    gains = tables.gains()
-    ablation_gains = {k: tables.ablation_gains(k) for k in ("table3", "table4")}
-    claims = tables.claims()
-    table1, table2 = tables.table1(), tables.table2()
-    decomposition, family = tables.decomposition(), tables.family()
-    family_decomposition = tables.family_decomposition()
-    ablations = {k: tables.ablation(k) for k in ("table3", "table4")}
-    summary_rows = summary(tables, gains, ablation_gains, claims)
+    gains = gain_tables.gains(ws)
+    ablation_gains = {k: gain_tables.ablation_gains(ws, k) for k in ("table3", "table4")}
+    claims = claim_checks.claims(reference["claims"], claim_checks.Measurements(complexity, macs, attention_cost))
+    table1, table2 = paper_tables.table1(ws), paper_tables.table2(ws)
+    decomposition, family = gain_tables.decomposition(ws), family_tables.family(ws)
+    family_decomposition = family_tables.family_decomposition(ws)
+    ablations = {k: paper_tables.ablation(ws, k) for k in ("table3", "table4")}
+    summary_rows = summary(ws, gains, ablation_gains, claims)
     used = {status_key(r["status"]) for r in summary_rows}
     cls_frame = runs_frame(cls, params["cls_runs"], params["models"], cls_keys, params["cls_shape"])
     gen_frame = runs_frame(gen, params["gen_runs"], params["models"], gen_keys, params["gen_shape"])
     for frame, branch in ((cls_frame, "cls"), (gen_frame, "gen")):
         if len(frame):
-            frame["convergence"] = ["; ".join(f.removeprefix(f"{run} ") for f in tables.convergence(branch, run)) or "—"
+            frame["convergence"] = ["; ".join(f.removeprefix(f"{run} ") for f in ws.convergence(branch, run)) or "—"
                                     for run in frame["run"]]
     environment = describe_environment(root)
     run_metrics = {"cls": {n: r.metrics for n, r in cls.items()}, "gen": {n: r.metrics for n, r in gen.items()}}
@@ -235,7 +242,7 @@ def build_context(root: Path) -> Dict[str, Any]:
         "stale": stale,
         "gains": gains,
         "cls_reference": cls_reference,
-        "gains_png": gains_png(gains),
+        "gains_png": gains_png(records(gains)),
         "attention_cost_png": attention_cost_png(attention_cost),
         "scale": params["scale"],
         # the smoke scale runs a distinct subset of the paper matrix; the preflight steps the rest
@@ -250,43 +257,43 @@ def build_context(root: Path) -> Dict[str, Any]:
         "claims": claims,
         "summary": summary_rows,
         "statuses": [{"status": k, "meaning": v, "used": k in used} for k, v in STATUSES.items()],
-        "readout_rule": tables.readout_rule,
-        "comparisons": tables.comparisons,
+        "readout_rule": ws.readout_rule,
+        "comparisons": ws.comparisons,
         "flat_top1_points": FLAT_TOP1_POINTS,
         "flat_loss_fraction": FLAT_LOSS_FRACTION,
         "recipe_knobs": recipe_knobs(params, paper),
         # the paper's tables (1-4) whole at every scale, each row with a paper number in the tables derived from
         # them; what folds is our cells of a row not run, and rows with neither a paper number nor ours (fold)
         "folded": {
-            "table1": fold(table1, lambda r: measured_cell(r["top1"]), lambda r: r["model"], lambda r: [r["run"]],
-                           tables, keep=lambda r: True),
+            "table1": fold(table1, lambda r: measured_cell(r.top1), lambda r: r.model, lambda r: [r.run],
+                           ws, keep=lambda r: True),
             "compute": fold([r for r in table1 if paper_row("params_m", "gmacs")(r)],
-                            lambda r: r["params_m"]["ours"] is not None or r["gmacs"]["ours"] is not None,
-                            lambda r: r["model"], lambda r: [r["run"]], tables, keep=lambda r: True,
+                            lambda r: r.params_m.ours is not None or r.gmacs.ours is not None,
+                            lambda r: r.model, lambda r: [r.run], ws, keep=lambda r: True,
                             command=COMPLEXITY_COMMAND),
-            "decomposition": fold(decomposition, measured_row, lambda r: r["model"], lambda r: r["runs"].split(" − "),
-                                  tables, keep=paper_row("paper")),
-            "table2": fold(table2, lambda r: measured_cell(r["fid"]), lambda r: r["model"], lambda r: [r["run"]],
-                           tables, keep=lambda r: True),
-            "gains": fold(gains, measured_row, lambda r: r["model"],
+            "decomposition": fold(decomposition, measured_row, lambda r: r.model, lambda r: r.runs.split(" − "),
+                                  ws, keep=paper_row("paper")),
+            "table2": fold(table2, lambda r: measured_cell(r.fid), lambda r: r.model, lambda r: [r.run],
+                           ws, keep=lambda r: True),
+            "gains": fold(gains, measured_row, lambda r: r.model,
                           lambda r: [x["run"] for t in ("table1", "table2") for x in reference[t]["rows"]
-                                     if x["model"] == r["model"] and role(x) in ("baseline", "vca")], tables,
+                                     if x["model"] == r.model and role(x) in ("baseline", "vca")], ws,
                           keep=paper_row("paper")),
             # Tables 3 and 4: one table per branch, each cell its own run
-            **{f"{k}_{metric}": fold(ablations[k], lambda r, m=metric: measured_cell(r[m]), lambda r: r["variant"],
-                                     lambda r, key=run_key: [r[key]], tables, keep=lambda r: True)
-               for k in ablations for metric, run_key in (("top1", "cls_run"), ("fid", "gen_run"))},
+            **{f"{k}_{metric}": fold(ablations[k], lambda r, cell=cell: measured_cell(cell(r)), lambda r: r.variant,
+                                     run, ws, keep=lambda r: True)
+               for k in ablations for metric, cell, run in (("top1", lambda r: r.top1, lambda r: [r.cls_run]),
+                                                            ("fid", lambda r: r.fid, lambda r: [r.gen_run]))},
             **{f"{k}_gains": fold(ablation_gains[k], measured_row,
-                                  lambda r: f"{r['model']} ({'top-1' if r['metric'] == 'top1' else 'FID'})",
-                                  lambda r: r["runs"].split(" − "), tables, keep=paper_row("paper"))
+                                  lambda r: f"{r.model} ({'top-1' if r.metric == 'top1' else 'FID'})",
+                                  lambda r: r.runs.split(" − "), ws, keep=paper_row("paper"))
                for k in ablation_gains},
-            "family": fold(family, lambda r: any(r[k] is not None or r[f"{k}_stale"] for k in ("top1", "fid")),
-                           lambda r: r["label"], lambda r: [r["cls_run"], r["gen_run"]], tables),
+            "family": fold(family, lambda r: any(m.value is not None or m.stale for m in (r.top1, r.fid)),
+                           lambda r: r.label, lambda r: [r.cls_run, r.gen_run], ws),
             "family_decomposition": fold(family_decomposition, measured_row,
-                                         lambda r: f"{r['branch']}: {r['part']}", lambda r: r["runs"].split(" − "),
-                                         tables),
+                                         lambda r: f"{r.branch}: {r.part}", lambda r: r.runs.split(" − "), ws),
         },
-        "plans": tables.plans,   # each how-to-run text of the page (the summary's commands) -> its commands
+        "plans": ws.plans,   # each how-to-run text of the page (the summary's commands) -> its commands
         "calibration": {**calibration_section(root, params["scale"]), "dir": params["calibrate"]["dir"]},
         "table1": table1,
         "decomposition": decomposition,
@@ -299,7 +306,7 @@ def build_context(root: Path) -> Dict[str, Any]:
         "table3": ablations["table3"],
         "table4": ablations["table4"],
         **{f"{k}_gains": v for k, v in ablation_gains.items()},
-        "ablation_reference": {k: tables.reference_row(k)["variant"] for k in ("table3", "table4")},
+        "ablation_reference": {k: ws.reference_row(k)["variant"] for k in ("table3", "table4")},
         "titles": {k: reference[k]["title"] for k in ("table1", "table2", "table3", "table4", "family")},
         "family": family,
         "family_decomposition": family_decomposition,
@@ -367,8 +374,8 @@ def render_report(root: str | Path = ".", out: str | Path = "reports/index.html"
     env.filters["status_class"] = lambda status: verdict_class(status_key(status))
     context = build_context(root)
     out.parent.mkdir(parents=True, exist_ok=True)
-    written = write_tables({name: context[name] for name in EXPORTED_TABLES}, out.parent / "tables")
-    write_json(out.parent / "results.json", {name: context[name] for name in RESULT_TABLES})
+    written = write_tables({name: records(context[name]) for name in EXPORTED_TABLES}, out.parent / "tables")
+    write_json(out.parent / "results.json", {name: records(context[name]) for name in RESULT_TABLES})
     write_headlines(root, context["headlines"])   # the stage's DVC metrics (report/headline.py)
     exported = sorted({path.stem for path in written}, key=EXPORTED_TABLES.index)
     html = env.get_template("report.html.j2").render(**context, exported=exported)

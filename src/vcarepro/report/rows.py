@@ -1,6 +1,6 @@
 """Which of our numbers answers a row of the paper's tables: the run, the read-out, the per-seed values.
 
-One place for what the report's tables (``tables.py``) and the model card (``card.py``) both decide.
+One place for what the report's tables (``workspace.py``) and the model card (``card.py``) both decide.
 Where a classification number is made: ``eval_cls@RUN`` (stages/eval_cls.py) writes
 ``runs/cls/<run>/metrics.json``: ``top1`` / ``top1_ema`` from ``vcarepro.train.classification.evaluate``
 on the final (EMA) weights, ``top1_best`` / ``top1_best_ema`` / ``plateau_spread`` from

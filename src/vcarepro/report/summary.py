@@ -2,7 +2,7 @@
 
 A row is an abstract claim or a headline row of Tables 1-4 (VCA minus its baseline per backbone and
 generator, and per ablation table whether VCA's own variant is the best). Each row is computed from
-the tables below it in the report (``TableBuilder``), never written by hand; its status is one of
+the tables below it in the report (``gains``, ``claims``), never written by hand; its status is one of
 ``STATUSES``, and each status is defined there once for the page's legend.
 """
 from __future__ import annotations
@@ -10,8 +10,10 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence
 
 from vcarepro.metrics.intervals import ONE_SEED, OPPOSITE, SAME
+from vcarepro.report.claims import DOES_NOT_HOLD, HOLDS, NOT_RUN as CLAIM_NOT_RUN, ClaimRow
+from vcarepro.report.gains import GainRow
 from vcarepro.report.rows import role
-from vcarepro.report.tables import TableBuilder
+from vcarepro.report.workspace import Workspace
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
@@ -54,21 +56,21 @@ def _rank(status: str) -> int:
     return len(WEAKEST_FIRST)
 
 
-def gain_status(row: Dict[str, Any], tolerance: float) -> str:
-    """The status of one difference row (``TableBuilder._gain_row``), from its Holm-corrected verdict.
+def gain_status(row: GainRow, tolerance: float) -> str:
+    """The status of one difference row (``gains.GainRow``), from its Holm-corrected verdict.
 
     Judged against the paper's size only where the row says both sides are comparable (paper scale, recipe and,
     for FID, protocol); elsewhere only its direction counts.
     """
-    if row.get("stale"):
+    if row.stale:
         return STALE
-    if row["ours_value"] is None:
+    if row.ours_value is None:
         return NOT_RUN
-    if row["paper_value"] is None:
+    if row.paper_value is None:
         return NOT_TESTABLE
-    if row["comparable"]:
-        return REPRODUCED if abs(row["ours_value"] - row["paper_value"]) <= tolerance else NOT_REPRODUCED
-    verdict = row["direction"] or ""
+    if row.comparable:
+        return REPRODUCED if abs(row.ours_value - row.paper_value) <= tolerance else NOT_REPRODUCED
+    verdict = row.direction or ""
     if verdict == SAME:
         return SAME_DIRECTION
     if verdict == OPPOSITE:
@@ -94,11 +96,11 @@ def _span(values: Sequence[float], digits: int = 1) -> str:
     return f"{lo:+.{digits}f}" if abs(hi - lo) < 10 ** -digits / 2 else f"{lo:+.{digits}f} to {hi:+.{digits}f}"
 
 
-def _paper_sources(rows: Sequence[Dict[str, Any]]) -> str:
-    return "/".join(dict.fromkeys(s for r in rows if r["source"] for s in r["source"].split("/")))
+def _paper_sources(rows: Sequence[GainRow]) -> str:
+    return "/".join(dict.fromkeys(s for r in rows if r.source for s in r.source.split("/")))
 
 
-def _row(claim: str, source: Optional[str], members: Sequence[Dict[str, Any]], tables: TableBuilder,
+def _row(claim: str, source: Optional[str], members: Sequence[GainRow], ws: Workspace,
          tolerance: float, paper_text: Optional[str] = None, section: str = "",
          runs: Optional[Dict[str, List[str]]] = None) -> Dict[str, Any]:
     """One summary row over ``members`` (gain rows); ``runs``: each member's runs (by its ``model``), for the
@@ -107,11 +109,11 @@ def _row(claim: str, source: Optional[str], members: Sequence[Dict[str, Any]], t
     status = combine(statuses)
     # what the status rests on: the measured rows that have a paper value to compare with
     measured = [r for r, s in zip(members, statuses) if s not in (NOT_RUN, NOT_TESTABLE, STALE)]
-    with_paper = [r for r in members if r["paper_value"] is not None]
+    with_paper = [r for r in members if r.paper_value is not None]
     if len(members) == 1 and measured:
-        ours = measured[0]["ours"]
+        ours = measured[0].ours
     elif measured:  # each row's own difference and interval, not a range of point estimates
-        ours = "; ".join(f"{r['model']}: {r['ours']}" for r in measured)
+        ours = "; ".join(f"{r.model}: {r.ours}" for r in measured)
     else:
         ours = None
     not_run = [r for r, s in zip(members, statuses) if s == NOT_RUN]
@@ -119,64 +121,64 @@ def _row(claim: str, source: Optional[str], members: Sequence[Dict[str, Any]], t
     if len(members) > 1 and measured:
         notes.append(f"{len(measured)} of {len(members)} rows measured")
     if not_run and measured:
-        notes.append("not run at this scale: " + ", ".join(r["model"] for r in not_run))
-    notes += [f"{r['model']}: {r['seeds_note']}" if len(members) > 1 else r["seeds_note"]
-              for r in measured if r.get("seeds_note") and "Holm" in r["seeds_note"]]
+        notes.append("not run at this scale: " + ", ".join(r.model for r in not_run))
+    notes += [f"{r.model}: {r.seeds_note}" if len(members) > 1 else r.seeds_note
+              for r in measured if r.seeds_note and "Holm" in r.seeds_note]
     if not_run:
-        command = tables.how_to_run([run for r in not_run for run in (runs or {}).get(r["model"], [])])
+        command = ws.how_to_run([run for r in not_run for run in (runs or {}).get(r.model, [])])
     if status == STALE:
-        notes.append("; ".join(r["direction"] for r in members if r.get("stale")))
-    flags = list(dict.fromkeys(f for r in measured for f in r.get("flags") or []))
+        notes.append("; ".join(r.direction for r in members if r.stale))
+    flags = list(dict.fromkeys(f for r in measured for f in r.flags))
     # a claim with its own source (the abstract) is as verified as that source; else as its rows' values
-    unverified = source in tables.unverified if source else any(r.get("unverified") for r in with_paper)
+    unverified = source in ws.unverified if source else any(r.unverified for r in with_paper)
     if unverified and status in (REPRODUCED, NOT_REPRODUCED, SAME_DIRECTION, OPPOSITE_DIRECTION):
         notes.append("judged against an unverified paper value")
     return {"section": section, "claim": claim,
-            "paper": paper_text or (_span([r["paper_value"] for r in with_paper]) if with_paper else None),
+            "paper": paper_text or (_span([r.paper_value for r in with_paper]) if with_paper else None),
             "source": source or _paper_sources(with_paper) or None, "unverified": bool(unverified),
-            "ours": ours, "scale": tables.scale if ours is not None else None, "status": status,
+            "ours": ours, "scale": ws.scale if ours is not None else None, "status": status,
             "note": "; ".join(notes) or None, "command": command, "flags": flags}
 
 
-def summary(tables: TableBuilder, gains: List[Dict[str, Any]], ablation_gains: Dict[str, List[Dict[str, Any]]],
-            claims: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def summary(ws: Workspace, gains: List[GainRow], ablation_gains: Dict[str, List[GainRow]],
+            claims: List[ClaimRow]) -> List[Dict[str, Any]]:
     """Every claim row of the summary, computed from the report's own tables (see the module docstring)."""
-    ref = tables.ref
-    tol_top1, tol_fid = tables.tol_top1, tables.tol_fid
+    ref = ws.ref
+    tol_top1, tol_fid = ws.tol_top1, ws.tol_fid
     rows: List[Dict[str, Any]] = []
     # the abstract's compute claims, measured at the paper's shape (never scale-dependent)
     for c in claims:
-        status = {"holds": REPRODUCED, "does not hold": NOT_REPRODUCED, "not run": NOT_RUN}.get(c["verdict"], NOT_TESTABLE)
+        status = {HOLDS: REPRODUCED, DOES_NOT_HOLD: NOT_REPRODUCED, CLAIM_NOT_RUN: NOT_RUN}.get(c.verdict, NOT_TESTABLE)
         measured = status in (REPRODUCED, NOT_REPRODUCED)
-        rows.append({"section": "abstract", "claim": c["claim"], "paper": c.get("paper"),
-                     "source": c["source"], "unverified": c["source"] in tables.unverified,
-                     "ours": c["evidence"] if measured else None, "scale": "paper shape" if measured else None,
-                     "status": status, "note": c.get("tolerance") if measured else c["evidence"].split(":")[0],
-                     "command": c["evidence"].split(": ", 1)[1] if status == NOT_RUN else None, "flags": []})
-    by_table = {"table1": [g for g in gains if g["metric"] == "top1"], "table2": [g for g in gains if g["metric"] == "fid"]}
+        rows.append({"section": "abstract", "claim": c.claim, "paper": c.paper,
+                     "source": c.source, "unverified": c.source in ws.unverified,
+                     "ours": c.evidence if measured else None, "scale": "paper shape" if measured else None,
+                     "status": status, "note": c.tolerance if measured else c.evidence.split(":")[0],
+                     "command": c.command if status == NOT_RUN else None, "flags": []})
+    by_table = {"table1": [g for g in gains if g.metric == "top1"], "table2": [g for g in gains if g.metric == "fid"]}
     for claim in ref.get("headline_claims", []):
-        members = [g for g in by_table[claim["table"]] if not claim.get("models") or g["model"] in claim["models"]]
+        members = [g for g in by_table[claim["table"]] if not claim.get("models") or g.model in claim["models"]]
         metric_tol = tol_top1 if claim["table"] == "table1" else tol_fid
         runs = _runs_by_model(ref[claim["table"]]["rows"])
-        rows.append(_row(claim["claim"], claim.get("source"), members, tables, metric_tol,
+        rows.append(_row(claim["claim"], claim.get("source"), members, ws, metric_tol,
                          paper_text=claim.get("paper"), section="abstract", runs=runs))
     # Tables 1 and 2, one row per model with a paper value or a measurement: VCA minus baseline
     for table, label, unit, tol in (("table1", "Table 1", "top-1", tol_top1), ("table2", "Table 2", "FID", tol_fid)):
         for g in by_table[table]:
-            if g["paper_value"] is None and g["ours_value"] is None and not g.get("stale"):
+            if g.paper_value is None and g.ours_value is None and not g.stale:
                 continue
             runs = _runs_by_model(ref[table]["rows"])
-            rows.append(_row(f"{g['model']}: VCA minus baseline, {unit}", None, [g], tables, tol,
+            rows.append(_row(f"{g.model}: VCA minus baseline, {unit}", None, [g], ws, tol,
                              section=label, runs=runs))
     # Tables 3 and 4: VCA's own variant (the reference row) is the best, per branch
     for name in ("table3", "table4"):
-        reference = tables.reference_row(name)["variant"]
+        reference = ws.reference_row(name)["variant"]
         for metric, unit, tol in (("top1", "DeiT-T top-1", tol_top1), ("fid", "DiT-S/2 FID", tol_fid)):
-            members = [g for g in ablation_gains[name] if g["metric"] == metric]
-            runs = {g["model"]: g["runs"].split(" − ") for g in members}
+            members = [g for g in ablation_gains[name] if g.metric == metric]
+            runs = {g.model: g.runs.split(" − ") for g in members}
             rows.append(_row(f"{ref[name]['title']}: each other variant minus {reference}, {unit} "
                              f"(the paper: every one worse)",
-                             None, members, tables, tol, section=f"Table {name[-1]}", runs=runs))
+                             None, members, ws, tol, section=f"Table {name[-1]}", runs=runs))
     return rows
 
 
