@@ -8,30 +8,41 @@ times are medians on the machine that ran the stage (named in the file). The tim
 timings/attention_cost.json, which no DVC output holds (a wall time differs on every run, so its hash
 could never reproduce); the stage's output, metrics/attention_macs.json, holds the MACs.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict
 
 from vcarepro.core.errors import run_stage
-from vcarepro.tools.bench import bench_attention, describe_machine, family_speed_table, speed_targets
-from vcarepro.params.config import stage_params
 from vcarepro.core.io import write_json
+from vcarepro.params.config import stage_params
+from vcarepro.tools.bench import bench_attention, describe_machine, family_speed_table, speed_targets
 
 TIMING = "timings/attention_cost.json"
 
 
 def main() -> None:
     p = stage_params()["attention_cost"]
-    rows = bench_attention(p["sides"], dim=p["dim"], heads=p["heads"], batch=p["batch"],
-                           contrast_tokens=p["contrast_tokens"], layers=p["layers"], compile=p["compile"],
-                           min_run_time=p["min_run_time"], log=lambda line: print(f"attention_cost: {line}",
-                                                                                  flush=True))
+    rows = bench_attention(
+        p["sides"],
+        dim=p["dim"],
+        heads=p["heads"],
+        batch=p["batch"],
+        contrast_tokens=p["contrast_tokens"],
+        layers=p["layers"],
+        compile=p["compile"],
+        min_run_time=p["min_run_time"],
+        log=lambda line: print(f"attention_cost: {line}", flush=True),
+    )
     targets = speed_targets(rows)
     # the times go to timings/ (no DVC output: they differ on every run), the exact MACs to the stage's output
-    write_json(TIMING, {"machine": describe_machine(), "config": p, "rows": [asdict(r) for r in rows],
-                        "targets": targets})
-    write_json("metrics/attention_macs.json", {"config": p, "rows": [
-        {"layer": r.layer, "tokens": r.tokens, "macs": r.macs} for r in rows]})
+    write_json(
+        TIMING, {"machine": describe_machine(), "config": p, "rows": [asdict(r) for r in rows], "targets": targets}
+    )
+    write_json(
+        "metrics/attention_macs.json",
+        {"config": p, "rows": [{"layer": r.layer, "tokens": r.tokens, "macs": r.macs} for r in rows]},
+    )
     print(family_speed_table(rows))
     print("\n".join(targets))
 

@@ -7,6 +7,7 @@ writes ``metrics/calibration_<kind>.json``: one row per evaluated entry (publish
 tolerance, verdict, the file's sha256) and the entries not run with the file each needs. At embedded scale
 there is no ImageNet to evaluate on, so nothing may be selected there.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,11 +16,11 @@ import torch
 
 from vcarepro.calibration import KINDS, entries, keymap_for, not_run, require_file, selected
 from vcarepro.calibration.run import calibrate_classifier, calibrate_generator
-from vcarepro.params.config import stage_params
+from vcarepro.core import progress
 from vcarepro.core.errors import BadInput, run_stage
 from vcarepro.core.io import write_json
+from vcarepro.params.config import stage_params
 from vcarepro.params.runs import CHECKPOINTS_DIR, CLS_DATA, FID_REFERENCE
-from vcarepro.core import progress
 
 
 def main() -> None:
@@ -31,13 +32,17 @@ def main() -> None:
     cal = params["calibrate"]
     chosen = selected(cal, kind)
     if chosen and params["scale"] not in ("paper", "smoke"):
-        raise BadInput(f"calibration evaluates released ImageNet weights, but scale={params['scale']} has no "
-                       f"ImageNet; run it at scale=paper (or the stand-ins at scale=smoke), or set "
-                       f"calibrate.checkpoints=[].")
+        raise BadInput(
+            f"calibration evaluates released ImageNet weights, but scale={params['scale']} has no "
+            f"ImageNet; run it at scale=paper (or the stand-ins at scale=smoke), or set "
+            f"calibrate.checkpoints=[]."
+        )
     tracked = ("data/smoke/released",) if params["scale"] == "smoke" else ("data/released",)
     if chosen and cal["dir"].rstrip("/") not in tracked:
-        raise BadInput(f"calibrate.dir={cal['dir']} is not a directory this stage's DVC dependencies track; put the "
-                       f"files in {tracked[0]} (a symbolic link to them will do).")
+        raise BadInput(
+            f"calibrate.dir={cal['dir']} is not a directory this stage's DVC dependencies track; put the "
+            f"files in {tracked[0]} (a symbolic link to them will do)."
+        )
     for name in chosen:  # every file and layout before any GPU-hour is spent
         require_file(cal, name, entries(cal, kind)[name])
         keymap_for(entries(cal, kind)[name], name)
@@ -49,10 +54,12 @@ def main() -> None:
         else:
             result = calibrate_generator(params, name, device, CHECKPOINTS_DIR / "calibrate", FID_REFERENCE)
         rows.append(result)
-        print(f"calibrate_{kind} {name}: {result['metric']} ours {result['ours']:.3f}, published "
-              f"{result['published']:g} (difference {result['difference']:+.3f}, tolerance "
-              f"{result['tolerance']:g}): {result['verdict']}"
-              + (f" ({'; '.join(result['deviations'])})" if result["deviations"] else ""))
+        print(
+            f"calibrate_{kind} {name}: {result['metric']} ours {result['ours']:.3f}, published "
+            f"{result['published']:g} (difference {result['difference']:+.3f}, tolerance "
+            f"{result['tolerance']:g}): {result['verdict']}"
+            + (f" ({'; '.join(result['deviations'])})" if result["deviations"] else "")
+        )
     missing = not_run(cal, kind, chosen)
     write_json(f"metrics/calibration_{kind}.json", {"scale": params["scale"], "rows": rows, "not_run": missing})
     if not chosen:

@@ -1,13 +1,14 @@
 """DVC stage `complexity`: parameters, GMACs and throughput of every model at its paper shape."""
+
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
 from vcarepro.core.errors import run_stage
-from vcarepro.params.config import section, stage_params
 from vcarepro.core.io import write_json
 from vcarepro.metrics.complexity import model_complexity
+from vcarepro.params.config import section, stage_params
 from vcarepro.train.seeds import run_in_workers
 
 
@@ -24,9 +25,13 @@ def main() -> None:
     names = list(models)
     done = {}
     if settings["processes"] > 1 and not settings["throughput_batch"]:  # counts only: nothing timed to disturb
-        done = run_in_workers("complexity", list(range(len(names))),
-                              lambda i: model_complexity(models[names[i]], settings), settings["processes"],
-                              what="models")
+        done = run_in_workers(
+            "complexity",
+            list(range(len(names))),
+            lambda i: model_complexity(models[names[i]], settings),
+            settings["processes"],
+            what="models",
+        )
     results = {}
     for i, name in enumerate(names):
         results[name] = done.get(i) or model_complexity(models[name], settings)

@@ -5,22 +5,28 @@ evaluated here; ``top1_best`` / ``top1_ema_best`` are the best epoch's, read fro
 validation the training stage ran every epoch (``history.json``), which is what the lab's
 code reports (``max_accuracy``).
 """
+
 from __future__ import annotations
 
 import argparse
 
 import torch
 
+from vcarepro.core import progress
 from vcarepro.core.errors import run_stage
-from vcarepro.params.config import stage_params
-from vcarepro.data.folders import ManifestDataset, read_classes
 from vcarepro.core.io import write_json
+from vcarepro.data.folders import ManifestDataset, read_classes
 from vcarepro.metrics.aggregate import aggregate_seeds
+from vcarepro.params.config import stage_params
 from vcarepro.params.provenance import write_provenance
 from vcarepro.params.runs import CLS_DATA, cls_run
-from vcarepro.core import progress
-from vcarepro.train.classification import ClassifierSpec, best_epoch_figures, build_transforms, evaluate, \
-    load_classifier
+from vcarepro.train.classification import (
+    ClassifierSpec,
+    best_epoch_figures,
+    build_transforms,
+    evaluate,
+    load_classifier,
+)
 
 
 def main() -> None:
@@ -42,8 +48,9 @@ def main() -> None:
         per_seed[seed] = evaluate(model, loader, device, report="val", seed=seed)
         if (weights / "model_ema.safetensors").is_file():  # the recipe keeps an EMA: report both
             ema = load_classifier(spec, weights / "model_ema.safetensors", num_classes).to(device)
-            per_seed[seed].update({f"{k}_ema": v for k, v in evaluate(ema, loader, device, report="EMA val",
-                                                                          seed=seed).items()})
+            per_seed[seed].update(
+                {f"{k}_ema": v for k, v in evaluate(ema, loader, device, report="EMA val", seed=seed).items()}
+            )
         per_seed[seed].update(best_epoch_figures(weights))
         print(f"eval_cls {args.run} seed {seed}: " + ", ".join(f"{k}={v:.2f}" for k, v in per_seed[seed].items()))
     keys = ["top1", "top5", "loss", "top1_best", "best_epoch", "plateau_spread"]

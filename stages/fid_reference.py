@@ -12,6 +12,7 @@ feature space eval_gen uses:
   ``meta.json`` records the FID between them.
 * embedded scale: the digit classifier's features over every training digit ("own").
 """
+
 from __future__ import annotations
 
 import json
@@ -19,18 +20,20 @@ from pathlib import Path
 
 import torch
 
+from vcarepro.core import progress
 from vcarepro.core.errors import MissingInput, run_stage
-from vcarepro.params.config import stage_params
 from vcarepro.core.integrity import prepared
 from vcarepro.core.io import atomic_directory, write_json
 from vcarepro.metrics.extractors import make_extractor
 from vcarepro.metrics.fid_reference import write_reference
 from vcarepro.metrics.own_reference import own_reference
+from vcarepro.params.config import stage_params
 from vcarepro.params.runs import CLS_DATA, FID_REFERENCE, GEN_DATA
-from vcarepro.core import progress
 
-ADM_URL = ("https://openaipublic.blob.core.windows.net/diffusion/jul-2021/ref_batches/imagenet/256/"
-           "VIRTUAL_imagenet256_labeled.npz")
+ADM_URL = (
+    "https://openaipublic.blob.core.windows.net/diffusion/jul-2021/ref_batches/imagenet/256/"
+    "VIRTUAL_imagenet256_labeled.npz"
+)
 
 
 def main() -> None:
@@ -39,24 +42,31 @@ def main() -> None:
     p = params["fid_reference"]
     adm = Path(p["adm_npz"]) if p["adm_npz"] else None
     if adm is not None and not adm.is_file():  # before any work: one sentence, no output
-        raise MissingInput(f"fid_reference: ADM's reference batch {adm} is missing; download it on a connected machine "
-                         f"({ADM_URL}, listed in openai/guided-diffusion evaluations/README.md) and put it at {adm}, "
-                         f"or set fid_reference.adm_npz=null to use our own statistics (not comparable with the paper).")
+        raise MissingInput(
+            f"fid_reference: ADM's reference batch {adm} is missing; download it on a connected machine "
+            f"({ADM_URL}, listed in openai/guided-diffusion evaluations/README.md) and put it at {adm}, "
+            f"or set fid_reference.adm_npz=null to use our own statistics (not comparable with the paper)."
+        )
     meta = json.loads((prepared(GEN_DATA, "prepare_gen", without=("latents/",)) / "meta.json").read_text())
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         extractor, name = make_extractor(meta, params["prepare_gen"], device, batch_size=p["batch_size"])
     except FileNotFoundError as err:
         raise MissingInput(f"fid_reference: {err}") from None
-    own = (lambda: own_reference(meta, p, extractor, gen_data=GEN_DATA, cls_data=CLS_DATA)) \
-        if p["own_statistics"] or adm is None else None
+    own = (
+        (lambda: own_reference(meta, p, extractor, gen_data=GEN_DATA, cls_data=CLS_DATA))
+        if p["own_statistics"] or adm is None
+        else None
+    )
     with atomic_directory(FID_REFERENCE, digests=True) as tmp:
         info = write_reference(tmp, extractor, adm_npz=adm, own=own, batch_size=p["batch_size"])
         write_json(tmp / "meta.json", {**info, "extractor": name})
     between = info.get("fid_between_references")
-    print(f"fid_reference: {info['reference']} reference, {info['num_images']} images ({info['source']}), "
-          f"{info['num_features_kept']} features kept -> {FID_REFERENCE}"
-          + (f"; FID between ADM's and our own statistics {between:.3f}" if between is not None else ""))
+    print(
+        f"fid_reference: {info['reference']} reference, {info['num_images']} images ({info['source']}), "
+        f"{info['num_features_kept']} features kept -> {FID_REFERENCE}"
+        + (f"; FID between ADM's and our own statistics {between:.3f}" if between is not None else "")
+    )
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
 """DVC stage `prepare_gen`: the generation training set and the FID reference (data/gen)."""
+
 from __future__ import annotations
 
-from vcarepro.core.errors import BadInput, run_stage
-from vcarepro.params.config import section, stage_params
-from vcarepro.data.pixels import load_split_pixels
-from vcarepro.core.io import atomic_directory, safetensors_bytes, write_bytes, write_json
-from vcarepro.metrics.digit_features import DIGITS_EXTRACTOR, save_feature_net, train_feature_net
-from vcarepro.params.runs import CLS_DATA, GEN_DATA
 from vcarepro.core import progress
+from vcarepro.core.errors import BadInput, run_stage
+from vcarepro.core.io import atomic_directory, safetensors_bytes, write_bytes, write_json
+from vcarepro.data.pixels import load_split_pixels
+from vcarepro.metrics.digit_features import DIGITS_EXTRACTOR, save_feature_net, train_feature_net
+from vcarepro.params.config import section, stage_params
+from vcarepro.params.runs import CLS_DATA, GEN_DATA
 
 
 def prepare_latents(p) -> dict:
@@ -20,15 +21,30 @@ def prepare_latents(p) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     vae = load_vae(p["vae"], device)  # fails here, before any output, when the weights are absent
     items = [(CLS_DATA / rel, label) for rel, label in read_manifest(CLS_DATA, "train")]
-    with atomic_directory(GEN_DATA, digests=True) as tmp, \
-            progress.Progress("encoding", len(items), unit="image") as encoded:
-        index = encode_to_shards(items, tmp / "latents", vae, image_size=p["image_size"],
-                                 batch_size=p["vae_batch_size"], shard_size=p["shard_size"], device=device,
-                                 progress=lambda done, total: encoded.update(done))
-        meta = {"kind": "vae_latents", "image_size": p["image_size"], "vae": p["vae"],
-                "latent_shape": index["latent_shape"], "scaling_factor": index["scaling_factor"],
-                "num_classes": len(read_classes(CLS_DATA)), "num_images": index["num_images"],
-                "fid_extractor": p["fid_extractor"]}
+    with (
+        atomic_directory(GEN_DATA, digests=True) as tmp,
+        progress.Progress("encoding", len(items), unit="image") as encoded,
+    ):
+        index = encode_to_shards(
+            items,
+            tmp / "latents",
+            vae,
+            image_size=p["image_size"],
+            batch_size=p["vae_batch_size"],
+            shard_size=p["shard_size"],
+            device=device,
+            progress=lambda done, total: encoded.update(done),
+        )
+        meta = {
+            "kind": "vae_latents",
+            "image_size": p["image_size"],
+            "vae": p["vae"],
+            "latent_shape": index["latent_shape"],
+            "scaling_factor": index["scaling_factor"],
+            "num_classes": len(read_classes(CLS_DATA)),
+            "num_images": index["num_images"],
+            "fid_extractor": p["fid_extractor"],
+        }
         write_json(tmp / "meta.json", meta)
     return meta
 
@@ -38,12 +54,22 @@ def prepare_pixels(p) -> dict:
     data = load_split_pixels(CLS_DATA, "train", p["image_size"])
     with atomic_directory(GEN_DATA, digests=True) as tmp:
         write_bytes(tmp / "train.safetensors", safetensors_bytes(data))
-        meta = {"kind": "pixels", "image_size": p["image_size"], "channels": int(data["images"].shape[1]),
-                "num_classes": int(data["num_classes"]), "num_images": int(len(data["labels"])),
-                "fid_extractor": p["fid_extractor"]}
+        meta = {
+            "kind": "pixels",
+            "image_size": p["image_size"],
+            "channels": int(data["images"].shape[1]),
+            "num_classes": int(data["num_classes"]),
+            "num_images": int(len(data["labels"])),
+            "fid_extractor": p["fid_extractor"],
+        }
         if p["fid_extractor"] == "digits":
-            net, accuracy = train_feature_net(data["images"], data["labels"], epochs=p["extractor_epochs"],
-                                              seed=p["seed"], num_classes=meta["num_classes"])
+            net, accuracy = train_feature_net(
+                data["images"],
+                data["labels"],
+                epochs=p["extractor_epochs"],
+                seed=p["seed"],
+                num_classes=meta["num_classes"],
+            )
             save_feature_net(net, tmp / "fid_extractor.safetensors")
             meta.update(fid_extractor_name=DIGITS_EXTRACTOR, fid_extractor_train_accuracy=accuracy)
         write_json(tmp / "meta.json", meta)

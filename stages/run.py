@@ -9,6 +9,7 @@ First it sets the numerics profile of params.yaml's `numerics` section (src/vcar
 in the environment, before torch or numpy is imported in the stage or the warm interpreter it is
 forked from: the CPU code paths and thread count that make dvc.lock's hashes reproduce on other CPUs.
 """
+
 import sys
 
 import warm

@@ -8,6 +8,7 @@ latents, decoded with ``sampling.vae_decoder`` batch by batch. Unfinished work l
 stage resumes there at the first unfinished batch. ``protocol.json`` records the protocol the
 samples follow (vcarepro.metrics.protocol), which eval_gen copies beside its numbers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,16 +16,16 @@ import json
 
 import torch
 
+from vcarepro.core import progress
 from vcarepro.core.errors import run_stage
-from vcarepro.params.config import stage_params
-from vcarepro.data.samples import discard_work
 from vcarepro.core.integrity import prepared
 from vcarepro.core.io import atomic_directory
+from vcarepro.data.samples import discard_work
+from vcarepro.params.config import stage_params
 from vcarepro.params.runs import GEN_DATA, gen_run
 from vcarepro.params.stage_facts import digest, stage_facts
 from vcarepro.train.generation import GeneratorSpec, load_generator
 from vcarepro.train.sampling import sample_space, write_protocol, write_seed_samples
-from vcarepro.core import progress
 
 
 def main() -> None:
@@ -46,13 +47,24 @@ def main() -> None:
             model = load_generator(spec, weights, run.recipe)
             # unfinished work resumes only under the facts DVC keys this stage on
             key = digest(facts, seed)
-            write_seed_samples(model, run.objective, run.sampling, space, tmp, seed, num_classes=meta["num_classes"],
-                               device=device, flow_path=run.recipe["flow_path"],
-                               work_dir=run.paths.ckpt_dir(seed) / "samples", key=key,
-                               log=lambda message: print(f"sample_gen {args.run} seed {seed}: {message}", flush=True))
+            write_seed_samples(
+                model,
+                run.objective,
+                run.sampling,
+                space,
+                tmp,
+                seed,
+                num_classes=meta["num_classes"],
+                device=device,
+                flow_path=run.recipe["flow_path"],
+                work_dir=run.paths.ckpt_dir(seed) / "samples",
+                key=key,
+                log=lambda message: print(f"sample_gen {args.run} seed {seed}: {message}", flush=True),
+            )
             print(f"sample_gen {args.run} seed {seed}: {run.sampling['num_samples']} samples")
     for seed in run.seeds:  # the outputs are committed: the finished work can go
         discard_work(run.paths.ckpt_dir(seed) / "samples")
+
 
 if __name__ == "__main__":
     run_stage(main)

@@ -7,11 +7,12 @@ a diffusers folder, torch-fidelity's weights file, an ADM-format ``.npz``, and t
 and ``calibrate.dir`` point at. At every other scale it writes only a
 note, the same bytes at every such scale, so the stages that depend on it never re-run for it.
 """
+
 from __future__ import annotations
 
-from vcarepro.params.config import section, stage_params
 from vcarepro.core.errors import run_stage
 from vcarepro.core.io import atomic_directory
+from vcarepro.params.config import section, stage_params
 from vcarepro.params.runs import SMOKE_INPUTS
 
 
@@ -23,14 +24,21 @@ def main() -> None:
         with atomic_directory(root) as tmp:
             (tmp / "README.txt").write_text(
                 "The smoke scale's generated stand-ins (python -m vcarepro.tools.standins) go here; other scales do "
-                "not use them.\n")
+                "not use them.\n"
+            )
         print(f"smoke_inputs: scale={params['scale']}, no stand-ins needed")
         return
     from vcarepro.tools.standins import write_standins
 
-    for name, path, _ in write_standins(root, seed=p["seed"], classes=p["classes"],
-                                        train_per_class=p["train_per_class"], val_per_class=p["val_per_class"],
-                                        reference_images=p["reference_images"], calibrate=params["calibrate"]):
+    for name, path, _ in write_standins(
+        root,
+        seed=p["seed"],
+        classes=p["classes"],
+        train_per_class=p["train_per_class"],
+        val_per_class=p["val_per_class"],
+        reference_images=p["reference_images"],
+        calibrate=params["calibrate"],
+    ):
         print(f"smoke_inputs: {name} -> {path}")
 
 

@@ -1,15 +1,16 @@
 """DVC stage `train_cls@RUN`: train every seed of one classification run (launched by vcarepro.train.launch)."""
+
 from __future__ import annotations
 
 import argparse
 
+from vcarepro.core import progress
 from vcarepro.core.errors import run_stage
 from vcarepro.params.config import stage_params
 from vcarepro.params.runs import CLS_DATA, cls_run
 from vcarepro.params.stage_facts import stage_facts
 from vcarepro.train.classification import ClassifierSpec, train_classifier
 from vcarepro.train.seeds import train_seeds
-from vcarepro.core import progress
 
 
 def main() -> None:
@@ -27,13 +28,26 @@ def main() -> None:
 
     def train_one(seed, info, live):
         return train_classifier(
-            spec=spec, recipe=run.recipe, data_root=CLS_DATA, seed=seed, out_dir=run.paths.seed_dir(seed),
-            ckpt_dir=run.paths.ckpt_dir(seed), info=info, live=live, max_steps=args.max_steps,
+            spec=spec,
+            recipe=run.recipe,
+            data_root=CLS_DATA,
+            seed=seed,
+            out_dir=run.paths.seed_dir(seed),
+            ckpt_dir=run.paths.ckpt_dir(seed),
+            info=info,
+            live=live,
+            max_steps=args.max_steps,
             fingerprint={"facts": facts, "seed": seed, "max_steps": args.max_steps},
-            log_prefix=f"seed_{seed}/")
+            log_prefix=f"seed_{seed}/",
+        )
 
-    train_seeds(f"train_cls {args.run}", run.seeds, run.paths.live_dir, train_one,
-                seed_processes=params["distributed"]["seed_processes"])
+    train_seeds(
+        f"train_cls {args.run}",
+        run.seeds,
+        run.paths.live_dir,
+        train_one,
+        seed_processes=params["distributed"]["seed_processes"],
+    )
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ read them before it forked; so edited code, and a client whose values differ (sa
 idles out after ``VCAREPRO_WARM_IDLE`` seconds, 60 by default). ``VCAREPRO_WARM=0`` runs
 every command in a fresh interpreter instead, as does any failure to reach a server.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -54,11 +55,27 @@ PACKAGE = HERE.parents[1] / "src" / "vcarepro"  # the code the server preloads (
 # correctness one: the server's key hashes every file of src/vcarepro (server_key), so a child never runs code
 # older than its checkout; a module left out is imported by the child itself, which costs only its import time.
 # DVC's stage loader is what vcarepro.params.stage_facts asks for the facts a training stage resumes under.
-PRELOAD = ("torch", "timm", "vcarepro", "vcarepro.train.launch", "vcarepro.train.classification",
-           "vcarepro.train.generation", "vcarepro.metrics.complexity", "vcarepro.metrics.evaluator",
-           "vcarepro.metrics.fid_reference", "vcarepro.metrics.inception",
-           "vcarepro.data.samples", "vcarepro.tools.bench", "vcarepro.report.render", "dvclive",
-           "vcarepro.params.stage_facts", "dvc.repo", "dvc.dvcfile", "dvc.stage.loader", "dvc.dependency.param")
+PRELOAD = (
+    "torch",
+    "timm",
+    "vcarepro",
+    "vcarepro.train.launch",
+    "vcarepro.train.classification",
+    "vcarepro.train.generation",
+    "vcarepro.metrics.complexity",
+    "vcarepro.metrics.evaluator",
+    "vcarepro.metrics.fid_reference",
+    "vcarepro.metrics.inception",
+    "vcarepro.data.samples",
+    "vcarepro.tools.bench",
+    "vcarepro.report.render",
+    "dvclive",
+    "vcarepro.params.stage_facts",
+    "dvc.repo",
+    "dvc.dvcfile",
+    "dvc.stage.loader",
+    "dvc.dependency.param",
+)
 # What the preloaded modules fix when they load. A child forked from the server runs with them as the
 # server read them, whatever the child's own environment says: OpenMP sizes its thread pool from
 # OMP_NUM_THREADS, MKL / oneDNN / ATen pick their kernels (MKL_CBWR, MKL_ENABLE_INSTRUCTIONS,
@@ -74,9 +91,30 @@ PRELOAD = ("torch", "timm", "vcarepro", "vcarepro.train.launch", "vcarepro.train
 # What varies from stage to stage (DVC_STAGE, PWD, OLDPWD, SHLVL) must stay out, or every stage starts cold.
 # huggingface_hub also fixes its cache paths from HOME / XDG_* at import; glibc's allocator reads MALLOC_* and
 # GLIBC_TUNABLES when the interpreter starts.
-IMPORT_ENV_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "ONEDNN_", "DNNL_", "ATEN_", "NPY_", "TORCH",
-                       "PYTORCH_", "CUDA_", "CUBLAS_", "TIMM_", "HF_", "HUGGINGFACE_", "PYTHON", "LD_", "XDG_", "HOME",
-                       "MALLOC_", "GLIBC_TUNABLES")
+IMPORT_ENV_PREFIXES = (
+    "OMP_",
+    "KMP_",
+    "GOMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "ONEDNN_",
+    "DNNL_",
+    "ATEN_",
+    "NPY_",
+    "TORCH",
+    "PYTORCH_",
+    "CUDA_",
+    "CUBLAS_",
+    "TIMM_",
+    "HF_",
+    "HUGGINGFACE_",
+    "PYTHON",
+    "LD_",
+    "XDG_",
+    "HOME",
+    "MALLOC_",
+    "GLIBC_TUNABLES",
+)
 START_TIMEOUT = 120.0  # seconds for a new server to import everything and listen
 
 
@@ -114,6 +152,7 @@ def socket_path(key: str) -> Path:
 
 # -- the wire: one JSON object a line ---------------------------------------------------------
 
+
 def _send(sock: socket.socket, message: dict, fds: Optional[List[int]] = None) -> None:
     data = (json.dumps(message) + "\n").encode()
     if fds:
@@ -144,6 +183,7 @@ class _Lines:
 
 # -- client -------------------------------------------------------------------------------------
 
+
 def run(command: List[str]) -> int:
     """Run ``command`` (``[script, args...]`` or ``["-m", module, args...]``) warm; returns its exit status."""
     if not command:
@@ -169,9 +209,14 @@ def _connect() -> socket.socket:
         return _open(path)
     except OSError:
         pass
-    subprocess.Popen([sys.executable, str(HERE), "serve", str(path), key],
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True, close_fds=True)
+    subprocess.Popen(
+        [sys.executable, str(HERE), "serve", str(path), key],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
     deadline = time.monotonic() + START_TIMEOUT
     while True:
         try:
@@ -198,8 +243,9 @@ def _run_on(sock: socket.socket, command: List[str]) -> int:
     lines = _Lines(sock)
     started, _ = lines.read()
     if started is None or "pid" not in started:
-        raise SystemExit("the warm server closed the connection before starting the command; "
-                         "run it with VCAREPRO_WARM=0 to see why.")
+        raise SystemExit(
+            "the warm server closed the connection before starting the command; run it with VCAREPRO_WARM=0 to see why."
+        )
     child = started["pid"]
     with supervise.forwarding(lambda signum: supervise.send(child, signum, group=True)):
         finished, _ = lines.read()
@@ -212,6 +258,7 @@ def _run_on(sock: socket.socket, command: List[str]) -> int:
 
 
 # -- server -------------------------------------------------------------------------------------
+
 
 def serve(path: str, key: str, idle: Optional[float] = None) -> None:
     """Import the stages' modules, then fork one child per request until ``idle`` seconds pass without one."""

@@ -1,5 +1,6 @@
 """Shared test set-up: DVC never phones home; fixtures for tests of tiny models and for tests that must not reach a
 network."""
+
 import os
 import shutil
 import socket
@@ -88,8 +89,11 @@ def pytest_sessionfinish(session, exitstatus):
     changed = sorted(p for p in set(_checkout_before) | set(after) if _checkout_before.get(p) != after.get(p))
     if changed:
         shown = "\n  ".join(changed[:40]) + ("\n  ..." if len(changed) > 40 else "")
-        print(f"\nerror: the test session changed {len(changed)} file(s) in the checkout {_ROOT} (tests must write "
-              f"under tmp_path; README command 1 runs here next):\n  {shown}", flush=True)
+        print(
+            f"\nerror: the test session changed {len(changed)} file(s) in the checkout {_ROOT} (tests must write "
+            f"under tmp_path; README command 1 runs here next):\n  {shown}",
+            flush=True,
+        )
         session.exitstatus = 1
 
 

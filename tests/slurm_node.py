@@ -13,6 +13,7 @@ and ``SLURM_CONF=DIR/slurm.conf``. Nothing can listen beyond the namespace, whos
 Job completions are logged by ``jobcomp/filetxt`` (``sacct --completion`` reads them): real accounting
 needs slurmdbd and a database, which a test does not need to show when jobs ran and how they ended.
 """
+
 from __future__ import annotations
 
 import os
@@ -81,8 +82,15 @@ def main(directory: str) -> int:
     key = d / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
-    run("munged", "--force", f"--key-file={key}", f"--socket={d}/munge.socket", f"--pid-file={d}/munged.pid",
-        f"--log-file={d}/munged.log", f"--seed-file={d}/munge.seed")
+    run(
+        "munged",
+        "--force",
+        f"--key-file={key}",
+        f"--socket={d}/munge.socket",
+        f"--pid-file={d}/munged.pid",
+        f"--log-file={d}/munged.log",
+        f"--seed-file={d}/munge.seed",
+    )
     (d / "slurm.conf").write_text(CONF.format(d=d, cpus=CPUS))
     env = {**os.environ, "SLURM_CONF": str(d / "slurm.conf"), "PATH": SEARCH}
     subprocess.run([tool("slurmctld"), "-i"], check=True, env=env)

@@ -1,6 +1,7 @@
 """Agent Attention (Han et al., ECCV 2024), specified by its equations and the official layer's parameters.
 
 Issue 15."""
+
 from __future__ import annotations
 
 import math
@@ -15,16 +16,15 @@ from vcarepro.attention.agent import AgentAttention
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-DIM, HEADS = 24, 2                  # head_dim 12
-GRID, AGENTS = (6, 5), (3, 2)       # non-square patch grid, non-square agent grid
+DIM, HEADS = 24, 2  # head_dim 12
+GRID, AGENTS = (6, 5), (3, 2)  # non-square patch grid, non-square agent grid
 # (grid, agent grid): DeiT's 14x14 / 49, a small square, uneven (overlapping) adaptive windows, a non-square one
 SHAPES = [((14, 14), 49), ((4, 4), 4), ((7, 5), (3, 2)), (GRID, AGENTS)]
 
 
 def make_agent(prefix: int = 1, grid=GRID, agents=AGENTS, seed: int = 0, dtype=torch.float64, **kw) -> AgentAttention:
     torch.manual_seed(seed)
-    m = AgentAttention(DIM, HEADS, grid_size=grid, num_prefix_tokens=prefix, agent_tokens=agents,
-                       qkv_bias=True, **kw)
+    m = AgentAttention(DIM, HEADS, grid_size=grid, num_prefix_tokens=prefix, agent_tokens=agents, qkv_bias=True, **kw)
     # the biases start at N(0, 0.02); make them O(1) so a misplaced or dropped one shows in every comparison
     with torch.no_grad():
         for name, p in m.named_parameters():
@@ -39,6 +39,7 @@ def tokens(prefix: int = 1, grid=GRID, batch: int = 2, seed: int = 1, dtype=torc
 
 
 # -- an independent transcription of the paper's equations ----------------------------------------------
+
 
 def bilinear(grid: torch.Tensor, out_h: int, out_w: int) -> torch.Tensor:
     """Bilinear resize (align_corners=False, half-pixel centres, edge clamped) of the last two axes, by hand."""
@@ -56,8 +57,12 @@ def bilinear(grid: torch.Tensor, out_h: int, out_w: int) -> torch.Tensor:
     out = grid.new_zeros(*grid.shape[:-2], out_h, out_w)
     for r, (r0, r1, fr) in enumerate(taps(out_h, in_h)):
         for c, (c0, c1, fc) in enumerate(taps(out_w, in_w)):
-            out[..., r, c] = ((1 - fr) * (1 - fc) * grid[..., r0, c0] + (1 - fr) * fc * grid[..., r0, c1]
-                              + fr * (1 - fc) * grid[..., r1, c0] + fr * fc * grid[..., r1, c1])
+            out[..., r, c] = (
+                (1 - fr) * (1 - fc) * grid[..., r0, c0]
+                + (1 - fr) * fc * grid[..., r0, c1]
+                + fr * (1 - fc) * grid[..., r1, c0]
+                + fr * fc * grid[..., r1, c1]
+            )
     return out
 
 
@@ -72,8 +77,8 @@ def agent_attention_from_equations(m: AgentAttention, x: torch.Tensor) -> torch.
     for head in range(m.num_heads):
         c = slice(head * d, (head + 1) * d)
         qh, kh, vh = q[..., c], k[..., c], v[..., c]
-        a = pooled_queries(qh[:, P:], (H, W), (h, w))                             # (B, n, d)
-        coarse_an = bilinear(m.agent_patch_bias[head], H, W)                       # (n, H, W)
+        a = pooled_queries(qh[:, P:], (H, W), (h, w))  # (B, n, d)
+        coarse_an = bilinear(m.agent_patch_bias[head], H, W)  # (n, H, W)
         coarse_na = bilinear(m.patch_agent_bias[head], H, W)
         bias_an = x.new_zeros(n, N)
         bias_na = x.new_zeros(N, n)
@@ -84,12 +89,14 @@ def agent_attention_from_equations(m: AgentAttention, x: torch.Tensor) -> torch.
             for r in range(H):
                 for col in range(W):
                     j = P + r * W + col
-                    bias_an[t, j] = (coarse_an[t, r, col] + m.agent_row_bias[0, head, t, r, 0]
-                                     + m.agent_col_bias[0, head, t, 0, col])
-                    bias_na[j, t] = (coarse_na[t, r, col] + m.row_agent_bias[0, head, r, 0, t]
-                                     + m.col_agent_bias[0, head, 0, col, t])
-        aggregation = torch.softmax(a @ kh.transpose(1, 2) / math.sqrt(d) + bias_an, dim=-1)   # (B, n, N)
-        broadcast = torch.softmax(qh @ a.transpose(1, 2) / math.sqrt(d) + bias_na, dim=-1)     # (B, N, n)
+                    bias_an[t, j] = (
+                        coarse_an[t, r, col] + m.agent_row_bias[0, head, t, r, 0] + m.agent_col_bias[0, head, t, 0, col]
+                    )
+                    bias_na[j, t] = (
+                        coarse_na[t, r, col] + m.row_agent_bias[0, head, r, 0, t] + m.col_agent_bias[0, head, 0, col, t]
+                    )
+        aggregation = torch.softmax(a @ kh.transpose(1, 2) / math.sqrt(d) + bias_an, dim=-1)  # (B, n, N)
+        broadcast = torch.softmax(qh @ a.transpose(1, 2) / math.sqrt(d) + bias_na, dim=-1)  # (B, N, n)
         heads.append(broadcast @ (aggregation @ vh))
     out = torch.cat(heads, -1)
     v_grid = v[:, P:].reshape(B, H, W, C).permute(0, 3, 1, 2)
@@ -100,6 +107,7 @@ def agent_attention_from_equations(m: AgentAttention, x: torch.Tensor) -> torch.
 
 
 # -- 1, 2: the two paths and the equations ------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("prefix", [0, 1, 2])
 @pytest.mark.parametrize("reference", [True, False])
@@ -118,8 +126,7 @@ def test_equations_hold_when_the_coarse_bias_is_upsampled_or_downsampled_and_for
     m = make_agent(1, coarse_bias_side=coarse_side, dwc_kernel=dwc)
     x = tokens(1)
     with torch.no_grad():
-        torch.testing.assert_close(m(x, reference=True), agent_attention_from_equations(m, x),
-                                   rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(m(x, reference=True), agent_attention_from_equations(m, x), rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("grid, agents", SHAPES)
@@ -172,11 +179,21 @@ def test_pooling_is_pytorchs_adaptive_average_pooling_over_all_channels_in_both_
 
 # -- 3: parameters as the official AgentAttention ------------------------------------------------------------
 
+
 def official_parameter_count(dim, heads, window, agents=49, prefix=1, qkv_bias=True):
     """agent_deit.py AgentAttention: qkv, proj (bias), dwc 3x3 (bias), an/na (heads, agents, 7, 7),
     ah/aw/ha/wa (heads x agents x window each), ac/ca (heads x agents each, one class token)."""
-    return (dim * 3 * dim + (3 * dim if qkv_bias else 0) + dim * dim + dim + dim * 9 + dim
-            + 2 * heads * agents * 49 + 4 * heads * agents * window + 2 * heads * agents * prefix)
+    return (
+        dim * 3 * dim
+        + (3 * dim if qkv_bias else 0)
+        + dim * dim
+        + dim
+        + dim * 9
+        + dim
+        + 2 * heads * agents * 49
+        + 4 * heads * agents * window
+        + 2 * heads * agents * prefix
+    )
 
 
 @pytest.mark.parametrize("dim, heads, expected", [(192, 3, 173_076), (384, 6, 641_064)])
@@ -216,6 +233,7 @@ def test_biases_start_as_the_official_truncated_normal():
 
 # -- 4: bf16 ---------------------------------------------------------------------------------------------------
 
+
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
@@ -246,6 +264,7 @@ def test_bf16_is_finite_and_close_to_fp32(mode, reference):
 
 # -- 5: clear errors ----------------------------------------------------------------------------------------
 
+
 def test_token_count_that_is_not_prefix_plus_grid_is_refused():
     with pytest.raises(ValueError, match=r"got 32 tokens but expects 1 prefix \+ 6x5 grid = 31"):
         make_agent(1)(torch.randn(1, 32, DIM, dtype=torch.float64))
@@ -258,16 +277,19 @@ def test_agent_grid_larger_than_the_patch_grid_is_refused():
         AgentAttention(DIM, HEADS, grid_size=GRID, agent_tokens=(1, 6))
 
 
-@pytest.mark.parametrize("kw, pattern", [
-    (dict(agent_tokens=50), "agent_tokens=50 is not a square number"),
-    (dict(agent_tokens=0), "agent_tokens=0 is not a square number"),
-    (dict(agent_tokens=(0, 3)), "has an empty side"),
-    (dict(dwc_kernel=4), "dwc_kernel=4 must be 0"),
-    (dict(dwc_kernel=-3), "dwc_kernel=-3 must be 0"),
-    (dict(coarse_bias_side=0), "coarse_bias_side=0 must be at least 1"),
-    (dict(num_prefix_tokens=-1), "num_prefix_tokens=-1 must be >= 0"),
-    (dict(qk_norm=True), "qk_norm=True needs a norm_layer"),
-])
+@pytest.mark.parametrize(
+    "kw, pattern",
+    [
+        (dict(agent_tokens=50), "agent_tokens=50 is not a square number"),
+        (dict(agent_tokens=0), "agent_tokens=0 is not a square number"),
+        (dict(agent_tokens=(0, 3)), "has an empty side"),
+        (dict(dwc_kernel=4), "dwc_kernel=4 must be 0"),
+        (dict(dwc_kernel=-3), "dwc_kernel=-3 must be 0"),
+        (dict(coarse_bias_side=0), "coarse_bias_side=0 must be at least 1"),
+        (dict(num_prefix_tokens=-1), "num_prefix_tokens=-1 must be >= 0"),
+        (dict(qk_norm=True), "qk_norm=True needs a norm_layer"),
+    ],
+)
 def test_bad_knob_values_are_refused(kw, pattern):
     with pytest.raises(ValueError, match=pattern):
         AgentAttention(DIM, HEADS, grid_size=GRID, **{"agent_tokens": AGENTS, **kw})
@@ -295,6 +317,7 @@ def test_qk_norm_normalises_queries_before_pooling_and_keys():
 
 
 # -- 6: another grid ------------------------------------------------------------------------------------------
+
 
 def test_set_grid_size_resizes_the_row_and_column_biases_linearly_as_the_official_loader():
     m = make_agent(1, grid=(9, 9), agents=9)
@@ -328,6 +351,7 @@ def test_a_state_dict_saved_at_another_grid_loads_with_resized_row_and_column_bi
 
 # -- 7: timm ----------------------------------------------------------------------------------------------------
 
+
 def test_timm_call_convention_and_a_vision_transformer_with_agent_blocks():
     from timm.models import VisionTransformer
 
@@ -336,9 +360,15 @@ def test_timm_call_convention_and_a_vision_transformer_with_agent_blocks():
     assert m(x, attn_mask=None).shape == x.shape
     vit = VisionTransformer(img_size=32, patch_size=8, embed_dim=DIM, depth=2, num_heads=HEADS, num_classes=5)
     for index, block in enumerate(vit.blocks):
-        block.attn = AgentAttention(DIM, HEADS, grid_size=vit.patch_embed.grid_size,
-                                    num_prefix_tokens=vit.num_prefix_tokens, layer_index=index,
-                                    qkv_bias=True, agent_tokens=4)
+        block.attn = AgentAttention(
+            DIM,
+            HEADS,
+            grid_size=vit.patch_embed.grid_size,
+            num_prefix_tokens=vit.num_prefix_tokens,
+            layer_index=index,
+            qkv_bias=True,
+            agent_tokens=4,
+        )
     vit.init_weights()
     logits = vit(torch.randn(2, 3, 32, 32))
     logits.sum().backward()

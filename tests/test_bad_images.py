@@ -1,6 +1,7 @@
 """A prepared image that cannot be decoded stops the stage that meets it with one sentence naming the file and
 the fix, exit status 2 and no traceback, wherever it is read: the stage's own process, a seed worker, a loader
 worker, a rank of a launch. Nothing is left looking finished."""
+
 from __future__ import annotations
 
 import csv
@@ -14,10 +15,10 @@ import pytest
 import torch
 import yaml
 
-from vcarepro.params.config import compose
+from vcarepro.core.errors import USER_ERROR_STATUS, BadInput, UserError, run_stage
 from vcarepro.data.embedded import export_digits
 from vcarepro.data.folders import ManifestDataset, UnreadableImage
-from vcarepro.core.errors import USER_ERROR_STATUS, BadInput, UserError, run_stage
+from vcarepro.params.config import compose
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "deit_tiny-vca"
@@ -32,7 +33,7 @@ def damaged(tmp_path_factory):
     with (root / "manifest.csv").open(newline="") as f:
         rel = next(row["path"] for row in csv.DictReader(f) if row["split"] == "train")
     image = root / rel
-    image.write_bytes(image.read_bytes()[:len(image.read_bytes()) // 2])
+    image.write_bytes(image.read_bytes()[: len(image.read_bytes()) // 2])
     return root, rel
 
 
@@ -52,8 +53,7 @@ def project(tmp_path: Path, damaged, seeds=(0,), seed_processes: int = 1) -> Pat
 def run(cwd: Path, *command: str, timeout: int = 300):
     # warnings off: stderr must hold the sentence alone, whatever a library warns about on this machine
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, *command], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, *command], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def the_sentence(result, shown: str) -> str:
@@ -134,9 +134,12 @@ def test_a_user_error_in_a_seed_worker_is_raised_by_the_stage_not_redone(capsys)
 # The ranks of a launch: a rank that meets the damaged image stops with its sentence (run_stage); the ranks waiting
 # for it in a collective fail when it leaves the process group. Their failure must not bury the sentence.
 
+
 def test_a_rank_whose_collective_a_user_error_broke_exits_quietly_and_any_other_keeps_its_traceback(
-        tmp_path, monkeypatch, capsys):
+    tmp_path, monkeypatch, capsys
+):
     import torch.distributed as dist
+
     from vcarepro.train import seeds
     from vcarepro.train.distributed import DistInfo
 
@@ -207,5 +210,7 @@ def test_the_launcher_names_the_rank_that_stopped_on_a_user_error_and_exits_with
     (tmp_path / "ranks.py").write_text(RANKS)
     assert run_local(str(tmp_path / "ranks.py"), [str(tmp_path / "rank1-left")], 2, grace=10) == USER_ERROR_STATUS
     err = capfd.readouterr().err.splitlines()
-    assert err == ["error: the data is bad; fix it.",
-                   "launch: rank 0 exited with status 2; stopped rank 1; see the ranks' output above."]
+    assert err == [
+        "error: the data is bad; fix it.",
+        "launch: rank 0 exited with status 2; stopped rank 1; see the ranks' output above.",
+    ]

@@ -1,4 +1,5 @@
 """Benchmarks print figures; these tests check that what they measure is measured right."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,10 +7,16 @@ import torch
 import torch.nn as nn
 
 from vcarepro.attention import VisualContrastAttention
-from vcarepro.tools.bench import (BENCH_LAYERS, LINEAR_LAYERS, NOT_COMPILED, bench_attention, family_speed_table,
-                                  speed_targets)
-from vcarepro.tools.bench.suite import bench_attention_memory, saved_activation_bytes
 from vcarepro.report.figures import attention_cost_png
+from vcarepro.tools.bench import (
+    BENCH_LAYERS,
+    LINEAR_LAYERS,
+    NOT_COMPILED,
+    bench_attention,
+    family_speed_table,
+    speed_targets,
+)
+from vcarepro.tools.bench.suite import bench_attention_memory, saved_activation_bytes
 
 
 def test_activation_memory_counts_what_autograd_keeps_and_not_the_weights():
@@ -80,6 +87,7 @@ def test_layers_narrow_the_bench_and_macs_scale_with_the_batch():
 def test_a_layer_that_fails_to_compile_is_recorded_not_fatal(monkeypatch):
     def broken(layer, **kwargs):
         raise RuntimeError("inductor: no C++ compiler\nlong traceback")
+
     monkeypatch.setattr(torch, "compile", broken)
     (row,) = bench_attention((4,), layers=["agent"], compile=True, **TINY)
     assert row.compile_error == "RuntimeError: inductor: no C++ compiler"
@@ -94,17 +102,35 @@ def test_compiled_timings_are_measured_on_a_tiny_layer():
     assert row.compiled_forward_ms > 0 and row.compiled_forward_backward_ms > 0
 
 
-def synthetic(vca_ms=(1.0, 4.0, 16.0), agent_ms=(1.0, 4.0, 16.0), mhsa_ms=(2.0, 20.0, 300.0), compiled=None,
-              circulant_macs=(1.0, 4.0, 16.0 * 1.5)):
+def synthetic(
+    vca_ms=(1.0, 4.0, 16.0),
+    agent_ms=(1.0, 4.0, 16.0),
+    mhsa_ms=(2.0, 20.0, 300.0),
+    compiled=None,
+    circulant_macs=(1.0, 4.0, 16.0 * 1.5),
+):
     """Rows at N = 196, 784, 3136; times in ms, MACs in units of 1e6; compiled: VCA's and Agent's compiled ms."""
     rows = []
     for i, n in enumerate((196, 784, 3136)):
-        for layer, ms, macs in (("mhsa", mhsa_ms[i], 16 ** i * 1.0), ("vca", vca_ms[i], 4 ** i),
-                                ("agent", agent_ms[i], 4 ** i), ("circulant", vca_ms[i], circulant_macs[i])):
+        for layer, ms, macs in (
+            ("mhsa", mhsa_ms[i], 16**i * 1.0),
+            ("vca", vca_ms[i], 4**i),
+            ("agent", agent_ms[i], 4**i),
+            ("circulant", vca_ms[i], circulant_macs[i]),
+        ):
             c = None if compiled is None else compiled[layer][i] if layer in compiled else None
-            rows.append({"tokens": n, "layer": layer, "forward_ms": ms, "forward_backward_ms": 3 * ms,
-                         "macs": int(macs * 1e6), "compiled_forward_ms": c,
-                         "compiled_forward_backward_ms": None if c is None else 3 * c, "compile_error": None})
+            rows.append(
+                {
+                    "tokens": n,
+                    "layer": layer,
+                    "forward_ms": ms,
+                    "forward_backward_ms": 3 * ms,
+                    "macs": int(macs * 1e6),
+                    "compiled_forward_ms": c,
+                    "compiled_forward_backward_ms": None if c is None else 3 * c,
+                    "compile_error": None,
+                }
+            )
     return rows
 
 
@@ -126,7 +152,7 @@ def test_speed_targets_fail_when_vca_is_slower_or_grows_faster():
     eager_forward = next(line for line in lines if line.startswith("2. VCA/Agent eager forward "))
     assert "FAIL" in eager_forward and "N=3136 1.25x" in eager_forward
     assert "FAIL" in next(line for line in lines if line.startswith("3. circulant"))
-    assert "PASS" in next(line for line in lines if line.startswith("3. vca"))   # 20x time for 16x tokens: <= 24x
+    assert "PASS" in next(line for line in lines if line.startswith("3. vca"))  # 20x time for 16x tokens: <= 24x
 
 
 def test_linear_scaling_is_judged_on_time_not_only_on_macs():
@@ -156,6 +182,7 @@ def test_family_speed_table_has_a_row_per_layer_and_four_columns_per_token_count
 
 def test_the_attention_cost_figure_draws_nine_layers_with_and_without_compiled_times(tiny_rows):
     from dataclasses import asdict
+
     rows = [asdict(r) for r in tiny_rows]
     assert attention_cost_png({"machine": {"cpu": "Test CPU"}, "rows": rows}).startswith("data:image/png;base64,")
     for r in rows:

@@ -6,6 +6,7 @@ recorded layouts, a released classifier's 1000-way head is read with ImageNet's 
 a user meets (a missing file, a file with pickled objects, a wrong file, a selection at embedded scale) is one
 sentence and exit status 2 with no output written.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,9 +20,9 @@ from test_errors import one_error_line, stage
 from test_paper_road import prepared, smoke_params  # noqa: F401  (the fixture: ImageNet prepared by prepare_cls)
 from vcarepro.calibration import entries, keymap_for, keymaps, load_strict, read_released, verdict
 from vcarepro.calibration.run import ImageNetLabels
-from vcarepro.params.config import compose
-from vcarepro.data.folders import ClassInfo
 from vcarepro.core.errors import USER_ERROR_STATUS, BadInput
+from vcarepro.data.folders import ClassInfo
+from vcarepro.params.config import compose
 from vcarepro.report.calibration import calibration_section
 from vcarepro.tools.standins import write_released_checkpoints
 
@@ -35,8 +36,10 @@ def recorded(layout: str):
 
 def one(calibrate, *names):
     """``calibrate`` with only the named entries."""
-    return {**calibrate, **{group: {n: e for n, e in calibrate[group].items() if n in names}
-                            for group in ("classifiers", "generators")}}
+    return {
+        **calibrate,
+        **{group: {n: e for n, e in calibrate[group].items() if n in names} for group in ("classifiers", "generators")},
+    }
 
 
 def test_every_entry_names_a_keymap_and_a_recorded_layout_and_where_to_get_its_file():
@@ -45,11 +48,22 @@ def test_every_entry_names_a_keymap_and_a_recorded_layout_and_where_to_get_its_f
             assert entry["layout"] in keymaps(), name
             assert (LAYOUTS / f"{entry['layout']}.json").is_file(), name
             assert entry["where"] and entry["file"] and entry["tolerance"] > 0, name
-    assert set(PAPER["classifiers"]) == {"deit_tiny", "deit_small", "swin_tiny", "pvt_tiny", "cswin_tiny",
-                                         "agent_deit_tiny", "inline_deit_tiny", "circulant_deit_tiny"}
+    assert set(PAPER["classifiers"]) == {
+        "deit_tiny",
+        "deit_small",
+        "swin_tiny",
+        "pvt_tiny",
+        "cswin_tiny",
+        "agent_deit_tiny",
+        "inline_deit_tiny",
+        "circulant_deit_tiny",
+    }
     # the numbers as their authors print them (READMEs; DiT's 9.62 from its paper)
-    assert (PAPER["generators"]["dit_xl2_cfg15"]["fid"], PAPER["generators"]["dit_xl2_cfg10"]["fid"],
-            PAPER["generators"]["sit_xl2"]["fid"]) == (2.27, 9.62, 2.06)
+    assert (
+        PAPER["generators"]["dit_xl2_cfg15"]["fid"],
+        PAPER["generators"]["dit_xl2_cfg10"]["fid"],
+        PAPER["generators"]["sit_xl2"]["fid"],
+    ) == (2.27, 9.62, 2.06)
     assert PAPER["classifiers"]["deit_tiny"]["top1"] == 72.2 and PAPER["classifiers"]["swin_tiny"]["top1"] == 81.2
 
 
@@ -84,14 +98,18 @@ def test_a_file_holding_python_objects_is_refused_unless_trusted(tmp_path, one_t
 
 def test_a_file_of_another_layout_is_one_sentence_counting_what_differs(tmp_path, one_torch_thread):
     from vcarepro.models import create_classifier
+
     entry = PAPER["classifiers"]["deit_tiny"]
     (path,) = write_released_checkpoints(tmp_path, one(PAPER, "deit_tiny"))
     keymap = keymap_for(entry, "deit_tiny")
     state = read_released(path, keymap, trust_pickle=False)[1]
     state.pop("blocks.3.attn.qkv.bias")
     state["head.weight"] = state["head.weight"][:10]
-    with pytest.raises(BadInput, match=r"does not have the released layout of deit_tiny: 1 keys missing "
-                                       r"\(blocks\.3\.attn\.qkv\.bias\); 1 shapes differ \(head\.weight\)"):
+    with pytest.raises(
+        BadInput,
+        match=r"does not have the released layout of deit_tiny: 1 keys missing "
+        r"\(blocks\.3\.attn\.qkv\.bias\); 1 shapes differ \(head\.weight\)",
+    ):
         load_strict(create_classifier("deit_tiny", "mhsa"), state, keymap, "deit_tiny", path)
 
 
@@ -108,6 +126,7 @@ class _Split:
 
 def test_labels_are_read_as_imagenets_class_indices():
     from timm.data import ImageNetInfo
+
     names = ImageNetInfo().label_names()
     split = _Split([ClassInfo(0, names[7], "a"), ClassInfo(1, names[999], "b")], [1, 0, 1])
     assert [ImageNetLabels(split)[i][1] for i in range(3)] == [999, 7, 999]
@@ -119,13 +138,18 @@ def test_labels_are_read_as_imagenets_class_indices():
 def test_a_released_head_is_read_with_imagenet_indices_through_the_stage(tmp_path, prepared, one_torch_thread):  # noqa: F811
     """The whole classifier path on ImageNet prepared by prepare_cls: a stand-in DeiT-T whose head always answers
     the ImageNet index of one prepared class scores exactly that class's share of val (2 of 8 images)."""
-    from timm.data import ImageNetInfo
-    from vcarepro.data.folders import read_classes
     import shutil
+
+    from timm.data import ImageNetInfo
+
+    from vcarepro.data.folders import read_classes
+
     shutil.copytree(prepared / "data", tmp_path / "data")
     params = smoke_params()
     params["calibrate"].update(checkpoints=["deit_tiny"])  # dir: data/smoke/released, as the smoke scale's
-    (path,) = write_released_checkpoints(tmp_path / "data" / "smoke" / "released", one(params["calibrate"], "deit_tiny"))
+    (path,) = write_released_checkpoints(
+        tmp_path / "data" / "smoke" / "released", one(params["calibrate"], "deit_tiny")
+    )
     target = ImageNetInfo().label_names().index(read_classes(tmp_path / "data" / "cls")[2].wnid)
     saved = torch.load(path, weights_only=True)
     saved["model"]["head.weight"].zero_()
@@ -180,10 +204,14 @@ def test_a_verdict_is_given_only_for_the_published_protocol_at_paper_scale_and_f
 
 def test_a_file_whose_digest_is_not_the_published_one_is_refused(tmp_path, one_torch_thread):
     from vcarepro.calibration import check_digest
+
     entry = PAPER["classifiers"]["deit_tiny"]
     (path,) = write_released_checkpoints(tmp_path, one(PAPER, "deit_tiny"))  # random weights: another digest
-    with pytest.raises(BadInput, match=r"has sha256 [0-9a-f]{16}\.\.\., but the file released for calibration "
-                                       r"entry deit_tiny has a1311bcf\.\.\.; download it again from https://"):
+    with pytest.raises(
+        BadInput,
+        match=r"has sha256 [0-9a-f]{16}\.\.\., but the file released for calibration "
+        r"entry deit_tiny has a1311bcf\.\.\.; download it again from https://",
+    ):
         check_digest(path, entry, "deit_tiny")
     assert len(check_digest(path, {**entry, "sha256": None}, "deit_tiny")) == 64
 
@@ -209,14 +237,29 @@ def test_a_selection_twice_or_a_directory_dvc_does_not_track_is_refused(tmp_path
 
 def test_the_report_section_shows_rows_folds_what_was_not_run_and_leaves_out_another_scales(tmp_path):
     (tmp_path / "metrics").mkdir()
-    row = {"name": "deit_tiny", "kind": "cls", "metric": "top1", "published": 72.2, "ours": 72.14, "difference": -0.06,
-           "tolerance": 0.3, "verdict": "reproduces", "source": "facebookresearch/deit README", "file": "x.pth",
-           "sha256": "ab" * 32, "standin": False, "deviations": [], "val_images": 50000}
+    row = {
+        "name": "deit_tiny",
+        "kind": "cls",
+        "metric": "top1",
+        "published": 72.2,
+        "ours": 72.14,
+        "difference": -0.06,
+        "tolerance": 0.3,
+        "verdict": "reproduces",
+        "source": "facebookresearch/deit README",
+        "file": "x.pth",
+        "sha256": "ab" * 32,
+        "standin": False,
+        "deviations": [],
+        "val_images": 50000,
+    }
     missing = [{"name": "swin_tiny", "file": "swin_tiny_patch4_window7_224.pth"}]
-    (tmp_path / "metrics" / "calibration_cls.json").write_text(json.dumps(
-        {"scale": "paper", "rows": [row], "not_run": missing}))
-    (tmp_path / "metrics" / "calibration_gen.json").write_text(json.dumps({"scale": "smoke", "rows": [row],
-                                                                          "not_run": []}))
+    (tmp_path / "metrics" / "calibration_cls.json").write_text(
+        json.dumps({"scale": "paper", "rows": [row], "not_run": missing})
+    )
+    (tmp_path / "metrics" / "calibration_gen.json").write_text(
+        json.dumps({"scale": "smoke", "rows": [row], "not_run": []})
+    )
     section = calibration_section(tmp_path, "paper")
     (shown,) = section["rows"]
     assert (shown["ours"], shown["difference"], shown["tolerance"], shown["note"]) == ("72.14", "-0.06", "±0.3", "")
@@ -234,22 +277,36 @@ def test_each_models_timm_data_config_evaluates_as_the_calibration_recipe(name, 
     """timm's resolve_data_config of our model (what a timm user evaluates it with) and the recipe the calibration
     evaluates the released weights with agree on the eval resize, crop and interpolation."""
     import timm.data
+
     from vcarepro.models import create_classifier
+
     entry = PAPER["classifiers"][name]
     config = timm.data.resolve_data_config({}, model=create_classifier(entry["arch"], entry["attention"]))
     recipe = compose(["scale=paper"])["cls_recipes"][entry["recipe"]]
-    assert (config["crop_pct"], config.get("crop_mode", "center"), config["interpolation"], config["input_size"][-1]) \
-        == (recipe["crop_pct"], recipe["crop_mode"], recipe["interpolation"], recipe["img_size"])
+    assert (
+        config["crop_pct"],
+        config.get("crop_mode", "center"),
+        config["interpolation"],
+        config["input_size"][-1],
+    ) == (recipe["crop_pct"], recipe["crop_mode"], recipe["interpolation"], recipe["img_size"])
 
 
-@pytest.mark.parametrize("name, saved_under, deviates", [("cswin_tiny", "state_dict_ema", False),
-                                                         ("cswin_tiny", "state_dict", True),
-                                                         ("pvt_tiny", "model", False), ("pvt_tiny", None, False),
-                                                         ("deit_tiny", None, False)])
-def test_only_a_fallback_container_of_other_weights_is_a_deviation(tmp_path, name, saved_under, deviates,
-                                                                    one_torch_thread):
+@pytest.mark.parametrize(
+    "name, saved_under, deviates",
+    [
+        ("cswin_tiny", "state_dict_ema", False),
+        ("cswin_tiny", "state_dict", True),
+        ("pvt_tiny", "model", False),
+        ("pvt_tiny", None, False),
+        ("deit_tiny", None, False),
+    ],
+)
+def test_only_a_fallback_container_of_other_weights_is_a_deviation(
+    tmp_path, name, saved_under, deviates, one_torch_thread
+):
     from vcarepro.calibration.run import load_released
     from vcarepro.models import create_classifier
+
     cal = {**one(PAPER, name), "dir": str(tmp_path)}
     entry = {**cal["classifiers"][name], "sha256": None}
     cal["classifiers"][name] = entry

@@ -1,4 +1,5 @@
 """Circulant Attention, specified by its equations and by the official algorithm (issue 15)."""
+
 from __future__ import annotations
 
 import math
@@ -12,7 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from vcarepro.attention.circulant import CirculantAttention, flop_counter_mapping, shift_table
 
 DIM = 24
-GRIDS = [(4, 6), (5, 5), (3, 7)]          # non-square, odd square, odd last side (rfft2 keeps 7 // 2 + 1 bins)
+GRIDS = [(4, 6), (5, 5), (3, 7)]  # non-square, odd square, odd last side (rfft2 keeps 7 // 2 + 1 bins)
 VARIANTS = {
     "default": {},
     "qkv_bias": dict(qkv_bias=True),
@@ -56,7 +57,7 @@ def ca_from_equations(m: CirculantAttention, x: torch.Tensor) -> torch.Tensor:
     B, N, C = x.shape
     (H, W), P, d = m.grid_size, m.num_prefix_tokens, m.head_dim
     M = H * W
-    rho = M ** -0.5 if m.logit_divisor == "sqrt_n" else 1.0 / M
+    rho = M**-0.5 if m.logit_divisor == "sqrt_n" else 1.0 / M
     q, k, v = F.linear(x, m.qkv.weight, m.qkv.bias).split(C, dim=-1)
     out = torch.zeros_like(x)
     for b in range(B):
@@ -66,7 +67,7 @@ def ca_from_equations(m: CirculantAttention, x: torch.Tensor) -> torch.Tensor:
             logits = torch.empty(H, W, dtype=x.dtype)
             for sr in range(H):
                 for sc in range(W):
-                    k_shifted = torch.roll(kg, shifts=(-sr, -sc), dims=(0, 1))      # [n] -> k[n + s]
+                    k_shifted = torch.roll(kg, shifts=(-sr, -sc), dims=(0, 1))  # [n] -> k[n + s]
                     logits[sr, sc] = rho / math.sqrt(d) * (qg * k_shifted).sum()
             a = logits.flatten().softmax(0).reshape(H, W)
             o = torch.zeros(H, W, d, dtype=x.dtype)
@@ -111,6 +112,7 @@ def ca_readme_equation(m: CirculantAttention, x: torch.Tensor) -> torch.Tensor:
 
 # -- the two paths and the equations ---------------------------------------------------------
 
+
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("prefix", [0, 1, 2])
 @pytest.mark.parametrize("grid", GRIDS)
@@ -134,8 +136,16 @@ def test_paths_agree_on_the_deit_grid(prefix):
         torch.testing.assert_close(m(x), m(x, reference=True), rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("kw", [{}, dict(channels_per_kernel=2), dict(logit_divisor="n"), dict(prefix_attention="none"),
-                                dict(gate=False, qkv_bias=True)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        dict(channels_per_kernel=2),
+        dict(logit_divisor="n"),
+        dict(prefix_attention="none"),
+        dict(gate=False, qkv_bias=True),
+    ],
+)
 @pytest.mark.parametrize("prefix", [0, 1, 2])
 @pytest.mark.parametrize("reference", [False, True])
 def test_matches_the_equations_group_by_group_and_shift_by_shift(kw, prefix, reference):
@@ -159,6 +169,7 @@ def test_default_layer_is_the_official_algorithm_and_divisor_n_is_the_readme_equ
 
 
 # -- structure of the attention matrix ---------------------------------------------------------
+
 
 @pytest.mark.parametrize("prefix_attention", ["global", "none"])
 @pytest.mark.parametrize("grid", GRIDS)
@@ -201,15 +212,18 @@ def test_cyclic_translation_of_the_grid_commutes_with_the_layer(reference):
     """BCCB attention and token-wise projections make the layer equivariant to cyclic grid shifts."""
     m = make_ca(0, (4, 6))
     x = tokens(0, (4, 6))
+
     def shift(t):
         return torch.roll(t.reshape(2, 4, 6, DIM), shifts=(1, -2), dims=(1, 2)).reshape(2, 24, DIM)
 
     with torch.no_grad():
-        torch.testing.assert_close(m(shift(x), reference=reference), shift(m(x, reference=reference)),
-                                   rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(
+            m(shift(x), reference=reference), shift(m(x, reference=reference)), rtol=1e-10, atol=1e-10
+        )
 
 
 # -- prefix tokens ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("reference", [False, True])
 def test_patches_ignore_prefix_tokens_and_global_prefix_tokens_read_the_patches(reference):
@@ -244,6 +258,7 @@ def test_without_prefix_tokens_the_qkv_bias_only_moves_the_zero_frequency():
 
 # -- parameters, gradients, dropout ------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dim", [192, 384])
 def test_parameter_count_is_the_official_modules(dim):
     """ca_deit.py: qkv = Linear(dim, 3 dim) without bias, gate = Sequential(Linear(dim, dim), SiLU),
@@ -251,15 +266,24 @@ def test_parameter_count_is_the_official_modules(dim):
     m = CirculantAttention(dim, 3, grid_size=14, num_prefix_tokens=0)
     assert sum(p.numel() for p in m.parameters()) == 5 * dim * dim + 2 * dim
     assert {n: tuple(p.shape) for n, p in m.named_parameters()} == {
-        "qkv.weight": (3 * dim, dim), "gate.0.weight": (dim, dim), "gate.0.bias": (dim,),
-        "proj.weight": (dim, dim), "proj.bias": (dim,)}
-    assert sum(p.numel() for p in CirculantAttention(dim, 3, grid_size=14, gate=False).parameters()) == \
-        4 * dim * dim + dim
-    assert sum(p.numel() for p in CirculantAttention(dim, 3, grid_size=14, qkv_bias=True).parameters()) == \
-        5 * dim * dim + 5 * dim
+        "qkv.weight": (3 * dim, dim),
+        "gate.0.weight": (dim, dim),
+        "gate.0.bias": (dim,),
+        "proj.weight": (dim, dim),
+        "proj.bias": (dim,),
+    }
+    assert (
+        sum(p.numel() for p in CirculantAttention(dim, 3, grid_size=14, gate=False).parameters()) == 4 * dim * dim + dim
+    )
+    assert (
+        sum(p.numel() for p in CirculantAttention(dim, 3, grid_size=14, qkv_bias=True).parameters())
+        == 5 * dim * dim + 5 * dim
+    )
     # neither the head count nor the grid changes anything
-    assert sum(p.numel() for p in CirculantAttention(dim, 6, grid_size=(7, 9), channels_per_kernel=4).parameters()) == \
-        5 * dim * dim + 2 * dim
+    assert (
+        sum(p.numel() for p in CirculantAttention(dim, 6, grid_size=(7, 9), channels_per_kernel=4).parameters())
+        == 5 * dim * dim + 2 * dim
+    )
 
 
 def test_num_heads_is_ignored_and_head_dim_sets_the_kernels():
@@ -293,6 +317,7 @@ def test_attention_dropout_drops_kernel_shifts_so_the_matrix_stays_circulant():
 
 
 # -- precision -----------------------------------------------------------------------------------
+
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
@@ -338,6 +363,7 @@ def test_large_activations_do_not_overflow_the_softmax():
 
 # -- errors, grid changes, timm -------------------------------------------------------------------
 
+
 def test_token_count_that_is_not_prefix_plus_grid_is_refused():
     with pytest.raises(ValueError, match=r"got 26 tokens but expects 1 prefix \+ 4x6 grid = 25"):
         make_ca(1)(torch.randn(1, 26, DIM, dtype=torch.float64))
@@ -348,15 +374,18 @@ def test_wrong_channel_count_is_refused():
         make_ca(1)(torch.randn(1, 25, 12, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("kw, pattern", [
-    (dict(channels_per_kernel=5), "channels_per_kernel=5 must be a positive divisor of dim=24"),
-    (dict(channels_per_kernel=0), "channels_per_kernel=0 must be a positive divisor"),
-    (dict(logit_divisor="sqrt"), "unknown logit_divisor 'sqrt'"),
-    (dict(prefix_attention="cls"), "unknown prefix_attention 'cls'"),
-    (dict(num_prefix_tokens=-1), "num_prefix_tokens=-1 must be >= 0"),
-    (dict(qk_norm=True, norm_layer=nn.LayerNorm), "does not support qk_norm"),
-    (dict(grid_size=(0, 4)), "must have positive sides"),
-])
+@pytest.mark.parametrize(
+    "kw, pattern",
+    [
+        (dict(channels_per_kernel=5), "channels_per_kernel=5 must be a positive divisor of dim=24"),
+        (dict(channels_per_kernel=0), "channels_per_kernel=0 must be a positive divisor"),
+        (dict(logit_divisor="sqrt"), "unknown logit_divisor 'sqrt'"),
+        (dict(prefix_attention="cls"), "unknown prefix_attention 'cls'"),
+        (dict(num_prefix_tokens=-1), "num_prefix_tokens=-1 must be >= 0"),
+        (dict(qk_norm=True, norm_layer=nn.LayerNorm), "does not support qk_norm"),
+        (dict(grid_size=(0, 4)), "must have positive sides"),
+    ],
+)
 def test_bad_knobs_are_refused(kw, pattern):
     args = dict(grid_size=(4, 6))
     args.update(kw)
@@ -399,17 +428,27 @@ def test_timm_vision_transformer_with_the_layer_swapped_in_runs_forward_and_back
     from timm.models import VisionTransformer
 
     for class_token in (True, False):
-        vit = VisionTransformer(img_size=32, patch_size=8, embed_dim=DIM, depth=2, num_heads=3, num_classes=5,
-                                class_token=class_token, global_pool="token" if class_token else "avg")
+        vit = VisionTransformer(
+            img_size=32,
+            patch_size=8,
+            embed_dim=DIM,
+            depth=2,
+            num_heads=3,
+            num_classes=5,
+            class_token=class_token,
+            global_pool="token" if class_token else "avg",
+        )
         for i, block in enumerate(vit.blocks):
-            block.attn = CirculantAttention(DIM, 3, grid_size=vit.patch_embed.grid_size,
-                                            num_prefix_tokens=vit.num_prefix_tokens, layer_index=i)
+            block.attn = CirculantAttention(
+                DIM, 3, grid_size=vit.patch_embed.grid_size, num_prefix_tokens=vit.num_prefix_tokens, layer_index=i
+            )
         out = vit(torch.randn(2, 3, 32, 32))
         assert out.shape == (2, 5)
         out.sum().backward()
 
 
 # -- FLOP counting -----------------------------------------------------------------------------------
+
 
 def test_flop_mapping_counts_ffts_by_the_stated_convention():
     x = torch.randn(2, 8, 4, 3)
@@ -420,7 +459,7 @@ def test_flop_mapping_counts_ffts_by_the_stated_convention():
         torch.fft.fft2(x.to(torch.complex64), dim=(1, 2))
     n, transforms = 32, 6
     real = 2.5 * transforms * n * math.log2(n)
-    assert counter.get_total_flops() == int(2 * real + 2 * real)     # r2c + c2r + one complex (5 n log2 n)
+    assert counter.get_total_flops() == int(2 * real + 2 * real)  # r2c + c2r + one complex (5 n log2 n)
 
 
 @pytest.mark.parametrize("prefix, prefix_attention", [(0, "global"), (1, "global"), (1, "none")])

@@ -4,6 +4,7 @@ The console script is the installed one (`pip install -e .` puts it beside the v
 side by side (one fixture), since each pays for importing torch; `explain` and `calibrate --dry-run` also run in
 this process, where torch is already loaded. Nothing trains, nothing runs `dvc repro`, nothing writes the checkout.
 """
+
 from __future__ import annotations
 
 import ast
@@ -18,18 +19,30 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vcarepro.tools import cli
 from vcarepro.params.config import compose
 from vcarepro.params.runs import cls_recipe, cls_run, gen_run
 from vcarepro.params.stage_facts import stage_definition
+from vcarepro.tools import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src")}  # this checkout's code, whatever the venv's install points at
 SCRIPT = Path(sys.executable).parent / "vcarepro"
-COMMANDS = {"config", "explain", "preflight", "calibrate", "cluster", "lockcheck", "bench", "export", "standins",
-            "report-check"}
-HUGE = ("error: the command-line override `scale=huge`: scale has no option 'huge'; choose one of embedded, paper, "
-        "proxy, smoke (conf/scale/*.yaml).")
+COMMANDS = {
+    "config",
+    "explain",
+    "preflight",
+    "calibrate",
+    "cluster",
+    "lockcheck",
+    "bench",
+    "export",
+    "standins",
+    "report-check",
+}
+HUGE = (
+    "error: the command-line override `scale=huge`: scale has no option 'huge'; choose one of embedded, paper, "
+    "proxy, smoke (conf/scale/*.yaml)."
+)
 
 
 def project(where: Path) -> Path:
@@ -44,8 +57,10 @@ def project(where: Path) -> Path:
 def ran(tmp_path_factory):
     """Each case through the installed `vcarepro` (and one `python -m` twin), all at once: name -> (cwd, result)."""
     if not SCRIPT.is_file():
-        pytest.fail(f"{SCRIPT} is missing: install the package (`pip install -e .`) so that pyproject.toml's "
-                    f"[project.scripts] entry becomes the `vcarepro` command.")
+        pytest.fail(
+            f"{SCRIPT} is missing: install the package (`pip install -e .`) so that pyproject.toml's "
+            f"[project.scripts] entry becomes the `vcarepro` command."
+        )
     base = tmp_path_factory.mktemp("cli")
     cases = {
         "help": ([str(SCRIPT), "--help"], ROOT),
@@ -54,11 +69,18 @@ def ran(tmp_path_factory):
         "missing_page": ([str(SCRIPT), "report-check", "nowhere/index.html"], base),
         "missing_page_m": ([sys.executable, "-m", "vcarepro.report.browser", "nowhere/index.html"], base),
     }
-    before = {name: (cwd / "params.yaml").read_bytes() for name, (_, cwd) in cases.items()
-              if (cwd / "params.yaml").is_file() and cwd != ROOT}
-    running = {name: (cwd, subprocess.Popen(command, cwd=cwd, env=ENV, stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, text=True))
-               for name, (command, cwd) in cases.items()}
+    before = {
+        name: (cwd / "params.yaml").read_bytes()
+        for name, (_, cwd) in cases.items()
+        if (cwd / "params.yaml").is_file() and cwd != ROOT
+    }
+    running = {
+        name: (
+            cwd,
+            subprocess.Popen(command, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+        )
+        for name, (command, cwd) in cases.items()
+    }
     done = {}
     for name, (cwd, process) in running.items():
         out, err = process.communicate(timeout=300)
@@ -76,8 +98,11 @@ def test_pyproject_declares_the_console_script():
 def test_help_lists_every_command_in_one_line_each(ran):
     result = ran["help"][1]
     assert result.returncode == 0, result.stderr
-    listed = {m.group(1): m.group(2) for m in re.finditer(r"^  ([a-z-]+) +(\S.*)$", result.stdout, re.MULTILINE)
-              if not m.group(1).startswith("-")}
+    listed = {
+        m.group(1): m.group(2)
+        for m in re.finditer(r"^  ([a-z-]+) +(\S.*)$", result.stdout, re.MULTILINE)
+        if not m.group(1).startswith("-")
+    }
     assert set(listed) == COMMANDS
     assert set(cli.ORDER) == COMMANDS == set(cli.WRAPPED) | set(cli.OWN)
     assert all(len(f"  {name:<14}{text}") <= 110 for name, text in listed.items())
@@ -120,12 +145,16 @@ def test_every_wrapped_module_runs_as_main():
 
     for command, (module, _) in cli.WRAPPED.items():
         spec = importlib.util.find_spec(module)
-        path = Path(spec.submodule_search_locations[0]) / "__main__.py" if spec.submodule_search_locations \
+        path = (
+            Path(spec.submodule_search_locations[0]) / "__main__.py"
+            if spec.submodule_search_locations
             else Path(spec.origin)
+        )
         assert 'if __name__ == "__main__":' in path.read_text(), command
 
 
 # -- explain ----------------------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def embedded():
@@ -157,8 +186,11 @@ def test_explain_gives_the_lr_the_run_trains_with_and_the_file_that_set_it(embed
     assert lr["value"] == expected
     assert lr["key"] == "cls_recipe_overrides.lr" and lr["set_by"] == "conf/scale/embedded.yaml"
     assert yaml.safe_load((ROOT / "conf/scale/embedded.yaml").read_text())["cls_recipe_overrides"]["lr"] == expected
-    assert lr["replaces"] == {"key": "cls_recipes.lab_deit_tiny.lr", "value": params["cls_recipes"]["lab_deit_tiny"]["lr"],
-                              "recipe": "lab_deit_tiny"}
+    assert lr["replaces"] == {
+        "key": "cls_recipes.lab_deit_tiny.lr",
+        "value": params["cls_recipes"]["lab_deit_tiny"]["lr"],
+        "recipe": "lab_deit_tiny",
+    }
     assert {"train_cls@deit_tiny-vca", "eval_cls@deit_tiny-vca"} <= set(lr["read_by"])
     assert "train_gen@dit_s2-vca" not in lr["read_by"]
 
@@ -166,7 +198,7 @@ def test_explain_gives_the_lr_the_run_trains_with_and_the_file_that_set_it(embed
     line = row(text, "lr")
     assert line.split()[1] == str(expected) and "conf/scale/embedded.yaml" in line
     assert f"overrides lab_deit_tiny's {params['cls_recipes']['lab_deit_tiny']['lr']}" in line
-    header = text[:text.index(line)].rsplit("\n\n", 1)[1]  # the recipe group's head names its readers
+    header = text[: text.index(line)].rsplit("\n\n", 1)[1]  # the recipe group's head names its readers
     assert "train_cls@deit_tiny-vca" in header.replace("\n    ", " ")
     assert max(len(line) for line in text.splitlines()) <= cli.WIDTH
 
@@ -249,12 +281,14 @@ def test_explain_main_prints_json_and_refuses_an_unknown_run_in_one_sentence(mon
 
 # -- calibrate ---------------------------------------------------------------------------------------------------------
 
+
 def test_calibrate_composes_the_selection_and_runs_the_stages_it_needs(monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     assert cli.main(["calibrate", "--dry-run", "deit_tiny", "dit_xl2_cfg15"]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "python -m vcarepro.params.config scale=paper 'calibrate.checkpoints=[deit_tiny,dit_xl2_cfg15]'",
-        "dvc repro calibrate_cls calibrate_gen"]
+        "dvc repro calibrate_cls calibrate_gen",
+    ]
     assert cli.main(["calibrate", "--dry-run", "deit_tny"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'deit_tny'" in err[0] and "deit_tiny" in err[0]

@@ -6,6 +6,7 @@ namespace) and drive a micro pipeline through the command: two training runs as 
 jobs, one of them preempted (SLURM's USR2, what submitit's timeout and preemption path answers) and
 requeued, the command interrupted and started again, then a run that fails for a user error.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,8 @@ import pytest
 import yaml
 
 from test_pipeline import ROOT, micro_params, reproduced_repo, sh
-from vcarepro.tools import cluster
 from vcarepro.params.config import compose
+from vcarepro.tools import cluster
 
 # ---------------------------------------------------------------------------------------------
 # A job's size and the order of stages, without SLURM.
@@ -41,9 +42,22 @@ def test_a_training_job_is_sized_by_distributed_and_the_cluster_section():
     params = paper_params(partition="gpu", account="lab", qos="high", mem_gb=400)
     params["distributed"].update(nnodes=1, nproc_per_node=4)
     job = cluster.job_parameters("train_cls@deit_tiny-vca", params, Path("/ws"))
-    assert job == {"job_name": "vcarepro:train_cls@deit_tiny-vca", "comment": "/ws", "nodes": 1, "ntasks_per_node": 1,
-                   "cpus_per_task": 10, "time": 2880, "signal_delay_s": 300, "stderr_to_stdout": False,
-                   "additional_parameters": {"requeue": True}, "gpus_per_node": 4, "partition": "gpu", "account": "lab", "qos": "high", "mem": "400GB"}
+    assert job == {
+        "job_name": "vcarepro:train_cls@deit_tiny-vca",
+        "comment": "/ws",
+        "nodes": 1,
+        "ntasks_per_node": 1,
+        "cpus_per_task": 10,
+        "time": 2880,
+        "signal_delay_s": 300,
+        "stderr_to_stdout": False,
+        "additional_parameters": {"requeue": True},
+        "gpus_per_node": 4,
+        "partition": "gpu",
+        "account": "lab",
+        "qos": "high",
+        "mem": "400GB",
+    }
     other = cluster.job_parameters("eval_cls@deit_tiny-vca", params, Path("/ws"))
     assert (other["nodes"], other["gpus_per_node"], other["time"]) == (1, 1, 600)
 
@@ -68,8 +82,14 @@ def test_cpu_scales_ask_for_no_gpus():
     assert "gpus_per_node" not in job and job["cpus_per_task"] == 1
 
 
-GRAPH = {"prep": [], "train@a": ["prep"], "train@b": ["prep"], "eval@a": ["train@a", "prep"],
-         "eval@b": ["train@b", "prep"], "report": ["eval@a", "eval@b"]}
+GRAPH = {
+    "prep": [],
+    "train@a": ["prep"],
+    "train@b": ["prep"],
+    "eval@a": ["train@a", "prep"],
+    "eval@b": ["train@b", "prep"],
+    "report": ["eval@a", "eval@b"],
+}
 
 
 def test_a_stage_starts_only_when_everything_upstream_is_done():
@@ -98,6 +118,7 @@ def test_the_stage_graph_is_dvcs_own():
 
 def test_the_cluster_section_is_checked(tmp_path):
     from vcarepro.params.schema import ParamsError, validate
+
     params = compose([])
     params["cluster"]["cpus_per_task"] = 0
     with pytest.raises(ParamsError, match="cluster.cpus_per_task must be an integer >= 1"):
@@ -114,8 +135,13 @@ REQUIRED = os.environ.get("VCAREPRO_REQUIRE_SLURM") == "1"  # .ci/run: fail, not
 
 
 def need_slurm():
-    why = (f"{', '.join(MISSING)} missing (apt-get install slurm-wlm munge)" if MISSING
-           else None if os.geteuid() == 0 else "the test cluster's daemons run as root")
+    why = (
+        f"{', '.join(MISSING)} missing (apt-get install slurm-wlm munge)"
+        if MISSING
+        else None
+        if os.geteuid() == 0
+        else "the test cluster's daemons run as root"
+    )
     if why and REQUIRED:
         pytest.fail(f"VCAREPRO_REQUIRE_SLURM=1 and {why}")
     if why:
@@ -129,9 +155,23 @@ class OneNodeSlurm:
         self.dir = directory
         directory.mkdir(parents=True)
         self.log = (directory / "node.log").open("w")
-        self.holder = subprocess.Popen([shutil.which("unshare", path=SEARCH), "--net", "--uts", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc",
-                                        sys.executable, str(ROOT / "tests" / "slurm_node.py"), str(directory)],
-                                       stdout=self.log, stderr=subprocess.STDOUT)
+        self.holder = subprocess.Popen(
+            [
+                shutil.which("unshare", path=SEARCH),
+                "--net",
+                "--uts",
+                "--mount",
+                "--pid",
+                "--fork",
+                "--kill-child",
+                "--mount-proc",
+                sys.executable,
+                str(ROOT / "tests" / "slurm_node.py"),
+                str(directory),
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 90
         while not (directory / "ready").exists():
             if self.holder.poll() is not None or time.monotonic() > deadline:
@@ -142,23 +182,37 @@ class OneNodeSlurm:
 
     def command(self, args, cwd=None) -> list:
         wd = [f"--wd={cwd}"] if cwd else []  # entering the mount namespace would start in its /
-        return [shutil.which("nsenter", path=SEARCH), f"--target={self.init_pid}", "--net", "--uts", "--mount", "--pid", *wd, "--",
-                "env", f"SLURM_CONF={self.dir / 'slurm.conf'}", *args]
+        return [
+            shutil.which("nsenter", path=SEARCH),
+            f"--target={self.init_pid}",
+            "--net",
+            "--uts",
+            "--mount",
+            "--pid",
+            *wd,
+            "--",
+            "env",
+            f"SLURM_CONF={self.dir / 'slurm.conf'}",
+            *args,
+        ]
 
     def env(self) -> dict:
         return {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(sys.executable).parent}:{SEARCH}"}
 
     def run(self, *args, cwd=None, check=True) -> subprocess.CompletedProcess:
-        result = subprocess.run(self.command(args, cwd), cwd=cwd, capture_output=True, text=True, env=self.env(),
-                                timeout=900)
+        result = subprocess.run(
+            self.command(args, cwd), cwd=cwd, capture_output=True, text=True, env=self.env(), timeout=900
+        )
         if check and result.returncode != 0:
-            raise AssertionError(f"{' '.join(args)} failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
-                                 f"{result.stderr[-3000:]}")
+            raise AssertionError(
+                f"{' '.join(args)} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+            )
         return result
 
     def start(self, *args, cwd, out: Path) -> subprocess.Popen:
-        return subprocess.Popen(self.command(args, cwd), cwd=cwd, env=self.env(), stdout=out.open("w"),
-                                stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            self.command(args, cwd), cwd=cwd, env=self.env(), stdout=out.open("w"), stderr=subprocess.STDOUT
+        )
 
     @staticmethod
     def interrupt(started: subprocess.Popen, sig=signal.SIGINT) -> None:
@@ -195,17 +249,20 @@ def slurm(tmp_path_factory):
     node.close()
 
 
-CLS, TWIN = "deit_tiny-vca", "deit_tiny-vca-twin"   # the same run under two names: the twin is never interrupted
-GEN = "dit_s2-vca"                                  # its training, sampling and evaluation are jobs too
-SHARED = ("smoke_inputs prepare_cls prepare_gen fid_reference cls_reference complexity attention_cost "
-          "calibrate_cls calibrate_gen")
+CLS, TWIN = "deit_tiny-vca", "deit_tiny-vca-twin"  # the same run under two names: the twin is never interrupted
+GEN = "dit_s2-vca"  # its training, sampling and evaluation are jobs too
+SHARED = (
+    "smoke_inputs prepare_cls prepare_gen fid_reference cls_reference complexity attention_cost "
+    "calibrate_cls calibrate_gen"
+)
 EPOCHS = 10
 
 
 def completions(node: OneNodeSlurm) -> list:
     """``sacct --completion``: every end of a job (a requeue is one too), oldest first."""
-    out = node.run("sacct", "--completion", "--noheader", "--parsable2",
-                   "--format=JobID,JobName,State,Start,End").stdout
+    out = node.run(
+        "sacct", "--completion", "--noheader", "--parsable2", "--format=JobID,JobName,State,Start,End"
+    ).stdout
     rows = [dict(zip(("id", "name", "state", "start", "end"), line.split("|"))) for line in out.splitlines() if line]
     for row in rows:
         row["start"], row["end"] = datetime.fromisoformat(row["start"]), datetime.fromisoformat(row["end"])
@@ -250,8 +307,12 @@ def test_two_runs_as_simultaneous_jobs_one_preempted_and_requeued_end_bit_identi
     driver = slurm.start(sys.executable, "-m", "vcarepro.tools.cluster", "run", "--max-jobs", "2", cwd=repo, out=log1)
     try:
         ckpt = repo / "checkpoints" / "cls" / CLS / "seed_0" / "last.pt"
-        wait(lambda: ckpt.exists() and {f"train_cls@{CLS}", f"train_cls@{TWIN}"} <= running_jobs(slurm),
-             "checkpoint while both trainings run", driver=driver, log=log1)
+        wait(
+            lambda: ckpt.exists() and {f"train_cls@{CLS}", f"train_cls@{TWIN}"} <= running_jobs(slurm),
+            "checkpoint while both trainings run",
+            driver=driver,
+            log=log1,
+        )
         job = records(repo)[f"train_cls@{CLS}"]["job_id"]
         twin_job = records(repo)[f"train_cls@{TWIN}"]["job_id"]
         slurm.run("scancel", "--signal=USR2", job)  # what SLURM sends before the time limit and on preemption
@@ -288,14 +349,22 @@ def test_two_runs_as_simultaneous_jobs_one_preempted_and_requeued_end_bit_identi
     job_log = err.read_text() + err.with_name(err.name.replace("_log.err", "_log.out")).read_text()
     assert f"train_cls {CLS} seed 0: stopped by SIGTERM at epoch" in job_log, job_log[-3000:]
     assert "seed 0: resuming at epoch" in job_log, job_log[-3000:]
-    weights = [(repo / "runs" / "cls" / run / "train" / "seed_0" / "model.safetensors").read_bytes()
-               for run in (CLS, TWIN)]
+    weights = [
+        (repo / "runs" / "cls" / run / "train" / "seed_0" / "model.safetensors").read_bytes() for run in (CLS, TWIN)
+    ]
     assert weights[0] == weights[1]
 
     # DVC kept the books: every stage recorded in the one dvc.lock, nothing left to run
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
-    jobs = (f"train_cls@{CLS}", f"train_cls@{TWIN}", f"eval_cls@{CLS}", f"eval_cls@{TWIN}", f"train_gen@{GEN}",
-            f"sample_gen@{GEN}", f"eval_gen@{GEN}")
+    jobs = (
+        f"train_cls@{CLS}",
+        f"train_cls@{TWIN}",
+        f"eval_cls@{CLS}",
+        f"eval_cls@{TWIN}",
+        f"train_gen@{GEN}",
+        f"sample_gen@{GEN}",
+        f"eval_gen@{GEN}",
+    )
     for stage in (*jobs, "report"):
         assert stage in lock, stage
     assert "Data and pipelines are up to date" in sh("dvc status", repo).stdout
@@ -304,8 +373,10 @@ def test_two_runs_as_simultaneous_jobs_one_preempted_and_requeued_end_bit_identi
     assert "running report here" in text2 and "every stage is up to date" in text2
     status = slurm.run(sys.executable, "-m", "vcarepro.tools.cluster", "status", cwd=repo).stdout
     assert f"train_cls@{CLS}" in status and f" done     {job} " in status, status
-    print(f"\ncluster figures: two trainings of {EPOCHS} epochs as two jobs, one requeued, the command "
-          f"interrupted once; {took:.0f} s from the first submission to every stage recorded")
+    print(
+        f"\ncluster figures: two trainings of {EPOCHS} epochs as two jobs, one requeued, the command "
+        f"interrupted once; {took:.0f} s from the first submission to every stage recorded"
+    )
 
 
 @pytest.mark.slow
@@ -345,7 +416,9 @@ def test_the_srun_launcher_starts_its_ranks_inside_a_cluster_job(slurm, repo, tm
     (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     stage = f"train_cls@{CLS}"
     log = tmp_path / "driver.log"
-    driver = slurm.start(sys.executable, "-m", "vcarepro.tools.cluster", "run", stage, "--max-jobs", "1", cwd=copy, out=log)
+    driver = slurm.start(
+        sys.executable, "-m", "vcarepro.tools.cluster", "run", stage, "--max-jobs", "1", cwd=copy, out=log
+    )
     ckpt = copy / "checkpoints" / "cls" / CLS / "seed_0" / "last.pt"
     wait(ckpt.exists, "checkpoint of the two-rank training", driver=driver, log=log)
     job = records(copy)[stage]["job_id"]
@@ -375,7 +448,9 @@ def test_cancel_ends_a_running_job_for_good_and_the_next_run_submits_it_again(sl
     (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     stage = f"train_cls@{CLS}"
     log = tmp_path / "driver.log"
-    driver = slurm.start(sys.executable, "-m", "vcarepro.tools.cluster", "run", stage, "--max-jobs", "1", cwd=copy, out=log)
+    driver = slurm.start(
+        sys.executable, "-m", "vcarepro.tools.cluster", "run", stage, "--max-jobs", "1", cwd=copy, out=log
+    )
     try:
         ckpt = copy / "checkpoints" / "cls" / CLS / "seed_0" / "last.pt"
         wait(ckpt.exists, "checkpoint", driver=driver, log=log)
@@ -410,11 +485,24 @@ def test_cancel_ends_a_running_job_for_good_and_the_next_run_submits_it_again(sl
     assert "Restarts=0" in slurm.run("scontrol", "show", "job", job).stdout
     assert stage not in running_jobs(slurm)
     # the next run says how the job ended and submits the stage anew
-    again = slurm.start(sys.executable, "-m", "vcarepro.tools.cluster", "run", stage, "--max-jobs", "1", cwd=copy,
-                        out=tmp_path / "again.log")
+    again = slurm.start(
+        sys.executable,
+        "-m",
+        "vcarepro.tools.cluster",
+        "run",
+        stage,
+        "--max-jobs",
+        "1",
+        cwd=copy,
+        out=tmp_path / "again.log",
+    )
     try:
-        wait(lambda: f"submitted {stage} as job" in (tmp_path / "again.log").read_text(), "the new submission",
-             driver=again, log=tmp_path / "again.log")
+        wait(
+            lambda: f"submitted {stage} as job" in (tmp_path / "again.log").read_text(),
+            "the new submission",
+            driver=again,
+            log=tmp_path / "again.log",
+        )
         text = (tmp_path / "again.log").read_text()
         assert f"FAILED {stage} (job {job}): job {job} ended without a result (SLURM: CANCELLED)" in text, text
     finally:

@@ -1,4 +1,5 @@
 """FLOP counts: VCA is linear in the number of tokens, MHSA quadratic; VCA adds no FLOPs to DeiT-T."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,7 +11,7 @@ import vcarepro.models  # noqa: F401  (registers the models)
 from vcarepro.attention import VisualContrastAttention
 from vcarepro.metrics.complexity import count_flops, model_flops
 
-DIM, HEADS = 192, 3   # DeiT-T width
+DIM, HEADS = 192, 3  # DeiT-T width
 SIDES = (14, 28, 56)  # N = 196, 784, 3136
 
 
@@ -41,7 +42,7 @@ def test_mhsa_flops_are_quadratic_in_the_token_count():
         linear_part[n] = 2 * n * DIM * (3 * DIM) + 2 * n * DIM * DIM  # qkv + proj
     quadratic = {n: flops[n] - linear_part[n] for n in flops}
     assert quadratic[196] == 2 * 2 * 196 * 196 * DIM  # q k^T and A v
-    assert quadratic[3136] / quadratic[196] == pytest.approx(16 ** 2)
+    assert quadratic[3136] / quadratic[196] == pytest.approx(16**2)
 
 
 def test_vca_is_cheaper_than_mhsa_from_a_few_hundred_tokens_on():
@@ -60,7 +61,7 @@ def test_counter_sees_the_attention_products_under_the_math_backend():
 def test_vca_adds_no_flops_to_deit_tiny_at_224():
     base = model_flops(timm.create_model("deit_tiny_patch16_224"), (1, 3, 224, 224))
     with_vca = model_flops(timm.create_model("vca_deit_tiny_patch16_224"), (1, 3, 224, 224))
-    assert base.macs == pytest.approx(1.254e9, rel=1e-3)      # DeiT paper: 1.3G "FLOPs" (MACs)
+    assert base.macs == pytest.approx(1.254e9, rel=1e-3)  # DeiT paper: 1.3G "FLOPs" (MACs)
     # the only extra work is the 3x3 depthwise conv; the attention products shrink
     assert with_vca.macs / base.macs == pytest.approx(1.0, abs=0.005)
     assert round(with_vca.macs / 1e9, 1) == round(base.macs / 1e9, 1) == 1.3
@@ -73,8 +74,8 @@ def test_every_table1_complexity_cell_of_the_lab_layouts_matches_the_paper():
 
     import yaml
 
-    from vcarepro.params.config import compose
     from vcarepro.metrics.complexity import model_complexity
+    from vcarepro.params.config import compose
     from vcarepro.report.reference import paper_value
     from vcarepro.report.verdicts import MATCHES, exact_verdict
 
@@ -91,7 +92,15 @@ def test_every_table1_complexity_cell_of_the_lab_layouts_matches_the_paper():
             value = paper_value(row[cell], reference["sources"])
             assert exact_verdict(value, figures[key], tolerance) == MATCHES, (row["model"], key, figures[key])
             checked[(row["model"], key)] = round(figures[key], 2)
-    assert checked == {("DeiT-T", "params_m"): 5.97, ("DeiT-T", "gmacs"): 1.26, ("DeiT-S", "params_m"): 22.56,
-                       ("DeiT-S", "gmacs"): 4.61, ("PVT-T", "params_m"): 11.56, ("PVT-T", "gmacs"): 2.05,
-                       ("Swin-T", "params_m"): 28.55, ("Swin-T", "gmacs"): 4.63, ("CSwin-T", "params_m"): 20.41,
-                       ("CSwin-T", "gmacs"): 4.33}
+    assert checked == {
+        ("DeiT-T", "params_m"): 5.97,
+        ("DeiT-T", "gmacs"): 1.26,
+        ("DeiT-S", "params_m"): 22.56,
+        ("DeiT-S", "gmacs"): 4.61,
+        ("PVT-T", "params_m"): 11.56,
+        ("PVT-T", "gmacs"): 2.05,
+        ("Swin-T", "params_m"): 28.55,
+        ("Swin-T", "gmacs"): 4.63,
+        ("CSwin-T", "params_m"): 20.41,
+        ("CSwin-T", "gmacs"): 4.33,
+    }

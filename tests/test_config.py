@@ -1,4 +1,5 @@
 """params.yaml is the composition of conf/; the scale switch changes only what a scale needs."""
+
 from __future__ import annotations
 
 import json
@@ -48,7 +49,13 @@ def test_default_scale_is_embedded_and_paper_is_one_override_away(embedded, pape
 def test_paper_scale_carries_the_deit_and_dit_recipes(paper):
     """facebookresearch/deit at its first commit (main.py, datasets.py, engine.py, README)."""
     r = paper["cls_recipes"]["deit"]
-    assert (r["epochs"], r["cooldown_epochs"], r["batch_size"], r["lr"], r["weight_decay"]) == (300, 0, 1024, 5e-4, 0.05)
+    assert (r["epochs"], r["cooldown_epochs"], r["batch_size"], r["lr"], r["weight_decay"]) == (
+        300,
+        0,
+        1024,
+        5e-4,
+        0.05,
+    )
     assert (r["warmup_epochs"], r["warmup_lr"], r["min_lr"], r["scale_warmup_min_lr"]) == (5, 1e-6, 1e-5, False)
     assert (r["lr_step"], r["drop_path"], r["clip_grad"], r["precision"]) == ("epoch", 0.1, None, "fp16")
     assert r["auto_augment"] == "rand-m9-mstd0.5-inc1" and r["reprob"] == 0.25 and r["smoothing"] == 0.1
@@ -67,10 +74,18 @@ def test_paper_scale_carries_the_deit_and_dit_recipes(paper):
 # lr, clipping 5.0, no repeated augmentation); reading LeapLabTHU/Agent-Attention's agent_transformer/ adds the rest:
 # main.py keeps no EMA, lr_scheduler.py steps every update, data/build.py resizes to a 256 square before the centre
 # crop, and the README's commands pass no --amp (fp32 with PyTorch 1.11's TF32 matmuls).
-LAB_VS_DEIT = {"warmup_epochs": (5, 20), "warmup_lr": (1e-6, 5e-7), "min_lr": (1e-5, 5e-6),
-               "scale_warmup_min_lr": (False, True), "clip_grad": (None, 5.0), "repeated_aug": (True, False),
-               "ema_decay": (0.99996, 0.0), "lr_step": ("epoch", "update"), "crop_mode": ("center", "squash"),
-               "precision": ("fp16", "tf32")}
+LAB_VS_DEIT = {
+    "warmup_epochs": (5, 20),
+    "warmup_lr": (1e-6, 5e-7),
+    "min_lr": (1e-5, 5e-6),
+    "scale_warmup_min_lr": (False, True),
+    "clip_grad": (None, 5.0),
+    "repeated_aug": (True, False),
+    "ema_decay": (0.99996, 0.0),
+    "lr_step": ("epoch", "update"),
+    "crop_mode": ("center", "squash"),
+    "precision": ("fp16", "tf32"),
+}
 
 
 def test_the_labs_recipe_differs_from_deits_in_exactly_the_evidenced_knobs():
@@ -89,8 +104,7 @@ def test_dvc_params_diff_between_the_original_and_the_labs_recipe_shows_exactly_
     env = {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
 
     def sh(cmd):
-        return subprocess.run(cmd, cwd=tmp_path, shell=True, check=True, capture_output=True, text=True,
-                              env=env).stdout
+        return subprocess.run(cmd, cwd=tmp_path, shell=True, check=True, capture_output=True, text=True, env=env).stdout
 
     write_params(["scale=paper"], out=tmp_path / "params.yaml")
     (tmp_path / "dvc.yaml").write_text("stages:\n  train:\n    cmd: 'true'\n    params: [cls_recipes.deit]\n")
@@ -107,10 +121,27 @@ def test_the_labs_per_model_settings(paper):
     assert recipes["lab_deit_tiny"] == {**base, "batch_size": 4096, "drop_path": 0.0}  # 512 per GPU x 8
     assert recipes["lab_deit_small"] == {**base, "drop_path": 0.1}
     assert recipes["lab_swin_tiny"] == {**base, "drop_path": 0.2}
-    assert recipes["lab_pvt_tiny"] == {**base, "drop_path": 0.1, "warmup_epochs": 5, "epochs": 310, "cooldown_epochs": 10,
-                                       "warmup_lr": 1e-6, "min_lr": 1e-5, "clip_grad": None}
-    assert recipes["lab_cswin_tiny"] == {**base, "drop_path": 0.2, "warmup_epochs": 20, "epochs": 310, "cooldown_epochs": 10,
-                                         "warmup_lr": 1e-6, "min_lr": 1e-5, "clip_grad": None, "ema_decay": 0.99984}
+    assert recipes["lab_pvt_tiny"] == {
+        **base,
+        "drop_path": 0.1,
+        "warmup_epochs": 5,
+        "epochs": 310,
+        "cooldown_epochs": 10,
+        "warmup_lr": 1e-6,
+        "min_lr": 1e-5,
+        "clip_grad": None,
+    }
+    assert recipes["lab_cswin_tiny"] == {
+        **base,
+        "drop_path": 0.2,
+        "warmup_epochs": 20,
+        "epochs": 310,
+        "cooldown_epochs": 10,
+        "warmup_lr": 1e-6,
+        "min_lr": 1e-5,
+        "clip_grad": None,
+        "ema_decay": 0.99984,
+    }
     assert base["batch_size"] == 1024 and base["lr"] * base["batch_size"] / 512 == pytest.approx(1e-3)
 
 
@@ -119,32 +150,62 @@ def test_backbones_carry_their_original_recipes(paper):
     # PVT: DeiT's code and recipe, less the model EMA (commented out in whai362/PVT's main.py)
     assert recipes["pvt"] == {**deit, "ema_decay": 0.0}
     swin = recipes["swin"]  # microsoft/Swin-Transformer config.py, main.py, swin_tiny_patch4_window7_224.yaml
-    assert (swin["drop_path"], swin["warmup_epochs"], swin["warmup_lr"], swin["min_lr"], swin["clip_grad"]) == \
-        (0.2, 20, 5e-7, 5e-6, 5.0)
-    assert (swin["scale_warmup_min_lr"], swin["lr_step"], swin["ema_decay"], swin["repeated_aug"]) == \
-        (True, "update", 0.0, False)
+    assert (swin["drop_path"], swin["warmup_epochs"], swin["warmup_lr"], swin["min_lr"], swin["clip_grad"]) == (
+        0.2,
+        20,
+        5e-7,
+        5e-6,
+        5.0,
+    )
+    assert (swin["scale_warmup_min_lr"], swin["lr_step"], swin["ema_decay"], swin["repeated_aug"]) == (
+        True,
+        "update",
+        0.0,
+        False,
+    )
     cswin = recipes["cswin"]  # microsoft/CSWin-Transformer main.py and README
-    assert (cswin["batch_size"], cswin["drop_path"], cswin["ema_decay"], cswin["epochs"], cswin["cooldown_epochs"]) == \
-        (2048, 0.2, 0.99984, 310, 10)  # 300 + 10 cooldown epochs, counted in epochs
+    assert (cswin["batch_size"], cswin["drop_path"], cswin["ema_decay"], cswin["epochs"], cswin["cooldown_epochs"]) == (
+        2048,
+        0.2,
+        0.99984,
+        310,
+        10,
+    )  # 300 + 10 cooldown epochs, counted in epochs
     assert cswin["lr"] * cswin["batch_size"] / 512 == pytest.approx(2e-3)  # --lr 2e-3 at 8 x 256, not rescaled
     assert (cswin["warmup_lr"], cswin["min_lr"], cswin["scale_warmup_min_lr"]) == (1e-6, 1e-5, False)
-    assert (cswin["repeated_aug"], cswin["crop_pct"], cswin["train_interpolation"], cswin["lr_step"]) == \
-        (False, 0.9, "random", "epoch")
+    assert (cswin["repeated_aug"], cswin["crop_pct"], cswin["train_interpolation"], cswin["lr_step"]) == (
+        False,
+        0.9,
+        "random",
+        "epoch",
+    )
 
 
 # Per backbone: (baseline and its original recipe, the lab recipe every other row uses, the other rows).
-TABLE1 = {"deit_tiny": ("deit_tiny-mhsa", "deit", "lab_deit_tiny", ["deit_tiny-mhsa-lab", "deit_tiny-vca"]),
-          "deit_small": ("deit_small-mhsa", "deit", "lab_deit_small", ["deit_small-mhsa-lab", "deit_small-vca"]),
-          "pvt_tiny": ("pvt_tiny-mhsa", "pvt", "lab_pvt_tiny", ["pvt_tiny-mhsa-lab", "pvt_tiny_gap-mhsa",
-                                                                "pvt_tiny-vca"]),
-          "swin_tiny": ("swin_tiny-mhsa", "swin", "lab_swin_tiny", ["swin_tiny-mhsa-lab", "swin_tiny-vca"]),
-          "cswin_tiny": ("cswin_tiny-mhsa", "cswin", "lab_cswin_tiny", ["cswin_tiny-mhsa-lab", "cswin_tiny_2418-mhsa",
-                                                                        "cswin_tiny-vca"])}
-TABLE1_PAPER_ONLY = [run for base, _, _, others in TABLE1.values() for run in [base, *others]
-                     if run not in ("deit_tiny-mhsa", "deit_tiny-vca")]
-TABLE2_PAPER_ONLY = [f"{family}_{size}{patch}-{attention}" for family in ("dit", "sit")
-                     for size, patch in (("s", 4), ("s", 8), ("b", 2), ("b", 4), ("b", 8))
-                     for attention in ("mhsa", "vca")]
+TABLE1 = {
+    "deit_tiny": ("deit_tiny-mhsa", "deit", "lab_deit_tiny", ["deit_tiny-mhsa-lab", "deit_tiny-vca"]),
+    "deit_small": ("deit_small-mhsa", "deit", "lab_deit_small", ["deit_small-mhsa-lab", "deit_small-vca"]),
+    "pvt_tiny": ("pvt_tiny-mhsa", "pvt", "lab_pvt_tiny", ["pvt_tiny-mhsa-lab", "pvt_tiny_gap-mhsa", "pvt_tiny-vca"]),
+    "swin_tiny": ("swin_tiny-mhsa", "swin", "lab_swin_tiny", ["swin_tiny-mhsa-lab", "swin_tiny-vca"]),
+    "cswin_tiny": (
+        "cswin_tiny-mhsa",
+        "cswin",
+        "lab_cswin_tiny",
+        ["cswin_tiny-mhsa-lab", "cswin_tiny_2418-mhsa", "cswin_tiny-vca"],
+    ),
+}
+TABLE1_PAPER_ONLY = [
+    run
+    for base, _, _, others in TABLE1.values()
+    for run in [base, *others]
+    if run not in ("deit_tiny-mhsa", "deit_tiny-vca")
+]
+TABLE2_PAPER_ONLY = [
+    f"{family}_{size}{patch}-{attention}"
+    for family in ("dit", "sit")
+    for size, patch in (("s", 4), ("s", 8), ("b", 2), ("b", 4), ("b", 8))
+    for attention in ("mhsa", "vca")
+]
 
 
 def test_baselines_keep_their_original_recipe_and_every_other_table1_row_trains_with_the_labs(paper):
@@ -178,13 +239,15 @@ def test_paper_scale_runs_the_embedded_matrix_plus_every_table1_and_table2_row(e
 
 # Tiny stand-ins for the paper shapes: a 64 px input and per-stage contrast grids that fit each stage
 # (3x3 tokens on the first stage's 16x16 grid pool overlapping windows, as 9 tokens on 56x56 do at 224).
-TINY = {"deit_tiny": dict(img_size=64, contrast_tokens=4),
-        "deit_small": dict(img_size=64, contrast_tokens=4),
-        "pvt_tiny": dict(img_size=64, depths=(1, 1, 1, 1), contrast_tokens=(9, 16, 16, 4)),
-        "pvt_tiny_gap": dict(img_size=64, depths=(1, 1, 1, 1)),
-        "swin_tiny": dict(img_size=64, depths=(1, 1, 2, 1), contrast_tokens=(9, 16, 16, 4)),
-        "cswin_tiny": dict(img_size=64, depths=(1, 1, 1, 1), contrast_tokens=(9, 16, 16, 4)),
-        "cswin_tiny_2418": dict(img_size=64, depths=(1, 1, 1, 1))}
+TINY = {
+    "deit_tiny": dict(img_size=64, contrast_tokens=4),
+    "deit_small": dict(img_size=64, contrast_tokens=4),
+    "pvt_tiny": dict(img_size=64, depths=(1, 1, 1, 1), contrast_tokens=(9, 16, 16, 4)),
+    "pvt_tiny_gap": dict(img_size=64, depths=(1, 1, 1, 1)),
+    "swin_tiny": dict(img_size=64, depths=(1, 1, 2, 1), contrast_tokens=(9, 16, 16, 4)),
+    "cswin_tiny": dict(img_size=64, depths=(1, 1, 1, 1), contrast_tokens=(9, 16, 16, 4)),
+    "cswin_tiny_2418": dict(img_size=64, depths=(1, 1, 1, 1)),
+}
 
 
 @pytest.mark.parametrize("name", TABLE1_PAPER_ONLY)
@@ -208,8 +271,10 @@ def test_every_table1_run_builds_and_trains_a_step_on_tiny_inputs(paper, name):
 
 
 def test_matrix_holds_every_ablation_row_and_two_seeds_for_headline_pairs(embedded):
-    cls_variants = {tuple(sorted((embedded["models"][r["model"]].get("options") or {}).items()))
-                    for r in embedded["cls_runs"].values()}
+    cls_variants = {
+        tuple(sorted((embedded["models"][r["model"]].get("options") or {}).items()))
+        for r in embedded["cls_runs"].values()
+    }
     assert (("stage1", "diff"), ("stage2", "diff")) in cls_variants
     assert (("stage2", "diff"),) in cls_variants and (("stage1", "diff"),) in cls_variants
     assert (("tokens_neg", "emb"), ("tokens_pos", "emb")) in cls_variants and (("tokens_pos", "pool"),) in cls_variants
@@ -224,7 +289,10 @@ def test_matrix_holds_every_ablation_row_and_two_seeds_for_headline_pairs(embedd
 def test_run_resolution_and_its_errors(embedded):
     run = cls_run(embedded, "deit_tiny-vca-stage1_only")
     assert run.model == {"arch": "deit_tiny", "attention": "vca", "options": {"stage2": "diff"}}
-    assert run.shape == embedded["cls_shape"] and run.paths.metrics.as_posix() == "runs/cls/deit_tiny-vca-stage1_only/metrics.json"
+    assert (
+        run.shape == embedded["cls_shape"]
+        and run.paths.metrics.as_posix() == "runs/cls/deit_tiny-vca-stage1_only/metrics.json"
+    )
     assert gen_run(embedded, "sit_s2-vca").objective == "flow"
     with pytest.raises(KeyError, match="no run 'deit_huge' under cls_runs"):
         cls_run(embedded, "deit_huge")
@@ -294,8 +362,13 @@ def test_the_smoke_scale_runs_every_distinct_piece_of_the_paper_matrix_as_the_pa
     }
     assert pieces(smoke) == pieces(paper)
     # the recipes are the paper's but for length, batch, loader workers and (on CPUs) precision
-    assert {k for k, v in smoke["cls_recipe_overrides"].items() if v is not None} == \
-        {"epochs", "cooldown_epochs", "batch_size", "workers", "precision"}
+    assert {k for k, v in smoke["cls_recipe_overrides"].items() if v is not None} == {
+        "epochs",
+        "cooldown_epochs",
+        "batch_size",
+        "workers",
+        "precision",
+    }
     assert smoke["cls_recipes"] == paper["cls_recipes"] and smoke["models"] == paper["models"]
     assert smoke["sampling"]["ddpm_steps"] < paper["sampling"]["ddpm_steps"]
     assert (smoke["sampling"]["flow_sampler"], smoke["sampling"]["labels"]) == ("sde", "random")

@@ -1,4 +1,5 @@
 """The prepared classification layout and the embedded digits (ImageNet's layouts: tests/test_imagenet.py)."""
+
 from __future__ import annotations
 
 import csv

@@ -1,4 +1,5 @@
 """DiT's DDPM: schedule, forward process, IDDPM's hybrid loss, and the respaced learned-variance sampler."""
+
 from __future__ import annotations
 
 import math
@@ -29,7 +30,10 @@ def reference_schedule(betas: np.ndarray) -> dict:
     acp_prev = np.append(1.0, acp[:-1])
     post_var = betas * (1.0 - acp_prev) / (1.0 - acp)
     return dict(
-        betas=betas, acp=acp, acp_prev=acp_prev, post_var=post_var,
+        betas=betas,
+        acp=acp,
+        acp_prev=acp_prev,
+        post_var=post_var,
         post_logvar=np.log(np.append(post_var[1], post_var[1:])),  # log 0 at t = 0 replaced by the t = 1 value
         coef_x0=betas * np.sqrt(acp_prev) / (1.0 - acp),
         coef_xt=(1.0 - acp_prev) * np.sqrt(1.0 - betas) / (1.0 - acp),
@@ -45,6 +49,7 @@ def toy_output(x_t: torch.Tensor) -> torch.Tensor:
 
 
 # -- schedule and forward process ------------------------------------------------------------------
+
 
 def test_schedule_is_dits_linear_1000_step_schedule_without_clipping(diffusion):
     assert diffusion.num_timesteps == T
@@ -66,6 +71,7 @@ def test_q_sample_has_the_marginal_mean_and_variance(diffusion, t):
 
 
 # -- the hybrid loss --------------------------------------------------------------------------------
+
 
 def direct_kl_bits(x0: torch.Tensor, x_t: torch.Tensor, out: torch.Tensor, t: int) -> float:
     """KL(q(x_{t-1} | x_t, x_0) || p(x_{t-1} | x_t)) averaged over dimensions, in bits, by torch.distributions."""
@@ -126,8 +132,9 @@ def test_vb_trains_only_the_variance(diffusion):
     eps_out = torch.zeros(2, 2, 3, 3, requires_grad=True)
     var_out = torch.zeros(2, 2, 3, 3, requires_grad=True)
     x0 = torch.randn(2, 2, 3, 3, generator=torch.Generator().manual_seed(3))
-    losses = diffusion.training_losses(lambda x, t, y: torch.cat([eps_out, var_out], 1), x0, None,
-                                       t=torch.tensor([5, 700]))
+    losses = diffusion.training_losses(
+        lambda x, t, y: torch.cat([eps_out, var_out], 1), x0, None, t=torch.tensor([5, 700])
+    )
     losses["vb"].backward(retain_graph=True)
     assert not eps_out.grad.any() and var_out.grad.abs().sum() > 0  # the stop-gradient on the mean
     losses["mse"].backward()
@@ -137,8 +144,12 @@ def test_vb_trains_only_the_variance(diffusion):
 def test_training_losses_draw_t_uniformly_over_all_steps(diffusion):
     seen = []
     x0 = torch.zeros(4096, 1, 1, 1)
-    diffusion.training_losses(lambda x, t, y: seen.append(t) or torch.zeros(len(x), 2, 1, 1), x0, None,
-                              generator=torch.Generator().manual_seed(0))
+    diffusion.training_losses(
+        lambda x, t, y: seen.append(t) or torch.zeros(len(x), 2, 1, 1),
+        x0,
+        None,
+        generator=torch.Generator().manual_seed(0),
+    )
     t = seen[0]
     assert t.dtype == torch.long and t.min() >= 0 and t.max() <= T - 1
     assert t.float().mean().item() == pytest.approx((T - 1) / 2, rel=0.05) and t.min() < 5 and t.max() > T - 5
@@ -157,8 +168,12 @@ def test_tiny_dit_loss_is_finite_and_decreases_on_a_fixed_batch(diffusion):
 
     def eval_loss() -> float:
         with torch.no_grad():
-            return np.mean([diffusion.training_losses(model, x0, y, torch.Generator().manual_seed(s))["loss"].item()
-                            for s in range(4)])
+            return np.mean(
+                [
+                    diffusion.training_losses(model, x0, y, torch.Generator().manual_seed(s))["loss"].item()
+                    for s in range(4)
+                ]
+            )
 
     before = eval_loss()
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0)
@@ -174,6 +189,7 @@ def test_tiny_dit_loss_is_finite_and_decreases_on_a_fixed_batch(diffusion):
 
 
 # -- the sampler ----------------------------------------------------------------------------------
+
 
 def iddpm_respaced_steps(num_steps: int) -> list:
     """The steps IDDPM's space_timesteps(1000, str(num_steps)) keeps: evenly strided, rounded, ends included."""

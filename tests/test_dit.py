@@ -1,4 +1,5 @@
 """The DiT backbone: the original's architecture and init, with a selectable attention layer."""
+
 from __future__ import annotations
 
 import pytest
@@ -46,11 +47,15 @@ def count(model: torch.nn.Module, trainable_only: bool = False) -> int:
 
 # -- the original's size ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("arch, trainable_millions, all_params", [
-    ("dit_s2", 32.87, 32_963_360),
-    ("dit_b2", 130.3, 130_512_416),
-    ("dit_xl2", 674.8, 675_129_632),
-])
+
+@pytest.mark.parametrize(
+    "arch, trainable_millions, all_params",
+    [
+        ("dit_s2", 32.87, 32_963_360),
+        ("dit_b2", 130.3, 130_512_416),
+        ("dit_xl2", 674.8, 675_129_632),
+    ],
+)
 def test_parameter_counts_match_the_original_at_latent_32x32x4_and_1000_classes(arch, trainable_millions, all_params):
     with torch.device("meta"):  # shapes only: no memory, no init cost
         model = create_dit(arch)
@@ -68,6 +73,7 @@ def test_config_table_has_the_twelve_original_models():
 
 
 # -- shapes and init ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("attention", ATTENTIONS)
 def test_output_is_eps_and_variance_per_input_channel(attention):
@@ -107,14 +113,19 @@ def test_positions_are_a_frozen_2d_sincos_table_with_columns_in_the_first_half()
     assert torch.equal(table, get_2d_sincos_pos_embed(32, 4))
     D = 32
     # token 1 is (row 0, col 1): only the column half changes; token 4 is (row 1, col 0)
-    assert torch.equal(table[1, D // 2:], table[0, D // 2:]) and not torch.equal(table[1, :D // 2], table[0, :D // 2])
-    assert torch.equal(table[4, :D // 2], table[0, :D // 2]) and not torch.equal(table[4, D // 2:], table[0, D // 2:])
+    assert torch.equal(table[1, D // 2 :], table[0, D // 2 :]) and not torch.equal(
+        table[1, : D // 2], table[0, : D // 2]
+    )
+    assert torch.equal(table[4, : D // 2], table[0, : D // 2]) and not torch.equal(
+        table[4, D // 2 :], table[0, D // 2 :]
+    )
     # each half is [sin(pos * omega) | cos(pos * omega)] with omega_0 = 1
     assert table[1, 0].item() == pytest.approx(torch.sin(torch.tensor(1.0)).item())
     assert table[1, D // 4].item() == pytest.approx(torch.cos(torch.tensor(1.0)).item())
 
 
 # -- attention selection ------------------------------------------------------------------------
+
 
 def test_each_block_gets_the_selected_attention_with_its_depth():
     mhsa, vca, diff = tiny("mhsa"), tiny("vca"), tiny("diff")
@@ -132,7 +143,9 @@ def test_each_block_gets_the_selected_attention_with_its_depth():
 
 def test_attention_options_reach_the_layer_flat_or_as_a_dict():
     flat = tiny("vca", stage2="diff", local_conv=False)
-    nested = create_dit("dit_s2", "vca", **TINY, attention_options=dict(contrast_tokens=4, stage2="diff", local_conv=False))
+    nested = create_dit(
+        "dit_s2", "vca", **TINY, attention_options=dict(contrast_tokens=4, stage2="diff", local_conv=False)
+    )
     for model in (flat, nested):
         attn = model.blocks[1].attn
         assert attn.stage2 == "diff" and attn.local_conv is None
@@ -159,6 +172,7 @@ def test_gradients_reach_every_trainable_parameter(attention):
 
 
 # -- conditioning ---------------------------------------------------------------------------------
+
 
 def test_label_dropout_uses_the_null_class_in_training_only():
     embed = LabelEmbedder(num_classes=5, hidden_size=8, dropout_prob=0.5)
@@ -200,7 +214,7 @@ def test_forward_with_cfg_guides_the_first_three_channels_as_the_originals_and_s
     assert torch.allclose(same[:2], cond, atol=1e-6) and torch.allclose(same[2:, :3], cond[:, :3], atol=1e-6)
     expected_eps = uncond[:, :3] + 4.0 * (cond[:, :3] - uncond[:, :3])
     assert torch.allclose(guided[:2, :3], expected_eps, atol=1e-5)  # channels 0-2 guided
-    assert torch.allclose(guided[:2, 3:], cond[:, 3:], atol=1e-6)   # the 4th latent channel and the variance not
+    assert torch.allclose(guided[:2, 3:], cond[:, 3:], atol=1e-6)  # the 4th latent channel and the variance not
     assert not torch.allclose(guided[:2, 3], (uncond + 4.0 * (cond - uncond))[:, 3], atol=1e-5)
 
 
@@ -210,16 +224,21 @@ def test_every_tensor_dit_initialises_to_zero_is_zero_and_no_other():
     torch.manual_seed(0)
     model = tiny("mhsa")
     zero = {name for name, p in model.named_parameters() if not p.detach().any()}
-    linear_biases = {f"{name}.bias" for name, m in model.named_modules()
-                     if isinstance(m, torch.nn.Linear) and m.bias is not None}
-    expected = linear_biases | {"x_embedder.proj.bias", "final_layer.linear.weight",
-                                "final_layer.adaLN_modulation.1.weight"}
+    linear_biases = {
+        f"{name}.bias" for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m.bias is not None
+    }
+    expected = linear_biases | {
+        "x_embedder.proj.bias",
+        "final_layer.linear.weight",
+        "final_layer.adaLN_modulation.1.weight",
+    }
     expected |= {f"blocks.{i}.adaLN_modulation.1.weight" for i in range(len(model.blocks))}
     assert "x_embedder.proj.bias" in zero
     assert zero == expected
 
 
 # -- errors ---------------------------------------------------------------------------------------
+
 
 def test_unknown_names_and_misplaced_options_fail_clearly():
     with pytest.raises(ValueError, match="unknown DiT arch 'dit_m2'; choose one of 'dit_xl2'"):

@@ -2,6 +2,7 @@
 #anchor of the README and of docs/ resolves (GitHub's heading slugs; mkdocs --strict for the pages), and
 docs/layout.md names exactly the modules and folders that exist, one section per folder of the package in floor
 order, each stating the floor its __init__.py declares and opening with its docstring's summary."""
+
 from __future__ import annotations
 
 import ast
@@ -23,6 +24,7 @@ CI = ROOT / ".ci" / "run"
 
 # -- the README's two commands are CI's ----------------------------------------------------------------------------
 
+
 def readme_line(number: int) -> str:
     return README.read_text(encoding="utf-8").splitlines()[number - 1]
 
@@ -34,8 +36,9 @@ def test_readme_line_4_is_the_command_ci_runs_as_command_1():
     assert reads == ["4"], f".ci/run reads README line(s) {reads}, not line 4 alone"
     assert 'bash -c "$(sed -n 4p README.md)"' in ci.splitlines()
     line = readme_line(4)
-    assert line == ("python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && . .venv/bin/activate "
-                    "&& dvc repro"), line
+    assert line == (
+        "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && . .venv/bin/activate && dvc repro"
+    ), line
     shlex.split(line)  # one shell line, quotes balanced
 
 
@@ -62,8 +65,11 @@ def prose(text: str) -> List[str]:
             fenced = not fenced
             lines.append("")
             continue
-        lines.append("" if fenced or line.startswith("    ") and not line.lstrip().startswith(("-", "*", "|"))
-                     else re.sub(r"(`+).*?\1", "``", line))
+        lines.append(
+            ""
+            if fenced or line.startswith("    ") and not line.lstrip().startswith(("-", "*", "|"))
+            else re.sub(r"(`+).*?\1", "``", line)
+        )
     return lines
 
 
@@ -98,9 +104,12 @@ def anchors(path: Path) -> Set[str]:
 
 
 def relative_links(path: Path) -> List[Tuple[int, str]]:
-    return [(number, target) for number, line in enumerate(prose(path.read_text(encoding="utf-8")), 1)
-            for target in LINK.findall(line)
-            if not re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I)]  # http:, https:, mailto: ...
+    return [
+        (number, target)
+        for number, line in enumerate(prose(path.read_text(encoding="utf-8")), 1)
+        for target in LINK.findall(line)
+        if not re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I)
+    ]  # http:, https:, mailto: ...
 
 
 def broken_links(path: Path) -> List[str]:
@@ -144,20 +153,35 @@ def test_one_readme_line_starts_with_dvc_exp_show_and_its_output_goes_right_unde
     assert len(shows) == 1, [lines[i] for i in shows]
     assert lines[shows[0]].strip() == "dvc exp show --no-pager --only-changed --drop 'Created|.*/|conf$|runs$'"
     assert lines[shows[0] - 1].strip() == "dvc exp run --temp -S cls_recipe_overrides.lr=0.012 -n lr-half"
-    assert "<!-- exp show output -->" in lines[shows[0] + 1:shows[0] + 4]
+    assert "<!-- exp show output -->" in lines[shows[0] + 1 : shows[0] + 4]
 
 
 def test_the_docs_build_with_mkdocs_strict_every_link_and_anchor_between_pages_resolving(tmp_path):
     """mkdocs.yml's validation makes a missing page, link target or anchor a warning; --strict fails on any. mkdocs
     is in the test extra (README command 2 installs it)."""
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site"),
-                           "--config-file", str(ROOT / "mkdocs.yml")], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--site-dir",
+            str(tmp_path / "site"),
+            "--config-file",
+            str(ROOT / "mkdocs.yml"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "site" / "index.html").is_file()
 
 
 # -- the layout page is checked, not hand-kept ----------------------------------------------------------------------
+
 
 def code_tree() -> Set[str]:
     """Every folder and every file but __init__.py under src/vcarepro and stages, as `path/` or `path`."""
@@ -185,8 +209,11 @@ def test_the_layout_page_names_every_module_and_folder():
 
 
 def test_everything_the_layout_page_names_exists():
-    gone = [name for name in named_in_layout() if not (ROOT / name.rstrip("/")).exists()
-            or name.endswith("/") != (ROOT / name.rstrip("/")).is_dir()]
+    gone = [
+        name
+        for name in named_in_layout()
+        if not (ROOT / name.rstrip("/")).exists() or name.endswith("/") != (ROOT / name.rstrip("/")).is_dir()
+    ]
     assert sorted(gone) == [], "remove or rename these lines of docs/layout.md"
 
 
@@ -247,5 +274,6 @@ def test_each_folder_section_lists_exactly_its_folders_modules():
         top = f"src/vcarepro/{folder}/"
         rows = table_paths(lines)
         assert [row for row in rows if not row.startswith(top)] == [], f"rows outside {top} in its section"
-        assert sorted(name for name in tree if name.startswith(top) and name != top and name not in rows) == [], \
+        assert sorted(name for name in tree if name.startswith(top) and name != top and name not in rows) == [], (
             f"{top}'s section lacks these rows"
+        )

@@ -1,5 +1,6 @@
 """A user error in a stage is one line naming the problem and the fix, no traceback, a non-zero status;
 anything unexpected keeps its traceback."""
+
 from __future__ import annotations
 
 import os
@@ -10,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vcarepro.params.config import compose
 from vcarepro.core.errors import USER_ERROR_STATUS, BadInput, MissingInput, UnknownName, UserError, run_stage
+from vcarepro.params.config import compose
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,8 +21,14 @@ def stage(tmp_path, script, *args, params=None):
     """Run ``stages/<script>`` with ``params`` as params.yaml in an empty project directory."""
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params or compose([])))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run([sys.executable, str(ROOT / "stages" / script), *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "stages" / script), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def one_error_line(result) -> str:
@@ -47,6 +54,7 @@ def test_missing_weights_and_unknown_runs_are_one_line(tmp_path):
     result = stage(tmp_path, "train_cls.py", "--run", "nope")
     assert result.returncode == USER_ERROR_STATUS and "no run 'nope' under cls_runs" in one_error_line(result)
     from vcarepro.data.embedded import export_digits
+
     export_digits(tmp_path / "data" / "cls")
     result = stage(tmp_path, "eval_cls.py", "--run", "deit_tiny-vca")
     line = one_error_line(result)
@@ -78,6 +86,6 @@ def test_run_stage_prints_a_user_error_alone_and_lets_anything_else_through(caps
     def bug():
         return 1 / 0
 
-    with pytest.raises(ZeroDivisionError):   # a bug keeps its traceback
+    with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
         run_stage(bug)
     assert not issubclass(ZeroDivisionError, UserError)

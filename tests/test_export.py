@@ -1,5 +1,6 @@
 """`python -m vcarepro.tools.export`: a trained run leaves the project in the layout timm and the Hugging Face Hub
 read."""
+
 from __future__ import annotations
 
 import json
@@ -13,11 +14,11 @@ import torch
 import yaml
 from timm.models import load_checkpoint
 
+from vcarepro.core.errors import BadInput, MissingInput, UnknownName, run_stage
 from vcarepro.core.io import save_tensors
 from vcarepro.params.config import load_params
-from vcarepro.core.errors import BadInput, MissingInput, UnknownName, run_stage
-from vcarepro.tools.export import CURVES, WEIGHTS, export_run, main
 from vcarepro.params.runs import cls_run
+from vcarepro.tools.export import CURVES, WEIGHTS, export_run, main
 from vcarepro.train.classification import ClassifierSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,11 +29,15 @@ NUM_CLASSES = 10
 def write_metrics(project: Path, run: str, top1_seeds):
     path = project / "runs" / "cls" / run
     path.mkdir(parents=True, exist_ok=True)
-    metrics = {"n_seeds": len(top1_seeds), "top1": statistics.fmean(top1_seeds),
-               "top1_std": statistics.stdev(top1_seeds),
-               **{f"top1_seed{s}": v for s, v in enumerate(top1_seeds)},
-               "top1_best": max(top1_seeds) + 1, "top1_best_std": 0.5,
-               **{f"top1_best_seed{s}": v + 1 for s, v in enumerate(top1_seeds)}}
+    metrics = {
+        "n_seeds": len(top1_seeds),
+        "top1": statistics.fmean(top1_seeds),
+        "top1_std": statistics.stdev(top1_seeds),
+        **{f"top1_seed{s}": v for s, v in enumerate(top1_seeds)},
+        "top1_best": max(top1_seeds) + 1,
+        "top1_best_std": 0.5,
+        **{f"top1_best_seed{s}": v + 1 for s, v in enumerate(top1_seeds)},
+    }
     (path / "metrics.json").write_text(json.dumps(metrics))
 
 
@@ -70,14 +75,15 @@ def test_the_folder_holds_config_weights_card_and_the_curves(project):
     root, _, folder = project
     assert folder == root / "exports" / RUN
     assert sorted(p.name for p in folder.iterdir()) == sorted(["config.json", WEIGHTS, "README.md", CURVES])
-    assert not list(folder.parent.glob(".*.tmp"))   # written under a temporary name, then renamed
+    assert not list(folder.parent.glob(".*.tmp"))  # written under a temporary name, then renamed
     config = json.loads((folder / "config.json").read_text())
     assert config["architecture"] == "vca_deit_tiny_patch16_224"
     assert config["num_classes"] == NUM_CLASSES
     # the embedded shape, which differs from the registered DeiT-T defaults
-    assert {k: config["model_args"][k] for k in ("img_size", "patch_size", "depth", "embed_dim", "num_heads",
-                                                 "contrast_tokens")} == \
-        {"img_size": [16, 16], "patch_size": 4, "depth": 3, "embed_dim": 64, "num_heads": 2, "contrast_tokens": 4}
+    assert {
+        k: config["model_args"][k]
+        for k in ("img_size", "patch_size", "depth", "embed_dim", "num_heads", "contrast_tokens")
+    } == {"img_size": [16, 16], "patch_size": 4, "depth": 3, "embed_dim": 64, "num_heads": 2, "contrast_tokens": 4}
     # the recipe's evaluation preprocessing, for timm's data config
     assert config["pretrained_cfg"]["input_size"] == [3, 16, 16]
     assert config["pretrained_cfg"]["crop_pct"] == 1.0 and config["pretrained_cfg"]["num_classes"] == NUM_CLASSES
@@ -97,9 +103,12 @@ def test_pretrained_true_with_a_file_overlay_gives_identical_outputs(project):
     _, model, folder = project
     config = json.loads((folder / "config.json").read_text())
     x = images(model)
-    overlay = timm.create_model(config["architecture"], pretrained=True,
-                                pretrained_cfg_overlay=dict(config["pretrained_cfg"], file=str(folder / WEIGHTS)),
-                                **config["model_args"]).eval()
+    overlay = timm.create_model(
+        config["architecture"],
+        pretrained=True,
+        pretrained_cfg_overlay=dict(config["pretrained_cfg"], file=str(folder / WEIGHTS)),
+        **config["model_args"],
+    ).eval()
     local_dir = timm.create_model(f"local-dir:{folder}", pretrained=True).eval()
     with torch.no_grad():
         assert torch.equal(overlay(x), model(x))
@@ -116,16 +125,20 @@ def test_the_card_states_scale_shape_recipe_metrics_gain_paper_numbers_and_how_t
     assert "Scale: embedded. These numbers are not comparable with the paper's." in body
     assert "| contrast_tokens | 4 |" in body and "| embed_dim | 64 |" in body
     assert "Recipe `lab_deit_tiny`" in body and "| epochs | 15 |" in body
-    assert "92.83 ± 1.61 (n=3) | 91.00 | 91.00, 93.50, 94.00" in body       # mean ± std, this seed, every seed
+    assert "92.83 ± 1.61 (n=3) | 91.00 | 91.00, 93.50, 94.00" in body  # mean ± std, this seed, every seed
     # the gain over the baseline run with its interval, beside the paper's gain (75.6 - 72.2), and no direction
     # claimed while the interval holds zero
-    assert (f"minus `{BASELINE}` (top1): +1.50 [-7.20, +10.20] (95% Welch, n=3 vs 3); paper +3.4 [A/A]; "
-            "not resolved with 3 seeds") in body
+    assert (
+        f"minus `{BASELINE}` (top1): +1.50 [-7.20, +10.20] (95% Welch, n=3 vs 3); paper +3.4 [A/A]; "
+        "not resolved with 3 seeds"
+    ) in body
     # the paper's Table 1 row with its source mark, ours read with the same statistic (best epoch)
-    assert ("| ImageNet-1K classification | DeiT-T VCA (vca) | 75.6 [A] | best | `top1_best` 93.83 ± 1.61 (n=3) "
-            "| 72.2 [A] |") in body
+    assert (
+        "| ImageNet-1K classification | DeiT-T VCA (vca) | 75.6 [A] | best | `top1_best` 93.83 ± 1.61 (n=3) "
+        "| 72.2 [A] |"
+    ) in body
     assert "A: the paper's abstract" in body
-    assert "folder = 'exports/deit_tiny-vca'" in body                            # named as the project names it
+    assert "folder = 'exports/deit_tiny-vca'" in body  # named as the project names it
     assert "Stage ablation" in body and "Contrast-token generation" in body
     assert f"![training curves]({CURVES})" in body
     assert "pretrained=True" in body and "pretrained_cfg_overlay=" in body and "load_checkpoint" in body
@@ -156,6 +169,7 @@ def test_an_existing_folder_is_kept_unless_forced_and_a_failed_export_leaves_not
 
     def broken(*args, **kwargs):
         raise RuntimeError("killed while drawing")
+
     monkeypatch.setattr(export, "curves_png", broken)
     fresh = tmp_path / "fresh"
     with pytest.raises(RuntimeError, match="killed"):
@@ -198,4 +212,4 @@ def test_a_baseline_on_timms_own_deit_exports_without_claiming_timms_weights(pro
         assert torch.equal(rebuilt(x), model(x))
     card = (folder / "README.md").read_text()
     assert "| DeiT-T MHSA (baseline) | 72.2 [A] | final | `top1` 91.33 ± 4.04 (n=3) |" in card
-    assert "Gain over the baseline" not in card                                   # it is the baseline
+    assert "Gain over the baseline" not in card  # it is the baseline

@@ -5,6 +5,7 @@ beyond the attention, the mhsa+dwc control against timm's Attention and a hand-b
 every attention trained one step in DeiT and DiT (fp32 and bf16), the errors, and the pipeline's
 ``family=all`` switch.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,13 +33,19 @@ FAMILY_REF = yaml.safe_load((REPO / "data" / "paper_reference.yaml").read_text()
 # |ours - published| within one unit of the published precision (report.complexity_tolerance)
 TOLERANCE = 0.1
 
-PUBLISHED = [(r["published_model"], 224, r) for r in FAMILY_REF["rows"] if r["published_model"]] + \
-            [(r["published_model"], r["img_size"], r) for r in FAMILY_REF["small"]]
+PUBLISHED = [(r["published_model"], 224, r) for r in FAMILY_REF["rows"] if r["published_model"]] + [
+    (r["published_model"], r["img_size"], r) for r in FAMILY_REF["small"]
+]
 
 # The runs family=all adds, by suffix (conf/family/all.yaml), and the attention (and options) each one is.
 FAMILY_RUNS = {
-    "agent": ("agent", {}), "flatten": ("flatten", {}), "inline": ("inline", {}), "circulant": ("circulant", {}),
-    "diff": ("diff", {}), "mhsa_dwc": ("mhsa+dwc", {}), "vca-no_dwc": ("vca", {"local_conv": False}),
+    "agent": ("agent", {}),
+    "flatten": ("flatten", {}),
+    "inline": ("inline", {}),
+    "circulant": ("circulant", {}),
+    "diff": ("diff", {}),
+    "mhsa_dwc": ("mhsa+dwc", {}),
+    "vca-no_dwc": ("vca", {"local_conv": False}),
 }
 # Every attention by name, and VCA without its local term (the second control).
 CASES = [(name, {}) for name in ATTENTIONS] + [("vca", {"local_conv": False})]
@@ -64,6 +71,7 @@ def meta_device():
 # ---------------------------------------------------------------------------------------------
 # 1. Published models: parameters and GMACs as published
 # ---------------------------------------------------------------------------------------------
+
 
 def test_every_registered_published_model_has_a_published_row():
     """models/family.py registers exactly the models data/paper_reference.yaml holds numbers for."""
@@ -100,6 +108,7 @@ def test_published_deit_tiny_models_are_the_pipelines_published_archs():
 # 2. What each published model changes beyond the attention
 # ---------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("attention", ["agent", "flatten"])
 def test_agent_and_flatten_published_models_are_the_drop_in(attention, meta_device):
     published = timm.create_model(f"{attention}_deit_tiny_patch16_224")
@@ -128,8 +137,7 @@ def test_inline_small_is_320_wide_with_ten_heads_at_288(meta_device):
     assert model.embed_dim == 320 and len(model.blocks) == 12
     assert [b.attn.num_heads for b in model.blocks] == [10] * 12
     assert model.patch_embed.img_size == (288, 288) and model.pretrained_cfg["input_size"] == (3, 288, 288)
-    assert shapes(model) == shapes(create_classifier("deit_small", "inline", embed_dim=320, num_heads=10,
-                                                     img_size=288))
+    assert shapes(model) == shapes(create_classifier("deit_small", "inline", embed_dim=320, num_heads=10, img_size=288))
 
 
 @pytest.mark.parametrize("size", ["tiny", "small"])
@@ -150,8 +158,7 @@ def test_circulant_published_model_layout(size, meta_device):
     published, dropin = shapes(model), shapes(create_classifier(f"deit_{size}", "circulant"))
     depth = len(model.blocks)
     removed = {"cls_token", "pos_embed"} | {f"blocks.{i}.attn.qkv.bias" for i in range(depth)}
-    added = {f"blocks.{i}.cpe.{p}": s for i in range(depth)
-             for p, s in (("weight", (dim, 1, 3, 3)), ("bias", (dim,)))}
+    added = {f"blocks.{i}.cpe.{p}": s for i in range(depth) for p, s in (("weight", (dim, 1, 3, 3)), ("bias", (dim,)))}
     expected = {k: v for k, v in dropin.items() if k not in removed}
     expected.update(added)
     assert published == expected
@@ -251,10 +258,10 @@ def test_control_conv_term_is_a_depthwise_conv_of_v_on_the_grid(grid):
         control.local_conv.weight.copy_(torch.randn_like(control.local_conv.weight))  # not symmetric
         x = token_batch(0, grid)
         B, (H, W) = x.shape[0], grid
-        v = F.linear(x, control.qkv.weight[2 * DIM:], control.qkv.bias[2 * DIM:])          # (B, N, C)
+        v = F.linear(x, control.qkv.weight[2 * DIM :], control.qkv.bias[2 * DIM :])  # (B, N, C)
         v_grid = v.transpose(1, 2).reshape(B, DIM, H, W)
         conv = F.conv2d(v_grid, control.local_conv.weight, control.local_conv.bias, padding=1, groups=DIM)
-        term = conv.flatten(2).transpose(1, 2)                                              # (B, N, C)
+        term = conv.flatten(2).transpose(1, 2)  # (B, N, C)
         with_conv = control(x)
         control.local_conv.weight.zero_()
         control.local_conv.bias.zero_()
@@ -292,13 +299,15 @@ def test_vca_without_local_term_layer():
     vca = build_attention("vca", DIM, HEADS, **kw, options={"contrast_tokens": 4})
     no_local = build_attention("vca", DIM, HEADS, **kw, options={"contrast_tokens": 4, "local_conv": False})
     assert count_parameters(vca) - count_parameters(no_local) == DIM * 9 + DIM
-    assert shapes(no_local) == {k: v for k, v in shapes(vca).items()
-                                if k not in ("local_conv.weight", "local_conv.bias")}
+    assert shapes(no_local) == {
+        k: v for k, v in shapes(vca).items() if k not in ("local_conv.weight", "local_conv.bias")
+    }
 
 
 # ---------------------------------------------------------------------------------------------
 # 4. Every attention trains in DeiT and DiT, in fp32 and under bf16 autocast
 # ---------------------------------------------------------------------------------------------
+
 
 def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
     return ((approx.float() - exact).norm() / exact.norm()).item()
@@ -318,8 +327,11 @@ def assert_grads(model: nn.Module, nonzero: bool) -> None:
 def test_deit_with_every_attention_trains_and_runs_in_bf16(name, options, one_torch_thread):
     torch.manual_seed(0)
     model = create_classifier("deit_tiny", name, **TINY_DEIT, **TOKENS.get(name, {}), **options)
-    assert {type(b.attn) for b in model.blocks} == {type(build_attention(
-        name, 48, 2, grid_size=4, num_prefix_tokens=1, options={**TOKENS.get(name, {}), **options}))}
+    assert {type(b.attn) for b in model.blocks} == {
+        type(
+            build_attention(name, 48, 2, grid_size=4, num_prefix_tokens=1, options={**TOKENS.get(name, {}), **options})
+        )
+    }
     x = torch.randn(2, 3, 32, 32)
     features = model.forward_features(x)
     logits = model.forward_head(features)
@@ -342,8 +354,11 @@ def perturb_adaln_zero(model: nn.Module) -> None:
     """DiT starts as the identity with a zero output (adaLN-Zero); give its gates and final layer
     small weights so that the attention lies on the path from input to output."""
     with torch.no_grad():
-        for module in [*(b.adaLN_modulation[-1] for b in model.blocks), model.final_layer.adaLN_modulation[-1],
-                       model.final_layer.linear]:
+        for module in [
+            *(b.adaLN_modulation[-1] for b in model.blocks),
+            model.final_layer.adaLN_modulation[-1],
+            model.final_layer.linear,
+        ]:
             module.weight.normal_(std=0.05)
             module.bias.normal_(std=0.05)
 
@@ -381,6 +396,7 @@ def test_dit_with_every_attention_trains_and_runs_in_bf16(name, options, one_tor
 # 5. Errors
 # ---------------------------------------------------------------------------------------------
 
+
 def one_sentence(message: str) -> bool:
     return "\n" not in message and message.rstrip().endswith(".") and ". " not in message.rstrip()
 
@@ -399,9 +415,17 @@ def test_unknown_attention_names_the_choices():
         assert all(repr(name) in message for name in ATTENTIONS), message
 
 
-@pytest.mark.parametrize("name,option", [("flatten", "agent_tokens"), ("agent", "contrast_tokens"),
-                                         ("inline", "local_conv"), ("mhsa+dwc", "contrast_tokens"),
-                                         ("mhsa", "agent_tokens"), ("diff", "contrast_tokens")])
+@pytest.mark.parametrize(
+    "name,option",
+    [
+        ("flatten", "agent_tokens"),
+        ("agent", "contrast_tokens"),
+        ("inline", "local_conv"),
+        ("mhsa+dwc", "contrast_tokens"),
+        ("mhsa", "agent_tokens"),
+        ("diff", "contrast_tokens"),
+    ],
+)
 def test_option_of_another_attention_is_refused(name, option):
     with pytest.raises(BadInput) as err:
         build_attention(name, 48, 2, grid_size=4, num_prefix_tokens=1, options={option: 4})
@@ -427,9 +451,14 @@ def test_every_grid_layer_refuses_an_empty_grid_at_construction_and_on_resize(na
 
 
 @pytest.mark.parametrize("name", [n for n in GRID_LAYERS if n != "circulant"])  # circulant splits no heads
-@pytest.mark.parametrize("dim, prefix, qk_norm, message", [(49, 1, False, "dim=49 is not divisible by num_heads=2"),
-                                                         (48, -1, False, "must be >= 0"),
-                                                         (48, 1, True, "needs a norm_layer")])
+@pytest.mark.parametrize(
+    "dim, prefix, qk_norm, message",
+    [
+        (49, 1, False, "dim=49 is not divisible by num_heads=2"),
+        (48, -1, False, "must be >= 0"),
+        (48, 1, True, "needs a norm_layer"),
+    ],
+)
 def test_every_head_split_layer_checks_the_shared_arguments(name, dim, prefix, qk_norm, message):
     options = {"agent": dict(agent_tokens=4), "vca": dict(contrast_tokens=4)}.get(name, {})
     with pytest.raises(BadInput, match=message):
@@ -437,9 +466,11 @@ def test_every_head_split_layer_checks_the_shared_arguments(name, dim, prefix, q
 
 
 def test_models_refuse_an_option_of_another_attention():
-    for build, name in [(lambda: create_classifier("deit_tiny", "mhsa", agent_tokens=4), "mhsa"),
-                        (lambda: create_classifier("deit_tiny", "flatten", contrast_tokens=4), "flatten"),
-                        (lambda: create_dit("dit_s2", "flatten", agent_tokens=4), "flatten")]:
+    for build, name in [
+        (lambda: create_classifier("deit_tiny", "mhsa", agent_tokens=4), "mhsa"),
+        (lambda: create_classifier("deit_tiny", "flatten", contrast_tokens=4), "flatten"),
+        (lambda: create_dit("dit_s2", "flatten", agent_tokens=4), "flatten"),
+    ]:
         with pytest.raises(BadInput) as err:
             build()
         message = str(err.value)
@@ -451,12 +482,12 @@ def test_models_refuse_an_option_of_another_attention():
 # 6. The pipeline's switch: family=all
 # ---------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def configs():
     from vcarepro.params.config import compose
 
-    return {"default": compose(), "embedded": compose(["family=all"]),
-            "paper": compose(["family=all", "scale=paper"])}
+    return {"default": compose(), "embedded": compose(["family=all"]), "paper": compose(["family=all", "scale=paper"])}
 
 
 @pytest.mark.parametrize("scale,seeds", [("embedded", 3), ("paper", 1)])
@@ -490,15 +521,18 @@ def test_every_run_names_a_model_and_the_reference_names_real_runs(configs):
             assert all(run["model"] in cfg["models"] for run in runs.values())
     # the family table's runs at both scales; its baseline (DeiT-T with the lab's recipe, the twin of
     # VCA's row) runs at paper scale only
-    for scale, entries in [("embedded", [*FAMILY_REF["rows"], FAMILY_REF["vca"]]),
-                           ("paper", [*FAMILY_REF["rows"], *FAMILY_REF["decomposition"], FAMILY_REF["baseline"],
-                                      FAMILY_REF["vca"]])]:
+    for scale, entries in [
+        ("embedded", [*FAMILY_REF["rows"], FAMILY_REF["vca"]]),
+        ("paper", [*FAMILY_REF["rows"], *FAMILY_REF["decomposition"], FAMILY_REF["baseline"], FAMILY_REF["vca"]]),
+    ]:
         cfg = configs[scale]
         for entry in entries:
             assert entry["cls_run"] in cfg["cls_runs"] and entry["gen_run"] in cfg["gen_runs"], (scale, entry)
     for suffix in FAMILY_RUNS:  # every run family=all adds is in the table or the decomposition
-        assert any(e["cls_run"] == f"deit_tiny-{suffix}" and e["gen_run"] == f"dit_s2-{suffix}"
-                   for e in [*FAMILY_REF["rows"], *FAMILY_REF["decomposition"]]), suffix
+        assert any(
+            e["cls_run"] == f"deit_tiny-{suffix}" and e["gen_run"] == f"dit_s2-{suffix}"
+            for e in [*FAMILY_REF["rows"], *FAMILY_REF["decomposition"]]
+        ), suffix
 
 
 def test_model_options_maps_pooled_tokens_per_attention(configs):
@@ -508,8 +542,10 @@ def test_model_options_maps_pooled_tokens_per_attention(configs):
     tokens = shape["contrast_tokens"]
     rest = {k: v for k, v in shape.items() if k != "contrast_tokens"}
     assert model_options("agent", {"agent_tokens": 49}, shape) == (rest, {"agent_tokens": tokens})
-    assert model_options("vca", {"local_conv": False}, shape) == (rest, {"local_conv": False,
-                                                                        "contrast_tokens": tokens})
+    assert model_options("vca", {"local_conv": False}, shape) == (
+        rest,
+        {"local_conv": False, "contrast_tokens": tokens},
+    )
     for attention in ("flatten", "inline", "circulant", "diff", "mhsa+dwc"):
         assert model_options(attention, {}, shape) == (rest, {})
     assert shape["contrast_tokens"] == tokens  # the scale's shape is not changed in place

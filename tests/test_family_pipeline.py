@@ -1,4 +1,5 @@
 """The attention family through the real `dvc repro`: every member and control on both branches."""
+
 from __future__ import annotations
 
 import json
@@ -6,8 +7,8 @@ import math
 
 import pytest
 
-from vcarepro.core.choices import FAMILY
 from test_pipeline import micro_params, reproduced_repo
+from vcarepro.core.choices import FAMILY
 
 MEMBERS = [*FAMILY, "mhsa_dwc", "vca-no_dwc"]
 CLS_RUNS = ["deit_tiny-mhsa", "deit_tiny-vca", *(f"deit_tiny-{m}" for m in MEMBERS)]
@@ -42,10 +43,10 @@ def test_every_family_member_and_control_trains_and_is_evaluated_on_both_branche
 @pytest.mark.slow
 def test_the_report_fills_the_family_table_and_the_decomposition(repo):
     html = (repo / "reports" / "index.html").read_text()
-    section = html[html.index("<h2>The attention family"):html.index('<h2 id="runs">Classification runs')]
+    section = html[html.index("<h2>The attention family") : html.index('<h2 id="runs">Classification runs')]
     assert 'class="folded"' not in section and "dvc exp run -S family=all" not in section  # every row was run
-    ours = section[section.index("<h3>Our runs</h3>"):section.index("<h3>Where VCA")]
+    ours = section[section.index("<h3>Our runs</h3>") : section.index("<h3>Where VCA")]
     assert ours.count("<tr>") == 1 + 7  # header, MHSA, VCA and the five members
-    decomposition = section[section.index("<h3>Where VCA"):]
+    decomposition = section[section.index("<h3>Where VCA") :]
     # five differences per branch, each of two one-seed runs: a value, but no interval and no sign
     assert decomposition.count('<td class="verdict one-seed:-no-error-estimate">one seed: no error estimate</td>') == 10

@@ -12,6 +12,7 @@ a real `dvc repro` of a micro pipeline in a temporary git repository, and the re
 Every process a test starts (DVC, the shells, the warm server and the children it forks, the ranks) carries a
 marker in its environment and is killed by pid when the test ends, whatever happened.
 """
+
 from __future__ import annotations
 
 import os
@@ -107,8 +108,11 @@ def rank_pids(launcher: subprocess.Popen, timeout: float = 120) -> dict:
             children = []
         for pid in map(int, children):
             try:  # before its exec a child still has the launcher's environment, without RANK
-                env = dict(item.split(b"=", 1) for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                           if b"=" in item)
+                env = dict(
+                    item.split(b"=", 1)
+                    for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                    if b"=" in item
+                )
             except OSError:
                 continue
             if b"RANK" in env:
@@ -128,14 +132,30 @@ def test_sigterm_to_one_rank_stops_both_and_the_rerun_resumes_to_the_uninterrupt
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     # one thread a rank: two ranks of two threads each on two cores run some 10x slower
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    subprocess.run([sys.executable, str(ROOT / "stages" / "prepare_cls.py")], cwd=tmp_path, env=env, check=True,
-                   capture_output=True)
-    command = [sys.executable, "-m", "vcarepro.train.launch", "--nproc-per-node", "2", "--rdzv-endpoint", "file",
-               str(ROOT / "stages" / "train_cls.py"), "--run", RUN]
+    subprocess.run(
+        [sys.executable, str(ROOT / "stages" / "prepare_cls.py")],
+        cwd=tmp_path,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "vcarepro.train.launch",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-endpoint",
+        "file",
+        str(ROOT / "stages" / "train_cls.py"),
+        "--run",
+        RUN,
+    ]
 
     def launch():
-        return subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+        return subprocess.Popen(
+            command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
 
     weights = tmp_path / "runs" / "cls" / RUN / "train" / "seed_0" / "model.safetensors"
     ckpt = tmp_path / "checkpoints" / "cls" / RUN / "seed_0" / "last.pt"
@@ -177,7 +197,6 @@ CLS = "deit_tiny-vca"
 STAGE = f"train_cls@{CLS}"
 
 
-
 def dvc_env() -> dict:
     return {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
 
@@ -192,8 +211,15 @@ def micro_repo(tmp_path: Path, epochs: int) -> Path:
 
 def start_repro(repo: Path) -> subprocess.Popen:
     """`dvc repro STAGE` in its own session, as a terminal or a job scheduler starts it."""
-    return subprocess.Popen(["dvc", "repro", STAGE], cwd=repo, env=dvc_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        ["dvc", "repro", STAGE],
+        cwd=repo,
+        env=dvc_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def checkpoint(repo: Path) -> Path:

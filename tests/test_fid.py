@@ -1,4 +1,5 @@
 """FID/KID through torch-fidelity, offline: the digit feature net, its extractor, the metric's behaviour, the errors."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -46,7 +47,7 @@ def digits():
     """Two disjoint random halves of load_digits: ``a`` plays the real set, ``b`` the samples."""
     images, labels = digits_uint8()
     order = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))
-    a, b = order[: len(order) // 2], order[len(order) // 2:]
+    a, b = order[: len(order) // 2], order[len(order) // 2 :]
     return dict(a=images[a], a_labels=labels[a], b=images[b], b_labels=labels[b])
 
 
@@ -104,8 +105,9 @@ def test_features_are_the_same_for_grayscale_and_its_rgb_repeat(trained, digits)
     gray = digits["b"][:32].float() / 255
     with torch.no_grad():
         # equal up to float rounding: the net averages the three identical channels
-        torch.testing.assert_close(trained["net"].features(gray.repeat(1, 3, 1, 1)), trained["net"].features(gray),
-                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            trained["net"].features(gray.repeat(1, 3, 1, 1)), trained["net"].features(gray), rtol=1e-5, atol=1e-6
+        )
         assert trained["net"].features(gray).shape == (32, trained["net"].feature_dim)
 
 
@@ -149,8 +151,9 @@ def test_registering_over_a_different_extractor_is_refused():
 
 
 def test_extractor_follows_torch_fidelitys_contract(trained, digits):
-    extractor = FeatureExtractorDigits(DIGITS_EXTRACTOR, ["logits", "features"],
-                                       feature_extractor_weights_path=str(trained["path"]), verbose=False)
+    extractor = FeatureExtractorDigits(
+        DIGITS_EXTRACTOR, ["logits", "features"], feature_extractor_weights_path=str(trained["path"]), verbose=False
+    )
     batch = torch.stack([UInt8ImageDataset(digits["b"])[i] for i in range(8)])
     assert batch.dtype == torch.uint8 and batch.shape == (8, 3, SIDE, SIDE)
     logits, features = extractor(batch)  # in the order requested, not the order provided
@@ -219,13 +222,16 @@ def test_kid_subset_size_defaults_to_what_the_smaller_set_allows(digits, trained
 # --------------------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize("bad, match", [
-    (lambda x: x.float() / 255, "must be uint8"),
-    (lambda x: x[:, 0], r"must have shape \(N, C, H, W\)"),
-    (lambda x: x.repeat(1, 2, 1, 1), r"C in \(1, 3\)"),
-    (lambda x: x.numpy().astype(np.int64), "must be uint8"),
-    (lambda x: x.tolist(), "numpy array or torch tensor"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (lambda x: x.float() / 255, "must be uint8"),
+        (lambda x: x[:, 0], r"must have shape \(N, C, H, W\)"),
+        (lambda x: x.repeat(1, 2, 1, 1), r"C in \(1, 3\)"),
+        (lambda x: x.numpy().astype(np.int64), "must be uint8"),
+        (lambda x: x.tolist(), "numpy array or torch tensor"),
+    ],
+)
 def test_malformed_images_are_rejected(digits, trained, bad, match):
     with pytest.raises(ValueError, match=match):
         metrics(bad(digits["a"]), digits["b"], trained)
@@ -292,7 +298,6 @@ def test_cuda_without_a_device_is_rejected(digits, trained):
         metrics(digits["a"], digits["b"], trained, cuda=True)
 
 
-
 @pytest.mark.slow
 def test_inception_path_runs_end_to_end_from_a_local_weights_file(digits, tmp_path, monkeypatch):
     # Random Inception weights stand in for the real file (not downloadable here): this checks the
@@ -314,22 +319,24 @@ def test_inception_path_runs_end_to_end_from_a_local_weights_file(digits, tmp_pa
     monkeypatch.setattr(torch_fidelity.feature_extractor_inceptionv3, "load_state_dict_from_url", no_network)
     # 2049 images per set through Inception is minutes on 2 CPU cores; lower the floor for this wiring check only
     monkeypatch.setattr(digit_features, "INCEPTION_FEATURE_DIM", 7)
-    result = compute_generation_metrics(digits["a"][:8], digits["b"][:8], extractor=INCEPTION_EXTRACTOR,
-                                        weights_path=weights)
+    result = compute_generation_metrics(
+        digits["a"][:8], digits["b"][:8], extractor=INCEPTION_EXTRACTOR, weights_path=weights
+    )
     assert result["extractor"] == INCEPTION_EXTRACTOR and result["num_real"] == 8
     assert np.isfinite(result["fid"]) and result["fid"] > 0 and np.isfinite(result["kid_mean"])
 
 
 def test_the_pipelines_streamed_evaluation_agrees_with_torch_fidelity(digits, trained, tmp_path):
     """eval_gen's path (reference statistics, kept features, samples .npz) gives torch-fidelity's FID."""
-    from vcarepro.metrics.extractors import DigitFeatures
     from vcarepro.metrics.evaluator import evaluate_samples
+    from vcarepro.metrics.extractors import DigitFeatures
     from vcarepro.metrics.fid_reference import reference_from_images
 
     extractor = DigitFeatures(trained["path"], torch.device("cpu"))
     real, fake = digits["a"][:400], digits["b"][:300]
-    stats, kept = reference_from_images((real[i:i + 64] for i in range(0, 400, 64)), extractor,
-                                        keep_features=10_000, seed=0)
+    stats, kept = reference_from_images(
+        (real[i : i + 64] for i in range(0, 400, 64)), extractor, keep_features=10_000, seed=0
+    )
     np.savez(tmp_path / "samples.npz", fake.expand(-1, 3, -1, -1).permute(0, 2, 3, 1).numpy())
     ours = evaluate_samples(tmp_path / "samples.npz", stats, extractor, reference_features=kept, min_samples=65)
     theirs = metrics(real, fake, trained)
@@ -340,17 +347,18 @@ def test_the_pipelines_streamed_evaluation_agrees_with_torch_fidelity(digits, tr
 
 # -- the same weights are the same bytes (issue 25: data/gen's extractor hashed differently in half the runs) -------
 
+
 def _reordered_metadata(data: bytes) -> bytes:
     """``data`` with its ``__metadata__`` keys in reverse order: what the library writes in another process, whose
     Rust HashMap iterates differently."""
     import json as _json
 
     size = int.from_bytes(data[:8], "little")
-    header = _json.loads(data[8:8 + size])
+    header = _json.loads(data[8 : 8 + size])
     header["__metadata__"] = dict(reversed(list(header["__metadata__"].items())))
     text = _json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    return len(text).to_bytes(8, "little") + text + data[8 + size:]
+    return len(text).to_bytes(8, "little") + text + data[8 + size :]
 
 
 def test_canonical_safetensors_orders_the_header_and_keeps_every_value():
@@ -358,7 +366,11 @@ def test_canonical_safetensors_orders_the_header_and_keeps_every_value():
 
     from vcarepro.core.io import canonical_safetensors, safetensors_bytes
 
-    tensors = {"b": torch.arange(3.0), "a": torch.ones(2, 2, dtype=torch.float64), "c": torch.zeros(5, dtype=torch.int8)}
+    tensors = {
+        "b": torch.arange(3.0),
+        "a": torch.ones(2, 2, dtype=torch.float64),
+        "c": torch.zeros(5, dtype=torch.int8),
+    }
     plain = save(tensors)
     assert canonical_safetensors(plain) == plain  # without metadata the library's bytes are already canonical
     metadata = {"format": "x", "config": '{"width": 32}', "note": "ü"}
@@ -369,7 +381,7 @@ def test_canonical_safetensors_orders_the_header_and_keeps_every_value():
     back = load(written)
     assert set(back) == set(tensors) and all(torch.equal(back[k], tensors[k]) for k in tensors)
     size = int.from_bytes(written[:8], "little")
-    assert size % 8 == 0 and written[8 + size:] == plain[8 + int.from_bytes(plain[:8], "little"):]  # data untouched
+    assert size % 8 == 0 and written[8 + size :] == plain[8 + int.from_bytes(plain[:8], "little") :]  # data untouched
 
 
 @pytest.mark.slow
@@ -378,8 +390,10 @@ def test_the_saved_extractor_is_the_same_bytes_in_every_process(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys, torch; from vcarepro.metrics.digit_features import DigitFeatureNet, save_feature_net; "
-            "torch.manual_seed(0); save_feature_net(DigitFeatureNet(width=8, feature_dim=16), sys.argv[1])")
+    code = (
+        "import sys, torch; from vcarepro.metrics.digit_features import DigitFeatureNet, save_feature_net; "
+        "torch.manual_seed(0); save_feature_net(DigitFeatureNet(width=8, feature_dim=16), sys.argv[1])"
+    )
     contents = set()
     for i in range(5):
         out = tmp_path / f"net{i}.safetensors"

@@ -1,4 +1,5 @@
 """ADM-style FID-50K evaluation: statistics, reference files, FID/IS/precision-recall, sample streaming, Inception wiring."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,8 +14,12 @@ from torch_fidelity.metric_kid import KEY_METRIC_KID_MEAN, KEY_METRIC_KID_STD, k
 
 from vcarepro.metrics.evaluator import evaluate_samples
 from vcarepro.metrics.feature_stats import FeatureReservoir, FeatureStats, StatsAccumulator, frechet_distance
-from vcarepro.metrics.fid_reference import adm_reference_features, load_adm_reference, reference_from_images, \
-    write_reference
+from vcarepro.metrics.fid_reference import (
+    adm_reference_features,
+    load_adm_reference,
+    reference_from_images,
+    write_reference,
+)
 from vcarepro.metrics.inception import SPATIAL_FEATURE_DIM, InceptionFeatures
 from vcarepro.metrics.inception_score import inception_score
 from vcarepro.metrics.kid import kernel_inception_distance
@@ -39,7 +44,7 @@ def test_accumulator_matches_numpy_mean_and_cov_over_uneven_batches():
     accumulator = StatsAccumulator(5)
     start = 0
     for size in (1, 7, 30, 0, 2, 60):
-        batch = features[start:start + size]
+        batch = features[start : start + size]
         accumulator.update(torch.from_numpy(batch) if size == 30 else batch)  # tensors and arrays alike
         start += size
     stats = accumulator.result()
@@ -78,8 +83,14 @@ def test_load_adm_reference_reads_mu_sigma_and_counts_the_images(tmp_path):
     rng = np.random.default_rng(2)
     pool, spatial = random_stats(rng, 4), random_stats(rng, 3)
     path = tmp_path / "VIRTUAL_test.npz"
-    np.savez(path, arr_0=np.zeros((5, 8, 8, 3), np.uint8), mu=pool.mu, sigma=pool.sigma,
-             mu_s=spatial.mu, sigma_s=spatial.sigma)
+    np.savez(
+        path,
+        arr_0=np.zeros((5, 8, 8, 3), np.uint8),
+        mu=pool.mu,
+        sigma=pool.sigma,
+        mu_s=spatial.mu,
+        sigma_s=spatial.sigma,
+    )
     loaded = load_adm_reference(path)
     np.testing.assert_array_equal(loaded.mu, pool.mu)
     np.testing.assert_array_equal(loaded.sigma, pool.sigma)
@@ -208,15 +219,18 @@ def test_kid_is_torch_fidelitys_over_subsets_no_larger_than_the_smaller_set():
     real = rng.normal(size=(30, 5)).astype(np.float32)
     fake = (rng.normal(size=(20, 5)) + 0.5).astype(np.float32)
     mean, std = kernel_inception_distance(real, fake, subsets=7, subset_size=1000, seed=3)
-    theirs = kid_features_to_metric(torch.from_numpy(real), torch.from_numpy(fake), kid_subsets=7,
-                                    kid_subset_size=20, rng_seed=3, verbose=False)
+    theirs = kid_features_to_metric(
+        torch.from_numpy(real), torch.from_numpy(fake), kid_subsets=7, kid_subset_size=20, rng_seed=3, verbose=False
+    )
     assert (mean, std) == (theirs[KEY_METRIC_KID_MEAN], theirs[KEY_METRIC_KID_STD])
     assert mean > 0 and std > 0
     with pytest.raises(ValueError, match="KID subset size 21"):  # what the clip to 20 spares a smoke evaluation
-        kid_features_to_metric(torch.from_numpy(real), torch.from_numpy(fake), kid_subsets=7, kid_subset_size=21,
-                               verbose=False)
-    assert kernel_inception_distance(real, fake, subsets=7, subset_size=10, seed=4) != \
-        kernel_inception_distance(real, fake, subsets=7, subset_size=10, seed=3)
+        kid_features_to_metric(
+            torch.from_numpy(real), torch.from_numpy(fake), kid_subsets=7, kid_subset_size=21, verbose=False
+        )
+    assert kernel_inception_distance(real, fake, subsets=7, subset_size=10, seed=4) != kernel_inception_distance(
+        real, fake, subsets=7, subset_size=10, seed=3
+    )
 
 
 # --------------------------------------------------------------------------- reservoir and reference statistics
@@ -269,8 +283,11 @@ class FakeExtractor:
         assert isinstance(images, torch.Tensor) and images.dtype == torch.uint8 and images.shape[1] == 3
         self.batch_sizes.append(images.shape[0])
         pixels = images.reshape(images.shape[0], -1).double().numpy()
-        return pixels @ self.pool_weights, (pixels @ self.logit_weights).astype(np.float32), \
-            pixels @ self.spatial_weights
+        return (
+            pixels @ self.pool_weights,
+            (pixels @ self.logit_weights).astype(np.float32),
+            pixels @ self.spatial_weights,
+        )
 
     def __call__(self, images):
         pool, logits, _ = self.extract(images)
@@ -296,8 +313,9 @@ def test_reference_from_images_stats_cover_all_images_and_keep_a_subset():
     assert kept.shape == (10, 4) and kept.dtype == np.float32
     assert all(np.abs(pool.astype(np.float32) - row).max(axis=1).min() == 0 for row in kept)
     # spatial=True adds the sFID statistics and changes nothing else
-    stats_again, kept_again, spatial = reference_from_images(iter(batches), FakeExtractor(), keep_features=10,
-                                                             seed=3, spatial=True)
+    stats_again, kept_again, spatial = reference_from_images(
+        iter(batches), FakeExtractor(), keep_features=10, seed=3, spatial=True
+    )
     np.testing.assert_array_equal(kept_again, kept)
     np.testing.assert_array_equal(stats_again.sigma, stats.sigma)
     spatial_features = direct_features(images, None)[2]
@@ -323,18 +341,34 @@ def test_evaluate_samples_streams_the_file_and_computes_adm_metrics(tmp_path):
     assert result["fid"] == pytest.approx(frechet_distance(samples_stats, reference), rel=1e-9)
     assert result["fid"] > 0
     assert (result["inception_score"], result["inception_score_std"]) == pytest.approx(
-        inception_score(logits, split_size=10), rel=1e-6)
+        inception_score(logits, split_size=10), rel=1e-6
+    )
 
-    with_pr = evaluate_samples(path, reference, FakeExtractor(), reference_features=ref_pool,
-                               spatial_reference=FeatureStats(ref_spatial.mean(0), np.cov(ref_spatial, rowvar=False), 50),
-                               min_samples=5, split_size=10, prc_distance_dtype="float64")
+    with_pr = evaluate_samples(
+        path,
+        reference,
+        FakeExtractor(),
+        reference_features=ref_pool,
+        spatial_reference=FeatureStats(ref_spatial.mean(0), np.cov(ref_spatial, rowvar=False), 50),
+        min_samples=5,
+        split_size=10,
+        prc_distance_dtype="float64",
+    )
     assert set(with_pr) == set(result) | {"precision", "recall", "sfid", "kid_mean", "kid_std"}
     assert (with_pr["precision"], with_pr["recall"]) == pytest.approx(
-        brute_force_precision_recall(ref_pool, pool.astype(np.float32), k=3), abs=1e-12)
+        brute_force_precision_recall(ref_pool, pool.astype(np.float32), k=3), abs=1e-12
+    )
     # KID is torch-fidelity's, over subsets capped by the smaller set (40 samples here)
     from torch_fidelity.metric_kid import kid_features_to_metric
-    expected = kid_features_to_metric(torch.from_numpy(ref_pool), torch.from_numpy(pool.astype(np.float32)),
-                                      kid_subsets=100, kid_subset_size=40, rng_seed=0, verbose=False)
+
+    expected = kid_features_to_metric(
+        torch.from_numpy(ref_pool),
+        torch.from_numpy(pool.astype(np.float32)),
+        kid_subsets=100,
+        kid_subset_size=40,
+        rng_seed=0,
+        verbose=False,
+    )
     assert with_pr["kid_mean"] == pytest.approx(expected["kernel_inception_distance_mean"], rel=1e-9)
     assert with_pr["fid"] == pytest.approx(result["fid"], rel=1e-12) and with_pr["sfid"] > 0
 
@@ -343,8 +377,14 @@ def test_evaluate_samples_against_its_own_statistics_is_perfect(tmp_path):
     samples = random_images(30, seed=12)
     np.savez(tmp_path / "samples.npz", samples)
     pool = direct_features(samples, None)[0]
-    result = evaluate_samples(tmp_path / "samples.npz", FeatureStats(pool.mean(0), np.cov(pool, rowvar=False), 30),
-                              FakeExtractor(), reference_features=pool, min_samples=5, split_size=10)
+    result = evaluate_samples(
+        tmp_path / "samples.npz",
+        FeatureStats(pool.mean(0), np.cov(pool, rowvar=False), 30),
+        FakeExtractor(),
+        reference_features=pool,
+        min_samples=5,
+        split_size=10,
+    )
     assert abs(result["fid"]) < 1e-8
     assert (result["precision"], result["recall"]) == (1.0, 1.0)
 
@@ -353,15 +393,21 @@ def test_evaluate_samples_refuses_too_few_samples_before_extracting(tmp_path):
     np.savez(tmp_path / "samples.npz", random_images(40, seed=13))
     extractor = FakeExtractor()
     reference = FeatureStats(np.zeros(4), np.eye(4), 10)
-    with pytest.raises(ValueError, match=r"FID over 4 feature dimensions needs at least 41 samples, .*holds 40; "
-                                         r"raise sampling.num_samples\."):
+    with pytest.raises(
+        ValueError,
+        match=r"FID over 4 feature dimensions needs at least 41 samples, .*holds 40; "
+        r"raise sampling.num_samples\.",
+    ):
         evaluate_samples(tmp_path / "samples.npz", reference, extractor, min_samples=41)
     inception = FeatureStats(np.zeros(2048), np.eye(2048), 10)
     with pytest.raises(ValueError, match=r"at least 2049 samples"):  # the default: the reference's 2048 dims + 1
         evaluate_samples(tmp_path / "samples.npz", inception, extractor)
     # fewer feature dimensions: the fix names both knobs
-    with pytest.raises(ValueError, match=r"FID over 100 feature dimensions needs at least 101 samples, .*"
-                                         r"raise sampling.num_samples or lower eval_gen.feature_dims\."):
+    with pytest.raises(
+        ValueError,
+        match=r"FID over 100 feature dimensions needs at least 101 samples, .*"
+        r"raise sampling.num_samples or lower eval_gen.feature_dims\.",
+    ):
         evaluate_samples(tmp_path / "samples.npz", inception, extractor, feature_dims=100)
     assert extractor.batch_sizes == []
     with pytest.raises(FileNotFoundError, match="missing.npz"):
@@ -381,8 +427,9 @@ def random_inception_weights(tmp_path_factory):
     return write_random_inception(tmp_path_factory.mktemp("inception") / "weights-inception-2015-12-05-6726825d.pth")
 
 
-def test_inception_features_from_a_local_file_give_pool_logits_and_spatial_features(random_inception_weights,
-                                                                                  monkeypatch):
+def test_inception_features_from_a_local_file_give_pool_logits_and_spatial_features(
+    random_inception_weights, monkeypatch
+):
     monkeypatch.setattr(tf_inception, "load_state_dict_from_url", no_network)
     extractor = InceptionFeatures(random_inception_weights, "cpu", batch_size=3)
     blocks = []
@@ -422,6 +469,7 @@ def test_inception_features_with_a_missing_weights_file_fail_clearly_without_dow
 
 def adm_frechet_distance(mu1, sigma1, mu2, sigma2, eps=1e-6):
     from scipy import linalg
+
     diff = mu1 - mu2
     covmean, _ = linalg.sqrtm(sigma1.dot(sigma2), disp=False)
     if not np.isfinite(covmean).all():
@@ -437,7 +485,7 @@ def adm_inception_score(logits, split_size):
     preds = preds / preds.sum(axis=1, keepdims=True)  # the graph's softmax
     scores = []
     for i in range(0, len(preds), split_size):
-        part = preds[i:i + split_size]
+        part = preds[i : i + split_size]
         kl = part * (np.log(part) - np.log(np.expand_dims(np.mean(part, 0), 0)))
         scores.append(np.exp(np.mean(np.sum(kl, 1))))
     return float(np.mean(scores))
@@ -448,6 +496,7 @@ def adm_pairwise_distances(U, V):
         norm_u = (u * u).sum(1).reshape(-1, 1)
         norm_v = (v * v).sum(1).reshape(1, -1)
         return torch.clamp(norm_u - 2 * u @ v.T + norm_v, min=0.0)
+
     u, v = torch.from_numpy(U), torch.from_numpy(V)
     d16 = block(u.half(), v.half())
     return (d16.float() if torch.isfinite(d16).all() else block(u.float(), v.float())).numpy()
@@ -457,25 +506,32 @@ def adm_precision_recall(ref, sample, k=3, batch=10000):
     def radii(features):
         out = np.zeros([len(features), 1], dtype=np.float32)
         for b1 in range(0, len(features), batch):
-            d = np.concatenate([adm_pairwise_distances(features[b1:b1 + batch], features[b2:b2 + batch])
-                                for b2 in range(0, len(features), batch)], axis=1)
-            out[b1:b1 + batch] = np.partition(d, k, axis=1)[:, [k]]
+            d = np.concatenate(
+                [
+                    adm_pairwise_distances(features[b1 : b1 + batch], features[b2 : b2 + batch])
+                    for b2 in range(0, len(features), batch)
+                ],
+                axis=1,
+            )
+            out[b1 : b1 + batch] = np.partition(d, k, axis=1)[:, [k]]
         return out
+
     r1, r2 = radii(ref), radii(sample)
     status1 = np.zeros([len(ref), 1], dtype=bool)
     status2 = np.zeros([len(sample), 1], dtype=bool)
     for b1 in range(0, len(ref), batch):
         for b2 in range(0, len(sample), batch):
-            d = adm_pairwise_distances(ref[b1:b1 + batch], sample[b2:b2 + batch])[..., None]
-            status1[b1:b1 + batch] |= np.any(d <= r2[b2:b2 + batch], axis=1)
-            status2[b2:b2 + batch] |= np.any(d <= r1[b1:b1 + batch][:, None], axis=0)
+            d = adm_pairwise_distances(ref[b1 : b1 + batch], sample[b2 : b2 + batch])[..., None]
+            status1[b1 : b1 + batch] |= np.any(d <= r2[b2 : b2 + batch], axis=1)
+            status2[b2 : b2 + batch] |= np.any(d <= r1[b1 : b1 + batch][:, None], axis=0)
     return float(np.mean(status2)), float(np.mean(status1))
 
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::scipy.linalg.LinAlgWarning")
-def test_our_evaluator_equals_adms_formulas_on_an_adm_format_reference_batch(random_inception_weights, tmp_path,
-                                                                            monkeypatch):
+def test_our_evaluator_equals_adms_formulas_on_an_adm_format_reference_batch(
+    random_inception_weights, tmp_path, monkeypatch
+):
     """A reference .npz with ADM's keys and dtypes, random-weight Inception features: FID, sFID, IS and P/R."""
     monkeypatch.setattr(tf_inception, "load_state_dict_from_url", no_network)
     extractor = InceptionFeatures(random_inception_weights, "cpu", batch_size=8)
@@ -487,33 +543,54 @@ def test_our_evaluator_equals_adms_formulas_on_an_adm_format_reference_batch(ran
     wide = ref_pool.mean(0) + rng.normal(scale=ref_pool.std(), size=(3000, ref_pool.shape[1]))
     wide_s = ref_spatial.mean(0) + rng.normal(scale=ref_spatial.std(), size=(3000, ref_spatial.shape[1]))
     reference = tmp_path / "VIRTUAL_tiny_labeled.npz"
-    np.savez(reference, arr_0=reference_images, mu=wide.mean(0), sigma=np.cov(wide, rowvar=False),
-             mu_s=wide_s.mean(0), sigma_s=np.cov(wide_s, rowvar=False))
+    np.savez(
+        reference,
+        arr_0=reference_images,
+        mu=wide.mean(0),
+        sigma=np.cov(wide, rowvar=False),
+        mu_s=wide_s.mean(0),
+        sigma_s=np.cov(wide_s, rowvar=False),
+    )
     samples = tmp_path / "samples.npz"
     np.savez(samples, sample_images, np.arange(20))
 
-    ours = evaluate_samples(samples, load_adm_reference(reference), extractor,
-                            reference_features=adm_reference_features(reference, extractor),
-                            spatial_reference=load_adm_reference(reference, spatial=True), min_samples=5,
-                            split_size=8, prc_distance_dtype="float16")
+    ours = evaluate_samples(
+        samples,
+        load_adm_reference(reference),
+        extractor,
+        reference_features=adm_reference_features(reference, extractor),
+        spatial_reference=load_adm_reference(reference, spatial=True),
+        min_samples=5,
+        split_size=8,
+        prc_distance_dtype="float16",
+    )
 
     with np.load(reference) as ref:
         mu, sigma, mu_s, sigma_s = ref["mu"], ref["sigma"], ref["mu_s"], ref["sigma_s"]
     pool, logits, spatial = extractor.extract(to_nchw(sample_images))
-    assert ours["fid"] == pytest.approx(adm_frechet_distance(pool.mean(0), np.cov(pool, rowvar=False), mu, sigma),
-                                        rel=1e-6)
+    assert ours["fid"] == pytest.approx(
+        adm_frechet_distance(pool.mean(0), np.cov(pool, rowvar=False), mu, sigma), rel=1e-6
+    )
     assert ours["sfid"] == pytest.approx(
-        adm_frechet_distance(spatial.mean(0), np.cov(spatial, rowvar=False), mu_s, sigma_s), rel=1e-6)
+        adm_frechet_distance(spatial.mean(0), np.cov(spatial, rowvar=False), mu_s, sigma_s), rel=1e-6
+    )
     assert ours["inception_score"] == pytest.approx(adm_inception_score(logits.astype(np.float64), 8), rel=1e-6)
-    assert (ours["precision"], ours["recall"]) == adm_precision_recall(ref_pool.astype(np.float32),
-                                                                       pool.astype(np.float32))
+    assert (ours["precision"], ours["recall"]) == adm_precision_recall(
+        ref_pool.astype(np.float32), pool.astype(np.float32)
+    )
     assert ours["num_samples"] == 20 and ours["fid"] > 0 and ours["sfid"] > 0
 
 
 def adm_format_batch(path, images, pool, spatial):
     """An .npz with the keys and dtypes of ADM's VIRTUAL_*.npz: uint8 images, float64 statistics."""
-    np.savez(path, arr_0=images, mu=pool.mean(0), sigma=np.cov(pool, rowvar=False), mu_s=spatial.mean(0),
-             sigma_s=np.cov(spatial, rowvar=False))
+    np.savez(
+        path,
+        arr_0=images,
+        mu=pool.mean(0),
+        sigma=np.cov(pool, rowvar=False),
+        mu_s=spatial.mean(0),
+        sigma_s=np.cov(spatial, rowvar=False),
+    )
 
 
 def test_the_reference_is_adms_batch_and_our_own_statistics_sit_beside_it_with_the_fid_between(tmp_path):
@@ -524,7 +601,7 @@ def test_the_reference_is_adms_batch_and_our_own_statistics_sit_beside_it_with_t
     extractor = FakeExtractor()
 
     def own():
-        batches = (torch.from_numpy(train_images[i:i + 7]).permute(0, 3, 1, 2) for i in range(0, 40, 7))
+        batches = (torch.from_numpy(train_images[i : i + 7]).permute(0, 3, 1, 2) for i in range(0, 40, 7))
         stats, kept, spatial = reference_from_images(batches, extractor, keep_features=10, seed=0, spatial=True)
         return stats, kept, spatial, "the training images"
 
@@ -537,7 +614,8 @@ def test_the_reference_is_adms_batch_and_our_own_statistics_sit_beside_it_with_t
     own_stats = FeatureStats.load(out / "own_stats.npz")
     assert own_stats.num == 40
     assert info["fid_between_references"] == pytest.approx(
-        frechet_distance(own_stats, FeatureStats.load(out / "stats.npz")), rel=1e-12)
+        frechet_distance(own_stats, FeatureStats.load(out / "stats.npz")), rel=1e-12
+    )
     assert info["fid_between_references"] > 0 and info["sfid_between_references"] > 0
 
     alone = tmp_path / "adm_only"
@@ -560,8 +638,9 @@ def test_a_missing_adm_batch_is_one_sentence_with_where_to_get_it_and_no_output(
     params = compose(["scale=paper"])
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     root = Path(__file__).resolve().parents[1]
-    result = subprocess.run([sys.executable, str(root / "stages" / "fid_reference.py")], cwd=tmp_path,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(root / "stages" / "fid_reference.py")], cwd=tmp_path, capture_output=True, text=True
+    )
     assert result.returncode == 2  # a user error, as every other
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: fid_reference: ")
@@ -580,8 +659,15 @@ def test_fid_over_fewer_feature_dimensions_is_the_fid_of_the_leading_coordinates
     k = 3
     reference = FeatureStats(ref_pool.mean(0), np.cov(ref_pool, rowvar=False), 50)
     spatial_reference = FeatureStats(ref_spatial.mean(0), np.cov(ref_spatial, rowvar=False), 50)
-    result = evaluate_samples(tmp_path / "samples.npz", reference, FakeExtractor(), reference_features=ref_pool,
-                              spatial_reference=spatial_reference, feature_dims=k, split_size=4)
+    result = evaluate_samples(
+        tmp_path / "samples.npz",
+        reference,
+        FakeExtractor(),
+        reference_features=ref_pool,
+        spatial_reference=spatial_reference,
+        feature_dims=k,
+        split_size=4,
+    )
     lead = FeatureStats(pool[:, :k].mean(0), np.cov(pool[:, :k], rowvar=False), 12)
     assert result["fid"] == pytest.approx(frechet_distance(lead, reference.leading(k)), rel=1e-9)
     lead_spatial = FeatureStats(spatial[:, :k].mean(0), np.cov(spatial[:, :k], rowvar=False), 12)
@@ -589,8 +675,10 @@ def test_fid_over_fewer_feature_dimensions_is_the_fid_of_the_leading_coordinates
     assert result["fid_feature_dims"] == k
     # precision / recall keep every coordinate
     assert (result["precision"], result["recall"]) == pytest.approx(
-        brute_force_precision_recall(ref_pool, pool.astype(np.float32), k=3), abs=1e-12)
+        brute_force_precision_recall(ref_pool, pool.astype(np.float32), k=3), abs=1e-12
+    )
     # more dimensions than the extractor has: all of them, as without the knob
-    full = evaluate_samples(tmp_path / "samples.npz", reference, FakeExtractor(), feature_dims=10_000, min_samples=5,
-                            split_size=4)
+    full = evaluate_samples(
+        tmp_path / "samples.npz", reference, FakeExtractor(), feature_dims=10_000, min_samples=5, split_size=4
+    )
     assert full["fid_feature_dims"] == reference.dim

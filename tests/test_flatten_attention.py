@@ -1,4 +1,5 @@
 """Focused Linear Attention (FLatten), specified by its equations (issue 15)."""
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,8 @@ from vcarepro.attention.flatten import FocusedLinearAttention, focus
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-DIM, HEADS = 48, 3          # head_dim 16
-GRID = (5, 7)               # non-square: rows and columns must not be swapped anywhere
+DIM, HEADS = 48, 3  # head_dim 16
+GRID = (5, 7)  # non-square: rows and columns must not be swapped anywhere
 # (grid, prefix): a 14x14 DeiT-like grid, a small square one, a non-square one; prefix 0 (DiT) to 2
 SHAPES = [((14, 14), 1), ((14, 14), 0), ((4, 4), 1), ((5, 7), 0), ((5, 7), 2), ((7, 5), 1)]
 
@@ -46,10 +47,11 @@ def tokens(prefix: int = 1, grid=GRID, batch: int = 2, seed: int = 1, dtype=torc
 
 # -- the paper's equations, written token by token -----------------------------------------
 
+
 def phi(row: torch.Tensor, s: torch.Tensor, p: float) -> torch.Tensor:
     """Focused feature of one token (C channels): a = (ReLU(x) + 1e-6) / softplus(s), ||a|| a^p / ||a^p||."""
     a = (torch.clamp(row, min=0) + 1e-6) / torch.log1p(torch.exp(s))
-    return torch.sqrt((a * a).sum()) * a ** p / torch.sqrt((a ** p * a ** p).sum())
+    return torch.sqrt((a * a).sum()) * a**p / torch.sqrt((a**p * a**p).sum())
 
 
 def flatten_from_equations(m: FocusedLinearAttention, x: torch.Tensor) -> torch.Tensor:
@@ -77,12 +79,12 @@ def flatten_from_equations(m: FocusedLinearAttention, x: torch.Tensor) -> torch.
         K = m.dwc_kernel
         r = K // 2
         grid = F.pad(v[:, P:].reshape(B, H, W, C), (0, 0, r, r, r, r))
-        weight = m.dwc.weight.reshape(d, K, K).repeat(m.num_heads, 1, 1)   # (C, K, K)
+        weight = m.dwc.weight.reshape(d, K, K).repeat(m.num_heads, 1, 1)  # (C, K, K)
         bias = m.dwc.bias.repeat(m.num_heads)
         local = bias.expand(B, H, W, C).clone()
         for dy in range(K):
             for dx in range(K):
-                local = local + grid[:, dy:dy + H, dx:dx + W] * weight[:, dy, dx]
+                local = local + grid[:, dy : dy + H, dx : dx + W] * weight[:, dy, dx]
         out[:, P:] = out[:, P:] + local.reshape(B, H * W, C)
     return F.linear(out, m.proj.weight, m.proj.bias)
 
@@ -133,6 +135,7 @@ def test_reference_map_is_nonnegative_and_rows_sum_to_just_under_one():
 
 # -- efficient (linear) path == reference (N x N) path --------------------------------------
 
+
 @pytest.mark.parametrize("grid, prefix", SHAPES)
 def test_linear_and_reference_paths_agree_in_value_and_gradient(grid, prefix):
     m = make_flatten(prefix=prefix, grid=grid)
@@ -164,6 +167,7 @@ def test_gradients_reach_every_parameter(variant):
 
 # -- the focusing function ------------------------------------------------------------------
 
+
 def test_focus_keeps_the_norm_sharpens_the_direction_and_is_homogeneous():
     torch.manual_seed(0)
     a = torch.rand(5, 12, dtype=torch.float64) + 1e-3
@@ -172,6 +176,7 @@ def test_focus_keeps_the_norm_sharpens_the_direction_and_is_homogeneous():
     torch.testing.assert_close(f, focus(a, 3, literal=True))
     torch.testing.assert_close(focus(7.0 * a, 3), 7.0 * f)
     torch.testing.assert_close(focus(a, 1), a)
+
     # a larger power concentrates the mass on the largest channels: the top channel's share grows
     def share(t):
         return t.max(-1).values / t.sum(-1)
@@ -182,13 +187,14 @@ def test_focus_keeps_the_norm_sharpens_the_direction_and_is_homogeneous():
 def test_focus_does_not_overflow_where_the_literal_power_does():
     a = torch.full((2, 8), 1e15)
     a[:, 0] = 2e15
-    assert not torch.isfinite(focus(a, 3, literal=True)).all()    # (1e15)^3 overflows float32
+    assert not torch.isfinite(focus(a, 3, literal=True)).all()  # (1e15)^3 overflows float32
     f = focus(a, 3)
     assert torch.isfinite(f).all()
     torch.testing.assert_close(f, focus(a.double(), 3, literal=True).float(), rtol=1e-5, atol=0)
 
 
 # -- the class token and the positional encoding ------------------------------------------------
+
 
 def test_prefix_tokens_get_no_convolution_term_and_their_values_do_not_enter_it():
     m = make_flatten(prefix=1)
@@ -199,11 +205,11 @@ def test_prefix_tokens_get_no_convolution_term_and_their_values_do_not_enter_it(
         other.dwc.bias.add_(1.0)
         x = tokens(1)
         a, b = m(x), other(x)
-    torch.testing.assert_close(a[:, :1], b[:, :1])           # the class token's output ignores the conv
+    torch.testing.assert_close(a[:, :1], b[:, :1])  # the class token's output ignores the conv
     assert not torch.allclose(a[:, 1:], b[:, 1:])
     v = torch.randn(2, HEADS, 36, DIM // HEADS, dtype=torch.float64)
     v2 = v.clone()
-    v2[:, :, 0] += 100.0                                      # the class token's value
+    v2[:, :, 0] += 100.0  # the class token's value
     torch.testing.assert_close(m._local(v), m._local(v2))
 
 
@@ -216,7 +222,7 @@ def test_prefix_tokens_own_a_learned_key_row_by_default_and_none_when_switched_o
     x = tokens(1)
     with torch.no_grad():
         before = m(x)
-        m.pos_encoding[0, 0] += 1.0                           # the class token's row changes the output
+        m.pos_encoding[0, 0] += 1.0  # the class token's row changes the output
         assert not torch.allclose(before, m(x))
 
 
@@ -236,25 +242,31 @@ def test_parameters_start_as_the_official_layer_and_decay_as_its_optimizer():
 
 # -- parameter count --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dim, heads, grid, prefix, prefix_rows", [
-    (192, 3, (14, 14), 1, True),     # DeiT-T
-    (192, 3, (14, 14), 1, False),
-    (384, 6, (16, 16), 0, True),     # DiT-S/2
-])
+
+@pytest.mark.parametrize(
+    "dim, heads, grid, prefix, prefix_rows",
+    [
+        (192, 3, (14, 14), 1, True),  # DeiT-T
+        (192, 3, (14, 14), 1, False),
+        (384, 6, (16, 16), 0, True),  # DiT-S/2
+    ],
+)
 def test_parameter_count_is_the_official_module_list(dim, heads, grid, prefix, prefix_rows):
     """Official (flatten_swin.py): qkv (C x 3C + 3C), proj (C x C + C), dwc (d x 1 x 5 x 5 + d),
     scale (1 x 1 x C), positional_encoding (1 x L x C); L = tokens with a row."""
-    m = FocusedLinearAttention(dim, heads, grid_size=grid, num_prefix_tokens=prefix, qkv_bias=True,
-                               prefix_pos_encoding=prefix_rows)
+    m = FocusedLinearAttention(
+        dim, heads, grid_size=grid, num_prefix_tokens=prefix, qkv_bias=True, prefix_pos_encoding=prefix_rows
+    )
     d = dim // heads
     rows = grid[0] * grid[1] + (prefix if prefix_rows else 0)
     expected = (dim * 3 * dim + 3 * dim) + (dim * dim + dim) + (d * 5 * 5 + d) + dim + rows * dim
     assert sum(p.numel() for p in m.parameters()) == expected
     if (dim, prefix, prefix_rows) == (192, 1, True):
-        assert expected == 187_904                            # 148,224 MHSA + 39,680 FLatten-specific
+        assert expected == 187_904  # 148,224 MHSA + 39,680 FLatten-specific
 
 
 # -- bf16 ----------------------------------------------------------------------------------------
+
 
 def _loss_and_grads(m, x):
     out = m(x)
@@ -302,6 +314,7 @@ def test_fp16_kernel_sums_do_not_overflow():
 
 # -- set_grid_size -----------------------------------------------------------------------------
 
+
 def test_set_grid_size_interpolates_the_grid_rows_bicubically_and_keeps_prefix_rows():
     m = make_flatten(prefix=1, grid=(14, 14))
     old = m.pos_encoding.detach().clone()
@@ -334,6 +347,7 @@ def test_set_grid_size_without_pos_encoding_only_revalidates():
 
 # -- timm compatibility ---------------------------------------------------------------------------
 
+
 def test_timm_block_and_call_convention():
     from timm.models.vision_transformer import Block
 
@@ -350,32 +364,42 @@ def test_inside_a_timm_vision_transformer_with_its_init():
 
     vit = VisionTransformer(img_size=32, patch_size=8, embed_dim=DIM, depth=2, num_heads=HEADS, num_classes=5)
     for i, block in enumerate(vit.blocks):
-        block.attn = FocusedLinearAttention(DIM, HEADS, grid_size=vit.patch_embed.grid_size,
-                                            num_prefix_tokens=vit.num_prefix_tokens, layer_index=i, qkv_bias=True)
+        block.attn = FocusedLinearAttention(
+            DIM,
+            HEADS,
+            grid_size=vit.patch_embed.grid_size,
+            num_prefix_tokens=vit.num_prefix_tokens,
+            layer_index=i,
+            qkv_bias=True,
+        )
         with torch.no_grad():
             block.attn.scale.fill_(1.0)
-    vit.init_weights()          # timm's init calls our init_weights: s and E back to 0
+    vit.init_weights()  # timm's init calls our init_weights: s and E back to 0
     assert all(torch.count_nonzero(b.attn.scale) == 0 for b in vit.blocks)
     assert vit(torch.randn(2, 3, 32, 32)).shape == (2, 5)
 
 
 # -- clear errors ---------------------------------------------------------------------------------
 
+
 def test_token_count_that_is_not_prefix_plus_grid_is_refused():
     with pytest.raises(ValueError, match=r"got 37 tokens but expects 1 prefix \+ 5x7 grid = 36"):
         make_flatten()(torch.randn(1, 37, DIM, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("kw, pattern", [
-    (dict(focusing_factor=0), "focusing_factor=0 must be a positive number"),
-    (dict(focusing_factor=float("nan")), "must be a positive number"),
-    (dict(dwc_kernel=4), "dwc_kernel=4 must be a positive odd integer"),
-    (dict(dwc_kernel=0), "dwc_kernel=0 must be a positive odd integer"),
-    (dict(pos_encoding="sincos"), "unknown pos_encoding 'sincos'"),
-    (dict(attn_drop=0.1), "attn_drop=0.1 has nothing to drop"),
-    (dict(qk_norm=True), "qk_norm=True needs a norm_layer"),
-    (dict(num_prefix_tokens=-1), "num_prefix_tokens=-1 must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "kw, pattern",
+    [
+        (dict(focusing_factor=0), "focusing_factor=0 must be a positive number"),
+        (dict(focusing_factor=float("nan")), "must be a positive number"),
+        (dict(dwc_kernel=4), "dwc_kernel=4 must be a positive odd integer"),
+        (dict(dwc_kernel=0), "dwc_kernel=0 must be a positive odd integer"),
+        (dict(pos_encoding="sincos"), "unknown pos_encoding 'sincos'"),
+        (dict(attn_drop=0.1), "attn_drop=0.1 has nothing to drop"),
+        (dict(qk_norm=True), "qk_norm=True needs a norm_layer"),
+        (dict(num_prefix_tokens=-1), "num_prefix_tokens=-1 must be >= 0"),
+    ],
+)
 def test_bad_knobs_are_refused(kw, pattern):
     kw = {"num_prefix_tokens": 1, **kw}
     with pytest.raises(ValueError, match=pattern):

@@ -1,4 +1,5 @@
 """SiT's flow matching: the interpolant, the velocity loss, and the ODE / SDE samplers."""
+
 from __future__ import annotations
 
 import math
@@ -42,8 +43,8 @@ class ExactVelocity:
 
     def mean_var(self, t):
         alpha, d_alpha, sigma, d_sigma = path_coefficients(self.path, t.view(-1, 1, 1, 1))
-        var = alpha ** 2 * SPREAD ** 2 + sigma ** 2
-        return alpha, d_alpha, var, alpha * d_alpha * SPREAD ** 2 + sigma * d_sigma
+        var = alpha**2 * SPREAD**2 + sigma**2
+        return alpha, d_alpha, var, alpha * d_alpha * SPREAD**2 + sigma * d_sigma
 
     def __call__(self, x, t, y):
         m = self.m.repeat(len(x) // len(self.m), 1, 1, 1)
@@ -65,6 +66,7 @@ def rms(x: torch.Tensor) -> float:
 
 
 # -- the interpolant and the loss -------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("path", ["linear", "gvp"])
 def test_path_runs_from_noise_at_t0_to_data_at_t1(path):
@@ -102,8 +104,12 @@ def test_loss_is_the_mean_squared_velocity_error_on_the_first_c_channels():
 def test_training_times_are_uniform_on_the_interval(train_eps, low, high):
     seen = []
     fm = FlowMatching(train_eps=train_eps)
-    fm.training_losses(lambda x, t, y: seen.append(t) or x, torch.zeros(4096, 1, 1, 1), None,
-                       generator=torch.Generator().manual_seed(0))
+    fm.training_losses(
+        lambda x, t, y: seen.append(t) or x,
+        torch.zeros(4096, 1, 1, 1),
+        None,
+        generator=torch.Generator().manual_seed(0),
+    )
     t = seen[0]
     assert t.dtype == torch.float32 and t.min() >= low and t.max() <= high
     assert t.mean().item() == pytest.approx((low + high) / 2, abs=0.02)
@@ -119,8 +125,10 @@ def test_tiny_dit_loss_decreases_on_a_fixed_batch():
 
     def eval_loss() -> float:
         with torch.no_grad():
-            return sum(fm.training_losses(model, x1, y, torch.Generator().manual_seed(s))["loss"].item()
-                       for s in range(4)) / 4
+            return (
+                sum(fm.training_losses(model, x1, y, torch.Generator().manual_seed(s))["loss"].item() for s in range(4))
+                / 4
+            )
 
     before = eval_loss()
     opt = torch.optim.AdamW(model.parameters(), lr=5e-3, weight_decay=0)
@@ -135,6 +143,7 @@ def test_tiny_dit_loss_decreases_on_a_fixed_batch():
 
 
 # -- samplers -------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("path", ["linear", "gvp"])
 def test_ode_with_the_exact_velocity_lands_on_the_data_and_heun_is_more_accurate(path):
@@ -155,15 +164,17 @@ def test_score_from_velocity_is_the_exact_score_of_a_gaussian_path():
         model = ExactVelocity(path, m, learn_sigma=False)
         for t_value in (0.0, 0.3, 0.9):
             t = torch.full((2,), t_value)
-            torch.testing.assert_close(fm.score_from_velocity(model(x, t, None), x, t), model.score(x, t),
-                                       atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(
+                fm.score_from_velocity(model(x, t, None), x, t), model.score(x, t), atol=1e-4, rtol=1e-4
+            )
 
 
 @pytest.mark.parametrize("path", ["linear", "gvp"])
 def test_sde_with_the_exact_score_lands_near_the_data(path):
     fm, m, z = FlowMatching(path), randn(0), randn(1)
-    x = fm.sample_sde(ExactVelocity(path, m), z, torch.tensor([0, 1]), num_steps=100,
-                      generator=torch.Generator().manual_seed(3))
+    x = fm.sample_sde(
+        ExactVelocity(path, m), z, torch.tensor([0, 1]), num_steps=100, generator=torch.Generator().manual_seed(3)
+    )
     assert rms(x - m) < SPREAD and rms(z - m) > 1  # from unit noise to within the data's spread
 
 
@@ -198,8 +209,9 @@ def test_sde_last_step_options():
         assert torch.isfinite(x).all() and rms(x - m) < 3 * SPREAD
     with pytest.raises(ValueError, match="sample_eps > 0"):
         fm.sample_sde(model, z, y, diffusion_form="SBDM")
-    x = FlowMatching(sample_eps=1e-3).sample_sde(model, z, y, num_steps=50, diffusion_form="SBDM",
-                                                 generator=torch.Generator().manual_seed(3))
+    x = FlowMatching(sample_eps=1e-3).sample_sde(
+        model, z, y, num_steps=50, diffusion_form="SBDM", generator=torch.Generator().manual_seed(3)
+    )
     assert rms(x - m) < 3 * SPREAD
 
 

@@ -3,6 +3,7 @@
 The layers' own tests specify what each layer computes; these specify what grid.py promises
 every layer: one place for the helpers, and a preamble that is timm's ``Attention``'s.
 """
+
 from __future__ import annotations
 
 import ast
@@ -21,15 +22,26 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "vcarepro"
 DIM, HEADS, GRID = 24, 2, (3, 4)
 # the head-split layers: every grid-aware one but circulant, which splits no heads (one kernel per channel)
-HEAD_SPLIT = {"vca": {"contrast_tokens": 4}, "agent": {"agent_tokens": 4}, "flatten": {}, "inline": {},
-              "mhsa+dwc": {}}
+HEAD_SPLIT = {"vca": {"contrast_tokens": 4}, "agent": {"agent_tokens": 4}, "flatten": {}, "inline": {}, "mhsa+dwc": {}}
 
 
 def make(name: str, prefix: int = 1, qk_norm: bool = False) -> nn.Module:
     torch.manual_seed(0)
-    return build_attention(name, DIM, HEADS, grid_size=GRID, num_prefix_tokens=prefix, qkv_bias=True,
-                           qk_norm=qk_norm, norm_layer=nn.LayerNorm if qk_norm else None,
-                           options=HEAD_SPLIT[name]).double().eval()
+    return (
+        build_attention(
+            name,
+            DIM,
+            HEADS,
+            grid_size=GRID,
+            num_prefix_tokens=prefix,
+            qkv_bias=True,
+            qk_norm=qk_norm,
+            norm_layer=nn.LayerNorm if qk_norm else None,
+            options=HEAD_SPLIT[name],
+        )
+        .double()
+        .eval()
+    )
 
 
 @pytest.mark.parametrize("option", ["contrast_tokens", "agent_tokens"])
@@ -92,8 +104,11 @@ def test_the_depthwise_local_term_is_the_convolution_of_the_value_grid():
 
 def test_the_grid_helpers_are_imported_from_grid_not_from_a_layer():
     """One place for each helper: no module of the package takes a grid helper from vca.py (or redefines one)."""
-    grid_names = {node.name for node in ast.parse((SRC / "attention" / "grid.py").read_text()).body
-                  if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    grid_names = {
+        node.name
+        for node in ast.parse((SRC / "attention" / "grid.py").read_text()).body
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+    }
     for path in SRC.rglob("*.py"):
         if path.name == "grid.py" and path.parent.name == "attention":
             continue
@@ -101,6 +116,8 @@ def test_the_grid_helpers_are_imported_from_grid_not_from_a_layer():
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("vca"):
                 stray = {a.name for a in node.names} & grid_names
-                assert not stray, f"{path.relative_to(SRC)} imports {sorted(stray)} from {node.module}; use attention.grid"
+                assert not stray, (
+                    f"{path.relative_to(SRC)} imports {sorted(stray)} from {node.module}; use attention.grid"
+                )
         defined = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
         assert not defined & grid_names, f"{path.relative_to(SRC)} redefines {sorted(defined & grid_names)}"

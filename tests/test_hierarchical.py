@@ -4,6 +4,7 @@ family, and their controls, as timm models.
 Full-size models are built only to count parameters and check placement; forwards run at
 small inputs with per-stage contrast grids no larger than each stage grid.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,7 +20,7 @@ from vcarepro.models import LAB_MODELS, classifier_name, create_classifier, cswi
 from vcarepro.models.placement import LAB_MODEL_ATTENTIONS
 
 ALL_NAMES = {**pvt.MODEL_NAMES, **swin.MODEL_NAMES, **cswin.MODEL_NAMES}
-BASELINES = [names["mhsa"] for names in ALL_NAMES.values()]   # the originals and the controls
+BASELINES = [names["mhsa"] for names in ALL_NAMES.values()]  # the originals and the controls
 VCA_MODELS = [names["vca"] for names in ALL_NAMES.values() if "vca" in names]
 
 # Small configurations: 64x64 input -> stage grids 16/8/4/2; 3x3 tokens on 16x16 pool overlapping windows.
@@ -105,8 +106,10 @@ def test_vca_swin_tiny_is_the_labs_layout():
     model = timm.create_model("vca_swin_tiny_patch4_window7_224")
     stages = [[b.attn for b in stage.blocks] for stage in model.layers]
     for attns, grid, tokens in zip(stages[:3], (56, 28, 14), ((3, 3), (4, 4), (7, 7))):
-        assert all(isinstance(a, VisualContrastAttention) and a.grid_size == (grid, grid)
-                   and a.contrast_grid == tokens for a in attns)
+        assert all(
+            isinstance(a, VisualContrastAttention) and a.grid_size == (grid, grid) and a.contrast_grid == tokens
+            for a in attns
+        )
     assert all(isinstance(a, WindowAttention) and tuple(a.window_size) == (7, 7) for a in stages[3])
     assert [a.layer_index for a in vca_layers(model)] == list(range(10))
     assert any("layers.3.blocks.0.attn.relative_position_bias_table" == n for n, _ in model.named_parameters())
@@ -126,11 +129,17 @@ def test_vca_cswin_tiny_is_the_labs_layout():
     assert [len(s.blocks) for s in control.stages] == [2, 4, 18, 1] and not vca_layers(control)
 
 
-@pytest.mark.parametrize("name, layout, stages_with_vca", [
-    ("vca_pvt_tiny", "AAAA", [0, 1, 2, 3]), ("vca_pvt_tiny", "BBAA", [2, 3]),
-    ("vca_swin_tiny_patch4_window7_224", "AAAA", [0, 1, 2, 3]), ("vca_swin_tiny_patch4_window7_224", "ABBB", [0]),
-    ("vca_cswin_tiny_224", "AAAA", [0, 1, 2, 3]), ("vca_cswin_tiny_224", "BBBA", [3]),
-])
+@pytest.mark.parametrize(
+    "name, layout, stages_with_vca",
+    [
+        ("vca_pvt_tiny", "AAAA", [0, 1, 2, 3]),
+        ("vca_pvt_tiny", "BBAA", [2, 3]),
+        ("vca_swin_tiny_patch4_window7_224", "AAAA", [0, 1, 2, 3]),
+        ("vca_swin_tiny_patch4_window7_224", "ABBB", [0]),
+        ("vca_cswin_tiny_224", "AAAA", [0, 1, 2, 3]),
+        ("vca_cswin_tiny_224", "BBBA", [3]),
+    ],
+)
 def test_placement_is_a_parameter(name, layout, stages_with_vca):
     model = small(name, attn_layout=layout)
     stages = model.layers if name.startswith("vca_swin") else model.stages
@@ -298,7 +307,7 @@ def test_a_stages_hold_the_named_attention_and_b_stages_the_backbones_own(arch, 
         assert all(isinstance(a, attention_class(attention) if letter == "A" else own) for a in layers), letter
     if attention == "agent":  # the per-stage count reaches each A stage
         compared = [layers[0] for letter, layers in zip(layout, stage_layers(arch, model)) if letter == "A"]
-        assert [a.agent_grid for a in compared] == [(3, 3), (4, 4), (2, 2), (2, 2)][:len(compared)]
+        assert [a.agent_grid for a in compared] == [(3, 3), (4, 4), (2, 2), (2, 2)][: len(compared)]
     features = model.forward_features(torch.randn(2, 3, 64, 64))
     out = model.forward_head(features)
     assert out.shape == (2, 5) and torch.isfinite(out).all()
@@ -316,8 +325,11 @@ def test_agent_in_the_lab_layouts_is_the_labs_agent_model(arch):
     model = create_classifier(arch, "agent")
     _, _, layout = LAB_BACKBONES[arch]
     for letter, grid, layers in zip(layout, [(3, 3), (4, 4), (7, 7), (7, 7)], stage_layers(arch, model)):
-        assert all(a.agent_grid == grid for a in layers) if letter == "A" else not any(
-            isinstance(a, attention_class("agent")) for a in layers)
+        assert (
+            all(a.agent_grid == grid for a in layers)
+            if letter == "A"
+            else not any(isinstance(a, attention_class("agent")) for a in layers)
+        )
     expected, rel = {"pvt_tiny": (11.6e6, 0.005), "swin_tiny": (28.90e6, 0.0005), "cswin_tiny": (20.46e6, 0.0005)}[arch]
     assert n_params(model) == pytest.approx(expected, rel=rel)
 
@@ -327,8 +339,9 @@ def test_contrast_tokens_for_an_attention_without_them_is_a_clear_error(arch):
     lab_model = classifier_name(arch, "agent")
     for attention in LAB_MODEL_ATTENTIONS:
         instead = "its per-stage count is agent_tokens" if attention == "agent" else "it has no pooled tokens"
-        with pytest.raises(ValueError, match=re.escape(f"contrast_tokens does not apply to attention "
-                                                       f"{attention!r}: {instead}")):
+        with pytest.raises(
+            ValueError, match=re.escape(f"contrast_tokens does not apply to attention {attention!r}: {instead}")
+        ):
             timm.create_model(lab_model, compared_attention=attention, contrast_tokens=49)
         with pytest.raises(ValueError, match=re.escape(f"contrast_tokens does not apply to attention {attention!r}")):
             create_classifier(arch, attention, contrast_tokens=49)
@@ -369,8 +382,11 @@ def fingerprint(model: torch.nn.Module):
 VCA_FINGERPRINTS = {
     "vca_pvt_tiny": ("886f69ad66a4db27", 3984.815326106875, (-0.9343059062957764, 0.32944491505622864)),
     "small vca_pvt_tiny": ("5465f09eed4ebccb", 2131.339728805844, (0.21119685471057892, 0.6265062093734741)),
-    "small vca_swin_tiny_patch4_window7_224": ("31d71cbdee934e66", 3741.9092266695952,
-                                               (-0.7129661440849304, 0.0404818169772625)),
+    "small vca_swin_tiny_patch4_window7_224": (
+        "31d71cbdee934e66",
+        3741.9092266695952,
+        (-0.7129661440849304, 0.0404818169772625),
+    ),
     "small vca_cswin_tiny_224": ("45bc5a07bea66cf7", 1661.584689074993, (1.3120273351669312, -1.7292418479919434)),
 }
 

@@ -4,6 +4,7 @@ The miniature has real encoded images, a real meta.mat (scipy.io.savemat, the de
 fields, with non-leaf synsets that must be ignored) and ILSVRC2012_IDs whose order differs from
 the sorted wnid order, so a label mix-up between the two orders cannot pass.
 """
+
 from __future__ import annotations
 
 import csv
@@ -49,8 +50,7 @@ class Mini(MiniImageNet):
     """The miniature's noise images, written out in any layout (the official archives by vcarepro.tools.standins)."""
 
     def __init__(self) -> None:
-        train = {w: {f"{w}_{i}.JPEG": encoded(10 * c + i) for i in range(TRAIN_PER_CLASS)}
-                 for c, w in enumerate(WNIDS)}
+        train = {w: {f"{w}_{i}.JPEG": encoded(10 * c + i) for i in range(TRAIN_PER_CLASS)} for c, w in enumerate(WNIDS)}
         val_wnids = [w for w in WNIDS for _ in range(VAL_PER_CLASS)]
         random.Random(0).shuffle(val_wnids)
         val = {f"ILSVRC2012_val_{n:08d}.JPEG": (w, encoded(1000 + n)) for n, w in enumerate(val_wnids, 1)}
@@ -179,8 +179,11 @@ def test_val_class_folders_that_train_lacks_are_refused(tmp_path):
     root = Mini().class_folders(tmp_path / "imagenet")
     (root / "val" / "n09999999").mkdir()
     (root / "val" / "n09999999" / "stray.JPEG").write_bytes(encoded(7))
-    with pytest.raises(ValueError, match=r"val holds class folders absent from .*train \(first: n09999999\); "
-                                         r"train and val must share their classes"):
+    with pytest.raises(
+        ValueError,
+        match=r"val holds class folders absent from .*train \(first: n09999999\); "
+        r"train and val must share their classes",
+    ):
         prepare_imagenet(root, tmp_path / "cls", **MINIATURE)
     assert not (tmp_path / "cls").exists()
 
@@ -190,7 +193,10 @@ def test_val_class_folders_that_train_lacks_are_refused(tmp_path):
 
 def test_full_imagenet_is_expected_unless_told_otherwise(tmp_path):
     root = Mini().class_folders(tmp_path / "imagenet")
-    with pytest.raises(ValueError, match=r"expected 1000 ImageNet-1K classes, found 4 in .*train.*; .*set prepare_cls\.expect_full=false "):
+    with pytest.raises(
+        ValueError,
+        match=r"expected 1000 ImageNet-1K classes, found 4 in .*train.*; .*set prepare_cls\.expect_full=false ",
+    ):
         prepare_imagenet(root, tmp_path / "cls", workers=1)
     assert not (tmp_path / "cls").exists()
 
@@ -253,8 +259,11 @@ def test_quirks_are_kept_and_counted_bad_files_skipped(tmp_path, archive):
     root = mini.write_official(tmp_path / "src") if archive else mini.class_folders(tmp_path / "src")
     total = 4 * TRAIN_PER_CLASS + 5 + 4 * VAL_PER_CLASS
 
-    with pytest.raises(ValueError, match=rf"^2 of {total} ImageNet images are unreadable \(first: .*empty\.JPEG, "
-                                         rf".*truncated\.JPEG\).*raise max_bad_fraction \(now 0\.0\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^2 of {total} ImageNet images are unreadable \(first: .*empty\.JPEG, "
+        rf".*truncated\.JPEG\).*raise max_bad_fraction \(now 0\.0\)",
+    ):
         prepare_imagenet(root, tmp_path / "cls", expect_full=False, workers=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["quirks", "src"]
 
@@ -318,8 +327,11 @@ def test_missing_inputs_say_what_was_expected_where(tmp_path):
 
     train_only = tmp_path / "train-only"
     mini.train_folders(train_only / "train")
-    fails(train_only, r"no ILSVRC2012_img_val.tar, val/ folder or LOC_val_solution.csv under .*train-only; "
-                      r"expected one of")
+    fails(
+        train_only,
+        r"no ILSVRC2012_img_val.tar, val/ folder or LOC_val_solution.csv under .*train-only; "
+        r"expected one of",
+    )
 
     unlabelled = tmp_path / "unlabelled"
     mini.train_folders(unlabelled / "train")
@@ -335,8 +347,9 @@ def test_missing_inputs_say_what_was_expected_where(tmp_path):
 
     stray = mini.kaggle(tmp_path / "stray")
     (stray / "ILSVRC" / "Data" / "CLS-LOC" / "val" / "ILSVRC2012_val_00000099.JPEG").write_bytes(encoded(3))
-    fails(stray, r"validation image ILSVRC2012_val_00000099.JPEG in .* has no label in .*LOC_val_solution.csv",
-          ValueError)
+    fails(
+        stray, r"validation image ILSVRC2012_val_00000099.JPEG in .* has no label in .*LOC_val_solution.csv", ValueError
+    )
 
 
 def test_an_incomplete_folder_copy_fails_before_the_decode_check(tmp_path, monkeypatch):
@@ -371,9 +384,14 @@ def prepare_cls_stage(project: Path, root: Path, **settings):
     project.mkdir()
     (project / "params.yaml").write_text(yaml.safe_dump(params))
     repo = Path(__file__).resolve().parents[1]
-    result = subprocess.run([sys.executable, str(repo / "stages" / "prepare_cls.py")], cwd=project,
-                            env={**os.environ, "PYTHONPATH": str(repo / "src")}, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(repo / "stages" / "prepare_cls.py")],
+        cwd=project,
+        env={**os.environ, "PYTHONPATH": str(repo / "src")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return result, (project / "params.yaml").read_bytes()
 
 
@@ -388,7 +406,8 @@ def test_an_empty_class_folder_is_refused_by_the_stage_and_dropped_only_when_ask
     assert refused.returncode == 2, refused.stderr
     assert refused.stderr.splitlines() == [
         f"error: class {root / 'train' / EMPTY} holds no train images, which would shift every label after it; "
-        f"put its images back or remove it, or set prepare_cls.drop_empty_classes=true to leave it out."]
+        f"put its images back or remove it, or set prepare_cls.drop_empty_classes=true to leave it out."
+    ]
     assert not (tmp_path / "refused" / "data" / "cls").exists()
     assert [p.name for p in (tmp_path / "refused").rglob("*") if p.is_file()] == ["params.yaml"]  # no partial output
 
@@ -396,7 +415,8 @@ def test_an_empty_class_folder_is_refused_by_the_stage_and_dropped_only_when_ask
     assert dropped.returncode == 0, dropped.stderr
     assert [line for line in dropped.stderr.splitlines() if line.startswith("warning:")] == [
         f"warning: class {root / 'train' / EMPTY} holds no train images; dropped (prepare_cls.drop_empty_classes), "
-        f"so the dataset has 4 classes and the labels after it move down."]
+        f"so the dataset has 4 classes and the labels after it move down."
+    ]
     out = tmp_path / "dropped" / "data" / "cls"
     assert [c.wnid for c in read_classes(out)] == WNIDS  # 4 of the 5 folders, labelled 0..3 without a gap
     assert sorted({label for _, label in read_manifest(out, "train")}) == [0, 1, 2, 3]

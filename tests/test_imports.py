@@ -5,6 +5,7 @@ An import inside a function counts like one at the top of a module: a lazy impor
 still a circle in the design, only one that a test run may not trip over. The implicit import of a parent
 package (``import vcarepro.core.io`` runs ``vcarepro/__init__.py``) is Python's, not an arrow of the design.
 """
+
 from __future__ import annotations
 
 import ast
@@ -15,13 +16,18 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
+
 def read_floors(src: Path, package: str) -> Dict[str, Optional[int]]:
     """Each folder of ``package`` -> the ``FLOOR = N`` its ``__init__.py`` declares (None: none), read with ast."""
     floors: Dict[str, Optional[int]] = {}
     for init in sorted((src / package).glob("*/__init__.py")):
-        values = [node.value.value for node in ast.parse(init.read_text()).body
-                  if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
-                  and any(isinstance(t, ast.Name) and t.id == "FLOOR" for t in node.targets)]
+        values = [
+            node.value.value
+            for node in ast.parse(init.read_text()).body
+            if isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant)
+            and any(isinstance(t, ast.Name) and t.id == "FLOOR" for t in node.targets)
+        ]
         floors[f"{package}.{init.parent.name}"] = values[0] if values else None
     return floors
 
@@ -33,8 +39,10 @@ def read_floors(src: Path, package: str) -> Dict[str, Optional[int]]:
 FOLDER_FLOORS = read_floors(SRC, "vcarepro")
 FACE_FLOOR = FOLDER_FLOORS["vcarepro.attention"]
 FLOORS: Tuple[Tuple[str, ...], ...] = tuple(
-    tuple(sorted(name for name, floor in FOLDER_FLOORS.items() if floor == level)) + (("vcarepro",) if level == FACE_FLOOR else ())
-    for level in range(max(f for f in FOLDER_FLOORS.values() if f is not None) + 1))
+    tuple(sorted(name for name, floor in FOLDER_FLOORS.items() if floor == level))
+    + (("vcarepro",) if level == FACE_FLOOR else ())
+    for level in range(max(f for f in FOLDER_FLOORS.values() if f is not None) + 1)
+)
 # What the report must not load, at the top of any module it imports (a function may, e.g. to describe torch).
 REPORT_MUST_NOT_LOAD = ("torch", "timm", "vcarepro.models", "vcarepro.train", "vcarepro.attention", "vcarepro.data")
 
@@ -70,7 +78,7 @@ def imported_names(name: str, path: Path, known: Set[str], top_level_only: bool 
             yield from (alias.name for alias in node.names)
             continue
         if node.level:
-            base = package.split(".")[:len(package.split(".")) - node.level + 1]
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
             prefix = ".".join(base + ([node.module] if node.module else []))
         else:
             prefix = node.module or ""
@@ -140,8 +148,12 @@ def floor_of(module: str, floors=FLOORS) -> Optional[int]:
 
 
 def upward_arrows(graph: Dict[str, Set[str]], floors=FLOORS) -> List[str]:
-    return sorted(f"{a} (floor {floor_of(a, floors)}) -> {b} (floor {floor_of(b, floors)})"
-                  for a, targets in graph.items() for b in targets if floor_of(b, floors) > floor_of(a, floors))
+    return sorted(
+        f"{a} (floor {floor_of(a, floors)}) -> {b} (floor {floor_of(b, floors)})"
+        for a, targets in graph.items()
+        for b in targets
+        if floor_of(b, floors) > floor_of(a, floors)
+    )
 
 
 # -- the package ---------------------------------------------------------------------------------------------------
@@ -150,9 +162,11 @@ GRAPH = import_graph(SRC, "vcarepro")
 
 
 def test_the_graph_is_read_from_the_source():
-    assert {"vcarepro.params.config", "vcarepro.params.schema", "vcarepro.report.render", "vcarepro.models.dit"} <= set(GRAPH)
-    assert "vcarepro.params.schema" in GRAPH["vcarepro.params.config"]       # stage_params validates
-    assert "vcarepro.core.numerics" in GRAPH["vcarepro.core.errors"]     # a lazy import counts
+    assert {"vcarepro.params.config", "vcarepro.params.schema", "vcarepro.report.render", "vcarepro.models.dit"} <= set(
+        GRAPH
+    )
+    assert "vcarepro.params.schema" in GRAPH["vcarepro.params.config"]  # stage_params validates
+    assert "vcarepro.core.numerics" in GRAPH["vcarepro.core.errors"]  # a lazy import counts
     assert "vcarepro.core.numerics" in GRAPH["vcarepro.report.render"]  # `from .. import numerics`
     assert "vcarepro" not in GRAPH["vcarepro.report.render"]  # ... is not an arrow to the package's __init__
 
@@ -185,14 +199,18 @@ def test_importing_the_package_or_its_ground_loads_neither_torch_nor_timm():
     import subprocess
     import sys
 
-    code = ("import sys, vcarepro, vcarepro.core.numerics, vcarepro.core.choices, vcarepro.metrics.protocol, "
-            "vcarepro.train.launch, vcarepro.tools.cli; "
-            "print(sorted(m for m in ('torch', 'timm', 'numpy') if m in sys.modules))")
+    code = (
+        "import sys, vcarepro, vcarepro.core.numerics, vcarepro.core.choices, vcarepro.metrics.protocol, "
+        "vcarepro.train.launch, vcarepro.tools.cli; "
+        "print(sorted(m for m in ('torch', 'timm', 'numpy') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
     # the report's whole page, imported for real: no torch, timm, model or training module
-    code = ("import sys, vcarepro.report.render; print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('torch', 'timm') or m.startswith(('vcarepro.models', 'vcarepro.train', 'vcarepro.attention'))))")
+    code = (
+        "import sys, vcarepro.report.render; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'timm') or m.startswith(('vcarepro.models', 'vcarepro.train', 'vcarepro.attention'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -222,11 +240,18 @@ def test_the_report_loads_neither_torch_nor_the_models_nor_training():
                 reached.add(target)
                 todo.append(target)
     loaded = {imported for name in reached for imported in imported_names(name, files[name], set(files), True)}
-    assert sorted(name for name in loaded | reached
-                  if any(name == bad or name.startswith(f"{bad}.") for bad in REPORT_MUST_NOT_LOAD)) == []
+    assert (
+        sorted(
+            name
+            for name in loaded | reached
+            if any(name == bad or name.startswith(f"{bad}.") for bad in REPORT_MUST_NOT_LOAD)
+        )
+        == []
+    )
 
 
 # -- the checker itself, on a planted package --------------------------------------------------------------------
+
 
 def _plant(tmp_path: Path, modules: Dict[str, str]) -> Path:
     for name, code in modules.items():
@@ -238,12 +263,15 @@ def _plant(tmp_path: Path, modules: Dict[str, str]) -> Path:
 
 
 def test_the_checker_finds_a_planted_circle_even_through_a_lazy_import(tmp_path):
-    src = _plant(tmp_path, {
-        "pkg": "",
-        "pkg.low": "def f():\n    from pkg.high import g\n",
-        "pkg.high": "from .low import f\n",
-        "pkg.side": "from pkg import low\n",
-    })
+    src = _plant(
+        tmp_path,
+        {
+            "pkg": "",
+            "pkg.low": "def f():\n    from pkg.high import g\n",
+            "pkg.high": "from .low import f\n",
+            "pkg.side": "from pkg import low\n",
+        },
+    )
     graph = import_graph(src, "pkg")
     assert graph["pkg.side"] == {"pkg.low"}
     assert cycles(graph) == [["pkg.high", "pkg.low"]]
@@ -251,12 +279,15 @@ def test_the_checker_finds_a_planted_circle_even_through_a_lazy_import(tmp_path)
 
 
 def test_the_checker_finds_an_arrow_up_a_floor_and_places_new_modules_by_package(tmp_path):
-    src = _plant(tmp_path, {
-        "pkg": "",
-        "pkg.base": "from pkg.sub.tool import x\n",
-        "pkg.sub": "",
-        "pkg.sub.tool": "from ..base import y\n",
-    })
+    src = _plant(
+        tmp_path,
+        {
+            "pkg": "",
+            "pkg.base": "from pkg.sub.tool import x\n",
+            "pkg.sub": "",
+            "pkg.sub.tool": "from ..base import y\n",
+        },
+    )
     floors = (("pkg.base",), ("pkg", "pkg.sub"))
     graph = import_graph(src, "pkg")
     assert floor_of("pkg.sub.tool", floors) == 1  # joins its package's floor
@@ -264,8 +295,17 @@ def test_the_checker_finds_an_arrow_up_a_floor_and_places_new_modules_by_package
     assert cycles(graph) == [["pkg.base", "pkg.sub.tool"]]
 
 
-@pytest.mark.parametrize("module, level", [("vcarepro.attention.grid", 1), ("vcarepro.report.rows", 5),
-                                           ("vcarepro.report.card", 5), ("vcarepro.core.io", 0), ("vcarepro", 1),
-                                           ("vcarepro.tools.cli", 6), ("vcarepro.params.runs", 4)])
+@pytest.mark.parametrize(
+    "module, level",
+    [
+        ("vcarepro.attention.grid", 1),
+        ("vcarepro.report.rows", 5),
+        ("vcarepro.report.card", 5),
+        ("vcarepro.core.io", 0),
+        ("vcarepro", 1),
+        ("vcarepro.tools.cli", 6),
+        ("vcarepro.params.runs", 4),
+    ],
+)
 def test_new_and_old_modules_find_their_floor(module, level):
     assert floor_of(module) == level

@@ -1,4 +1,5 @@
 """InLine attention (injective linear attention, Han et al. NeurIPS 2024), specified by its equations (issue 15)."""
+
 from __future__ import annotations
 
 import math
@@ -13,16 +14,15 @@ from vcarepro.attention.grid import value_grid
 from vcarepro.attention.inline import KERNELS, InLineAttention
 from vcarepro.metrics.complexity import count_flops, count_parameters
 
-DIM, HEADS = 48, 3            # head_dim 16
-GRID = (6, 5)                 # non-square on purpose
+DIM, HEADS = 48, 3  # head_dim 16
+GRID = (6, 5)  # non-square on purpose
 # (prefix, grid): DeiT-like with a class token, DiT's class-token-free 16x16, a 14x14 and a tiny grid
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 SHAPES = [(1, GRID), (0, GRID), (2, GRID), (1, (14, 14)), (0, (16, 16)), (1, (1, 1))]
 
 
-def make_inline(prefix: int = 1, grid=GRID, seed: int = 0, dim: int = DIM, heads: int = HEADS,
-                **kw) -> InLineAttention:
+def make_inline(prefix: int = 1, grid=GRID, seed: int = 0, dim: int = DIM, heads: int = HEADS, **kw) -> InLineAttention:
     torch.manual_seed(seed)
     return InLineAttention(dim, heads, grid_size=grid, num_prefix_tokens=prefix, qkv_bias=True, **kw).eval()
 
@@ -51,7 +51,7 @@ def grouped_pointwise(conv: nn.Conv1d, x: torch.Tensor, groups: int) -> torch.Te
     c_in, c_out = x.shape[0], conv.weight.shape[0]
     i, o = c_in // groups, c_out // groups
     w = conv.weight[:, :, 0]
-    return torch.cat([w[g * o:(g + 1) * o] @ x[g * i:(g + 1) * i] for g in range(groups)]) + conv.bias
+    return torch.cat([w[g * o : (g + 1) * o] @ x[g * i : (g + 1) * i] for g in range(groups)]) + conv.bias
 
 
 def inline_from_equations(m: InLineAttention, x: torch.Tensor) -> torch.Tensor:
@@ -64,8 +64,8 @@ def inline_from_equations(m: InLineAttention, x: torch.Tensor) -> torch.Tensor:
     H, W = m.grid_size
     phi = PHI[m.kernel]
     qkv = x @ m.qkv.weight.T + m.qkv.bias
-    q, k, v = phi(qkv[..., :C]), phi(qkv[..., C:2 * C]), qkv[..., 2 * C:]
-    s = d ** -0.5 / N
+    q, k, v = phi(qkv[..., :C]), phi(qkv[..., C : 2 * C]), qkv[..., 2 * C :]
+    s = d**-0.5 / N
     out = torch.zeros_like(v)
     for b in range(B):
         for head in range(h):
@@ -110,6 +110,7 @@ def test_equations_without_the_local_residual():
 
 # -- the two paths ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("prefix, grid", SHAPES)
 @pytest.mark.parametrize("kernel", ["identity", "relu"])
 def test_linear_and_reference_paths_agree_in_value_and_gradient(prefix, grid, kernel):
@@ -144,6 +145,7 @@ def test_the_map_is_injective_in_the_query_scale_where_linear_attention_is_not()
     A1, A3 = m.attention_scores(q, k), m.attention_scores(3.0 * q, k)
     assert not torch.allclose(A1, A3)
     torch.testing.assert_close(A3 - 0.25, 3.0 * (A1 - 0.25))  # linear in the query around the uniform map
+
     def linear(qq):
         return (qq @ k.transpose(-1, -2)) / (qq @ k.transpose(-1, -2)).sum(-1, keepdim=True)
 
@@ -163,6 +165,7 @@ def test_linear_path_cost_grows_linearly_in_tokens_and_the_reference_quadratical
 
 
 # -- class token, local residual, parameters -----------------------------------------------------------
+
 
 def test_prefix_tokens_get_no_local_term_but_feed_the_local_kernel():
     with_local = make_inline(1)
@@ -187,7 +190,7 @@ def test_local_term_is_a_per_sample_depthwise_conv_of_the_patch_values():
         q, k, v = m._qkv(x)
         kernels = m.local_kernels(x)
         for b in range(2):
-            grid = value_grid(v, m.grid_size, m.num_prefix_tokens)[b:b + 1]
+            grid = value_grid(v, m.grid_size, m.num_prefix_tokens)[b : b + 1]
             conv = nn.functional.conv2d(grid, kernels[b][:, None], padding=1, groups=DIM)
             expected = conv.flatten(2).transpose(1, 2)[0]
             torch.testing.assert_close(m._local_conv(v, kernels)[b], expected)
@@ -211,17 +214,28 @@ def test_state_dict_has_the_official_names_and_shapes():
     m = InLineAttention(192, 6, grid_size=14, qkv_bias=True)
     shapes = {k: tuple(v.shape) for k, v in m.state_dict().items()}
     assert shapes == {
-        "qkv.weight": (576, 192), "qkv.bias": (576,), "proj.weight": (192, 192), "proj.bias": (192,),
-        "residual.0.weight": (192, 32, 1), "residual.0.bias": (192,),
-        "residual.2.weight": (1728, 32, 1), "residual.2.bias": (1728,),
+        "qkv.weight": (576, 192),
+        "qkv.bias": (576,),
+        "proj.weight": (192, 192),
+        "proj.bias": (192,),
+        "residual.0.weight": (192, 32, 1),
+        "residual.0.bias": (192,),
+        "residual.2.weight": (1728, 32, 1),
+        "residual.2.bias": (1728,),
     }
 
 
 def inline_deit(dim: int, heads: int, img: int) -> VisionTransformer:
     model = VisionTransformer(img_size=img, patch_size=16, embed_dim=dim, depth=12, num_heads=heads, qkv_bias=True)
     for index, block in enumerate(model.blocks):
-        block.attn = InLineAttention(dim, heads, grid_size=model.patch_embed.grid_size,
-                                     num_prefix_tokens=model.num_prefix_tokens, layer_index=index, qkv_bias=True)
+        block.attn = InLineAttention(
+            dim,
+            heads,
+            grid_size=model.patch_embed.grid_size,
+            num_prefix_tokens=model.num_prefix_tokens,
+            layer_index=index,
+            qkv_bias=True,
+        )
     return model
 
 
@@ -254,11 +268,12 @@ def test_qk_norm_normalises_each_head_before_the_kernel():
     with torch.no_grad():
         torch.testing.assert_close(m(x), m(x, reference=True), rtol=1e-12, atol=1e-12)
         q, k, _ = m._qkv(x)
-        raw = m.qkv(x)[..., DIM:2 * DIM].reshape(2, -1, HEADS, DIM // HEADS).transpose(1, 2)
+        raw = m.qkv(x)[..., DIM : 2 * DIM].reshape(2, -1, HEADS, DIM // HEADS).transpose(1, 2)
         torch.testing.assert_close(k, m.k_norm(raw))
 
 
 # -- half precision ---------------------------------------------------------------------------------
+
 
 def _fp32_output_and_grads(m, x):
     x = x.clone().requires_grad_()
@@ -307,8 +322,7 @@ def official_global_form(m, q, k, v):
     return q @ kv + (1 - m.scale * (q @ k.mean(2, keepdim=True).transpose(-2, -1))) * v.mean(2, keepdim=True)
 
 
-@pytest.mark.parametrize("dtype, centred_tol, official_err", [(torch.float16, 2e-3, 0.05),
-                                                               (torch.bfloat16, 1e-2, 0.5)])
+@pytest.mark.parametrize("dtype, centred_tol, official_err", [(torch.float16, 2e-3, 0.05), (torch.bfloat16, 1e-2, 0.5)])
 def test_kernel_sums_stay_finite_and_accurate_in_half_precision(dtype, centred_tol, official_err):
     """4096 tokens of same-sign keys and values (entries in [9, 11]): the plain sum k^T v overflows float16
     (max 65504); the layer's sum is a mean, and centring keeps the result accurate (measured 0.03% fp16,
@@ -328,6 +342,7 @@ def test_kernel_sums_stay_finite_and_accurate_in_half_precision(dtype, centred_t
 
 
 # -- grid changes, timm, errors -----------------------------------------------------------------------
+
 
 def test_set_grid_size_follows_a_new_resolution():
     m = make_inline(1, (14, 14))
@@ -362,14 +377,17 @@ def test_token_count_that_is_not_prefix_plus_grid_is_refused():
         make_inline(1)(torch.randn(1, 30, DIM))
 
 
-@pytest.mark.parametrize("kw, pattern", [
-    (dict(kernel="softmax"), "unknown kernel 'softmax'"),
-    (dict(attn_drop=0.1), "attn_drop=0.1: InLine never forms the attention map"),
-    (dict(qk_norm=True), "qk_norm=True needs a norm_layer"),
-    (dict(num_prefix_tokens=-1), "num_prefix_tokens=-1 must be >= 0"),
-    (dict(num_heads=5), "dim=48 is not divisible by num_heads=5"),
-    (dict(grid_size=(0, 3)), "empty side"),
-])
+@pytest.mark.parametrize(
+    "kw, pattern",
+    [
+        (dict(kernel="softmax"), "unknown kernel 'softmax'"),
+        (dict(attn_drop=0.1), "attn_drop=0.1: InLine never forms the attention map"),
+        (dict(qk_norm=True), "qk_norm=True needs a norm_layer"),
+        (dict(num_prefix_tokens=-1), "num_prefix_tokens=-1 must be >= 0"),
+        (dict(num_heads=5), "dim=48 is not divisible by num_heads=5"),
+        (dict(grid_size=(0, 3)), "empty side"),
+    ],
+)
 def test_bad_knob_values_are_refused(kw, pattern):
     args = {"num_heads": HEADS, "grid_size": GRID, **kw}
     with pytest.raises(ValueError, match=pattern):

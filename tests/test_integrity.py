@@ -4,6 +4,7 @@ The micro pipeline (tests/test_pipeline.py's configuration, one classification a
 run) is reproduced once; each test damages one thing, checks the sentence, the exit status and
 that DVC recorded nothing, then puts the repository back with `dvc checkout`.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,8 @@ import pytest
 import torch
 
 from test_pipeline import micro_params, reproduced_repo, sh
-from vcarepro.data.samples import NpzSampleWriter
 from vcarepro.core.integrity import MANIFEST, check, sha256_file
+from vcarepro.data.samples import NpzSampleWriter
 
 CLS, GEN = "deit_tiny-vca", "dit_s2-vca"
 TARGETS = f"eval_cls@{CLS} eval_gen@{GEN}"  # and the stages they depend on
@@ -26,8 +27,7 @@ TARGETS = f"eval_cls@{CLS} eval_gen@{GEN}"  # and the stages they depend on
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     params = micro_params(cls_runs=[CLS], gen_runs=[GEN])
-    repo = reproduced_repo(tmp_path_factory.mktemp("integrity") / "repo", params,
-                           targets=TARGETS)
+    repo = reproduced_repo(tmp_path_factory.mktemp("integrity") / "repo", params, targets=TARGETS)
     sh("git add -A && git -c user.name=t -c user.email=t@t commit -qm results", repo)
     return repo
 
@@ -57,20 +57,26 @@ def restored(repo: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path, stage", [
-    ("data/gen/train.safetensors", f"train_gen@{GEN}"),  # the prepared training set
-    ("data/fid_reference/features.npy", f"eval_gen@{GEN}"),  # the FID reference
-    (f"runs/gen/{GEN}/samples/seed_0.npz", f"eval_gen@{GEN}"),  # the sample batch FID is measured on
-], ids=["training set", "FID reference", "samples"])
+@pytest.mark.parametrize(
+    "path, stage",
+    [
+        ("data/gen/train.safetensors", f"train_gen@{GEN}"),  # the prepared training set
+        ("data/fid_reference/features.npy", f"eval_gen@{GEN}"),  # the FID reference
+        (f"runs/gen/{GEN}/samples/seed_0.npz", f"eval_gen@{GEN}"),  # the sample batch FID is measured on
+    ],
+    ids=["training set", "FID reference", "samples"],
+)
 def test_a_damaged_prepared_file_is_refused_before_any_work(repo, path, stage):
     directory = Path(path).parent
     writer = {"data/gen": "prepare_gen", "data/fid_reference": "fid_reference"}.get(str(directory), f"sample_gen@{GEN}")
     assert check(repo / path) is None  # written with its digest by the stage that made it
     flip_byte(repo / path)  # one bit flipped on disk: numpy and safetensors would read it without a word
     errors, _ = refused(repo, stage)
-    assert errors == [f"error: {path} fails its checksum, so its bytes are not what was written; restore it with "
-                      f"`dvc checkout {directory}` (DVC's cache keeps the bytes it recorded) or rebuild it with "
-                      f"`dvc repro -f -s {writer}`."]
+    assert errors == [
+        f"error: {path} fails its checksum, so its bytes are not what was written; restore it with "
+        f"`dvc checkout {directory}` (DVC's cache keeps the bytes it recorded) or rebuild it with "
+        f"`dvc repro -f -s {writer}`."
+    ]
     restored(repo)
     assert check(repo / path) is None
 
@@ -81,23 +87,30 @@ def test_damaged_trained_weights_are_refused(repo):
     assert (weights.parent / "model.safetensors.sha256").read_text().split()[0] == sha256_file(weights)
     flip_byte(weights)
     errors, _ = refused(repo, f"eval_cls@{CLS}")
-    assert len(errors) == 1 and errors[0].startswith(f"error: runs/cls/{CLS}/train/seed_0/model.safetensors fails its checksum")
+    assert len(errors) == 1 and errors[0].startswith(
+        f"error: runs/cls/{CLS}/train/seed_0/model.safetensors fails its checksum"
+    )
     restored(repo)
 
 
 def in_small_tmpfs(directory: str, free_bytes: int, command: str) -> str:
     """``command`` in a private mount namespace where ``directory`` is a fresh tmpfs with ``free_bytes`` left."""
     unshare = "unshare --mount" if os.geteuid() == 0 else "unshare --user --map-root-user --mount"
-    return (f"{unshare} sh -c 'mount -t tmpfs -o size=1m tmpfs {directory} && "
-            f"head -c $((1048576 - {free_bytes})) /dev/zero > {directory}/.filler && {command}'")
+    return (
+        f"{unshare} sh -c 'mount -t tmpfs -o size=1m tmpfs {directory} && "
+        f"head -c $((1048576 - {free_bytes})) /dev/zero > {directory}/.filler && {command}'"
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux's unshare is needed for a private tmpfs")
-@pytest.mark.parametrize("directory, written", [
-    ("checkpoints", f"checkpoints/cls/{CLS}/seed_0/last.pt"),  # the first checkpoint fills the disk
-    ("runs", "runs/cls"),  # the run's outputs (dvclive's logs, the weights) fill it
-])
+@pytest.mark.parametrize(
+    "directory, written",
+    [
+        ("checkpoints", f"checkpoints/cls/{CLS}/seed_0/last.pt"),  # the first checkpoint fills the disk
+        ("runs", "runs/cls"),  # the run's outputs (dvclive's logs, the weights) fill it
+    ],
+)
 def test_a_full_disk_is_one_sentence_naming_the_path_and_nothing_is_recorded(repo, directory, written):
     lock = (repo / "dvc.lock").read_bytes()
     # a fresh interpreter, inside the namespace (a warm server outside it would write to the real disk)
@@ -137,8 +150,10 @@ def test_a_damaged_finished_sample_batch_is_sampled_again_and_the_result_is_unch
     del arr
     resumed = NpzSampleWriter(tmp_path / "part.npz", 12, (8, 8, 3), work_dir=tmp_path / "w2", key="k")
     assert resumed.done_batches == 1
-    assert resumed.note == (f"finished batch 1 in {tmp_path / 'w2'} fails its checksum; sampling again from batch 1 "
-                            "(batches 1..2 are redone)")
+    assert resumed.note == (
+        f"finished batch 1 in {tmp_path / 'w2'} fails its checksum; sampling again from batch 1 "
+        "(batches 1..2 are redone)"
+    )
     for k, start, images, labels in list(batches())[1:]:
         resumed.write(k, start, images, labels)
     resumed.close()
@@ -155,7 +170,9 @@ def test_a_prepared_directory_without_its_manifest_is_refused(tmp_path):
     assert (tmp_path / "gen" / MANIFEST).read_text() == f"{sha256_file(tmp_path / 'gen' / 'meta.json')}  meta.json\n"
     prepared(tmp_path / "gen", "prepare_gen")
     (tmp_path / "gen" / MANIFEST).unlink()
-    with pytest.raises(UserError, match=r"has no SHA256SUMS, so its files cannot be verified .*dvc repro -f -s prepare_gen"):
+    with pytest.raises(
+        UserError, match=r"has no SHA256SUMS, so its files cannot be verified .*dvc repro -f -s prepare_gen"
+    ):
         prepared(tmp_path / "gen", "prepare_gen")
 
 
@@ -180,4 +197,5 @@ def test_memory_maps_on_a_full_disk_are_one_sentence_not_a_bus_error(tmp_path):
     assert result.stderr.splitlines() == [
         f"error: no space is left on the device while writing {small}/work/arr_0.npy (24,576,128 bytes were needed); "
         f"free space there (`df -h {small}/work`) or point that directory elsewhere (checkpoints/ and runs/ may be "
-        f"symbolic links to a larger disk), then re-run `dvc repro`; DVC records nothing of this stage."]
+        f"symbolic links to a larger disk), then re-run `dvc repro`; DVC records nothing of this stage."
+    ]

@@ -1,4 +1,5 @@
 """Kill a real training process mid-run (SIGTERM, SIGKILL); re-running finishes with the uninterrupted result."""
+
 from __future__ import annotations
 
 import shutil
@@ -20,8 +21,12 @@ WEIGHTS = {"cls": "model.safetensors", "gen": "model_ema.safetensors"}
 
 
 def start(branch: str, workdir: Path, seed: int = 0) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(DRIVER), branch, str(workdir), str(seed)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(DRIVER), branch, str(workdir), str(seed)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(branch: str, workdir: Path, seed: int = 0) -> str:
@@ -126,8 +131,10 @@ def test_a_damaged_checkpoint_is_passed_over_for_the_one_before_and_the_run_ends
     epoch_before = load_checkpoint(ckpt / "last.pt.prev")["epoch"]
     zero_tensor_records(ckpt / "last.pt")  # a torn copy or bad sector: same size, headers intact
     out = finish("cls", tmp_path)
-    assert (f"seed 0: checkpoint {ckpt / 'last.pt'} fails its checksum; resuming at epoch {epoch_before + 1} of 8 "
-            f"from {ckpt / 'last.pt.prev'}") in out
+    assert (
+        f"seed 0: checkpoint {ckpt / 'last.pt'} fails its checksum; resuming at epoch {epoch_before + 1} of 8 "
+        f"from {ckpt / 'last.pt.prev'}"
+    ) in out
     weights, figures = uninterrupted["cls"]
     resumed = load_file(str(tmp_path / "out" / WEIGHTS["cls"]))
     assert all(torch.equal(resumed[k], weights[k]) for k in weights)
@@ -142,8 +149,10 @@ def test_two_damaged_checkpoints_start_afresh_and_say_so(tmp_path, uninterrupted
     zero_tensor_records(ckpt / "last.pt")
     (ckpt / "last.pt.prev").write_bytes((ckpt / "last.pt.prev").read_bytes()[:-7])  # and a truncated one
     out = finish("cls", tmp_path)
-    assert (f"seed 0: checkpoint {ckpt / 'last.pt'} fails its checksum and {ckpt / 'last.pt.prev'} fails its "
-            f"checksum; starting afresh") in out
+    assert (
+        f"seed 0: checkpoint {ckpt / 'last.pt'} fails its checksum and {ckpt / 'last.pt.prev'} fails its "
+        f"checksum; starting afresh"
+    ) in out
     assert "weights_only" not in out and "resuming" not in out
     weights, _ = uninterrupted["cls"]
     again = load_file(str(tmp_path / "out" / WEIGHTS["cls"]))
@@ -167,6 +176,7 @@ def test_same_seed_in_a_fresh_process_gives_identical_bytes_and_another_seed_dif
 
 def save_bytes(tensors) -> bytes:
     from safetensors.torch import save
+
     return save(tensors)
 
 

@@ -1,4 +1,5 @@
 """Differences between runs: Welch's interval, and a direction only where the interval supports one."""
+
 from __future__ import annotations
 
 import math
@@ -6,8 +7,16 @@ import math
 import pytest
 from scipy import stats
 
-from vcarepro.metrics.intervals import (NO_PAPER_CHANGE, ONE_SEED, OPPOSITE, SAME, direction, not_resolved,
-                                        seeds_note, welch)
+from vcarepro.metrics.intervals import (
+    NO_PAPER_CHANGE,
+    ONE_SEED,
+    OPPOSITE,
+    SAME,
+    direction,
+    not_resolved,
+    seeds_note,
+    welch,
+)
 
 # Welch's own kind of example: unequal sizes and spreads
 A = [27.5, 21.0, 19.0, 23.6, 17.0, 17.9, 16.9, 20.1, 21.9, 22.6, 23.1, 19.6, 19.0, 21.7, 21.4]
@@ -48,18 +57,21 @@ def test_a_resolved_difference_is_compared_with_the_papers_sign(paper_gain, expe
 
 
 def test_seeds_needed_is_the_smallest_count_whose_interval_would_exclude_the_observed_difference():
-    diff = welch([1.0, 3.0, 2.0], [1.5, 0.0, 2.0])   # +0.83, spreads 1.0 and 1.04: not resolved with 3
+    diff = welch([1.0, 3.0, 2.0], [1.5, 0.0, 2.0])  # +0.83, spreads 1.0 and 1.04: not resolved with 3
     assert not diff.resolved
     n = diff.seeds_to_resolve()
 
     def half_width(k):
-        df = (diff.sd_a ** 2 / k + diff.sd_b ** 2 / k) ** 2 / (
-            (diff.sd_a ** 2 / k) ** 2 / (k - 1) + (diff.sd_b ** 2 / k) ** 2 / (k - 1))
-        return stats.t.ppf(0.975, df) * math.sqrt((diff.sd_a ** 2 + diff.sd_b ** 2) / k)
+        df = (diff.sd_a**2 / k + diff.sd_b**2 / k) ** 2 / (
+            (diff.sd_a**2 / k) ** 2 / (k - 1) + (diff.sd_b**2 / k) ** 2 / (k - 1)
+        )
+        return stats.t.ppf(0.975, df) * math.sqrt((diff.sd_a**2 + diff.sd_b**2) / k)
 
     assert half_width(n) < abs(diff.value) <= half_width(n - 1)
-    assert seeds_note(diff) == (f"rough: about {n} seeds per run if the observed difference and spread held "
-                                "(not a power calculation; before any correction)")
+    assert seeds_note(diff) == (
+        f"rough: about {n} seeds per run if the observed difference and spread held "
+        "(not a power calculation; before any correction)"
+    )
 
 
 def test_no_observed_difference_is_never_resolvable_by_more_seeds():
@@ -67,7 +79,9 @@ def test_no_observed_difference_is_never_resolvable_by_more_seeds():
     assert diff.value == 0 and not diff.resolved
     assert "would not give it a direction" in seeds_note(diff)
     # equal means that rounding makes -1.4e-14 apart are equal, not "more than 1000 seeds" away
-    diff = welch([95.0, 94.16666666666667, 89.16666666666667], [91.66666666666667, 93.33333333333333, 93.33333333333333])
+    diff = welch(
+        [95.0, 94.16666666666667, 89.16666666666667], [91.66666666666667, 93.33333333333333, 93.33333333333333]
+    )
     assert diff.value == 0.0 and diff.text().startswith("+0.00 [")
     assert "would not give it a direction" in seeds_note(diff)
 
@@ -76,14 +90,18 @@ def test_per_seed_values_read_back_what_aggregate_seeds_wrote_in_seed_order():
     from vcarepro.metrics.aggregate import aggregate_seeds, per_seed_values
 
     metrics = aggregate_seeds({10: {"top1": 3.0}, 2: {"top1": 1.0}, 0: {"top1": 2.0}}, ["top1"])
-    metrics["top1_seedless"] = 9.0    # a key that only starts like a seed key
-    assert per_seed_values(metrics, "top1") == [2.0, 1.0, 3.0]   # seeds 0, 2, 10: numeric, not text, order
+    metrics["top1_seedless"] = 9.0  # a key that only starts like a seed key
+    assert per_seed_values(metrics, "top1") == [2.0, 1.0, 3.0]  # seeds 0, 2, 10: numeric, not text, order
     assert per_seed_values(metrics, "top5") == []
 
 
 def test_the_welch_p_value_is_below_five_percent_exactly_when_the_interval_excludes_zero():
-    for a, b in (([1.0, 3.0, 2.0], [1.5, 0.0, 2.0]), ([10.0, 11.0, 12.0], [1.0, 2.0, 3.0]),
-                 ([87.2, 89.3], [58.0, 62.0]), ([5.0, 5.1], [5.05, 4.95, 5.0])):
+    for a, b in (
+        ([1.0, 3.0, 2.0], [1.5, 0.0, 2.0]),
+        ([10.0, 11.0, 12.0], [1.0, 2.0, 3.0]),
+        ([87.2, 89.3], [58.0, 62.0]),
+        ([5.0, 5.1], [5.05, 4.95, 5.0]),
+    ):
         diff = welch(a, b)
         assert (diff.p_value < 0.05) == diff.resolved
         assert diff.p_value == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue)  # scipy's Welch test
@@ -92,6 +110,7 @@ def test_the_welch_p_value_is_below_five_percent_exactly_when_the_interval_exclu
 
 def test_holm_keeps_the_familywise_error_and_steps_down():
     from vcarepro.metrics.intervals import holm, holm_adjusted
+
     # m = 4: thresholds 0.0125, 0.0167, 0.025, 0.05 for the sorted p-values
     assert holm([0.01, 0.04, 0.03, 0.005]) == [True, False, False, True]
     assert holm([0.01, 0.016, 0.024, 0.049]) == [True, True, True, True]

@@ -1,4 +1,5 @@
 """Paper-scale generation data: ADM cropping, an offline VAE, posterior-moment shards, decoding."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,14 @@ import torch
 from diffusers import AutoencoderKL
 from PIL import Image
 
-from vcarepro.data.latents import (LatentShards, adm_center_crop, decode_to_uint8, encode_to_shards, load_vae,
-                                   to_uint8_pixels)
+from vcarepro.data.latents import (
+    LatentShards,
+    adm_center_crop,
+    decode_to_uint8,
+    encode_to_shards,
+    load_vae,
+    to_uint8_pixels,
+)
 from vcarepro.tools.standins import write_random_vae
 
 CPU = torch.device("cpu")
@@ -25,8 +32,9 @@ SIZES = [(40, 30), (30, 50), (16, 16), (64, 20), (25, 25), (33, 47), (20, 70), (
 @pytest.fixture(scope="module")
 def vae_dir(tmp_path_factory):
     # the stand-in VAE with two blocks instead of SD's four: 2x downsampling
-    return write_random_vae(tmp_path_factory.mktemp("weights") / "vae", seed=0, block_out_channels=(8, 16),
-                            sample_size=32)
+    return write_random_vae(
+        tmp_path_factory.mktemp("weights") / "vae", seed=0, block_out_channels=(8, 16), sample_size=32
+    )
 
 
 @pytest.fixture
@@ -53,8 +61,15 @@ def jpegs(tmp_path_factory):
 def prepared(tmp_path, jpegs, vae, one_torch_thread):
     out = tmp_path / "latents"
     calls = []
-    index = encode_to_shards(jpegs, out, vae, image_size=IMAGE_SIZE, batch_size=3, shard_size=4,
-                             progress=lambda done, total: calls.append((done, total)))
+    index = encode_to_shards(
+        jpegs,
+        out,
+        vae,
+        image_size=IMAGE_SIZE,
+        batch_size=3,
+        shard_size=4,
+        progress=lambda done, total: calls.append((done, total)),
+    )
     return out, index, calls
 
 
@@ -67,17 +82,21 @@ def encoder_moments(vae, image: Image.Image):
 
 # ---------------------------------------------------------------- adm_center_crop
 
+
 @pytest.mark.parametrize("size", [(300, 200), (200, 300), (256, 256), (50, 40), (1100, 700)])
 def test_crop_is_a_square_of_the_requested_size(size):
     assert adm_center_crop(Image.new("RGB", size), 64).size == (64, 64)
 
 
-@pytest.mark.parametrize("size, boxes, bicubic", [
-    ((1100, 700), [(550, 350)], (402, 256)),                 # 256 * 550 / 350 = 402.3
-    ((2048, 1100), [(1024, 550), (512, 275)], (477, 256)),   # halves while the short side >= 512
-    ((600, 512), [(300, 256)], (300, 256)),                  # exactly 2 * 256 is halved too
-    ((600, 511), [], (301, 256)),                            # 511 < 512: no halving
-])
+@pytest.mark.parametrize(
+    "size, boxes, bicubic",
+    [
+        ((1100, 700), [(550, 350)], (402, 256)),  # 256 * 550 / 350 = 402.3
+        ((2048, 1100), [(1024, 550), (512, 275)], (477, 256)),  # halves while the short side >= 512
+        ((600, 512), [(300, 256)], (300, 256)),  # exactly 2 * 256 is halved too
+        ((600, 511), [], (301, 256)),  # 511 < 512: no halving
+    ],
+)
 def test_large_images_are_box_halved_then_bicubic_resized(monkeypatch, size, boxes, bicubic):
     calls = []
     resize = Image.Image.resize
@@ -124,6 +143,7 @@ def test_grayscale_becomes_equal_rgb_channels():
 
 # ---------------------------------------------------------------- load_vae
 
+
 def test_vae_loads_from_a_local_directory_in_eval_float32(vae_dir, network_attempts):
     vae = load_vae(str(vae_dir), CPU)
     assert isinstance(vae, AutoencoderKL) and not vae.training
@@ -148,8 +168,9 @@ def test_vae_loads_from_the_hub_cache_by_repo_id(tmp_path, vae_dir, monkeypatch,
     assert network_attempts == []
 
 
-@pytest.mark.parametrize("name", ["/nonexistent/weights/sd-vae-ft-ema", "vcarepro-tests/no-such-vae-0000",
-                                  "weights/sd-vae-ft-ema"])
+@pytest.mark.parametrize(
+    "name", ["/nonexistent/weights/sd-vae-ft-ema", "vcarepro-tests/no-such-vae-0000", "weights/sd-vae-ft-ema"]
+)
 def test_missing_vae_says_what_and_how_without_network(monkeypatch, network_attempts, name):
     local_flags = []
     original = AutoencoderKL.from_pretrained.__func__
@@ -169,20 +190,29 @@ def test_missing_vae_says_what_and_how_without_network(monkeypatch, network_atte
 
 # ---------------------------------------------------------------- encode_to_shards
 
+
 def test_shards_index_and_labels(prepared, jpegs):
     out, index, calls = prepared
     assert index == json.loads((out / "index.json").read_text())
-    assert index == {"num_images": 10, "shard_size": 4, "shards": [4, 4, 2], "latent_shape": [4, 8, 8],
-                     "scaling_factor": pytest.approx(0.18215), "image_size": IMAGE_SIZE, "flip_variants": True,
-                     "posterior": "moments"}
+    assert index == {
+        "num_images": 10,
+        "shard_size": 4,
+        "shards": [4, 4, 2],
+        "latent_shape": [4, 8, 8],
+        "scaling_factor": pytest.approx(0.18215),
+        "image_size": IMAGE_SIZE,
+        "flip_variants": True,
+        "posterior": "moments",
+    }
     for k, count in enumerate([4, 4, 2]):
         moments = np.load(out / f"moments_{k:05d}.npy", mmap_mode="r")
         labels = np.load(out / f"labels_{k:05d}.npy")
         assert moments.shape == (count, 2, 2, 4, 8, 8) and moments.dtype == np.float16
-        assert labels.dtype == np.int64 and labels.tolist() == [label for _, label in jpegs[4 * k:4 * k + count]]
+        assert labels.dtype == np.int64 and labels.tolist() == [label for _, label in jpegs[4 * k : 4 * k + count]]
         assert (moments[:, :, 1] > 0).all()  # std
     assert sorted(p.name for p in out.iterdir()) == ["index.json"] + [f"labels_{k:05d}.npy" for k in range(3)] + [
-        f"moments_{k:05d}.npy" for k in range(3)]
+        f"moments_{k:05d}.npy" for k in range(3)
+    ]
     assert calls[-1] == (10, 10) and [done for done, _ in calls] == sorted(done for done, _ in calls)
 
 
@@ -215,19 +245,32 @@ def test_failure_midway_leaves_no_index(tmp_path, jpegs, vae):
 
 # ---------------------------------------------------------------- LatentShards
 
+
 def write_synthetic(root, means, stds, labels, shard_size):
     """The documented format by hand: moments (n, [orig, mirror], [mean, std], C, h, w)."""
     root.mkdir(parents=True, exist_ok=True)
     counts = []
     for k, start in enumerate(range(0, len(labels), shard_size)):
         stop = min(start + shard_size, len(labels))
-        np.save(root / f"moments_{k:05d}.npy", np.stack([means[start:stop], stds[start:stop]], axis=2)
-                .astype(np.float16))
+        np.save(
+            root / f"moments_{k:05d}.npy", np.stack([means[start:stop], stds[start:stop]], axis=2).astype(np.float16)
+        )
         np.save(root / f"labels_{k:05d}.npy", np.asarray(labels[start:stop], dtype=np.int64))
         counts.append(stop - start)
-    (root / "index.json").write_text(json.dumps({
-        "num_images": len(labels), "shard_size": shard_size, "shards": counts, "latent_shape": list(means.shape[2:]),
-        "scaling_factor": 0.5, "image_size": 16, "flip_variants": True, "posterior": "moments"}))
+    (root / "index.json").write_text(
+        json.dumps(
+            {
+                "num_images": len(labels),
+                "shard_size": shard_size,
+                "shards": counts,
+                "latent_shape": list(means.shape[2:]),
+                "scaling_factor": 0.5,
+                "image_size": 16,
+                "flip_variants": True,
+                "posterior": "moments",
+            }
+        )
+    )
     return LatentShards(root)
 
 
@@ -292,6 +335,7 @@ def test_batch_of_a_real_preparation_is_the_scaled_posterior_sample(prepared):
 
 
 # ---------------------------------------------------------------- decoding
+
 
 def test_dit_uint8_rule():
     x = torch.tensor([-2.0, -1.0, (10.99 - 128) / 127.5, 0.0, 0.999, 1.0, 3.0])

@@ -1,4 +1,5 @@
 """Training stages launch on one process, several local processes (gloo, file store) or torchrun."""
+
 from __future__ import annotations
 
 import json
@@ -20,17 +21,31 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def launch_args(*argv, env=None, gpus=0, hosts=("gpu-a01", "gpu-a02")):
-    return resolve(parse([*argv, "stages/train_cls.py", "--run", "deit_tiny-vca"]), env=env or {},
-                   gpu_count=lambda: gpus, slurm_host=lambda nodelist: hosts[0])
+    return resolve(
+        parse([*argv, "stages/train_cls.py", "--run", "deit_tiny-vca"]),
+        env=env or {},
+        gpu_count=lambda: gpus,
+        slurm_host=lambda nodelist: hosts[0],
+    )
 
 
 def test_multi_node_goes_through_torchrun_with_the_params_rendezvous():
-    args = launch_args("--nnodes", "2", "--nproc-per-node", "8", "--node-rank", "1",
-                       "--rdzv-endpoint", "10.0.0.5:29500")
+    args = launch_args(
+        "--nnodes", "2", "--nproc-per-node", "8", "--node-rank", "1", "--rdzv-endpoint", "10.0.0.5:29500"
+    )
     assert torchrun_command(args) == [
-        "torchrun", "--nnodes=2", "--nproc-per-node=8", "--node-rank=1", "--rdzv-backend=c10d",
-        "--rdzv-endpoint=10.0.0.5:29500", "--rdzv-conf=join_timeout=600", "--", "stages/train_cls.py", "--run",
-        "deit_tiny-vca"]
+        "torchrun",
+        "--nnodes=2",
+        "--nproc-per-node=8",
+        "--node-rank=1",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=10.0.0.5:29500",
+        "--rdzv-conf=join_timeout=600",
+        "--",
+        "stages/train_cls.py",
+        "--run",
+        "deit_tiny-vca",
+    ]
 
 
 def test_the_rendezvous_timeout_reaches_torchrun_from_the_option_or_the_environment():
@@ -44,21 +59,50 @@ SLURM = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "4", "SLURM_NODEID": "2", "SLUR
 
 
 def test_inside_a_slurm_allocation_one_srun_starts_torchrun_on_every_node():
-    args = launch_args("--nnodes", "env", "--nproc-per-node", "gpu", "--rdzv-endpoint", "env",
-                       "--launcher", "srun", env=SLURM, gpus=8)
+    args = launch_args(
+        "--nnodes", "env", "--nproc-per-node", "gpu", "--rdzv-endpoint", "env", "--launcher", "srun", env=SLURM, gpus=8
+    )
     assert srun_command(args, env=SLURM) == [
-        "srun", "--nodes=4", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *RELAYED,
-        "torchrun", "--nnodes=4", "--nproc-per-node=8", "--rdzv-backend=c10d", "--rdzv-id=4242",
-        "--rdzv-endpoint=gpu-a01:29500", "--rdzv-conf=join_timeout=600", "--", "stages/train_cls.py", "--run",
-        "deit_tiny-vca"]
+        "srun",
+        "--nodes=4",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        *RELAYED,
+        "torchrun",
+        "--nnodes=4",
+        "--nproc-per-node=8",
+        "--rdzv-backend=c10d",
+        "--rdzv-id=4242",
+        "--rdzv-endpoint=gpu-a01:29500",
+        "--rdzv-conf=join_timeout=600",
+        "--",
+        "stages/train_cls.py",
+        "--run",
+        "deit_tiny-vca",
+    ]
 
 
 def test_inside_a_job_step_the_srun_launcher_shares_the_steps_resources():
-    args = launch_args("--nnodes", "4", "--nproc-per-node", "8", "--rdzv-endpoint", "gpu-a01:29500",
-                       "--launcher", "srun", env=SLURM, gpus=8)
+    args = launch_args(
+        "--nnodes",
+        "4",
+        "--nproc-per-node",
+        "8",
+        "--rdzv-endpoint",
+        "gpu-a01:29500",
+        "--launcher",
+        "srun",
+        env=SLURM,
+        gpus=8,
+    )
     assert "--overlap" not in srun_command(args, env=SLURM)
     assert srun_command(args, env={**SLURM, "SLURM_STEP_ID": "0"})[:5] == [
-        "srun", "--nodes=4", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--overlap"]
+        "srun",
+        "--nodes=4",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        "--overlap",
+    ]
 
 
 def test_env_values_come_from_slurm_or_torchrun_style_variables():
@@ -69,19 +113,22 @@ def test_env_values_come_from_slurm_or_torchrun_style_variables():
     assert (args.nnodes, args.node_rank, args.rdzv_endpoint) == (3, 1, "10.1.2.3:6000")
 
 
-@pytest.mark.parametrize("argv, env, message", [
-    (["--nnodes", "2", "--rdzv-endpoint", "file"], {}, "a file rendezvous works on one node"),
-    (["--nnodes", "env"], {}, "needs one of SLURM_NNODES, NNODES"),
-    (["--nnodes", "two"], {}, "'two' is not an integer"),
-    (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], {}, "--node-rank 2 does not exist among 2"),
-    (["--nproc-per-node", "gpu"], {}, "found no visible GPU"),
-    (["--rdzv-endpoint", "env"], {}, "needs MASTER_ADDR or a SLURM allocation"),
-    (["--launcher", "srun", "--rdzv-endpoint", "h:1"], {}, "must run inside a SLURM allocation"),
-    (["--launcher", "srun"], SLURM, "a file rendezvous works on one node"),
-    (["--rdzv-timeout", "soon"], {}, "--rdzv-timeout 'soon' is not a whole number of seconds; give one"),
-    (["--rdzv-timeout", "0"], {}, "--rdzv-timeout is 0; it must be at least 1 second"),
-    (["--grace", "-1"], {}, "--grace is -1; it must be at least 0 second"),
-])
+@pytest.mark.parametrize(
+    "argv, env, message",
+    [
+        (["--nnodes", "2", "--rdzv-endpoint", "file"], {}, "a file rendezvous works on one node"),
+        (["--nnodes", "env"], {}, "needs one of SLURM_NNODES, NNODES"),
+        (["--nnodes", "two"], {}, "'two' is not an integer"),
+        (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], {}, "--node-rank 2 does not exist among 2"),
+        (["--nproc-per-node", "gpu"], {}, "found no visible GPU"),
+        (["--rdzv-endpoint", "env"], {}, "needs MASTER_ADDR or a SLURM allocation"),
+        (["--launcher", "srun", "--rdzv-endpoint", "h:1"], {}, "must run inside a SLURM allocation"),
+        (["--launcher", "srun"], SLURM, "a file rendezvous works on one node"),
+        (["--rdzv-timeout", "soon"], {}, "--rdzv-timeout 'soon' is not a whole number of seconds; give one"),
+        (["--rdzv-timeout", "0"], {}, "--rdzv-timeout is 0; it must be at least 1 second"),
+        (["--grace", "-1"], {}, "--grace is -1; it must be at least 0 second"),
+    ],
+)
 def test_launch_settings_that_cannot_work_are_one_line_errors(argv, env, message):
     with pytest.raises(LaunchError, match=message.replace("[", r"\[")):
         launch_args(*argv, env=env)
@@ -104,10 +151,13 @@ def test_stage_commands_pass_every_distributed_param_to_the_launcher():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("branch, run, stage", [
-    ("cls", "deit_tiny-mhsa", "train_cls.py"),
-    ("gen", "dit_s2-vca", "train_gen.py"),
-])
+@pytest.mark.parametrize(
+    "branch, run, stage",
+    [
+        ("cls", "deit_tiny-mhsa", "train_cls.py"),
+        ("gen", "dit_s2-vca", "train_gen.py"),
+    ],
+)
 def test_a_training_stage_runs_ddp_on_two_cpu_processes(tmp_path, branch, run, stage):
     params = compose([])
     params["cls_shape"].update(depth=1, embed_dim=32)
@@ -121,9 +171,26 @@ def test_a_training_stage_runs_ddp_on_two_cpu_processes(tmp_path, branch, run, s
     if branch == "gen":
         subprocess.run([sys.executable, str(ROOT / "stages" / "prepare_gen.py")], cwd=tmp_path, env=env, check=True)
     result = subprocess.run(
-        [sys.executable, "-m", "vcarepro.train.launch", "--nproc-per-node", "2", "--rdzv-endpoint", "file",
-         str(ROOT / "stages" / stage), "--run", run, "--max-steps", "3"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "vcarepro.train.launch",
+            "--nproc-per-node",
+            "2",
+            "--rdzv-endpoint",
+            "file",
+            str(ROOT / "stages" / stage),
+            "--run",
+            run,
+            "--max-steps",
+            "3",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "runs" / branch / run
     weights = "model.safetensors" if branch == "cls" else "model_ema.safetensors"
@@ -134,7 +201,10 @@ def test_a_training_stage_runs_ddp_on_two_cpu_processes(tmp_path, branch, run, s
     prefix = f"{stage.split('.')[0]} {run} seed 0"
     assert result.stdout.count(f"{prefix}:") == 1
     assert result.stdout.count(f"{prefix} | step 0/") == 1, result.stdout
-    assert len([line for line in result.stdout.splitlines() if line.startswith(f"{prefix} |") and " | done in " in line]) == 1
+    assert (
+        len([line for line in result.stdout.splitlines() if line.startswith(f"{prefix} |") and " | done in " in line])
+        == 1
+    )
 
 
 def test_ranks_see_disjoint_data_that_covers_the_split():
@@ -206,9 +276,25 @@ class Launch:
         script.write_text(RANK)
         env = {**os.environ, "TMPDIR": str(self.tmp), "PYTHONPATH": str(ROOT / "src")}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "vcarepro.train.launch", "--nproc-per-node", "2", "--rdzv-endpoint", "file", *options,
-             str(script), mode, str(self.marks)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "vcarepro.train.launch",
+                "--nproc-per-node",
+                "2",
+                "--rdzv-endpoint",
+                "file",
+                *options,
+                str(script),
+                mode,
+                str(self.marks),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
 
     def wait_for(self, *names: str, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
@@ -258,8 +344,10 @@ def test_a_rank_that_dies_before_the_rendezvous_stops_the_launch_within_seconds(
     run = launch("die")  # the default rendezvous timeout, 600 s: the launcher must not wait for it
     err = run.finish(timeout=120)
     assert run.process.returncode == 128 + signal.SIGKILL, err[-3000:]
-    assert "launch: rank 1 exited with status -9 (killed by SIGKILL); stopped rank 0; see the ranks' output above." \
+    assert (
+        "launch: rank 1 exited with status -9 (killed by SIGKILL); stopped rank 0; see the ranks' output above."
         in err.splitlines()
+    )
     assert run.since("rank0-joining") < 10  # rank 1 died 0.5 s after rank 0 entered the rendezvous
     assert not (run.marks / "rank0-joined").exists() and not (run.marks / "rank1-joining").exists()
     assert run.stores_left() == []
@@ -271,9 +359,11 @@ def test_the_rendezvous_gives_up_after_its_timeout_naming_the_missing_rank(launc
     err = run.finish(timeout=120)
     assert run.process.returncode == 2, err[-3000:]
     lines = err.splitlines()
-    assert ("error: rank 0: rank 1 did not reach the rendezvous within 3 s (died while starting, or still "
-            "starting); see its errors, or give the launcher a longer --rdzv-timeout (VCAREPRO_RDZV_TIMEOUT) if "
-            "the ranks start slowly.") in lines
+    assert (
+        "error: rank 0: rank 1 did not reach the rendezvous within 3 s (died while starting, or still "
+        "starting); see its errors, or give the launcher a longer --rdzv-timeout (VCAREPRO_RDZV_TIMEOUT) if "
+        "the ranks start slowly."
+    ) in lines
     assert "Traceback (most recent call last):" not in err
     assert "launch: rank 0 exited with status 2; stopped rank 1; see the ranks' output above." in lines
     assert 3 <= run.since("rank0-joining") < 15
@@ -306,17 +396,26 @@ IP, UNSHARE = shutil.which("ip", path=SEARCH), shutil.which("unshare", path=SEAR
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0 or not (IP and UNSHARE),
-                    reason="a private network namespace (unshare --net, as root) keeps torchrun's store off the network")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not (IP and UNSHARE),
+    reason="a private network namespace (unshare --net, as root) keeps torchrun's store off the network",
+)
 def test_the_torchrun_launcher_really_starts_its_ranks_with_the_scripts_own_options(tmp_path):
     """The torchrun command line, run: torchrun takes abbreviated options, so without `--` the script's
     `--run` was refused as an ambiguous `--run-path` (caught by the SLURM test's srun launch)."""
     script = tmp_path / "ranks.py"
     script.write_text(RANK_SCRIPT)
-    command = (f"{IP} link set lo up && {sys.executable} -m vcarepro.train.launch --nnodes 1 --nproc-per-node 2 "
-               f"--rdzv-endpoint 127.0.0.1:29531 --launcher torchrun {script} --run {tmp_path}")
-    result = subprocess.run([UNSHARE, "--net", "sh", "-c", command], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    command = (
+        f"{IP} link set lo up && {sys.executable} -m vcarepro.train.launch --nnodes 1 --nproc-per-node 2 "
+        f"--rdzv-endpoint 127.0.0.1:29531 --launcher torchrun {script} --run {tmp_path}"
+    )
+    result = subprocess.run(
+        [UNSHARE, "--net", "sh", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in (0, 1):
         assert (tmp_path / f"rank_{rank}.txt").read_text() == f"--run {tmp_path} 2"

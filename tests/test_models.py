@@ -1,4 +1,5 @@
 """timm-creatable VCA backbones: shapes, the paper's parameter claim, save/load, factory errors."""
+
 from __future__ import annotations
 
 import pytest
@@ -35,7 +36,8 @@ def test_vca_deit_tiny_is_timm_deit_tiny_with_every_attention_replaced():
 
 def test_vca_adds_under_0_3m_parameters_to_deit_tiny():
     added = count_parameters(timm.create_model("vca_deit_tiny_patch16_224")) - count_parameters(
-        timm.create_model("deit_tiny_patch16_224"))
+        timm.create_model("deit_tiny_patch16_224")
+    )
     assert 0.2e6 < added < 0.3e6
     # per block: e+ and e- (2 x 49 x 192), 8 lambda vectors of head dim 64,
     # two RMSNorm weights of 64, depthwise 3x3 conv with bias on 192 channels
@@ -62,8 +64,16 @@ def test_forward_shapes_and_knobs_pass_through_create_model(name):
 
 
 def test_patch_size_and_no_class_token_reach_the_attention():
-    m = timm.create_model("vca_deit_tiny_patch16_224", img_size=64, patch_size=8, num_classes=5,
-                          class_token=False, global_pool="avg", depth=1, contrast_tokens=16).eval()
+    m = timm.create_model(
+        "vca_deit_tiny_patch16_224",
+        img_size=64,
+        patch_size=8,
+        num_classes=5,
+        class_token=False,
+        global_pool="avg",
+        depth=1,
+        contrast_tokens=16,
+    ).eval()
     assert m.blocks[0].attn.grid_size == (8, 8) and m.blocks[0].attn.num_prefix_tokens == 0
     with torch.no_grad():
         assert m(torch.randn(1, 3, 64, 64)).shape == (1, 5)

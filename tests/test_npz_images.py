@@ -1,5 +1,6 @@
 """ADM-format image files read a batch at a time: every .npy header version numpy writes, stored or deflated, gives
 numpy's own array; a truncated, Fortran-ordered or foreign file is one sentence naming the fix."""
+
 from __future__ import annotations
 
 import io
@@ -72,7 +73,7 @@ def test_a_plain_npy_file_of_either_header_version_is_read_by_numpy(tmp_path, ve
 def test_a_truncated_member_names_where_it_ends(tmp_path):
     images = random_images(11, seed=3)
     data = npy_bytes(images, (1, 0))
-    path = npz_of(tmp_path / "cut.npz", {"arr_0": data[:-images[0].nbytes // 2]}, zipfile.ZIP_DEFLATED)
+    path = npz_of(tmp_path / "cut.npz", {"arr_0": data[: -images[0].nbytes // 2]}, zipfile.ZIP_DEFLATED)
     assert npz_num_images(path) == 11  # the header still says 11
     stream = iter_npz_images(path, 4)
     assert len(next(stream)) == 4 and len(next(stream)) == 4

@@ -1,5 +1,6 @@
 """The numerics profile (src/vcarepro/core/numerics.py) reaches every process a stage starts, changes what they compute
 with when it changes, and makes an emulated AMD EPYC compute the bits this machine computes (issue 25)."""
+
 from __future__ import annotations
 
 import json
@@ -12,15 +13,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from vcarepro.core import numerics
 from vcarepro.tools import lockcheck
 
-from vcarepro.core import numerics
 ROOT = Path(__file__).resolve().parents[1]
 RUN = str(ROOT / "stages" / "run.py")
 HAS_AVX512 = "avx512f" in numerics.cpu_flags()
 
 # What a process reports about itself: the kernels ATen dispatches to, its threads, the profile's variables.
-PROBE = '''
+PROBE = """
 import json, os, sys
 import torch
 from vcarepro.core.errors import run_stage
@@ -45,7 +46,7 @@ def main():
     open(name, "w").write(json.dumps(out))
 
 run_stage(main)
-'''
+"""
 
 
 def write_params(folder: Path, **numerics_section) -> None:
@@ -59,8 +60,9 @@ def probe(folder: Path, *args: str, env=None, warm: bool = True, launch: bool = 
     command = [sys.executable, RUN]
     if launch:
         command += ["-m", "vcarepro.train.launch", "--nproc-per-node", "2", "--rdzv-endpoint", "file"]
-    done = subprocess.run([*command, "probe.py", *args], cwd=folder, env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [*command, "probe.py", *args], cwd=folder, env=env, capture_output=True, text=True, timeout=600
+    )
     return done
 
 
@@ -115,24 +117,32 @@ def test_changing_the_profile_changes_what_the_child_runs_with(tmp_path):
 @pytest.mark.skipif(not HAS_AVX512, reason="needs a CPU whose own ATen kernels are not the profile's AVX2 ones")
 def test_a_stage_whose_torch_was_loaded_without_the_profile_refuses_to_run(tmp_path):
     (tmp_path / "probe.py").write_text(PROBE)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"),
-           numerics.ENV_KEY: json.dumps({"cpu": "portable", "gpu": "fast", "threads": 2})}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src"),
+        numerics.ENV_KEY: json.dumps({"cpu": "portable", "gpu": "fast", "threads": 2}),
+    }
     env.pop("ATEN_CPU_CAPABILITY", None)
-    done = subprocess.run([sys.executable, "probe.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "probe.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "error: ATen runs its AVX512 kernels although numerics.cpu=portable asked for AVX2: torch was imported before "
         "stages/run.py set ATEN_CPU_CAPABILITY; start the stage through `python stages/run.py` (stop a stale warm "
-        "server with VCAREPRO_WARM=0)"]
+        "server with VCAREPRO_WARM=0)"
+    ]
     assert not (tmp_path / "probe.json").exists()
 
 
-@pytest.mark.parametrize("section, message", [
-    ({"cpu": "fast"}, "numerics.cpu='fast' is unknown; use one of portable, native."),
-    ({"cpu": "portable", "threads": 0}, "numerics.threads=0 must be a whole number >= 1"),
-    ({"gpu": "exact"}, "numerics.gpu='exact' is unknown; use one of deterministic, fast."),
-])
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ({"cpu": "fast"}, "numerics.cpu='fast' is unknown; use one of portable, native."),
+        ({"cpu": "portable", "threads": 0}, "numerics.threads=0 must be a whole number >= 1"),
+        ({"gpu": "exact"}, "numerics.gpu='exact' is unknown; use one of deterministic, fast."),
+    ],
+)
 def test_a_bad_profile_is_one_sentence_and_exit_2_before_anything_runs(tmp_path, section, message):
     write_params(tmp_path, **section)
     done = probe(tmp_path)
@@ -151,6 +161,7 @@ def test_the_profiles_set_what_their_documentation_names():
     assert deterministic["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8" and "ATEN_CPU_CAPABILITY" not in deterministic
     # every variable a profile sets is part of the warm server's key (stages/warm.py)
     from stages import warm
+
     for name in {**portable, **deterministic}:
         if name != numerics.ENV_KEY:
             assert name.startswith(warm.IMPORT_ENV_PREFIXES), name
@@ -158,6 +169,7 @@ def test_the_profiles_set_what_their_documentation_names():
 
 def test_every_scale_has_its_profile():
     from vcarepro.params.config import compose
+
     assert compose([])["numerics"] == {"cpu": "portable", "threads": 2, "gpu": "deterministic"}
     assert compose(["scale=smoke"])["numerics"]["cpu"] == "native"  # the paper path's numerics, no lock to reproduce
     assert compose(["scale=paper"])["numerics"] == {"cpu": "native", "threads": 2, "gpu": "deterministic"}
@@ -179,13 +191,16 @@ def test_the_portable_profile_computes_the_same_bits_on_an_emulated_amd_epyc(tmp
     # the stage would leave the emulator, which emulates one process, not its execve)
     profile = numerics.profile_env(numerics.settings_of(yaml.safe_load((ROOT / "params.yaml").read_text())))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **profile}
-    where = ("import json, torch, threadpoolctl; print(json.dumps([torch.backends.cpu.get_cpu_capability(), "
-             "sorted({i.get('architecture') for i in threadpoolctl.threadpool_info() if i.get('architecture')})]))")
+    where = (
+        "import json, torch, threadpoolctl; print(json.dumps([torch.backends.cpu.get_cpu_capability(), "
+        "sorted({i.get('architecture') for i in threadpoolctl.threadpool_info() if i.get('architecture')})]))"
+    )
 
     def run(*command, emulate=False, environ=env):
         prefix = [QEMU, "-cpu", "EPYC-Rome"] if emulate else []
-        done = subprocess.run([*prefix, sys.executable, *command], cwd=tmp_path, env=environ, capture_output=True,
-                              text=True, timeout=1500)
+        done = subprocess.run(
+            [*prefix, sys.executable, *command], cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=1500
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout
 
@@ -243,37 +258,63 @@ print(before)
 
 
 def test_lockcheck_names_each_output_whose_hash_differs():
-    recorded = {"stages": {"prepare_gen": {"outs": [{"path": "data/gen", "md5": "a" * 32 + ".dir"}]},
-                           "report": {"outs": [{"path": "reports/results.json", "md5": "b" * 32}]}}}
-    here = {"stages": {"prepare_gen": {"outs": [{"path": "data/gen", "md5": "c" * 32 + ".dir"}]},
-                       "report": {"outs": [{"path": "reports/results.json", "md5": "b" * 32}]}}}
+    recorded = {
+        "stages": {
+            "prepare_gen": {"outs": [{"path": "data/gen", "md5": "a" * 32 + ".dir"}]},
+            "report": {"outs": [{"path": "reports/results.json", "md5": "b" * 32}]},
+        }
+    }
+    here = {
+        "stages": {
+            "prepare_gen": {"outs": [{"path": "data/gen", "md5": "c" * 32 + ".dir"}]},
+            "report": {"outs": [{"path": "reports/results.json", "md5": "b" * 32}]},
+        }
+    }
     assert lockcheck.compare_locks(recorded, recorded) == []
     assert lockcheck.compare_locks(recorded, here) == [
-        "data/gen (prepare_gen): cccccccccccc here, aaaaaaaaaaaa in the committed lock"]
+        "data/gen (prepare_gen): cccccccccccc here, aaaaaaaaaaaa in the committed lock"
+    ]
 
 
 def test_lockcheck_names_the_files_of_a_directory_output_that_differ(tmp_path):
     """The record keeps each directory output's file listing, so a verify elsewhere says which file differs."""
     import json
 
-    listing = [{"md5": "1" * 32, "relpath": "SHA256SUMS"}, {"md5": "2" * 32, "relpath": "meta.json"},
-               {"md5": "3" * 32, "relpath": "net.safetensors"}]
+    listing = [
+        {"md5": "1" * 32, "relpath": "SHA256SUMS"},
+        {"md5": "2" * 32, "relpath": "meta.json"},
+        {"md5": "3" * 32, "relpath": "net.safetensors"},
+    ]
     obj = tmp_path / ".dvc" / "cache" / "files" / "md5" / "ab" / ("c" * 30 + ".dir")
     obj.parent.mkdir(parents=True)
     obj.write_text(json.dumps(listing))
-    lock = {"stages": {"prepare_gen": {"outs": [{"path": "data/gen", "md5": "ab" + "c" * 30 + ".dir"}]},
-                       "report": {"outs": [{"path": "reports/results.json", "md5": "b" * 32}]}}}
+    lock = {
+        "stages": {
+            "prepare_gen": {"outs": [{"path": "data/gen", "md5": "ab" + "c" * 30 + ".dir"}]},
+            "report": {"outs": [{"path": "reports/results.json", "md5": "b" * 32}]},
+        }
+    }
     here = lockcheck.output_files(tmp_path, lock)
     assert here == {"data/gen": {"SHA256SUMS": "1" * 32, "meta.json": "2" * 32, "net.safetensors": "3" * 32}}
     recorded = {**here["data/gen"], "net.safetensors": "4" * 32, "old.npy": "5" * 32}
     del recorded["SHA256SUMS"]
     assert lockcheck.file_differences(recorded, here["data/gen"]) == (
-        "; files: SHA256SUMS (only here), net.safetensors (differs), old.npy (only recorded)")
+        "; files: SHA256SUMS (only here), net.safetensors (differs), old.npy (only recorded)"
+    )
     assert "every file hashes as" in lockcheck.file_differences(here["data/gen"], here["data/gen"])
     assert lockcheck.file_differences(None, here["data/gen"]) == ""
-    machine = {"cpu": "X", "vendor": "GenuineIntel", "family_model": "6/143/8", "caches": {"L1d": "48K", "L2": "2048K"},
-               "isa": ["avx2", "fma"], "libc": "glibc 2.36", "aten_capability": "AVX2", "threads": 2,
-               "profile": {"cpu": "portable"}, "libraries": {"torch": "2.14.1"}}
+    machine = {
+        "cpu": "X",
+        "vendor": "GenuineIntel",
+        "family_model": "6/143/8",
+        "caches": {"L1d": "48K", "L2": "2048K"},
+        "isa": ["avx2", "fma"],
+        "libc": "glibc 2.36",
+        "aten_capability": "AVX2",
+        "threads": 2,
+        "profile": {"cpu": "portable"},
+        "libraries": {"torch": "2.14.1"},
+    }
     text = lockcheck.describe(machine)
     assert "6/143/8" in text and "L2 2048K" in text and "ISA avx2 fma" in text
 
@@ -285,10 +326,14 @@ def test_the_machine_description_names_the_cpu_model_and_caches():
 
 
 def test_lockcheck_stale_ignores_missing_outputs_and_names_changed_code():
-    status = {"prepare_gen": [{"changed deps": {"data/cls": "deleted", "src/vcarepro/core/io.py": "modified"}},
-                              {"changed outs": {"data/gen": "deleted"}}],
-              "train_cls@deit_tiny-vca": [{"changed deps": {"data/cls": "deleted"}}, {"changed outs": {"x": "deleted"}}],
-              "report": [{"changed deps": {"params.yaml": {"numerics": "modified"}, "runs": "modified"}}]}
+    status = {
+        "prepare_gen": [
+            {"changed deps": {"data/cls": "deleted", "src/vcarepro/core/io.py": "modified"}},
+            {"changed outs": {"data/gen": "deleted"}},
+        ],
+        "train_cls@deit_tiny-vca": [{"changed deps": {"data/cls": "deleted"}}, {"changed outs": {"x": "deleted"}}],
+        "report": [{"changed deps": {"params.yaml": {"numerics": "modified"}, "runs": "modified"}}],
+    }
     lines = lockcheck.stale_entries(status, ["data/gen", "data/cls", "x", "runs/cls/a/train"])
     assert "prepare_gen: dep src/vcarepro/core/io.py modified" in lines
     assert not any("train_cls" in line for line in lines)

@@ -1,5 +1,6 @@
 """The paper-scale road on a miniature ImageNet in the official layout (issue 21): each problem a first real run
 met, driven through the real stage processes on real JPEGs of varied sizes."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,8 @@ import yaml
 from PIL import Image
 
 from test_errors import one_error_line, stage
-from vcarepro.params.config import compose
 from vcarepro.core.errors import USER_ERROR_STATUS
+from vcarepro.params.config import compose
 
 ROOT = Path(__file__).resolve().parents[1]
 # DeiT's layout at 32 px (patch 16 -> a 2x2 grid), so that a stage trains in seconds
@@ -29,8 +30,9 @@ def smoke_params(**overrides):
     params = compose(["scale=smoke"])
     params["cls_shape"] = dict(TINY_DEIT)
     # the DeiT runs alone: cls_shape goes to every run's constructor, and the hierarchical ones take no depth
-    params["cls_runs"] = {k: v for k, v in params["cls_runs"].items()
-                          if params["models"][v["model"]]["arch"].startswith("deit")}
+    params["cls_runs"] = {
+        k: v for k, v in params["cls_runs"].items() if params["models"][v["model"]]["arch"].startswith("deit")
+    }
     params["cls_recipe_overrides"].update({"img_size": 32, "workers": 0, **overrides})
     return params
 
@@ -39,6 +41,7 @@ def smoke_params(**overrides):
 def prepared(tmp_path_factory):
     """data/cls prepared by the real prepare_cls stage from a miniature in the official archive layout."""
     from vcarepro.tools.standins import write_mini_imagenet
+
     work = tmp_path_factory.mktemp("road")
     write_mini_imagenet(work / "ilsvrc", classes=4, train_per_class=4, val_per_class=2, seed=0)
     params = smoke_params()
@@ -63,10 +66,11 @@ def history(tmp_path, run):
 
 def test_randaugment_with_magnitude_noise_never_raises_on_real_images():
     """Problem 1: timm's rand-m9-mstd0.5-inc1 passes bits=0 to Pillow 13's posterize (4 of 3,000 transforms)."""
+    import io
+
     import vcarepro.data.augment as augment
     from vcarepro.tools.standins import synthetic_jpeg
     from vcarepro.train.classification import build_transforms
-    import io
 
     recipe = {**compose(["scale=paper"])["cls_recipes"]["deit"], "img_size": 64}
     assert recipe["auto_augment"] == "rand-m9-mstd0.5-inc1"
@@ -77,8 +81,11 @@ def test_randaugment_with_magnitude_noise_never_raises_on_real_images():
     assert augment_ops and all(op.aug_fn is real for op in augment_ops)
     for op in augment_ops:
         op.aug_fn = lambda img, bits, **kw: (zero_bits.append(bits) if bits <= 0 else None) or real(img, bits, **kw)
-    images = [Image.open(io.BytesIO(synthetic_jpeg(0, "train", label, i, 4))).convert("RGB")
-              for label in range(4) for i in range(3)]
+    images = [
+        Image.open(io.BytesIO(synthetic_jpeg(0, "train", label, i, 4))).convert("RGB")
+        for label in range(4)
+        for i in range(3)
+    ]
     random.seed(0)
     for draw in range(3000):
         transform(images[draw % len(images)])
@@ -119,9 +126,20 @@ def test_a_split_that_cannot_fill_one_step_is_refused_before_any_work(tmp_path, 
 @pytest.mark.slow
 def test_epochs_counts_every_epoch_trained_whatever_the_recipes_cooldown(tmp_path, prepared):
     """Problems 4 and 5: `-S cls_recipe_overrides.epochs=1` failed at paper scale, and trained 11 epochs of CSwin."""
-    result = subprocess.run([sys.executable, "-m", "vcarepro.params.config", "scale=paper", "cls_recipe_overrides.epochs=2",
-                             "cls_recipe_overrides.accum_steps=2"], cwd=tmp_path, capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vcarepro.params.config",
+            "scale=paper",
+            "cls_recipe_overrides.epochs=2",
+            "cls_recipe_overrides.accum_steps=2",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
     assert result.returncode == 0, result.stderr
     written = yaml.safe_load((tmp_path / "params.yaml").read_text())
     assert (written["cls_recipe_overrides"]["epochs"], written["cls_recipe_overrides"]["accum_steps"]) == (2, 1 + 1)
@@ -129,7 +147,7 @@ def test_epochs_counts_every_epoch_trained_whatever_the_recipes_cooldown(tmp_pat
     tmp_path = project(tmp_path, prepared)
     params = smoke_params(epochs=2, cooldown_epochs=1)
     params["cls_runs"]["deit_tiny-mhsa"]["recipe"] = "lab_cswin_tiny"  # 10 cooldown epochs as published
-    params["cls_recipe_overrides"]["cooldown_epochs"] = None              # ... kept: refused, not 12 epochs
+    params["cls_recipe_overrides"]["cooldown_epochs"] = None  # ... kept: refused, not 12 epochs
     result = train(tmp_path, "deit_tiny-mhsa", params)
     assert result.returncode == USER_ERROR_STATUS and "cls_recipe_overrides.cooldown_epochs=0" in one_error_line(result)
     params["cls_recipe_overrides"]["cooldown_epochs"] = 1
@@ -170,6 +188,7 @@ def test_the_linear_reference_reads_imagenet_shaped_splits(tmp_path, prepared):
 def test_a_partial_copy_is_refused_with_the_key_to_set(tmp_path):
     """Problem 9: the expect-full error said `expect_full=False`, not the key a user sets."""
     from vcarepro.tools.standins import write_mini_imagenet
+
     write_mini_imagenet(tmp_path / "ilsvrc", classes=4, train_per_class=1, val_per_class=1, seed=0)
     params = smoke_params()
     params["prepare_cls"].update(imagenet_root=str(tmp_path / "ilsvrc"), expect_full=True, workers=1)
@@ -186,10 +205,32 @@ def test_a_launched_stage_prints_no_runpy_warning(tmp_path, prepared):
     shutil.copytree(ROOT / "stages", tmp_path / "stages")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(smoke_params()))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "VCAREPRO_WARM": "1"}
-    result = subprocess.run([sys.executable, str(ROOT / "stages" / "run.py"), "-m", "vcarepro.train.launch", "--nnodes", "1",
-                             "--nproc-per-node", "1", "--node-rank", "0", "--rdzv-endpoint", "file", "--launcher",
-                             "torchrun", "stages/train_cls.py", "--run", "deit_tiny-vca"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "stages" / "run.py"),
+            "-m",
+            "vcarepro.train.launch",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            "1",
+            "--node-rank",
+            "0",
+            "--rdzv-endpoint",
+            "file",
+            "--launcher",
+            "torchrun",
+            "stages/train_cls.py",
+            "--run",
+            "deit_tiny-vca",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     assert "RuntimeWarning" not in result.stderr and "found in sys.modules" not in result.stderr
     assert (tmp_path / "runs" / "cls" / "deit_tiny-vca" / "train" / "seed_0" / "model.safetensors").is_file()

@@ -9,6 +9,7 @@ a params.yaml holding both `seeds: [0]` and `sedes: [0, 1, 2]`, DVC's "Could not
 
 The real processes run side by side (one fixture), since each pays for importing torch.
 """
+
 from __future__ import annotations
 
 import copy
@@ -21,8 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vcarepro.params.config import compose, main
 from vcarepro.core.errors import USER_ERROR_STATUS
+from vcarepro.params.config import compose, main
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -43,21 +44,33 @@ def project(where: Path, edit=None) -> Path:
 
 # (an edit of conf/, the overrides, the one line expected on stderr)
 CASES = {
-    "sedes": (("conf/scale/embedded.yaml", "deit_tiny-mhsa: {seeds: [0, 1, 2]}", "deit_tiny-mhsa: {sedes: [0, 1, 2]}"),
-              [], "error: conf/scale/embedded.yaml: cls_runs.deit_tiny-mhsa.sedes is not a key of a cls_runs entry "
-                  "(did you mean seeds?), which holds model, recipe, seeds; fix it in conf/ and run "
-                  "`python -m vcarepro.params.config` (or pass -S to dvc exp run)."),
-    "modle": (("conf/config.yaml", "deit_tiny-vca: {model: deit_tiny-vca,", "deit_tiny-vca: {modle: deit_tiny-vca,"),
-              [], "error: conf/config.yaml: cls_runs.deit_tiny-vca.modle is not a key of a cls_runs entry (did you "
-                  "mean model?), which holds model, recipe, seeds; fix it in conf/ and run `python -m vcarepro.params.config` "
-                  "(or pass -S to dvc exp run)."),
-    "evil": (("conf/runs/sit.yaml", "  sit_s2-vca:", '  "../evil":'),
-             [], "error: conf/runs/sit.yaml: gen_runs has an entry named '../evil'; a name is 1 to 100 letters, digits, "
-                 "'_' or '-' (starting with a letter or digit), since it becomes a directory and a DVC stage name; "
-                 "rename it in conf/ and run `python -m vcarepro.params.config`."),
-    "huge": (None, ["scale=huge"],
-             "error: the command-line override `scale=huge`: scale has no option 'huge'; choose one of embedded, "
-             "paper, proxy, smoke (conf/scale/*.yaml)."),
+    "sedes": (
+        ("conf/scale/embedded.yaml", "deit_tiny-mhsa: {seeds: [0, 1, 2]}", "deit_tiny-mhsa: {sedes: [0, 1, 2]}"),
+        [],
+        "error: conf/scale/embedded.yaml: cls_runs.deit_tiny-mhsa.sedes is not a key of a cls_runs entry "
+        "(did you mean seeds?), which holds model, recipe, seeds; fix it in conf/ and run "
+        "`python -m vcarepro.params.config` (or pass -S to dvc exp run).",
+    ),
+    "modle": (
+        ("conf/config.yaml", "deit_tiny-vca: {model: deit_tiny-vca,", "deit_tiny-vca: {modle: deit_tiny-vca,"),
+        [],
+        "error: conf/config.yaml: cls_runs.deit_tiny-vca.modle is not a key of a cls_runs entry (did you "
+        "mean model?), which holds model, recipe, seeds; fix it in conf/ and run `python -m vcarepro.params.config` "
+        "(or pass -S to dvc exp run).",
+    ),
+    "evil": (
+        ("conf/runs/sit.yaml", "  sit_s2-vca:", '  "../evil":'),
+        [],
+        "error: conf/runs/sit.yaml: gen_runs has an entry named '../evil'; a name is 1 to 100 letters, digits, "
+        "'_' or '-' (starting with a letter or digit), since it becomes a directory and a DVC stage name; "
+        "rename it in conf/ and run `python -m vcarepro.params.config`.",
+    ),
+    "huge": (
+        None,
+        ["scale=huge"],
+        "error: the command-line override `scale=huge`: scale has no option 'huge'; choose one of embedded, "
+        "paper, proxy, smoke (conf/scale/*.yaml).",
+    ),
 }
 
 
@@ -68,17 +81,34 @@ def refused(tmp_path_factory):
     running = {}
     for name, (edit, overrides, _) in CASES.items():
         where = project(base / name, edit)
-        running[name] = (where, subprocess.Popen([sys.executable, "-m", "vcarepro.params.config", *overrides], cwd=where,
-                                                 env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        running[name] = (
+            where,
+            subprocess.Popen(
+                [sys.executable, "-m", "vcarepro.params.config", *overrides],
+                cwd=where,
+                env=ENV,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            ),
+        )
     # the same misspelling in a params.yaml that `dvc exp run -S +cls_runs.deit_tiny-mhsa.sedes=...` could leave
     stage_dir = base / "stage" / "project"
     stage_dir.mkdir(parents=True)
     params = copy.deepcopy(compose([]))
     params["cls_runs"]["deit_tiny-mhsa"]["sedes"] = [0, 1, 2]
     (stage_dir / "params.yaml").write_text(yaml.safe_dump(params))
-    running["stage"] = (stage_dir, subprocess.Popen(
-        [sys.executable, str(ROOT / "stages" / "train_cls.py"), "--run", "deit_tiny-mhsa"], cwd=stage_dir, env=ENV,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    running["stage"] = (
+        stage_dir,
+        subprocess.Popen(
+            [sys.executable, str(ROOT / "stages" / "train_cls.py"), "--run", "deit_tiny-mhsa"],
+            cwd=stage_dir,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ),
+    )
     results = {}
     for name, (where, process) in running.items():
         out, err = process.communicate(timeout=300)
@@ -101,44 +131,96 @@ def test_a_stage_refuses_the_misspelt_key_dvc_exp_run_could_compose_before_writi
     assert err.splitlines() == [
         "error: params.yaml: cls_runs.deit_tiny-mhsa.sedes is not a key of a cls_runs entry (did you mean "
         "seeds?), which holds model, recipe, seeds; fix it in conf/ and run `python -m vcarepro.params.config` "
-        "(or pass -S to dvc exp run)."]
+        "(or pass -S to dvc exp run)."
+    ]
     assert sorted(str(p.relative_to(where.parent)) for p in where.parent.rglob("*")) == [
-        "project", "project/params.yaml"]
+        "project",
+        "project/params.yaml",
+    ]
 
 
 # In-process (the same main() the command runs): the other refusals, each naming key, source and nearest key.
-@pytest.mark.parametrize("edit, overrides, line", [
-    (("conf/runs/ablations.yaml", "{model: dit_s2-vca-stage1_only, objective: ddpm, seeds: [0]}",
-      "{model: dit_s2-vca-stage1_only, seeds: [0]}"), [],
-     "error: conf/runs/ablations.yaml: gen_runs.dit_s2-vca-stage1_only.objective is missing; a gen_runs "
-     "entry holds model, objective, seeds (and recipe); "),
-    (None, ["distributed.seed_process=2"],
-     "error: the command-line override `distributed.seed_process=2`: distributed.seed_process is not a key "
-     "of the composition of conf/ (did you mean distributed.seed_processes?); "),
-    (None, ["+cls_runs.deit_tiny-mhsa.sedes=[0]"],
-     "error: the command-line override `+cls_runs.deit_tiny-mhsa.sedes=[0]`: cls_runs.deit_tiny-mhsa.sedes "
-     "is not a key of a cls_runs entry (did you mean seeds?)"),
-    (None, ["cls_recipe@cls_recipes.deit=labb"],
-     "error: the command-line override `cls_recipe@cls_recipes.deit=labb`: cls_recipe has no option 'labb' "
-     "(did you mean lab?); choose one of cswin, deit, lab, "),
-    (("conf/config.yaml", "  - family: none", "  - family: nnoe"), [],
-     "error: conf/config.yaml: family has no option 'nnoe' (did you mean none?); choose one of all, none "),
-    (("conf/scale/embedded.yaml", "\n  epochs: 15", "\n  epoch: 15"), [],
-     "error: conf/scale/embedded.yaml: cls_recipe_overrides.epoch is not a known parameter (did you mean "
-     "epochs?); "),
-    (("conf/config.yaml", "\n  rdzv_timeout: 600", "\n  rdzv_timeuot: 600"), [],
-     "error: conf/config.yaml: distributed.rdzv_timeuot is not a known parameter (did you mean "
-     "distributed.rdzv_timeout?); "),
-    (("conf/scale/embedded.yaml", "\nprepare_cls:", "\nprepare_cl:"), [],
-     "error: conf/scale/embedded.yaml: prepare_cl is not a known section (did you mean prepare_cls?); "),
-    (("conf/family/all.yaml", "deit_tiny-agent: {model: deit_tiny-agent,", "deit_tiny-agent: {modl: deit_tiny-agent,"),
-     ["family=all"], "error: conf/family/all.yaml: cls_runs.deit_tiny-agent.modl is not a key of a cls_runs entry "
-                     "(did you mean model?)"),
-    (None, ["a b=1"], "error: the command-line override `a b=1` is not Hydra's override syntax"),
-], ids=["missing", "override-typo", "override-add", "group-option", "default-option", "recipe-knob", "section-key",
-        "section", "family", "syntax"])
-def test_each_refusal_names_the_key_its_source_and_the_nearest_valid_key(tmp_path, monkeypatch, capsys, edit,
-                                                                         overrides, line):
+@pytest.mark.parametrize(
+    "edit, overrides, line",
+    [
+        (
+            (
+                "conf/runs/ablations.yaml",
+                "{model: dit_s2-vca-stage1_only, objective: ddpm, seeds: [0]}",
+                "{model: dit_s2-vca-stage1_only, seeds: [0]}",
+            ),
+            [],
+            "error: conf/runs/ablations.yaml: gen_runs.dit_s2-vca-stage1_only.objective is missing; a gen_runs "
+            "entry holds model, objective, seeds (and recipe); ",
+        ),
+        (
+            None,
+            ["distributed.seed_process=2"],
+            "error: the command-line override `distributed.seed_process=2`: distributed.seed_process is not a key "
+            "of the composition of conf/ (did you mean distributed.seed_processes?); ",
+        ),
+        (
+            None,
+            ["+cls_runs.deit_tiny-mhsa.sedes=[0]"],
+            "error: the command-line override `+cls_runs.deit_tiny-mhsa.sedes=[0]`: cls_runs.deit_tiny-mhsa.sedes "
+            "is not a key of a cls_runs entry (did you mean seeds?)",
+        ),
+        (
+            None,
+            ["cls_recipe@cls_recipes.deit=labb"],
+            "error: the command-line override `cls_recipe@cls_recipes.deit=labb`: cls_recipe has no option 'labb' "
+            "(did you mean lab?); choose one of cswin, deit, lab, ",
+        ),
+        (
+            ("conf/config.yaml", "  - family: none", "  - family: nnoe"),
+            [],
+            "error: conf/config.yaml: family has no option 'nnoe' (did you mean none?); choose one of all, none ",
+        ),
+        (
+            ("conf/scale/embedded.yaml", "\n  epochs: 15", "\n  epoch: 15"),
+            [],
+            "error: conf/scale/embedded.yaml: cls_recipe_overrides.epoch is not a known parameter (did you mean "
+            "epochs?); ",
+        ),
+        (
+            ("conf/config.yaml", "\n  rdzv_timeout: 600", "\n  rdzv_timeuot: 600"),
+            [],
+            "error: conf/config.yaml: distributed.rdzv_timeuot is not a known parameter (did you mean "
+            "distributed.rdzv_timeout?); ",
+        ),
+        (
+            ("conf/scale/embedded.yaml", "\nprepare_cls:", "\nprepare_cl:"),
+            [],
+            "error: conf/scale/embedded.yaml: prepare_cl is not a known section (did you mean prepare_cls?); ",
+        ),
+        (
+            (
+                "conf/family/all.yaml",
+                "deit_tiny-agent: {model: deit_tiny-agent,",
+                "deit_tiny-agent: {modl: deit_tiny-agent,",
+            ),
+            ["family=all"],
+            "error: conf/family/all.yaml: cls_runs.deit_tiny-agent.modl is not a key of a cls_runs entry "
+            "(did you mean model?)",
+        ),
+        (None, ["a b=1"], "error: the command-line override `a b=1` is not Hydra's override syntax"),
+    ],
+    ids=[
+        "missing",
+        "override-typo",
+        "override-add",
+        "group-option",
+        "default-option",
+        "recipe-knob",
+        "section-key",
+        "section",
+        "family",
+        "syntax",
+    ],
+)
+def test_each_refusal_names_the_key_its_source_and_the_nearest_valid_key(
+    tmp_path, monkeypatch, capsys, edit, overrides, line
+):
     where = project(tmp_path / "project", edit)
     monkeypatch.chdir(where)
     assert main(overrides) == USER_ERROR_STATUS

@@ -1,4 +1,5 @@
 """The real `dvc repro`, end to end, on a micro configuration in a temporary git repository."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,9 @@ CLS_RUNS = ["deit_tiny-mhsa", "deit_tiny-vca"]
 GEN_RUNS = ["dit_s2-vca", "sit_s2-mhsa"]
 
 
-def micro_params(overrides: Sequence[str] = (), cls_runs: Sequence[str] = CLS_RUNS,
-                 gen_runs: Sequence[str] = GEN_RUNS) -> dict:
+def micro_params(
+    overrides: Sequence[str] = (), cls_runs: Sequence[str] = CLS_RUNS, gen_runs: Sequence[str] = GEN_RUNS
+) -> dict:
     """The embedded scale (with ``overrides``), shrunk to seconds: the given runs, one seed, a handful of steps."""
     p = compose(list(overrides))
     p["cls_runs"] = {k: {**p["cls_runs"][k], "seeds": [0]} for k in cls_runs}
@@ -42,8 +44,12 @@ def micro_params(overrides: Sequence[str] = (), cls_runs: Sequence[str] = CLS_RU
 
 
 def sh(cmd, cwd, check=True, env=None):
-    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           **(env or {})}
+    env = {
+        **os.environ,
+        "DVC_NO_ANALYTICS": "1",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        **(env or {}),
+    }
     result = subprocess.run(cmd, cwd=cwd, shell=True, capture_output=True, text=True, env=env)
     if check and result.returncode != 0:
         raise AssertionError(f"{cmd} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
@@ -51,8 +57,18 @@ def sh(cmd, cwd, check=True, env=None):
 
 
 def stage_names(params: dict) -> set:
-    names = {"smoke_inputs", "prepare_cls", "prepare_gen", "fid_reference", "complexity", "attention_cost",
-             "cls_reference", "calibrate_cls", "calibrate_gen", "report"}
+    names = {
+        "smoke_inputs",
+        "prepare_cls",
+        "prepare_gen",
+        "fid_reference",
+        "complexity",
+        "attention_cost",
+        "cls_reference",
+        "calibrate_cls",
+        "calibrate_gen",
+        "report",
+    }
     names |= {f"{s}@{r}" for s in ("train_cls", "eval_cls") for r in params["cls_runs"]}
     names |= {f"{s}@{r}" for s in ("train_gen", "sample_gen", "eval_gen") for r in params["gen_runs"]}
     return names
@@ -61,8 +77,17 @@ def stage_names(params: dict) -> set:
 def copied_project(repo: Path) -> Path:
     """This project's tracked files (no outputs) in ``repo``."""
     tracked = sh("git ls-files --cached --others --exclude-standard", ROOT).stdout.split()
-    outputs = ("runs/", "reports/", "metrics/", "checkpoints/", "data/cls", "data/gen", "data/fid_reference",
-               "data/smoke", "dvc.lock")
+    outputs = (
+        "runs/",
+        "reports/",
+        "metrics/",
+        "checkpoints/",
+        "data/cls",
+        "data/gen",
+        "data/fid_reference",
+        "data/smoke",
+        "dvc.lock",
+    )
     for rel in tracked:
         if (ROOT / rel).is_file() and not rel.startswith(outputs):
             (repo / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -101,8 +126,12 @@ def test_every_stage_runs_and_writes_finite_metrics(repo):
             assert key in metrics and all(math.isfinite(v) for v in numbers), (run, metrics)
             if branch == "gen":  # how the samples were made travels with the numbers
                 assert (metrics["num_samples"], metrics["sampler_steps"], metrics["weights"]) == (70, 3, "ema")
-                assert (metrics["labels"], metrics["reference"], metrics["decoder"], metrics["train_precision"]) == \
-                    ("random", "own", "none (pixels)", "fp32")
+                assert (metrics["labels"], metrics["reference"], metrics["decoder"], metrics["train_precision"]) == (
+                    "random",
+                    "own",
+                    "none (pixels)",
+                    "fp32",
+                )
                 assert metrics["sampler"] == ("ddpm" if run.startswith("dit") else "flow-sde")
                 # eval_gen copied the protocol sample_gen recorded beside the samples
                 sampled = json.loads((repo / "runs" / branch / run / "samples" / "protocol.json").read_text())
@@ -145,7 +174,7 @@ def test_changing_one_run_reruns_only_that_run_and_the_report(repo):
     sh("dvc repro", repo)
     # the report shows what changed against the last commit, params and metrics, read through dvc.api
     html = (repo / "reports" / "index.html").read_text()
-    changes = html[html.index("Changes since the previous commit"):html.index("<h2>Complexity")]
+    changes = html[html.index("Changes since the previous commit") : html.index("<h2>Complexity")]
     assert "<td><code>cls_runs.deit_tiny-vca.seeds</code></td><td>[0]</td><td>[1]</td>" in changes
     assert "<td><code>deit_tiny-vca</code></td><td>top1</td>" in changes
     assert "<code>deit_tiny-mhsa</code>" not in changes  # unchanged runs are not listed
@@ -154,8 +183,7 @@ def test_changing_one_run_reruns_only_that_run_and_the_report(repo):
 
 def readme_command(start: str) -> str:
     """The one command line of the README's code blocks that starts with ``start``: the test runs what it shows."""
-    lines = [line.strip() for line in (ROOT / "README.md").read_text().splitlines()
-             if line.strip().startswith(start)]
+    lines = [line.strip() for line in (ROOT / "README.md").read_text().splitlines() if line.strip().startswith(start)]
     assert len(lines) == 1, lines
     return lines[0].split("  #")[0].strip()
 
@@ -181,20 +209,31 @@ def test_an_experiment_compares_in_160_columns_and_leaves_the_checkout_as_it_was
     ran = next(e for e in exp[1]["experiments"] if e["name"] == "lr-up")["revs"][0]["data"]
     theirs = ran["metrics"]["metrics/cls_top1.json"]["data"]
     assert ran["params"]["params.yaml"]["data"]["cls_recipe_overrides"]["lr"] == 0.1
-    assert header[1:] == [*sorted(run for run in baseline if baseline[run] != theirs[run]),
-                          "cls_recipe_overrides.lr"], shown   # the generation runs did not change: no column
-    rows = {line.split()[0] if "[" not in line else line.split("[")[1].split("]")[0]: line.split()
-            for line in lines if line.strip(" ─") and "Experiment" not in line}   # not the rules
+    assert header[1:] == [
+        *sorted(run for run in baseline if baseline[run] != theirs[run]),
+        "cls_recipe_overrides.lr",
+    ], shown  # the generation runs did not change: no column
+    rows = {
+        line.split()[0] if "[" not in line else line.split("[")[1].split("]")[0]: line.split()
+        for line in lines
+        if line.strip(" ─") and "Experiment" not in line
+    }  # not the rules
     commit = sh("git branch --show-current", repo).stdout.strip()
     for name, values in ((commit, baseline), ("lr-up", theirs)):
         assert rows[name][-1] == ("0.024" if name == commit else "0.1"), shown
-        shown_numbers = [float(x) for x in rows[name][-1 - (len(header) - 2):-1]]
+        shown_numbers = [float(x) for x in rows[name][-1 - (len(header) - 2) : -1]]
         assert shown_numbers == pytest.approx([values[run] for run in header[1:-1]], rel=1e-4), shown
     # Ctrl-C (SIGINT to the process group, as a terminal sends it) during training: the checkout is as it was
-    proc = subprocess.Popen("dvc exp run --temp -S cls_recipe_overrides.lr=0.2 -n stopped", shell=True, cwd=repo,
-                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "DVC_NO_ANALYTICS": "1",
-                                 "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    proc = subprocess.Popen(
+        "dvc exp run --temp -S cls_recipe_overrides.lr=0.2 -n stopped",
+        shell=True,
+        cwd=repo,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+    )
     for line in proc.stdout:
         if line.startswith("Running stage 'train_cls@"):
             os.killpg(proc.pid, signal.SIGINT)
@@ -213,7 +252,9 @@ def test_results_travel_through_a_local_remote(repo, tmp_path):
     sh(f"dvc remote add -f -d local {remote} && dvc push -q", repo)
     # a fresh clone: every git-ignored file goes (all DVC outputs, the cache, checkpoints)
     sh("git clean -fdXq", repo)
-    assert not (repo / ".dvc" / "cache").exists() and not (repo / "runs" / "cls" / CLS_RUNS[0] / "metrics.json").exists()
+    assert (
+        not (repo / ".dvc" / "cache").exists() and not (repo / "runs" / "cls" / CLS_RUNS[0] / "metrics.json").exists()
+    )
     sh("dvc pull -q", repo)
     assert (repo / "reports" / "results.json").is_file()
     status = sh("dvc status --json", repo).stdout
@@ -237,15 +278,20 @@ def test_a_clean_repro_reproduces_every_hash_of_the_committed_lock(repo):
     verified = sh(f"{sys.executable} -m vcarepro.tools.lockcheck verify", repo)
     assert "outputs hash as in the committed dvc.lock" in verified.stdout
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
-    assert {o["path"] for o in lock["stages"]["report"]["outs"]} == {"reports/results.json", "metrics/cls_top1.json",
-                                                                     "metrics/gen_fid.json"}
+    assert {o["path"] for o in lock["stages"]["report"]["outs"]} == {
+        "reports/results.json",
+        "metrics/cls_top1.json",
+        "metrics/gen_fid.json",
+    }
     # the wall times are there, outside every output
     assert json.loads((repo / "timings" / "cls" / "deit_tiny-vca.json").read_text())["train_seconds"]["seed_0"] > 0
     assert "train_seconds" not in (repo / "runs" / "cls" / "deit_tiny-vca" / "live" / "metrics.json").read_text()
     assert json.loads((repo / "timings" / "attention_cost.json").read_text())["rows"][0]["forward_ms"] > 0
     assert "forward_ms" not in (repo / "metrics" / "attention_macs.json").read_text()
     # a stale lock is named: a module a stage imports changes after the recording
-    (repo / "src" / "vcarepro" / "core" / "io.py").write_text((repo / "src" / "vcarepro" / "core" / "io.py").read_text() + "\n# edit\n")
+    (repo / "src" / "vcarepro" / "core" / "io.py").write_text(
+        (repo / "src" / "vcarepro" / "core" / "io.py").read_text() + "\n# edit\n"
+    )
     stale = sh(f"{sys.executable} -m vcarepro.tools.lockcheck stale", repo, check=False)
     assert stale.returncode == 1 and "prepare_gen: dep src/vcarepro/core modified" in stale.stderr
     sh("git checkout src/vcarepro/core/io.py", repo)

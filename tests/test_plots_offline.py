@@ -4,6 +4,7 @@ carries Vega, Vega-Lite and Vega-Embed inline (pinned from npm by plots/update_t
 The fast tests read the committed page, config and README; the slow ones run the real `dvc plots show` in a tiny
 project and open its page in Chromium with every host name unresolvable (vcarepro.report.browser.open_browser).
 """
+
 from __future__ import annotations
 
 import base64
@@ -38,6 +39,7 @@ updater = _load_updater()
 
 # -- the committed page, config and README (fast) -------------------------------------------------------------------
 
+
 def test_the_template_inlines_the_pinned_libraries_and_has_no_place_for_dvcs_cdn_scripts():
     page = TEMPLATE.read_text(encoding="utf-8")
     assert "{scripts}" not in page
@@ -57,7 +59,7 @@ def test_dvc_render_fills_the_template_without_touching_the_libraries_or_adding_
     from dvc_render.vega import VegaRenderer
 
     page = TEMPLATE.read_text(encoding="utf-8")
-    document = HTML(page, refresh_seconds=5)        # raises if {plot_divs} were missing
+    document = HTML(page, refresh_seconds=5)  # raises if {plot_divs} were missing
     document.with_scripts(VegaRenderer.SCRIPTS)
     document.with_element('<div id="plot-1">chart</div>')
     filled = document.embed()
@@ -83,7 +85,8 @@ def test_the_pins_are_the_major_versions_dvc_render_would_load_from_the_cdn():
     cdn = dict(re.findall(r"cdn\.jsdelivr\.net/npm/([a-z-]+)@([0-9.]+)", VegaRenderer.SCRIPTS))
     major = lambda version: version.split(".")[0]  # noqa: E731
     assert {k: major(v) for k, v in cdn.items()} == {pin.name: major(pin.version) for pin in updater.PINS}, (
-        f"dvc_render now loads {cdn}, other Vega majors; update the pins (plots/README.md says how)")
+        f"dvc_render now loads {cdn}, other Vega majors; update the pins (plots/README.md says how)"
+    )
 
 
 def test_the_readme_states_each_pin():
@@ -98,7 +101,7 @@ def test_the_check_names_a_hand_edited_page_or_a_wrong_licence():
     licences = updater.licence_files()
     vega = updater.PINS[0]
     start = page.index(f'data-package="{vega.spec}"')
-    one_char = page[:start + 500] + ("X" if page[start + 500] != "X" else "Y") + page[start + 501:]
+    one_char = page[: start + 500] + ("X" if page[start + 500] != "X" else "Y") + page[start + 501 :]
     assert any("vega@5.20.2: the inlined text has sha256" in p for p in updater.check(one_char, licences))
     retitled = page.replace("<title>DVC Plot</title>", "<title>Plots</title>")
     assert any("differs from what plots/update_template.py writes" in p for p in updater.check(retitled, licences))
@@ -113,8 +116,9 @@ def test_a_library_holding_a_dvc_placeholder_or_a_script_end_goes_in_as_a_data_u
 
     awkward = 'var a="{scripts}",b="{plot_divs}",c="</script><!--";'
     pin = updater.Pin("x", "1.0.0", "", "build/x.min.js", hashlib.sha256(awkward.encode()).hexdigest(), "")
-    page = updater.render([(pin, awkward), (updater.PINS[0]._replace(sha256=hashlib.sha256(b"plain").hexdigest()),
-                                            "plain")])
+    page = updater.render(
+        [(pin, awkward), (updater.PINS[0]._replace(sha256=hashlib.sha256(b"plain").hexdigest()), "plain")]
+    )
     tag = updater.script_tag(pin, awkward)
     assert 'src="data:text/javascript;base64,' in tag and "{scripts}" not in tag and "</script><!--" not in tag
     assert "{scripts}" not in page and page.count("{plot_divs}") == 1
@@ -194,7 +198,7 @@ PLOTS_YAML = """plots:
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory):
     """{"offline": the page `dvc plots show` writes with this checkout's template setting,
-        "default": the page it writes with DVC's own template} in a tiny project."""
+    "default": the page it writes with DVC's own template} in a tiny project."""
     import configobj
 
     project = tmp_path_factory.mktemp("plots") / "project"
@@ -206,12 +210,18 @@ def pages(tmp_path_factory):
     config = project / ".dvc" / "config"
     bare = config.read_text()
     (project / "logs").mkdir()
-    (project / "logs" / "train.csv").write_text("step,train_loss,val_loss\n" + "".join(
-        f"{step},{2.0 / (step + 1):.4f},{2.4 / (step + 1) + 0.1:.4f}\n" for step in range(12)))
+    (project / "logs" / "train.csv").write_text(
+        "step,train_loss,val_loss\n"
+        + "".join(f"{step},{2.0 / (step + 1):.4f},{2.4 / (step + 1) + 0.1:.4f}\n" for step in range(12))
+    )
     labels = ["cat", "dog", "bird"]
-    (project / "logs" / "confusion.json").write_text("[" + ",".join(
-        f'{{"actual": "{labels[i % 3]}", "predicted": "{labels[(i + (i % 4 == 0)) % 3]}"}}'
-        for i in range(30)) + "]")
+    (project / "logs" / "confusion.json").write_text(
+        "["
+        + ",".join(
+            f'{{"actual": "{labels[i % 3]}", "predicted": "{labels[(i + (i % 4 == 0)) % 3]}"}}' for i in range(30)
+        )
+        + "]"
+    )
     (project / "dvc.yaml").write_text(PLOTS_YAML)
     config.write_text(bare + f"[plots]\n    html_template = {setting}\n")
     out = _dvc("plots", "show", cwd=project)
@@ -226,10 +236,11 @@ def _open(driver, page: Path, wait_s: float, charts: int = CHARTS):
     (or after ``wait_s`` seconds)."""
     from vcarepro.report.browser import requests_made
 
-    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                           {"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": False})
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride", {"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": False}
+    )
     driver.get_log("performance")
-    driver.get_log("browser")   # drop what an earlier page logged
+    driver.get_log("browser")  # drop what an earlier page logged
     driver.get(page.as_uri())
     deadline = time.monotonic() + wait_s
     while True:
@@ -256,7 +267,7 @@ def test_dvc_plots_show_draws_every_chart_offline_with_the_projects_template(dri
     # (e.g. "Dropping {} from channel", "The input spec uses Vega-Lite v5, but the current version ... is v5.2.0")
     assert [e for e in console if e["level"] == "SEVERE" or e["source"] != "console-api"] == [], console
     assert requests and all(url.startswith(("file:", "data:")) for url in requests), requests
-    shots = ROOT / "test-artifacts"   # a screenshot for people, kept as a test artefact (not watched, not tracked)
+    shots = ROOT / "test-artifacts"  # a screenshot for people, kept as a test artefact (not watched, not tracked)
     shots.mkdir(exist_ok=True)
     driver.save_screenshot(str(shots / "dvc_plots_offline.png"))
 
@@ -266,6 +277,6 @@ def test_dvcs_default_template_draws_no_chart_offline(driver, pages):
     html = pages["default"].read_text(encoding="utf-8")
     assert html.count("vegaEmbed('#") == CHARTS and "https://cdn.jsdelivr.net/npm/vega@5.20.2" in html
     drawn, requests, console = _open(driver, pages["default"], wait_s=1)
-    assert [c for c in drawn if c["inked"] > 0] == []   # vegaEmbed never ran: no container, no canvas
+    assert [c for c in drawn if c["inked"] > 0] == []  # vegaEmbed never ran: no container, no canvas
     assert any(url.startswith("https://cdn.jsdelivr.net/npm/vega") for url in requests), requests
     assert any("vegaEmbed is not defined" in e["message"] for e in console), console

@@ -1,6 +1,7 @@
 """python -m vcarepro.tools.preflight: every run of a scale stepped on this machine (the median of a few timed steps),
 its cost projected from the recipe, and every problem a run would meet later reported now (exit status 2), what to fix
 first: missing inputs before the table, the runs that do not fit in one sentence after it."""
+
 from __future__ import annotations
 
 import contextlib
@@ -28,8 +29,14 @@ def preflight(cwd: Path, *args: str, timeout: int = 900) -> subprocess.Completed
     """The real CLI in a fresh process, in a directory with no prepared data and no weights (unless a test adds
     them)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run([sys.executable, "-m", "vcarepro.tools.preflight", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "vcarepro.tools.preflight", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def rows(stdout: str) -> dict:
@@ -55,8 +62,9 @@ def assert_hours_follow_the_formula(table: dict) -> None:
         assert step > 0, name
         train = int(row["seeds"]) * int(row["steps"]) * step * int(row["devices"]) / 3600
         assert float(row["train CPU-h"]) == pytest.approx(train, rel=2e-3), name
-        assert float(row["CPU-h"]) == pytest.approx(float(row["train CPU-h"]) + float(row["sample CPU-h"]),
-                                                    rel=2e-3, abs=1e-6), name
+        assert float(row["CPU-h"]) == pytest.approx(
+            float(row["train CPU-h"]) + float(row["sample CPU-h"]), rel=2e-3, abs=1e-6
+        ), name
     for column in HOURS:
         assert float(table["total"][column]) == pytest.approx(sum(float(r[column]) for r in runs.values()), rel=2e-3)
 
@@ -96,6 +104,7 @@ def assert_progress_lines_only(stderr: str, total: int) -> None:
 
 # --- the embedded scale: every run, fast ---
 
+
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("embedded")
@@ -133,12 +142,28 @@ def test_every_run_of_the_embedded_scale_is_stepped_and_costed(embedded):
 
 # --- paper runs at batch 1 (the CPU cannot hold a batch of 1024 at 224 px) ---
 
+
 @pytest.mark.slow
 def test_paper_runs_at_batch_one_project_the_recipe_and_report_missing_inputs(tmp_path):
     missing = tmp_path / "no-imagenet"
-    result = preflight(tmp_path, "--scale", "paper", "--runs", "deit_tiny-mhsa,dit_s2-mhsa", "--batch", "1",
-                       "--devices", "8", "--json", "out.json", "--loader-seconds", "1", "--steps", "1",
-                       f"prepare_cls.imagenet_root={missing}")
+    result = preflight(
+        tmp_path,
+        "--scale",
+        "paper",
+        "--runs",
+        "deit_tiny-mhsa,dit_s2-mhsa",
+        "--batch",
+        "1",
+        "--devices",
+        "8",
+        "--json",
+        "out.json",
+        "--loader-seconds",
+        "1",
+        "--steps",
+        "1",
+        f"prepare_cls.imagenet_root={missing}",
+    )
     table = rows(result.stdout)
     assert set(table) == {"deit_tiny-mhsa", "dit_s2-mhsa", "total"}
     # DeiT's recipe: 1024 images a step over 8 devices; DiT's 256 over 8
@@ -153,8 +178,10 @@ def test_paper_runs_at_batch_one_project_the_recipe_and_report_missing_inputs(tm
     # the data is missing, the models were stepped anyway; each missing file is one sentence, first, exit 2
     assert result.returncode == USER_ERROR_STATUS
     lines = errors(result)
-    assert lines[0].startswith("error: ImageNet root (prepare_cls.imagenet_root, read by prepare_cls and prepare_gen; "
-                               f"2 selected runs need it): not found at {missing}; fix: set prepare_cls.imagenet_root ")
+    assert lines[0].startswith(
+        "error: ImageNet root (prepare_cls.imagenet_root, read by prepare_cls and prepare_gen; "
+        f"2 selected runs need it): not found at {missing}; fix: set prepare_cls.imagenet_root "
+    )
     for name in ("SD-VAE", "Inception weights", "ADM reference batch"):
         (line,) = [line for line in lines if line.startswith(f"error: {name} ")]  # the SD-VAE's two params: once
         assert " not found " in line and "; fix: " in line and line.endswith("."), line
@@ -165,6 +192,7 @@ def test_paper_runs_at_batch_one_project_the_recipe_and_report_missing_inputs(tm
 
 # --- a prepared dataset is read, and a split too small for one batch is caught ---
 
+
 def write_tiny_prepared_set(root: Path, train_images: int) -> None:
     from PIL import Image
 
@@ -174,8 +202,7 @@ def write_tiny_prepared_set(root: Path, train_images: int) -> None:
     for i in range(4):
         Image.new("RGB", (16, 16), (60 * i, 0, 0)).save(root / "train" / "c0" / f"{i}.png")
     write_manifest(root, [("train", f"train/c0/{i % 4}.png", i % 10) for i in range(train_images)])
-    (root / "classes.json").write_text(json.dumps([{"index": i, "wnid": f"c{i}", "name": f"c{i}"}
-                                                   for i in range(10)]))
+    (root / "classes.json").write_text(json.dumps([{"index": i, "wnid": f"c{i}", "name": f"c{i}"} for i in range(10)]))
 
 
 @pytest.mark.slow
@@ -183,8 +210,10 @@ def test_a_prepared_split_too_small_for_one_batch_is_one_sentence(tmp_path):
     write_tiny_prepared_set(tmp_path / "data" / "cls", train_images=40)  # the embedded recipe's batch is 64
     result = preflight(tmp_path, "--scale", "embedded", "--runs", "deit_tiny-vca", "--loader-seconds", "0.3")
     assert result.returncode == USER_ERROR_STATUS
-    assert errors(result) == ["error: deit_tiny-vca: the training split has 40 images, fewer than one global batch "
-                              "of 64, so no step would run; lower batch_size."]
+    assert errors(result) == [
+        "error: deit_tiny-vca: the training split has 40 images, fewer than one global batch "
+        "of 64, so no step would run; lower batch_size."
+    ]
     assert rows(result.stdout)["deit_tiny-vca"]["steps"] == "0"
     assert "data/cls prepared (10 classes, 40 training images)" in result.stdout
     assert "on the prepared data/cls" in result.stdout
@@ -210,6 +239,7 @@ def test_an_unknown_scale_exits_2_naming_the_scales(tmp_path):
 
 # --- in-process pieces ---
 
+
 class _FakeStep:
     def __init__(self, batch: int, fits_up_to: int):
         if batch > fits_up_to:
@@ -231,18 +261,31 @@ def test_running_out_of_memory_halves_the_batch_and_records_where_it_failed():
     measured = measure_step(lambda b: _FakeStep(b, fits_up_to=3), 16, torch.device("cpu"))
     assert (measured.batch, measured.out_of_memory_at) == (2, 16)  # 16, 8, 4 fail; 2 runs
     assert measured.seconds is not None and measured.seconds >= 0
-    cost = RunCost("r", "cls", "m", "deit", "fp32", seeds=1, devices=1, accum_steps=1, global_batch=16,
-                   recipe_batch=16, steps=10, device_memory=2 ** 30)
+    cost = RunCost(
+        "r",
+        "cls",
+        "m",
+        "deit",
+        "fp32",
+        seeds=1,
+        devices=1,
+        accum_steps=1,
+        global_batch=16,
+        recipe_batch=16,
+        steps=10,
+        device_memory=2**30,
+    )
     fill_costs(cost, measured)
     assert cost.fits is False and cost.out_of_memory_at == 16
     # not one of the run's problems: the table's fits column, and the one summary sentence for all runs
     assert cost.problems == [] and cost.fit_note == "ran out of memory at batch 16"
     assert "| no (OOM at 16) |" in table([cost], cpu=True)
-    assert fit_summary([cost], 2 ** 30, cpu=True) == (
+    assert fit_summary([cost], 2**30, cpu=True) == (
         "1 of 1 run (r) does not fit the recipe's per-device batch in this machine's 1.0 GiB of RAM (it ran out of "
         "memory at batch 16): raise the device count (--devices K here, distributed.nproc_per_node when training) "
         "or, for a classification run, its recipe's accum_steps; for GPU memory, run this preflight on the GPU machine "
-        "the runs will train on.")
+        "the runs will train on."
+    )
     # a step of 2 scaled to the recipe's 16
     assert cost.step_seconds == pytest.approx(measured.seconds * 8)
 
@@ -261,10 +304,22 @@ def test_a_projected_peak_keeps_the_static_part_and_scales_the_rest():
     from vcarepro.tools.preflight.cost import RunCost, fill_costs
     from vcarepro.tools.preflight.stepping import Measured
 
-    cost = RunCost("r", "gen", "m", "ddpm", "tf32", seeds=3, devices=2, accum_steps=1, global_batch=256,
-                   recipe_batch=128, steps=100, device_memory=10 * 2 ** 30)
-    fill_costs(cost, Measured(batch=2, seconds=0.5, peak_bytes=3 * 2 ** 30, static_bytes=2 ** 30))
-    assert cost.peak_bytes == 2 ** 30 + 2 * 2 ** 30 * 64 and cost.peak_projected
+    cost = RunCost(
+        "r",
+        "gen",
+        "m",
+        "ddpm",
+        "tf32",
+        seeds=3,
+        devices=2,
+        accum_steps=1,
+        global_batch=256,
+        recipe_batch=128,
+        steps=100,
+        device_memory=10 * 2**30,
+    )
+    fill_costs(cost, Measured(batch=2, seconds=0.5, peak_bytes=3 * 2**30, static_bytes=2**30))
+    assert cost.peak_bytes == 2**30 + 2 * 2**30 * 64 and cost.peak_projected
     assert cost.fits is False and cost.fit_note == "needs about 129.0 of 10.0 GiB (projected from batch 2)"
     assert cost.train_gpu_hours == pytest.approx(3 * 100 * (0.5 * 64) * 2 / 3600)
 
@@ -287,8 +342,10 @@ def test_the_classification_step_counts_steps_from_the_dataset_and_the_recipe():
 
 # --- what the output leads with, in-process on fake steps of known durations and sizes (no model is built) ---
 
+
 class _StubDiT(torch.nn.Module):
     """What sampling is timed on: the real sampler's passes are counted on a stand-in of this shape."""
+
     out_channels, num_classes = 8, 1000
 
     def forward(self, x, t, y):
@@ -320,7 +377,7 @@ def known_steps(monkeypatch, tmp_path):
     from vcarepro.tools.preflight import cli, loader, machine, stepping
 
     clock = [0.0]
-    memory = 64 * 2 ** 30
+    memory = 64 * 2**30
 
     def build(run, *, batch, device, **_):
         if batch == 1:  # the throw-away first step of a branch
@@ -343,7 +400,7 @@ def known_steps(monkeypatch, tmp_path):
     return main, out
 
 
-DURATIONS = {"deit_tiny-mhsa": [100.0, 5.0, 1.0, 3.0]}   # warm-up, then 3 timed steps: the median is 3 s
+DURATIONS = {"deit_tiny-mhsa": [100.0, 5.0, 1.0, 3.0]}  # warm-up, then 3 timed steps: the median is 3 s
 TOO_BIG = {"deit_tiny-vca", "dit_s2-mhsa"}
 PAPER_RUNS = ("--scale", "paper", "--runs", "deit_tiny-mhsa,deit_tiny-vca,dit_s2-mhsa", "--devices", "8")
 CLS_RUNS = ("--scale", "paper", "--runs", "deit_tiny-mhsa,deit_tiny-vca", "--devices", "8")  # no sampler to count
@@ -351,37 +408,49 @@ CLS_RUNS = ("--scale", "paper", "--runs", "deit_tiny-mhsa,deit_tiny-vca", "--dev
 
 def test_missing_inputs_lead_then_the_table_then_one_sentence_for_the_runs_that_do_not_fit(known_steps, tmp_path):
     main, out = known_steps
-    assert main(*PAPER_RUNS, "--json", "out.json", f"prepare_cls.imagenet_root={tmp_path / 'none'}") \
-        == USER_ERROR_STATUS
+    assert (
+        main(*PAPER_RUNS, "--json", "out.json", f"prepare_cls.imagenet_root={tmp_path / 'none'}") == USER_ERROR_STATUS
+    )
     lines = out.getvalue().splitlines()
     missing = [i for i, line in enumerate(lines) if " not found " in line]
     head = lines.index(next(line for line in lines if line.startswith("| run |")))
     (summary,) = [i for i, line in enumerate(lines) if "not fit the recipe's per-device batch" in line]
     assert missing == [0, 1, 2, 3] and max(missing) < head < summary == len(lines) - 1
     assert [line.split(" (")[0] for line in lines[:4]] == [
-        "error: ImageNet root", "error: SD-VAE stabilityai/sd-vae-ft-ema", "error: Inception weights",
-        "error: ADM reference batch"]
+        "error: ImageNet root",
+        "error: SD-VAE stabilityai/sd-vae-ft-ema",
+        "error: Inception weights",
+        "error: ADM reference batch",
+    ]
     # the SD-VAE two params name is one input, named once, with who reads it
-    assert lines[1].startswith("error: SD-VAE stabilityai/sd-vae-ft-ema (prepare_gen.vae and sampling.vae_decoder, "
-                               "read by prepare_gen and sample_gen; 1 selected run needs it): not found as a folder "
-                               f"or in the Hugging Face cache ({tmp_path / 'hf-cache'}); fix: on a machine with "
-                               "internet run `huggingface-cli download stabilityai/sd-vae-ft-ema")
+    assert lines[1].startswith(
+        "error: SD-VAE stabilityai/sd-vae-ft-ema (prepare_gen.vae and sampling.vae_decoder, "
+        "read by prepare_gen and sample_gen; 1 selected run needs it): not found as a folder "
+        f"or in the Hugging Face cache ({tmp_path / 'hf-cache'}); fix: on a machine with "
+        "internet run `huggingface-cli download stabilityai/sd-vae-ft-ema"
+    )
     assert lines[1].endswith("copy the folder here and point prepare_gen.vae and sampling.vae_decoder at it.")
-    assert "ImageNet root (prepare_cls.imagenet_root, read by prepare_cls and prepare_gen; 3 selected runs need it)" \
+    assert (
+        "ImageNet root (prepare_cls.imagenet_root, read by prepare_cls and prepare_gen; 3 selected runs need it)"
         in lines[0]
+    )
     # fits is a column; the runs that do not fit are one sentence, counted, not one error each
     table = rows(out.getvalue())
     assert {name: row["fits"] for name, row in table.items() if name != "total"} == {
-        "deit_tiny-mhsa": "yes", "deit_tiny-vca": "no", "dit_s2-mhsa": "no"}
+        "deit_tiny-mhsa": "yes",
+        "deit_tiny-vca": "no",
+        "dit_s2-mhsa": "no",
+    }
     assert lines[summary] == (
         "error: 2 of 3 runs (deit_tiny-vca, dit_s2-mhsa) do not fit the recipe's per-device batch in this machine's "
         "64.0 GiB of RAM (fits = no in the table): raise the device count (--devices K here, "
         "distributed.nproc_per_node when training) or, for a classification run, its recipe's accum_steps; for GPU "
-        "memory, run this preflight on the GPU machine the runs will train on.")
+        "memory, run this preflight on the GPU machine the runs will train on."
+    )
     assert sum(line.startswith("error: ") for line in lines) == 5
     report = json.loads((tmp_path / "out.json").read_text())
     assert report["do_not_fit"] == ["deit_tiny-vca", "dit_s2-mhsa"] and len(report["missing_inputs"]) == 4
-    assert report["problems"] == [line[len("error: "):] for line in lines if line.startswith("error: ")]
+    assert report["problems"] == [line[len("error: ") :] for line in lines if line.startswith("error: ")]
     # not a terminal, not --verbose: a progress line at the start and the end (the fake steps take no real time, far
     # below progress.interval_s), none in place
     progress = [line for line in lines if line.startswith("preflight |")]
@@ -411,8 +480,11 @@ def test_verbose_prints_a_line_per_run(known_steps):
     assert lines[0] == "preflight | run 0/2 (0.0%) | start"
     # a line as each run starts being stepped, and as it is done, through the one reporter every stage uses
     assert [line.split(" | ")[1:3] for line in lines[1:-1]] == [
-        ["run 0/2 (0.0%)", "stepping deit_tiny-mhsa"], ["run 1/2 (50.0%)", "stepping deit_tiny-mhsa"],
-        ["run 1/2 (50.0%)", "stepping deit_tiny-vca"], ["run 2/2 (100.0%)", "stepping deit_tiny-vca"]]
+        ["run 0/2 (0.0%)", "stepping deit_tiny-mhsa"],
+        ["run 1/2 (50.0%)", "stepping deit_tiny-mhsa"],
+        ["run 1/2 (50.0%)", "stepping deit_tiny-vca"],
+        ["run 2/2 (100.0%)", "stepping deit_tiny-vca"],
+    ]
     assert all(" | eta " in line for line in lines[2:-1]) and lines[-1].split(" | ")[2].startswith("done in ")
     assert_progress_lines_only("\n".join(lines), total=2)
 
@@ -438,30 +510,46 @@ def test_on_a_terminal_progress_is_a_bar_and_the_log_gets_no_line(known_steps, m
 
 # --- one path for both branches: what differs is the branch's data, its sizing and whether it samples ---
 
+
 def test_each_branch_counts_its_data_where_its_stage_prepared_it_and_says_where_the_count_comes_from(tmp_path):
     from vcarepro.tools.preflight.sizing import Dataset, dataset
 
     params = compose(["scale=embedded"])
     cls_root, gen_root = tmp_path / "cls", tmp_path / "gen"
     assert dataset("cls", params, "embedded", cls_root) == Dataset(
-        "cls", False, 1437, f"{cls_root} is not prepared (dvc repro prepare_cls makes it); 1,437 training images from "
-                            "the digits' split (1,797 images)")
+        "cls",
+        False,
+        1437,
+        f"{cls_root} is not prepared (dvc repro prepare_cls makes it); 1,437 training images from "
+        "the digits' split (1,797 images)",
+    )
     write_tiny_prepared_set(cls_root, train_images=40)
     assert dataset("cls", params, "embedded", cls_root) == Dataset(
-        "cls", True, 40, f"{cls_root} prepared (10 classes, 40 training images)")
+        "cls", True, 40, f"{cls_root} prepared (10 classes, 40 training images)"
+    )
     assert dataset("cls", compose(["scale=paper"]), "paper", cls_root) == Dataset(
-        "cls", False, 1_281_167, f"{cls_root} holds another scale's data (10 classes, not 1000); 1,281,167 training "
-                                 "images from ImageNet-1K's known count")
+        "cls",
+        False,
+        1_281_167,
+        f"{cls_root} holds another scale's data (10 classes, not 1000); 1,281,167 training "
+        "images from ImageNet-1K's known count",
+    )
     assert dataset("gen", params, "embedded", gen_root).source.startswith(
-        f"{gen_root} is not prepared (dvc repro prepare_gen makes it); 1,437 training examples from ")
+        f"{gen_root} is not prepared (dvc repro prepare_gen makes it); 1,437 training examples from "
+    )
     gen_root.mkdir()
     (gen_root / "meta.json").write_text(json.dumps({"kind": "pixels", "num_classes": 10, "num_images": 1200}))
     assert dataset("gen", params, "embedded", gen_root) == Dataset(
-        "gen", True, 1200, f"{gen_root} prepared (pixels, 1,200 training examples)")
+        "gen", True, 1200, f"{gen_root} prepared (pixels, 1,200 training examples)"
+    )
     (gen_root / "meta.json").write_text(json.dumps({"kind": "vae_latents", "num_classes": 1000, "num_images": 5}))
     assert dataset("gen", params, "embedded", gen_root) == Dataset(
-        "gen", False, 1437, f"{gen_root} holds another scale's data (vae_latents, 1000 classes); 1,437 training "
-                            "examples from the digits' split (1,797 images)")
+        "gen",
+        False,
+        1437,
+        f"{gen_root} holds another scale's data (vae_latents, 1000 classes); 1,437 training "
+        "examples from the digits' split (1,797 images)",
+    )
 
 
 class _TimedStubDiT(_StubDiT):
@@ -499,16 +587,22 @@ def test_one_path_steps_a_run_of_either_branch_and_only_a_generation_run_samples
 
     params = compose(["scale=embedded"])
     data, cpu = Dataset("any", True, 6400, "test"), torch.device("cpu")
-    measure = dict(devices=1, cap=2, device=cpu, memory=2 ** 30, repeats=3)
-    cls = run_cost(Branch("cls", "classification", [], data, size_cls_run, build, {"num_classes": 10}),
-                   cls_run(params, "deit_tiny-vca"), **measure)
-    gen = run_cost(Branch("gen", "generation", [], data, size_gen_run, build, {}, samples=True),
-                   gen_run(params, "dit_s2-vca"), **measure)
+    measure = dict(devices=1, cap=2, device=cpu, memory=2**30, repeats=3)
+    cls = run_cost(
+        Branch("cls", "classification", [], data, size_cls_run, build, {"num_classes": 10}),
+        cls_run(params, "deit_tiny-vca"),
+        **measure,
+    )
+    gen = run_cost(
+        Branch("gen", "generation", [], data, size_gen_run, build, {}, samples=True),
+        gen_run(params, "dit_s2-vca"),
+        **measure,
+    )
     # each built by its branch's step with its own options, at the cap; both timed and projected the same way
     assert built == [("deit_tiny-vca", 2, {"num_classes": 10}), ("dit_s2-vca", 2, {})]
     for cost in (cls, gen):
         assert cost.step_seconds_measured == [2.0, 2.0, 2.0] and cost.step_seconds == 2.0 * 64 / 2
-        assert cost.device_memory == 2 ** 30 and cost.fits is True
+        assert cost.device_memory == 2**30 and cost.fits is True
     assert cls.sampling is None and cls.sample_gpu_hours == 0 and cls.gpu_hours == cls.train_gpu_hours
     # the sampler's passes counted (DDPM: one per step), one pass of 0.5 s at batch 2 scaled to the sampling batch
     sampling = params["sampling"]
@@ -516,8 +610,14 @@ def test_one_path_steps_a_run_of_either_branch_and_only_a_generation_run_samples
     assert gen.sampling["forward_seconds"] == 0.5 * sampling["batch_size"] / 2
     batches = math.ceil(sampling["num_samples"] / sampling["batch_size"])
     assert gen.sample_gpu_hours == pytest.approx(
-        len(gen_run(params, "dit_s2-vca").seeds) * batches * sampling["ddpm_steps"] * 0.5 * sampling["batch_size"] / 2
-        / 3600)
+        len(gen_run(params, "dit_s2-vca").seeds)
+        * batches
+        * sampling["ddpm_steps"]
+        * 0.5
+        * sampling["batch_size"]
+        / 2
+        / 3600
+    )
     assert gen.gpu_hours == pytest.approx(gen.train_gpu_hours + gen.sample_gpu_hours)
 
 
@@ -529,26 +629,40 @@ def test_a_run_whose_batch_cannot_be_split_over_the_devices_is_sized_not_stepped
         raise AssertionError("stepped")
 
     params = compose(["scale=embedded"])
-    data, measure = Dataset("any", True, 6400, "test"), dict(devices=65, cap=None, device=torch.device("cpu"),
-                                                             memory=2 ** 30, repeats=1)
-    gen = run_cost(Branch("gen", "generation", [], data, size_gen_run, build, {}, samples=True),
-                   gen_run(params, "dit_s2-vca"), **measure)
-    cls = run_cost(Branch("cls", "classification", [], data, size_cls_run, build, {}),
-                   cls_run(params, "deit_tiny-vca"), **measure)
+    data, measure = (
+        Dataset("any", True, 6400, "test"),
+        dict(devices=65, cap=None, device=torch.device("cpu"), memory=2**30, repeats=1),
+    )
+    gen = run_cost(
+        Branch("gen", "generation", [], data, size_gen_run, build, {}, samples=True),
+        gen_run(params, "dit_s2-vca"),
+        **measure,
+    )
+    cls = run_cost(
+        Branch("cls", "classification", [], data, size_cls_run, build, {}), cls_run(params, "deit_tiny-vca"), **measure
+    )
     assert (gen.recipe_batch, gen.batch_run, gen.step_seconds, gen.fits) == (0, None, None, None)
-    assert gen.problems == ["dit_s2-vca: gen_recipe.batch_size=64 cannot be filled by 65 device(s) from 6,400 training "
-                            "examples; choose a batch between the device count and the dataset size."]
+    assert gen.problems == [
+        "dit_s2-vca: gen_recipe.batch_size=64 cannot be filled by 65 device(s) from 6,400 training "
+        "examples; choose a batch between the device count and the dataset size."
+    ]
     assert (cls.recipe_batch, cls.batch_run) == (0, None)
-    assert cls.problems == ["deit_tiny-vca: batch_size=64 is smaller than 65 device(s) x accum_steps=1; raise "
-                            "batch_size or lower accum_steps."]
+    assert cls.problems == [
+        "deit_tiny-vca: batch_size=64 is smaller than 65 device(s) x accum_steps=1; raise "
+        "batch_size or lower accum_steps."
+    ]
 
 
 def test_the_package_runs_under_both_names_with_the_same_help(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     script = Path(sys.executable).parent / "vcarepro"
-    ours, theirs = (subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-                    for command in ([str(script), "preflight", "--help"],
-                                    [sys.executable, "-m", "vcarepro.tools.preflight", "--help"]))
+    ours, theirs = (
+        subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        for command in (
+            [str(script), "preflight", "--help"],
+            [sys.executable, "-m", "vcarepro.tools.preflight", "--help"],
+        )
+    )
     assert (ours.returncode, ours.stdout, ours.stderr) == (theirs.returncode, theirs.stdout, theirs.stderr)
     assert ours.returncode == 0 and ours.stdout.startswith("usage: python -m vcarepro.tools.preflight [-h] ")
     assert "Exit status 0: every selected run can start here." in ours.stdout

@@ -4,6 +4,7 @@ The reporter itself runs on a fake clock; then the stages themselves (data prepa
 worker processes, sampling, feature extraction) run at a micro size in a temporary project, once with their output
 in a file and once on a pseudo-terminal, and must write the same bytes either way.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -25,8 +26,8 @@ import yaml
 
 from test_pipeline import ROOT, micro_params
 from vcarepro.core import progress
-from vcarepro.tools.cluster import log_progress, status_lines
 from vcarepro.core.progress import Progress, parse_line
+from vcarepro.tools.cluster import log_progress, status_lines
 
 CLS, GEN = "deit_tiny-vca", "dit_s2-vca"
 UPDATES_PER_EPOCH = 5  # 1,437 training digits in batches of 256
@@ -55,15 +56,18 @@ def test_a_log_gets_a_line_at_the_start_every_interval_and_at_the_end(configured
         read.append(clock.now)
         return {"epoch": "1/300", "loss": 6.9078, "lr": 1.2e-6}
 
-    with Progress(None, 100, unit="step", images_per_step=1024, seed=0, figures=figures, clock=clock,
-                  stream=out) as bar:
+    with Progress(
+        None, 100, unit="step", images_per_step=1024, seed=0, figures=figures, clock=clock, stream=out
+    ) as bar:
         for step in range(1, 36):  # a step a second: lines at 10, 20 and 30 s
             clock.now += 1.0
             bar.update(step)
     lines = out.getvalue().splitlines()
     assert lines[0] == f"train_cls {CLS} seed 0 | step 0/100 (0.0%) | start, 1024 images a step"
-    assert lines[1] == (f"train_cls {CLS} seed 0 | step 10/100 (10.0%) | epoch 1/300 | loss 6.908 | lr 1.2e-06 | "
-                        f"1024 img/s | elapsed 0:00:10 | eta 0:01:30")
+    assert lines[1] == (
+        f"train_cls {CLS} seed 0 | step 10/100 (10.0%) | epoch 1/300 | loss 6.908 | lr 1.2e-06 | "
+        f"1024 img/s | elapsed 0:00:10 | eta 0:01:30"
+    )
     assert [parse_line(line).n for line in lines] == [0, 10, 20, 30, 35]
     assert [parse_line(line).eta for line in lines[1:4]] == ["0:01:30", "0:01:20", "0:01:10"]
     assert lines[-1].startswith(f"train_cls {CLS} seed 0 | step 35/100 (35.0%) | done in 0:00:35 | 1024 img/s")
@@ -77,7 +81,8 @@ def test_a_resumed_loop_counts_its_eta_from_this_runs_pace_and_a_finished_one_sa
         bar.update(600)
     assert out.getvalue().splitlines()[:2] == [
         f"train_cls {CLS} sampling | sample 500/1000 (50.0%) | start, resuming",
-        f"train_cls {CLS} sampling | sample 600/1000 (60.0%) | 10 img/s | elapsed 0:00:10 | eta 0:00:40"]
+        f"train_cls {CLS} sampling | sample 600/1000 (60.0%) | 10 img/s | elapsed 0:00:10 | eta 0:00:40",
+    ]
     finished = io.StringIO()
     with Progress(None, 10, start=10, clock=clock, stream=finished) as bar:
         bar.update(10)
@@ -117,7 +122,7 @@ def test_only_a_configured_rank_zero_reports(monkeypatch):
 
 
 def test_an_update_costs_a_clock_comparison(configured):
-    bar = Progress(None, 10 ** 9, stream=io.StringIO(), figures=lambda: {"loss": 1.0})
+    bar = Progress(None, 10**9, stream=io.StringIO(), figures=lambda: {"loss": 1.0})
     best = float("inf")
     for _ in range(3):
         start = time.perf_counter()
@@ -141,14 +146,23 @@ def test_cluster_status_shows_each_running_loops_step_of_total_and_eta(tmp_path)
     log = tmp_path / "123_0_log.out"
     log.write_text(LOG)
     shown = log_progress(log, f"train_gen@{GEN}")
-    assert shown == ("seed 1: step 1100/400000 (0.3%), eta 1d 12:01:00; "
-                     "seed 0: step 1400/400000 (0.3%), eta 1d 10:50:00")
+    assert shown == (
+        "seed 1: step 1100/400000 (0.3%), eta 1d 12:01:00; seed 0: step 1400/400000 (0.3%), eta 1d 10:50:00"
+    )
     log.write_text(LOG + f"train_gen {GEN} seed 1 | step 400000/400000 (100.0%) | done in 1d 12:00:00 | 800 img/s\n")
     assert log_progress(log, f"train_gen@{GEN}") == "seed 0: step 1400/400000 (0.3%), eta 1d 10:50:00"
     assert log_progress(tmp_path / "absent.out", "x") == ""
-    rows = [{"stage": f"train_gen@{GEN}", "state": "running", "job": "123", "log": ".slurm/logs/123_0_log.err",
-             "note": "", "progress": shown},
-            {"stage": "report", "state": "waiting", "job": "", "log": "", "note": "", "progress": ""}]
+    rows = [
+        {
+            "stage": f"train_gen@{GEN}",
+            "state": "running",
+            "job": "123",
+            "log": ".slurm/logs/123_0_log.err",
+            "note": "",
+            "progress": shown,
+        },
+        {"stage": "report", "state": "waiting", "job": "", "log": "", "note": "", "progress": ""},
+    ]
     table = status_lines(rows)
     assert table[0].split() == ["stage", "state", "job", "progress", "log"]
     assert table[1].startswith(f"train_gen@{GEN}  running  123      seed 1: step 1100/400000 (0.3%), eta 1d")
@@ -160,9 +174,8 @@ def test_cluster_status_shows_each_running_loops_step_of_total_and_eta(tmp_path)
 
 def test_the_vae_encoding_of_prepare_gen_reports_images_of_the_total(tmp_path, monkeypatch, capsys, one_torch_thread):
     from test_gen_latents import load_stage
-
-    from vcarepro.params.config import compose
     from vcarepro.data.embedded import export_digits
+    from vcarepro.params.config import compose
     from vcarepro.tools.standins import write_random_vae
 
     export_digits(tmp_path / "data" / "cls", val_fraction=0.9, seed=0)  # 179 training digits
@@ -171,15 +184,25 @@ def test_the_vae_encoding_of_prepare_gen_reports_images_of_the_total(tmp_path, m
     monkeypatch.delenv("RANK", raising=False)
     progress.configure({"progress": {"interval_s": 0}}, "prepare_gen")
     try:
-        settings = dict(compose(["scale=paper"])["prepare_gen"], vae=str(tmp_path / "vae"), image_size=16,
-                        vae_batch_size=64, shard_size=100)
+        settings = dict(
+            compose(["scale=paper"])["prepare_gen"],
+            vae=str(tmp_path / "vae"),
+            image_size=16,
+            vae_batch_size=64,
+            shard_size=100,
+        )
         load_stage("prepare_gen").prepare_latents(settings)
     finally:
         progress.reset()
     seen = loops(capsys.readouterr().out)["prepare_gen encoding"]
     assert [(parsed.state, parsed.n, parsed.total) for parsed, _ in seen] == [
-        ("start", 0, 179), ("running", 64, 179), ("running", 100, 179), ("running", 164, 179), ("running", 179, 179),
-        ("done", 179, 179)]  # batches of 64 within shards of 100
+        ("start", 0, 179),
+        ("running", 64, 179),
+        ("running", 100, 179),
+        ("running", 164, 179),
+        ("running", 179, 179),
+        ("done", 179, 179),
+    ]  # batches of 64 within shards of 100
 
 
 # -- the stages themselves ------------------------------------------------------------------------------------------
@@ -195,10 +218,20 @@ PIPELINE = [
     ("eval_gen.py", "--run", GEN),
 ]
 # The DVC outputs of those stages (dvclive's plots carry wall-clock timestamps and are no output's content).
-OUTPUTS = ["data/cls", "data/gen", "data/fid_reference",
-           f"runs/cls/{CLS}/train", f"runs/cls/{CLS}/live/metrics.json", f"runs/cls/{CLS}/metrics.json",
-           f"runs/cls/{CLS}/provenance.json", f"runs/gen/{GEN}/train", f"runs/gen/{GEN}/live/metrics.json",
-           f"runs/gen/{GEN}/samples", f"runs/gen/{GEN}/metrics.json", f"runs/gen/{GEN}/provenance.json"]
+OUTPUTS = [
+    "data/cls",
+    "data/gen",
+    "data/fid_reference",
+    f"runs/cls/{CLS}/train",
+    f"runs/cls/{CLS}/live/metrics.json",
+    f"runs/cls/{CLS}/metrics.json",
+    f"runs/cls/{CLS}/provenance.json",
+    f"runs/gen/{GEN}/train",
+    f"runs/gen/{GEN}/live/metrics.json",
+    f"runs/gen/{GEN}/samples",
+    f"runs/gen/{GEN}/metrics.json",
+    f"runs/gen/{GEN}/provenance.json",
+]
 
 
 @pytest.fixture(scope="module")
@@ -240,8 +273,14 @@ def in_a_log(path: Path) -> Dict[str, str]:
     out = {}
     for cwd, args in commands(path):
         with open(cwd / "stdout.log", "w") as stdout, open(cwd / "stderr.log", "w") as stderr:
-            code = subprocess.run([sys.executable, str(ROOT / "stages" / "run.py"), *args], cwd=cwd, env=ENV,
-                                  stdout=stdout, stderr=stderr, timeout=600).returncode
+            code = subprocess.run(
+                [sys.executable, str(ROOT / "stages" / "run.py"), *args],
+                cwd=cwd,
+                env=ENV,
+                stdout=stdout,
+                stderr=stderr,
+                timeout=600,
+            ).returncode
         assert code == 0, (args, (cwd / "stdout.log").read_text()[-2000:], (cwd / "stderr.log").read_text()[-3000:])
         out["stdout"] = out.get("stdout", "") + (cwd / "stdout.log").read_text()
         out["stderr"] = out.get("stderr", "") + (cwd / "stderr.log").read_text()
@@ -254,8 +293,14 @@ def on_a_terminal(path: Path) -> str:
     for cwd, args in commands(path):
         master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-        proc = subprocess.Popen([sys.executable, str(ROOT / "stages" / "run.py"), *args], cwd=cwd, env=ENV,
-                                stdin=slave, stdout=slave, stderr=slave)
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "stages" / "run.py"), *args],
+            cwd=cwd,
+            env=ENV,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+        )
         os.close(slave)
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
@@ -303,7 +348,7 @@ def test_each_stage_reports_its_loops_in_its_log_with_step_of_total_eta_and_loss
     path, out = logged
     seen = loops(out["stdout"])
     expected = {  # label: (unit, total)
-        "prepare_gen extractor training": ("step", 23),   # ceil(1,437 digits / 64)
+        "prepare_gen extractor training": ("step", 23),  # ceil(1,437 digits / 64)
         f"train_cls {CLS} seed 0": ("step", UPDATES_PER_EPOCH),
         f"train_cls {CLS} seed 1": ("step", UPDATES_PER_EPOCH),  # from its worker process, the seed named
         f"eval_cls {CLS} seed 1 val": ("image", 360),
@@ -328,11 +373,17 @@ def test_each_stage_reports_its_loops_in_its_log_with_step_of_total_eta_and_loss
             assert all(parsed.eta for parsed, _ in lines[1:-1]), label
     for label in (f"train_cls {CLS} seed 0", f"train_gen {GEN} seed 0"):
         for _, line in seen[label][1:-1]:
-            assert re.search(r"\| epoch [\d/]+ \| loss \d+\.\d{4} .*\| lr [\d.e-]+ \| [\d.]+ img/s \| elapsed "
-                             r"\d:\d\d:\d\d \| eta \d:\d\d:\d\d$", line), line
+            assert re.search(
+                r"\| epoch [\d/]+ \| loss \d+\.\d{4} .*\| lr [\d.e-]+ \| [\d.]+ img/s \| elapsed "
+                r"\d:\d\d:\d\d \| eta \d:\d\d:\d\d$",
+                line,
+            ), line
     epoch_end = [line for line in out["stdout"].splitlines() if line.startswith(f"train_cls {CLS} seed 1 | epoch 1/1")]
-    assert len(epoch_end) == 1 and re.search(r"epoch 1/1 done \| train loss \d\.\d{4} \| lr [\d.e-]+ \| val top-1 "
-                                             r"[\d.]+ \(best [\d.]+ at epoch 1\)$", epoch_end[0]), epoch_end
+    assert len(epoch_end) == 1 and re.search(
+        r"epoch 1/1 done \| train loss \d\.\d{4} \| lr [\d.e-]+ \| val top-1 "
+        r"[\d.]+ \(best [\d.]+ at epoch 1\)$",
+        epoch_end[0],
+    ), epoch_end
     assert parse_line(epoch_end[0]) is None  # not a position: cluster status skips it
     # nothing of it on stderr, and none of it in an output: timings stay in logs and timings/
     assert " | eta " not in out["stderr"] and "\r" not in out["stderr"], out["stderr"][-2000:]

@@ -1,4 +1,5 @@
 """The proxy scale (one GPU, a night): ImageNet-100, DeiT-T and DiT-S/2, MHSA vs VCA, three seeds each."""
+
 from __future__ import annotations
 
 import re
@@ -51,8 +52,12 @@ def test_the_proxy_data_is_cmcs_imagenet_100_and_its_fid_reference_is_its_own(pr
 def test_every_proxy_classifier_builds_and_takes_a_step_with_its_recipe_at_tiny_shape(proxy, run):
     r = cls_run(proxy, run)
     torch.manual_seed(0)
-    spec = ClassifierSpec(r.model["arch"], r.model["attention"], r.model.get("options") or {},
-                          {"img_size": 32, "depth": 1, "contrast_tokens": 4})   # 2x2 patch grid at 32 px
+    spec = ClassifierSpec(
+        r.model["arch"],
+        r.model["attention"],
+        r.model.get("options") or {},
+        {"img_size": 32, "depth": 1, "contrast_tokens": 4},
+    )  # 2x2 patch grid at 32 px
     model = spec.create(num_classes=100, drop_path=r.recipe["drop_path"])
     optimizer = build_optimizer(model, r.recipe)
     scheduler, epochs = build_scheduler(optimizer, r.recipe, updates_per_epoch=2)
@@ -73,8 +78,12 @@ def test_every_proxy_classifier_builds_and_takes_a_step_with_its_recipe_at_tiny_
 def test_every_proxy_generator_builds_and_takes_a_step_with_its_recipe_at_tiny_shape(proxy, run):
     r = gen_run(proxy, run)
     torch.manual_seed(0)
-    spec = GeneratorSpec(r.model["arch"], r.model["attention"], r.model.get("options") or {},
-                         {"input_size": 8, "depth": 1, "num_classes": 100, "contrast_tokens": 4})
+    spec = GeneratorSpec(
+        r.model["arch"],
+        r.model["attention"],
+        r.model.get("options") or {},
+        {"input_size": 8, "depth": 1, "num_classes": 100, "contrast_tokens": 4},
+    )
     model = spec.create(learn_sigma=r.recipe["learn_sigma"], class_dropout_prob=r.recipe["class_dropout_prob"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=r.recipe["lr"], weight_decay=r.recipe["weight_decay"])
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -83,7 +92,7 @@ def test_every_proxy_generator_builds_and_takes_a_step_with_its_recipe_at_tiny_s
     # DiT zero-initialises the adaLN gates and the final layer: the attention's own weights move from
     # the third step on (final layer, then the gates, then what they gate)
     for _ in range(3):
-        with amp.autocast():   # SD-VAE latents: 4 channels
+        with amp.autocast():  # SD-VAE latents: 4 channels
             loss = objective.training_losses(model, torch.randn(2, 4, 8, 8), torch.tensor([3, 97]))["loss"]
         optimizer.zero_grad()
         loss.backward()

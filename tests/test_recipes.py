@@ -1,4 +1,5 @@
 """What each recipe knob does to training, checked on the real builders the training stage uses."""
+
 from __future__ import annotations
 
 import json
@@ -9,13 +10,21 @@ import torch
 from timm.data.distributed_sampler import RepeatAugSampler
 
 from vcarepro.attention import VisualContrastAttention
-from vcarepro.params.config import compose
 from vcarepro.core.errors import BadInput
 from vcarepro.data.embedded import export_digits
 from vcarepro.models import create_classifier
+from vcarepro.params.config import compose
 from vcarepro.params.runs import cls_run
-from vcarepro.train.classification import (ClassifierSpec, best_epoch_figures, build_optimizer, build_scheduler,
-                                           build_transforms, make_loader, scaled_lrs, train_classifier)
+from vcarepro.train.classification import (
+    ClassifierSpec,
+    best_epoch_figures,
+    build_optimizer,
+    build_scheduler,
+    build_transforms,
+    make_loader,
+    scaled_lrs,
+    train_classifier,
+)
 from vcarepro.train.distributed import DistInfo
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
@@ -66,12 +75,15 @@ def test_deit_moves_the_lr_once_an_epoch_and_the_lab_every_step(paper):
     assert lrs_by_epoch(short(lab, batch_size=4096))[0][0] == pytest.approx(5e-7 * 8)
 
 
-@pytest.mark.parametrize("run, lr, warmup_lr, min_lr", [
-    ("swin_tiny-mhsa", 1e-3, 1e-6, 1e-5),           # Swin: all three scaled by 1024 / 512
-    ("deit_tiny-vca", 4e-3, 5e-7 * 8, 5e-6 * 8),    # the lab's DeiT-T at 4096: lr 4e-3
-    ("cswin_tiny-mhsa", 2e-3, 1e-6, 1e-5),          # CSWin: --lr 2e-3 at 2048, bounds as given
-    ("deit_tiny-mhsa", 1e-3, 1e-6, 1e-5),           # DeiT: only lr scaled
-])
+@pytest.mark.parametrize(
+    "run, lr, warmup_lr, min_lr",
+    [
+        ("swin_tiny-mhsa", 1e-3, 1e-6, 1e-5),  # Swin: all three scaled by 1024 / 512
+        ("deit_tiny-vca", 4e-3, 5e-7 * 8, 5e-6 * 8),  # the lab's DeiT-T at 4096: lr 4e-3
+        ("cswin_tiny-mhsa", 2e-3, 1e-6, 1e-5),  # CSWin: --lr 2e-3 at 2048, bounds as given
+        ("deit_tiny-mhsa", 1e-3, 1e-6, 1e-5),  # DeiT: only lr scaled
+    ],
+)
 def test_learning_rates_scale_with_the_batch_as_each_original_does(paper, run, lr, warmup_lr, min_lr):
     got = scaled_lrs(cls_run(paper, run).recipe)
     assert got == pytest.approx({"lr": lr, "warmup_lr": warmup_lr, "min_lr": min_lr})
@@ -102,6 +114,7 @@ def test_repeated_augmentation_happens_in_one_process_too(paper, digits):
 
 def resize_of(transform):
     from torchvision.transforms import Resize
+
     return next(t for t in transform.transforms if isinstance(t, Resize))
 
 
@@ -109,21 +122,29 @@ def test_eval_crop_modes_and_interpolations_follow_the_recipe(paper):
     from torchvision.transforms import InterpolationMode
 
     deit, lab, cswin = (cls_run(paper, r).recipe for r in ("deit_tiny-mhsa", "deit_tiny-vca", "cswin_tiny-mhsa"))
-    assert resize_of(build_transforms(deit, training=False)).size == 256          # the shorter side
+    assert resize_of(build_transforms(deit, training=False)).size == 256  # the shorter side
     assert tuple(resize_of(build_transforms(lab, training=False)).size) == (256, 256)  # a square (the lab's)
-    assert resize_of(build_transforms(cswin, training=False)).size == 248         # CSWin's crop 0.9
+    assert resize_of(build_transforms(cswin, training=False)).size == 248  # CSWin's crop 0.9
     assert resize_of(build_transforms(cswin, training=False)).interpolation == InterpolationMode.BICUBIC
     first = build_transforms(cswin, training=True).transforms[0]  # RandomResizedCrop with random interpolation
     assert isinstance(first.interpolation, (list, tuple)) and len(first.interpolation) == 2
 
 
 VCA_DECAYED = {"qkv.weight", "embed_pos", "embed_neg", "local_conv.weight", "proj.weight"}
-VCA_EXEMPT = {"qkv.bias", "local_conv.bias", "proj.bias", "stage1_norm.weight", "stage2_norm.weight",
-              *(f"lambda{s}.{v}" for s in (1, 2) for v in ("q1", "k1", "q2", "k2"))}
-SMALL = {"deit_tiny": dict(img_size=32, patch_size=8, depth=1, contrast_tokens=4),
-         "pvt_tiny": dict(img_size=64, depths=(1, 1, 1, 1), contrast_tokens=(9, 16, 16, 4)),
-         "swin_tiny": dict(img_size=64, depths=(1, 1, 1, 1), contrast_tokens=(9, 16, 16, 4), window_size=2),
-         "cswin_tiny": dict(img_size=64, depths=(1, 1, 1, 1), contrast_tokens=(9, 16, 16, 4))}
+VCA_EXEMPT = {
+    "qkv.bias",
+    "local_conv.bias",
+    "proj.bias",
+    "stage1_norm.weight",
+    "stage2_norm.weight",
+    *(f"lambda{s}.{v}" for s in (1, 2) for v in ("q1", "k1", "q2", "k2")),
+}
+SMALL = {
+    "deit_tiny": dict(img_size=32, patch_size=8, depth=1, contrast_tokens=4),
+    "pvt_tiny": dict(img_size=64, depths=(1, 1, 1, 1), contrast_tokens=(9, 16, 16, 4)),
+    "swin_tiny": dict(img_size=64, depths=(1, 1, 1, 1), contrast_tokens=(9, 16, 16, 4), window_size=2),
+    "cswin_tiny": dict(img_size=64, depths=(1, 1, 1, 1), contrast_tokens=(9, 16, 16, 4)),
+}
 
 
 def decay_split(model, recipe):
@@ -148,13 +169,15 @@ def test_vca_lambdas_escape_weight_decay_and_its_embeddings_do_not_in_every_back
 
 def test_each_backbone_exempts_what_its_original_code_exempts(paper):
     recipe = cls_run(paper, "pvt_tiny-mhsa").recipe
-    _, exempt = decay_split(create_classifier("pvt_tiny", "mhsa", num_classes=5, img_size=64,
-                                              depths=(1, 1, 1, 1)), recipe)
+    _, exempt = decay_split(
+        create_classifier("pvt_tiny", "mhsa", num_classes=5, img_size=64, depths=(1, 1, 1, 1)), recipe
+    )
     assert "stages.3.cls_token" in exempt and not any("pos_embed" in n for n in exempt)  # PVT: {'cls_token'}
     _, exempt = decay_split(timm.create_model("deit_tiny_patch16_224", num_classes=5, depth=1), recipe)
     assert {"pos_embed", "cls_token"} <= exempt  # DeiT (timm's ViT): {'pos_embed', 'cls_token', 'dist_token'}
-    _, exempt = decay_split(create_classifier("swin_tiny", "mhsa", num_classes=5, img_size=64, depths=(1, 1, 1, 1),
-                                              window_size=2), recipe)
+    _, exempt = decay_split(
+        create_classifier("swin_tiny", "mhsa", num_classes=5, img_size=64, depths=(1, 1, 1, 1), window_size=2), recipe
+    )
     assert any(n.endswith("relative_position_bias_table") for n in exempt)  # Swin: its keyword
 
 
@@ -162,8 +185,16 @@ def test_training_keeps_every_epochs_validation_and_eval_reads_the_best_epoch(tm
     embedded = compose([])
     recipe = dict(cls_run(embedded, "deit_tiny-vca").recipe, epochs=3, batch_size=256, ema_decay=0.9)
     spec = ClassifierSpec("deit_tiny", "vca", {}, dict(embedded["cls_shape"], depth=1, embed_dim=32))
-    train_classifier(spec=spec, recipe=recipe, data_root=digits, seed=0, out_dir=tmp_path / "out",
-                     ckpt_dir=tmp_path / "ckpt", info=CPU, fingerprint="f")
+    train_classifier(
+        spec=spec,
+        recipe=recipe,
+        data_root=digits,
+        seed=0,
+        out_dir=tmp_path / "out",
+        ckpt_dir=tmp_path / "ckpt",
+        info=CPU,
+        fingerprint="f",
+    )
     history = json.loads((tmp_path / "out" / "history.json").read_text())
     assert [h["epoch"] for h in history] == [1, 2, 3]
     assert all({"val_top1", "val_top1_ema", "train_loss", "train_lr"} <= set(h) for h in history)
@@ -192,8 +223,15 @@ def test_an_epochs_override_trains_that_many_epochs_whatever_the_recipes_cooldow
 def test_every_recipe_knob_overrides_plainly_at_every_scale(scale):
     """Issue 21 (5): `-S cls_recipe_overrides.epochs=1` failed at paper scale (Hydra needs `+` for an absent key)."""
     from vcarepro.params.schema import CLS_RECIPE_RULES
-    params = compose([f"scale={scale}", "cls_recipe_overrides.accum_steps=2", "cls_recipe_overrides.epochs=3",
-                      "cls_recipe_overrides.cooldown_epochs=0"])
+
+    params = compose(
+        [
+            f"scale={scale}",
+            "cls_recipe_overrides.accum_steps=2",
+            "cls_recipe_overrides.epochs=3",
+            "cls_recipe_overrides.cooldown_epochs=0",
+        ]
+    )
     assert set(params["cls_recipe_overrides"]) == set(CLS_RECIPE_RULES)
     for run in params["cls_runs"]:
         recipe = cls_run(params, run).recipe
@@ -209,6 +247,7 @@ def test_every_recipe_knob_overrides_plainly_at_every_scale(scale):
 def test_a_runs_optimizer_steps_count_its_cooldown_once(paper):
     """What the preflight and the bench project: CSwin-T's 310 epochs (300 + 10 cooldown), not 320."""
     from vcarepro.train.classification import recipe_steps
+
     recipe = cls_run(paper, "cswin_tiny-vca").recipe
     assert (recipe["epochs"], recipe["cooldown_epochs"]) == (310, 10)
     assert recipe_steps(recipe, 1_281_167) == 310 * (1_281_167 // recipe["batch_size"])
@@ -225,8 +264,10 @@ def test_epochs_trained_are_the_recipes_whatever_the_scheduler(paper, sched):
 def test_an_override_switches_off_what_a_recipes_null_means_off(paper):
     """null in the overrides keeps the recipe; `none` (auto_augment, compile) and 0 (clip_grad) switch off."""
     from timm.data.auto_augment import RandAugment
+
     from vcarepro.train.classification import build_transforms
     from vcarepro.train.precision import maybe_compile
+
     params = compose(["scale=paper", "cls_recipe_overrides.auto_augment=none", "cls_recipe_overrides.compile=none"])
     recipe = cls_run(params, "deit_tiny-mhsa").recipe
     assert not any(isinstance(t, RandAugment) for t in build_transforms(recipe, training=True).transforms)

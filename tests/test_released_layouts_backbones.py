@@ -5,6 +5,7 @@ The layouts in tests/data/released_layouts were read from the original repositor
 ``vcarepro.calibration.keymaps.backbones`` must turn our state dict into exactly that layout, and
 that layout (filled with distinct random values) into exactly ours, each value on the right key.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,13 @@ from vcarepro.models.dit import create_dit
 
 LAYOUTS = Path(__file__).parent / "data" / "released_layouts"
 
-CLASSIFIERS = {"deit_tiny": "deit_tiny", "deit_small": "deit_small", "swin_tiny": "swin_tiny",
-               "pvt_tiny": "pvt_tiny", "cswin_tiny": "cswin_tiny"}
+CLASSIFIERS = {
+    "deit_tiny": "deit_tiny",
+    "deit_small": "deit_small",
+    "swin_tiny": "swin_tiny",
+    "pvt_tiny": "pvt_tiny",
+    "cswin_tiny": "cswin_tiny",
+}
 # released name -> (our DiT arch, learn_sigma); SiT-XL/2's released 256 px file has learn_sigma=True
 # (willisma/SiT sample.py: learn_sigma = args.image_size == 256 for the auto-downloaded checkpoint)
 DITS = {"dit_s2": ("dit_s2", True), "dit_xl2": ("dit_xl2", True), "sit_xl2": ("dit_xl2", True)}
@@ -187,8 +193,10 @@ def test_large_forward_shape(name):
     assert out.shape == (1, 8, 32, 32)
 
 
-@pytest.mark.parametrize("key, shape", [("layers.0.blocks.0.attn.relative_position_bias_table", (529, 3)),
-                                        ("patch_embed.proj.weight", (96, 3, 8, 8))])
+@pytest.mark.parametrize(
+    "key, shape",
+    [("layers.0.blocks.0.attn.relative_position_bias_table", (529, 3)), ("patch_embed.proj.weight", (96, 3, 8, 8))],
+)
 def test_swin_tensors_timm_would_resample_are_refused_at_another_size(key, shape, one_torch_thread):
     """timm's checkpoint_filter_fn resizes a position table or patch kernel of another size to fit; a released
     Swin-T file that has one is not Swin-T's, so the map refuses it instead."""

@@ -8,6 +8,7 @@ the test suite (the original code needs the lab's repositories); here the maps a
 exactly, to strict loading, to the round trip, and, for Agent Attention's biases (two of which share a
 shape), to the official formulas of what each bias adds to which attention map.
 """
+
 import json
 from pathlib import Path
 
@@ -125,8 +126,9 @@ def test_agent_biases_add_to_the_maps_the_official_layer_adds_them_to(one_torch_
         up_na = F.interpolate(p("na_bias"), size=(side, side), mode="bilinear", align_corners=False)
         a_to_patch = up_an.reshape(1, heads, n, -1) + (p("ah_bias") + p("aw_bias")).reshape(1, heads, n, -1)
         expected_an = torch.cat([p("ac_bias"), a_to_patch], dim=-1)
-        patch_to_a = (up_na.reshape(1, heads, n, -1).permute(0, 1, 3, 2)
-                      + (p("ha_bias") + p("wa_bias")).reshape(1, heads, -1, n))
+        patch_to_a = up_na.reshape(1, heads, n, -1).permute(0, 1, 3, 2) + (p("ha_bias") + p("wa_bias")).reshape(
+            1, heads, -1, n
+        )
         expected_na = torch.cat([p("ca_bias"), patch_to_a], dim=-2)
         got_an, got_na = net.blocks[block].attn.position_biases()
         torch.testing.assert_close(got_an, expected_an, rtol=1e-6, atol=1e-6)
@@ -136,9 +138,11 @@ def test_agent_biases_add_to_the_maps_the_official_layer_adds_them_to(one_torch_
 def test_released_local_convolutions_land_on_ours(one_torch_thread):
     """The depthwise convolutions keep their official tensors: Agent's dwc (3x3, one kernel per channel),
     InLine's residual convolution, Circulant's per-block cpe."""
-    cases = [("agent_deit_tiny", "blocks.4.attn.dwc.weight", lambda m: m.blocks[4].attn.local_conv.weight),
-             ("circulant_deit_tiny", "blocks.4.cpe.weight", lambda m: m.blocks[4].cpe.weight),
-             ("inline_deit_tiny", "blocks.4.attn.residual.2.weight", lambda m: m.blocks[4].attn.residual[2].weight)]
+    cases = [
+        ("agent_deit_tiny", "blocks.4.attn.dwc.weight", lambda m: m.blocks[4].attn.local_conv.weight),
+        ("circulant_deit_tiny", "blocks.4.cpe.weight", lambda m: m.blocks[4].cpe.weight),
+        ("inline_deit_tiny", "blocks.4.attn.residual.2.weight", lambda m: m.blocks[4].attn.residual[2].weight),
+    ]
     for name, key, ours in cases:
         released = released_random(name, seed=4)
         net = model(name)

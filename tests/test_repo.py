@@ -1,4 +1,5 @@
 """The repository keeps its promises: README commands, CI, DVC config."""
+
 from __future__ import annotations
 
 import configparser
@@ -51,12 +52,24 @@ def test_complexity_stage_measures_every_model(tmp_path):
     params["complexity"]["throughput_batch"] = 1
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     out = tmp_path / "complexity.json"
-    subprocess.run([sys.executable, str(ROOT / "stages" / "complexity.py"), "--params",
-                    str(tmp_path / "params.yaml"), "--out", str(out)], check=True, cwd=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "stages" / "complexity.py"),
+            "--params",
+            str(tmp_path / "params.yaml"),
+            "--out",
+            str(out),
+        ],
+        check=True,
+        cwd=tmp_path,
+    )
     figures = json.loads(out.read_text())
     assert set(figures) == set(params["models"])
     assert figures["deit_tiny-mhsa"]["params_m"] == pytest.approx(5.717, abs=1e-3)
-    assert figures["deit_tiny-vca"]["params_m"] - figures["deit_tiny-mhsa"]["params_m"] == pytest.approx(0.2565, abs=1e-4)
+    assert figures["deit_tiny-vca"]["params_m"] - figures["deit_tiny-mhsa"]["params_m"] == pytest.approx(
+        0.2565, abs=1e-4
+    )
     assert figures["deit_tiny-vca"]["gmacs"] == pytest.approx(1.257, abs=1e-3)
     timing = json.loads((tmp_path / "timings" / "complexity.json").read_text())["throughput_img_s"]
     assert set(timing) == set(figures) and all(v > 0 for v in timing.values())

@@ -1,4 +1,5 @@
 """The report: paper beside ours, verdicts that never judge across scales, escaped, offline."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,19 @@ from vcarepro.params.config import compose
 from vcarepro.params.provenance import write_provenance
 from vcarepro.report.reference import PaperValue, load_reference, paper_value
 from vcarepro.report.render import render_report
-from vcarepro.report.verdicts import (BETTER, DIFFERS, MATCHES, NO_PAPER_VALUE, NOT_COMPARABLE, NOT_RUN, REPRODUCED,
-                                      SHORT, Measured, exact_verdict, verdict)
+from vcarepro.report.verdicts import (
+    BETTER,
+    DIFFERS,
+    MATCHES,
+    NO_PAPER_VALUE,
+    NOT_COMPARABLE,
+    NOT_RUN,
+    REPRODUCED,
+    SHORT,
+    Measured,
+    exact_verdict,
+    verdict,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,30 +42,39 @@ def ours(mean, n=1):
     return Measured(mean, 0.0, n, "paper")
 
 
-@pytest.mark.parametrize("paper, mine, lower, expected", [
-    (75.6, 75.4, False, REPRODUCED),
-    (75.6, 76.5, False, BETTER),
-    (75.6, 74.0, False, SHORT),
-    (62.3, 60.0, True, BETTER),
-    (62.3, 65.0, True, SHORT),
-])
+@pytest.mark.parametrize(
+    "paper, mine, lower, expected",
+    [
+        (75.6, 75.4, False, REPRODUCED),
+        (75.6, 76.5, False, BETTER),
+        (75.6, 74.0, False, SHORT),
+        (62.3, 60.0, True, BETTER),
+        (62.3, 65.0, True, SHORT),
+    ],
+)
 def test_verdicts_at_paper_scale(paper, mine, lower, expected):
-    assert verdict(PaperValue(paper, "S"), ours(mine), comparable=True, tolerance=0.5, lower_is_better=lower) == expected
+    assert (
+        verdict(PaperValue(paper, "S"), ours(mine), comparable=True, tolerance=0.5, lower_is_better=lower) == expected
+    )
 
 
 def test_a_smoke_scale_number_is_never_judged():
-    assert verdict(PaperValue(75.6, "A"), ours(99.0), comparable=False, tolerance=0.5,
-                   lower_is_better=False) == NOT_COMPARABLE
+    assert (
+        verdict(PaperValue(75.6, "A"), ours(99.0), comparable=False, tolerance=0.5, lower_is_better=False)
+        == NOT_COMPARABLE
+    )
     assert verdict(PaperValue(75.6, "A"), None, comparable=True, tolerance=0.5, lower_is_better=False) == NOT_RUN
-    assert verdict(PaperValue(None, None), ours(1.0), comparable=True, tolerance=0.5,
-                   lower_is_better=True) == NO_PAPER_VALUE
+    assert (
+        verdict(PaperValue(None, None), ours(1.0), comparable=True, tolerance=0.5, lower_is_better=True)
+        == NO_PAPER_VALUE
+    )
 
 
 def test_exact_quantities_match_within_one_unit_of_the_papers_precision():
     tolerance = compose([])["report"]["complexity_tolerance"]
     assert tolerance == 0.1
     assert exact_verdict(PaperValue(6.0, "N"), 5.974, tolerance) == MATCHES
-    assert exact_verdict(PaperValue(1.2, "N"), 1.257, tolerance) == MATCHES   # DeiT-T + VCA GMACs
+    assert exact_verdict(PaperValue(1.2, "N"), 1.257, tolerance) == MATCHES  # DeiT-T + VCA GMACs
     assert exact_verdict(PaperValue(1.2, "N"), 1.3001, tolerance) == DIFFERS
     assert exact_verdict(PaperValue(11.6, "N"), 13.2, tolerance) == DIFFERS
     assert exact_verdict(PaperValue(20.5, "N"), 22.3, tolerance) == DIFFERS  # the original CSWin-T, 1-2-21-1
@@ -82,24 +103,45 @@ def project(tmp_path):
     params["prepare_cls"]["imagenet_root"] = "<script>alert(1)</script>"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     (tmp_path / "metrics").mkdir()
-    (tmp_path / "metrics" / "complexity.json").write_text(json.dumps({
-        "deit_tiny-mhsa": {"params_m": 5.717, "gmacs": 1.254}, "deit_tiny-vca": {"params_m": 5.974, "gmacs": 1.257}}))
+    (tmp_path / "metrics" / "complexity.json").write_text(
+        json.dumps(
+            {
+                "deit_tiny-mhsa": {"params_m": 5.717, "gmacs": 1.254},
+                "deit_tiny-vca": {"params_m": 5.974, "gmacs": 1.257},
+            }
+        )
+    )
     run = tmp_path / "runs" / "cls" / "deit_tiny-vca"
     (run / "live" / "plots" / "metrics" / "seed_0" / "train").mkdir(parents=True)
     (run / "live" / "plots" / "metrics" / "seed_0" / "train" / "loss.tsv").write_text(
-        "timestamp\tstep\tloss\n0\t1\t2.0\n0\t2\t1.5\n")
-    (run / "metrics.json").write_text(json.dumps(
-        {"top1": 88.25, "top1_std": 1.5, "top1_seed0": 87.2, "top1_seed1": 89.3, "n_seeds": 2, "top5": 99.0,
-         "top5_std": 0.1, "loss": 0.4, "loss_std": 0.01, "top1_best": 90.5, "top1_best_std": 0.5}))
+        "timestamp\tstep\tloss\n0\t1\t2.0\n0\t2\t1.5\n"
+    )
+    (run / "metrics.json").write_text(
+        json.dumps(
+            {
+                "top1": 88.25,
+                "top1_std": 1.5,
+                "top1_seed0": 87.2,
+                "top1_seed1": 89.3,
+                "n_seeds": 2,
+                "top5": 99.0,
+                "top5_std": 0.1,
+                "loss": 0.4,
+                "loss_std": 0.01,
+                "top1_best": 90.5,
+                "top1_best_std": 0.5,
+            }
+        )
+    )
     vouch(tmp_path, "cls", "deit_tiny-vca")
     return tmp_path
 
 
 def accuracy_row(html, model, attention):
     """Table 1's accuracy row of ``model`` / ``attention`` (the compute table follows it)."""
-    table = html[html.index("<h3>Accuracy</h3>"):html.index("<h3>Parameters and GMACs")]
-    row = table[table.index(f"<td>{model}<div class=\"note\">{attention}</div></td>"):]
-    return row[:row.index("</tr>")]
+    table = html[html.index("<h3>Accuracy</h3>") : html.index("<h3>Parameters and GMACs")]
+    row = table[table.index(f'<td>{model}<div class="note">{attention}</div></td>') :]
+    return row[: row.index("</tr>")]
 
 
 def test_report_shows_paper_beside_ours_without_judging_embedded_numbers(project):
@@ -112,24 +154,26 @@ def test_report_shows_paper_beside_ours_without_judging_embedded_numbers(project
     assert "paper: best epoch; ours: final epoch" in row and "88.2 ± 1.5 (n=2)" in row and "90.5" not in row
     assert NOT_COMPARABLE in row and REPRODUCED not in row and SHORT not in row
     assert "-1.0" not in row and "+0.0" not in row.split(NOT_COMPARABLE)[0]  # no difference for smoke numbers
-    compute = html[html.index("<h3>Parameters and GMACs"):html.index("Where the gain comes from")]
+    compute = html[html.index("<h3>Parameters and GMACs") : html.index("Where the gain comes from")]
     assert MATCHES in compute  # 5.974M params at paper shape vs the paper's 6.0M
     # every row of the paper's table stays, run or not (a paper number never folds): a row not run shows the
     # paper's number and one "not run" mark over our cells, keyed to the line below that says how to run it
-    table = html[html.index("<h3>Accuracy</h3>"):html.index("<h3>Parameters and GMACs")]
+    table = html[html.index("<h3>Accuracy</h3>") : html.index("<h3>Parameters and GMACs")]
     assert table.count("<tr>") == 1 + 17 and table.count('<td colspan="3" class="verdict not-run">not run <a') == 16
     small = accuracy_row(html, "DeiT-S", "VCA")
     assert '80.7<span class="src">[N]</span>' in small
     assert 'class="verdict not-run">not run <a href="#howto-table1-' in small
     key = re.search(r'href="#howto-table1-(\w)"', small).group(1)
-    line = table[table.index(f'<p class="folded" id="howto-table1-{key}">'):].split("</p>")[0]
-    assert ("To run: at smoke scale, <code>dvc exp run --temp -S scale=smoke -n smoke</code>; or at paper scale, "
-            "<code>git switch -c paper &amp;&amp; python -m vcarepro.params.config scale=paper "
-            "prepare_cls.imagenet_root=/path/to/imagenet &amp;&amp; dvc repro</code>.") in line
-    baseline = accuracy_row(html, "DeiT-T", "MHSA")   # in this scale's run list, no numbers yet
+    line = table[table.index(f'<p class="folded" id="howto-table1-{key}">') :].split("</p>")[0]
+    assert (
+        "To run: at smoke scale, <code>dvc exp run --temp -S scale=smoke -n smoke</code>; or at paper scale, "
+        "<code>git switch -c paper &amp;&amp; python -m vcarepro.params.config scale=paper "
+        "prepare_cls.imagenet_root=/path/to/imagenet &amp;&amp; dvc repro</code>."
+    ) in line
+    baseline = accuracy_row(html, "DeiT-T", "MHSA")  # in this scale's run list, no numbers yet
     key = re.search(r'href="#howto-table1-(\w)"', baseline).group(1)
-    assert table[table.index(f'id="howto-table1-{key}"'):].split("</p>")[0].endswith("To run: <code>dvc repro</code>.")
-    assert "dvc repro (runs of this scale)" not in html   # each line one way to run its rows, not several mixed
+    assert table[table.index(f'id="howto-table1-{key}"') :].split("</p>")[0].endswith("To run: <code>dvc repro</code>.")
+    assert "dvc repro (runs of this scale)" not in html  # each line one way to run its rows, not several mixed
     assert "other summary: 75.4" in html  # the Table 3 conflict is shown where the row was run
     contrast = compose([])["cls_shape"]["contrast_tokens"]
     assert f"contrast_tokens={contrast}, stage2=diff" in html  # the options the run used, not the paper shape's
@@ -145,8 +189,8 @@ def test_report_escapes_names_and_works_offline(project):
 
 def test_report_lists_the_knobs_that_differ_from_the_papers_recipe_in_one_table(project):
     html = render_report(project, project / "reports" / "index.html").read_text()
-    section = html[html.index("<h2>Recipes"):html.index("<h2>Changes since")]
-    cls = section[section.index("<h3>Classification</h3>"):section.index("<h3>Generation</h3>")]
+    section = html[html.index("<h2>Recipes") : html.index("<h2>Changes since")]
+    cls = section[section.index("<h3>Classification</h3>") : section.index("<h3>Generation</h3>")]
     assert cls.count("<table") == 1  # one table of knobs, not a list per run
     # the columns: each recipe the paper's runs use, then what every run trains with here
     assert ">paper: deit (1 run)</th>" in cls and ">paper: lab_deit_tiny (6 runs)</th>" in cls
@@ -156,7 +200,7 @@ def test_report_lists_the_knobs_that_differ_from_the_papers_recipe_in_one_table(
     assert "<code>recipe.drop_path</code></td><td>0.1</td><td>0.0</td><td>0.0</td>" in cls  # deit vs lab
     assert "<code>recipe.lr</code>" in cls and "<code>recipe.workers</code>" in cls
     assert "options." not in cls  # attention options belong to the model (the runs table)
-    gen = section[section.index("<h3>Generation</h3>"):]
+    gen = section[section.index("<h3>Generation</h3>") :]
     assert ">paper: gen_recipe (" in gen and "<code>sampling.num_samples</code></td><td>50000</td>" in gen
 
 
@@ -164,18 +208,35 @@ def add_vca_and_baseline(project, base_top1=60.0, vca_top1=(62.0, 66.0)):
     """DeiT-T baseline (two seeds, 58 and 62) beside the VCA run of the fixture, and an attention_cost file."""
     run = project / "runs" / "cls" / "deit_tiny-mhsa"
     run.mkdir(parents=True)
-    (run / "metrics.json").write_text(json.dumps({"top1": base_top1, "top1_std": 2.83, "top1_seed0": base_top1 - 2,
-                                                  "top1_seed1": base_top1 + 2, "n_seeds": 2}))
+    (run / "metrics.json").write_text(
+        json.dumps(
+            {
+                "top1": base_top1,
+                "top1_std": 2.83,
+                "top1_seed0": base_top1 - 2,
+                "top1_seed1": base_top1 + 2,
+                "n_seeds": 2,
+            }
+        )
+    )
     vouch(project, "cls", "deit_tiny-mhsa")
-    rows = [{"tokens": n, "layer": layer, "forward_ms": 1.0, "forward_backward_ms": t, "macs": m}
-            for n, layer, t, m in [(196, "mhsa", 1.0, 100), (3136, "mhsa", 300.0, 25600),
-                                   (196, "vca", 1.0, 100), (3136, "vca", 16.0, 1600)]]
+    rows = [
+        {"tokens": n, "layer": layer, "forward_ms": 1.0, "forward_backward_ms": t, "macs": m}
+        for n, layer, t, m in [
+            (196, "mhsa", 1.0, 100),
+            (3136, "mhsa", 300.0, 25600),
+            (196, "vca", 1.0, 100),
+            (3136, "vca", 16.0, 1600),
+        ]
+    ]
     # the stage's output (exact MACs) and, outside every DVC output, the times measured with it
-    (project / "metrics" / "attention_macs.json").write_text(json.dumps({
-        "config": {}, "rows": [{k: r[k] for k in ("layer", "tokens", "macs")} for r in rows]}))
+    (project / "metrics" / "attention_macs.json").write_text(
+        json.dumps({"config": {}, "rows": [{k: r[k] for k in ("layer", "tokens", "macs")} for r in rows]})
+    )
     (project / "timings").mkdir(exist_ok=True)
-    (project / "timings" / "attention_cost.json").write_text(json.dumps({
-        "machine": {"cpu": "Test CPU"}, "config": {}, "rows": rows}))
+    (project / "timings" / "attention_cost.json").write_text(
+        json.dumps({"machine": {"cpu": "Test CPU"}, "config": {}, "rows": rows})
+    )
 
 
 def test_attention_times_from_another_configuration_or_none_are_not_shown(project):
@@ -193,36 +254,47 @@ def test_attention_times_from_another_configuration_or_none_are_not_shown(projec
 def test_report_shows_the_vca_gain_beside_the_papers_with_its_direction(project):
     add_vca_and_baseline(project)
     html = render_report(project, project / "reports" / "index.html").read_text()
-    section = html[html.index("What VCA brings"):html.index("<h2>Table 3")]
-    row = section[section.index("<td>DeiT-T<"):]
-    row = row[:row.index("</tr>")]
+    section = html[html.index("What VCA brings") : html.index("<h2>Table 3")]
+    row = section[section.index("<td>DeiT-T<") :]
+    row = row[: row.index("</tr>")]
     # ours: 88.25 - 60.0 = +28.25 over seeds (87.2, 89.3) and (58, 62), Welch's 95% interval [+14.81, +41.69]
     # (2.26 s.e. on 1.51 degrees of freedom); the paper's: 75.6 - 72.2 = +3.4; the only comparison: Holm = raw
     assert "+28.25 [+14.81, +41.69] (95% Welch, n=2 vs 2)" in row
     assert "+3.4" in row and "same direction as paper (resolved)" in row and "(Holm over 1)" in section
     assert "embedded" in row  # the scale travels with the number
-    folded = section[section.index('<p class="folded"'):]
+    folded = section[section.index('<p class="folded"') :]
     assert all(m in folded for m in ("DeiT-S", "PVT-T", "Swin-T", "CSwin-T", "SiT-S/4"))
     # header, DeiT-T and every other model with a paper difference, run or not (Tables 1 and 2: 4 + 5); nothing
     # shown as a zero it did not measure: a row not run has one "not run" mark over our columns
     rows = section.split("<tr>")[2:]
-    assert section.count("<tr>") == 2 + 9 and "<td>SiT-S/4<" not in section   # no paper difference, not run: folded
+    assert section.count("<tr>") == 2 + 9 and "<td>SiT-S/4<" not in section  # no paper difference, not run: folded
     for r in rows[1:]:
         assert '<td colspan="2" class="verdict not-run">not run <a href="#howto-gains-' in r and "embedded" not in r
 
 
 def test_a_gain_whose_interval_holds_zero_or_rests_on_one_seed_gets_no_direction(project):
-    add_vca_and_baseline(project, base_top1=86.0)   # seeds 84 and 88 against VCA's 87.2 and 89.3
+    add_vca_and_baseline(project, base_top1=86.0)  # seeds 84 and 88 against VCA's 87.2 and 89.3
     gen = project / "runs" / "gen"
-    for run, seeds in (("dit_s2-mhsa", [60.0, 62.0, 61.0]), ("dit_s2-vca", [59.0, 62.5, 60.0]),
-                       ("sit_s2-mhsa", [55.0]), ("sit_s2-vca", [50.0])):
+    for run, seeds in (
+        ("dit_s2-mhsa", [60.0, 62.0, 61.0]),
+        ("dit_s2-vca", [59.0, 62.5, 60.0]),
+        ("sit_s2-mhsa", [55.0]),
+        ("sit_s2-vca", [50.0]),
+    ):
         (gen / run).mkdir(parents=True)
-        (gen / run / "metrics.json").write_text(json.dumps(
-            {"fid": statistics.fmean(seeds), "fid_std": statistics.stdev(seeds) if len(seeds) > 1 else 0.0,
-             "n_seeds": len(seeds), **{f"fid_seed{i}": v for i, v in enumerate(seeds)}}))
+        (gen / run / "metrics.json").write_text(
+            json.dumps(
+                {
+                    "fid": statistics.fmean(seeds),
+                    "fid_std": statistics.stdev(seeds) if len(seeds) > 1 else 0.0,
+                    "n_seeds": len(seeds),
+                    **{f"fid_seed{i}": v for i, v in enumerate(seeds)},
+                }
+            )
+        )
         vouch(project, "gen", run)
     html = render_report(project, project / "reports" / "index.html").read_text()
-    section = html[html.index("What VCA brings"):html.index("<h2>Table 3")]
+    section = html[html.index("What VCA brings") : html.index("<h2>Table 3")]
     rows = {r.split("<td>")[1].split("<")[0]: r for r in section.split("<tr>")[2:]}
     assert "not resolved with 2 seeds" in rows["DeiT-T"] and "rough: about" in rows["DeiT-T"]
     assert "not a power calculation" in rows["DeiT-T"]  # a projection, labelled as one
@@ -234,17 +306,17 @@ def test_a_gain_whose_interval_holds_zero_or_rests_on_one_seed_gets_no_direction
 def test_table1_shows_each_backbones_rows_and_splits_the_gain_into_recipe_and_attention(project):
     add_vca_and_baseline(project)
     html = render_report(project, project / "reports" / "index.html").read_text()
-    table = html[html.index("<h2>Table 1"):html.index("<h2>Table 2")]
+    table = html[html.index("<h2>Table 1") : html.index("<h2>Table 2")]
     assert "At this scale the recipes collapse into one" in table
     # the lab-recipe twin of the DeiT-T baseline is not a run of its own here: the same run trains both
-    twin = table[table.index("<code>deit_tiny-mhsa-lab</code>"):]
+    twin = table[table.index("<code>deit_tiny-mhsa-lab</code>") :]
     assert twin.index("same run as <code>deit_tiny-mhsa</code>") < twin.index("</tr>")
     for role in ("baseline (original recipe)", "baseline (lab&#39;s recipe)", "VCA (lab&#39;s recipe)"):
         assert f"<td>{role}</td>" in table
     # DeiT's number is the final epoch's, as ours; the lab's is the best epoch's, ours still the final one
     assert "final epoch</div>" in accuracy_row(html, "DeiT-T", "MHSA")
     assert "paper: best epoch; ours: final epoch" in accuracy_row(html, "DeiT-T", "VCA")
-    split = table[table.index("Where the gain comes from"):]
+    split = table[table.index("Where the gain comes from") :]
     rows = [r for r in split.split("<tr>") if "<td>DeiT-T</td>" in r]
     assert len(rows) == 3  # total, recipe, attention
     assert "+3.4" in rows[0] and "+28.25 [+14.81, +41.69]" in rows[0]  # 75.6 - 72.2; 88.25 - 60.0
@@ -260,15 +332,15 @@ def test_table1_shows_each_backbones_rows_and_splits_the_gain_into_recipe_and_at
     assert '<td colspan="2" class="verdict not-run">not run <a href="#howto-decomposition-' in cswin[0]
     counts = re.findall(r'id="howto-decomposition-\w">Not run at this scale \((\d+) parts?', split)
     hidden = re.findall(r"(\d+) not shown, with no paper number", split)
-    assert sum(map(int, counts)) == 14 and sum(map(int, hidden)) == 14 - 4   # 4 totals shown, 10 parts folded
+    assert sum(map(int, counts)) == 14 and sum(map(int, hidden)) == 14 - 4  # 4 totals shown, 10 parts folded
     assert all(m in split.split('<p class="folded"', 1)[1] for m in ("DeiT-S", "PVT-T", "Swin-T", "CSwin-T"))
 
 
 def test_report_checks_the_linear_cost_claim_from_the_attention_cost_stage(project):
     add_vca_and_baseline(project)
     html = render_report(project, project / "reports" / "index.html").read_text()
-    claim = html[html.index("O(N n C)"):]
-    claim = claim[:claim.index("</tr>")]
+    claim = html[html.index("O(N n C)") :]
+    claim = claim[: claim.index("</tr>")]
     assert "VCA MACs 16.0x, MHSA 256.0x" in claim and '">reproduced<' in claim
     assert "Test CPU" not in claim  # wall times are this machine's record: the claims export, not the summary
     assert "time VCA 16.0x, MHSA 300.0x (Test CPU)" in (project / "reports" / "tables" / "claims.csv").read_text()
@@ -278,8 +350,8 @@ def test_report_checks_the_linear_cost_claim_from_the_attention_cost_stage(proje
     (project / "timings" / "attention_cost.json").unlink()  # after `dvc pull`: the exact MACs still decide
     claim = render_report(project, project / "reports" / "index.html").read_text()
     assert (project / "reports" / "results.json").read_bytes() == results  # the DVC output holds no wall time
-    claim = claim[claim.index("O(N n C)"):]
-    claim = claim[:claim.index("</tr>")]
+    claim = claim[claim.index("O(N n C)") :]
+    claim = claim[: claim.index("</tr>")]
     assert "VCA MACs 16.0x, MHSA 256.0x" in claim and "Test CPU" not in claim and '">reproduced<' in claim
 
 
@@ -287,15 +359,34 @@ def test_report_exports_every_table_as_csv_and_markdown(project):
     add_vca_and_baseline(project)
     render_report(project, project / "reports" / "index.html")
     tables = project / "reports" / "tables"
-    for name in ("summary", "table1", "decomposition", "table2", "table3", "table4", "gains", "table3_gains",
-                 "table4_gains", "claims", "cls_runs", "gen_runs", "complexity"):
+    for name in (
+        "summary",
+        "table1",
+        "decomposition",
+        "table2",
+        "table3",
+        "table4",
+        "gains",
+        "table3_gains",
+        "table4_gains",
+        "claims",
+        "cls_runs",
+        "gen_runs",
+        "complexity",
+    ):
         assert (tables / f"{name}.csv").is_file() and (tables / f"{name}.md").is_file(), name
     table1 = (tables / "table1.csv").read_text().splitlines()
-    assert table1[0].startswith("model,attention,role,recipe,run,same_as,top1 paper,top1 ours,top1 scale,top1 diff,"
-                                "top1 verdict,top1 source,top1 unverified,top1 statistic")
-    assert any(line.startswith("DeiT-T,VCA,VCA (lab's recipe),lab_deit_tiny,deit_tiny-vca,,75.6,88.2 ± 1.5 (n=2),"
-                               "embedded,,not comparable,A,False,paper: best epoch; ours: final epoch")
-               for line in table1), table1
+    assert table1[0].startswith(
+        "model,attention,role,recipe,run,same_as,top1 paper,top1 ours,top1 scale,top1 diff,"
+        "top1 verdict,top1 source,top1 unverified,top1 statistic"
+    )
+    assert any(
+        line.startswith(
+            "DeiT-T,VCA,VCA (lab's recipe),lab_deit_tiny,deit_tiny-vca,,75.6,88.2 ± 1.5 (n=2),"
+            "embedded,,not comparable,A,False,paper: best epoch; ours: final epoch"
+        )
+        for line in table1
+    ), table1
     # one name per quantity in every export: GMACs, never "gflops" / "FLOPs (G)"
     for path in tables.iterdir():
         assert "gflops" not in path.read_text().lower(), path.name
@@ -306,15 +397,16 @@ def test_report_exports_every_table_as_csv_and_markdown(project):
 
 def test_report_shows_each_runs_options_and_the_environment(project):
     html = render_report(project, project / "reports" / "index.html").read_text()
-    runs = html[html.index('<h2 id="runs">'):html.index("<h2>Generation runs")]
-    row = runs[runs.index("<code>deit_tiny-vca</code>"):]
-    row = row[:row.index("</tr>")]
+    runs = html[html.index('<h2 id="runs">') : html.index("<h2>Generation runs")]
+    row = runs[runs.index("<code>deit_tiny-vca</code>") :]
+    row = row[: row.index("</tr>")]
     # the attention options the run used (the scale's contrast-token count), with its model and seeds
     contrast = compose([])["cls_shape"]["contrast_tokens"]
     assert f"vca (contrast_tokens={contrast})" in row and "seeds 0, 1, 2" in row
     assert "<details><summary>params.yaml" in html  # the raw params are there, collapsed
-    env = html[html.index("<h2>Environment</h2>"):]
+    env = html[html.index("<h2>Environment</h2>") :]
     import torch
+
     assert f"<td>torch</td><td>{torch.__version__} (CUDA {torch.version.cuda})</td>" in env
     assert "not a git checkout" in env
     assert "params of HEAD are not readable" in html  # no git here: said, not hidden
@@ -326,12 +418,14 @@ def test_report_survives_a_nan_metric_and_a_missing_run(project):
     (run / "metrics.json").write_text('{"fid": NaN, "n_seeds": 1}')
     vouch(project, "gen", "dit_s2-vca")
     html = render_report(project, project / "reports" / "index.html").read_text()
-    table = html[html.index("<h2>Table 2"):]
-    row = table[table.index('<td>DiT-S/2<div class="note">VCA</div></td>'):]
-    row = row[:row.index("</tr>")]
+    table = html[html.index("<h2>Table 2") :]
+    row = table[table.index('<td>DiT-S/2<div class="note">VCA</div></td>') :]
+    row = row[: row.index("</tr>")]
     assert "nan" in row.lower() and "not a finite number" in row
-    assert verdict(PaperValue(62.3, "S"), ours(float("nan")), comparable=True, tolerance=1.0,
-                   lower_is_better=True) == "not a finite number"  # never "short of paper"
+    assert (
+        verdict(PaperValue(62.3, "S"), ours(float("nan")), comparable=True, tolerance=1.0, lower_is_better=True)
+        == "not a finite number"
+    )  # never "short of paper"
 
 
 def test_table2_judges_only_fids_that_followed_the_papers_protocol(tmp_path):
@@ -342,22 +436,32 @@ def test_table2_judges_only_fids_that_followed_the_papers_protocol(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(compose(["scale=paper"])))
     (tmp_path / "metrics").mkdir()
     (tmp_path / "metrics" / "complexity.json").write_text(json.dumps({"dit_s2-vca": {"params_m": 33.0, "gmacs": 6.0}}))
-    paper_protocol = {"sampler": "ddpm", "sampler_steps": 250, "cfg_scale": 1.0, "labels": "random",
-                      "decoder": "stabilityai/sd-vae-ft-ema", "train_precision": "tf32", "reference": "adm",
-                      "num_samples": 50000, "n_seeds": 1}
-    runs = {"dit_s2-vca": dict(paper_protocol, fid=62.6),
-            "dit_s2-mhsa": dict(paper_protocol, fid=67.0, reference="own", train_precision="bf16"),
-            "sit_s2-vca": dict(paper_protocol, fid=53.1, sampler="flow-sde")}
+    paper_protocol = {
+        "sampler": "ddpm",
+        "sampler_steps": 250,
+        "cfg_scale": 1.0,
+        "labels": "random",
+        "decoder": "stabilityai/sd-vae-ft-ema",
+        "train_precision": "tf32",
+        "reference": "adm",
+        "num_samples": 50000,
+        "n_seeds": 1,
+    }
+    runs = {
+        "dit_s2-vca": dict(paper_protocol, fid=62.6),
+        "dit_s2-mhsa": dict(paper_protocol, fid=67.0, reference="own", train_precision="bf16"),
+        "sit_s2-vca": dict(paper_protocol, fid=53.1, sampler="flow-sde"),
+    }
     for run, metrics in runs.items():
         (tmp_path / "runs" / "gen" / run).mkdir(parents=True)
         (tmp_path / "runs" / "gen" / run / "metrics.json").write_text(json.dumps(metrics))
         vouch(tmp_path, "gen", run)
     html = render_report(tmp_path, tmp_path / "reports" / "index.html").read_text()
-    table = html[html.index("<h2>Table 2"):html.index("Original DiT, 400K steps")]
+    table = html[html.index("<h2>Table 2") : html.index("Original DiT, 400K steps")]
 
     def row(model, attention):
-        part = table[table.index(f'<td>{model}<div class="note">{attention}</div></td>'):]
-        return part[:part.index("</tr>")]
+        part = table[table.index(f'<td>{model}<div class="note">{attention}</div></td>') :]
+        return part[: part.index("</tr>")]
 
     assert REPRODUCED in row("DiT-S/2", "VCA") and "ddpm 250 steps, cfg 1.0, random labels" in row("DiT-S/2", "VCA")
     assert REPRODUCED in row("SiT-S/2", "VCA")  # SiT's own sampler: the SDE
@@ -366,8 +470,10 @@ def test_table2_judges_only_fids_that_followed_the_papers_protocol(tmp_path):
     assert "own reference statistics (the paper&#39;s: ADM&#39;s reference batch)" in mhsa
     assert "trained in bf16 (the paper&#39;s: tf32)" in mhsa
     # the paper's protocol, stated by the formatter that words ours (vcarepro.metrics.protocol.describe)
-    assert "ddpm 250 steps (ddpm models) or flow-sde 250 steps (flow models), cfg 1.0, random labels, 50000 samples" \
+    assert (
+        "ddpm 250 steps (ddpm models) or flow-sde 250 steps (flow models), cfg 1.0, random labels, 50000 samples"
         in table
+    )
 
 
 def test_changes_since_head_is_one_line_when_heads_metrics_are_not_in_the_cache(monkeypatch):
@@ -379,55 +485,80 @@ def test_changes_since_head_is_one_line_when_heads_metrics_are_not_in_the_cache(
     out = changes.changes_since(Path("."), params, {"cls": {"deit_tiny-vca": {"top1": 70.0}}, "gen": {}})
     assert out["metrics"] is None and out["params"] == []
     assert out["note"].startswith("HEAD's run metrics are not in this checkout's DVC cache (a fresh clone")
-    monkeypatch.setattr(changes, "_metrics_at",
-                        lambda rev, root, targets: {t: ({"top1": 60.0} if "vca" in t else None) for t in targets})
-    out = changes.changes_since(Path("."), params, {"cls": {"deit_tiny-vca": {"top1": 70.0},
-                                                            "deit_tiny-mhsa": {"top1": 50.0}}, "gen": {}})
+    monkeypatch.setattr(
+        changes,
+        "_metrics_at",
+        lambda rev, root, targets: {t: ({"top1": 60.0} if "vca" in t else None) for t in targets},
+    )
+    out = changes.changes_since(
+        Path("."), params, {"cls": {"deit_tiny-vca": {"top1": 70.0}, "deit_tiny-mhsa": {"top1": 50.0}}, "gen": {}}
+    )
     assert [(r["run"], r["previous"], r["now"]) for r in out["metrics"]] == [
-        ("deit_tiny-mhsa", "absent", "50"), ("deit_tiny-vca", "60", "70")]
+        ("deit_tiny-mhsa", "absent", "50"),
+        ("deit_tiny-vca", "60", "70"),
+    ]
     assert out["note"].startswith("1 run(s) have no metrics at HEAD") and "deit_tiny-mhsa" in out["note"]
 
 
 def write_seeds(project, branch, run, metric, seeds):
     path = project / "runs" / branch / run
     path.mkdir(parents=True, exist_ok=True)
-    (path / "metrics.json").write_text(json.dumps(
-        {metric: statistics.fmean(seeds), f"{metric}_std": statistics.stdev(seeds) if len(seeds) > 1 else 0.0,
-         "n_seeds": len(seeds), **{f"{metric}_seed{i}": v for i, v in enumerate(seeds)}}))
+    (path / "metrics.json").write_text(
+        json.dumps(
+            {
+                metric: statistics.fmean(seeds),
+                f"{metric}_std": statistics.stdev(seeds) if len(seeds) > 1 else 0.0,
+                "n_seeds": len(seeds),
+                **{f"{metric}_seed{i}": v for i, v in enumerate(seeds)},
+            }
+        )
+    )
     vouch(project, branch, run)
 
 
 def family_section(html):
-    return html[html.index("<h2>The attention family"):html.index('<h2 id="runs">Classification runs')]
+    return html[html.index("<h2>The attention family") : html.index('<h2 id="runs">Classification runs')]
 
 
 def test_family_section_says_not_run_and_how_to_run_it_when_the_switch_is_off(project):
     html = render_report(project, project / "reports" / "index.html").read_text()
     section = family_section(html)
     assert "dvc exp run --temp -S family=all -n family" in section
-    row = section[section.index("<tr><td>Agent"):]
-    row = row[:row.index("</tr>")]
+    row = section[section.index("<tr><td>Agent") :]
+    row = row[: row.index("</tr>")]
     # the published row with its source mark; our runs of it are one "not run" line with the command
-    assert "74.9<span class=\"src\">[M]</span>" in row
-    ours = section[section.index("<h3>Our runs</h3>"):section.index("Where VCA's gain comes from")]
-    assert "Agent" in ours and ("at this scale, with the attention family, "
-                                "<code>dvc exp run --temp -S family=all -n family</code>") in ours
-    decomposition = section[section.index("Where VCA's gain comes from"):]
+    assert '74.9<span class="src">[M]</span>' in row
+    ours = section[section.index("<h3>Our runs</h3>") : section.index("Where VCA's gain comes from")]
+    assert (
+        "Agent" in ours
+        and ("at this scale, with the attention family, <code>dvc exp run --temp -S family=all -n family</code>")
+        in ours
+    )
+    decomposition = section[section.index("Where VCA's gain comes from") :]
     # five per branch, none measured: the eight with a family run need the switch, the totals only `dvc repro`
-    assert ("Not run at this scale (8 differences)" in decomposition
-            and "(2 differences): DeiT-T: total: VCA minus MHSA, DiT-S/2: total: VCA minus MHSA. To run: "
-                "<code>dvc repro</code>." in decomposition)
-    assert "Agent" in (project / "reports" / "tables" / "family.csv").read_text()   # exported with the rest
+    assert (
+        "Not run at this scale (8 differences)" in decomposition
+        and "(2 differences): DeiT-T: total: VCA minus MHSA, DiT-S/2: total: VCA minus MHSA. To run: "
+        "<code>dvc repro</code>."
+        in decomposition
+    )
+    assert "Agent" in (project / "reports" / "tables" / "family.csv").read_text()  # exported with the rest
 
 
 def test_family_section_shows_each_member_against_mhsa_and_vca_with_intervals(project):
     params = compose(["family=all"])
     (project / "params.yaml").write_text(yaml.safe_dump(params))
-    (project / "metrics" / "complexity.json").write_text(json.dumps({
-        "deit_tiny-mhsa": {"params_m": 5.717, "gmacs": 1.254}, "deit_tiny-vca": {"params_m": 5.974, "gmacs": 1.257},
-        "deit_tiny-agent": {"params_m": 6.016, "gmacs": 1.168},
-        "deit_tiny-agent-published": {"params_m": 6.016, "gmacs": 1.168},
-        "deit_tiny-inline-published": {"params_m": 6.478, "gmacs": 1.309}}))
+    (project / "metrics" / "complexity.json").write_text(
+        json.dumps(
+            {
+                "deit_tiny-mhsa": {"params_m": 5.717, "gmacs": 1.254},
+                "deit_tiny-vca": {"params_m": 5.974, "gmacs": 1.257},
+                "deit_tiny-agent": {"params_m": 6.016, "gmacs": 1.168},
+                "deit_tiny-agent-published": {"params_m": 6.016, "gmacs": 1.168},
+                "deit_tiny-inline-published": {"params_m": 6.478, "gmacs": 1.309},
+            }
+        )
+    )
     write_seeds(project, "cls", "deit_tiny-mhsa", "top1", [80.0, 81.0, 82.0])
     write_seeds(project, "cls", "deit_tiny-agent", "top1", [90.0, 91.0, 92.0])
     write_seeds(project, "cls", "deit_tiny-mhsa_dwc", "top1", [80.5, 81.0, 81.5])
@@ -436,24 +567,24 @@ def test_family_section_shows_each_member_against_mhsa_and_vca_with_intervals(pr
     write_seeds(project, "gen", "dit_s2-agent", "fid", [20.0, 21.0, 22.0])
     html = render_report(project, project / "reports" / "index.html").read_text()
     section = family_section(html)
-    assert "family=all" not in section   # the switch is on: what is missing is `dvc repro` away
-    ours = section[section.index("<h3>Our runs</h3>"):]
-    row = ours[ours.index("<tr><td>Agent"):]
-    row = row[:row.index("</tr>")]
+    assert "family=all" not in section  # the switch is on: what is missing is `dvc repro` away
+    ours = section[section.index("<h3>Our runs</h3>") :]
+    row = ours[ours.index("<tr><td>Agent") :]
+    row = row[: row.index("</tr>")]
     # Agent minus MHSA, both branches: +10.00 top-1 with a resolved positive sign, -10.00 FID (after Holm)
     assert "+10.00 [" in row and "positive (resolved)" in row
     assert "-10.00 [" in row and "negative (resolved)" in row and "p (Holm)" in row
     # the published model's counts at paper shape against the published 6.0M / 1.2G
-    row = section[section.index("<tr><td>Agent"):]
-    row = row[:row.index("</tr>")]
+    row = section[section.index("<tr><td>Agent") :]
+    row = row[: row.index("</tr>")]
     assert "6.02" in row and "matches paper" in row
-    inline = section[section.index("<tr><td>InLine"):]
-    inline = inline[:inline.index("</tr>")]
-    assert "1.31" in inline and "differs from paper" in inline   # 1.309 GMACs against the published 1.1G
-    decomposition = section[section.index("Where VCA's gain comes from"):]
+    inline = section[section.index("<tr><td>InLine") :]
+    inline = inline[: inline.index("</tr>")]
+    assert "1.31" in inline and "differs from paper" in inline  # 1.309 GMACs against the published 1.1G
+    decomposition = section[section.index("Where VCA's gain comes from") :]
     rows = decomposition.split("<tr>")[2:]
     mhsa_dwc = next(r for r in rows if "depthwise term added to MHSA" in r and "DeiT-T" in r)
     assert "+0.00" in mhsa_dwc and "not resolved with 3 seeds" in mhsa_dwc and "resolved)" not in mhsa_dwc
     alone = next(r for r in rows if "without its depthwise term, minus MHSA" in r and "DeiT-T" in r)
-    assert "not resolved with 3 seeds" in alone   # +-10 points of spread: no sign
+    assert "not resolved with 3 seeds" in alone  # +-10 points of spread: no sign
     assert "DiT-S/2: total: VCA minus MHSA" in decomposition.split('<p class="folded"')[1]  # no dit_s2-vca here

@@ -1,35 +1,36 @@
 """The report read in a real browser (Chromium under Selenium) at 1400 and 800 px, offline."""
+
 from __future__ import annotations
 
 import pytest
 
+from test_report import ROOT, add_vca_and_baseline, project, vouch, write_seeds  # noqa: F401  (project: a fixture)
 from vcarepro.report.browser import check_page
 from vcarepro.report.render import render_report
-
-from test_report import ROOT, add_vca_and_baseline, project, vouch, write_seeds  # noqa: F401  (project: a fixture)
 
 pytestmark = pytest.mark.slow
 
 
 def test_the_report_fits_both_widths_opens_offline_and_answers_first(project, driver):
     add_vca_and_baseline(project)
-    write_seeds(project, "cls", "deit_tiny-vca-stage1_only", "top1", [70.0, 71.0])   # a Table 3 row with a conflict
+    write_seeds(project, "cls", "deit_tiny-vca-stage1_only", "top1", [70.0, 71.0])  # a Table 3 row with a conflict
     for run, seeds in (("dit_s2-mhsa", [30.0, 31.0, 32.0]), ("dit_s2-vca", [29.0, 30.0, 31.5])):
         write_seeds(project, "gen", run, "fid", seeds)
     samples = project / "runs" / "gen" / "dit_s2-vca" / "samples"
     samples.mkdir(parents=True)
     from PIL import Image
+
     Image.new("L", (73, 91), 128).save(samples / "grid_seed_0.png")
     vouch(project, "gen", "dit_s2-vca")
     page = render_report(project, project / "reports" / "index.html")
     html = page.read_text()
-    shots = ROOT / "test-artifacts"   # screenshots for people, kept as test artefacts
+    shots = ROOT / "test-artifacts"  # screenshots for people, kept as test artefacts
     result = check_page(page, shots=shots, driver=driver)
     assert result["problems"] == []
     for width, found in result["widths"].items():
         assert found["first_h2"] == "Summary: what reproduced"
         assert len(found["tables"]) == html.count("<table") >= 15
-        assert found["n_images"] == html.count("<img ") >= 4   # curves, gains, cost, samples
+        assert found["n_images"] == html.count("<img ") >= 4  # curves, gains, cost, samples
         assert found["requests"] and all(u.startswith(("data:", page.as_uri())) for u in found["requests"])
         assert found["column"] <= width
     assert result["widths"][800]["column"] < 800 < result["widths"][1400]["column"] + 400
@@ -62,6 +63,7 @@ def test_the_browser_check_names_each_problem_a_reader_would_hit(tmp_path, drive
 
 def test_the_command_line_check_says_ok_or_names_the_missing_page(tmp_path, project, driver, capsys):
     from vcarepro.report.browser import main
+
     assert main([str(tmp_path / "nowhere.html")]) == 2
     assert "does not exist; run `dvc repro` first" in capsys.readouterr().err
     page = render_report(project, project / "reports" / "index.html")

@@ -1,4 +1,5 @@
 """report/rows.py: which run answers a paper row, read how, over which seeds; one rule for the report and the card."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,8 +22,10 @@ def reference():
 
 @pytest.fixture(scope="module")
 def scales():
-    return {scale: compose([f"scale={scale}"], config_dir=ROOT / "conf")
-            for scale in ("embedded", "proxy", "smoke", "paper")}
+    return {
+        scale: compose([f"scale={scale}"], config_dir=ROOT / "conf")
+        for scale in ("embedded", "proxy", "smoke", "paper")
+    }
 
 
 def test_a_run_this_scale_trains_answers_its_own_row(scales, reference):
@@ -62,11 +65,15 @@ def test_nothing_stands_in_where_the_recipes_differ_or_the_run_is_unknown(scales
 def test_the_report_tables_use_the_same_rule(scales, reference):
     embedded, paper = scales["embedded"], scales["paper"]
     ws = Workspace(reference, embedded, {}, {}, {}, cls_comparable=False, gen_comparable=False, paper_params=paper)
-    assert ws.same_run("deit_tiny-mhsa-lab") == "deit_tiny-mhsa"   # Table 1's "same as" column
-    assert ws.same_run("deit_tiny-mhsa") is None                    # trained here: no stand-in to name
+    assert ws.same_run("deit_tiny-mhsa-lab") == "deit_tiny-mhsa"  # Table 1's "same as" column
+    assert ws.same_run("deit_tiny-mhsa") is None  # trained here: no stand-in to name
     assert ws.run_used("deit_tiny-mhsa-lab") == "deit_tiny-mhsa"
-    assert Workspace(reference, scales["smoke"], {}, {}, {}, cls_comparable=False, gen_comparable=False,
-                     paper_params=paper).same_run("deit_tiny-mhsa-lab") is None
+    assert (
+        Workspace(
+            reference, scales["smoke"], {}, {}, {}, cls_comparable=False, gen_comparable=False, paper_params=paper
+        ).same_run("deit_tiny-mhsa-lab")
+        is None
+    )
 
 
 def test_seed_values_are_the_per_seed_figures_in_seed_order_or_the_single_mean():
@@ -83,10 +90,13 @@ def test_paper_rows_cover_tables_1_3_4_and_the_family_with_the_run_compared_with
     vca = [r for r in rows if r["table"] == reference["table1"]["title"] and r["run"] == "deit_tiny-vca"]
     assert len(vca) == 1 and vca[0]["baseline_run"] == "deit_tiny-mhsa" and vca[0]["statistic"] == "best"
     baseline = next(r for r in rows if r["run"] == "deit_tiny-mhsa")
-    assert baseline["baseline_run"] is None and baseline["baseline_top1"] is None   # compared with itself
+    assert baseline["baseline_run"] is None and baseline["baseline_top1"] is None  # compared with itself
     agent = next(r for r in rows if r["run"] == "deit_tiny-agent")
     assert agent["baseline_run"] == reference["family"]["baseline"]["cls_run"] and agent["statistic"] == "unknown"
     assert all(r["statistic"] is None or r["statistic"] in STATISTICS for r in rows)
     # the card lists the rows that name its run, in the tables' order
     assert [r["table"] for r in run_rows(reference, "deit_tiny-vca")] == [
-        reference["table1"]["title"], reference["table3"]["title"], reference["table4"]["title"]]
+        reference["table1"]["title"],
+        reference["table3"]["title"],
+        reference["table4"]["title"],
+    ]

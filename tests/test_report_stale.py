@@ -5,6 +5,7 @@ rebuilds that record from the current params, and a run whose record differs (or
 stale: every table, figure and export says which stage to re-run instead of showing its numbers or
 computing anything from them.
 """
+
 from __future__ import annotations
 
 import copy
@@ -16,15 +17,15 @@ import pytest
 import yaml
 from markupsafe import escape
 
+from test_pipeline import micro_params, reproduced_repo, sh
+from test_report import project, vouch  # noqa: F401  (project: the report's fixture tree)
 from vcarepro.params.config import compose
 from vcarepro.params.provenance import PROVENANCE_FILE, check, run_provenance, write_provenance
 from vcarepro.report.changes import metrics_changes
 from vcarepro.report.render import render_report
-from test_report import project, vouch  # noqa: F401  (project: the report's fixture tree)
-from test_pipeline import micro_params, reproduced_repo, sh
 
 MHSA_STALE = "stale: re-run dvc repro eval_cls@deit_tiny-mhsa"
-TOP1 = 47.31   # the baseline's number on disk: "47.3" in Table 1, "47.31" in the runs table
+TOP1 = 47.31  # the baseline's number on disk: "47.3" in Table 1, "47.31" in the runs table
 
 
 def params_of(project: Path) -> dict:
@@ -35,8 +36,9 @@ def write_baseline(project: Path, produced_by=None) -> Path:
     """deit_tiny-mhsa's metrics.json, with a record from ``produced_by`` (params; None: no record)."""
     run = project / "runs" / "cls" / "deit_tiny-mhsa"
     run.mkdir(parents=True, exist_ok=True)
-    (run / "metrics.json").write_text(json.dumps({"top1": TOP1, "top1_std": 0.0, "top1_seed0": TOP1, "n_seeds": 1,
-                                                  "top5": 91.17, "loss": 1.23}))
+    (run / "metrics.json").write_text(
+        json.dumps({"top1": TOP1, "top1_std": 0.0, "top1_seed0": TOP1, "n_seeds": 1, "top5": 91.17, "loss": 1.23})
+    )
     logs = run / "live" / "plots" / "metrics" / "seed_0" / "train"
     logs.mkdir(parents=True, exist_ok=True)
     (logs / "loss.tsv").write_text("timestamp\tstep\tloss\n0\t1\t2.0\n0\t2\t1.5\n")
@@ -46,8 +48,8 @@ def write_baseline(project: Path, produced_by=None) -> Path:
 
 
 def row_of(html: str, start: str) -> str:
-    part = html[html.index(start):]
-    return part[:part.index("</tr>")]
+    part = html[html.index(start) :]
+    return part[: part.index("</tr>")]
 
 
 def exported(project: Path) -> dict:
@@ -71,10 +73,10 @@ def other_recipe_value(params):
 
 # (how the params that produced the number differ from the current ones, a field the report names)
 PRODUCERS = {
-    "recipe name": (other_recipe, "recipe_name: recorded \"lab_deit_tiny\", params now \"deit\""),
+    "recipe name": (other_recipe, 'recipe_name: recorded "lab_deit_tiny", params now "deit"'),
     "seeds": (other_seeds, "seeds: recorded [0], params now [0, 1, 2]"),
     "recipe value": (other_recipe_value, "recipe.lr: recorded"),
-    "scale": (lambda p: compose(["scale=proxy"]), "scale: recorded \"proxy\", params now \"embedded\""),
+    "scale": (lambda p: compose(["scale=proxy"]), 'scale: recorded "proxy", params now "embedded"'),
 }
 
 
@@ -88,13 +90,15 @@ def test_a_number_other_params_produced_is_stale_in_every_table_figure_and_expor
     for text in [html, *tables.values()]:
         assert "47.3" not in text and "40.94" not in text and "91.17" not in text
     assert MHSA_STALE in row_of(html, '<td>DeiT-T<div class="note">MHSA</div></td><td>baseline (original recipe)')
-    assert any(str(escape(field)) in tip for tip in re.findall(r'title="([^"]*)"', html))   # the tooltip: what differs
-    gain = row_of(html[html.index("What VCA brings"):], "<td>DeiT-T<")
+    assert any(str(escape(field)) in tip for tip in re.findall(r'title="([^"]*)"', html))  # the tooltip: what differs
+    gain = row_of(html[html.index("What VCA brings") :], "<td>DeiT-T<")
     assert MHSA_STALE in gain and "direction" not in gain
-    assert MHSA_STALE in row_of(html[html.index('<h2 id="runs">'):], "<tr><td><code>deit_tiny-mhsa</code>")   # the runs table
+    assert MHSA_STALE in row_of(
+        html[html.index('<h2 id="runs">') :], "<tr><td><code>deit_tiny-mhsa</code>"
+    )  # the runs table
     curves = html.split("<h2>Training curves")[1].split("<h2>")[0]
-    assert 'alt="curves of deit_tiny-mhsa"' not in curves and MHSA_STALE in curves   # its curves are not drawn
-    assert MHSA_STALE in row_of(html[html.index("<h3>Our runs"):], "<tr><td>MHSA (baseline)")   # the family table
+    assert 'alt="curves of deit_tiny-mhsa"' not in curves and MHSA_STALE in curves  # its curves are not drawn
+    assert MHSA_STALE in row_of(html[html.index("<h3>Our runs") :], "<tr><td>MHSA (baseline)")  # the family table
     # the exports carry the same text where the number would be
     for name in ("table1.csv", "table1.md", "gains.csv", "decomposition.csv", "cls_runs.csv", "family.csv"):
         assert MHSA_STALE in tables[name], name
@@ -110,15 +114,15 @@ def test_a_number_the_current_params_produced_is_shown(project):
     write_baseline(project, produced_by=params_of(project))
     html = render_report(project, project / "reports" / "index.html").read_text()
     assert "47.3" in row_of(html, '<td>DeiT-T<div class="note">MHSA</div></td><td>baseline (original recipe)')
-    assert "47.31" in row_of(html[html.index('<h2 id="runs">'):], "<tr><td><code>deit_tiny-mhsa</code>")
-    assert "+40.94" in row_of(html[html.index("What VCA brings"):], "<td>DeiT-T<")   # 88.25 - 47.31
+    assert "47.31" in row_of(html[html.index('<h2 id="runs">') :], "<tr><td><code>deit_tiny-mhsa</code>")
+    assert "+40.94" in row_of(html[html.index("What VCA brings") :], "<td>DeiT-T<")  # 88.25 - 47.31
     assert "stale: re-run" not in html and "Stale results" not in html
     assert 'alt="curves of deit_tiny-mhsa"' in html
     assert "stale.csv" not in exported(project)
 
 
 def test_a_run_without_a_provenance_record_is_stale(project):
-    write_baseline(project, produced_by=None)   # a metrics.json from before stages recorded provenance
+    write_baseline(project, produced_by=None)  # a metrics.json from before stages recorded provenance
     html = render_report(project, project / "reports" / "index.html").read_text()
     assert "47.3" not in html
     assert MHSA_STALE in row_of(html, '<td>DeiT-T<div class="note">MHSA</div></td><td>baseline (original recipe)')
@@ -127,7 +131,7 @@ def test_a_run_without_a_provenance_record_is_stale(project):
 
 def test_a_metrics_file_the_record_was_not_written_for_is_stale(project):
     run = write_baseline(project, produced_by=params_of(project))
-    (run / "metrics.json").write_text(json.dumps({"top1": 12.5, "n_seeds": 1}))   # copied in after the record
+    (run / "metrics.json").write_text(json.dumps({"top1": 12.5, "n_seeds": 1}))  # copied in after the record
     stale = check(run, params_of(project), "cls", "deit_tiny-mhsa")
     assert stale is not None and stale.fields == ("metrics.json is not the file the record was written for",)
     html = render_report(project, project / "reports" / "index.html").read_text()
@@ -138,19 +142,33 @@ def test_a_generation_run_from_other_sampling_is_stale_with_its_samples_and_prot
     run = project / "runs" / "gen" / "dit_s2-vca"
     (run / "samples").mkdir(parents=True)
     from PIL import Image
+
     Image.new("L", (17, 17), 128).save(run / "samples" / "grid_seed_0.png")
-    (run / "metrics.json").write_text(json.dumps({"fid": 137.59, "fid_std": 0.0, "n_seeds": 1, "sampler": "ddpm",
-                                                  "sampler_steps": 25, "cfg_scale": 1.0, "labels": "random",
-                                                  "decoder": "none (pixels)", "reference": "own",
-                                                  "train_precision": "fp32", "num_samples": 200}))
+    (run / "metrics.json").write_text(
+        json.dumps(
+            {
+                "fid": 137.59,
+                "fid_std": 0.0,
+                "n_seeds": 1,
+                "sampler": "ddpm",
+                "sampler_steps": 25,
+                "cfg_scale": 1.0,
+                "labels": "random",
+                "decoder": "none (pixels)",
+                "reference": "own",
+                "train_precision": "fp32",
+                "num_samples": 200,
+            }
+        )
+    )
     produced_by = params_of(project)
     produced_by["sampling"]["num_samples"] = 50
     write_provenance(produced_by, "gen", "dit_s2-vca", run)
     html = render_report(project, project / "reports" / "index.html").read_text()
     stale = "stale: re-run dvc repro eval_gen@dit_s2-vca"
     assert "137.5" not in html and "137.6" not in html
-    table2 = row_of(html[html.index("<h2>Table 2"):], '<td>DiT-S/2<div class="note">VCA</div></td>')
-    assert stale in table2 and "ddpm 25 steps" not in table2   # nor the protocol it claims
+    table2 = row_of(html[html.index("<h2>Table 2") :], '<td>DiT-S/2<div class="note">VCA</div></td>')
+    assert stale in table2 and "ddpm 25 steps" not in table2  # nor the protocol it claims
     assert 'alt="samples of dit_s2-vca' not in html and stale in html.split("<h2>Samples")[1]
     assert "sampling.num_samples: recorded 50, params now 200" in html
     tables = exported(project)
@@ -165,9 +183,14 @@ def test_changes_since_the_last_commit_say_stale_instead_of_a_current_value():
 def test_the_record_holds_what_defines_a_run_and_survives_json():
     params = compose([])
     record = run_provenance(params, "cls", "deit_tiny-vca")
-    assert (record["scale"], record["run"], record["model_name"], record["recipe_name"], record["seeds"]) == \
-        ("embedded", "deit_tiny-vca", "deit_tiny-vca", "lab_deit_tiny", [0, 1, 2])
-    assert record["recipe"]["epochs"] == params["cls_recipe_overrides"]["epochs"]   # the effective recipe
+    assert (record["scale"], record["run"], record["model_name"], record["recipe_name"], record["seeds"]) == (
+        "embedded",
+        "deit_tiny-vca",
+        "deit_tiny-vca",
+        "lab_deit_tiny",
+        [0, 1, 2],
+    )
+    assert record["recipe"]["epochs"] == params["cls_recipe_overrides"]["epochs"]  # the effective recipe
     assert record["shape"] == params["cls_shape"] and record["model"] == params["models"]["deit_tiny-vca"]
     gen = run_provenance(params, "gen", "dit_s2-vca")
     assert gen["sampling"] == params["sampling"] and gen["recipe"]["steps"] == params["gen_recipe"]["steps"]

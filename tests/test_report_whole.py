@@ -2,6 +2,7 @@
 source mark, in its own table and row, whether or not this scale ran that row; what folds is our cells of a row
 not run (one mark), keyed to a line that says exactly how to run it: this scale's `dvc repro`, or the scale whose
 run list has it with that scale's command (docs/scales.md), or the attention family's switch."""
+
 from __future__ import annotations
 
 import html as htmllib
@@ -11,13 +12,12 @@ from html.parser import HTMLParser
 import pytest
 import yaml
 
+from test_report import ROOT, project, write_seeds  # noqa: F401  (project: a fixture)
 from vcarepro.params.config import compose
 from vcarepro.report.howto import scale_matrices
 from vcarepro.report.reference import load_reference
 from vcarepro.report.render import render_report
 from vcarepro.report.workspace import Workspace
-
-from test_report import ROOT, project, write_seeds  # noqa: F401  (project: a fixture)
 
 REFERENCE = load_reference(ROOT / "data" / "paper_reference.yaml")
 
@@ -25,13 +25,19 @@ REFERENCE = load_reference(ROOT / "data" / "paper_reference.yaml")
 REPRO = "dvc repro"
 EMBEDDED = "at embedded scale, python -m vcarepro.params.config && dvc repro"
 SMOKE = "at smoke scale, dvc exp run --temp -S scale=smoke -n smoke"
-PROXY = ("at proxy scale, git switch -c proxy && python -m vcarepro.params.config scale=proxy "
-         "prepare_cls.imagenet_root=/path/to/imagenet && dvc repro")
-PAPER = ("at paper scale, git switch -c paper && python -m vcarepro.params.config scale=paper "
-         "prepare_cls.imagenet_root=/path/to/imagenet && dvc repro")
-FAMILY_HERE = {"embedded": "at this scale, with the attention family, dvc exp run --temp -S family=all -n family",
-               "smoke": "at this scale, with the attention family, "
-                        "dvc exp run --temp -S scale=smoke -S family=all -n smoke-family"}
+PROXY = (
+    "at proxy scale, git switch -c proxy && python -m vcarepro.params.config scale=proxy "
+    "prepare_cls.imagenet_root=/path/to/imagenet && dvc repro"
+)
+PAPER = (
+    "at paper scale, git switch -c paper && python -m vcarepro.params.config scale=paper "
+    "prepare_cls.imagenet_root=/path/to/imagenet && dvc repro"
+)
+FAMILY_HERE = {
+    "embedded": "at this scale, with the attention family, dvc exp run --temp -S family=all -n family",
+    "smoke": "at this scale, with the attention family, "
+    "dvc exp run --temp -S scale=smoke -S family=all -n smoke-family",
+}
 
 
 class Page(HTMLParser):
@@ -77,8 +83,13 @@ class Page(HTMLParser):
 
     def table(self, section: str, header: str):
         """The table of ``section`` (its <h2> starts so) whose header row holds ``header``."""
-        tables = [t for h, ts in self.sections.items() if h and h.startswith(section) for t in ts
-                  if t and any(header in c for c in t[0])]
+        tables = [
+            t
+            for h, ts in self.sections.items()
+            if h and h.startswith(section)
+            for t in ts
+            if t and any(header in c for c in t[0])
+        ]
         assert len(tables) == 1, (section, header, len(tables))
         return tables[0][1:]
 
@@ -111,26 +122,39 @@ def paper_values(page: Page):
     table2 = page.table("Table 2", "paper FID")
     for r in REFERENCE["table2"]["rows"]:
         rows = [row for row in table2 if row[0] == f'{r["model"]}<div class="note">{r["attention"]}</div>']
-        assert len(rows) == 1, r["run"]   # every row of the paper's Table 2, with a value or not
+        assert len(rows) == 1, r["run"]  # every row of the paper's Table 2, with a value or not
         if r["fid"][0] is not None:
             out.append(("Table 2", r["run"], "fid", r["fid"][0], marked(*r["fid"]) in rows[0][1]))
         else:
             assert "no paper value" in rows[0][1]
     for name in ("table3", "table4"):
-        for metric, run_key, header in (("top1", "cls_run", "paper DeiT-T top-1"),
-                                        ("fid", "gen_run", "paper DiT-S/2 FID")):
+        for metric, run_key, header in (
+            ("top1", "cls_run", "paper DeiT-T top-1"),
+            ("fid", "gen_run", "paper DiT-S/2 FID"),
+        ):
             table = page.table(f"Table {name[-1]}", header)
             for r in REFERENCE[name]["rows"]:
-                rows = [row for row in table if row[0].startswith(f"{r['variant']}<br>")
-                        and f"<code>{r[run_key]}</code>" in row[0]]
+                rows = [
+                    row
+                    for row in table
+                    if row[0].startswith(f"{r['variant']}<br>") and f"<code>{r[run_key]}</code>" in row[0]
+                ]
                 assert len(rows) == 1, (name, r["variant"])
                 if r[metric][0] is not None:
-                    out.append((f"Table {name[-1]}", r["variant"], metric, r[metric][0],
-                                marked(*r[metric]) in rows[0][1]))
+                    out.append(
+                        (f"Table {name[-1]}", r["variant"], metric, r[metric][0], marked(*r[metric]) in rows[0][1])
+                    )
                 conflict = (r.get("conflict") or {}).get(metric)
-                if conflict:   # the other reading, beside it
-                    out.append((f"Table {name[-1]}", r["variant"], metric, conflict[0], f'other summary: '
-                                f'{conflict[0]:.1f}<span class="src">[{conflict[1]}]</span>' in rows[0][1]))
+                if conflict:  # the other reading, beside it
+                    out.append(
+                        (
+                            f"Table {name[-1]}",
+                            r["variant"],
+                            metric,
+                            conflict[0],
+                            f'other summary: {conflict[0]:.1f}<span class="src">[{conflict[1]}]</span>' in rows[0][1],
+                        )
+                    )
     return out
 
 
@@ -146,10 +170,21 @@ def render_at(project, scale):
 
 
 # the values the issue found missing at embedded scale: Table 1 top-1 and Table 2 FID of rows not run there
-ISSUE_MISSING = {("deit_small-mhsa", 79.8), ("deit_small-vca", 80.7), ("pvt_tiny-vca", 78.2),
-                 ("swin_tiny-mhsa", 81.3), ("swin_tiny-vca", 82.3), ("cswin_tiny-mhsa", 82.7),
-                 ("cswin_tiny-vca", 83.3), ("dit_b2-mhsa", 42.9), ("dit_b2-vca", 38.9), ("sit_b2-mhsa", 35.3),
-                 ("sit_b2-vca", 32.7), ("dit_s4-mhsa", 97.9), ("dit_s4-vca", 92.7)}
+ISSUE_MISSING = {
+    ("deit_small-mhsa", 79.8),
+    ("deit_small-vca", 80.7),
+    ("pvt_tiny-vca", 78.2),
+    ("swin_tiny-mhsa", 81.3),
+    ("swin_tiny-vca", 82.3),
+    ("cswin_tiny-mhsa", 82.7),
+    ("cswin_tiny-vca", 83.3),
+    ("dit_b2-mhsa", 42.9),
+    ("dit_b2-vca", 38.9),
+    ("sit_b2-mhsa", 35.3),
+    ("sit_b2-vca", 32.7),
+    ("dit_s4-mhsa", 97.9),
+    ("dit_s4-vca", 92.7),
+}
 
 
 @pytest.mark.parametrize("scale", ["embedded", "smoke"])
@@ -163,9 +198,16 @@ def test_every_paper_value_of_tables_1_to_4_is_in_its_table_with_its_mark(projec
         by_table[table, metric] = by_table.get((table, metric), 0) + 1
     # Tables 1-2: 10 top-1 and 10 FID (the headline values), and 10 parameter and 10 GMAC counts; Tables 3-4: 13,
     # and Table 3's two conflicting readings of a second summary
-    assert by_table == {("Table 1", "top1"): 10, ("Table 2", "fid"): 10, ("Table 1", "params_m"): 10,
-                        ("Table 1", "gflops"): 10, ("Table 3", "top1"): 4 + 2, ("Table 3", "fid"): 4 + 2,
-                        ("Table 4", "top1"): 3, ("Table 4", "fid"): 2}
+    assert by_table == {
+        ("Table 1", "top1"): 10,
+        ("Table 2", "fid"): 10,
+        ("Table 1", "params_m"): 10,
+        ("Table 1", "gflops"): 10,
+        ("Table 3", "top1"): 4 + 2,
+        ("Table 3", "fid"): 4 + 2,
+        ("Table 4", "top1"): 3,
+        ("Table 4", "fid"): 2,
+    }
     found = {(run, value) for table, run, metric, value, ok in values if ok and metric in ("top1", "fid")}
     assert ISSUE_MISSING <= found
     # the paper's tables whole: every row of Tables 1 and 2, run here or not
@@ -177,14 +219,14 @@ def howto(html: str, row: str) -> str:
     """The how-to-run line a table row's "not run" mark points to, as text ("To run: " and what follows)."""
     key = re.search(r'class="verdict not-run">not (?:run|counted) <a href="#(howto-[\w-]+)">', row)
     assert key, row
-    line = html[html.index(f'<p class="folded" id="{key.group(1)}">'):].split("</p>")[0]
+    line = html[html.index(f'<p class="folded" id="{key.group(1)}">') :].split("</p>")[0]
     text = htmllib.unescape(re.sub(r"<[^>]+>", "", line))
-    return text[text.index("To run: ") + len("To run: "):].removesuffix(".")
+    return text[text.index("To run: ") + len("To run: ") :].removesuffix(".")
 
 
 def table_row(html: str, section: str, needle: str) -> str:
-    part = html[html.index(section):]
-    part = part[:part.index("</table>")]
+    part = html[html.index(section) :]
+    part = part[: part.index("</table>")]
     rows = [r for r in part.split("<tr>") if needle in r]
     assert len(rows) == 1, (section, needle, len(rows))
     return rows[0]
@@ -194,19 +236,19 @@ def table_row(html: str, section: str, needle: str) -> str:
 # DiT-S/2 only): this scale's `dvc repro` where its run list holds the run, else each scale that holds it
 HOWTO = {
     "embedded": [
-        ("<h2>Table 1", "<code>deit_small-mhsa</code>", PAPER),                 # DeiT: the paper scale's alone
+        ("<h2>Table 1", "<code>deit_small-mhsa</code>", PAPER),  # DeiT: the paper scale's alone
         ("<h2>Table 1", "<code>deit_small-vca</code>", f"{SMOKE}; or {PAPER}"),
-        ("<h2>Table 1", "<code>pvt_tiny-mhsa</code>", f"{SMOKE}; or {PAPER}"),   # PVT
+        ("<h2>Table 1", "<code>pvt_tiny-mhsa</code>", f"{SMOKE}; or {PAPER}"),  # PVT
         ("<h2>Table 1", "<code>pvt_tiny-mhsa-lab</code>", PAPER),
         ("<h2>Table 1", "<code>pvt_tiny_gap-mhsa</code>", f"{SMOKE}; or {PAPER}"),
-        ("<h2>Table 1", "<code>swin_tiny-vca</code>", f"{SMOKE}; or {PAPER}"),   # Swin
-        ("<h2>Table 1", "<code>cswin_tiny-mhsa-lab</code>", PAPER),             # CSwin
+        ("<h2>Table 1", "<code>swin_tiny-vca</code>", f"{SMOKE}; or {PAPER}"),  # Swin
+        ("<h2>Table 1", "<code>cswin_tiny-mhsa-lab</code>", PAPER),  # CSwin
         ("<h2>Table 1", "<code>cswin_tiny_2418-mhsa</code>", f"{SMOKE}; or {PAPER}"),
-        ("<h2>Table 2", '<td>SiT-S/2<div class="note">MHSA', REPRO),           # SiT: in this scale's list
+        ("<h2>Table 2", '<td>SiT-S/2<div class="note">MHSA', REPRO),  # SiT: in this scale's list
         ("<h2>Table 2", '<td>SiT-B/2<div class="note">MHSA', PAPER),
-        ("<h2>Table 2", '<td>DiT-B/2<div class="note">MHSA', f"{SMOKE}; or {PAPER}"),   # DiT
+        ("<h2>Table 2", '<td>DiT-B/2<div class="note">MHSA', f"{SMOKE}; or {PAPER}"),  # DiT
         ("<h2>Table 2", '<td>DiT-B/2<div class="note">VCA', PAPER),
-        ("<h2>What VCA brings", "<td>SiT-B/2<", PAPER),                       # a gain: both its runs
+        ("<h2>What VCA brings", "<td>SiT-B/2<", PAPER),  # a gain: both its runs
         ("<h2>Table 3", "<code>deit_tiny-vca-stage1_only</code>", REPRO),
         # a count at the paper's shape the complexity stage has not made here (the project counts DeiT-T only)
         ("<h3>Parameters and GMACs", '<td>DeiT-S<div class="note">VCA</div>', "dvc repro complexity"),
@@ -221,12 +263,12 @@ HOWTO = {
         ("<h2>Table 1", "<code>cswin_tiny-mhsa-lab</code>", PAPER),
         ("<h2>Table 1", "<code>cswin_tiny_2418-mhsa</code>", REPRO),
         ("<h2>Table 2", '<td>SiT-S/2<div class="note">MHSA', REPRO),
-        ("<h2>Table 2", '<td>SiT-B/2<div class="note">MHSA', PAPER),           # the paper's command, `dvc repro` and all
+        ("<h2>Table 2", '<td>SiT-B/2<div class="note">MHSA', PAPER),  # the paper's command, `dvc repro` and all
         ("<h2>Table 2", '<td>SiT-B/2<div class="note">VCA', PAPER),
         ("<h2>Table 2", '<td>DiT-B/2<div class="note">MHSA', REPRO),
         ("<h2>Table 2", '<td>DiT-B/2<div class="note">VCA', PAPER),
         ("<h2>What VCA brings", "<td>SiT-B/2<", PAPER),
-        ("<h2>What VCA brings", "<td>DiT-B/2<", PAPER),                       # one command that runs both
+        ("<h2>What VCA brings", "<td>DiT-B/2<", PAPER),  # one command that runs both
         ("<h2>Table 3", "<code>deit_tiny-vca-stage1_only</code>", f"{EMBEDDED}; or {PAPER}"),
         ("<h3>Parameters and GMACs", '<td>CSwin-T<div class="note">VCA</div>', "dvc repro complexity"),
     ],
@@ -239,8 +281,8 @@ def test_each_row_not_run_says_exactly_how_to_run_it(project, scale):
     for section, needle, expected in HOWTO[scale]:
         assert howto(html, table_row(html, section, needle)) == expected, (scale, needle)
     # the attention family, off: its members fold into one line with the switch at this scale
-    family = html[html.index("<h3>Our runs</h3>"):html.index("<h3>Where VCA's gain comes from")]
-    line = htmllib.unescape(re.sub(r"<[^>]+>", "", family[family.index('<p class="folded"'):].split("</p>")[0]))
+    family = html[html.index("<h3>Our runs</h3>") : html.index("<h3>Where VCA's gain comes from")]
+    line = htmllib.unescape(re.sub(r"<[^>]+>", "", family[family.index('<p class="folded"') :].split("</p>")[0]))
     assert line.startswith("Not run at this scale (5 members): Agent,")
     assert line.endswith(f"To run: {FAMILY_HERE[scale]}.")
     # no line mixes what `dvc repro` runs with another scale's command, and none omits the `dvc repro`
@@ -249,8 +291,9 @@ def test_each_row_not_run_says_exactly_how_to_run_it(project, scale):
         assert "runs of this scale" not in text and "dvc exp run -S scale=paper" not in text
         for command in re.findall(r"<code>(.*?)</code>", line):
             command = htmllib.unescape(command)
-            assert command.endswith(("dvc repro", "dvc repro complexity", "-n smoke", "-n smoke-family",
-                                     "-n family")), command
+            assert command.endswith(
+                ("dvc repro", "dvc repro complexity", "-n smoke", "-n smoke-family", "-n family")
+            ), command
 
 
 def test_the_plan_names_one_command_for_runs_of_several_scales_where_one_scale_holds_them_all():
@@ -258,16 +301,26 @@ def test_the_plan_names_one_command_for_runs_of_several_scales_where_one_scale_h
     paper = matrices["paper"][False]
 
     def builder(scale, family=False):
-        return Workspace(REFERENCE, matrices[scale][family], {}, {}, {}, cls_comparable=False,
-                         gen_comparable=False, paper_params=paper, matrices=matrices)
+        return Workspace(
+            REFERENCE,
+            matrices[scale][family],
+            {},
+            {},
+            {},
+            cls_comparable=False,
+            gen_comparable=False,
+            paper_params=paper,
+            matrices=matrices,
+        )
 
     smoke, embedded = builder("smoke"), builder("embedded")
     # a run of this scale's list and one of the paper's only: the paper scale runs both
     assert smoke.how_to_run(["dit_b2-mhsa", "dit_b2-vca"]) == PAPER.replace("scale, ", "scale: ", 1)
     assert smoke.how_to_run(["dit_b2-mhsa"]) == REPRO
     # a family run beside a run of this scale: this scale with the switch on
-    assert embedded.how_to_run(["deit_tiny-mhsa", "deit_tiny-mhsa_dwc"]) == \
-        FAMILY_HERE["embedded"].replace("family, ", "family: ", 1)
+    assert embedded.how_to_run(["deit_tiny-mhsa", "deit_tiny-mhsa_dwc"]) == FAMILY_HERE["embedded"].replace(
+        "family, ", "family: ", 1
+    )
     # the switch already on: the family's runs are this scale's
     assert builder("embedded", True).how_to_run(["deit_tiny-agent"]) == REPRO
     # an ablation run of the embedded and paper lists beside a paper-only run: the paper scale
@@ -275,11 +328,15 @@ def test_the_plan_names_one_command_for_runs_of_several_scales_where_one_scale_h
     assert smoke.how_to_run(["deit_tiny-vca-stage1_only"]) == f"{EMBEDDED}; or {PAPER}".replace("scale, ", "scale: ")
     # no scale holds every run: each group of runs with its own commands
     assert smoke.how_to_run(["sit_b2-vca", "nope"]) == (
-        "sit_b2-vca: " + PAPER.replace("scale, ", "scale: ", 1) +
-        " | nope: in no scale's run list: add nope to cls_runs / gen_runs (conf/scale/smoke.yaml)")
+        "sit_b2-vca: "
+        + PAPER.replace("scale, ", "scale: ", 1)
+        + " | nope: in no scale's run list: add nope to cls_runs / gen_runs (conf/scale/smoke.yaml)"
+    )
     # at paper scale every paper run is this scale's; the family is a switch on the same branch
     at_paper = builder("paper")
     assert at_paper.how_to_run(["sit_b8-vca", "deit_small-mhsa-lab"]) == REPRO
-    assert at_paper.how_to_run(["dit_s2-agent"]) == ("at this scale, with the attention family: python -m "
-                                                     "vcarepro.params.config scale=paper family=all "
-                                                     "prepare_cls.imagenet_root=/path/to/imagenet && dvc repro")
+    assert at_paper.how_to_run(["dit_s2-agent"]) == (
+        "at this scale, with the attention family: python -m "
+        "vcarepro.params.config scale=paper family=all "
+        "prepare_cls.imagenet_root=/path/to/imagenet && dvc repro"
+    )

@@ -1,4 +1,5 @@
 """Sample files in the ADM evaluator's format, written batch by batch, resumable by index."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,7 +17,7 @@ LABELS = torch.arange(10) % 3
 def write_batches(writer, batches):
     for batch in batches:
         start = batch * 4
-        writer.write(batch, start, IMAGES[start:start + 4], LABELS[start:start + 4])
+        writer.write(batch, start, IMAGES[start : start + 4], LABELS[start : start + 4])
 
 
 def test_samples_read_back_as_adm_arrays_and_nothing_is_left_behind(tmp_path):
@@ -56,10 +57,18 @@ def test_work_left_by_other_settings_is_discarded(tmp_path):
     first = NpzSampleWriter(tmp_path / "seed_0.npz", 10, (4, 5, 3), work_dir=tmp_path / "work", key="old model")
     write_batches(first, [0])
     del first
-    assert NpzSampleWriter(tmp_path / "seed_0.npz", 10, (4, 5, 3), work_dir=tmp_path / "work",
-                           key="new model").done_batches == 0
-    assert NpzSampleWriter(tmp_path / "seed_0.npz", 12, (4, 5, 3), work_dir=tmp_path / "work",
-                           key="new model").done_batches == 0  # another size: afresh too
+    assert (
+        NpzSampleWriter(
+            tmp_path / "seed_0.npz", 10, (4, 5, 3), work_dir=tmp_path / "work", key="new model"
+        ).done_batches
+        == 0
+    )
+    assert (
+        NpzSampleWriter(
+            tmp_path / "seed_0.npz", 12, (4, 5, 3), work_dir=tmp_path / "work", key="new model"
+        ).done_batches
+        == 0
+    )  # another size: afresh too
 
 
 def test_sampling_resumed_at_a_batch_gives_the_uninterrupted_batches(one_torch_thread):
@@ -98,7 +107,7 @@ def test_random_labels_are_uniform_draws_per_batch_and_resume_to_the_same_draws(
     # multinomial with equal probabilities: a chi-square test far from rejecting (fixed seed, no flakiness)
     assert chisquare(counts).pvalue > 0.01
     # per-batch streams: batches 5.. drawn afresh equal the uninterrupted run's
-    assert torch.equal(labels("random", seed=0, batches=range(5, 20)), drawn[5 * 500:])
+    assert torch.equal(labels("random", seed=0, batches=range(5, 20)), drawn[5 * 500 :])
     assert not torch.equal(labels("random", seed=1, batches=range(20)), drawn)
     assert torch.equal(labels("balanced", seed=0, batches=range(2)), torch.arange(1000) % 10)
     with pytest.raises(ValueError, match="sampling.labels='uniform' is unknown; use one of random, balanced"):
@@ -133,6 +142,7 @@ def test_sample_files_that_are_missing_or_not_images_are_clear_errors(tmp_path):
 
 # -- the same arrays are the same .npz bytes under every CPython (issue 25) -----------------------------------------
 
+
 def _cpython_311s():
     """Every CPython 3.11 on this machine (the venv's, Debian's, pyenv's): one ABI, so the venv's numpy loads in
     each."""
@@ -142,11 +152,20 @@ def _cpython_311s():
     import sys
 
     found = {}
-    for candidate in [sys.executable, shutil.which("python3.11"), "/usr/bin/python3", "/usr/bin/python3.11",
-                      *glob.glob("/root/.pyenv/versions/3.11*/bin/python3")]:
+    for candidate in [
+        sys.executable,
+        shutil.which("python3.11"),
+        "/usr/bin/python3",
+        "/usr/bin/python3.11",
+        *glob.glob("/root/.pyenv/versions/3.11*/bin/python3"),
+    ]:
         if candidate and Path(candidate).exists():
-            done = subprocess.run([candidate, "-c", "import sys; print(sys.version.split()[0])"], capture_output=True,
-                                  text=True, timeout=60)
+            done = subprocess.run(
+                [candidate, "-c", "import sys; print(sys.version.split()[0])"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             if done.returncode == 0 and done.stdout.startswith("3.11."):
                 found.setdefault(done.stdout.strip(), candidate)
     return found
@@ -163,15 +182,21 @@ def test_npz_outputs_are_the_same_bytes_under_every_python_here(tmp_path):
     if len(pythons) < 2:
         pytest.skip(f"one CPython 3.11 here ({', '.join(pythons)}): nothing to compare")
     np.save(tmp_path / "big.npy", np.arange(5000, dtype=np.uint8).reshape(50, 100))
-    code = ("import sys, numpy as np; from vcarepro.core.io import write_npz, write_npz_to; "
-            "write_npz(sys.argv[1], {'mu': np.arange(4.0), 'sigma': np.eye(4), 'num': np.int64(7)}); "
-            "f = open(sys.argv[2], 'wb'); write_npz_to(f, {'arr_0': sys.argv[3], 'arr_1': np.arange(3)}); f.close()")
+    code = (
+        "import sys, numpy as np; from vcarepro.core.io import write_npz, write_npz_to; "
+        "write_npz(sys.argv[1], {'mu': np.arange(4.0), 'sigma': np.eye(4), 'num': np.int64(7)}); "
+        "f = open(sys.argv[2], 'wb'); write_npz_to(f, {'arr_0': sys.argv[3], 'arr_1': np.arange(3)}); f.close()"
+    )
     path = f"{Path(__file__).resolve().parents[1] / 'src'}:{sysconfig.get_paths()['purelib']}"
     outputs = {}
     for version, python in pythons.items():
         stats, samples = tmp_path / f"stats-{version}.npz", tmp_path / f"samples-{version}.npz"
-        subprocess.run([python, "-c", code, str(stats), str(samples), str(tmp_path / "big.npy")], check=True,
-                       timeout=120, env={"PYTHONPATH": path, "PATH": "/usr/bin:/bin"})
+        subprocess.run(
+            [python, "-c", code, str(stats), str(samples), str(tmp_path / "big.npy")],
+            check=True,
+            timeout=120,
+            env={"PYTHONPATH": path, "PATH": "/usr/bin:/bin"},
+        )
         outputs[version] = (stats.read_bytes(), samples.read_bytes())
     assert len(set(outputs.values())) == 1, f"different bytes under {sorted(outputs)}"
     with np.load(tmp_path / f"stats-{version}.npz") as data:

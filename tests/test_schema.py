@@ -1,4 +1,5 @@
 """params.yaml is checked when a stage starts: one sentence for a bad value, and no output."""
+
 from __future__ import annotations
 
 import copy
@@ -33,23 +34,41 @@ def test_both_scales_and_every_documented_override_validate(scales):
     validate(paper)
 
 
-@pytest.mark.parametrize("path, value, message", [
-    ("cls_recipe_overrides.epochs", "ten", "cls_recipe_overrides.epochs must be an integer >= 1, got 'ten'"),
-    ("cls_recipe_overrides.lr", -1e-3, "cls_recipe_overrides.lr must be a number > 0, got -0.001"),
-    ("cls_recipe_overrides.reprob", 1.5, "cls_recipe_overrides.reprob must be a number >= 0 and <= 1, got 1.5"),
-    ("cls_recipe_overrides.ema_decay", 1.0, "cls_recipe_overrides.ema_decay must be a number >= 0 and < 1, got 1.0"),
-    ("cls_recipe_overrides.precision", "fp8",
-     "cls_recipe_overrides.precision must be one of fp32, tf32, bf16, fp16, got 'fp8'"),
-    ("cls_recipe_overrides.repeated_aug", "yes", "cls_recipe_overrides.repeated_aug must be true or false, got 'yes'"),
-    ("cls_recipe_overrides.lr_step", "step", "cls_recipe_overrides.lr_step must be one of epoch, update, got 'step'"),
-    ("cls_recipe_overrides.crop_mode", "border", "crop_mode must be one of center, squash, got 'border'"),
-    ("gen_recipe.steps", 0, "gen_recipe.steps must be an integer >= 1, got 0"),
-    ("gen_recipe.lr", float("nan"), "gen_recipe.lr must be a number > 0, got nan"),
-    ("sampling.flow_sampler", "euler", "sampling.flow_sampler must be one of sde, ode, got 'euler'"),
-    ("distributed.nnodes", "two", "distributed.nnodes must be an integer >= 1 or one of env, got 'two'"),
-    ("distributed.nproc_per_node", 0, "distributed.nproc_per_node must be an integer >= 1 or one of gpu, got 0"),
-    ("cls_recipe_overrides.epoch", 3, "cls_recipe_overrides.epoch is not a known parameter"),
-])
+@pytest.mark.parametrize(
+    "path, value, message",
+    [
+        ("cls_recipe_overrides.epochs", "ten", "cls_recipe_overrides.epochs must be an integer >= 1, got 'ten'"),
+        ("cls_recipe_overrides.lr", -1e-3, "cls_recipe_overrides.lr must be a number > 0, got -0.001"),
+        ("cls_recipe_overrides.reprob", 1.5, "cls_recipe_overrides.reprob must be a number >= 0 and <= 1, got 1.5"),
+        (
+            "cls_recipe_overrides.ema_decay",
+            1.0,
+            "cls_recipe_overrides.ema_decay must be a number >= 0 and < 1, got 1.0",
+        ),
+        (
+            "cls_recipe_overrides.precision",
+            "fp8",
+            "cls_recipe_overrides.precision must be one of fp32, tf32, bf16, fp16, got 'fp8'",
+        ),
+        (
+            "cls_recipe_overrides.repeated_aug",
+            "yes",
+            "cls_recipe_overrides.repeated_aug must be true or false, got 'yes'",
+        ),
+        (
+            "cls_recipe_overrides.lr_step",
+            "step",
+            "cls_recipe_overrides.lr_step must be one of epoch, update, got 'step'",
+        ),
+        ("cls_recipe_overrides.crop_mode", "border", "crop_mode must be one of center, squash, got 'border'"),
+        ("gen_recipe.steps", 0, "gen_recipe.steps must be an integer >= 1, got 0"),
+        ("gen_recipe.lr", float("nan"), "gen_recipe.lr must be a number > 0, got nan"),
+        ("sampling.flow_sampler", "euler", "sampling.flow_sampler must be one of sde, ode, got 'euler'"),
+        ("distributed.nnodes", "two", "distributed.nnodes must be an integer >= 1 or one of env, got 'two'"),
+        ("distributed.nproc_per_node", 0, "distributed.nproc_per_node must be an integer >= 1 or one of gpu, got 0"),
+        ("cls_recipe_overrides.epoch", 3, "cls_recipe_overrides.epoch is not a known parameter"),
+    ],
+)
 def test_a_bad_value_is_one_sentence_naming_key_value_and_fix(scales, path, value, message):
     params = copy.deepcopy(scales["embedded"])
     section, key = path.split(".")
@@ -60,12 +79,15 @@ def test_a_bad_value_is_one_sentence_naming_key_value_and_fix(scales, path, valu
     assert message in text and "python -m vcarepro.params.config" in text and "\n" not in text
 
 
-@pytest.mark.parametrize("branch, field, value, message", [
-    ("cls_runs", "model", "deit_huge-vca", "cls_runs.deit_tiny-vca.model must name an entry of models"),
-    ("cls_runs", "seeds", [], "cls_runs.deit_tiny-vca.seeds must be a non-empty list of distinct integers"),
-    ("cls_runs", "seeds", [0, 0], "seeds must be a non-empty list of distinct integers"),
-    ("gen_runs", "objective", "gan", "gen_runs.dit_s2-vca.objective must be ddpm or flow, got 'gan'"),
-])
+@pytest.mark.parametrize(
+    "branch, field, value, message",
+    [
+        ("cls_runs", "model", "deit_huge-vca", "cls_runs.deit_tiny-vca.model must name an entry of models"),
+        ("cls_runs", "seeds", [], "cls_runs.deit_tiny-vca.seeds must be a non-empty list of distinct integers"),
+        ("cls_runs", "seeds", [0, 0], "seeds must be a non-empty list of distinct integers"),
+        ("gen_runs", "objective", "gan", "gen_runs.dit_s2-vca.objective must be ddpm or flow, got 'gan'"),
+    ],
+)
 def test_runs_name_existing_models_distinct_seeds_and_known_objectives(scales, branch, field, value, message):
     params = copy.deepcopy(scales["embedded"])
     run = "deit_tiny-vca" if branch == "cls_runs" else "dit_s2-vca"
@@ -74,14 +96,19 @@ def test_runs_name_existing_models_distinct_seeds_and_known_objectives(scales, b
         validate(params)
 
 
-@pytest.mark.parametrize("spec, message", [
-    ({"arch": "deit_tiny", "attention": "vca", "vca": {"contrast_tokens": 16}},
-     "models.deit_tiny-vca has vca (the attention's knobs now live under options:)"),
-    ({"arch": "deit_tiny", "attention": "linear"}, "models.deit_tiny-vca.attention must be one of mhsa, diff, vca"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (
+            {"arch": "deit_tiny", "attention": "vca", "vca": {"contrast_tokens": 16}},
+            "models.deit_tiny-vca has vca (the attention's knobs now live under options:)",
+        ),
+        ({"arch": "deit_tiny", "attention": "linear"}, "models.deit_tiny-vca.attention must be one of mhsa, diff, vca"),
+    ],
+)
 def test_model_entries_hold_a_known_attention_and_no_stray_keys(scales, spec, message):
     params = copy.deepcopy(scales["embedded"])
-    params["models"]["deit_tiny-vca"] = spec   # an old-style entry would otherwise train the default VCA silently
+    params["models"]["deit_tiny-vca"] = spec  # an old-style entry would otherwise train the default VCA silently
     with pytest.raises(ParamsError, match=re.escape(message)):
         validate(params)
 
@@ -90,12 +117,14 @@ def test_a_stage_with_bad_params_exits_with_one_line_and_writes_nothing(tmp_path
     params = copy.deepcopy(scales["embedded"])
     params["prepare_cls"]["val_fraction"] = 1.5
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    result = subprocess.run([sys.executable, str(ROOT / "stages" / "prepare_cls.py")], cwd=tmp_path,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "stages" / "prepare_cls.py")], cwd=tmp_path, capture_output=True, text=True
+    )
     assert result.returncode == 2  # a user error, as every other: run_stage's one `error:` line
     assert result.stderr.strip().splitlines() == [
         "error: params.yaml: prepare_cls.val_fraction must be a number > 0 and < 1, got 1.5; fix it in conf/ and run "
-        "`python -m vcarepro.params.config` (or pass -S to dvc exp run)."]
+        "`python -m vcarepro.params.config` (or pass -S to dvc exp run)."
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
 
 
@@ -110,8 +139,11 @@ def test_named_recipes_are_complete_and_checked_and_runs_name_one(scales):
         validate(params)
     params = copy.deepcopy(scales["paper"])
     params["cls_runs"]["swin_tiny-vca"]["recipe"] = "lab"
-    with pytest.raises(ParamsError, match=r"cls_runs\.swin_tiny-vca\.recipe must name an entry of cls_recipes "
-                                          r"\(deit, pvt, swin, .*\), got 'lab'"):
+    with pytest.raises(
+        ParamsError,
+        match=r"cls_runs\.swin_tiny-vca\.recipe must name an entry of cls_recipes "
+        r"\(deit, pvt, swin, .*\), got 'lab'",
+    ):
         validate(params)
 
 
@@ -127,14 +159,21 @@ def test_per_run_generation_overrides_are_checked_like_the_recipe(scales):
 
 # ----------------------------------------------------------------------------- issue 23 (6, 7)
 
+
 def run_stage_on(project: Path, params: dict, script: str, *args: str):
     """``stages/<script>`` run for real in ``project`` (an empty directory) with ``params`` as its params.yaml."""
     project.mkdir(parents=True, exist_ok=True)
     (project / "params.yaml").write_text(yaml.safe_dump(params))
     before = (project / "params.yaml").read_bytes()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    result = subprocess.run([sys.executable, str(ROOT / "stages" / script), *args], cwd=project, env=env,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "stages" / script), *args],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert (project / "params.yaml").read_bytes() == before
     return result
 
@@ -144,28 +183,48 @@ def only_params_left(where: Path) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where, typo, script, run, sentence", [
-    ("cls_shape", "embed_dimm", "train_cls.py", "deit_tiny-vca",  # the first run's model is timm's own DeiT
-     "cls_shape.embed_dimm is not an argument of VisionTransformer (deit_tiny_patch16_224), the model of "
-     "cls_runs.deit_tiny-mhsa (did you mean embed_dim?), which takes act_layer, attn_drop_rate, "),
-    ("models.deit_tiny-vca.options", "local_convv", "train_cls.py", "deit_tiny-vca",
-     "models.deit_tiny-vca.options.local_convv is not an argument of VcaVisionTransformer "
-     "(vca_deit_tiny_patch16_224) with attention 'vca' (did you mean local_conv?), which takes apply_attn_drop, "
-     "contrast_embed_init, contrast_tokens, local_conv, stage1, stage2, stage2_softmax, tokens_neg, "
-     "tokens_pos; "),
-    ("gen_shape", "hidden_sizee", "train_gen.py", "dit_s2-vca",
-     "gen_shape.hidden_sizee is not an argument of DiT, the model of gen_runs.dit_s2-mhsa (did you mean "
-     "hidden_size?), which takes contrast_tokens, depth, hidden_size, in_channels, input_size, mlp_ratio, "
-     "num_classes, num_heads, patch_size; "),
-], ids=["cls_shape", "models.options", "gen_shape"])
-def test_a_misspelt_key_of_a_free_section_is_one_error_line_with_the_valid_names(tmp_path, scales, where, typo,
-                                                                                   script, run, sentence):
+@pytest.mark.parametrize(
+    "where, typo, script, run, sentence",
+    [
+        (
+            "cls_shape",
+            "embed_dimm",
+            "train_cls.py",
+            "deit_tiny-vca",  # the first run's model is timm's own DeiT
+            "cls_shape.embed_dimm is not an argument of VisionTransformer (deit_tiny_patch16_224), the model of "
+            "cls_runs.deit_tiny-mhsa (did you mean embed_dim?), which takes act_layer, attn_drop_rate, ",
+        ),
+        (
+            "models.deit_tiny-vca.options",
+            "local_convv",
+            "train_cls.py",
+            "deit_tiny-vca",
+            "models.deit_tiny-vca.options.local_convv is not an argument of VcaVisionTransformer "
+            "(vca_deit_tiny_patch16_224) with attention 'vca' (did you mean local_conv?), which takes apply_attn_drop, "
+            "contrast_embed_init, contrast_tokens, local_conv, stage1, stage2, stage2_softmax, tokens_neg, "
+            "tokens_pos; ",
+        ),
+        (
+            "gen_shape",
+            "hidden_sizee",
+            "train_gen.py",
+            "dit_s2-vca",
+            "gen_shape.hidden_sizee is not an argument of DiT, the model of gen_runs.dit_s2-mhsa (did you mean "
+            "hidden_size?), which takes contrast_tokens, depth, hidden_size, in_channels, input_size, mlp_ratio, "
+            "num_classes, num_heads, patch_size; ",
+        ),
+    ],
+    ids=["cls_shape", "models.options", "gen_shape"],
+)
+def test_a_misspelt_key_of_a_free_section_is_one_error_line_with_the_valid_names(
+    tmp_path, scales, where, typo, script, run, sentence
+):
     params = copy.deepcopy(scales["embedded"])
     *path, last = where.split(".")
     section = params
     for key in path + [last]:
         section = section.setdefault(key, {})
-    section[typo] = 1   # today: TypeError: __init__() got an unexpected keyword argument, deep in the constructor
+    section[typo] = 1  # today: TypeError: __init__() got an unexpected keyword argument, deep in the constructor
     result = run_stage_on(tmp_path / "project", params, script, "--run", run)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.splitlines()
@@ -184,7 +243,8 @@ def test_a_run_named_outside_the_safe_alphabet_is_refused_before_anything_is_wri
     assert result.stderr.splitlines() == [
         f"error: params.yaml: cls_runs has an entry named {name!r}; a name is 1 to 100 letters, digits, '_' or '-' "
         f"(starting with a letter or digit), since it becomes a directory and a DVC stage name; rename "
-        f"it in conf/ and run `python -m vcarepro.params.config`."]
+        f"it in conf/ and run `python -m vcarepro.params.config`."
+    ]
     assert only_params_left(tmp_path)  # nothing nested under runs/, nothing beside or above the project
 
 
@@ -203,19 +263,28 @@ def test_model_and_other_path_names_are_checked_too(scales, section):
 def test_a_models_arch_must_exist_and_the_library_refuses_an_unsafe_run_path_itself(scales):
     params = copy.deepcopy(scales["embedded"])
     params["models"]["deit_tiny-vca"]["arch"] = "deit_tiyn"
-    with pytest.raises(ParamsError, match=r"models\.deit_tiny-vca\.arch must be one of .*, got 'deit_tiyn' "
-                                          r"\(did you mean deit_tiny\?\)"):
+    with pytest.raises(
+        ParamsError,
+        match=r"models\.deit_tiny-vca\.arch must be one of .*, got 'deit_tiyn' "
+        r"\(did you mean deit_tiny\?\)",
+    ):
         validate(params)
     from vcarepro.core.errors import BadInput
     from vcarepro.params.runs import run_paths
+
     with pytest.raises(BadInput, match=r"run name '\.\./x' cannot become a directory"):
         run_paths("cls", "../x")
 
 
-@pytest.mark.parametrize("path, names", [
-    ("sampling.labels", "LABEL_MODES"), ("sampling.flow_sampler", "FLOW_SAMPLERS"),
-    ("sampling.flow_ode_method", "FLOW_ODE_METHODS"), ("gen_recipe.flow_path", "FLOW_PATHS"),
-])
+@pytest.mark.parametrize(
+    "path, names",
+    [
+        ("sampling.labels", "LABEL_MODES"),
+        ("sampling.flow_sampler", "FLOW_SAMPLERS"),
+        ("sampling.flow_ode_method", "FLOW_ODE_METHODS"),
+        ("gen_recipe.flow_path", "FLOW_PATHS"),
+    ],
+)
 def test_a_generation_choice_is_one_of_the_names_module_list(scales, path, names):
     """The schema checks each choice against the torch-free names module's list, the one the code acts on."""
     from vcarepro.core import choices as names_module

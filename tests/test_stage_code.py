@@ -4,6 +4,7 @@ A stage whose deps leave out a module it imports is not re-run when that module 
 following from the code while `dvc status` says they do (issue 25: prepare_gen imported vcarepro.params.config,
 pipeline, io and errors and declared none of them).
 """
+
 from __future__ import annotations
 
 import ast
@@ -33,8 +34,11 @@ def module_file(name: str) -> Path | None:
 
 def _package_of(file: Path) -> str:
     parts = list(file.relative_to(SRC).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] != "__init__" else parts[:-1]) if file.name != "__init__.py" \
+    return (
+        ".".join(parts[:-1] if parts[-1] != "__init__" else parts[:-1])
+        if file.name != "__init__.py"
         else ".".join(parts[:-1])
+    )
 
 
 def _absolute(node: ast.ImportFrom, package: str) -> str:
@@ -42,7 +46,7 @@ def _absolute(node: ast.ImportFrom, package: str) -> str:
     vcarepro.core.io)."""
     if not node.level:
         return node.module or ""
-    base = package.split(".")[:len(package.split(".")) - node.level + 1]
+    base = package.split(".")[: len(package.split(".")) - node.level + 1]
     return ".".join(base + ([node.module] if node.module else []))
 
 
@@ -104,15 +108,21 @@ def test_every_stage_declares_every_module_its_command_imports(name, stage):
     needed = set(entries)
     for entry in entries:
         needed |= closure(entry)
-    missing = sorted(str(f.relative_to(ROOT)) for f in needed
-                     if not any(f == d or d in f.parents for d in declared))
+    missing = sorted(str(f.relative_to(ROOT)) for f in needed if not any(f == d or d in f.parents for d in declared))
     assert not missing, f"stage {name} runs code it does not declare as a dependency: {missing}"
 
 
 def test_the_closure_follows_relative_lazy_and_parent_package_imports():
     seen = {str(f.relative_to(SRC)) for f in closure(ROOT / "stages" / "prepare_gen.py")}
-    assert {"vcarepro/__init__.py", "vcarepro/params/config.py", "vcarepro/core/io.py", "vcarepro/core/errors.py",
-            "vcarepro/core/numerics.py", "vcarepro/data/latents.py", "vcarepro/metrics/digit_features.py"} <= seen
+    assert {
+        "vcarepro/__init__.py",
+        "vcarepro/params/config.py",
+        "vcarepro/core/io.py",
+        "vcarepro/core/errors.py",
+        "vcarepro/core/numerics.py",
+        "vcarepro/data/latents.py",
+        "vcarepro/metrics/digit_features.py",
+    } <= seen
     # vcarepro/__init__.py imports .models, whose registrations import the attention layers
     assert "vcarepro/models/__init__.py" in seen and "vcarepro/attention/vca.py" in seen
 
@@ -174,8 +184,13 @@ def _const(node) -> str | None:
 
 
 def _callee(call: ast.Call) -> str | None:
-    return call.func.id if isinstance(call.func, ast.Name) else call.func.attr if isinstance(call.func,
-                                                                                               ast.Attribute) else None
+    return (
+        call.func.id
+        if isinstance(call.func, ast.Name)
+        else call.func.attr
+        if isinstance(call.func, ast.Attribute)
+        else None
+    )
 
 
 def _dotted(node) -> str | None:
@@ -194,17 +209,28 @@ def _walk(tree: ast.AST, known: dict) -> Iterator[ast.AST]:
     while todo:
         node = todo.pop()
         yield node
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1 \
-                and isinstance(node.test.ops[0], (ast.Eq, ast.NotEq)) and _dotted(node.test.left) in known \
-                and isinstance(node.test.comparators[0], ast.Constant):
+        if (
+            isinstance(node, ast.If)
+            and isinstance(node.test, ast.Compare)
+            and len(node.test.ops) == 1
+            and isinstance(node.test.ops[0], (ast.Eq, ast.NotEq))
+            and _dotted(node.test.left) in known
+            and isinstance(node.test.comparators[0], ast.Constant)
+        ):
             equal = known[_dotted(node.test.left)] == node.test.comparators[0].value
             todo.extend(node.body if equal == isinstance(node.test.ops[0], ast.Eq) else node.orelse)
             continue
         todo.extend(ast.iter_child_nodes(node))
 
 
-def params_read(tree: ast.AST, holders: Set[str], module: str, scopes: dict, seen: Set[tuple] | None = None,
-                known: dict | None = None) -> Set[str]:
+def params_read(
+    tree: ast.AST,
+    holders: Set[str],
+    module: str,
+    scopes: dict,
+    seen: Set[tuple] | None = None,
+    known: dict | None = None,
+) -> Set[str]:
     """The dotted params keys ``tree`` (code of ``module``) reads, where the names in ``holders`` hold the params
     and ``known`` the names whose constant value decides a branch (a stage's ``--kind cls``, a ``branch="cls"``)."""
     seen = set() if seen is None else seen
@@ -213,14 +239,16 @@ def params_read(tree: ast.AST, holders: Set[str], module: str, scopes: dict, see
     def text(node) -> str | None:
         """A constant string, or an f-string of names whose values are known (``f"{branch}_runs"``)."""
         if isinstance(node, ast.JoinedStr):
-            parts = [part.value if isinstance(part, ast.Constant) else known.get(_dotted(part.value))
-                     for part in node.values]
+            parts = [
+                part.value if isinstance(part, ast.Constant) else known.get(_dotted(part.value)) for part in node.values
+            ]
             return "".join(parts) if all(isinstance(part, str) for part in parts) else None
         return _const(node)
 
     def whole(node) -> bool:
         return (isinstance(node, ast.Name) and node.id in holders) or (
-            isinstance(node, ast.Call) and _callee(node) in PARAMS_SOURCES)
+            isinstance(node, ast.Call) and _callee(node) in PARAMS_SOURCES
+        )
 
     def section_of(node) -> str | None:
         """The section ``node`` evaluates to: params["a"], params.get("a"), section(params, "a"), a variable."""
@@ -251,11 +279,20 @@ def params_read(tree: ast.AST, holders: Set[str], module: str, scopes: dict, see
             reads.add(name)
         if isinstance(node, ast.Subscript) and section_of(node.value) and text(node.slice):
             reads.add(f"{section_of(node.value)}.{text(node.slice)}")
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
-                and node.args and section_of(node.func.value) and text(node.args[0]):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and node.args
+            and section_of(node.func.value)
+            and text(node.args[0])
+        ):
             reads.add(f"{section_of(node.func.value)}.{text(node.args[0])}")
-        if isinstance(node, ast.Call) and _callee(node) not in PARAMS_SOURCES + ("section",) and any(
-                whole(arg) for arg in [*node.args, *(k.value for k in node.keywords)]):
+        if (
+            isinstance(node, ast.Call)
+            and _callee(node) not in PARAMS_SOURCES + ("section",)
+            and any(whole(arg) for arg in [*node.args, *(k.value for k in node.keywords)])
+        ):
             found = _resolve(scopes, module, node.func.id) if isinstance(node.func, ast.Name) else None
             if found is None:
                 continue
@@ -286,8 +323,11 @@ def stage_reads(stage) -> Set[str]:
     scopes = _scopes()
     words = shlex.split(stage["cmd"])
     # the command's constant options (``--kind cls``) as argparse gives them to the script
-    options = {f"args.{word[2:].replace('-', '_')}": value for word, value in zip(words, words[1:])
-               if word.startswith("--") and not value.startswith("--") and "${" not in value}
+    options = {
+        f"args.{word[2:].replace('-', '_')}": value
+        for word, value in zip(words, words[1:])
+        if word.startswith("--") and not value.startswith("--") and "${" not in value
+    }
     reads: Set[str] = set()
     for entry in stage_entries(stage["cmd"]):
         module = _module_name(entry)
@@ -316,8 +356,14 @@ def test_the_reads_are_followed_through_sections_variables_and_the_package():
     stage = dict(stages())["train_cls"]
     reads = stage_reads(stage)
     # cls_run(params, run) -> _run, cls_recipe, section(...): the run's model, recipe and shape
-    assert {"cls_runs", "models", "cls_shape", "cls_recipes", "cls_recipe_overrides",
-            "distributed.seed_processes"} <= reads
+    assert {
+        "cls_runs",
+        "models",
+        "cls_shape",
+        "cls_recipes",
+        "cls_recipe_overrides",
+        "distributed.seed_processes",
+    } <= reads
     reads = stage_reads(dict(stages())["prepare_cls"])  # p = section(stage_params(), "prepare_cls"); p["..."]
     assert "prepare_cls.source" in reads
     # `--kind cls` in the command decides calibrate.py's `if kind == "cls"`: each kind reads only its own branch

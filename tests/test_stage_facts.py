@@ -5,6 +5,7 @@ Seen before: `python -m vcarepro.params.config numerics.cpu=native`, then `dvc r
 the portable profile's finished checkpoint ("already trained") and recorded its weights beside `cpu: native`,
 because the checkpoint's fingerprint was a third, hand-kept list of what a run depends on.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -47,11 +48,20 @@ def test_inside_a_dvc_project_the_facts_are_dvcs_own_hashes():
     assert facts["stage"] == STAGE
     assert facts["params"]["numerics"] == params["numerics"]
     assert facts["params"][f"cls_runs.{RUN}"] == params["cls_runs"][RUN]
-    assert set(facts["params"]) == {"numerics", f"cls_runs.{RUN}", f"models.{RUN}", "cls_shape", "cls_recipes.deit",
-                                    "cls_recipe_overrides", "distributed.seed_processes"}
+    assert set(facts["params"]) == {
+        "numerics",
+        f"cls_runs.{RUN}",
+        f"models.{RUN}",
+        "cls_shape",
+        "cls_recipes.deit",
+        "cls_recipe_overrides",
+        "distributed.seed_processes",
+    }
     import hashlib
-    assert facts["deps"]["stages/train_cls.py"] == \
-        hashlib.md5((ROOT / "stages/train_cls.py").read_bytes()).hexdigest()  # DVC's md5, as dvc.lock has it
+
+    assert (
+        facts["deps"]["stages/train_cls.py"] == hashlib.md5((ROOT / "stages/train_cls.py").read_bytes()).hexdigest()
+    )  # DVC's md5, as dvc.lock has it
     assert facts["deps"]["src/vcarepro/core"].endswith(".dir") and facts["deps"]["src/vcarepro/train"].endswith(".dir")
 
 
@@ -70,12 +80,15 @@ def _edit_params(root: Path, edit) -> None:
     (root / "params.yaml").write_text(yaml.safe_dump(params))
 
 
-@pytest.mark.parametrize("edit, named", [
-    (lambda p: p["numerics"].update(cpu="native"), "numerics"),
-    (lambda p: p["distributed"].update(seed_processes=1), "distributed.seed_processes"),
-    (lambda p: p["models"][RUN].update(attention="vca"), f"models.{RUN}"),
-    (lambda p: p["cls_recipes"]["deit"].update(lr=1e-3), "cls_recipes.deit"),
-])
+@pytest.mark.parametrize(
+    "edit, named",
+    [
+        (lambda p: p["numerics"].update(cpu="native"), "numerics"),
+        (lambda p: p["distributed"].update(seed_processes=1), "distributed.seed_processes"),
+        (lambda p: p["models"][RUN].update(attention="vca"), f"models.{RUN}"),
+        (lambda p: p["cls_recipes"]["deit"].update(lr=1e-3), "cls_recipes.deit"),
+    ],
+)
 def test_every_declared_param_is_a_fact_and_an_undeclared_one_is_not(bare, edit, named):
     before = stage_facts(STAGE, bare)
     _edit_params(bare, lambda p: p["report"].update(reproduce_tolerance_top1=9.0))  # not a dep of train_cls
@@ -111,19 +124,29 @@ def test_a_checkpoint_of_other_facts_is_passed_over_naming_what_changed(tmp_path
     save_checkpoint(tmp_path / "last.pt", {"model": {"w": torch.zeros(2)}, "fingerprint": mine})
     said = []
     assert resumable_checkpoint(tmp_path, mine, 0, said.append)["fingerprint"] == mine and said == []
-    native = {**facts, "params": {**facts["params"], "numerics": {**facts["params"]["numerics"], "cpu": "native"}},
-              "deps": {**facts["deps"], "src/vcarepro/core/numerics.py": "0" * 32}}
+    native = {
+        **facts,
+        "params": {**facts["params"], "numerics": {**facts["params"]["numerics"], "cpu": "native"}},
+        "deps": {**facts["deps"], "src/vcarepro/core/numerics.py": "0" * 32},
+    }
     assert resumable_checkpoint(tmp_path, {**mine, "facts": native}, 0, said.append) is None
-    assert said == [f"seed 0: {tmp_path / 'last.pt'} was written under other facts ({STAGE}'s params numerics; "
-                    f"deps src/vcarepro/core/numerics.py); starting afresh"]
+    assert said == [
+        f"seed 0: {tmp_path / 'last.pt'} was written under other facts ({STAGE}'s params numerics; "
+        f"deps src/vcarepro/core/numerics.py); starting afresh"
+    ]
     assert what_changed(mine, {**mine, "max_steps": 3}) == f"{STAGE}'s max_steps None -> 3"
 
 
 # -- the real thing: python -m vcarepro.params.config, then dvc repro, in a DVC project --------------------------------
 
 # One run, one seed, two epochs of a one-block DeiT: seconds a training.
-SHRINK = [f"cls_runs.{RUN}.seeds=[0]", "cls_shape.depth=1", "cls_shape.embed_dim=32",
-          "cls_recipe_overrides.epochs=2", "cls_recipe_overrides.batch_size=256"]
+SHRINK = [
+    f"cls_runs.{RUN}.seeds=[0]",
+    "cls_shape.depth=1",
+    "cls_shape.embed_dim=32",
+    "cls_recipe_overrides.epochs=2",
+    "cls_recipe_overrides.batch_size=256",
+]
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +208,8 @@ def test_each_change_dvc_reruns_a_training_stage_for_trains_afresh(project):
     other = repro(project)
     assert f"({STAGE}'s params distributed.seed_processes); starting afresh" in other, other[-3000:]
     assert trained_under(project)["params"]["distributed.seed_processes"] == 1
-    assert trained_under(project)["deps"]["src/vcarepro/core"] == \
-        {d["path"]: d["md5"] for d in recorded(project)["deps"]}["src/vcarepro/core"]
+    assert (
+        trained_under(project)["deps"]["src/vcarepro/core"]
+        == {d["path"]: d["md5"] for d in recorded(project)["deps"]}["src/vcarepro/core"]
+    )
     assert "changed" not in sh(f"dvc status {STAGE}", project).stdout  # the lock holds what produced the weights

@@ -5,6 +5,7 @@ A miniature ImageNet as the official archives (prepare_cls), a random SD-shaped 
 torch-fidelity's file format (the FID extractor) and an ADM reference batch (fid_reference's
 loader); the same seed writes the same bytes, another seed other bytes.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -24,17 +25,27 @@ import torch_fidelity.feature_extractor_inceptionv3 as tf_inception
 import yaml
 from PIL import Image
 
-from vcarepro.params.config import compose
+from vcarepro.core.errors import BadInput
 from vcarepro.data.folders import ManifestDataset, read_classes, read_manifest
 from vcarepro.data.imagenet import prepare_imagenet
-from vcarepro.core.errors import BadInput
 from vcarepro.metrics.extractors import make_extractor
 from vcarepro.metrics.fid_reference import adm_reference_features, load_adm_reference, write_reference
 from vcarepro.metrics.inception import InceptionFeatures
 from vcarepro.metrics.npz_images import iter_npz_images
-from vcarepro.tools.standins import (DEVKIT_TAR, TRAIN_TAR, VAL_TAR, MiniImageNet, main, synthetic_batch,
-                               write_adm_reference, write_mini_imagenet, write_random_inception, write_random_vae,
-                               write_standins)
+from vcarepro.params.config import compose
+from vcarepro.tools.standins import (
+    DEVKIT_TAR,
+    TRAIN_TAR,
+    VAL_TAR,
+    MiniImageNet,
+    main,
+    synthetic_batch,
+    write_adm_reference,
+    write_mini_imagenet,
+    write_random_inception,
+    write_random_vae,
+    write_standins,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -86,8 +97,9 @@ def test_mini_imagenet_is_the_official_archives_with_a_devkit_in_torchvisions_fo
 
 def test_mini_imagenet_is_prepared_by_the_prepare_cls_stage_with_expect_full_false(tmp_path, monkeypatch):
     root = write_mini_imagenet(tmp_path / "imagenet", seed=0, **SMALL)
-    params = compose(["scale=paper", f"prepare_cls.imagenet_root={root}", "prepare_cls.expect_full=false",
-                      "prepare_cls.workers=1"])
+    params = compose(
+        ["scale=paper", f"prepare_cls.imagenet_root={root}", "prepare_cls.expect_full=false", "prepare_cls.workers=1"]
+    )
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     monkeypatch.chdir(tmp_path)
     load_stage("prepare_cls").main()
@@ -192,8 +204,9 @@ def test_mini_imagenet_through_the_random_vae_gives_4x32x32_latent_shards(tmp_pa
     """prepare_gen's road on the stand-ins: the prepared miniature, ADM-cropped to 256 px, through the VAE."""
     from vcarepro.data.latents import encode_to_shards, load_vae
 
-    prepare_imagenet(write_mini_imagenet(tmp_path / "imagenet", seed=0, **SMALL), tmp_path / "cls",
-                     expect_full=False, workers=1)
+    prepare_imagenet(
+        write_mini_imagenet(tmp_path / "imagenet", seed=0, **SMALL), tmp_path / "cls", expect_full=False, workers=1
+    )
     items = [(tmp_path / "cls" / path, label) for path, label in read_manifest(tmp_path / "cls", "train")]
     vae = load_vae(str(write_random_vae(tmp_path / "vae", seed=0)), CPU)
     index = encode_to_shards(items, tmp_path / "latents", vae, image_size=256, batch_size=8, shard_size=100)
@@ -224,11 +237,11 @@ def test_random_inception_is_torch_fidelitys_file_format(inception):
 
 
 @pytest.mark.slow
-def test_random_inception_loads_through_the_projects_extractor_with_features_of_a_usable_scale(inception,
-                                                                                              monkeypatch):
+def test_random_inception_loads_through_the_projects_extractor_with_features_of_a_usable_scale(inception, monkeypatch):
     monkeypatch.setattr(tf_inception, "load_state_dict_from_url", no_download)
-    extractor, name = make_extractor({"fid_extractor": "inception"}, {"inception_weights": str(inception)}, CPU,
-                                     batch_size=4)  # what fid_reference and eval_gen build from prepare_gen
+    extractor, name = make_extractor(
+        {"fid_extractor": "inception"}, {"inception_weights": str(inception)}, CPU, batch_size=4
+    )  # what fid_reference and eval_gen build from prepare_gen
     assert name == "inception-v3-compat" and isinstance(extractor, InceptionFeatures)
     images = torch.from_numpy(synthetic_batch(4, classes=4, seed=9, split="reference")).permute(0, 3, 1, 2)
     pool, logits, spatial = extractor.extract(images)
@@ -252,8 +265,9 @@ def test_random_inception_bytes_follow_the_seed(inception, tmp_path):
 
 @pytest.mark.slow
 def test_adm_reference_is_read_by_the_projects_loader_and_holds_its_images_statistics(inception, tmp_path):
-    path = write_adm_reference(tmp_path / "VIRTUAL_smoke.npz", inception_weights=inception, num_images=6, classes=3,
-                               seed=0, batch_size=4)
+    path = write_adm_reference(
+        tmp_path / "VIRTUAL_smoke.npz", inception_weights=inception, num_images=6, classes=3, seed=0, batch_size=4
+    )
     with np.load(path, allow_pickle=False) as data:
         assert sorted(data.files) == ["arr_0", "mu", "mu_s", "sigma", "sigma_s"]
         images = data["arr_0"]
@@ -280,8 +294,9 @@ def test_adm_reference_is_read_by_the_projects_loader_and_holds_its_images_stati
 @pytest.mark.slow
 def test_adm_reference_bytes_follow_the_seed(inception, tmp_path):
     def write(name, seed):
-        return write_adm_reference(tmp_path / name / "ref.npz", inception_weights=inception, num_images=3,
-                                   classes=3, seed=seed).read_bytes()
+        return write_adm_reference(
+            tmp_path / name / "ref.npz", inception_weights=inception, num_images=3, classes=3, seed=seed
+        ).read_bytes()
 
     first = write("a", 0)
     assert write("b", 0) == first  # the .npz members carry a fixed time
@@ -302,8 +317,13 @@ def test_the_command_writes_all_four_atomically_with_one_line_each(tmp_path, cap
     assert [line.split()[1] for line in lines] == ["imagenet", "vae", "inception", "adm_reference"]
     assert all("written" in line for line in lines)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["standins"]  # no temporary directory left beside it
-    assert sorted(p.name for p in out.iterdir()) == ["VIRTUAL_imagenet256_smoke.npz", "imagenet", "inception.pth",
-                                                     "standins.json", "vae"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "VIRTUAL_imagenet256_smoke.npz",
+        "imagenet",
+        "inception.pth",
+        "standins.json",
+        "vae",
+    ]
     manifest = json.loads((out / "standins.json").read_text())
     assert manifest["seed"] == 0 and manifest["files"]["inception.pth"] == (out / "inception.pth").stat().st_size
     assert load_adm_reference(out / "VIRTUAL_imagenet256_smoke.npz").num == 64
@@ -340,10 +360,12 @@ def test_the_command_refuses_a_directory_it_did_not_write_in_one_line(tmp_path):
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
-    result = subprocess.run([sys.executable, "-m", "vcarepro.tools.standins", "--out", str(foreign)], capture_output=True,
-                            text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "vcarepro.tools.standins", "--out", str(foreign)], capture_output=True, text=True
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"error: {foreign} exists and was not written by vcarepro.tools.standins (no standins.json); remove it or pass "
-        f"another --out."]
+        f"another --out."
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"] and (foreign / "notes.txt").read_text() == "keep me"

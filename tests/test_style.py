@@ -4,6 +4,7 @@ dependencies, tests/ against the dependencies and the test extra). Each test fai
 
 ruff and deptry come with the test extra; they run as ``sys.executable -m ...`` so the venv's own copies answer.
 """
+
 from __future__ import annotations
 
 import re
@@ -28,8 +29,9 @@ def said(done: subprocess.CompletedProcess) -> str:
 
 
 def python_files(*roots: str) -> List[str]:
-    return sorted(str(p.relative_to(ROOT)) for root in roots for p in (ROOT / root).rglob("*.py")
-                  if "__pycache__" not in p.parts)
+    return sorted(
+        str(p.relative_to(ROOT)) for root in roots for p in (ROOT / root).rglob("*.py") if "__pycache__" not in p.parts
+    )
 
 
 def test_ruff_check_finds_nothing():

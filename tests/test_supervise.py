@@ -1,4 +1,5 @@
 """The one supervisor (vcarepro.core.supervise) with real child processes: SIGTERM, the grace, SIGKILL, reaped."""
+
 from __future__ import annotations
 
 import multiprocessing
@@ -101,8 +102,9 @@ def test_a_process_group_is_stopped_whole(tmp_path):
     stopped = supervise.stop(proc, 0.5, group=True, poll_s=0.05)
     assert stopped.codes == [143] and stopped.killed  # the leader's own end; the grandchild outlived the grace
     assert not exists(grandchild)  # a zombie at most: here no init reaps the orphan
-    assert not [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
-                if exists(pid) and group_of(pid) == proc.pid]
+    assert not [
+        pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if exists(pid) and group_of(pid) == proc.pid
+    ]
 
 
 def test_a_forked_pid_in_its_own_group_is_killed_and_reaped():

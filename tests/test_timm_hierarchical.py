@@ -5,6 +5,7 @@ What a user of timm expects of any registered model: a complete pretrained cfg, 
 other resolutions, classifier and optimizer hooks, and loading weights the user supplies.
 Models run at 64 px with one or two blocks per stage (stage grids 16/8/4/2), as tests/test_hierarchical.py does.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -58,8 +59,9 @@ def small(name: str, **kwargs) -> torch.nn.Module:
 def lab_small(name: str, attention: str, **kwargs) -> torch.nn.Module:
     tokens = {"agent": dict(agent_tokens=SMALL_TOKENS)}.get(attention, {})
     torch.manual_seed(0)
-    return timm.create_model(name, img_size=64, num_classes=5, compared_attention=attention,
-                             **LAB[name], **tokens, **kwargs).eval()
+    return timm.create_model(
+        name, img_size=64, num_classes=5, compared_attention=attention, **LAB[name], **tokens, **kwargs
+    ).eval()
 
 
 def test_every_hierarchical_model_is_registered():
@@ -68,16 +70,28 @@ def test_every_hierarchical_model_is_registered():
 
 # 1. pretrained cfg
 
+
 @pytest.mark.parametrize("name", SMALL)
 def test_pretrained_cfg_is_complete_and_gives_a_transform(name):
     model = small(name)
     cfg = model.pretrained_cfg
-    for key in ("input_size", "mean", "std", "crop_pct", "interpolation", "first_conv", "classifier", "license",
-                "paper_ids", "paper_name", "notes"):
+    for key in (
+        "input_size",
+        "mean",
+        "std",
+        "crop_pct",
+        "interpolation",
+        "first_conv",
+        "classifier",
+        "license",
+        "paper_ids",
+        "paper_name",
+        "notes",
+    ):
         assert cfg.get(key), key
     assert cfg["input_size"] == (3, 224, 224) and not cfg.get("url") and not cfg.get("hf_hub_id")
     assert "no weights are published" in cfg["notes"][0]
-    assert (("VCA" not in cfg["paper_name"]) if name in OWN_ATTENTION else cfg["paper_ids"] == "arXiv:2511.00833")
+    assert ("VCA" not in cfg["paper_name"]) if name in OWN_ATTENTION else cfg["paper_ids"] == "arXiv:2511.00833"
     modules = dict(model.named_modules())
     assert isinstance(modules[cfg["first_conv"]], torch.nn.Conv2d)
     assert modules[cfg["classifier"]] is model.get_classifier()
@@ -87,6 +101,7 @@ def test_pretrained_cfg_is_complete_and_gives_a_transform(name):
 
 
 # 2. feature pyramid
+
 
 @pytest.mark.parametrize("name", SMALL)
 def test_features_only_is_a_four_level_pyramid_at_strides_4_to_32(name):
@@ -134,6 +149,7 @@ def test_lab_models_with_every_attention_give_the_pyramid(name, attention):
 
 # 3. torch.fx
 
+
 @pytest.mark.parametrize("name", SMALL)
 def test_torch_fx_traces_the_whole_model_and_its_stages(name):
     model = small(name)
@@ -156,8 +172,11 @@ def test_torch_fx_traces_the_lab_models_with_every_attention(name, attention):
 
 # 4. TorchScript (timm's swin_tiny_patch4_window7_224 and pvt_v2_b0 script)
 
-@pytest.mark.parametrize("name, kwargs", [(name, {}) for name in OWN_ATTENTION]
-                         + [("vca_swin_tiny_patch4_window7_224", dict(attn_layout="BBBB"))])
+
+@pytest.mark.parametrize(
+    "name, kwargs",
+    [(name, {}) for name in OWN_ATTENTION] + [("vca_swin_tiny_patch4_window7_224", dict(attn_layout="BBBB"))],
+)
 def test_backbones_with_their_own_attention_script(name, kwargs):
     model = small(name, **kwargs)
     scripted = torch.jit.script(model)
@@ -177,8 +196,9 @@ NOT_SCRIPTABLE = pytest.mark.xfail(reason="FLatten's layer does not script (atte
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("attention", [pytest.param(a, marks=NOT_SCRIPTABLE) if a == "flatten"
-                                       else a for a in LAB_MODEL_ATTENTIONS])
+@pytest.mark.parametrize(
+    "attention", [pytest.param(a, marks=NOT_SCRIPTABLE) if a == "flatten" else a for a in LAB_MODEL_ATTENTIONS]
+)
 @pytest.mark.parametrize("name", LAB)
 def test_lab_models_script_with_every_attention(name, attention):
     model = lab_small(name, attention)
@@ -187,6 +207,7 @@ def test_lab_models_script_with_every_attention(name, attention):
 
 
 # 5. other resolutions
+
 
 @pytest.mark.parametrize("name, depths", [("vca_pvt_tiny", PVT), ("vca_swin_tiny_patch4_window7_224", SWIN)])
 def test_fine_tuning_at_384_px_follows_in_every_stage(name, depths):
@@ -199,7 +220,7 @@ def test_fine_tuning_at_384_px_follows_in_every_stage(name, depths):
     grids = [(96, 96), (48, 48), (24, 24), (12, 12)]
     for resized in (model, direct):
         vca = [m for m in resized.modules() if hasattr(m, "contrast_grid")]
-        assert sorted({m.grid_size for m in vca}, reverse=True) == grids[:len({m.grid_size for m in vca})]
+        assert sorted({m.grid_size for m in vca}, reverse=True) == grids[: len({m.grid_size for m in vca})]
         assert {m.contrast_grid for m in vca} <= {(3, 3), (4, 4), (7, 7)}
     # Swin's own (B) windows follow timm's rule: a resize scales them, a creation keeps the window asked for
     shapes = [{k: v.shape for k, v in m.state_dict().items() if "relative_position" not in k} for m in (model, direct)]
@@ -213,19 +234,23 @@ def test_cswin_follows_a_resize_its_stripes_tile():
     model = small("vca_cswin_tiny_224")
     model.set_input_size(img_size=128)
     assert model.stage_grids == [(32, 32), (16, 16), (8, 8), (4, 4)]
-    assert [tuple(m.shape[-2:]) for m in model.forward_intermediates(torch.randn(1, 3, 128, 128),
-                                                                     intermediates_only=True)] == model.stage_grids
+    assert [
+        tuple(m.shape[-2:]) for m in model.forward_intermediates(torch.randn(1, 3, 128, 128), intermediates_only=True)
+    ] == model.stage_grids
     torch.manual_seed(0)
     at_384 = timm.create_model("cswin_tiny_224", img_size=384, stripe_widths=(1, 2, 12, 12), num_classes=5, **CSWIN)
     assert at_384(torch.randn(1, 3, 384, 384)).shape == (1, 5)
 
 
-@pytest.mark.parametrize("name, img_size, message", [
-    ("vca_pvt_tiny", 200, "divisible by 32"),                 # stage 4's grid would not be whole
-    ("vca_pvt_tiny", 64, "contrast-token grid is larger"),     # the lab's 7x7 tokens on a 2x2 stage grid
-    ("vca_swin_tiny_patch4_window7_224", 64, "contrast-token grid is larger"),
-    ("cswin_tiny_224", 384, "do not tile"),                    # stripe 7 on a 24x24 stage grid
-])
+@pytest.mark.parametrize(
+    "name, img_size, message",
+    [
+        ("vca_pvt_tiny", 200, "divisible by 32"),  # stage 4's grid would not be whole
+        ("vca_pvt_tiny", 64, "contrast-token grid is larger"),  # the lab's 7x7 tokens on a 2x2 stage grid
+        ("vca_swin_tiny_patch4_window7_224", 64, "contrast-token grid is larger"),
+        ("cswin_tiny_224", 384, "do not tile"),  # stripe 7 on a 24x24 stage grid
+    ],
+)
 def test_a_resolution_that_cannot_work_is_one_clear_error_and_changes_nothing(name, img_size, message):
     depths = {"vca_pvt_tiny": PVT, "cswin_tiny_224": CSWIN}.get(name, SWIN)
     with pytest.raises(BadInput, match=message):
@@ -243,6 +268,7 @@ def test_a_resolution_that_cannot_work_is_one_clear_error_and_changes_nothing(na
 
 
 # 6. classifier and optimizer hooks
+
 
 @pytest.mark.parametrize("name", SMALL)
 def test_reset_classifier_and_layer_decay_groups_cover_every_parameter_once(name):
@@ -266,15 +292,23 @@ def test_reset_classifier_and_layer_decay_groups_cover_every_parameter_once(name
 
 # 7. weights the user supplies
 
-@pytest.mark.parametrize("name", ["pvt_tiny", "vca_pvt_tiny", "vca_swin_tiny_patch4_window7_224",
-                                  "vca_cswin_tiny_224", "lab_cswin_tiny_224"])
+
+@pytest.mark.parametrize(
+    "name", ["pvt_tiny", "vca_pvt_tiny", "vca_swin_tiny_patch4_window7_224", "vca_cswin_tiny_224", "lab_cswin_tiny_224"]
+)
 def test_pretrained_loads_a_safetensors_file_to_identical_outputs(name, tmp_path):
     trained = small(name)
     file = tmp_path / "model.safetensors"
     save_file({k: v.contiguous() for k, v in trained.state_dict().items()}, str(file))
     torch.manual_seed(1)  # another init: only the file can make the outputs equal
-    loaded = timm.create_model(name, pretrained=True, img_size=64, num_classes=5, **SMALL[name],
-                               pretrained_cfg_overlay=dict(file=str(file), num_classes=5)).eval()
+    loaded = timm.create_model(
+        name,
+        pretrained=True,
+        img_size=64,
+        num_classes=5,
+        **SMALL[name],
+        pretrained_cfg_overlay=dict(file=str(file), num_classes=5),
+    ).eval()
     with torch.no_grad():
         assert torch.equal(loaded(X), trained(X))
 
@@ -354,8 +388,11 @@ def test_a_frozen_model_stays_frozen_through_reset_resize_and_its_groups_name_it
 def test_the_fx_traced_model_scripts_as_timm_builds_it(name):
     """timm's check: trace with its leaf modules and autowrapped functions, then TorchScript the graph."""
     model = small(name)
-    tracer = dict(leaf_modules=timm.models.get_notrace_modules(),
-                  autowrap_functions=timm.models.get_notrace_functions(), param_shapes_constant=True)
+    tracer = dict(
+        leaf_modules=timm.models.get_notrace_modules(),
+        autowrap_functions=timm.models.get_notrace_functions(),
+        param_shapes_constant=True,
+    )
     traced = torchvision_feature_extractor(model, return_nodes=["head"], tracer_kwargs=tracer)
     scripted = torch.jit.script(traced)
     with torch.no_grad():

@@ -5,6 +5,7 @@ data config and transforms, feature extraction (getter and torch.fx), TorchScrip
 other input sizes, classifier reset / weight-decay sets / layer-wise lr decay, and weights loaded
 back through ``pretrained=True`` with a file.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -31,8 +32,11 @@ _MODELS = [
     ("vca_deit_small_patch16_224", POOLED["vca"]),
     ("diff_deit_tiny_patch16_224", {}),
     ("diff_deit_small_patch16_224", {}),
-    *[(f"dropin_deit_{size}_patch16_224", dict(attention=a, **POOLED.get(a, {})))
-      for size in ("tiny", "small") for a in ATTENTIONS],
+    *[
+        (f"dropin_deit_{size}_patch16_224", dict(attention=a, **POOLED.get(a, {})))
+        for size in ("tiny", "small")
+        for a in ATTENTIONS
+    ],
     ("agent_deit_tiny_patch16_224", POOLED["agent"]),
     ("agent_deit_small_patch16_224", POOLED["agent"]),
     ("flatten_deit_tiny_patch16_224", {}),
@@ -43,9 +47,15 @@ _MODELS = [
 ]
 TWINS = ("mhsa", "diff", "vca", "agent", "flatten")
 ONE_PER_NAME = {name: extra for name, extra in reversed(_MODELS)}  # the drop-ins with mhsa
-MODELS = [pytest.param(name, extra, id=name + (f"[{extra['attention']}]" if "attention" in extra else ""),
-                       marks=[pytest.mark.slow] if "_small_" in name or extra.get("attention") in TWINS else [])
-          for name, extra in _MODELS]
+MODELS = [
+    pytest.param(
+        name,
+        extra,
+        id=name + (f"[{extra['attention']}]" if "attention" in extra else ""),
+        marks=[pytest.mark.slow] if "_small_" in name or extra.get("attention") in TWINS else [],
+    )
+    for name, extra in _MODELS
+]
 
 
 def small(name: str, extra: dict, **kwargs) -> torch.nn.Module:
@@ -59,12 +69,24 @@ def image(size: int = 32, batch: int = 2) -> torch.Tensor:
 
 # -- 1. pretrained cfg --------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(("name", "extra"), ONE_PER_NAME.items(), ids=list(ONE_PER_NAME))
 def test_pretrained_cfg_is_complete_and_builds_a_transform(name, extra):
     model = small(name, extra, pretrained=False)
     cfg = model.pretrained_cfg
-    for field in ("input_size", "mean", "std", "crop_pct", "interpolation", "first_conv", "classifier",
-                  "license", "paper_ids", "paper_name", "notes"):
+    for field in (
+        "input_size",
+        "mean",
+        "std",
+        "crop_pct",
+        "interpolation",
+        "first_conv",
+        "classifier",
+        "license",
+        "paper_ids",
+        "paper_name",
+        "notes",
+    ):
         assert cfg.get(field), field
     assert "no pretrained weights are published" in " ".join(cfg["notes"])
     data = resolve_model_data_config(model)
@@ -72,12 +94,14 @@ def test_pretrained_cfg_is_complete_and_builds_a_transform(name, extra):
     assert data["input_size"] == (3, side, side) and data["interpolation"] == "bicubic"
     transform = create_transform(**data)
     from PIL import Image
+
     assert transform(Image.new("RGB", (300, 260))).shape == (3, side, side)
     assert dict(model.named_modules())[cfg["first_conv"]].in_channels == 3
     assert dict(model.named_modules())[cfg["classifier"]] is model.get_classifier()
 
 
 # -- 2. features: getter and forward_intermediates -----------------------------------------
+
 
 @pytest.mark.parametrize(("name", "extra"), MODELS)
 def test_features_only_and_forward_intermediates_give_a_pyramid_of_grids(name, extra):
@@ -113,14 +137,16 @@ def test_three_block_feature_pyramid(name, extra):
 
 @pytest.mark.slow
 def test_three_block_feature_pyramid_at_deit_tiny_shape():
-    features = timm.create_model("vca_deit_tiny_patch16_224", features_only=True, out_indices=(3, 7, 11),
-                                 img_size=64, contrast_tokens=4).eval()
+    features = timm.create_model(
+        "vca_deit_tiny_patch16_224", features_only=True, out_indices=(3, 7, 11), img_size=64, contrast_tokens=4
+    ).eval()
     assert features.feature_info.channels() == [192] * 3 and features.feature_info.reduction() == [16] * 3
     maps = features(image(64, 1))
     assert [tuple(m.shape) for m in maps] == [(1, 192, 4, 4)] * 3
 
 
 # -- 3. torch.fx ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(("name", "extra"), MODELS)
 def test_fx_traced_model_matches_eager(name, extra):
@@ -130,8 +156,9 @@ def test_fx_traced_model_matches_eager(name, extra):
     with torch.no_grad():
         out = traced(x)
         assert torch.allclose(out["logits"], model(x), atol=1e-6)
-        assert torch.allclose(out["last"], model.blocks(model.norm_pre(model._pos_embed(model.patch_embed(x)))),
-                              atol=1e-6)
+        assert torch.allclose(
+            out["last"], model.blocks(model.norm_pre(model._pos_embed(model.patch_embed(x)))), atol=1e-6
+        )
 
 
 @pytest.mark.parametrize(("name", "extra"), [MODELS[0], MODELS[-7], MODELS[-5], MODELS[-2]])
@@ -168,19 +195,29 @@ def test_torchscript_model_matches_eager(name, extra):
         torch.testing.assert_close(scripted(image()), model(image()), rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("options", [dict(stage1="diff"), dict(stage2="diff", local_conv=False),
-                                     dict(tokens_pos="emb", tokens_neg="pool", stage2_softmax="separate")])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(stage1="diff"),
+        dict(stage2="diff", local_conv=False),
+        dict(tokens_pos="emb", tokens_neg="pool", stage2_softmax="separate"),
+    ],
+)
 def test_torchscript_covers_the_vca_ablation_switches(options):
     model = small("vca_deit_tiny_patch16_224", POOLED["vca"], **options)
     with torch.no_grad():
         torch.testing.assert_close(torch.jit.script(model)(image()), model(image()), rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("options", [dict(attention="inline", kernel="exp"),
-                                     dict(attention="circulant", channels_per_kernel=2, gate=False, qkv_bias=True),
-                                     dict(attention="circulant", prefix_attention="none", logit_divisor="n"),
-                                     dict(attention="agent", agent_tokens=4, position_bias=False, class_token=False,
-                                          global_pool="avg")])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(attention="inline", kernel="exp"),
+        dict(attention="circulant", channels_per_kernel=2, gate=False, qkv_bias=True),
+        dict(attention="circulant", prefix_attention="none", logit_divisor="n"),
+        dict(attention="agent", agent_tokens=4, position_bias=False, class_token=False, global_pool="avg"),
+    ],
+)
 def test_torchscript_covers_family_options(options):
     model = small("dropin_deit_tiny_patch16_224", {}, **options)
     with torch.no_grad():
@@ -194,6 +231,7 @@ def test_flatten_does_not_script(attention):
 
 
 # -- 5. other input sizes -----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(("name", "extra"), MODELS)
 def test_set_input_size_moves_every_grid_and_the_model_runs_there(name, extra):
@@ -246,8 +284,9 @@ def test_a_resolution_whose_grid_is_smaller_than_the_contrast_grid_is_one_clear_
 
 # -- 6. classifier, weight decay, layer-wise lr decay -----------------------------------------------
 
-RECIPE = dict(opt="adamw", lr=1e-3, batch_size=512, warmup_lr=1e-6, min_lr=1e-5, scale_warmup_min_lr=False,
-              weight_decay=0.05)
+RECIPE = dict(
+    opt="adamw", lr=1e-3, batch_size=512, warmup_lr=1e-6, min_lr=1e-5, scale_warmup_min_lr=False, weight_decay=0.05
+)
 
 
 @pytest.mark.parametrize(("name", "extra"), MODELS)
@@ -261,8 +300,9 @@ def test_reset_classifier_weight_decay_sets_and_layer_decay_groups(name, extra):
     exempt = model.no_weight_decay()
     assert exempt == {"pos_embed", "cls_token", "reg_token", "dist_token"}  # timm's ViT set
     by_id = {id(p): n for n, p in names.items()}
-    no_decay = {by_id[id(p)] for g in build_optimizer(model, RECIPE).param_groups if g["weight_decay"] == 0
-                for p in g["params"]}
+    no_decay = {
+        by_id[id(p)] for g in build_optimizer(model, RECIPE).param_groups if g["weight_decay"] == 0 for p in g["params"]
+    }
     assert no_decay == {n for n, p in names.items() if p.ndim <= 1 or n.endswith(".bias") or n in exempt}
 
     groups = timm.optim.create_optimizer_v2(model, "adamw", lr=1e-3, layer_decay=0.75).param_groups
@@ -274,21 +314,26 @@ def test_reset_classifier_weight_decay_sets_and_layer_decay_groups(name, extra):
 
 # -- 7. weights through pretrained=True ------------------------------------------------------------
 
+
 @pytest.mark.parametrize(("name", "extra"), MODELS)
 def test_pretrained_true_loads_a_given_safetensors_file_to_identical_outputs(name, extra, tmp_path):
     trained = small(name, extra)
     path = tmp_path / "model.safetensors"
     save_file(trained.state_dict(), str(path))
     torch.manual_seed(99)
-    loaded = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(path), num_classes=10),
-                               **{**SMALL, **extra}).eval()
+    loaded = timm.create_model(
+        name, pretrained=True, pretrained_cfg_overlay=dict(file=str(path), num_classes=10), **{**SMALL, **extra}
+    ).eval()
     with torch.no_grad():
         assert torch.equal(loaded(image()), trained(image()))
 
 
 def test_pretrained_true_without_a_source_is_one_clear_error():
-    with pytest.raises(BadInput, match="no pretrained weights are published for vca_deit_tiny_patch16_224; "
-                                       "pass your own with pretrained_cfg_overlay=dict\\(file="):
+    with pytest.raises(
+        BadInput,
+        match="no pretrained weights are published for vca_deit_tiny_patch16_224; "
+        "pass your own with pretrained_cfg_overlay=dict\\(file=",
+    ):
         timm.create_model("vca_deit_tiny_patch16_224", pretrained=True)
 
 
@@ -296,9 +341,12 @@ def test_pretrained_true_without_a_source_is_one_clear_error():
 # (timm's tests/test_models.py; our ViTs are of its deit* kind, whose features are tokens). Shapes at the registered
 # size on the meta device, two blocks: nothing is computed.
 
+
 def test_every_registered_model_is_checked_here_or_in_test_timm_hierarchical():
     from timm.models._registry import _model_entrypoints
+
     from test_timm_hierarchical import SMALL as HIERARCHICAL
+
     ours = {n for n, fn in _model_entrypoints.items() if fn.__module__.startswith("vcarepro.")}
     assert ours == set(ONE_PER_NAME) | set(HIERARCHICAL)
 
@@ -341,13 +389,20 @@ def test_cfg_names_head_widths_device_dtype_and_frozen_weights_as_timm_expects(n
     assert not [n for n, p in frozen.named_parameters() if p.requires_grad]
 
 
-@pytest.mark.parametrize(("name", "extra"), [(n, e) for n, e in ONE_PER_NAME.items() if "flatten" not in n],
-                         ids=[n for n in ONE_PER_NAME if "flatten" not in n])
+@pytest.mark.parametrize(
+    ("name", "extra"),
+    [(n, e) for n, e in ONE_PER_NAME.items() if "flatten" not in n],
+    ids=[n for n in ONE_PER_NAME if "flatten" not in n],
+)
 def test_the_fx_traced_vit_scripts_as_timm_builds_it(name, extra):
     from torchvision.models.feature_extraction import create_feature_extractor as torchvision_feature_extractor
+
     model = small(name, extra)
-    tracer = dict(leaf_modules=timm.models.get_notrace_modules(),
-                  autowrap_functions=timm.models.get_notrace_functions(), param_shapes_constant=True)
+    tracer = dict(
+        leaf_modules=timm.models.get_notrace_modules(),
+        autowrap_functions=timm.models.get_notrace_functions(),
+        param_shapes_constant=True,
+    )
     scripted = torch.jit.script(torchvision_feature_extractor(model, return_nodes=["head"], tracer_kwargs=tracer))
     with torch.no_grad():
         torch.testing.assert_close(scripted(image())["head"], model(image()), rtol=0, atol=1e-6)

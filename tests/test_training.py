@@ -1,4 +1,5 @@
 """The training loops themselves: precision, torch.compile, checkpoint contents and resume."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vcarepro.params.config import compose
-from vcarepro.data.embedded import export_digits
 from vcarepro.core.io import write_manifest
+from vcarepro.data.embedded import export_digits
+from vcarepro.params.config import compose
 from vcarepro.params.runs import cls_run
 from vcarepro.train.checkpoint import load_checkpoint
 from vcarepro.train.classification import ClassifierSpec, train_classifier
@@ -46,8 +47,17 @@ def tiny_cls(embedded, **recipe):
 
 
 def train_cls(spec, recipe, digits, tmp, **kw):
-    return train_classifier(spec=spec, recipe=recipe, data_root=digits, seed=0, out_dir=tmp / "out",
-                            ckpt_dir=tmp / "ckpt", info=CPU, fingerprint="f", **kw)
+    return train_classifier(
+        spec=spec,
+        recipe=recipe,
+        data_root=digits,
+        seed=0,
+        out_dir=tmp / "out",
+        ckpt_dir=tmp / "ckpt",
+        info=CPU,
+        fingerprint="f",
+        **kw,
+    )
 
 
 def test_precision_names_are_checked_and_only_fp16_scales_the_loss():
@@ -79,8 +89,16 @@ def test_an_interrupted_classifier_resumes_to_the_same_weights(tmp_path, digits,
 def test_a_checkpoint_of_other_settings_is_not_resumed(tmp_path, digits, embedded, one_torch_thread):
     spec, recipe = tiny_cls(embedded)
     train_cls(spec, recipe, digits, tmp_path, max_steps=1)
-    figures = train_classifier(spec=spec, recipe=recipe, data_root=digits, seed=0, out_dir=tmp_path / "out",
-                               ckpt_dir=tmp_path / "ckpt", info=CPU, fingerprint="other")
+    figures = train_classifier(
+        spec=spec,
+        recipe=recipe,
+        data_root=digits,
+        seed=0,
+        out_dir=tmp_path / "out",
+        ckpt_dir=tmp_path / "ckpt",
+        info=CPU,
+        fingerprint="other",
+    )
     assert figures["epoch"] == 2 and load_checkpoint(tmp_path / "ckpt" / "last.pt")["fingerprint"] == "other"
 
 
@@ -105,17 +123,29 @@ def test_bf16_and_compiled_steps_train_and_save_plain_state_dicts(tmp_path, digi
 
 def test_generator_fp16_and_compile_paths_write_scaler_state(tmp_path, embedded, one_torch_thread):
     from safetensors.torch import save_file
+
     g = torch.Generator().manual_seed(0)
     data = tmp_path / "gen"
     data.mkdir()
-    save_file({"inputs": torch.randn(32, 1, 8, 8, generator=g), "labels": torch.arange(32) % 10},
-              str(data / "train.safetensors"))
+    save_file(
+        {"inputs": torch.randn(32, 1, 8, 8, generator=g), "labels": torch.arange(32) % 10},
+        str(data / "train.safetensors"),
+    )
     (data / "meta.json").write_text('{"kind": "pixels"}')
     write_manifest(data)  # as prepare_gen does
     spec = GeneratorSpec("dit_s2", "vca", {}, dict(embedded["gen_shape"], depth=1, hidden_size=32))
     recipe = dict(embedded["gen_recipe"], steps=2, batch_size=8, ckpt_every=2, precision="fp16", compile="eager")
-    figures = train_generator(spec=spec, objective="ddpm", recipe=recipe, data_root=data, seed=0,
-                              out_dir=tmp_path / "out", ckpt_dir=tmp_path / "ckpt", info=CPU, fingerprint="f")
+    figures = train_generator(
+        spec=spec,
+        objective="ddpm",
+        recipe=recipe,
+        data_root=data,
+        seed=0,
+        out_dir=tmp_path / "out",
+        ckpt_dir=tmp_path / "ckpt",
+        info=CPU,
+        fingerprint="f",
+    )
     assert figures["steps"] == 2
     assert load_checkpoint(tmp_path / "ckpt" / "last.pt")["scaler"]["scale"] > 0
     assert Path(tmp_path / "out" / "model_ema.safetensors").is_file()
@@ -125,8 +155,12 @@ def test_the_train_step_benchmark_projects_a_full_run_from_its_step_time(one_tor
     from vcarepro.tools.bench.train_step import bench_gen_step
 
     row = bench_gen_step("sit_s8-vca", batch=2, device="cpu", precision="fp32", min_run_time=0.2)
-    assert (row["objective"], row["model"]["arch"], row["global_batch"], row["recipe_steps"]) == \
-        ("flow", "dit_s8", 256, 400_000)
+    assert (row["objective"], row["model"]["arch"], row["global_batch"], row["recipe_steps"]) == (
+        "flow",
+        "dit_s8",
+        256,
+        400_000,
+    )
     assert row["projected_device_hours"] == pytest.approx(400_000 * 128 * row["ms_per_step"] / 1e3 / 3600)
 
 
@@ -152,8 +186,9 @@ def test_dit_batches_walk_shuffled_epochs_dealt_disjointly_to_ranks():
     assert len(seen) == 8 and len(set(seen.tolist())) == 8  # disjoint across ranks, no repeats in an epoch
     epoch1 = torch.cat([epoch_batch(2, n=11, per_rank=2, info=info, seed=0) for info in ranks])
     assert not torch.equal(epoch1, torch.cat([epoch0[0][:2], epoch0[1][:2]]))  # a new permutation each epoch
-    assert torch.equal(epoch_batch(3, n=11, per_rank=2, info=ranks[0], seed=0),
-                       epoch_batch(3, n=11, per_rank=2, info=ranks[0], seed=0))  # a function of the step alone
+    assert torch.equal(
+        epoch_batch(3, n=11, per_rank=2, info=ranks[0], seed=0), epoch_batch(3, n=11, per_rank=2, info=ranks[0], seed=0)
+    )  # a function of the step alone
     assert not torch.equal(epoch_batch(0, n=11, per_rank=2, info=ranks[0], seed=1), epoch0[0][:2])
 
 
@@ -192,8 +227,13 @@ def test_seeds_trained_in_forked_workers_equal_seeds_trained_one_after_another(t
     # in fresh processes: a process that has run autograd cannot fork workers that do (torch's
     # "Autograd and Fork"); a stage forks before any backward, and so does this script
     def run(name, processes):
-        result = subprocess.run([sys.executable, "-c", SEEDS_SCRIPT, str(digits), str(tmp_path / name), str(processes)],
-                                capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        result = subprocess.run(
+            [sys.executable, "-c", SEEDS_SCRIPT, str(digits), str(tmp_path / name), str(processes)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+        )
         assert result.returncode == 0, result.stderr[-2000:]
         return result
 
@@ -205,8 +245,9 @@ def test_seeds_trained_in_forked_workers_equal_seeds_trained_one_after_another(t
     for seed in (0, 1, 2):  # one thread each way: the same arithmetic, so the same weights and history
         a, b = (load_file(str(tmp_path / d / f"out{seed}" / "model.safetensors")) for d in ("a", "b"))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-        assert (tmp_path / "a" / f"out{seed}" / "history.json").read_text() == \
-            (tmp_path / "b" / f"out{seed}" / "history.json").read_text()
+        assert (tmp_path / "a" / f"out{seed}" / "history.json").read_text() == (
+            tmp_path / "b" / f"out{seed}" / "history.json"
+        ).read_text()
     summary = (tmp_path / "b" / "live" / "metrics.json").read_text()
     assert '"seed_2"' in summary and '"train_seconds"' not in summary  # a wall time is in no DVC output
     seconds = json.loads((tmp_path / "timings" / tmp_path.name / "b.json").read_text())["train_seconds"]
@@ -217,8 +258,11 @@ def _forked_children(pid: int) -> list:
     """The live processes forked from ``pid`` (same command line), oldest first."""
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    forked = [int(c) for c in children if Path(f"/proc/{c}/cmdline").is_file()
-              and Path(f"/proc/{c}/cmdline").read_bytes() == cmdline]
+    forked = [
+        int(c)
+        for c in children
+        if Path(f"/proc/{c}/cmdline").is_file() and Path(f"/proc/{c}/cmdline").read_bytes() == cmdline
+    ]
     return sorted(forked, key=lambda c: int(Path(f"/proc/{c}/stat").read_text().rsplit(")", 1)[1].split()[19]))
 
 
@@ -285,19 +329,22 @@ def test_a_seed_whose_worker_fails_is_trained_by_the_stage_with_the_reason_said(
     assert "run: seeds 1 (ValueError: no data for seed 1) did not finish in a worker" in capsys.readouterr().err
 
 
-def test_a_rerun_after_a_finished_checkpoint_replays_the_logs_and_returns_the_figures(tmp_path, digits, embedded,
-                                                                                      one_torch_thread):
+def test_a_rerun_after_a_finished_checkpoint_replays_the_logs_and_returns_the_figures(
+    tmp_path, digits, embedded, one_torch_thread
+):
     spec, recipe = tiny_cls(embedded)
     first_log, again_log = RecordingLive(), RecordingLive()
     first = train_cls(spec, recipe, digits, tmp_path, live=first_log)
     again = train_cls(spec, recipe, digits, tmp_path, live=again_log)  # DVC deleted the logs, not the checkpoint
     assert again_log.logged == first_log.logged and {s for s, _, _ in again_log.logged} == {1, 2}
-    assert {k: v for k, v in again.items() if k != "train_seconds"} == \
-        {k: v for k, v in first.items() if k != "train_seconds"}
+    assert {k: v for k, v in again.items() if k != "train_seconds"} == {
+        k: v for k, v in first.items() if k != "train_seconds"
+    }
 
 
 def test_a_diverging_classifier_stops_at_once_naming_the_step_and_keeps_its_last_good_checkpoint(
-        tmp_path, digits, embedded, one_torch_thread):
+    tmp_path, digits, embedded, one_torch_thread
+):
     from vcarepro.train.classification import NonFiniteLossError
 
     spec, recipe = tiny_cls(embedded)
@@ -305,8 +352,16 @@ def test_a_diverging_classifier_stops_at_once_naming_the_step_and_keeps_its_last
     good = (tmp_path / "ckpt" / "last.pt").read_bytes()
     # other settings (fingerprint "b"): trained afresh, and diverging within its first epoch
     with pytest.raises(NonFiniteLossError, match=r"became (nan|inf|-inf) at epoch 0, batch \d+; lower the learning"):
-        train_classifier(spec=spec, recipe=dict(recipe, lr=1e30, warmup_epochs=0), data_root=digits, seed=0,
-                         out_dir=tmp_path / "out2", ckpt_dir=tmp_path / "ckpt", info=CPU, fingerprint="b")
+        train_classifier(
+            spec=spec,
+            recipe=dict(recipe, lr=1e30, warmup_epochs=0),
+            data_root=digits,
+            seed=0,
+            out_dir=tmp_path / "out2",
+            ckpt_dir=tmp_path / "ckpt",
+            info=CPU,
+            fingerprint="b",
+        )
     assert (tmp_path / "ckpt" / "last.pt").read_bytes() == good and not (tmp_path / "out2").exists()
 
 
@@ -323,6 +378,15 @@ def test_a_diverging_generator_stops_at_once(tmp_path, embedded, one_torch_threa
     spec = GeneratorSpec("dit_s2", "mhsa", {}, dict(embedded["gen_shape"], depth=1, hidden_size=32))
     recipe = dict(embedded["gen_recipe"], steps=20, batch_size=8, ckpt_every=100, lr=1e30)
     with pytest.raises(NonFiniteLossError, match=r"at step \d+; lower the learning rate"):
-        train_generator(spec=spec, objective="ddpm", recipe=recipe, data_root=data, seed=0, out_dir=tmp_path / "out",
-                        ckpt_dir=tmp_path / "ckpt", info=CPU, fingerprint="f")
+        train_generator(
+            spec=spec,
+            objective="ddpm",
+            recipe=recipe,
+            data_root=data,
+            seed=0,
+            out_dir=tmp_path / "out",
+            ckpt_dir=tmp_path / "ckpt",
+            info=CPU,
+            fingerprint="f",
+        )
     assert not (tmp_path / "out").exists() and not (tmp_path / "ckpt" / "last.pt").exists()

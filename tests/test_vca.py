@@ -1,4 +1,5 @@
 """Visual-Contrast Attention, specified by its equations (issue 2)."""
+
 from __future__ import annotations
 
 import math
@@ -9,7 +10,7 @@ import torch.nn.functional as F
 
 from vcarepro.attention import VisualContrastAttention, lambda_init_for_layer
 
-DIM, HEADS = 48, 3          # head_dim 16: small, even (the diff ablation halves it)
+DIM, HEADS = 48, 3  # head_dim 16: small, even (the diff ablation halves it)
 GRID, CONTRAST = (8, 6), (4, 3)
 # contrast grids that do not divide the patch grid: overlapping adaptive windows (PVT's 9 tokens on 56x56)
 UNEVEN = [((8, 6), (3, 4)), ((7, 7), (3, 3)), ((5, 9), (2, 4))]
@@ -26,11 +27,20 @@ VARIANTS = {
 }
 
 
-def make_vca(prefix: int = 1, layer_index: int = 2, seed: int = 0, grid=GRID, contrast=CONTRAST,
-             **kw) -> VisualContrastAttention:
+def make_vca(
+    prefix: int = 1, layer_index: int = 2, seed: int = 0, grid=GRID, contrast=CONTRAST, **kw
+) -> VisualContrastAttention:
     torch.manual_seed(seed)
-    attn = VisualContrastAttention(DIM, HEADS, grid_size=grid, num_prefix_tokens=prefix,
-                                   contrast_tokens=contrast, layer_index=layer_index, qkv_bias=True, **kw)
+    attn = VisualContrastAttention(
+        DIM,
+        HEADS,
+        grid_size=grid,
+        num_prefix_tokens=prefix,
+        contrast_tokens=contrast,
+        layer_index=layer_index,
+        qkv_bias=True,
+        **kw,
+    )
     # RMSNorm weights and the conv start at constants; perturb them so a swapped
     # or dropped weight shows up in the comparisons below.
     with torch.no_grad():
@@ -202,8 +212,9 @@ def test_separate_softmax_is_two_softmaxes_and_joint_is_one():
         expected_sep = (1 - m_sep.lambda_init) * rms((a_pos - lam2 * a_neg) @ v_hat, m_sep.stage2_norm.weight)
         a = torch.softmax(q @ torch.cat([t_pos, t_neg], 2).transpose(-1, -2) * scale, -1)
         n = t_pos.shape[2]
-        expected_joint = (1 - m_joint.lambda_init) * rms((a[..., :n] - lam2 * a[..., n:]) @ v_hat,
-                                                        m_joint.stage2_norm.weight)
+        expected_joint = (1 - m_joint.lambda_init) * rms(
+            (a[..., :n] - lam2 * a[..., n:]) @ v_hat, m_joint.stage2_norm.weight
+        )
     torch.testing.assert_close(sep, expected_sep, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(joint, expected_joint, rtol=1e-4, atol=1e-5)
 
@@ -261,9 +272,13 @@ def test_prefix_tokens_get_no_local_term():
 
 # -- clear errors for bad configuration ------------------------------------------------------
 
+
 def test_contrast_grid_larger_than_the_patch_grid_is_refused():
-    with pytest.raises(ValueError, match=r"7x7 contrast-token grid is larger than the 4x4 patch grid.*"
-                                         r"contrast_tokens=16"):
+    with pytest.raises(
+        ValueError,
+        match=r"7x7 contrast-token grid is larger than the 4x4 patch grid.*"
+        r"contrast_tokens=16",
+    ):
         VisualContrastAttention(DIM, HEADS, grid_size=4, contrast_tokens=49)
     # a resize that shrinks the grid below the contrast grid is refused the same way
     m = VisualContrastAttention(DIM, HEADS, grid_size=14, contrast_tokens=49)
@@ -286,8 +301,14 @@ def test_lambda_vectors_are_one_dimensional_and_escape_weight_decay_while_embedd
     decayed = {names[id(p)] for g in groups if g["weight_decay"] > 0 for p in g["params"]}
     exempt = {names[id(p)] for g in groups if g["weight_decay"] == 0 for p in g["params"]}
     assert decayed == {"qkv.weight", "embed_pos", "embed_neg", "local_conv.weight", "proj.weight"}
-    assert exempt == {"qkv.bias", "local_conv.bias", "proj.bias", "stage1_norm.weight", "stage2_norm.weight",
-                      *(f"lambda{s}.{v}" for s in (1, 2) for v in ("q1", "k1", "q2", "k2"))}
+    assert exempt == {
+        "qkv.bias",
+        "local_conv.bias",
+        "proj.bias",
+        "stage1_norm.weight",
+        "stage2_norm.weight",
+        *(f"lambda{s}.{v}" for s in (1, 2) for v in ("q1", "k1", "q2", "k2")),
+    }
 
 
 def test_non_square_contrast_count_is_refused():
@@ -301,11 +322,14 @@ def test_token_count_that_is_not_prefix_plus_grid_is_refused():
         m(torch.randn(1, 50, DIM))
 
 
-@pytest.mark.parametrize("kw, pattern", [
-    (dict(stage1="vac"), "unknown stage1 'vac'"),
-    (dict(tokens_neg="pooled"), "unknown tokens_neg 'pooled'"),
-    (dict(stage2_softmax="both"), "unknown stage2_softmax 'both'"),
-])
+@pytest.mark.parametrize(
+    "kw, pattern",
+    [
+        (dict(stage1="vac"), "unknown stage1 'vac'"),
+        (dict(tokens_neg="pooled"), "unknown tokens_neg 'pooled'"),
+        (dict(stage2_softmax="both"), "unknown stage2_softmax 'both'"),
+    ],
+)
 def test_unknown_switch_values_are_refused(kw, pattern):
     with pytest.raises(ValueError, match=pattern):
         VisualContrastAttention(DIM, HEADS, grid_size=GRID, contrast_tokens=CONTRAST, **kw)

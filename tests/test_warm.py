@@ -1,4 +1,5 @@
 """The warm runner: a stage's command behaves as in a fresh interpreter, only its start-up is shared."""
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,14 @@ def script(tmp_path):
 
 
 def run(args, cwd, **env):
-    return subprocess.run([sys.executable, str(RUN), *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                          env={**ENV, **env}, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(RUN), *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**ENV, **env},
+        timeout=300,
+    )
 
 
 def test_output_directory_environment_arguments_and_exit_status_are_the_callers(script, tmp_path):
@@ -75,8 +82,13 @@ def test_without_the_server_a_sigterm_to_the_command_reaches_the_stage(script, t
     """VCAREPRO_WARM=0 (a cluster job): the stage replaces stages/run.py, so the SIGTERM that a job, DVC or a
     terminal sends to the process it started stops the stage; a client waiting on a child died of it instead."""
     marker = tmp_path / "stopped.txt"
-    proc = subprocess.Popen([sys.executable, str(RUN), str(script), "sleep", str(marker)], cwd=tmp_path,
-                            env={**ENV, "VCAREPRO_WARM": "0"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, str(RUN), str(script), "sleep", str(marker)],
+        cwd=tmp_path,
+        env={**ENV, "VCAREPRO_WARM": "0"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     beat = Path(str(marker) + ".beat")
     deadline = time.monotonic() + 60
     while not beat.exists() and time.monotonic() < deadline:
@@ -99,8 +111,13 @@ def wait_for(path: Path, timeout: float = 120.0) -> None:
 
 def test_sigterm_reaches_the_command_which_ends_as_it_chooses(script, tmp_path):
     marker = tmp_path / "marker"
-    client = subprocess.Popen([sys.executable, str(RUN), str(script), "sleep", str(marker)], cwd=tmp_path, env=ENV,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    client = subprocess.Popen(
+        [sys.executable, str(RUN), str(script), "sleep", str(marker)],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     wait_for(Path(str(marker) + ".beat"))
     client.send_signal(signal.SIGTERM)
     assert client.wait(timeout=60) == 143 and marker.read_text() == "stopped"
@@ -109,8 +126,13 @@ def test_sigterm_reaches_the_command_which_ends_as_it_chooses(script, tmp_path):
 def test_a_killed_client_takes_its_command_with_it(script, tmp_path):
     marker = tmp_path / "marker"
     beat = Path(str(marker) + ".beat")
-    client = subprocess.Popen([sys.executable, str(RUN), str(script), "sleep", str(marker)], cwd=tmp_path, env=ENV,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    client = subprocess.Popen(
+        [sys.executable, str(RUN), str(script), "sleep", str(marker)],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     wait_for(beat)
     client.kill()
     client.wait(timeout=60)
@@ -144,12 +166,15 @@ def test_an_edited_launcher_gets_a_new_server(tmp_path, monkeypatch):
 def test_the_client_imports_neither_the_library_nor_torch():
     """stages/run.py and its client load neither torch nor the package beyond the numerics profile and the
     supervisor (both torch-free, standard library only): the rest only the server and a fresh stage do."""
-    probe = ("import sys; "
-             f"sys.path.insert(0, {str(ROOT / 'stages')!r}); import run; "
-             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vcarepro', 'numpy')))")
+    probe = (
+        "import sys; "
+        f"sys.path.insert(0, {str(ROOT / 'stages')!r}); import run; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vcarepro', 'numpy')))"
+    )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
-    assert result.stdout.strip() == str(["vcarepro", "vcarepro.core", "vcarepro.core.numerics",
-                                         "vcarepro.core.supervise"])
+    assert result.stdout.strip() == str(
+        ["vcarepro", "vcarepro.core", "vcarepro.core.numerics", "vcarepro.core.supervise"]
+    )
 
 
 def test_the_socket_lives_in_a_folder_only_this_user_can_enter(monkeypatch, tmp_path):
@@ -164,14 +189,30 @@ def test_the_socket_lives_in_a_folder_only_this_user_can_enter(monkeypatch, tmp_
 def test_the_key_covers_what_torch_reads_at_import_and_not_what_varies_from_stage_to_stage():
     base = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "2", "DVC_STAGE": "train_cls@a", "PWD": "/repo"}
     key = warm.server_key(base)
-    for name, value in [("OMP_NUM_THREADS", "1"), ("MKL_NUM_THREADS", "1"), ("OPENBLAS_NUM_THREADS", "1"),
-                        ("MKL_CBWR", "COMPATIBLE"), ("MKL_ENABLE_INSTRUCTIONS", "AVX2"), ("MKL_DEBUG_CPU_TYPE", "5"),
-                        ("ONEDNN_MAX_CPU_ISA", "AVX2"), ("DNNL_MAX_CPU_ISA", "AVX2"),
-                        ("ONEDNN_DEFAULT_FPMATH_MODE", "BF16"), ("KMP_AFFINITY", "compact"), ("GOMP_SPINCOUNT", "0"),
-                        ("OMP_PROC_BIND", "true"), ("TORCH_LOGS", "+dynamo"), ("TORCHINDUCTOR_CACHE_DIR", "/c"),
-                        ("PYTORCH_JIT", "0"), ("CUDA_VISIBLE_DEVICES", ""), ("ATEN_CPU_CAPABILITY", "default"),
-                        ("TIMM_FUSED_ATTN", "0"), ("HF_HUB_OFFLINE", "1"), ("PYTHONHASHSEED", "0"),
-                        ("LD_PRELOAD", "/lib/x.so"), ("LD_LIBRARY_PATH", "/opt/lib")]:
+    for name, value in [
+        ("OMP_NUM_THREADS", "1"),
+        ("MKL_NUM_THREADS", "1"),
+        ("OPENBLAS_NUM_THREADS", "1"),
+        ("MKL_CBWR", "COMPATIBLE"),
+        ("MKL_ENABLE_INSTRUCTIONS", "AVX2"),
+        ("MKL_DEBUG_CPU_TYPE", "5"),
+        ("ONEDNN_MAX_CPU_ISA", "AVX2"),
+        ("DNNL_MAX_CPU_ISA", "AVX2"),
+        ("ONEDNN_DEFAULT_FPMATH_MODE", "BF16"),
+        ("KMP_AFFINITY", "compact"),
+        ("GOMP_SPINCOUNT", "0"),
+        ("OMP_PROC_BIND", "true"),
+        ("TORCH_LOGS", "+dynamo"),
+        ("TORCHINDUCTOR_CACHE_DIR", "/c"),
+        ("PYTORCH_JIT", "0"),
+        ("CUDA_VISIBLE_DEVICES", ""),
+        ("ATEN_CPU_CAPABILITY", "default"),
+        ("TIMM_FUSED_ATTN", "0"),
+        ("HF_HUB_OFFLINE", "1"),
+        ("PYTHONHASHSEED", "0"),
+        ("LD_PRELOAD", "/lib/x.so"),
+        ("LD_LIBRARY_PATH", "/opt/lib"),
+    ]:
         assert warm.server_key({**base, name: value}) != key, name
     assert warm.server_key({**base, "DVC_STAGE": "train_gen@b", "PWD": "/elsewhere", "PROBE": "1"}) == key
 
@@ -194,8 +235,14 @@ def test_clients_with_different_thread_settings_each_get_a_server_of_their_own(t
     try:
         seen = []
         for threads in ("1", "2", "1", "2"):  # the second of each runs in the server the first one started
-            result = subprocess.run([sys.executable, str(RUN), str(probe)], cwd=tmp_path, capture_output=True,
-                                    text=True, timeout=300, env={**env, "TMPDIR": str(folder), "OMP_NUM_THREADS": threads})
+            result = subprocess.run(
+                [sys.executable, str(RUN), str(probe)],
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env={**env, "TMPDIR": str(folder), "OMP_NUM_THREADS": threads},
+            )
             assert result.returncode == 0, result.stderr[-2000:]
             count, warmed, server = result.stdout.split()
             servers.add(int(server))

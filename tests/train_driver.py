@@ -6,6 +6,7 @@ WORKDIR holds the data (prepared on first use) and receives ``ckpt/`` and ``out/
 Each run is small enough for CPU tests and long enough (a few seconds, several
 checkpoints) for a signal to land mid-training.
 """
+
 from __future__ import annotations
 
 import sys
@@ -13,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from vcarepro.params.config import compose
-from vcarepro.data.embedded import export_digits
 from vcarepro.core.io import write_manifest
+from vcarepro.data.embedded import export_digits
+from vcarepro.params.config import compose
 from vcarepro.params.runs import cls_run
 from vcarepro.train.classification import ClassifierSpec, train_classifier
 from vcarepro.train.distributed import DistInfo
@@ -33,13 +34,22 @@ def main(branch: str, workdir: Path, seed: int = 0) -> None:
     common = dict(seed=seed, out_dir=workdir / "out", ckpt_dir=workdir / "ckpt", info=CPU, fingerprint="driver")
     if branch == "cls":
         spec = ClassifierSpec("deit_tiny", "vca", {}, dict(params["cls_shape"], depth=1, embed_dim=32))
-        recipe = dict(cls_run(params, "deit_tiny-vca").recipe, epochs=8, batch_size=64, workers=1, hflip=0.5,
-                      reprob=0.25, train_augment=True, cache_images=False)  # augmented: its streams must resume
+        recipe = dict(
+            cls_run(params, "deit_tiny-vca").recipe,
+            epochs=8,
+            batch_size=64,
+            workers=1,
+            hflip=0.5,
+            reprob=0.25,
+            train_augment=True,
+            cache_images=False,
+        )  # augmented: its streams must resume
         figures = train_classifier(spec=spec, recipe=recipe, data_root=data, **common)
     else:
         from safetensors.torch import save_file
 
         from vcarepro.data.pixels import load_split_pixels
+
         gen = workdir / "gen"
         if not (gen / "meta.json").is_file():
             gen.mkdir(exist_ok=True)
@@ -55,6 +65,7 @@ def main(branch: str, workdir: Path, seed: int = 0) -> None:
 
 if __name__ == "__main__":
     from vcarepro.train.preemption import Preempted
+
     try:
         main(sys.argv[1], Path(sys.argv[2]), *map(int, sys.argv[3:]))
     except Preempted as stop:

@@ -30,8 +30,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Type, Union
 import torch.nn as nn
 from timm.layers import Attention, DiffAttention
 
-from vcarepro.core.choices import ATTENTIONS, CONTROLS, FAMILY, POOLED_TOKEN_OPTION
 from vcarepro.attention.vca import VisualContrastAttention, lambda_init_for_layer
+from vcarepro.core.choices import ATTENTIONS, CONTROLS, FAMILY, POOLED_TOKEN_OPTION
 from vcarepro.core.errors import BadInput
 
 FLOOR = 1
@@ -49,7 +49,6 @@ _LAYER_PATHS = {
 _TIMM_LAYERS = {"mhsa": Attention, "diff": DiffAttention}
 
 
-
 def attention_class(name: str) -> Type[nn.Module]:
     """The attention class for ``name``; a clear error for an unknown one."""
     if name in _TIMM_LAYERS:
@@ -60,8 +59,20 @@ def attention_class(name: str) -> Type[nn.Module]:
     return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
 
 
-_LAYOUT_AND_COMMON = ("self", "dim", "num_heads", "grid_size", "num_prefix_tokens", "layer_index", "qkv_bias",
-                      "qk_norm", "proj_bias", "attn_drop", "proj_drop", "norm_layer")
+_LAYOUT_AND_COMMON = (
+    "self",
+    "dim",
+    "num_heads",
+    "grid_size",
+    "num_prefix_tokens",
+    "layer_index",
+    "qkv_bias",
+    "qk_norm",
+    "proj_bias",
+    "attn_drop",
+    "proj_drop",
+    "norm_layer",
+)
 
 
 def attention_options(name: str) -> Tuple[str, ...]:
@@ -100,18 +111,44 @@ def build_attention(
     unknown = sorted(set(options) - set(attention_options(name)))
     if unknown:
         known = attention_options(name)
-        raise BadInput(f"{', '.join(unknown)} {'is not an option' if len(unknown) == 1 else 'are not options'} of "
-                       f"attention {name!r}; " + (f"choose from {', '.join(known)}." if known else "it has none."))
-    common = dict(qkv_bias=qkv_bias, qk_norm=qk_norm, proj_bias=proj_bias, attn_drop=attn_drop,
-                  proj_drop=proj_drop, norm_layer=norm_layer)
+        raise BadInput(
+            f"{', '.join(unknown)} {'is not an option' if len(unknown) == 1 else 'are not options'} of "
+            f"attention {name!r}; " + (f"choose from {', '.join(known)}." if known else "it has none.")
+        )
+    common = dict(
+        qkv_bias=qkv_bias,
+        qk_norm=qk_norm,
+        proj_bias=proj_bias,
+        attn_drop=attn_drop,
+        proj_drop=proj_drop,
+        norm_layer=norm_layer,
+    )
     if name in _TIMM_LAYERS:
         if name == "diff":  # lambda_init follows depth, as in the Differential Transformer
             return cls(dim, num_heads=num_heads, depth=layer_index, **common)
         return cls(dim, num_heads=num_heads, **common)
-    return cls(dim, num_heads, grid_size=grid_size, num_prefix_tokens=num_prefix_tokens, layer_index=layer_index,
-               **common, **options)
+    return cls(
+        dim,
+        num_heads,
+        grid_size=grid_size,
+        num_prefix_tokens=num_prefix_tokens,
+        layer_index=layer_index,
+        **common,
+        **options,
+    )
 
 
-__all__ = ["ATTENTIONS", "Attention", "CONTROLS", "DiffAttention", "FAMILY",
-           "POOLED_TOKEN_OPTION", "VisualContrastAttention", "all_attention_options", "attention_class", "attention_options", "build_attention",
-           "lambda_init_for_layer"]
+__all__ = [
+    "ATTENTIONS",
+    "Attention",
+    "CONTROLS",
+    "DiffAttention",
+    "FAMILY",
+    "POOLED_TOKEN_OPTION",
+    "VisualContrastAttention",
+    "all_attention_options",
+    "attention_class",
+    "attention_options",
+    "build_attention",
+    "lambda_init_for_layer",
+]

@@ -54,14 +54,23 @@ with ``F.adaptive_avg_pool2d``; the reference path materialises the n x N and
 N x n attention maps with the biases added to the logits, and pools with an
 explicit window-averaging matrix. Tests hold them equal.
 """
+
 from typing import Any, Dict, Optional, Sequence, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import trunc_normal_, use_fused_attn
-from vcarepro.attention.grid import (GridAttention, check_layer_args, check_token_count, check_unmasked, patch_grid,
-                                     pooling_matrix, token_grid)
+
+from vcarepro.attention.grid import (
+    GridAttention,
+    check_layer_args,
+    check_token_count,
+    check_unmasked,
+    patch_grid,
+    pooling_matrix,
+    token_grid,
+)
 from vcarepro.core.errors import BadInput
 
 # Agent tokens per layer: ``AgentAttention(agent_num=49)`` in agent_deit.py, and
@@ -91,10 +100,10 @@ OFFICIAL_NAMES = {
 }
 # Biases with one entry per patch row (axis 3) or column (axis 3 / 4 as below): name -> (axis, "rows" | "cols").
 _GRID_BIASES = {
-    "agent_row_bias": (3, "rows"),   # (1, heads, n, H, 1)
-    "agent_col_bias": (4, "cols"),   # (1, heads, n, 1, W)
-    "row_agent_bias": (2, "rows"),   # (1, heads, H, 1, n)
-    "col_agent_bias": (3, "cols"),   # (1, heads, 1, W, n)
+    "agent_row_bias": (3, "rows"),  # (1, heads, n, H, 1)
+    "agent_col_bias": (4, "cols"),  # (1, heads, n, 1, W)
+    "row_agent_bias": (2, "rows"),  # (1, heads, H, 1, n)
+    "col_agent_bias": (3, "cols"),  # (1, heads, 1, W, n)
 }
 
 
@@ -150,7 +159,7 @@ class AgentAttention(GridAttention):
         self.dim = dim
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.num_prefix_tokens = num_prefix_tokens
         self.layer_index = layer_index  # accepted for the common interface; agent attention does not vary with depth
         self.agent_grid = token_grid(agent_tokens, "agent_tokens")
@@ -162,9 +171,7 @@ class AgentAttention(GridAttention):
 
         self._init_qkv(dim, qkv_bias, qk_norm, norm_layer)
         self.attn_drop = nn.Dropout(attn_drop)
-        self.local_conv = (
-            nn.Conv2d(dim, dim, dwc_kernel, padding=dwc_kernel // 2, groups=dim) if dwc_kernel else None
-        )
+        self.local_conv = nn.Conv2d(dim, dim, dwc_kernel, padding=dwc_kernel // 2, groups=dim) if dwc_kernel else None
 
         heads, n, P = num_heads, self.num_agents, num_prefix_tokens
         (H, W), s = self.grid_size, coarse_bias_side
@@ -263,8 +270,9 @@ class AgentAttention(GridAttention):
         coarse_an = F.interpolate(self.agent_patch_bias.to(dtype), size=(H, W), mode="bilinear", align_corners=False)
         coarse_na = F.interpolate(self.patch_agent_bias.to(dtype), size=(H, W), mode="bilinear", align_corners=False)
         agent_to_patch = coarse_an.reshape(1, heads, n, H * W) + (rows_a + cols_a).reshape(1, heads, n, H * W)
-        patch_to_agent = (coarse_na.reshape(1, heads, n, H * W).transpose(-1, -2)
-                          + (rows_n + cols_n).reshape(1, heads, H * W, n))
+        patch_to_agent = coarse_na.reshape(1, heads, n, H * W).transpose(-1, -2) + (rows_n + cols_n).reshape(
+            1, heads, H * W, n
+        )
         agent_prefix, prefix_agent = self.agent_prefix_bias, self.prefix_agent_bias
         if P and agent_prefix is not None and prefix_agent is not None:  # both exist exactly when P > 0
             agent_to_patch = torch.cat([agent_prefix.to(dtype), agent_to_patch], dim=-1)
@@ -275,15 +283,16 @@ class AgentAttention(GridAttention):
         """The n agent tokens (B, heads, n, d): adaptive average pooling of the patch-grid queries."""
         B = q.shape[0]
         (H, W), (h, w) = self.grid_size, self.agent_grid
-        patches = q[:, :, self.num_prefix_tokens:]
+        patches = q[:, :, self.num_prefix_tokens :]
         if reference:  # each agent the plain mean of its window
             return self._pool_matrix.to(q) @ patches
         grid = patches.transpose(-1, -2).reshape(B * self.num_heads, self.head_dim, H, W)
         pooled = F.adaptive_avg_pool2d(grid, (h, w))
         return pooled.reshape(B, self.num_heads, self.head_dim, h * w).transpose(-1, -2)
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor],
-                reference: bool) -> torch.Tensor:
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor], reference: bool
+    ) -> torch.Tensor:
         """softmax(q k^T / sqrt(d) + bias) v: materialised for the reference path, SDPA otherwise."""
         if bias is not None:
             bias = bias.to(q.dtype)
@@ -318,7 +327,7 @@ class AgentAttention(GridAttention):
         agents = self.agents(q, use_reference)
         agent_to_token, token_to_agent = self.position_biases()
 
-        agent_v = self._attend(agents, k, v, agent_to_token, use_reference)   # aggregation: n x N map
+        agent_v = self._attend(agents, k, v, agent_to_token, use_reference)  # aggregation: n x N map
         out = self._attend(q, agents, agent_v, token_to_agent, use_reference)  # broadcast: N x n map
         out = out.transpose(1, 2).reshape(B, N, C)
 

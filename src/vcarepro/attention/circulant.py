@@ -74,6 +74,7 @@ dimension maps every query and key to a constant.
 ``flop_counter_mapping()`` gives torch's FlopCounterMode the cost of the FFT ops, which
 it otherwise counts as zero.
 """
+
 import math
 from typing import Any, Callable, Dict, Literal, Optional, Sequence, Tuple, Type, Union
 
@@ -81,6 +82,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_module
+
 from vcarepro.attention.grid import check_choice, check_token_count, check_unmasked, patch_grid
 from vcarepro.core.errors import BadInput
 
@@ -118,6 +120,7 @@ def shift_table(grid: Tuple[int, int]) -> torch.Tensor:
 
 # -- FLOP counting ------------------------------------------------------------------------
 
+
 def _fft_flops(shape: Sequence[int], dim: Sequence[int], per_point_log2: float) -> int:
     n = math.prod(int(shape[d]) for d in dim)
     transforms = math.prod(int(s) for s in shape) // max(n, 1)
@@ -125,11 +128,11 @@ def _fft_flops(shape: Sequence[int], dim: Sequence[int], per_point_log2: float) 
 
 
 def _r2c_flops(self_shape, dim, normalization=None, onesided=True, out_shape=None, **kwargs) -> int:
-    return _fft_flops(self_shape, dim, REAL_FFT_FLOPS_PER_POINT_LOG2)        # n = the real input's size
+    return _fft_flops(self_shape, dim, REAL_FFT_FLOPS_PER_POINT_LOG2)  # n = the real input's size
 
 
 def _c2r_flops(self_shape, dim, normalization=None, last_dim_size=None, out_shape=None, **kwargs) -> int:
-    return _fft_flops(out_shape, dim, REAL_FFT_FLOPS_PER_POINT_LOG2)         # n = the real output's size
+    return _fft_flops(out_shape, dim, REAL_FFT_FLOPS_PER_POINT_LOG2)  # n = the real output's size
 
 
 def _c2c_flops(self_shape, dim, normalization=None, forward=True, out_shape=None, **kwargs) -> int:
@@ -155,6 +158,7 @@ def _shape_text(x: torch.Tensor) -> str:
 
 
 # -- the layer ------------------------------------------------------------------------------
+
 
 # A leaf for torch.fx (timm's notrace module): its checks and FFT path branch on the input's dtype and shape
 # (the working precision, the (B, N, C) check) and write the qkv bias into one frequency bin in place.
@@ -188,21 +192,24 @@ class CirculantAttention(nn.Module):
     ) -> None:
         super().__init__()
         if not isinstance(channels_per_kernel, int) or channels_per_kernel < 1 or dim % channels_per_kernel:
-            raise BadInput(f"channels_per_kernel={channels_per_kernel} must be a positive divisor of dim={dim}; "
-                           f"the method uses 1.")
+            raise BadInput(
+                f"channels_per_kernel={channels_per_kernel} must be a positive divisor of dim={dim}; the method uses 1."
+            )
         if num_prefix_tokens < 0:
             raise BadInput(f"num_prefix_tokens={num_prefix_tokens} must be >= 0.")
         if qk_norm:
-            raise BadInput("circulant attention does not support qk_norm (with one channel per kernel a norm over "
-                           "it makes every query and key constant); build it with qk_norm=False.")
+            raise BadInput(
+                "circulant attention does not support qk_norm (with one channel per kernel a norm over "
+                "it makes every query and key constant); build it with qk_norm=False."
+            )
         check_choice("logit_divisor", logit_divisor, LOGIT_DIVISORS)
         check_choice("prefix_attention", prefix_attention, PREFIX_ATTENTIONS)
 
         self.dim = dim
         self.head_dim = channels_per_kernel
-        self.num_heads = dim // channels_per_kernel        # kernels, not the num_heads argument (ignored)
+        self.num_heads = dim // channels_per_kernel  # kernels, not the num_heads argument (ignored)
         self.num_prefix_tokens = num_prefix_tokens
-        self.layer_index = layer_index          # accepted for the common interface; unused
+        self.layer_index = layer_index  # accepted for the common interface; unused
         self.logit_divisor = logit_divisor
         self.prefix_attention = prefix_attention
         self.attn_drop_p = attn_drop
@@ -225,9 +232,11 @@ class CirculantAttention(nn.Module):
         (ca_deit.py's ``_init_vit_weights``: trunc_normal std .02, zero bias, for all three)."""
 
     def extra_repr(self) -> str:
-        return (f"grid_size={self.grid_size}, prefix={self.num_prefix_tokens}, head_dim={self.head_dim}, "
-                f"gate={self.gate is not None}, logit_divisor={self.logit_divisor}, "
-                f"prefix_attention={self.prefix_attention}")
+        return (
+            f"grid_size={self.grid_size}, prefix={self.num_prefix_tokens}, head_dim={self.head_dim}, "
+            f"gate={self.gate is not None}, logit_divisor={self.logit_divisor}, "
+            f"prefix_attention={self.prefix_attention}"
+        )
 
     # -- shared pieces ----------------------------------------------------------
 
@@ -237,8 +246,8 @@ class CirculantAttention(nn.Module):
     def logit_scale(self) -> float:
         """rho / sqrt(d): the factor on the plain cross-correlation sum."""
         M = self.grid_size[0] * self.grid_size[1]
-        rho = M ** -0.5 if self.logit_divisor == "sqrt_n" else 1.0 / M
-        return rho * self.head_dim ** -0.5
+        rho = M**-0.5 if self.logit_divisor == "sqrt_n" else 1.0 / M
+        return rho * self.head_dim**-0.5
 
     @staticmethod
     def _work_dtype(x: torch.Tensor) -> torch.dtype:
@@ -254,8 +263,9 @@ class CirculantAttention(nn.Module):
         """Prefix queries over all N tokens, per group of d channels: (B, P, C)."""
         B, P, C = q_prefix.shape
         dropout_p = self.attn_drop_p if self.training else 0.0
-        out = F.scaled_dot_product_attention(self._groups(q_prefix), self._groups(k), self._groups(v),
-                                             dropout_p=dropout_p, scale=self.head_dim ** -0.5)
+        out = F.scaled_dot_product_attention(
+            self._groups(q_prefix), self._groups(k), self._groups(v), dropout_p=dropout_p, scale=self.head_dim**-0.5
+        )
         return out.transpose(1, 2).reshape(B, P, C)
 
     def _finish(self, x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
@@ -271,10 +281,10 @@ class CirculantAttention(nn.Module):
         """Spectra of q, k, v from the spectrum of x: (B, H, W//2+1, 3C) complex (official order)."""
         B, H, W, C = x_grid.shape
         spectrum = torch.fft.rfft2(x_grid.to(work), dim=(1, 2))
-        parts = torch.view_as_real(spectrum).movedim(-1, -2)          # (B, H, Wr, 2, C): real, imaginary
+        parts = torch.view_as_real(spectrum).movedim(-1, -2)  # (B, H, Wr, 2, C): real, imaginary
         weight = self.qkv.weight
-        out = F.linear(parts.to(weight.dtype), weight).to(work)      # real weights act on both parts
-        if self.qkv.bias is not None:                                 # a constant's spectrum: M * b at frequency 0
+        out = F.linear(parts.to(weight.dtype), weight).to(work)  # real weights act on both parts
+        if self.qkv.bias is not None:  # a constant's spectrum: M * b at frequency 0
             dc = torch.zeros_like(out[0])
             dc[0, 0, 0] = self.qkv.bias.to(work) * (H * W)
             out = out + dc
@@ -288,7 +298,7 @@ class CirculantAttention(nn.Module):
         corr = torch.conj(q_f) * k_f
         if d > 1:
             corr = corr.reshape(B, H, Wr, G, d).sum(-1)
-        logits = torch.fft.irfft2(corr, s=(H, W), dim=(1, 2)) * self.logit_scale()   # (B, H, W, G)
+        logits = torch.fft.irfft2(corr, s=(H, W), dim=(1, 2)) * self.logit_scale()  # (B, H, W, G)
         kernel = self.attn_drop(logits.reshape(B, H * W, G).softmax(dim=1))
         kernel_f = torch.fft.rfft2(kernel.reshape(B, H, W, G), dim=(1, 2))
         out_f = torch.conj(kernel_f).unsqueeze(-1) * v_f.reshape(B, H, Wr, G, d)
@@ -333,18 +343,18 @@ class CirculantAttention(nn.Module):
         M, P, G = H * W, self.num_prefix_tokens, self.num_heads
         work = self._work_dtype(x)
         q, k, v = self.qkv(x).to(work).chunk(3, dim=-1)
-        q, k, v = self._groups(q), self._groups(k), self._groups(v)                     # (B, G, N, d)
-        scores = q @ k.transpose(-2, -1) * self.head_dim ** -0.5                      # plain logits (B, G, N, N)
+        q, k, v = self._groups(q), self._groups(k), self._groups(v)  # (B, G, N, d)
+        scores = q @ k.transpose(-2, -1) * self.head_dim**-0.5  # plain logits (B, G, N, N)
 
-        shifts = shift_table((H, W)).to(x.device)                                     # [i, j] -> s = j - i
+        shifts = shift_table((H, W)).to(x.device)  # [i, j] -> s = j - i
         patch_scores = scores[..., P:, P:]
         # mean along each cyclic diagonal j - i = s: the nearest BCCB matrix (Frobenius), kernel form
         diagonal_sum = torch.zeros(B, G, M, dtype=work, device=x.device)
         diagonal_sum.scatter_add_(-1, shifts.reshape(1, 1, M * M).expand(B, G, -1), patch_scores.reshape(B, G, -1))
-        projected = (diagonal_sum / M)[:, :, shifts]                                  # BCCB (B, G, M, M)
-        rho_m = M ** 0.5 if self.logit_divisor == "sqrt_n" else 1.0                   # rho * M
+        projected = (diagonal_sum / M)[:, :, shifts]  # BCCB (B, G, M, M)
+        rho_m = M**0.5 if self.logit_divisor == "sqrt_n" else 1.0  # rho * M
         circulant = (projected * rho_m).softmax(dim=-1)
-        if self.training and self.attn_drop_p > 0:                                    # drop kernel shifts
+        if self.training and self.attn_drop_p > 0:  # drop kernel shifts
             keep = self.attn_drop(torch.ones(B, G, M, dtype=work, device=x.device))
             circulant = circulant * keep[:, :, shifts]
 

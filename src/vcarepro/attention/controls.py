@@ -12,6 +12,7 @@ separate them:
 MHSA -> MHSA+DWC -> VCA-DWC -> VCA then splits VCA's gain into the convolution's share and
 the contrast's.
 """
+
 from typing import Optional, Sequence, Type, Union
 
 import torch
@@ -19,8 +20,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import use_fused_attn
 
-from vcarepro.attention.grid import GridAttention, check_layer_args, check_token_count, check_unmasked, local_conv_layer, patch_grid
-
+from vcarepro.attention.grid import (
+    GridAttention,
+    check_layer_args,
+    check_token_count,
+    check_unmasked,
+    local_conv_layer,
+    patch_grid,
+)
 
 
 class MhsaLocalConv(GridAttention):
@@ -53,7 +60,7 @@ class MhsaLocalConv(GridAttention):
         self.dim = dim
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.num_prefix_tokens = num_prefix_tokens
         self.layer_index = layer_index
         self.grid_size = patch_grid(grid_size)
@@ -62,7 +69,7 @@ class MhsaLocalConv(GridAttention):
 
         self._init_qkv(dim, qkv_bias, qk_norm, norm_layer)
         self.attn_drop = nn.Dropout(attn_drop)
-        self.local_conv = local_conv_layer(dim)   # exactly VCA's (attention/grid.py)
+        self.local_conv = local_conv_layer(dim)  # exactly VCA's (attention/grid.py)
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
 

@@ -56,6 +56,7 @@ resizes its grid rows by bicubic interpolation, as the official fine-tuning
 code resizes ``positional_encoding`` (``utils.py`` ``load_pretrained``), and
 keeps the prefix rows.
 """
+
 from __future__ import annotations
 
 import math
@@ -66,8 +67,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_module
-from vcarepro.attention.grid import (GridAttention, check_choice, check_layer_args, check_token_count, check_unmasked,
-                                     patch_grid)
+
+from vcarepro.attention.grid import (
+    GridAttention,
+    check_choice,
+    check_layer_args,
+    check_token_count,
+    check_unmasked,
+    patch_grid,
+)
 from vcarepro.core.errors import BadInput
 
 PosEncoding = Literal["learned", "none"]
@@ -100,7 +108,7 @@ def focus(a: torch.Tensor, power: float, literal: bool = False) -> torch.Tensor:
     """
     norm = a.norm(dim=-1, keepdim=True)
     base = a if literal else a / a.amax(dim=-1, keepdim=True)
-    powered = base ** power
+    powered = base**power
     return powered / powered.norm(dim=-1, keepdim=True) * norm
 
 
@@ -181,7 +189,8 @@ class FocusedLinearAttention(GridAttention):
         )
         self.dwc = (
             nn.Conv2d(self.head_dim, self.head_dim, dwc_kernel, padding=dwc_kernel // 2, groups=self.head_dim)
-            if dwc_kernel is not None else None
+            if dwc_kernel is not None
+            else None
         )
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
@@ -212,8 +221,9 @@ class FocusedLinearAttention(GridAttention):
             grid = F.interpolate(grid, size=(h, w), mode=POS_ENCODING_INTERPOLATION, align_corners=False)
             grid = grid.permute(0, 2, 3, 1).reshape(1, h * w, self.dim).to(table.dtype)
             # a frozen table stays frozen (timm's set_input_size on a frozen model)
-            self.pos_encoding = nn.Parameter(torch.cat([table[:, :P], grid], dim=1),
-                                             requires_grad=self.pos_encoding.requires_grad)
+            self.pos_encoding = nn.Parameter(
+                torch.cat([table[:, :P], grid], dim=1), requires_grad=self.pos_encoding.requires_grad
+            )
         self.grid_size = new
 
     def extra_repr(self) -> str:
@@ -254,7 +264,7 @@ class FocusedLinearAttention(GridAttention):
         """Depthwise conv of the grid values, one kernel shared by the heads: (B, heads, N, d) -> (B, H*W, C)."""
         B = v.shape[0]
         H, W = self.grid_size
-        grid = v[:, :, self.num_prefix_tokens:].transpose(-1, -2).reshape(B * self.num_heads, self.head_dim, H, W)
+        grid = v[:, :, self.num_prefix_tokens :].transpose(-1, -2).reshape(B * self.num_heads, self.head_dim, H, W)
         local = self.dwc(grid).reshape(B, self.dim, H * W)
         return local.transpose(1, 2)
 
@@ -262,7 +272,7 @@ class FocusedLinearAttention(GridAttention):
     def _linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Q (K^T V / N) / (Q . mean(K) + eps), linear in N; each factor scaled by N^-1/2 as the official fix."""
         N = k.shape[-2]
-        kv = (k * N ** -0.5).transpose(-2, -1) @ (v * N ** -0.5)
+        kv = (k * N**-0.5).transpose(-2, -1) @ (v * N**-0.5)
         z = 1.0 / (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1) + NORMALIZER_EPS)
         return (q @ kv) * z
 

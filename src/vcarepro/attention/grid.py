@@ -15,12 +15,14 @@ H x W patch grid. What they share lives here, once:
   and forwards repeat (the qkv projection split into q, k, v heads, the q / k norm, the local
   term added to the patch tokens' outputs), as methods, so TorchScript compiles them with the layer.
 """
+
 import math
 from typing import List, Optional, Sequence, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
 from timm.layers import register_notrace_function
+
 from vcarepro.core.errors import BadInput
 
 # VCA's local term: a 3x3 depthwise convolution of v on the patch grid (shared with the mhsa+dwc control).
@@ -96,8 +98,9 @@ def check_unmasked(attn_mask: Optional[torch.Tensor], is_causal: bool, layer: st
         raise BadInput(f"{layer} does not support attention masks or causal attention; call it with neither.")
 
 
-def check_layer_args(dim: int, num_heads: int, num_prefix_tokens: int, qk_norm: bool,
-                     norm_layer: Optional[Type[nn.Module]]) -> None:
+def check_layer_args(
+    dim: int, num_heads: int, num_prefix_tokens: int, qk_norm: bool, norm_layer: Optional[Type[nn.Module]]
+) -> None:
     """The constructor arguments every head-split attention layer here shares (timm's ``Attention`` ones)."""
     if dim % num_heads != 0:
         raise BadInput(f"dim={dim} is not divisible by num_heads={num_heads}; pick a head count that divides it.")

@@ -55,14 +55,21 @@ Parameter names (``qkv``, ``proj``, ``residual.0``, ``residual.2``) and shapes
 are the official ones, so a released InLine-DeiT checkpoint's attention
 weights load into this layer.
 """
+
 from typing import Callable, Optional, Sequence, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from vcarepro.attention.grid import (GridAttention, check_layer_args, check_token_count, check_unmasked, patch_grid,
-                                     value_grid)
+from vcarepro.attention.grid import (
+    GridAttention,
+    check_layer_args,
+    check_token_count,
+    check_unmasked,
+    patch_grid,
+    value_grid,
+)
 from vcarepro.core.errors import BadInput
 
 # Kernel functions phi offered by the official code (models/inline_swin.py,
@@ -134,7 +141,7 @@ class InLineAttention(GridAttention):
         self.dim = dim
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.num_prefix_tokens = num_prefix_tokens
         self.layer_index = layer_index  # accepted for the common interface; InLine does not vary with depth
         self.grid_size = patch_grid(grid_size)
@@ -144,11 +151,15 @@ class InLineAttention(GridAttention):
         # head with a GELU between, dim -> dim -> 9 * dim (models/inline_deit.py,
         # InLineAttention.residual). Conv1d, not Linear, so official checkpoints load.
         taps = LOCAL_KERNEL_SIZE * LOCAL_KERNEL_SIZE
-        self.residual = nn.Sequential(
-            nn.Conv1d(dim, dim, kernel_size=1, groups=num_heads),
-            nn.GELU(),
-            nn.Conv1d(dim, dim * taps, kernel_size=1, groups=num_heads),
-        ) if local_residual else None
+        self.residual = (
+            nn.Sequential(
+                nn.Conv1d(dim, dim, kernel_size=1, groups=num_heads),
+                nn.GELU(),
+                nn.Conv1d(dim, dim * taps, kernel_size=1, groups=num_heads),
+            )
+            if local_residual
+            else None
+        )
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
         self.init_weights()
@@ -168,8 +179,10 @@ class InLineAttention(GridAttention):
                     layer.reset_parameters()
 
     def extra_repr(self) -> str:
-        return (f"dim={self.dim}, num_heads={self.num_heads}, grid_size={self.grid_size}, "
-                f"prefix={self.num_prefix_tokens}, kernel={self.kernel}, local_residual={self.residual is not None}")
+        return (
+            f"dim={self.dim}, num_heads={self.num_heads}, grid_size={self.grid_size}, "
+            f"prefix={self.num_prefix_tokens}, kernel={self.kernel}, local_residual={self.residual is not None}"
+        )
 
     # -- pieces shared by both paths ------------------------------------------
 
@@ -231,8 +244,12 @@ class InLineAttention(GridAttention):
         B, C = kernels.shape[:2]
         H, W = self.grid_size
         grid = value_grid(v, self.grid_size, self.num_prefix_tokens).reshape(1, B * C, H, W)
-        out = F.conv2d(grid, kernels.reshape(B * C, 1, self.local_kernel_size, self.local_kernel_size),
-                       padding=self.local_kernel_size // 2, groups=B * C)
+        out = F.conv2d(
+            grid,
+            kernels.reshape(B * C, 1, self.local_kernel_size, self.local_kernel_size),
+            padding=self.local_kernel_size // 2,
+            groups=B * C,
+        )
         return out.reshape(B, C, H * W).transpose(1, 2)
 
     def _local_shifts(self, v: torch.Tensor, kernels: torch.Tensor) -> torch.Tensor:
@@ -244,7 +261,7 @@ class InLineAttention(GridAttention):
         out = torch.zeros_like(padded[..., :H, :W])
         for dy in range(self.local_kernel_size):
             for dx in range(self.local_kernel_size):
-                out = out + kernels[:, :, dy, dx, None, None] * padded[:, :, dy:dy + H, dx:dx + W]
+                out = out + kernels[:, :, dy, dx, None, None] * padded[:, :, dy : dy + H, dx : dx + W]
         return out.reshape(B, C, H * W).transpose(1, 2)
 
     # -- forward ----------------------------------------------------------------------

@@ -77,6 +77,7 @@ does; its input checks are timm no-trace functions, so torch.fx traces it
 (tests/test_timm_vit.py). The token-grid helpers, checks and the qkv / local-term preamble it
 shares with the other layers of the family are in ``attention/grid.py``.
 """
+
 import math
 from typing import Literal, Optional, Sequence, Tuple, Type, Union
 
@@ -84,8 +85,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import RmsNormFp32, trunc_normal_, use_fused_attn
-from vcarepro.attention.grid import (GridAttention, check_choice, check_layer_args, check_token_count, check_unmasked,
-                                     local_conv_layer, patch_grid, pooling_matrix, token_grid)
+
+from vcarepro.attention.grid import (
+    GridAttention,
+    check_choice,
+    check_layer_args,
+    check_token_count,
+    check_unmasked,
+    local_conv_layer,
+    patch_grid,
+    pooling_matrix,
+    token_grid,
+)
 from vcarepro.core.errors import BadInput
 
 StageKind = Literal["vca", "diff"]
@@ -188,7 +199,7 @@ class VisualContrastAttention(GridAttention):
                 f"a 'diff' stage splits each head in two halves, but head_dim={self.head_dim} is odd; "
                 f"use an even head dimension."
             )
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.num_prefix_tokens = num_prefix_tokens
         self.contrast_grid = token_grid(contrast_tokens, "contrast_tokens")
         self.num_contrast_tokens = self.contrast_grid[0] * self.contrast_grid[1]
@@ -246,8 +257,7 @@ class VisualContrastAttention(GridAttention):
                 f"or a larger input."
             )
         # the reference path's pooling matrix; a buffer so it follows .to(device), not saved in state dicts
-        self.register_buffer("_pool_matrix", pooling_matrix((H, W), (h, w)) if self.pools else None,
-                             persistent=False)
+        self.register_buffer("_pool_matrix", pooling_matrix((H, W), (h, w)) if self.pools else None, persistent=False)
         return (H, W)
 
     def set_grid_size(self, grid_size: Union[int, Sequence[int]]) -> None:
@@ -294,7 +304,7 @@ class VisualContrastAttention(GridAttention):
         h, w = self.contrast_grid
         pooled: Optional[torch.Tensor] = None
         if self.pools:
-            patches = q[:, :, self.num_prefix_tokens:]
+            patches = q[:, :, self.num_prefix_tokens :]
             pool_matrix = self._pool_matrix
             if reference and pool_matrix is not None:  # each token the plain mean of its window
                 pooled = pool_matrix.to(q.dtype) @ patches
@@ -306,8 +316,9 @@ class VisualContrastAttention(GridAttention):
         assert t_pos is not None  # the positive stream always exists
         return t_pos, self._stream(self.tokens_neg, self.embed_neg, pooled, q)
 
-    def _stream(self, kind: Optional[str], embed: Optional[torch.Tensor], pooled: Optional[torch.Tensor],
-                q: torch.Tensor) -> Optional[torch.Tensor]:
+    def _stream(
+        self, kind: Optional[str], embed: Optional[torch.Tensor], pooled: Optional[torch.Tensor], q: torch.Tensor
+    ) -> Optional[torch.Tensor]:
         """One stream's tokens from the pooled queries and / or its embedding; None for an unused stream."""
         if kind is None:
             return None
@@ -337,8 +348,17 @@ class VisualContrastAttention(GridAttention):
         first, second = x.chunk(2, dim=-1)
         return first, second
 
-    def _differential_fused(self, qa: torch.Tensor, ka: torch.Tensor, qb: torch.Tensor, kb: torch.Tensor,
-                            v: torch.Tensor, lam: torch.Tensor, scale: float, same_keys: bool = False) -> torch.Tensor:
+    def _differential_fused(
+        self,
+        qa: torch.Tensor,
+        ka: torch.Tensor,
+        qb: torch.Tensor,
+        kb: torch.Tensor,
+        v: torch.Tensor,
+        lam: torch.Tensor,
+        scale: float,
+        same_keys: bool = False,
+    ) -> torch.Tensor:
         """softmax(qa ka^T) v - lam * softmax(qb kb^T) v with SDPA calls (one call when ka is kb)."""
         if same_keys or ka is kb:  # same keys: one call over the stacked queries
             out = self._attend(torch.cat([qa, qb], dim=2), ka, v, scale)
@@ -348,16 +368,33 @@ class VisualContrastAttention(GridAttention):
             out_a, out_b = self._attend(qa, ka, v, scale), self._attend(qb, kb, v, scale)
         return out_a - lam.to(out_a.dtype) * out_b
 
-    def _differential_reference(self, qa: torch.Tensor, ka: torch.Tensor, qb: torch.Tensor, kb: torch.Tensor,
-                                v: torch.Tensor, lam: torch.Tensor, scale: float,
-                                same_keys: bool = False) -> torch.Tensor:
+    def _differential_reference(
+        self,
+        qa: torch.Tensor,
+        ka: torch.Tensor,
+        qb: torch.Tensor,
+        kb: torch.Tensor,
+        v: torch.Tensor,
+        lam: torch.Tensor,
+        scale: float,
+        same_keys: bool = False,
+    ) -> torch.Tensor:
         """(softmax(qa ka^T) - lam * softmax(qb kb^T)) v, the attention maps materialised."""
         attn = self._probs(qa, ka, scale) - lam.to(qa.dtype) * self._probs(qb, kb, scale)
         return attn @ v
 
-    def _differential(self, qa: torch.Tensor, ka: torch.Tensor, qb: torch.Tensor, kb: torch.Tensor,
-                      v: torch.Tensor, lam: torch.Tensor, scale: float, reference: bool,
-                      same_keys: bool = False) -> torch.Tensor:
+    def _differential(
+        self,
+        qa: torch.Tensor,
+        ka: torch.Tensor,
+        qb: torch.Tensor,
+        kb: torch.Tensor,
+        v: torch.Tensor,
+        lam: torch.Tensor,
+        scale: float,
+        reference: bool,
+        same_keys: bool = False,
+    ) -> torch.Tensor:
         """The differential product on the reference or the fused path (a flag, not a bound method: TorchScript)."""
         if reference:
             return self._differential_reference(qa, ka, qb, kb, v, lam, scale)
@@ -377,8 +414,15 @@ class VisualContrastAttention(GridAttention):
         """Stage II with ``differential`` as in ``_stage1``; ``reference`` picks the joint softmax's path."""
         return self._patch_contrast(q, t_pos, t_neg, v_hat, lam, self._is_reference(differential), reference)
 
-    def _global_contrast(self, t_pos: torch.Tensor, t_neg: Optional[torch.Tensor], k: torch.Tensor,
-                         v: torch.Tensor, lam: torch.Tensor, reference: bool) -> torch.Tensor:
+    def _global_contrast(
+        self,
+        t_pos: torch.Tensor,
+        t_neg: Optional[torch.Tensor],
+        k: torch.Tensor,
+        v: torch.Tensor,
+        lam: torch.Tensor,
+        reference: bool,
+    ) -> torch.Tensor:
         if self.stage1 == "vca":
             assert t_neg is not None
             out = self._differential(t_pos, k, t_neg, k, v, lam, self.scale, reference, same_keys=True)
@@ -387,13 +431,19 @@ class VisualContrastAttention(GridAttention):
             out = self._differential(t1, k1, t2, k2, v, lam, (self.head_dim // 2) ** -0.5, reference)
         return (1.0 - self.lambda_init) * self.stage1_norm(out)
 
-    def _patch_contrast(self, q: torch.Tensor, t_pos: torch.Tensor, t_neg: Optional[torch.Tensor],
-                        v_hat: torch.Tensor, lam: torch.Tensor, differential_reference: bool,
-                        reference: bool) -> torch.Tensor:
+    def _patch_contrast(
+        self,
+        q: torch.Tensor,
+        t_pos: torch.Tensor,
+        t_neg: Optional[torch.Tensor],
+        v_hat: torch.Tensor,
+        lam: torch.Tensor,
+        differential_reference: bool,
+        reference: bool,
+    ) -> torch.Tensor:
         if self.stage2 == "diff":
             (q1, q2), (t1, t2) = self._halves(q), self._halves(t_pos)
-            out = self._differential(q1, t1, q2, t2, v_hat, lam, (self.head_dim // 2) ** -0.5,
-                                     differential_reference)
+            out = self._differential(q1, t1, q2, t2, v_hat, lam, (self.head_dim // 2) ** -0.5, differential_reference)
         elif self.stage2_softmax == "separate":
             assert t_neg is not None
             out = self._differential(q, t_pos, q, t_neg, v_hat, lam, self.scale, differential_reference)
@@ -441,4 +491,3 @@ class VisualContrastAttention(GridAttention):
         if self.local_conv is not None:
             out = self._add_local(out, self._local(v))
         return self.proj_drop(self.proj(out))
-

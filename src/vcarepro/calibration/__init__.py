@@ -28,8 +28,8 @@ from typing import Any, Dict, List
 
 import torch
 
-from vcarepro.core.errors import BadInput, MissingInput, UnknownName
 from vcarepro.calibration.keymaps import KeyMap
+from vcarepro.core.errors import BadInput, MissingInput, UnknownName
 
 FLOOR = 5
 
@@ -40,6 +40,7 @@ METRIC = {"cls": "top1", "gen": "fid"}
 def keymaps() -> Dict[str, KeyMap]:
     """Every released layout this project maps onto its layers, by layout name."""
     from vcarepro.calibration.keymaps import backbones, lab
+
     return {**backbones.KEYMAPS, **lab.KEYMAPS}
 
 
@@ -56,9 +57,11 @@ def selected(calibrate: Dict[str, Any], kind: str) -> List[str]:
     known = {**entries(calibrate, "cls"), **entries(calibrate, "gen")}
     unknown = [c for c in chosen if c not in known]
     if unknown:
-        raise UnknownName(f"calibrate.checkpoints names {', '.join(map(repr, unknown))}, which "
-                          f"{'is' if len(unknown) == 1 else 'are'} not an entry of calibrate.classifiers or "
-                          f"calibrate.generators; choose from {', '.join(known)}.")
+        raise UnknownName(
+            f"calibrate.checkpoints names {', '.join(map(repr, unknown))}, which "
+            f"{'is' if len(unknown) == 1 else 'are'} not an entry of calibrate.classifiers or "
+            f"calibrate.generators; choose from {', '.join(known)}."
+        )
     return [c for c in chosen if c in entries(calibrate, kind)]
 
 
@@ -78,11 +81,19 @@ def build_model(kind: str, entry: Dict[str, Any]) -> torch.nn.Module:
     """The model of ours an entry's released weights load into (the calibration and the stand-ins build it here)."""
     if kind == "cls":
         from vcarepro.models import create_classifier
+
         return create_classifier(entry["arch"], entry["attention"], **(entry.get("options") or {}))
     from vcarepro.models.dit import create_dit
+
     # ImageNet's 1000 classes, latents of the SD VAE (4 channels, 8x downsampling)
-    return create_dit(entry["arch"], "mhsa", input_size=entry["image_size"] // 8, in_channels=4, num_classes=1000,
-                      learn_sigma=entry["learn_sigma"])
+    return create_dit(
+        entry["arch"],
+        "mhsa",
+        input_size=entry["image_size"] // 8,
+        in_channels=4,
+        num_classes=1000,
+        learn_sigma=entry["learn_sigma"],
+    )
 
 
 def read_released(path: Path, keymap: KeyMap, *, trust_pickle: bool):
@@ -90,19 +101,25 @@ def read_released(path: Path, keymap: KeyMap, *, trust_pickle: bool):
     layout, not yet mapped)."""
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
+
         return None, load_file(str(path))
     try:
         saved = torch.load(path, map_location="cpu", weights_only=not trust_pickle)
     except pickle.UnpicklingError as err:
-        raise BadInput(f"{path} holds Python objects besides tensors ({str(err).splitlines()[0][:120]}); load it only "
-                       f"if you trust its source, with calibrate.trust_pickle=true.") from None
+        raise BadInput(
+            f"{path} holds Python objects besides tensors ({str(err).splitlines()[0][:120]}); load it only "
+            f"if you trust its source, with calibrate.trust_pickle=true."
+        ) from None
     except (RuntimeError, EOFError, OSError) as err:
-        raise BadInput(f"{path} is not a readable PyTorch checkpoint ({str(err).splitlines()[0][:120]}); download "
-                       f"it again.") from None
+        raise BadInput(
+            f"{path} is not a readable PyTorch checkpoint ({str(err).splitlines()[0][:120]}); download it again."
+        ) from None
     container, state = keymap.find(saved)
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise BadInput(f"{path} holds no state dict under {', '.join(keymap.containers) or 'its top level'}; is it "
-                       f"the released file?")
+        raise BadInput(
+            f"{path} holds no state dict under {', '.join(keymap.containers) or 'its top level'}; is it "
+            f"the released file?"
+        )
     return container, state
 
 
@@ -111,13 +128,16 @@ def check_digest(path: Path, entry: Dict[str, Any], name: str) -> str:
     digest = sha256(path)
     expected = entry.get("sha256")
     if expected and not digest.startswith(expected):
-        raise BadInput(f"{path} has sha256 {digest[:16]}..., but the file released for calibration entry {name} "
-                       f"has {expected}...; download it again from {entry['where']}.")
+        raise BadInput(
+            f"{path} has sha256 {digest[:16]}..., but the file released for calibration entry {name} "
+            f"has {expected}...; download it again from {entry['where']}."
+        )
     return digest
 
 
-def load_strict(model: torch.nn.Module, state: Dict[str, torch.Tensor], keymap: KeyMap, name: str,
-                path: Path) -> torch.nn.Module:
+def load_strict(
+    model: torch.nn.Module, state: Dict[str, torch.Tensor], keymap: KeyMap, name: str, path: Path
+) -> torch.nn.Module:
     """``model`` with the released ``state`` mapped onto it; any key or shape that does not line up is refused."""
     try:
         mapped = keymap.to_ours(state)
@@ -128,19 +148,24 @@ def load_strict(model: torch.nn.Module, state: Dict[str, torch.Tensor], keymap: 
     unexpected = [k for k in mapped if k not in ours]
     shapes = [k for k in ours if k in mapped and tuple(mapped[k].shape) != tuple(ours[k].shape)]
     if missing or unexpected or shapes:
-        problems = [f"{len(v)} {what} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
-                    for what, v in (("keys missing", missing), ("unexpected keys", unexpected),
-                                    ("shapes differ", shapes)) if v]
-        raise BadInput(f"{path} does not have the released layout of {name}: {'; '.join(problems)}; is it the "
-                       f"right file?")
+        problems = [
+            f"{len(v)} {what} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
+            for what, v in (("keys missing", missing), ("unexpected keys", unexpected), ("shapes differ", shapes))
+            if v
+        ]
+        raise BadInput(
+            f"{path} does not have the released layout of {name}: {'; '.join(problems)}; is it the right file?"
+        )
     model.load_state_dict({k: v.to(ours[k].dtype) for k, v in mapped.items()}, strict=True)
     return model.eval()
 
 
 def missing_file_message(calibrate: Dict[str, Any], name: str, entry: Dict[str, Any]) -> str:
     path = checkpoint_path(calibrate, entry)
-    return (f"released checkpoint {path} for calibration entry {name} is missing; download {entry['file']} from "
-            f"{entry['where']} into {calibrate['dir']}/ (docs/calibration.md).")
+    return (
+        f"released checkpoint {path} for calibration entry {name} is missing; download {entry['file']} from "
+        f"{entry['where']} into {calibrate['dir']}/ (docs/calibration.md)."
+    )
 
 
 def verdict(scale: str, difference: float, tolerance: float, deviations: List[str] = ()) -> str:
@@ -152,23 +177,55 @@ def verdict(scale: str, difference: float, tolerance: float, deviations: List[st
     return "reproduces" if abs(difference) <= tolerance else "does not reproduce"
 
 
-def row(scale: str, kind: str, name: str, entry: Dict[str, Any], ours: float, path: Path, digest: str,
-        extra: Dict[str, Any], deviations: List[str]) -> Dict[str, Any]:
+def row(
+    scale: str,
+    kind: str,
+    name: str,
+    entry: Dict[str, Any],
+    ours: float,
+    path: Path,
+    digest: str,
+    extra: Dict[str, Any],
+    deviations: List[str],
+) -> Dict[str, Any]:
     """One calibration row; ``deviations`` says how this measurement's protocol differs from the published one."""
     metric = METRIC[kind]
     published = float(entry[metric])
     difference = ours - published
-    return {"name": name, "kind": kind, "metric": metric, "published": published, "ours": ours,
-            "difference": difference, "tolerance": float(entry["tolerance"]),
-            "verdict": verdict(scale, difference, float(entry["tolerance"]), deviations), "deviations": deviations,
-            "source": entry["source"], "file": str(path), "sha256": digest, "standin": scale == "smoke", **extra}
+    return {
+        "name": name,
+        "kind": kind,
+        "metric": metric,
+        "published": published,
+        "ours": ours,
+        "difference": difference,
+        "tolerance": float(entry["tolerance"]),
+        "verdict": verdict(scale, difference, float(entry["tolerance"]), deviations),
+        "deviations": deviations,
+        "source": entry["source"],
+        "file": str(path),
+        "sha256": digest,
+        "standin": scale == "smoke",
+        **extra,
+    }
 
 
 def not_run(calibrate: Dict[str, Any], kind: str, chosen: List[str]) -> List[Dict[str, Any]]:
     """The entries not evaluated: what to download, from where, and the number each must reproduce."""
-    return [{"name": n, "kind": kind, "metric": METRIC[kind], "published": float(e[METRIC[kind]]),
-             "tolerance": float(e["tolerance"]), "file": e["file"], "where": e["where"], "source": e["source"]}
-            for n, e in entries(calibrate, kind).items() if n not in chosen]
+    return [
+        {
+            "name": n,
+            "kind": kind,
+            "metric": METRIC[kind],
+            "published": float(e[METRIC[kind]]),
+            "tolerance": float(e["tolerance"]),
+            "file": e["file"],
+            "where": e["where"],
+            "source": e["source"],
+        }
+        for n, e in entries(calibrate, kind).items()
+        if n not in chosen
+    ]
 
 
 def require_file(calibrate: Dict[str, Any], name: str, entry: Dict[str, Any]) -> Path:
@@ -181,6 +238,8 @@ def require_file(calibrate: Dict[str, Any], name: str, entry: Dict[str, Any]) ->
 def keymap_for(entry: Dict[str, Any], name: str) -> KeyMap:
     maps = keymaps()
     if entry["layout"] not in maps:
-        raise UnknownName(f"calibration entry {name} names layout {entry['layout']!r}, which vcarepro.calibration."
-                          f"keymaps does not know; choose one of {', '.join(maps)}.")
+        raise UnknownName(
+            f"calibration entry {name} names layout {entry['layout']!r}, which vcarepro.calibration."
+            f"keymaps does not know; choose one of {', '.join(maps)}."
+        )
     return maps[entry["layout"]]

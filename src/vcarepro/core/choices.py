@@ -4,6 +4,7 @@ the params code use them; every check of a choice reads its list here).
 The layers themselves are in :mod:`vcarepro.attention`; :func:`model_options` says what a run's
 attention is built with, for the model factories and for the report that describes them.
 """
+
 from typing import Any, Dict
 
 ATTENTIONS = ("mhsa", "diff", "vca", "agent", "flatten", "inline", "circulant", "mhsa+dwc")

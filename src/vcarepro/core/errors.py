@@ -5,6 +5,7 @@ print such an error as that one line, without a traceback, and exit with status 
 (:func:`run_stage`); anything else (a bug, a library failure) keeps its full traceback. Each class
 is also the built-in exception it used to be, so ``except ValueError`` and the like still catch it.
 """
+
 from __future__ import annotations
 
 import errno
@@ -39,7 +40,7 @@ def worker_sentence(text: str) -> str:
     last = None
     for last in re.finditer(rf"^(?:[\w.]+\.)?{caught.group(1)}: ", text, re.MULTILINE):
         pass
-    return text[last.end():].strip() if last is not None else text
+    return text[last.end() :].strip() if last is not None else text
 
 
 class BadInput(UserError, ValueError):
@@ -79,7 +80,8 @@ def disk_full_error(err: BaseException, path: Optional[str | Path], needed: Opti
         f"{'the disk quota is exhausted' if quota else 'no space is left on the device'} while writing "
         f"{path if path is not None else 'an output of this stage'}{need}; free space there (`df -h "
         f"{where or '.'}`) or point that directory elsewhere (checkpoints/ and runs/ may be symbolic links to a "
-        f"larger disk), then re-run `dvc repro`; DVC records nothing of this stage.")
+        f"larger disk), then re-run `dvc repro`; DVC records nothing of this stage."
+    )
 
 
 def is_disk_full(err: BaseException) -> bool:
@@ -88,9 +90,11 @@ def is_disk_full(err: BaseException) -> bool:
     # safetensors raises its own SafetensorError with the OS's message; torch a RuntimeError
     text = str(err)
     return type(err).__name__ in ("SafetensorError", "RuntimeError") and (
-        "No space left on device" in text or "Disk quota exceeded" in text
-        or "os error 28" in text or "os error 122" in text)
-
+        "No space left on device" in text
+        or "Disk quota exceeded" in text
+        or "os error 28" in text
+        or "os error 122" in text
+    )
 
 
 def run_stage(main: Callable[[], object]) -> None:
@@ -101,6 +105,7 @@ def run_stage(main: Callable[[], object]) -> None:
     """
     try:
         from vcarepro.core.numerics import NumericsError, enter
+
         try:
             enter()  # the numerics profile stages/run.py set: check it took effect, set its in-process parts
         except NumericsError as err:

@@ -16,6 +16,7 @@ with the fix. A file is hashed once per process (its size, mtime and inode key t
 Hand-written: none of torch, safetensors, numpy or DVC checks a file's bytes at the moment it is
 read (DVC hashes outputs when it records them, not when a stage opens them).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -113,17 +114,20 @@ def require_intact(path: str | Path, fix: str) -> Path:
     return path
 
 
-def require_intact_directory(root: str | Path, fix: str, names: Optional[Iterable[str]] = None,
-                             without: Tuple[str, ...] = ()) -> Path:
+def require_intact_directory(
+    root: str | Path, fix: str, names: Optional[Iterable[str]] = None, without: Tuple[str, ...] = ()
+) -> Path:
     """Every file ``root/SHA256SUMS`` lists (or just ``names``; none under the prefixes ``without``) exists and
     matches; else one sentence with ``fix``."""
     root = Path(root)
     manifest = root / MANIFEST
     if not manifest.is_file():
-        raise CorruptFile(f"{root} has no {MANIFEST}, so its files cannot be verified (it was written by an older "
-                          f"version or by hand); {fix}.")
+        raise CorruptFile(
+            f"{root} has no {MANIFEST}, so its files cannot be verified (it was written by an older "
+            f"version or by hand); {fix}."
+        )
     entries = _parse(manifest.read_text())
-    for name in (sorted(entries) if names is None else names):
+    for name in sorted(entries) if names is None else names:
         if name.startswith(without):
             continue
         path = root / name
@@ -134,8 +138,9 @@ def require_intact_directory(root: str | Path, fix: str, names: Optional[Iterabl
     return root
 
 
-def prepared(root: str | Path, stage: str, names: Optional[Iterable[str]] = None,
-             without: Tuple[str, ...] = ()) -> Path:
+def prepared(
+    root: str | Path, stage: str, names: Optional[Iterable[str]] = None, without: Tuple[str, ...] = ()
+) -> Path:
     """A directory a DVC stage wrote with digests (``atomic_directory(..., digests=True)``), verified before use.
 
     ``without``: prefixes of files this reader does not read (the 42 GB of latent shards, for a stage
@@ -144,8 +149,12 @@ def prepared(root: str | Path, stage: str, names: Optional[Iterable[str]] = None
     if not Path(root).is_dir():
         raise MissingInput(f"{root} is missing; build it with `dvc repro {stage}`.")
     return require_intact_directory(
-        root, f"restore it with `dvc checkout {root}` (DVC's cache keeps the bytes it recorded) or rebuild it with "
-              f"`dvc repro -f -s {stage}`", names, without)
+        root,
+        f"restore it with `dvc checkout {root}` (DVC's cache keeps the bytes it recorded) or rebuild it with "
+        f"`dvc repro -f -s {stage}`",
+        names,
+        without,
+    )
 
 
 def intact_file(path: str | Path, stage: str) -> Path:

@@ -1,4 +1,5 @@
 """Writing outputs so that a killed stage never leaves something that looks finished, nor a full disk a traceback."""
+
 from __future__ import annotations
 
 import errno
@@ -12,6 +13,7 @@ from typing import Any, Iterator, Optional
 
 from vcarepro.core.errors import DISK_FULL, DiskFull, disk_full_error, is_disk_full  # noqa: F401  (io's own names too)
 from vcarepro.core.integrity import MANIFEST, remember, sha256_bytes, sha256_file, sidecar_path, sidecar_text
+
 
 @contextmanager
 def disk_full_names(path: str | Path, needed: Optional[int] = None) -> Iterator[None]:
@@ -77,8 +79,11 @@ def write_sidecar(path: str | Path, digest: Optional[str] = None) -> None:
 def write_manifest(root: str | Path) -> Path:
     """``root/SHA256SUMS`` over every file below ``root`` (relative paths, sorted); written last."""
     root = Path(root)
-    lines = [sidecar_text(p.relative_to(root).as_posix(), sha256_file(p))
-             for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST]
+    lines = [
+        sidecar_text(p.relative_to(root).as_posix(), sha256_file(p))
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    ]
     return write_bytes(root / MANIFEST, "".join(lines).encode())
 
 
@@ -131,8 +136,10 @@ def write_npz_to(file, members) -> None:
             info.external_attr = 0o644 << 16
             if isinstance(member, (str, Path)):
                 info.file_size = os.path.getsize(member)
-                with open(member, "rb") as src, archive.open(info, "w",
-                                                             force_zip64=info.file_size >= zipfile.ZIP64_LIMIT) as dst:
+                with (
+                    open(member, "rb") as src,
+                    archive.open(info, "w", force_zip64=info.file_size >= zipfile.ZIP64_LIMIT) as dst,
+                ):
                     shutil.copyfileobj(src, dst, 1 << 24)
             else:
                 buffer = _io.BytesIO()
@@ -157,22 +164,23 @@ def canonical_safetensors(data: bytes) -> bytes:
     HashMap, which iterates in a random order per process, so the same weights with two metadata keys were
     written as different bytes by half the runs (the digit extractor in data/gen). Values are untouched."""
     size = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + size])
+    header = json.loads(data[8 : 8 + size])
     ordered = {}
     if "__metadata__" in header:
         ordered["__metadata__"] = dict(sorted(header.pop("__metadata__").items()))
     ordered.update(sorted(header.items(), key=lambda item: (item[1]["data_offsets"][0], item[0])))
     text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode()
     text += b" " * (-len(text) % 8)  # the format pads its header with spaces to 8 bytes, as the library does
-    return len(text).to_bytes(8, "little") + text + data[8 + size:]
+    return len(text).to_bytes(8, "little") + text + data[8 + size :]
 
 
 def safetensors_bytes(tensors, metadata=None) -> bytes:
     """``safetensors.torch.save``'s bytes of ``tensors`` (contiguous, on the CPU), header in canonical order."""
     from safetensors.torch import save
 
-    return canonical_safetensors(save({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
-                                      metadata=metadata))
+    return canonical_safetensors(
+        save({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, metadata=metadata)
+    )
 
 
 def save_tensors(path: str | Path, tensors, metadata=None) -> Path:

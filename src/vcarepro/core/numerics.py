@@ -29,6 +29,7 @@ hold only on the same GPU model, driver, CUDA / cuDNN and world size (:data:`GPU
 At import this module loads the standard library only (``vcarepro`` and ``vcarepro.core`` load nothing):
 ``stages/run.py`` imports it before torch, numpy or any library is imported.
 """
+
 from __future__ import annotations
 
 import json
@@ -64,7 +65,7 @@ PORTABLE_CPU_ENV = {
     # (numpy >= 2.4 names them X86_V4, AVX512_ICL, AVX512_SPR; earlier releases AVX512F, AVX512_SKX, ...;
     # names a numpy does not dispatch are ignored).
     "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR AVX512F AVX512CD AVX512_SKX AVX512_CLX "
-                                "AVX512_CNL AVX512_KNL AVX512_KNM",
+    "AVX512_CNL AVX512_KNL AVX512_KNM",
     # timm (timm/layers/config.py): TIMM_FUSED_ATTN picks its attention kernel; 1 is its default, fixed here so
     # that a shell's setting cannot change it.
     "TIMM_FUSED_ATTN": "1",
@@ -76,12 +77,16 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
 # PyTorch, "Reproducibility" notes (CUDA >= 10.2): cuBLAS needs a fixed workspace to be deterministic.
 DETERMINISTIC_GPU_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 
-CPU_GUARANTEE = ("bit-identical on any x86-64 CPU with AVX2 and FMA (Intel or AMD) under numerics.cpu=portable, "
-                 "for the same software: the Python packages pyproject.toml resolves to and the C library (glibc), "
-                 "whose log / atan / asin / acos numpy calls on AVX2 machines")
-GPU_GUARANTEE = ("under numerics.gpu=deterministic, bit-identical only on the same GPU model, driver, CUDA / cuDNN "
-                 "versions and world size, except where an op has no deterministic CUDA kernel (PyTorch warns "
-                 "naming it); across GPU models, or with numerics.gpu=fast, runs agree only statistically")
+CPU_GUARANTEE = (
+    "bit-identical on any x86-64 CPU with AVX2 and FMA (Intel or AMD) under numerics.cpu=portable, "
+    "for the same software: the Python packages pyproject.toml resolves to and the C library (glibc), "
+    "whose log / atan / asin / acos numpy calls on AVX2 machines"
+)
+GPU_GUARANTEE = (
+    "under numerics.gpu=deterministic, bit-identical only on the same GPU model, driver, CUDA / cuDNN "
+    "versions and world size, except where an op has no deterministic CUDA kernel (PyTorch warns "
+    "naming it); across GPU models, or with numerics.gpu=fast, runs agree only statistically"
+)
 
 
 class NumericsError(Exception):
@@ -99,8 +104,10 @@ def settings_of(params: Optional[Mapping]) -> Dict[str, object]:
     if gpu not in GPU_PROFILES:
         raise NumericsError(f"numerics.gpu={gpu!r} is unknown; use one of {', '.join(GPU_PROFILES)}.")
     if cpu == "portable" and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
-        raise NumericsError(f"numerics.threads={threads!r} must be a whole number >= 1 under numerics.cpu=portable "
-                            "(the thread count sets the order of every threaded sum, so it is fixed).")
+        raise NumericsError(
+            f"numerics.threads={threads!r} must be a whole number >= 1 under numerics.cpu=portable "
+            "(the thread count sets the order of every threaded sum, so it is fixed)."
+        )
     return {"cpu": cpu, "gpu": gpu, "threads": int(threads) if cpu == "portable" else None}
 
 
@@ -141,6 +148,7 @@ def apply_env(environ: MutableMapping[str, str] = os.environ, params_path: str =
 
 # -- inside the stage's process (torch imported) --------------------------------------------------------------
 
+
 def active() -> Optional[Dict[str, object]]:
     """The settings the client applied to this process's environment, or None (not started by stages/run.py)."""
     raw = os.environ.get(ENV_KEY)
@@ -161,11 +169,15 @@ def enter() -> Optional[Dict[str, object]]:
         if capability != "AVX2":
             flags = cpu_flags()
             if not {"avx2", "fma"} <= flags:
-                raise NumericsError("this CPU has no AVX2 and FMA, which numerics.cpu=portable needs; run with "
-                                    "`-S numerics.cpu=native` (its results will not match dvc.lock's)")
-            raise NumericsError(f"ATen runs its {capability} kernels although numerics.cpu=portable asked for AVX2: "
-                                "torch was imported before stages/run.py set ATEN_CPU_CAPABILITY; start the stage "
-                                "through `python stages/run.py` (stop a stale warm server with VCAREPRO_WARM=0)")
+                raise NumericsError(
+                    "this CPU has no AVX2 and FMA, which numerics.cpu=portable needs; run with "
+                    "`-S numerics.cpu=native` (its results will not match dvc.lock's)"
+                )
+            raise NumericsError(
+                f"ATen runs its {capability} kernels although numerics.cpu=portable asked for AVX2: "
+                "torch was imported before stages/run.py set ATEN_CPU_CAPABILITY; start the stage "
+                "through `python stages/run.py` (stop a stale warm server with VCAREPRO_WARM=0)"
+            )
         torch.set_num_threads(int(settings["threads"]))
         # NNPACK, which ATen takes for some convolutions oneDNN declines, picks its kernels from its own CPU
         # detection: off. oneDNN stays on, capped at AVX2 (ONEDNN_MAX_CPU_ISA): on qemu's emulated AMD EPYC-Rome,
@@ -226,13 +238,15 @@ def exact_vector_math() -> None:
             if out.shape != result.shape:
                 out.resize_(result.shape)
             return out.copy_(result)
+
         return functional, inplace, out
 
     with warnings.catch_warnings():  # "Overriding a previously registered kernel": that is the point
         warnings.simplefilter("ignore")
         for name in VML_OPS:
-            functional, inplace, out = make(getattr(np, {"atan": "arctan", "acos": "arccos", "asin": "arcsin"}
-                                                    .get(name, name)))
+            functional, inplace, out = make(
+                getattr(np, {"atan": "arctan", "acos": "arccos", "asin": "arcsin"}.get(name, name))
+            )
             library.impl(name, functional, "CPU")
             library.impl(f"{name}_", inplace, "CPU")
             library.impl(f"{name}.out", out, "CPU")
@@ -259,8 +273,20 @@ def _cpuinfo(field: str) -> str:
         return ""
 
 
-ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
-             "avx512_fp16", "amx_tile")
+ISA_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+)
 LIBRARIES = ("torch", "numpy", "scipy", "scikit-learn", "timm", "torch-fidelity", "safetensors", "pillow", "dvc")
 
 
@@ -299,8 +325,9 @@ def describe_machine() -> Dict[str, object]:
         "caches": cpu_caches(),
         "isa": [flag for flag in ISA_FLAGS if flag in flags],
         "cores": os.cpu_count(),
-        "gpu": (f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}" if torch.cuda.is_available()
-                else "none"),
+        "gpu": (
+            f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}" if torch.cuda.is_available() else "none"
+        ),
         "python": platform.python_version(),
         "libc": " ".join(platform.libc_ver()),
         "libraries": versions,

@@ -20,6 +20,7 @@ feature extraction) reports through one :class:`Progress`::
 * The interval is params.yaml's ``progress.interval_s``, read when the stage starts. No stage declares it in
   dvc.yaml and nothing printed here goes into an output, so changing it re-runs nothing.
 """  # noqa: E501  (the example line above is one line of a log, as long as the real ones)
+
 from __future__ import annotations
 
 import math
@@ -36,16 +37,21 @@ BAR_REFRESH_S = 0.5  # how often a terminal bar takes a new position and figures
 
 @dataclass
 class _Settings:
-    context: Optional[str] = None   # "train_cls deit_tiny-vca": what every label starts with; None: not configured
+    context: Optional[str] = None  # "train_cls deit_tiny-vca": what every label starts with; None: not configured
     interval_s: float = DEFAULT_INTERVAL_S
-    bar: Optional[bool] = None      # None: a bar where stderr is a terminal
+    bar: Optional[bool] = None  # None: a bar where stderr is a terminal
 
 
 _settings = _Settings()
 
 
-def configure(params: Optional[Mapping[str, Any]] = None, stage: str = "", run: Optional[str] = None, *,
-              interval_s: Optional[float] = None) -> None:
+def configure(
+    params: Optional[Mapping[str, Any]] = None,
+    stage: str = "",
+    run: Optional[str] = None,
+    *,
+    interval_s: Optional[float] = None,
+) -> None:
     """Let this process report, its labels starting with ``stage`` and ``run``, at params' ``progress.interval_s``."""
     section = (params or {}).get("progress") or {}
     interval = interval_s if interval_s is not None else section.get("interval_s", DEFAULT_INTERVAL_S)
@@ -99,11 +105,22 @@ class Progress:
     for the line (called only when one is due). ``enabled`` None: a configured process's rank 0.
     """
 
-    def __init__(self, what: Optional[str], total: Optional[int], *, start: int = 0, unit: str = "step",
-                 images_per_step: Optional[int] = None, seed: Optional[int] = None,
-                 figures: Optional[Callable[[], Mapping[str, Any]]] = None, enabled: Optional[bool] = None,
-                 interval_s: Optional[float] = None, bar: Optional[bool] = None,
-                 clock: Callable[[], float] = time.monotonic, stream: Optional[TextIO] = None):
+    def __init__(
+        self,
+        what: Optional[str],
+        total: Optional[int],
+        *,
+        start: int = 0,
+        unit: str = "step",
+        images_per_step: Optional[int] = None,
+        seed: Optional[int] = None,
+        figures: Optional[Callable[[], Mapping[str, Any]]] = None,
+        enabled: Optional[bool] = None,
+        interval_s: Optional[float] = None,
+        bar: Optional[bool] = None,
+        clock: Callable[[], float] = time.monotonic,
+        stream: Optional[TextIO] = None,
+    ):
         configured = _settings.context is not None
         self.enabled = (configured and _main_rank()) if enabled is None else (enabled and configured)
         parts = [_settings.context if configured else None, f"seed {seed}" if seed is not None else None, what]
@@ -129,8 +146,12 @@ class Progress:
             self._due = self._t0 + BAR_REFRESH_S
             return
         self._due = self._t0 + self.interval_s
-        self._write(self._head() + " | start" + (", resuming" if start else "")
-                    + (f", {images_per_step} images a {unit}" if images_per_step else ""))
+        self._write(
+            self._head()
+            + " | start"
+            + (", resuming" if start else "")
+            + (f", {images_per_step} images a {unit}" if images_per_step else "")
+        )
 
     # -- the loop's side: as cheap as one comparison ------------------------------------------------------------
     def update(self, n: int) -> None:
@@ -245,20 +266,32 @@ def _make_bar(label: str, total: Optional[int], start: int, unit: str):
         # no monitor thread: forking a loader worker or a seed worker from a process with threads is best avoided
         monitor_interval = 0
 
-    return Bar(total=total, initial=start, desc=label, unit=unit, file=sys.stderr, dynamic_ncols=True,
-               mininterval=BAR_REFRESH_S, smoothing=0.1, leave=True)
+    return Bar(
+        total=total,
+        initial=start,
+        desc=label,
+        unit=unit,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        mininterval=BAR_REFRESH_S,
+        smoothing=0.1,
+        leave=True,
+    )
 
 
 # -- reading it back (python -m vcarepro.tools.cluster status) ---------------------------------------------------------
 
-_LINE = re.compile(r"^(?P<label>[^|]+?) \| (?P<unit>[a-z]+) (?P<n>\d+)(?:/(?P<total>\d+) \((?P<percent>[\d.]+)%\))?"
-                   r" \| (?P<rest>.*)$")
+_LINE = re.compile(
+    r"^(?P<label>[^|]+?) \| (?P<unit>[a-z]+) (?P<n>\d+)(?:/(?P<total>\d+) \((?P<percent>[\d.]+)%\))?"
+    r" \| (?P<rest>.*)$"
+)
 _ETA = re.compile(r"(?:^| \| )eta (?P<eta>[^|]+?)\s*(?: \||$)")
 
 
 @dataclass(frozen=True)
 class Line:
     """One progress line read back: its label, position, and the ETA it gave (None at start and end)."""
+
     label: str
     unit: str
     n: int
@@ -293,8 +326,14 @@ def parse_line(text: str) -> Optional[Line]:
     else:
         return None
     eta = _ETA.search(rest)
-    return Line(found["label"], found["unit"], int(found["n"]), int(found["total"]) if found["total"] else None,
-                eta["eta"] if eta and state == "running" else None, state)
+    return Line(
+        found["label"],
+        found["unit"],
+        int(found["n"]),
+        int(found["total"]) if found["total"] else None,
+        eta["eta"] if eta and state == "running" else None,
+        state,
+    )
 
 
 def latest(lines: Iterable[str]) -> List[Line]:

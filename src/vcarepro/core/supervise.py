@@ -18,6 +18,7 @@ only once its whole group has. A target that has ended is no error: it is not si
 
 Standard library only: ``stages/warm.py`` imports it before anything else of the package loads.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,7 +32,9 @@ POLL_S = 0.2  # seconds between looks at the children
 
 
 class Stopped(NamedTuple):
-    codes: List[Optional[int]]  # each target's return code as subprocess gives it (-N: ended by signal N); None: unknown
+    codes: List[
+        Optional[int]
+    ]  # each target's return code as subprocess gives it (-N: ended by signal N); None: unknown
     killed: bool  # the grace ran out and SIGKILL was sent
 
 
@@ -132,9 +135,18 @@ def send(targets: Any, signum: int, *, group: bool = False, gone: Tuple[Type[Bas
         _Child(target, group, gone).send(signum)
 
 
-def stop(targets: Any, grace_s: float, *, signals: Sequence[int] = (signal.SIGTERM,),
-         pending: Optional[Callable[[], Iterable[int]]] = None, kill: Any = None, reap_s: Optional[float] = None,
-         group: bool = False, gone: Tuple[Type[BaseException], ...] = (), poll_s: float = POLL_S) -> Stopped:
+def stop(
+    targets: Any,
+    grace_s: float,
+    *,
+    signals: Sequence[int] = (signal.SIGTERM,),
+    pending: Optional[Callable[[], Iterable[int]]] = None,
+    kill: Any = None,
+    reap_s: Optional[float] = None,
+    group: bool = False,
+    gone: Tuple[Type[BaseException], ...] = (),
+    poll_s: float = POLL_S,
+) -> Stopped:
     """Stop ``targets``: each of ``signals`` to those running, SIGKILL once ``grace_s`` seconds pass, then reap.
 
     * ``signals``: sent first, in order (none: the caller signalled already, or something else stops them);
@@ -155,7 +167,7 @@ def stop(targets: Any, grace_s: float, *, signals: Sequence[int] = (signal.SIGTE
     killed_at = None
     while True:
         running = [child for child in children if child.running()]
-        for signum in (pending() if pending is not None else ()):
+        for signum in pending() if pending is not None else ():
             for child in running:
                 child.send(signum)
         if not running:

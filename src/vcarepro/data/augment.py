@@ -8,6 +8,7 @@ Pillow 13 raises ``ValueError: bits must be between or equal to 1 and 8`` instea
 transforms of a 64 px image in the first batch). The policy stays exactly the recipe's: only the
 posterize ops are given back Pillow's old result for 0 bits.
 """
+
 from __future__ import annotations
 
 from PIL import Image, ImageOps

@@ -6,6 +6,7 @@
 same layout the ImageNet preparation produces, so every later stage runs the code
 that runs on ImageNet.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,9 +16,9 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
+from vcarepro.core.errors import BadInput
 from vcarepro.core.io import atomic_directory, write_json
 from vcarepro.data.folders import CLASSES, write_manifest
-from vcarepro.core.errors import BadInput
 
 
 def export_digits(out: str | Path, *, val_fraction: float = 0.2, seed: int = 0) -> dict:

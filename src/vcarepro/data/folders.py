@@ -7,6 +7,7 @@
 
 Training reads the manifest, so what was verified at preparation is what is trained on.
 """
+
 from __future__ import annotations
 
 import csv
@@ -18,6 +19,7 @@ from typing import Callable, Iterator, List, Optional, Tuple
 
 from PIL import Image
 from torch.utils.data import Dataset
+
 from vcarepro.core.errors import BadInput, MissingInput, UserError
 
 MANIFEST = "manifest.csv"
@@ -58,14 +60,17 @@ class UnreadableImage(UserError, OSError):
 
 # The prepared layout is a DVC output: prepare it again, or take it back from DVC's cache (without --force,
 # `dvc checkout` refuses to replace a file that changed).
-REPAIR = ("re-run prepare_cls (`dvc repro -f -s prepare_cls`) or restore it (`dvc checkout --force data/cls`), "
-          "then `dvc repro`")
+REPAIR = (
+    "re-run prepare_cls (`dvc repro -f -s prepare_cls`) or restore it (`dvc checkout --force data/cls`), "
+    "then `dvc repro`"
+)
 
 
 def unreadable_image(path: str | Path, err: BaseException) -> UnreadableImage:
     reason = " ".join(str(err).split()) or type(err).__name__  # one line, whatever the decoder said
-    return UnreadableImage(f"the prepared image {path} cannot be read ({reason}); the prepared data is damaged: "
-                           f"{REPAIR}.")
+    return UnreadableImage(
+        f"the prepared image {path} cannot be read ({reason}); the prepared data is damaged: {REPAIR}."
+    )
 
 
 @contextmanager
@@ -97,8 +102,7 @@ class ManifestDataset(Dataset):
     transform is deterministic); loader workers fill their own copies, so use it with workers=0.
     """
 
-    def __init__(self, root: str | Path, split: str, transform: Optional[Callable] = None,
-                 cache: bool = False) -> None:
+    def __init__(self, root: str | Path, split: str, transform: Optional[Callable] = None, cache: bool = False) -> None:
         self.root = Path(root)
         self.samples = read_manifest(self.root, split)
         self.classes = read_classes(self.root)

@@ -14,6 +14,7 @@ label ``i`` means the same class here as in every pretrained checkpoint. The dev
 torchvision reads it (``meta.mat`` synsets with ``num_children == 0`` are the 1000 classes, the
 ground-truth file holds one ILSVRC2012_ID per validation image, in image order).
 """
+
 from __future__ import annotations
 
 import csv
@@ -32,10 +33,10 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from PIL import Image
 
+from vcarepro.core.errors import BadInput, MissingInput
 from vcarepro.core.io import atomic_directory, write_json
 from vcarepro.core.progress import Progress
 from vcarepro.data.folders import CLASSES, write_manifest
-from vcarepro.core.errors import BadInput, MissingInput
 
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png"}
 
@@ -89,8 +90,10 @@ def prepare_imagenet(
     """
     root = Path(root)
     if not root.is_dir():
-        raise MissingInput(f"ImageNet root {root} is not a directory; set prepare_cls.imagenet_root to the "
-                                f"folder holding {TRAIN_TAR} or train/ (or pick scale=embedded).")
+        raise MissingInput(
+            f"ImageNet root {root} is not a directory; set prepare_cls.imagenet_root to the "
+            f"folder holding {TRAIN_TAR} or train/ (or pick scale=embedded)."
+        )
     if subset_classes is not None and subset_count is not None:
         raise BadInput("give subset_classes or subset_count, not both.")
     if not 0.0 <= max_bad_fraction <= 1.0:
@@ -125,9 +128,11 @@ def prepare_imagenet(
         bad = report["bad"]["count"]
         if results and bad / len(results) > max_bad_fraction:
             first = ", ".join(b["path"] for b in report["bad"]["files"][:3])
-            raise BadInput(f"{bad} of {len(results)} ImageNet images are unreadable (first: {first}); "
-                             f"fix or re-download them, or raise max_bad_fraction (now {max_bad_fraction}) "
-                             f"to skip them.")
+            raise BadInput(
+                f"{bad} of {len(results)} ImageNet images are unreadable (first: {first}); "
+                f"fix or re-download them, or raise max_bad_fraction (now {max_bad_fraction}) "
+                f"to skip them."
+            )
         for r in results:
             if r.error is not None and r.extracted:
                 (tmp / r.path).unlink(missing_ok=True)  # our copy of a bad file: not left beside the manifest
@@ -145,12 +150,18 @@ def prepare_imagenet(
         write_manifest(tmp, rows)
         write_json(tmp / REPORT, report)
     kept = Counter(row[0] for row in rows)
-    return {"train": kept["train"], "val": kept["val"], "classes": len(wnids), "layout": report["layout"],
-            "report": str(Path(out) / REPORT)}
+    return {
+        "train": kept["train"],
+        "val": kept["val"],
+        "classes": len(wnids),
+        "layout": report["layout"],
+        "report": str(Path(out) / REPORT),
+    }
 
 
-def without_empty_classes(wnids: List[str], images: Counter, where: Path, drop: bool,
-                          unreadable: bool = False) -> List[str]:
+def without_empty_classes(
+    wnids: List[str], images: Counter, where: Path, drop: bool, unreadable: bool = False
+) -> List[str]:
     """``wnids`` without the classes that have no (readable) train image, or a BadInput naming them.
 
     An empty class would still take a label: the class count and every label after it would
@@ -166,15 +177,23 @@ def without_empty_classes(wnids: List[str], images: Counter, where: Path, drop: 
         named = ", ".join(str(where / w) for w in empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
         if not one:
             what = "have no readable train image" if unreadable else "hold no train images"
-        fix = (f"replace {'its' if one else 'their'} images" if unreadable
-               else f"put {'its' if one else 'their'} images back or remove {'it' if one else 'them'}")
-        raise BadInput(f"{'class' if one else 'classes'} {named} {what}, which would shift every label after "
-                       f"{'it' if one else 'them'}; {fix}, or set prepare_cls.drop_empty_classes=true to leave "
-                       f"{'it' if one else 'them'} out.")
+        fix = (
+            f"replace {'its' if one else 'their'} images"
+            if unreadable
+            else f"put {'its' if one else 'their'} images back or remove {'it' if one else 'them'}"
+        )
+        raise BadInput(
+            f"{'class' if one else 'classes'} {named} {what}, which would shift every label after "
+            f"{'it' if one else 'them'}; {fix}, or set prepare_cls.drop_empty_classes=true to leave "
+            f"{'it' if one else 'them'} out."
+        )
     for wnid in empty:
-        print(f"warning: class {where / wnid} {what}; dropped (prepare_cls.drop_empty_classes), so the "
-              f"dataset has {len(wnids) - len(empty)} classes and the labels after it move down.",
-              file=sys.stderr, flush=True)
+        print(
+            f"warning: class {where / wnid} {what}; dropped (prepare_cls.drop_empty_classes), so the "
+            f"dataset has {len(wnids) - len(empty)} classes and the labels after it move down.",
+            file=sys.stderr,
+            flush=True,
+        )
     return [w for w in wnids if images[w]]
 
 
@@ -184,12 +203,12 @@ def without_empty_classes(wnids: List[str], images: Counter, where: Path, drop: 
 def _expected_inputs(root: Path, what: str) -> str:
     return {
         "train": f"no {TRAIN_TAR} or train/<wnid>/ class folders under {root}; expected one of {TRAIN_TAR}, "
-                 f"train/<wnid>/*.JPEG or ILSVRC/Data/CLS-LOC/train/<wnid>/*.JPEG.",
+        f"train/<wnid>/*.JPEG or ILSVRC/Data/CLS-LOC/train/<wnid>/*.JPEG.",
         "val": f"no {VAL_TAR}, val/ folder or {KAGGLE_VAL} under {root}; expected one of {VAL_TAR} (+ {DEVKIT_TAR}), "
-               f"val/<wnid>/ class folders, or a flat val/ with {DEVKIT_TAR} (or its data/{META_MAT} + "
-               f"data/{GROUND_TRUTH}) or Kaggle's {KAGGLE_VAL}.",
+        f"val/<wnid>/ class folders, or a flat val/ with {DEVKIT_TAR} (or its data/{META_MAT} + "
+        f"data/{GROUND_TRUTH}) or Kaggle's {KAGGLE_VAL}.",
         "labels": f"the validation images under {root} have no labels; expected {DEVKIT_TAR}, its extracted "
-                  f"data/{META_MAT} + data/{GROUND_TRUTH}, or Kaggle's {KAGGLE_VAL} under {root}.",
+        f"data/{META_MAT} + data/{GROUND_TRUTH}, or Kaggle's {KAGGLE_VAL} under {root}.",
     }[what]
 
 
@@ -198,8 +217,11 @@ def _find_named(root: Path, names: Iterable[str], max_depth: int = 4) -> Dict[st
     wanted, found = set(names), {}
     for dirpath, dirnames, filenames in os.walk(root):
         depth = len(Path(dirpath).relative_to(root).parts)
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d.lower() not in
-                             {"train", "val", "test", "images"} and depth < max_depth)
+        dirnames[:] = sorted(
+            d
+            for d in dirnames
+            if not d.startswith(".") and d.lower() not in {"train", "val", "test", "images"} and depth < max_depth
+        )
         for name in sorted(wanted.intersection(filenames) - found.keys()):
             found[name] = Path(dirpath) / name
         if len(found) == len(wanted):
@@ -214,8 +236,11 @@ def _class_dirs(folder: Path) -> List[str]:
 def _images_in(folder: Path) -> List[str]:
     """Absolute paths of the image files directly in ``folder``, sorted."""
     with os.scandir(folder) as entries:
-        return sorted(os.path.abspath(e.path) for e in entries
-                      if e.is_file() and not e.name.startswith(".") and Path(e.name).suffix.lower() in IMAGE_SUFFIXES)
+        return sorted(
+            os.path.abspath(e.path)
+            for e in entries
+            if e.is_file() and not e.name.startswith(".") and Path(e.name).suffix.lower() in IMAGE_SUFFIXES
+        )
 
 
 @dataclass
@@ -257,11 +282,18 @@ class _Layout:
         return self.val_dir if self.val_dir is not None else self.files[VAL_TAR]
 
     def describe(self) -> dict:
-        labels = ("class folders" if self.val_dir is not None and not self.val_flat
-                  else "devkit" if DEVKIT_TAR in self.files or GROUND_TRUTH in self.files else "kaggle")
-        return {"train": ("folders " if self.train_dir is not None else "archive ") + str(self.train_where),
-                "val": ("folders " if self.val_dir is not None else "archive ") + str(self.val_where),
-                "val_labels": labels}
+        labels = (
+            "class folders"
+            if self.val_dir is not None and not self.val_flat
+            else "devkit"
+            if DEVKIT_TAR in self.files or GROUND_TRUTH in self.files
+            else "kaggle"
+        )
+        return {
+            "train": ("folders " if self.train_dir is not None else "archive ") + str(self.train_where),
+            "val": ("folders " if self.val_dir is not None else "archive ") + str(self.val_where),
+            "val_labels": labels,
+        }
 
     def train_wnids(self) -> List[str]:
         if self.train_dir is not None:
@@ -270,7 +302,7 @@ class _Layout:
             names = [m.name for m in outer.getmembers() if m.isfile()]
         for name in names:
             _safe_member_name(name, self.files[TRAIN_TAR])
-        return sorted(PurePosixPath(n).name[:-len(".tar")] for n in names if n.endswith(".tar"))
+        return sorted(PurePosixPath(n).name[: -len(".tar")] for n in names if n.endswith(".tar"))
 
 
 # ----------------------------------------------------------------------------- metadata
@@ -278,7 +310,7 @@ class _Layout:
 
 @dataclass
 class _Metadata:
-    names: Dict[str, str] = field(default_factory=dict)       # wnid -> class name
+    names: Dict[str, str] = field(default_factory=dict)  # wnid -> class name
     val_labels: Dict[str, str] = field(default_factory=dict)  # val image stem -> wnid
 
     @classmethod
@@ -293,8 +325,10 @@ class _Metadata:
                 ids = ground_truth.decode().split()
                 unknown = sorted({i for i in ids if int(i) not in id_to_wnid})
                 if unknown:
-                    raise BadInput(f"{where} names ILSVRC2012_IDs {', '.join(unknown[:5])} that are no leaf synset "
-                                     f"of meta.mat; the ground truth and meta.mat do not belong together.")
+                    raise BadInput(
+                        f"{where} names ILSVRC2012_IDs {', '.join(unknown[:5])} that are no leaf synset "
+                        f"of meta.mat; the ground truth and meta.mat do not belong together."
+                    )
                 meta.val_labels = {f"ILSVRC2012_val_{n:08d}": id_to_wnid[int(i)] for n, i in enumerate(ids, 1)}
         if KAGGLE_SYNSETS in files:
             for line in files[KAGGLE_SYNSETS].read_text().splitlines():
@@ -305,10 +339,14 @@ class _Metadata:
             with files[KAGGLE_VAL].open(newline="") as f:
                 reader = csv.DictReader(f)
                 if not {"ImageId", "PredictionString"} <= set(reader.fieldnames or ()):
-                    raise BadInput(f"{files[KAGGLE_VAL]} lacks the columns ImageId,PredictionString of Kaggle's "
-                                     f"{KAGGLE_VAL}.")
-                meta.val_labels = {row["ImageId"]: row["PredictionString"].split()[0] for row in reader
-                                   if row["PredictionString"].strip()}
+                    raise BadInput(
+                        f"{files[KAGGLE_VAL]} lacks the columns ImageId,PredictionString of Kaggle's {KAGGLE_VAL}."
+                    )
+                meta.val_labels = {
+                    row["ImageId"]: row["PredictionString"].split()[0]
+                    for row in reader
+                    if row["PredictionString"].strip()
+                }
         return meta
 
 
@@ -327,8 +365,10 @@ def _devkit_files(files: Dict[str, Path]) -> Tuple[Optional[bytes], Optional[byt
                 elif path.name == GROUND_TRUTH and truth is None:
                     truth = devkit.extractfile(member).read()
         if mat is None or truth is None:
-            raise MissingInput(f"{files[DEVKIT_TAR]} lacks data/{META_MAT} or data/{GROUND_TRUTH}; "
-                                    f"expected the ILSVRC2012 devkit (ILSVRC2012_devkit_t12/data/...).")
+            raise MissingInput(
+                f"{files[DEVKIT_TAR]} lacks data/{META_MAT} or data/{GROUND_TRUTH}; "
+                f"expected the ILSVRC2012 devkit (ILSVRC2012_devkit_t12/data/...)."
+            )
     return mat, truth
 
 
@@ -341,8 +381,10 @@ def _parse_meta_mat(raw: bytes, where: Path) -> Tuple[Dict[int, str], Dict[str, 
         leaves = synsets[synsets["num_children"] == 0]
         ids, wnids, words = leaves["ILSVRC2012_ID"], leaves["WNID"], leaves["words"]
     except (KeyError, ValueError, TypeError) as err:
-        raise BadInput(f"{where}: {META_MAT} is not the ILSVRC2012 devkit's (expected a 'synsets' struct with "
-                         f"ILSVRC2012_ID, WNID, words, num_children): {err}") from None
+        raise BadInput(
+            f"{where}: {META_MAT} is not the ILSVRC2012 devkit's (expected a 'synsets' struct with "
+            f"ILSVRC2012_ID, WNID, words, num_children): {err}"
+        ) from None
     return ({int(i): str(w) for i, w in zip(ids, wnids)}, {str(w): str(n) for w, n in zip(wnids, words)})
 
 
@@ -351,25 +393,31 @@ def _parse_meta_mat(raw: bytes, where: Path) -> Tuple[Dict[int, str], Dict[str, 
 
 def _check_class_count(wnids: Sequence[str], expect_full: bool, where: Path) -> None:
     if expect_full and len(wnids) != EXPECTED["classes"]:
-        raise BadInput(f"expected {EXPECTED['classes']} ImageNet-1K classes, found {len(wnids)} in {where}; "
-                         f"complete the download, or set prepare_cls.expect_full=false (or choose a subset with "
-                         f"prepare_cls.subset_classes or subset_count) for a partial copy.")
+        raise BadInput(
+            f"expected {EXPECTED['classes']} ImageNet-1K classes, found {len(wnids)} in {where}; "
+            f"complete the download, or set prepare_cls.expect_full=false (or choose a subset with "
+            f"prepare_cls.subset_classes or subset_count) for a partial copy."
+        )
 
 
 def _check_image_counts(found: Counter, layout: _Layout) -> None:
     for split, where in (("train", layout.train_where), ("val", layout.val_where)):
         if found[split] != EXPECTED[split]:
-            raise BadInput(f"expected {EXPECTED[split]:,} ImageNet-1K {split} images, found {found[split]:,} "
-                             f"in {where}; complete the download, or set prepare_cls.expect_full=false for a partial copy.")
+            raise BadInput(
+                f"expected {EXPECTED[split]:,} ImageNet-1K {split} images, found {found[split]:,} "
+                f"in {where}; complete the download, or set prepare_cls.expect_full=false for a partial copy."
+            )
 
 
-def _choose_classes(wnids: List[str], subset_classes: Optional[Sequence[str]], subset_count: Optional[int],
-                    seed: int, where: Path) -> List[str]:
+def _choose_classes(
+    wnids: List[str], subset_classes: Optional[Sequence[str]], subset_count: Optional[int], seed: int, where: Path
+) -> List[str]:
     if subset_classes is not None:
         missing = sorted(set(subset_classes) - set(wnids))
         if missing:
-            raise BadInput(f"subset_classes names {len(missing)} wnids absent from {where} "
-                             f"(first: {', '.join(missing[:5])}).")
+            raise BadInput(
+                f"subset_classes names {len(missing)} wnids absent from {where} (first: {', '.join(missing[:5])})."
+            )
         if not subset_classes:
             raise BadInput("subset_classes is empty; name at least one wnid.")
         return sorted(set(subset_classes))
@@ -387,7 +435,7 @@ def _choose_classes(wnids: List[str], subset_classes: Optional[Sequence[str]], s
 class _Checked:
     split: str
     wnid: str
-    path: str              # absolute (indexed in place) or relative to <out> (extracted)
+    path: str  # absolute (indexed in place) or relative to <out> (extracted)
     extracted: bool
     format: Optional[str] = None
     mode: Optional[str] = None
@@ -444,8 +492,10 @@ def _safe_member_name(name: str, archive: Path) -> str:
     """The file name of a tar member, refusing absolute paths and '..' (the name is never used as a path)."""
     path = PurePosixPath(name.replace("\\", "/"))
     if path.is_absolute() or ".." in path.parts or re.match(r"^[A-Za-z]:", name):
-        raise BadInput(f"{archive} holds an unsafe member path {name!r} (absolute or with '..'); refusing to "
-                         f"extract it: re-download the archive.")
+        raise BadInput(
+            f"{archive} holds an unsafe member path {name!r} (absolute or with '..'); refusing to "
+            f"extract it: re-download the archive."
+        )
     return path.name
 
 
@@ -461,15 +511,19 @@ def _extract_class_tar(job: Tuple[str, int, int, str, str, str]) -> List[_Checke
     rel_dir = Path("images", "train", wnid)
     (Path(out) / rel_dir).mkdir(parents=True, exist_ok=True)
     results = []
-    with open(tar_path, "rb") as f, \
-            tarfile.open(fileobj=io.BufferedReader(_Slice(f, offset, size)), mode="r|") as inner:
+    with (
+        open(tar_path, "rb") as f,
+        tarfile.open(fileobj=io.BufferedReader(_Slice(f, offset, size)), mode="r|") as inner,
+    ):
         for member in inner:
             name = _safe_member_name(member.name, Path(f"{label}:{wnid}.tar"))
             if member.isdir():
                 continue
             if not member.isfile():
-                raise BadInput(f"{label}:{wnid}.tar holds {member.name!r}, which is not a regular file (a link?); "
-                                 f"refusing to extract it: re-download the archive.")
+                raise BadInput(
+                    f"{label}:{wnid}.tar holds {member.name!r}, which is not a regular file (a link?); "
+                    f"refusing to extract it: re-download the archive."
+                )
             if Path(name).suffix.lower() not in IMAGE_SUFFIXES:
                 continue
             rel = str(rel_dir / name)
@@ -479,8 +533,9 @@ def _extract_class_tar(job: Tuple[str, int, int, str, str, str]) -> List[_Checke
     return results
 
 
-def _run(fn, jobs: List, workers: int, progress: Optional[Progress] = None,
-         count=lambda result: 1) -> Iterator[List[_Checked]]:
+def _run(
+    fn, jobs: List, workers: int, progress: Optional[Progress] = None, count=lambda result: 1
+) -> Iterator[List[_Checked]]:
     """``fn(job)`` of every job in ``workers`` processes, as they finish; ``progress`` advances ``count(result)``."""
     for result in _results(fn, jobs, workers):
         if progress is not None:
@@ -498,7 +553,7 @@ def _results(fn, jobs: List, workers: int) -> Iterator[List[_Checked]]:
 
 def _chunks(items: List, size: int = CHECK_CHUNK) -> Iterator[List]:
     for start in range(0, len(items), size):
-        yield items[start:start + size]
+        yield items[start : start + size]
 
 
 _Job = Tuple[str, str, List[Tuple[str, str]], bool]  # split, base of relative paths, (wnid, path)s, extracted
@@ -527,24 +582,32 @@ def _train_images(layout: _Layout, wnids: List[str], out: Path, workers: int) ->
 
 def _val_jobs(layout: _Layout, meta: _Metadata, train_wnids: set, label_of: Dict[str, int], out: Path) -> List[_Job]:
     """Check jobs for the validation images, extracted into class folders first if they come as an archive."""
+
     def wnid_of(name: str, where: Path) -> str:
         stem = name.rsplit(".", 1)[0]
         wnid = meta.val_labels.get(stem)
         if wnid is None:
-            source = ", ".join(str(layout.files[k]) for k in (DEVKIT_TAR, GROUND_TRUTH, KAGGLE_VAL)
-                               if k in layout.files)
-            raise BadInput(f"validation image {name} in {where} has no label in {source}; "
-                             f"expected names ILSVRC2012_val_%08d.JPEG covered by the labels.")
+            source = ", ".join(
+                str(layout.files[k]) for k in (DEVKIT_TAR, GROUND_TRUTH, KAGGLE_VAL) if k in layout.files
+            )
+            raise BadInput(
+                f"validation image {name} in {where} has no label in {source}; "
+                f"expected names ILSVRC2012_val_%08d.JPEG covered by the labels."
+            )
         if wnid not in train_wnids:
-            raise BadInput(f"validation image {name} in {where} is labelled {wnid}, which has no train class "
-                             f"folder or class tar in {layout.train_where}.")
+            raise BadInput(
+                f"validation image {name} in {where} is labelled {wnid}, which has no train class "
+                f"folder or class tar in {layout.train_where}."
+            )
         return wnid
 
     if layout.val_dir is not None and not layout.val_flat:
         unknown = sorted(set(_class_dirs(layout.val_dir)) - train_wnids)
         if unknown:
-            raise BadInput(f"{layout.val_dir} holds class folders absent from {layout.train_where} "
-                             f"(first: {', '.join(unknown[:5])}); train and val must share their classes.")
+            raise BadInput(
+                f"{layout.val_dir} holds class folders absent from {layout.train_where} "
+                f"(first: {', '.join(unknown[:5])}); train and val must share their classes."
+            )
         items = [(w, p) for w in label_of for p in _images_in(layout.val_dir / w)]
     elif layout.val_dir is not None:
         items = []
@@ -568,8 +631,10 @@ def _extract_val_tar(tar_path: Path, wnid_of, label_of: Dict[str, int], out: Pat
             if member.isdir() or Path(name).suffix.lower() not in IMAGE_SUFFIXES:
                 continue
             if not member.isfile():
-                raise BadInput(f"{tar_path} holds {member.name!r}, which is not a regular file (a link?); "
-                                 f"refusing to extract it: re-download the archive.")
+                raise BadInput(
+                    f"{tar_path} holds {member.name!r}, which is not a regular file (a link?); "
+                    f"refusing to extract it: re-download the archive."
+                )
             wnid = wnid_of(name, tar_path)
             if wnid not in label_of:
                 continue

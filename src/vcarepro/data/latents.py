@@ -28,6 +28,7 @@ terms, far below the rounding of any mean it is added to. SD VAE means stay with
 about +-40, where float16 has a spacing of at most 2**-5, which becomes at most
 0.003 after scaling by 0.18215: small next to the unit-variance diffusion noise.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,9 +42,9 @@ import torch
 from numpy.lib.format import open_memmap
 from PIL import Image
 
+from vcarepro.core.errors import BadInput, MissingInput
 from vcarepro.core.io import preallocate, write_json
 from vcarepro.data.folders import decoded_image
-from vcarepro.core.errors import BadInput, MissingInput
 
 INDEX = "index.json"
 MEAN, STD = 0, 1  # positions on the moments axis
@@ -58,6 +59,7 @@ def _labels_name(shard: int) -> str:
 
 
 # ---------------------------------------------------------------- pixels
+
 
 def adm_center_crop(image: Image.Image, image_size: int) -> Image.Image:
     """ADM / DiT preprocessing: RGB, box-halve while the short side is >= 2*image_size,
@@ -90,6 +92,7 @@ def to_uint8_pixels(images: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------- the VAE
 
+
 def _local_vae_folder(name_or_path: str) -> Optional[Path]:
     """The directory to load from: the path itself, or the cached snapshot of a Hub repo id."""
     if Path(name_or_path).is_dir():
@@ -119,8 +122,9 @@ def load_vae(name_or_path: str, device: torch.device):
             raise OSError(f"{name_or_path} is not cached")
         # low_cpu_mem_usage=False: what diffusers falls back to without `accelerate`, said here so that every
         # stage that loads the VAE does not print its seven-line advice to install it
-        vae = AutoencoderKL.from_pretrained(folder, local_files_only=True, torch_dtype=torch.float32,
-                                            low_cpu_mem_usage=False)
+        vae = AutoencoderKL.from_pretrained(
+            folder, local_files_only=True, torch_dtype=torch.float32, low_cpu_mem_usage=False
+        )
     except OSError as err:
         if Path(name_or_path).is_dir():
             raise  # a local directory that does not hold a VAE: diffusers' message says what is missing
@@ -138,6 +142,7 @@ def _vae_device(vae) -> torch.device:
 
 
 # ---------------------------------------------------------------- encoding
+
 
 def encode_to_shards(
     items: Sequence[Tuple[str | Path, int]],
@@ -172,8 +177,11 @@ def encode_to_shards(
 
     # image decoding and resizing release the GIL: load the next batch while this one encodes
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool, torch.inference_mode():
-        batches = [(shard, start, min(start + batch_size, count))
-                   for shard, count in enumerate(counts) for start in range(0, count, batch_size)]
+        batches = [
+            (shard, start, min(start + batch_size, count))
+            for shard, count in enumerate(counts)
+            for start in range(0, count, batch_size)
+        ]
 
         def submit(position: int):
             shard, start, stop = batches[position]
@@ -195,10 +203,16 @@ def encode_to_shards(
             if start == 0:
                 latent_shape = list(stacked.shape[3:])
                 first = shard * shard_size
-                np.save(out_dir / _labels_name(shard),
-                        np.asarray([label for _, label in items[first:first + counts[shard]]], dtype=np.int64))
-                moments = open_memmap(out_dir / _moments_name(shard), mode="w+", dtype=np.float16,
-                                      shape=(counts[shard], 2, 2, *latent_shape))
+                np.save(
+                    out_dir / _labels_name(shard),
+                    np.asarray([label for _, label in items[first : first + counts[shard]]], dtype=np.int64),
+                )
+                moments = open_memmap(
+                    out_dir / _moments_name(shard),
+                    mode="w+",
+                    dtype=np.float16,
+                    shape=(counts[shard], 2, 2, *latent_shape),
+                )
                 preallocate(out_dir / _moments_name(shard))  # a full disk: one sentence, not a bus error
             moments[start:stop] = stacked
             if stop == counts[shard]:
@@ -225,6 +239,7 @@ def encode_to_shards(
 
 # ---------------------------------------------------------------- reading
 
+
 class LatentShards:
     """A finished latent preparation, memory-mapped; draws posterior samples by global index."""
 
@@ -233,15 +248,19 @@ class LatentShards:
         index_path = self.root / INDEX
         if not index_path.is_file():
             raise MissingInput(
-                f"{self.root} is not a finished latent preparation (no {INDEX}); run dvc repro prepare_gen.")
+                f"{self.root} is not a finished latent preparation (no {INDEX}); run dvc repro prepare_gen."
+            )
         self.index = json.loads(index_path.read_text())
         self.num_images: int = self.index["num_images"]
         self.latent_shape: Tuple[int, ...] = tuple(self.index["latent_shape"])
         self.scaling_factor: float = float(self.index["scaling_factor"])
         counts = np.asarray(self.index["shards"], dtype=np.int64)
         self._starts = np.concatenate([[0], np.cumsum(counts)])
-        self.labels = torch.from_numpy(np.concatenate(
-            [np.load(self.root / _labels_name(k), allow_pickle=False) for k in range(len(counts))]).astype(np.int64))
+        self.labels = torch.from_numpy(
+            np.concatenate(
+                [np.load(self.root / _labels_name(k), allow_pickle=False) for k in range(len(counts))]
+            ).astype(np.int64)
+        )
         self._moments: Optional[List[np.ndarray]] = None
 
     def __len__(self) -> int:
@@ -253,8 +272,10 @@ class LatentShards:
 
     def _shards(self) -> List[np.ndarray]:
         if self._moments is None:
-            self._moments = [np.load(self.root / _moments_name(k), mmap_mode="r", allow_pickle=False)
-                             for k in range(len(self._starts) - 1)]
+            self._moments = [
+                np.load(self.root / _moments_name(k), mmap_mode="r", allow_pickle=False)
+                for k in range(len(self._starts) - 1)
+            ]
         return self._moments
 
     def moments(self, indices: torch.Tensor, flip: torch.Tensor) -> Tuple[np.ndarray, np.ndarray]:
@@ -282,6 +303,7 @@ class LatentShards:
 
 
 # ---------------------------------------------------------------- decoding
+
 
 def decode_to_uint8(vae, latents: torch.Tensor, batch_size: int = 32) -> torch.Tensor:
     """Scaled latents (as the model samples them) -> uint8 (B, 3, H, W) images on CPU."""

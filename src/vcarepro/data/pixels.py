@@ -5,6 +5,7 @@ reference set, as DiT measures against training-set statistics), ``inputs`` (the
 same images in model space, float32 in [-1, 1]) and ``labels``. One channel for
 grayscale sources. Paper scale stores VAE latents in the same keys' place (issue 5).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,8 +15,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vcarepro.data.folders import decoded_image, read_classes, read_manifest
 from vcarepro.core.errors import BadInput
+from vcarepro.data.folders import decoded_image, read_classes, read_manifest
 
 
 def load_split_pixels(cls_root: str | Path, split: str, image_size: int) -> Dict[str, torch.Tensor]:
@@ -32,5 +33,9 @@ def load_split_pixels(cls_root: str | Path, split: str, image_size: int) -> Dict
     if len({a.shape for a in images}) != 1:
         raise BadInput(f"{cls_root} mixes grayscale and colour images; convert them to one mode first.")
     uint8 = torch.from_numpy(np.stack(images))
-    return {"images": uint8, "inputs": uint8.float() / 127.5 - 1.0, "labels": torch.tensor(labels, dtype=torch.long),
-            "num_classes": torch.tensor(len(read_classes(cls_root)))}
+    return {
+        "images": uint8,
+        "inputs": uint8.float() / 127.5 - 1.0,
+        "labels": torch.tensor(labels, dtype=torch.long),
+        "num_classes": torch.tensor(len(read_classes(cls_root))),
+    }

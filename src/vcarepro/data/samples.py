@@ -10,6 +10,7 @@ their digest), so there are no duplicates and no gaps. At the end the maps
 are zipped (stored, not compressed) into the ``.npz``, which does not exist until every
 sample is in it; 50,000 images at 256 px (9.8 GB) never sit in memory at once.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,6 +22,7 @@ from typing import Tuple
 
 import numpy as np
 import torch
+
 from vcarepro.core.errors import BadInput, MissingInput
 from vcarepro.core.io import preallocate, write_json, write_npz_to
 
@@ -34,16 +36,27 @@ class NpzSampleWriter:
     run with another key is discarded, work with the same key is resumed.
     """
 
-    def __init__(self, path: str | Path, num: int, image_shape: Tuple[int, int, int], *,
-                 work_dir: str | Path | None = None, key: str = ""):
+    def __init__(
+        self,
+        path: str | Path,
+        num: int,
+        image_shape: Tuple[int, int, int],
+        *,
+        work_dir: str | Path | None = None,
+        key: str = "",
+    ):
         self.path = Path(path)
         self.work_dir = Path(work_dir) if work_dir is not None else self.path.with_name(f".{self.path.stem}.work")
         self.num, self.image_shape, self.key = num, tuple(image_shape), key
         state = {"key": key, "num": num, "image_shape": list(image_shape)}
         progress = self._read_progress()
         self.note = None  # what resuming found wrong, for the stage to say
-        resume = (progress is not None and {k: progress.get(k) for k in state} == state
-                  and (self.work_dir / "arr_0.npy").is_file() and (self.work_dir / "arr_1.npy").is_file())
+        resume = (
+            progress is not None
+            and {k: progress.get(k) for k in state} == state
+            and (self.work_dir / "arr_0.npy").is_file()
+            and (self.work_dir / "arr_1.npy").is_file()
+        )
         if resume:
             self.batches = [tuple(b) for b in progress.get("batches", [])]  # (start, stop, sha256) per batch
             mode = "r+"
@@ -58,8 +71,10 @@ class NpzSampleWriter:
         if resume:  # every finished batch's bytes are checked against the digest recorded with it
             for k, (start, stop, digest) in enumerate(self.batches):
                 if self._digest(start, stop) != digest:
-                    self.note = (f"finished batch {k} in {self.work_dir} fails its checksum; sampling again from "
-                                 f"batch {k} (batches {k}..{len(self.batches) - 1} are redone)")
+                    self.note = (
+                        f"finished batch {k} in {self.work_dir} fails its checksum; sampling again from "
+                        f"batch {k} (batches {k}..{len(self.batches) - 1} are redone)"
+                    )
                     self.batches = self.batches[:k]
                     break
         self.done_batches = len(self.batches)
@@ -87,8 +102,9 @@ class NpzSampleWriter:
     def write(self, batch: int, start: int, images_nchw: torch.Tensor, labels: torch.Tensor) -> None:
         """Store batch number ``batch``: uint8 (B, C, H, W) images and labels at ``start .. start + B``."""
         if batch != self.done_batches:
-            raise BadInput(f"batch {batch} written after {self.done_batches} finished batches; "
-                             "batches must be written in order.")
+            raise BadInput(
+                f"batch {batch} written after {self.done_batches} finished batches; batches must be written in order."
+            )
         stop = start + len(images_nchw)
         self.images[start:stop] = images_nchw.permute(0, 2, 3, 1).cpu().numpy()
         self.labels[start:stop] = labels.cpu().numpy()
@@ -97,7 +113,9 @@ class NpzSampleWriter:
         self.batches.append((start, stop, self._digest(start, stop)))
         self.done_batches = batch + 1
         # the batch counts as done only once it is on disk
-        write_json(self.work_dir / PROGRESS, {**self._state, "done_batches": self.done_batches, "batches": self.batches})
+        write_json(
+            self.work_dir / PROGRESS, {**self._state, "done_batches": self.done_batches, "batches": self.batches}
+        )
 
     def preview(self, per_class: int, classes: int) -> np.ndarray:
         """The first ``per_class`` finished samples of each of the first ``classes`` labels, (M, H, W, C) uint8."""
@@ -120,7 +138,6 @@ class NpzSampleWriter:
             write_npz_to(f, {name: self.work_dir / f"{name}.npy" for name in ("arr_0", "arr_1")})
         os.replace(tmp, self.path)
         return self.path
-
 
 
 def discard_work(work_dir: str | Path) -> None:

@@ -1,9 +1,11 @@
 """Seeds are an axis of a run: per-seed figures in, flat mean / std / per-seed metrics out."""
+
 from __future__ import annotations
 
 import math
 import statistics
 from typing import Any, Dict, Iterable, List, Mapping
+
 from vcarepro.core.errors import BadInput
 
 
@@ -27,6 +29,9 @@ def aggregate_seeds(per_seed: Mapping[int, Mapping[str, float]], keys: Iterable[
 def per_seed_values(metrics: Mapping[str, Any], key: str) -> List[float]:
     """The per-seed values of ``key`` that :func:`aggregate_seeds` wrote, in seed order (empty if none)."""
     prefix = f"{key}_seed"
-    pairs = sorted((int(k[len(prefix):]), float(v)) for k, v in metrics.items()
-                   if k.startswith(prefix) and k[len(prefix):].isdigit())
+    pairs = sorted(
+        (int(k[len(prefix) :]), float(v))
+        for k, v in metrics.items()
+        if k.startswith(prefix) and k[len(prefix) :].isdigit()
+    )
     return [v for _, v in pairs]

@@ -8,6 +8,7 @@ PVT, Swin tables this paper copies) quote multiply-accumulates as "FLOPs", so
 both are returned and ``macs`` is the one comparable to the paper. FFTs, which the counter
 does not see, are added at 5 n log2 n flops per complex transform of n points.
 """
+
 from __future__ import annotations
 
 import time
@@ -27,7 +28,7 @@ def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
 
 @dataclass(frozen=True)
 class FlopCount:
-    flops: int                       # as torch's counter reports: 2 per multiply-accumulate
+    flops: int  # as torch's counter reports: 2 per multiply-accumulate
     by_operator: Dict[str, int]
 
     @property
@@ -70,8 +71,9 @@ def model_flops(model: nn.Module, input_shape, device: Optional[torch.device] = 
         return count_flops(lambda: model(x))
 
 
-def throughput(model: nn.Module, input_shape, *, warmup: int = 2, iters: int = 5,
-               device: Optional[torch.device] = None) -> float:
+def throughput(
+    model: nn.Module, input_shape, *, warmup: int = 2, iters: int = 5, device: Optional[torch.device] = None
+) -> float:
     """Inference images per second at ``input_shape`` (batch first), eval mode, no grad."""
     device = device or next(model.parameters()).device
     x = torch.randn(input_shape, device=device)
@@ -92,8 +94,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def classifier_complexity(arch: str, attention: str, options: Optional[dict] = None, *, img_size: int = 224,
-                          num_classes: int = 1000, throughput_batch: int = 0) -> Dict[str, float]:
+def classifier_complexity(
+    arch: str,
+    attention: str,
+    options: Optional[dict] = None,
+    *,
+    img_size: int = 224,
+    num_classes: int = 1000,
+    throughput_batch: int = 0,
+) -> Dict[str, float]:
     """Parameters (M), GMACs and, if ``throughput_batch`` > 0, inference images/s of one classifier."""
     from vcarepro.models import create_classifier
 
@@ -107,14 +116,27 @@ def classifier_complexity(arch: str, attention: str, options: Optional[dict] = N
     return figures
 
 
-def generator_complexity(arch: str, attention: str, options: Optional[dict] = None, *, latent_size: int = 32,
-                         latent_channels: int = 4, num_classes: int = 1000,
-                         throughput_batch: int = 0) -> Dict[str, float]:
+def generator_complexity(
+    arch: str,
+    attention: str,
+    options: Optional[dict] = None,
+    *,
+    latent_size: int = 32,
+    latent_channels: int = 4,
+    num_classes: int = 1000,
+    throughput_batch: int = 0,
+) -> Dict[str, float]:
     """Parameters (M), GMACs of one denoiser call and, if asked, samples/s of that call, for a DiT/SiT backbone."""
     from vcarepro.models.dit import create_dit
 
-    model = create_dit(arch, attention, input_size=latent_size, in_channels=latent_channels,
-                       num_classes=num_classes, attention_options=options)
+    model = create_dit(
+        arch,
+        attention,
+        input_size=latent_size,
+        in_channels=latent_channels,
+        num_classes=num_classes,
+        attention_options=options,
+    )
     model.eval()
 
     def call(batch: int):
@@ -126,8 +148,10 @@ def generator_complexity(arch: str, attention: str, options: Optional[dict] = No
     with torch.no_grad():
         # trainable parameters: DiT keeps its fixed sin-cos pos_embed as a frozen Parameter, which
         # the DiT paper's 32.87M (S/2) / 130.3M (B/2) do not count
-        figures = {"params_m": count_parameters(model, trainable_only=True) / 1e6,
-                   "gmacs": count_flops(call(1)).macs / 1e9}
+        figures = {
+            "params_m": count_parameters(model, trainable_only=True) / 1e6,
+            "gmacs": count_flops(call(1)).macs / 1e9,
+        }
         if throughput_batch > 0:
             fn = call(throughput_batch)
             fn()
@@ -142,9 +166,20 @@ def model_complexity(spec: Dict[str, object], settings: Dict[str, object]) -> Di
     """Complexity of a params.yaml model spec at the paper's shape given by ``settings`` (params ``complexity``)."""
     arch, attention, options = spec["arch"], spec["attention"], spec.get("options") or None
     if str(arch).startswith("dit_"):
-        return generator_complexity(arch, attention, options, latent_size=settings["gen_latent_size"],
-                                    latent_channels=settings["gen_latent_channels"],
-                                    num_classes=settings["gen_num_classes"],
-                                    throughput_batch=settings["throughput_batch"])
-    return classifier_complexity(arch, attention, options, img_size=settings["cls_img_size"],
-                                 num_classes=settings["cls_num_classes"], throughput_batch=settings["throughput_batch"])
+        return generator_complexity(
+            arch,
+            attention,
+            options,
+            latent_size=settings["gen_latent_size"],
+            latent_channels=settings["gen_latent_channels"],
+            num_classes=settings["gen_num_classes"],
+            throughput_batch=settings["throughput_batch"],
+        )
+    return classifier_complexity(
+        arch,
+        attention,
+        options,
+        img_size=settings["cls_img_size"],
+        num_classes=settings["cls_num_classes"],
+        throughput_batch=settings["throughput_batch"],
+    )

@@ -22,6 +22,7 @@ name, in the order of ``features_list``; the static methods
 ``get_provided_features_list``, ``get_default_feature_layer_for_metric``,
 ``can_be_compiled`` and ``get_dummy_input_for_compile`` describe it.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,6 +39,7 @@ from safetensors.torch import load_file
 from torch.utils.data import Dataset
 from torch_fidelity.feature_extractor_base import FeatureExtractorBase
 from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
+
 from vcarepro.core.errors import BadInput
 from vcarepro.core.io import safetensors_bytes, write_bytes
 from vcarepro.core.progress import Progress
@@ -69,8 +71,10 @@ class DigitFeatureNet(nn.Module):
     def __init__(self, *, input_size: int = 32, width: int = 32, feature_dim: int = 64, num_classes: int = 10):
         super().__init__()
         if input_size < 8 or width % 8 != 0:
-            raise BadInput(f"DigitFeatureNet needs input_size >= 8 and width divisible by 8 (GroupNorm's 8 groups), "
-                             f"got input_size={input_size}, width={width}; change them accordingly.")
+            raise BadInput(
+                f"DigitFeatureNet needs input_size >= 8 and width divisible by 8 (GroupNorm's 8 groups), "
+                f"got input_size={input_size}, width={width}; change them accordingly."
+            )
         self.config = dict(input_size=input_size, width=width, feature_dim=feature_dim, num_classes=num_classes)
         self.input_size = input_size
         self.feature_dim = feature_dim
@@ -87,13 +91,16 @@ class DigitFeatureNet(nn.Module):
 
     def _prepare(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4 or x.shape[1] not in (1, 3):
-            raise BadInput(f"DigitFeatureNet expects (B, 1 or 3, H, W) images, got {tuple(x.shape)}; "
-                             "add a channel axis or convert to grayscale/RGB first.")
+            raise BadInput(
+                f"DigitFeatureNet expects (B, 1 or 3, H, W) images, got {tuple(x.shape)}; "
+                "add a channel axis or convert to grayscale/RGB first."
+            )
         x = x.float().mean(dim=1, keepdim=True)
         if x.shape[-2:] != (self.input_size, self.input_size):
             # antialias keeps downsized large samples from aliasing into features small ones do not have
-            x = F.interpolate(x, size=(self.input_size, self.input_size), mode="bilinear",
-                              align_corners=False, antialias=True)
+            x = F.interpolate(
+                x, size=(self.input_size, self.input_size), mode="bilinear", align_corners=False, antialias=True
+            )
         return (x - 0.5) / 0.5
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
@@ -110,13 +117,24 @@ class DigitFeatureNet(nn.Module):
 
 def _conv_block(cin: int, cout: int, *, stride: int) -> nn.Sequential:
     # GroupNorm rather than BatchNorm: features must not depend on batch composition or train/eval mode
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False),
-                         nn.GroupNorm(8, cout), nn.ReLU(inplace=True))
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False), nn.GroupNorm(8, cout), nn.ReLU(inplace=True)
+    )
 
 
-def train_feature_net(images_uint8: ImageArray, labels: ImageArray, *, epochs: int = 6, batch_size: int = 64,
-                      lr: float = 3e-3, seed: int = 0, input_size: int = 32, width: int = 32,
-                      feature_dim: int = 64, num_classes: Optional[int] = None) -> Tuple[DigitFeatureNet, float]:
+def train_feature_net(
+    images_uint8: ImageArray,
+    labels: ImageArray,
+    *,
+    epochs: int = 6,
+    batch_size: int = 64,
+    lr: float = 3e-3,
+    seed: int = 0,
+    input_size: int = 32,
+    width: int = 32,
+    feature_dim: int = 64,
+    num_classes: Optional[int] = None,
+) -> Tuple[DigitFeatureNet, float]:
     """Train a :class:`DigitFeatureNet` on uint8 (N, C, H, W) images; returns the net (eval mode) and its train
     accuracy.
 
@@ -127,12 +145,18 @@ def train_feature_net(images_uint8: ImageArray, labels: ImageArray, *, epochs: i
     images = _as_uint8_images(images_uint8, "images_uint8")
     targets = torch.as_tensor(np.asarray(labels), dtype=torch.long)
     if targets.shape != (images.shape[0],):
-        raise BadInput(f"labels must have shape ({images.shape[0]},) to match the images, got {tuple(targets.shape)}; "
-                         "pass one integer class per image.")
+        raise BadInput(
+            f"labels must have shape ({images.shape[0]},) to match the images, got {tuple(targets.shape)}; "
+            "pass one integer class per image."
+        )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        net = DigitFeatureNet(input_size=input_size, width=width, feature_dim=feature_dim,
-                              num_classes=num_classes or int(targets.max()) + 1)
+        net = DigitFeatureNet(
+            input_size=input_size,
+            width=width,
+            feature_dim=feature_dim,
+            num_classes=num_classes or int(targets.max()) + 1,
+        )
     generator = torch.Generator().manual_seed(seed)
     inputs = images.float() / 255.0
     optimizer = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=1e-4)
@@ -140,14 +164,18 @@ def train_feature_net(images_uint8: ImageArray, labels: ImageArray, *, epochs: i
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=epochs * steps_per_epoch)
     net.train()
     epoch, loss = 0, None
-    progress = Progress("extractor training", epochs * steps_per_epoch, unit="step", images_per_step=batch_size,
-                        figures=lambda: {"epoch": f"{epoch + 1}/{epochs}", "loss": loss.item() if loss is not None
-                                         else None})  # read when a line is due only
+    progress = Progress(
+        "extractor training",
+        epochs * steps_per_epoch,
+        unit="step",
+        images_per_step=batch_size,
+        figures=lambda: {"epoch": f"{epoch + 1}/{epochs}", "loss": loss.item() if loss is not None else None},
+    )  # read when a line is due only
     with progress:
         for epoch in range(epochs):
             order = torch.randperm(len(inputs), generator=generator)
             for start in range(0, len(inputs), batch_size):
-                batch = order[start:start + batch_size]
+                batch = order[start : start + batch_size]
                 loss = F.cross_entropy(net(inputs[batch]), targets[batch])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -159,8 +187,9 @@ def train_feature_net(images_uint8: ImageArray, labels: ImageArray, *, epochs: i
 
 
 @torch.no_grad()
-def evaluate_accuracy(net: DigitFeatureNet, images_uint8: ImageArray, labels: ImageArray, *,
-                      batch_size: int = 512) -> float:
+def evaluate_accuracy(
+    net: DigitFeatureNet, images_uint8: ImageArray, labels: ImageArray, *, batch_size: int = 512
+) -> float:
     """Top-1 accuracy of ``net`` on uint8 (N, C, H, W) images."""
     images = _as_uint8_images(images_uint8, "images_uint8")
     targets = torch.as_tensor(np.asarray(labels), dtype=torch.long)
@@ -168,8 +197,8 @@ def evaluate_accuracy(net: DigitFeatureNet, images_uint8: ImageArray, labels: Im
     net.eval()
     correct = 0
     for start in range(0, len(images), batch_size):
-        logits = net(images[start:start + batch_size].float() / 255.0)
-        correct += int((logits.argmax(dim=1) == targets[start:start + batch_size]).sum())
+        logits = net(images[start : start + batch_size].float() / 255.0)
+        correct += int((logits.argmax(dim=1) == targets[start : start + batch_size]).sum())
     net.train(was_training)
     return correct / len(images)
 
@@ -187,16 +216,22 @@ def read_feature_net_config(path: Union[str, Path]) -> Dict[str, int]:
     """Constructor config stored in a file written by :func:`save_feature_net`, read from the header only."""
     path = Path(path)
     if not path.is_file():
-        raise BadInput(f"Digit feature-net weights not found at {path}; train them with train_feature_net and "
-                         "save_feature_net, then pass that file as weights_path.")
+        raise BadInput(
+            f"Digit feature-net weights not found at {path}; train them with train_feature_net and "
+            "save_feature_net, then pass that file as weights_path."
+        )
     try:
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
     except Exception as error:  # safetensors raises its own error types for non-safetensors files
-        raise BadInput(f"{path} is not a safetensors file ({error}); pass a file written by save_feature_net.") from None
+        raise BadInput(
+            f"{path} is not a safetensors file ({error}); pass a file written by save_feature_net."
+        ) from None
     if metadata.get("format") != _FORMAT:
-        raise BadInput(f"{path} was not written by save_feature_net (no '{_FORMAT}' header); "
-                         "pass a file written by save_feature_net.")
+        raise BadInput(
+            f"{path} was not written by save_feature_net (no '{_FORMAT}' header); "
+            "pass a file written by save_feature_net."
+        )
     return json.loads(metadata["config"])
 
 
@@ -219,18 +254,23 @@ class FeatureExtractorDigits(FeatureExtractorBase):
     PRC) and ``"logits"`` (used for the Inception Score).
     """
 
-    def __init__(self, name: str, features_list: Sequence[str], feature_extractor_weights_path: Optional[str] = None,
-                 **kwargs):
+    def __init__(
+        self, name: str, features_list: Sequence[str], feature_extractor_weights_path: Optional[str] = None, **kwargs
+    ):
         super().__init__(name, features_list)
         if feature_extractor_weights_path is None:
-            raise BadInput(f"Feature extractor '{name}' needs trained weights; pass feature_extractor_weights_path "
-                             "(a file written by vcarepro.metrics.digit_features.save_feature_net).")
+            raise BadInput(
+                f"Feature extractor '{name}' needs trained weights; pass feature_extractor_weights_path "
+                "(a file written by vcarepro.metrics.digit_features.save_feature_net)."
+            )
         self.net = load_feature_net(feature_extractor_weights_path)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         if x.dtype != torch.uint8 or x.dim() != 4 or x.shape[1] != 3:
-            raise BadInput(f"Expected uint8 Bx3xHxW images, got {x.dtype} {tuple(x.shape)}; "
-                             "convert samples to uint8 RGB before extracting features.")
+            raise BadInput(
+                f"Expected uint8 Bx3xHxW images, got {x.dtype} {tuple(x.shape)}; "
+                "convert samples to uint8 RGB before extracting features."
+            )
         features = self.net.features(x.float() / 255.0)
         out = {"features": features, "logits": self.net.classify(features)}
         return tuple(out[name].float() for name in self.features_list)
@@ -259,10 +299,14 @@ def register_digit_feature_extractor(name: str = DIGITS_EXTRACTOR) -> None:
         torch_fidelity.register_feature_extractor(name, FeatureExtractorDigits)
         return
     # compared by qualified name, not identity, so that re-importing this module stays a no-op
-    if (registered.__module__, registered.__qualname__) != (FeatureExtractorDigits.__module__,
-                                                             FeatureExtractorDigits.__qualname__):
-        raise BadInput(f"torch-fidelity already has a different feature extractor named '{name}' "
-                         f"({registered.__module__}.{registered.__qualname__}); register ours under another name.")
+    if (registered.__module__, registered.__qualname__) != (
+        FeatureExtractorDigits.__module__,
+        FeatureExtractorDigits.__qualname__,
+    ):
+        raise BadInput(
+            f"torch-fidelity already has a different feature extractor named '{name}' "
+            f"({registered.__module__}.{registered.__qualname__}); register ours under another name."
+        )
 
 
 register_digit_feature_extractor()
@@ -285,10 +329,18 @@ class UInt8ImageDataset(Dataset):
         return image.expand(3, -1, -1).contiguous() if image.shape[0] == 1 else image
 
 
-def compute_generation_metrics(real_uint8: ImageArray, fake_uint8: ImageArray, *, extractor: str = DIGITS_EXTRACTOR,
-                               weights_path: Optional[Union[str, Path]] = None, kid_subset_size: Optional[int] = None,
-                               cuda: bool = False, seed: int = 0, batch_size: int = 256,
-                               verbose: bool = False) -> Dict[str, Union[float, int, str]]:
+def compute_generation_metrics(
+    real_uint8: ImageArray,
+    fake_uint8: ImageArray,
+    *,
+    extractor: str = DIGITS_EXTRACTOR,
+    weights_path: Optional[Union[str, Path]] = None,
+    kid_subset_size: Optional[int] = None,
+    cuda: bool = False,
+    seed: int = 0,
+    batch_size: int = 256,
+    verbose: bool = False,
+) -> Dict[str, Union[float, int, str]]:
     """FID and KID between two sets of uint8 (N, C, H, W) images (C in {1, 3}, same H and W) via torch-fidelity.
 
     ``extractor`` is ``"vcarepro-digits"`` (``weights_path``: a file from
@@ -307,23 +359,36 @@ def compute_generation_metrics(real_uint8: ImageArray, fake_uint8: ImageArray, *
     real = _as_uint8_images(real_uint8, "real_uint8")
     fake = _as_uint8_images(fake_uint8, "fake_uint8")
     if real.shape[-2:] != fake.shape[-2:]:
-        raise BadInput(f"Real and fake images differ in size ({tuple(real.shape[-2:])} vs {tuple(fake.shape[-2:])}); "
-                         "resize one set to the other's resolution first.")
+        raise BadInput(
+            f"Real and fake images differ in size ({tuple(real.shape[-2:])} vs {tuple(fake.shape[-2:])}); "
+            "resize one set to the other's resolution first."
+        )
     weights = _resolve_weights(extractor, weights_path)
     _check_enough_samples(real.shape[0], fake.shape[0], _feature_dim(extractor, weights))
     if kid_subset_size is None:
         kid_subset_size = min(KID_MAX_SUBSET_SIZE, real.shape[0], fake.shape[0])
     if not 2 <= kid_subset_size <= min(real.shape[0], fake.shape[0]):
-        raise BadInput(f"kid_subset_size={kid_subset_size} must lie in [2, {min(real.shape[0], fake.shape[0])}] "
-                         "(the smaller set's size); lower it or leave it None.")
+        raise BadInput(
+            f"kid_subset_size={kid_subset_size} must lie in [2, {min(real.shape[0], fake.shape[0])}] "
+            "(the smaller set's size); lower it or leave it None."
+        )
     if cuda and not torch.cuda.is_available():
         raise BadInput("cuda=True but no CUDA device is available; pass cuda=False.")
     scores = torch_fidelity.calculate_metrics(
-        input1=UInt8ImageDataset(real), input2=UInt8ImageDataset(fake),
-        feature_extractor=extractor, feature_extractor_weights_path=str(weights),
-        fid=True, kid=True, isc=False, prc=False,  # prc would load VGG16, which downloads its weights
-        kid_subset_size=kid_subset_size, rng_seed=seed, cuda=cuda, batch_size=batch_size,
-        cache=False, save_cpu_ram=True,  # in-memory data: DataLoader worker processes would only cost start-up time
+        input1=UInt8ImageDataset(real),
+        input2=UInt8ImageDataset(fake),
+        feature_extractor=extractor,
+        feature_extractor_weights_path=str(weights),
+        fid=True,
+        kid=True,
+        isc=False,
+        prc=False,  # prc would load VGG16, which downloads its weights
+        kid_subset_size=kid_subset_size,
+        rng_seed=seed,
+        cuda=cuda,
+        batch_size=batch_size,
+        cache=False,
+        save_cpu_ram=True,  # in-memory data: DataLoader worker processes would only cost start-up time
         verbose=verbose,
     )
     return {
@@ -345,17 +410,23 @@ def _resolve_weights(extractor: str, weights_path: Optional[Union[str, Path]]) -
     if extractor == INCEPTION_EXTRACTOR:
         path = Path(weights_path) if weights_path is not None else default_inception_weights_path()
         if not path.is_file():
-            raise BadInput(f"Inception weights not found at {path}; copy {INCEPTION_WEIGHTS_FILENAME} (from "
-                             "torch-fidelity's v0.2.0 GitHub release) there or pass its path as weights_path.")
+            raise BadInput(
+                f"Inception weights not found at {path}; copy {INCEPTION_WEIGHTS_FILENAME} (from "
+                "torch-fidelity's v0.2.0 GitHub release) there or pass its path as weights_path."
+            )
         return path
     if extractor == DIGITS_EXTRACTOR:
         if weights_path is None:
-            raise BadInput("The digits extractor needs weights_path; train and save one with train_feature_net "
-                             "and save_feature_net, then pass that file.")
+            raise BadInput(
+                "The digits extractor needs weights_path; train and save one with train_feature_net "
+                "and save_feature_net, then pass that file."
+            )
         path = Path(weights_path)
         if not path.is_file():
-            raise BadInput(f"Digit feature-net weights not found at {path}; train them with train_feature_net and "
-                             "save_feature_net, then pass that file as weights_path.")
+            raise BadInput(
+                f"Digit feature-net weights not found at {path}; train them with train_feature_net and "
+                "save_feature_net, then pass that file as weights_path."
+            )
         return path
     raise BadInput(f"Unknown extractor '{extractor}'; use '{DIGITS_EXTRACTOR}' or '{INCEPTION_EXTRACTOR}'.")
 
@@ -369,19 +440,27 @@ def _feature_dim(extractor: str, weights: Path) -> int:
 def _check_enough_samples(num_real: int, num_fake: int, feature_dim: int) -> None:
     minimum = feature_dim + 1
     if min(num_real, num_fake) < minimum:
-        raise BadInput(f"FID needs at least {minimum} images per set (feature dimension {feature_dim} + 1) but got "
-                         f"{num_real} real and {num_fake} fake; generate or load more images.")
+        raise BadInput(
+            f"FID needs at least {minimum} images per set (feature dimension {feature_dim} + 1) but got "
+            f"{num_real} real and {num_fake} fake; generate or load more images."
+        )
 
 
 def _as_uint8_images(images: ImageArray, what: str) -> torch.Tensor:
     tensor = torch.from_numpy(np.ascontiguousarray(images)) if isinstance(images, np.ndarray) else images
     if not isinstance(tensor, torch.Tensor):
-        raise BadInput(f"{what} must be a numpy array or torch tensor, got {type(images).__name__}; "
-                         "stack the images into one (N, C, H, W) uint8 array.")
+        raise BadInput(
+            f"{what} must be a numpy array or torch tensor, got {type(images).__name__}; "
+            "stack the images into one (N, C, H, W) uint8 array."
+        )
     if tensor.dtype != torch.uint8:
-        raise BadInput(f"{what} must be uint8 in [0, 255], got {tensor.dtype}; "
-                         "convert with (x * 255).round().clamp(0, 255).to(torch.uint8) or equivalent.")
+        raise BadInput(
+            f"{what} must be uint8 in [0, 255], got {tensor.dtype}; "
+            "convert with (x * 255).round().clamp(0, 255).to(torch.uint8) or equivalent."
+        )
     if tensor.dim() != 4 or tensor.shape[1] not in (1, 3) or tensor.shape[0] == 0:
-        raise BadInput(f"{what} must have shape (N, C, H, W) with N >= 1 and C in (1, 3), got {tuple(tensor.shape)}; "
-                         "add the channel axis or move it to position 1.")
+        raise BadInput(
+            f"{what} must have shape (N, C, H, W) with N >= 1 and C in (1, 3), got {tuple(tensor.shape)}; "
+            "add the channel axis or move it to position 1."
+        )
     return tensor.cpu()

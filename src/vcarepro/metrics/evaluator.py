@@ -14,6 +14,7 @@ without TensorFlow, one concept per module:
 * precision/recall with ADM's float16 distances: :mod:`vcarepro.metrics.precision_recall`;
 * KID (not in ADM's evaluator), torch-fidelity's: :mod:`vcarepro.metrics.kid`.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,15 +32,25 @@ from vcarepro.metrics.npz_images import iter_npz_images, npz_num_images
 from vcarepro.metrics.precision_recall import PR_NEIGHBOURHOOD, precision_recall
 
 
-def evaluate_samples(npz_path: PathLike, reference: FeatureStats, extractor: Any, *,
-                     reference_features: Optional[np.ndarray] = None,
-                     spatial_reference: Optional[FeatureStats] = None,
-                     own_reference: Optional[FeatureStats] = None,
-                     own_spatial_reference: Optional[FeatureStats] = None,
-                     feature_dims: Optional[int] = None, min_samples: Optional[int] = None, split_size: int = 5000,
-                     batch_size: Optional[int] = None, prc_k: int = PR_NEIGHBOURHOOD,
-                     prc_distance_dtype: str = "float16", kid_subsets: int = 100,
-                     kid_subset_size: int = 1000, seed: int = 0) -> Dict[str, Union[float, int]]:
+def evaluate_samples(
+    npz_path: PathLike,
+    reference: FeatureStats,
+    extractor: Any,
+    *,
+    reference_features: Optional[np.ndarray] = None,
+    spatial_reference: Optional[FeatureStats] = None,
+    own_reference: Optional[FeatureStats] = None,
+    own_spatial_reference: Optional[FeatureStats] = None,
+    feature_dims: Optional[int] = None,
+    min_samples: Optional[int] = None,
+    split_size: int = 5000,
+    batch_size: Optional[int] = None,
+    prc_k: int = PR_NEIGHBOURHOOD,
+    prc_distance_dtype: str = "float16",
+    kid_subsets: int = 100,
+    kid_subset_size: int = 1000,
+    seed: int = 0,
+) -> Dict[str, Union[float, int]]:
     """ADM's evaluation of a sample ``.npz`` (``arr_0``: uint8 N x H x W x 3), streamed through ``extractor``.
 
     Returns ``fid``, ``inception_score``, ``inception_score_std`` and
@@ -65,13 +76,20 @@ def evaluate_samples(npz_path: PathLike, reference: FeatureStats, extractor: Any
         own_spatial_reference = own_spatial_reference and own_spatial_reference.leading(feature_dims)
     min_samples = reference.dim + 1 if min_samples is None else min_samples
     if num_samples < min_samples:
-        fix = ("raise sampling.num_samples" if feature_dims is None or feature_dims >= full_dim else
-               "raise sampling.num_samples or lower eval_gen.feature_dims")
-        raise BadInput(f"FID over {reference.dim} feature dimensions needs at least {min_samples} samples, but "
-                       f"{npz_path} holds {num_samples}; {fix}.")
+        fix = (
+            "raise sampling.num_samples"
+            if feature_dims is None or feature_dims >= full_dim
+            else "raise sampling.num_samples or lower eval_gen.feature_dims"
+        )
+        raise BadInput(
+            f"FID over {reference.dim} feature dimensions needs at least {min_samples} samples, but "
+            f"{npz_path} holds {num_samples}; {fix}."
+        )
     if spatial_reference is not None and not hasattr(extractor, "extract"):
-        raise BadInput(f"sFID needs an extractor with .extract() (InceptionFeatures), got "
-                         f"{type(extractor).__name__}; pass InceptionFeatures or drop spatial_reference.")
+        raise BadInput(
+            f"sFID needs an extractor with .extract() (InceptionFeatures), got "
+            f"{type(extractor).__name__}; pass InceptionFeatures or drop spatial_reference."
+        )
     batch_size = batch_size or getattr(extractor, "batch_size", 100)
 
     pool_stats = StatsAccumulator(reference.dim)
@@ -82,14 +100,16 @@ def evaluate_samples(npz_path: PathLike, reference: FeatureStats, extractor: Any
             images = torch.from_numpy(batch).permute(0, 3, 1, 2)
             if spatial_stats is not None:
                 pool, logit, spatial = extractor.extract(images)
-                spatial_stats.update(as_float64(spatial)[:, :spatial_reference.dim])
+                spatial_stats.update(as_float64(spatial)[:, : spatial_reference.dim])
             else:
                 pool, logit = extractor(images)
             pool = as_float64(pool)
             if pool.shape[1] != full_dim:
-                raise BadInput(f"The extractor gives {pool.shape[1]}-d features but the reference statistics are "
-                                 f"{full_dim}-d; compute both with the same extractor.")
-            pool_stats.update(pool[:, :reference.dim])
+                raise BadInput(
+                    f"The extractor gives {pool.shape[1]}-d features but the reference statistics are "
+                    f"{full_dim}-d; compute both with the same extractor."
+                )
+            pool_stats.update(pool[:, : reference.dim])
             logits.append(np.asarray(logit.cpu() if isinstance(logit, torch.Tensor) else logit, dtype=np.float32))
             if reference_features is not None:
                 kept_pool.append(pool.astype(np.float32))
@@ -112,10 +132,12 @@ def evaluate_samples(npz_path: PathLike, reference: FeatureStats, extractor: Any
     if reference_features is not None:
         device = getattr(extractor, "device", "cpu")
         fake_features = np.concatenate(kept_pool)
-        result["precision"], result["recall"] = precision_recall(reference_features, fake_features, k=prc_k,
-                                                                 device=device, distance_dtype=prc_distance_dtype)
+        result["precision"], result["recall"] = precision_recall(
+            reference_features, fake_features, k=prc_k, device=device, distance_dtype=prc_distance_dtype
+        )
         result["kid_mean"], result["kid_std"] = kernel_inception_distance(
-            reference_features, fake_features, subsets=kid_subsets, subset_size=kid_subset_size, seed=seed)
+            reference_features, fake_features, subsets=kid_subsets, subset_size=kid_subset_size, seed=seed
+        )
     result["num_samples"] = num_samples
     result["fid_feature_dims"] = reference.dim
     return result
@@ -123,6 +145,11 @@ def evaluate_samples(npz_path: PathLike, reference: FeatureStats, extractor: Any
 
 def evaluator_options(eval_gen: Dict[str, Any]) -> Dict[str, Any]:
     """The params section ``eval_gen`` as ``evaluate_samples``' keyword arguments."""
-    return {"feature_dims": eval_gen["feature_dims"], "split_size": eval_gen["isc_split_size"],
-            "prc_k": eval_gen["prc_k"], "prc_distance_dtype": eval_gen["prc_distance_dtype"],
-            "kid_subsets": eval_gen["kid_subsets"], "kid_subset_size": eval_gen["kid_subset_size"]}
+    return {
+        "feature_dims": eval_gen["feature_dims"],
+        "split_size": eval_gen["isc_split_size"],
+        "prc_k": eval_gen["prc_k"],
+        "prc_distance_dtype": eval_gen["prc_distance_dtype"],
+        "kid_subsets": eval_gen["kid_subsets"],
+        "kid_subset_size": eval_gen["kid_subset_size"],
+    }

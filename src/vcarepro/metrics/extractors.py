@@ -6,6 +6,7 @@ Inception Score uses. Paper scale: torch-fidelity's Inception (``inception.Incep
 which also gives sFID's spatial features through ``extract``). Embedded scale: the digit
 classifier that prepare_gen trained (:class:`DigitFeatures`).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,8 +15,8 @@ from typing import Any, Dict, Tuple
 import numpy as np
 import torch
 
-from vcarepro.metrics.digit_features import DIGITS_EXTRACTOR, INCEPTION_EXTRACTOR, load_feature_net
 from vcarepro.core.errors import BadInput
+from vcarepro.metrics.digit_features import DIGITS_EXTRACTOR, INCEPTION_EXTRACTOR, load_feature_net
 
 
 class DigitFeatures:
@@ -34,12 +35,19 @@ class DigitFeatures:
         return features.double().cpu().numpy(), logits.double().cpu().numpy()
 
 
-def make_extractor(gen_meta: Dict[str, Any], prepare_gen: Dict[str, Any], device: torch.device, *,
-                   batch_size: int = 100, gen_data: str | Path = "data/gen"):
+def make_extractor(
+    gen_meta: Dict[str, Any],
+    prepare_gen: Dict[str, Any],
+    device: torch.device,
+    *,
+    batch_size: int = 100,
+    gen_data: str | Path = "data/gen",
+):
     """The extractor named by ``data/gen/meta.json``'s ``fid_extractor`` (digits | inception), and its name."""
     if gen_meta["fid_extractor"] == "digits":
         return DigitFeatures(Path(gen_data) / "fid_extractor.safetensors", device), DIGITS_EXTRACTOR
     if gen_meta["fid_extractor"] == "inception":
         from vcarepro.metrics.inception import InceptionFeatures
+
         return InceptionFeatures(prepare_gen["inception_weights"], device, batch_size=batch_size), INCEPTION_EXTRACTOR
     raise BadInput(f"fid_extractor={gen_meta['fid_extractor']!r} is unknown; use 'digits' or 'inception'.")

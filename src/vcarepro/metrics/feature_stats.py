@@ -5,6 +5,7 @@ builds them batch by batch, and :class:`FeatureReservoir` keeps the random subse
 rows that precision/recall and KID compare against. Both accumulators take (B, D) numpy
 arrays or torch tensors, one feature vector per row.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,8 +43,10 @@ class FeatureStats:
         self.sigma = np.asarray(self.sigma, dtype=np.float64)
         self.num = int(self.num)
         if self.mu.ndim != 1 or self.sigma.shape != (self.mu.shape[0],) * 2:
-            raise BadInput(f"FeatureStats needs mu of shape (D,) and sigma of shape (D, D), got {self.mu.shape} and "
-                             f"{self.sigma.shape}; pass the mean vector and the covariance matrix of one feature set.")
+            raise BadInput(
+                f"FeatureStats needs mu of shape (D,) and sigma of shape (D, D), got {self.mu.shape} and "
+                f"{self.sigma.shape}; pass the mean vector and the covariance matrix of one feature set."
+            )
 
     @property
     def dim(self) -> int:
@@ -65,13 +68,16 @@ class FeatureStats:
         """Read a file written by :meth:`save`."""
         path = Path(path)
         if not path.is_file():
-            raise MissingInput(f"Feature statistics not found at {path}; run the stage that computes them "
-                                    "(FeatureStats.save) or fix the path.")
+            raise MissingInput(
+                f"Feature statistics not found at {path}; run the stage that computes them "
+                "(FeatureStats.save) or fix the path."
+            )
         with np.load(path, allow_pickle=False) as data:
             missing = [key for key in ("mu", "sigma", "num") if key not in data.files]
             if missing:
-                raise BadInput(f"{path} lacks the keys {missing} of a FeatureStats file; pass a file written by "
-                                 "FeatureStats.save.")
+                raise BadInput(
+                    f"{path} lacks the keys {missing} of a FeatureStats file; pass a file written by FeatureStats.save."
+                )
             return cls(mu=data["mu"], sigma=data["sigma"], num=int(data["num"]))
 
 
@@ -93,8 +99,10 @@ class StatsAccumulator:
     def update(self, features: ArrayLike) -> None:
         x = as_float64(features)
         if x.ndim != 2 or x.shape[1] != self.dim:
-            raise BadInput(f"StatsAccumulator({self.dim}) expects (B, {self.dim}) features, got {x.shape}; "
-                             "pass one feature vector per row.")
+            raise BadInput(
+                f"StatsAccumulator({self.dim}) expects (B, {self.dim}) features, got {x.shape}; "
+                "pass one feature vector per row."
+            )
         if x.shape[0] == 0:
             return
         if self._shift is None:
@@ -134,10 +142,12 @@ class FeatureReservoir:
     def update(self, features: ArrayLike) -> None:
         x = as_float64(features) if isinstance(features, torch.Tensor) else np.asarray(features)
         if x.ndim != 2 or x.shape[1] != self._rows.shape[1]:
-            raise BadInput(f"FeatureReservoir expects (B, {self._rows.shape[1]}) features, got {x.shape}; "
-                             "pass one feature vector per row.")
+            raise BadInput(
+                f"FeatureReservoir expects (B, {self._rows.shape[1]}) features, got {x.shape}; "
+                "pass one feature vector per row."
+            )
         filling = max(0, min(self.capacity - self.seen, x.shape[0]))
-        self._rows[self.seen:self.seen + filling] = x[:filling]
+        self._rows[self.seen : self.seen + filling] = x[:filling]
         for offset in range(filling, x.shape[0]):
             slot = self._rng.integers(0, self.seen + offset + 1)
             if slot < self.capacity:
@@ -145,7 +155,7 @@ class FeatureReservoir:
         self.seen += x.shape[0]
 
     def result(self) -> np.ndarray:
-        return self._rows[:min(self.seen, self.capacity)].copy()
+        return self._rows[: min(self.seen, self.capacity)].copy()
 
 
 def frechet_distance(a: FeatureStats, b: FeatureStats) -> float:
@@ -156,7 +166,9 @@ def frechet_distance(a: FeatureStats, b: FeatureStats) -> float:
     to rounding for the positive semi-definite covariances FID deals with.
     """
     if a.dim != b.dim:
-        raise BadInput(f"Cannot compare {a.dim}-d with {b.dim}-d feature statistics; compute both with the same "
-                         "feature extractor and layer.")
+        raise BadInput(
+            f"Cannot compare {a.dim}-d with {b.dim}-d feature statistics; compute both with the same "
+            "feature extractor and layer."
+        )
     stats = [{"mu": s.mu.astype(np.float64), "sigma": s.sigma.astype(np.float64)} for s in (a, b)]
     return float(fid_statistics_to_metric(stats[0], stats[1], verbose=False)[KEY_METRIC_FID])

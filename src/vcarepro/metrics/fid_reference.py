@@ -8,6 +8,7 @@ FID-50K; and our own statistics, streamed over the training images
 both, and :func:`load_reference_set` reads them as :func:`vcarepro.metrics.evaluator.evaluate_samples`
 takes them.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,8 +20,15 @@ import torch
 from vcarepro.core.errors import BadInput, MissingInput
 from vcarepro.core.integrity import prepared
 from vcarepro.core.progress import Progress
-from vcarepro.metrics.feature_stats import ArrayLike, FeatureReservoir, FeatureStats, PathLike, StatsAccumulator, \
-    as_float64, frechet_distance
+from vcarepro.metrics.feature_stats import (
+    ArrayLike,
+    FeatureReservoir,
+    FeatureStats,
+    PathLike,
+    StatsAccumulator,
+    as_float64,
+    frechet_distance,
+)
 from vcarepro.metrics.npz_images import iter_npz_images, npz_array_shape, npz_keys, npz_num_images
 
 ADM_REFERENCE_SIZE = 10_000  # images in ADM's reference batches, used for precision/recall
@@ -38,15 +46,24 @@ def load_adm_reference(path: PathLike, *, spatial: bool = False) -> FeatureStats
     with np.load(path, allow_pickle=False) as data:
         missing = [key for key in keys if key not in data.files]
         if missing:
-            raise BadInput(f"{path} has no {' or '.join(missing)} (keys: {sorted(data.files)}), so it is not an ADM "
-                             "reference batch; pass the VIRTUAL_*.npz file from openai/guided-diffusion's evaluations.")
+            raise BadInput(
+                f"{path} has no {' or '.join(missing)} (keys: {sorted(data.files)}), so it is not an ADM "
+                "reference batch; pass the VIRTUAL_*.npz file from openai/guided-diffusion's evaluations."
+            )
         mu, sigma = data[keys[0]], data[keys[1]]
     num = npz_array_shape(path, "arr_0")[0] if "arr_0" in npz_keys(path) else 0
     return FeatureStats(mu=mu, sigma=sigma, num=num)
 
 
-def reference_from_images(image_iter: Iterable[ArrayLike], extractor: Any, *, keep_features: int = ADM_REFERENCE_SIZE,
-                          seed: int = 0, spatial: bool = False, total: Optional[int] = None):
+def reference_from_images(
+    image_iter: Iterable[ArrayLike],
+    extractor: Any,
+    *,
+    keep_features: int = ADM_REFERENCE_SIZE,
+    seed: int = 0,
+    spatial: bool = False,
+    total: Optional[int] = None,
+):
     """Reference statistics over every image yielded, and a random subset of their pool features for precision/recall.
 
     ``image_iter`` yields uint8 (B, 3, H, W) batches (e.g. the training set at
@@ -95,9 +112,14 @@ def adm_reference_features(path: PathLike, extractor: Any, *, batch_size: Option
     return np.concatenate(features)
 
 
-def write_reference(out_dir: PathLike, extractor: Any, *, adm_npz: Optional[PathLike],
-                    own: Optional[Callable[[], Tuple[FeatureStats, np.ndarray, Optional[FeatureStats], str]]],
-                    batch_size: int = 100) -> Dict[str, Any]:
+def write_reference(
+    out_dir: PathLike,
+    extractor: Any,
+    *,
+    adm_npz: Optional[PathLike],
+    own: Optional[Callable[[], Tuple[FeatureStats, np.ndarray, Optional[FeatureStats], str]]],
+    batch_size: int = 100,
+) -> Dict[str, Any]:
     """Write the reference side of every FID into ``out_dir``; returns what goes into its ``meta.json``.
 
     With ``adm_npz`` (ADM's reference batch) its statistics are the reference (``stats.npz``,
@@ -126,8 +148,12 @@ def write_reference(out_dir: PathLike, extractor: Any, *, adm_npz: Optional[Path
         if own_spatial is not None and spatial is not None:
             own_spatial.save(out_dir / "own_spatial_stats.npz")
             info["sfid_between_references"] = frechet_distance(own_spatial, spatial)
-    info.update(num_images=int(stats.num), num_features_kept=int(len(features)), feature_dim=int(stats.dim),
-                sfid=spatial is not None)
+    info.update(
+        num_images=int(stats.num),
+        num_features_kept=int(len(features)),
+        feature_dim=int(stats.dim),
+        sfid=spatial is not None,
+    )
     return info
 
 
@@ -138,15 +164,20 @@ def load_reference_set(root: PathLike) -> Dict[str, Any]:
     def optional(name: str) -> Optional[FeatureStats]:
         return FeatureStats.load(root / name) if (root / name).is_file() else None
 
-    return {"reference": FeatureStats.load(root / "stats.npz"),
-            "reference_features": np.load(root / "features.npy", allow_pickle=False),
-            "spatial_reference": optional("spatial_stats.npz"), "own_reference": optional("own_stats.npz"),
-            "own_spatial_reference": optional("own_spatial_stats.npz")}
+    return {
+        "reference": FeatureStats.load(root / "stats.npz"),
+        "reference_features": np.load(root / "features.npy", allow_pickle=False),
+        "spatial_reference": optional("spatial_stats.npz"),
+        "own_reference": optional("own_stats.npz"),
+        "own_spatial_reference": optional("own_spatial_stats.npz"),
+    }
 
 
 def _adm_batch(path: PathLike) -> Path:
     path = Path(path)
     if not path.is_file():
-        raise MissingInput(f"ADM reference batch not found at {path}; download VIRTUAL_imagenet256_labeled.npz "
-                           "from openai/guided-diffusion's evaluations README on a connected machine and put it there.")
+        raise MissingInput(
+            f"ADM reference batch not found at {path}; download VIRTUAL_imagenet256_labeled.npz "
+            "from openai/guided-diffusion's evaluations README on a connected machine and put it there."
+        )
     return path

@@ -17,6 +17,7 @@ weights (they are not on this machine): the first run with them should compare
 :func:`vcarepro.metrics.fid_reference.load_adm_reference` (spatial) with statistics from
 :func:`vcarepro.metrics.fid_reference.reference_from_images` on the same images.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,8 +28,12 @@ import torch
 from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 
 from vcarepro.core.errors import BadInput, MissingInput
-from vcarepro.metrics.digit_features import INCEPTION_EXTRACTOR, INCEPTION_FEATURE_DIM, INCEPTION_WEIGHTS_FILENAME, \
-    default_inception_weights_path
+from vcarepro.metrics.digit_features import (
+    INCEPTION_EXTRACTOR,
+    INCEPTION_FEATURE_DIM,
+    INCEPTION_WEIGHTS_FILENAME,
+    default_inception_weights_path,
+)
 
 INCEPTION_NUM_LOGITS = 1008  # the 2015 graph's softmax has 1008 outputs (1000 classes and 8 unused)
 SPATIAL_CHANNELS = 7  # ADM: spatial = mixed_6/conv[..., :7]
@@ -58,20 +63,27 @@ class InceptionFeatures:
     num_logits = INCEPTION_NUM_LOGITS
     spatial_dim = SPATIAL_FEATURE_DIM
 
-    def __init__(self, weights_path: Optional[Union[str, Path]] = None, device: Union[str, torch.device] = "cpu",
-                 batch_size: int = 100):
+    def __init__(
+        self,
+        weights_path: Optional[Union[str, Path]] = None,
+        device: Union[str, torch.device] = "cpu",
+        batch_size: int = 100,
+    ):
         path = Path(weights_path) if weights_path is not None else default_inception_weights_path()
         if not path.is_file():
-            raise MissingInput(f"Inception weights not found at {path}; copy {INCEPTION_WEIGHTS_FILENAME} (from "
-                                    "torch-fidelity's v0.2.0 GitHub release) there or pass its path as weights_path.")
+            raise MissingInput(
+                f"Inception weights not found at {path}; copy {INCEPTION_WEIGHTS_FILENAME} (from "
+                "torch-fidelity's v0.2.0 GitHub release) there or pass its path as weights_path."
+            )
         if batch_size < 1:
             raise BadInput(f"batch_size must be >= 1, got {batch_size}; pass a positive number of images per pass.")
         self.weights_path = path
         self.device = torch.device(device)
         self.batch_size = int(batch_size)
         # built as torch-fidelity's create_feature_extractor builds it, minus its hard-wired .cuda()
-        self.network = FeatureExtractorInceptionV3(INCEPTION_EXTRACTOR, ["2048", "logits_unbiased"],
-                                                   feature_extractor_weights_path=str(path))
+        self.network = FeatureExtractorInceptionV3(
+            INCEPTION_EXTRACTOR, ["2048", "logits_unbiased"], feature_extractor_weights_path=str(path)
+        )
         self.network.requires_grad_(False).eval().to(self.device)
         self._spatial: Optional[torch.Tensor] = None
         self.network.get_submodule(SPATIAL_MODULE).register_forward_hook(self._keep_spatial)
@@ -85,23 +97,30 @@ class InceptionFeatures:
         """Pool features, unbiased logits and spatial (sFID) features of uint8 (B, 3, H, W) images."""
         images = torch.as_tensor(images_uint8)
         if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
-            raise BadInput(f"InceptionFeatures expects uint8 (B, 3, H, W) images, got {images.dtype} "
-                             f"{tuple(images.shape)}; convert NHWC arrays with .permute(0, 3, 1, 2).")
+            raise BadInput(
+                f"InceptionFeatures expects uint8 (B, 3, H, W) images, got {images.dtype} "
+                f"{tuple(images.shape)}; convert NHWC arrays with .permute(0, 3, 1, 2)."
+            )
         pools, logits, spatials = [], [], []
         for start in range(0, images.shape[0], self.batch_size):
-            batch = images[start:start + self.batch_size].to(self.device, non_blocking=True).contiguous()
+            batch = images[start : start + self.batch_size].to(self.device, non_blocking=True).contiguous()
             self._spatial = None
             pool, logit = self.network(batch)
             if self._spatial is None:
-                raise RuntimeError(f"The forward hook on {SPATIAL_MODULE} did not fire; torch-fidelity's Inception "
-                                   "has changed layout, pin torch-fidelity 0.4 or update SPATIAL_MODULE.")
+                raise RuntimeError(
+                    f"The forward hook on {SPATIAL_MODULE} did not fire; torch-fidelity's Inception "
+                    "has changed layout, pin torch-fidelity 0.4 or update SPATIAL_MODULE."
+                )
             pools.append(pool.double().cpu().numpy())
             logits.append(logit.float().cpu().numpy())
             spatials.append(self._spatial.double().cpu().numpy())
             self._spatial = None
         if not pools:
-            return InceptionOutputs(np.zeros((0, self.feature_dim)), np.zeros((0, self.num_logits), np.float32),
-                                    np.zeros((0, self.spatial_dim)))
+            return InceptionOutputs(
+                np.zeros((0, self.feature_dim)),
+                np.zeros((0, self.num_logits), np.float32),
+                np.zeros((0, self.spatial_dim)),
+            )
         return InceptionOutputs(np.concatenate(pools), np.concatenate(logits), np.concatenate(spatials))
 
     def __call__(self, images_uint8: Union[np.ndarray, torch.Tensor]) -> Tuple[np.ndarray, np.ndarray]:

@@ -12,6 +12,7 @@ thirteen comparisons about 0.65 would otherwise exclude zero by chance alone. Fo
 difference the number of seeds per run that would resolve it, if the observed difference and spread
 held, is estimated: a rough projection, not a power calculation.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,10 +21,11 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 from scipy import stats
+
 from vcarepro.core.errors import BadInput
 
 LEVEL = 0.95
-MAX_SEEDS_ESTIMATE = 1000   # beyond this the estimate says "more than"
+MAX_SEEDS_ESTIMATE = 1000  # beyond this the estimate says "more than"
 
 SAME = "same direction as paper (resolved)"
 OPPOSITE = "opposite direction (resolved)"
@@ -76,8 +78,10 @@ class Difference:
     def text(self, digits: int = 2) -> str:
         if not self.has_interval:
             return f"{self.value:+.{digits}f} ({ONE_SEED})"
-        return (f"{self.value:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}] "
-                f"(95% Welch, n={self.n_a} vs {self.n_b})")
+        return (
+            f"{self.value:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}] "
+            f"(95% Welch, n={self.n_a} vs {self.n_b})"
+        )
 
     def seeds_to_resolve(self) -> Optional[int]:
         """Seeds per run at which the interval would exclude zero if this difference and spread held.
@@ -86,7 +90,7 @@ class Difference:
         """
         if not self.has_interval or self.resolved or self.value == 0:
             return None
-        var = self.sd_a ** 2 + self.sd_b ** 2
+        var = self.sd_a**2 + self.sd_b**2
         if var == 0:
             return None
         for n in range(2, MAX_SEEDS_ESTIMATE + 1):
@@ -98,8 +102,8 @@ class Difference:
 
 
 def _welch_df(sd_a: float, n_a: int, sd_b: float, n_b: int) -> float:
-    va, vb = sd_a ** 2 / n_a, sd_b ** 2 / n_b
-    denominator = va ** 2 / (n_a - 1) + vb ** 2 / (n_b - 1)
+    va, vb = sd_a**2 / n_a, sd_b**2 / n_b
+    denominator = va**2 / (n_a - 1) + vb**2 / (n_b - 1)
     if denominator == 0:  # both sides without spread: any df; the interval is the point
         return float(n_a + n_b - 2)
     return (va + vb) ** 2 / denominator
@@ -118,7 +122,7 @@ def welch(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> Diffe
     sd_b = statistics.stdev(b) if len(b) > 1 else 0.0
     if len(a) < 2 or len(b) < 2:
         return Difference(value, len(a), len(b), sd_a, sd_b)
-    se = math.sqrt(sd_a ** 2 / len(a) + sd_b ** 2 / len(b))
+    se = math.sqrt(sd_a**2 / len(a) + sd_b**2 / len(b))
     df = _welch_df(sd_a, len(a), sd_b, len(b))
     half = stats.t.ppf(0.5 + level / 2, df) * se
     return Difference(value, len(a), len(b), sd_a, sd_b, se, df, value - half, value + half)
@@ -182,5 +186,7 @@ def seeds_note(diff: Optional[Difference], resolved: Optional[bool] = None) -> O
         return "no difference observed; more seeds would not give it a direction"
     if n > MAX_SEEDS_ESTIMATE:
         return f"rough: more than {MAX_SEEDS_ESTIMATE} seeds per run at the observed spread"
-    return (f"rough: about {n} seeds per run if the observed difference and spread held "
-            "(not a power calculation; before any correction)")
+    return (
+        f"rough: about {n} seeds per run if the observed difference and spread held "
+        "(not a power calculation; before any correction)"
+    )

@@ -6,6 +6,7 @@ array whole (``read_array``) or maps a plain file (``open_memmap``), never a zip
 rows; so the member's header is parsed with numpy's own header readers and its rows are read
 from the zip stream ``batch_size`` at a time.
 """
+
 from __future__ import annotations
 
 import zipfile
@@ -36,7 +37,7 @@ def iter_npz_images(path: PathLike, batch_size: int, *, key: str = "arr_0") -> I
         array = np.load(path, mmap_mode="r", allow_pickle=False)
         _check_image_array(path, array.shape, array.dtype)
         for start in range(0, array.shape[0], batch_size):
-            yield np.ascontiguousarray(array[start:start + batch_size])
+            yield np.ascontiguousarray(array[start : start + batch_size])
         return
     with zipfile.ZipFile(path) as archive:
         member = _npz_member(archive, path, key)
@@ -44,15 +45,18 @@ def iter_npz_images(path: PathLike, batch_size: int, *, key: str = "arr_0") -> I
             shape, fortran_order, dtype = _read_npy_header(stream)
             _check_image_array(path, shape, dtype)
             if fortran_order:
-                raise BadInput(f"{path}:{key} is stored in Fortran order, which cannot be streamed by rows; "
-                                 "re-save it with np.savez(np.ascontiguousarray(images)).")
+                raise BadInput(
+                    f"{path}:{key} is stored in Fortran order, which cannot be streamed by rows; "
+                    "re-save it with np.savez(np.ascontiguousarray(images))."
+                )
             row_bytes = int(np.prod(shape[1:])) * dtype.itemsize
             for start in range(0, shape[0], batch_size):
                 count = min(batch_size, shape[0] - start)
                 batch = np.empty((count,) + tuple(shape[1:]), dtype=dtype)
                 if _read_into(stream, memoryview(batch).cast("B")) != count * row_bytes:
-                    raise BadInput(f"{path}:{key} ends after {start} of {shape[0]} images; the file is truncated, "
-                                     "write it again.")
+                    raise BadInput(
+                        f"{path}:{key} ends after {start} of {shape[0]} images; the file is truncated, write it again."
+                    )
                 yield batch
 
 
@@ -92,8 +96,10 @@ def _npz_member(archive: zipfile.ZipFile, path: Path, key: str) -> str:
     member = key + ".npy"
     if member not in archive.namelist():
         keys = sorted(name[:-4] for name in archive.namelist() if name.endswith(".npy"))
-        raise BadInput(f"{path} has no '{key}' array (keys: {keys}); write samples with np.savez(path, images) as "
-                         "ADM's and DiT's samplers do.")
+        raise BadInput(
+            f"{path} has no '{key}' array (keys: {keys}); write samples with np.savez(path, images) as "
+            "ADM's and DiT's samplers do."
+        )
     return member
 
 
@@ -119,5 +125,7 @@ def _read_npy_header(stream) -> Tuple[Tuple[int, ...], bool, np.dtype]:
 
 def _check_image_array(path: Path, shape: Tuple[int, ...], dtype: np.dtype) -> None:
     if np.dtype(dtype) != np.uint8 or len(shape) != 4 or shape[-1] != 3:
-        raise BadInput(f"{path} holds {np.dtype(dtype)} {tuple(shape)}, not uint8 (N, H, W, 3) images; save samples "
-                         "as ADM does: np.savez(path, uint8_nhwc_images).")
+        raise BadInput(
+            f"{path} holds {np.dtype(dtype)} {tuple(shape)}, not uint8 (N, H, W, 3) images; save samples "
+            "as ADM does: np.savez(path, uint8_nhwc_images)."
+        )

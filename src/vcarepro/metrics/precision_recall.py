@@ -3,6 +3,7 @@
 The pairwise distances are float16 by default, as ADM's ``DistanceBlock`` computes them; see
 :func:`precision_recall`.
 """
+
 from __future__ import annotations
 
 from typing import Tuple, Union
@@ -17,8 +18,15 @@ PR_NEIGHBOURHOOD = 3  # ADM's ManifoldEstimator(nhood_sizes=(3,))
 DISTANCE_DTYPES = {"float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
 
 
-def precision_recall(real_feats: ArrayLike, fake_feats: ArrayLike, k: int = PR_NEIGHBOURHOOD, batch_size: int = 10000,
-                     *, device: Union[str, torch.device] = "cpu", distance_dtype: str = "float16") -> Tuple[float, float]:
+def precision_recall(
+    real_feats: ArrayLike,
+    fake_feats: ArrayLike,
+    k: int = PR_NEIGHBOURHOOD,
+    batch_size: int = 10000,
+    *,
+    device: Union[str, torch.device] = "cpu",
+    distance_dtype: str = "float16",
+) -> Tuple[float, float]:
     """Improved precision and recall (Kynkaanniemi et al., 2019) as ADM's ``ManifoldEstimator`` computes them.
 
     Each set spans a manifold: the union of balls around its points, the
@@ -44,11 +52,15 @@ def precision_recall(real_feats: ArrayLike, fake_feats: ArrayLike, k: int = PR_N
     real = _as_tensor(real_feats, device, work)
     fake = _as_tensor(fake_feats, device, work)
     if real.dim() != 2 or fake.dim() != 2 or real.shape[1] != fake.shape[1]:
-        raise BadInput(f"precision_recall needs two (N, D) feature sets of one D, got {tuple(real.shape)} and "
-                         f"{tuple(fake.shape)}; extract both with the same network and layer.")
+        raise BadInput(
+            f"precision_recall needs two (N, D) feature sets of one D, got {tuple(real.shape)} and "
+            f"{tuple(fake.shape)}; extract both with the same network and layer."
+        )
     if min(real.shape[0], fake.shape[0]) <= k:
-        raise BadInput(f"precision_recall with k={k} needs more than {k} points per set, got {real.shape[0]} real "
-                         f"and {fake.shape[0]} fake; pass more samples or lower k.")
+        raise BadInput(
+            f"precision_recall with k={k} needs more than {k} points per set, got {real.shape[0]} real "
+            f"and {fake.shape[0]} fake; pass more samples or lower k."
+        )
     if batch_size < 1:
         raise BadInput(f"batch_size must be >= 1, got {batch_size}; pass a positive block size.")
     distances = _DistanceBlock(DISTANCE_DTYPES[distance_dtype], work)
@@ -86,15 +98,16 @@ def _kth_neighbour_sq_radii(points: torch.Tensor, k: int, batch_size: int, dista
         rows = slice(row, row + batch_size)
         nearest = None  # the k + 1 smallest distances so far, self included (at or near 0), ascending
         for col in range(0, points.shape[0], batch_size):
-            block = distances(points[rows], points[col:col + batch_size])
+            block = distances(points[rows], points[col : col + batch_size])
             candidates = block if nearest is None else torch.cat([nearest, block], dim=1)
             nearest = candidates.topk(min(k + 1, candidates.shape[1]), dim=1, largest=False).values
         radii[rows] = nearest[:, k]  # ADM: index k of the sorted row, index 0 being the point itself
     return radii
 
 
-def _fraction_inside(queries: torch.Tensor, manifold: torch.Tensor, sq_radii: torch.Tensor, batch_size: int,
-                     distances: _DistanceBlock) -> float:
+def _fraction_inside(
+    queries: torch.Tensor, manifold: torch.Tensor, sq_radii: torch.Tensor, batch_size: int, distances: _DistanceBlock
+) -> float:
     inside = torch.zeros(queries.shape[0], dtype=torch.bool, device=queries.device)
     for row in range(0, queries.shape[0], batch_size):
         rows = slice(row, row + batch_size)

@@ -7,6 +7,7 @@ the report compares it with the paper's (``fid_protocol`` in data/paper_referenc
 :func:`deviations`) and words the paper's and ours with one formatter (:func:`describe`).
 Torch-free: the report imports it.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from vcarepro.core.choices import FLOW_SAMPLERS
 from vcarepro.core.errors import BadInput, MissingInput
 
-PROTOCOL_FILE = "protocol.json"    # in runs/gen/<run>/samples/, written by sample_gen
-PIXELS_DECODER = "none (pixels)"   # the decoder of a model that samples pixels (embedded scale)
+PROTOCOL_FILE = "protocol.json"  # in runs/gen/<run>/samples/, written by sample_gen
+PIXELS_DECODER = "none (pixels)"  # the decoder of a model that samples pixels (embedded scale)
 
 
 def sampler_of(objective: str, sampling: Dict[str, Any]) -> Tuple[str, int]:
@@ -25,25 +26,36 @@ def sampler_of(objective: str, sampling: Dict[str, Any]) -> Tuple[str, int]:
     if objective == "ddpm":
         return "ddpm", sampling["ddpm_steps"]
     if sampling["flow_sampler"] not in FLOW_SAMPLERS:
-        raise BadInput(f"sampling.flow_sampler={sampling['flow_sampler']!r} is unknown; use "
-                       f"{' or '.join(map(repr, FLOW_SAMPLERS))}.")
+        raise BadInput(
+            f"sampling.flow_sampler={sampling['flow_sampler']!r} is unknown; use "
+            f"{' or '.join(map(repr, FLOW_SAMPLERS))}."
+        )
     return f"flow-{sampling['flow_sampler']}", sampling["flow_steps"]
 
 
-def sampling_protocol(objective: str, sampling: Dict[str, Any], *, decoder: str,
-                      train_precision: str) -> Dict[str, Any]:
+def sampling_protocol(
+    objective: str, sampling: Dict[str, Any], *, decoder: str, train_precision: str
+) -> Dict[str, Any]:
     """How a run's samples are made: the fields a FID is comparable by (strings and numbers)."""
     sampler, steps = sampler_of(objective, sampling)
-    return {"sampler": sampler, "sampler_steps": steps, "cfg_scale": sampling["cfg_scale"],
-            "labels": sampling["labels"], "decoder": decoder, "train_precision": train_precision}
+    return {
+        "sampler": sampler,
+        "sampler_steps": steps,
+        "cfg_scale": sampling["cfg_scale"],
+        "labels": sampling["labels"],
+        "decoder": decoder,
+        "train_precision": train_precision,
+    }
 
 
 def read_protocol(samples_dir: str | Path, stage: str) -> Dict[str, Any]:
     """The protocol the samples in ``samples_dir`` followed, as ``stage`` (sample_gen@RUN) recorded it."""
     path = Path(samples_dir) / PROTOCOL_FILE
     if not path.is_file():
-        raise MissingInput(f"{path} is missing: these samples predate the protocol record; "
-                           f"rebuild them with `dvc repro -f -s {stage}`.")
+        raise MissingInput(
+            f"{path} is missing: these samples predate the protocol record; "
+            f"rebuild them with `dvc repro -f -s {stage}`."
+        )
     return json.loads(path.read_text())
 
 
@@ -87,8 +99,12 @@ def deviations(metrics: Dict[str, Any], fid_protocol: Dict[str, Any], objective:
 def describe(protocol: Dict[str, Any]) -> str:
     """A protocol in words: a run's (its metrics.json) or the paper's, whose ``samplers`` name one per objective."""
     samplers = protocol.get("samplers") or {None: (protocol["sampler"], protocol["sampler_steps"])}
-    sampled = " or ".join(f"{name} {steps} steps" + (f" ({objective} models)" if objective else "")
-                          for objective, (name, steps) in samplers.items())
-    return (f"{sampled}, cfg {protocol['cfg_scale']}, {protocol['labels']} labels, {protocol.get('num_samples')} "
-            f"samples, decoder {protocol['decoder']}, {protocol['reference']} reference, "
-            f"trained {protocol['train_precision']}")
+    sampled = " or ".join(
+        f"{name} {steps} steps" + (f" ({objective} models)" if objective else "")
+        for objective, (name, steps) in samplers.items()
+    )
+    return (
+        f"{sampled}, cfg {protocol['cfg_scale']}, {protocol['labels']} labels, {protocol.get('num_samples')} "
+        f"samples, decoder {protocol['decoder']}, {protocol['reference']} reference, "
+        f"trained {protocol['train_precision']}"
+    )

@@ -30,21 +30,27 @@ from typing import Any, Dict, Optional, Tuple
 import timm
 import torch.nn as nn
 
-from vcarepro.models import cswin, deit, family, pvt, swin  # noqa: F401  (each registers its timm models)
-from vcarepro.models.deit import VcaVisionTransformer
-from vcarepro.models.placement import HIERARCHICAL_VCA_OPTIONS
 from vcarepro.attention import ATTENTIONS, all_attention_options, attention_options
 from vcarepro.core.choices import model_options
 from vcarepro.core.errors import BadInput
+from vcarepro.models import cswin, deit, family, pvt, swin  # noqa: F401  (each registers its timm models)
+from vcarepro.models.deit import VcaVisionTransformer
+from vcarepro.models.placement import HIERARCHICAL_VCA_OPTIONS
 
 FLOOR = 2
 
 # arch -> {attention: timm model name}
 CLASSIFIER_ARCHS = {
-    "deit_tiny": {"mhsa": "deit_tiny_patch16_224", "vca": "vca_deit_tiny_patch16_224",
-                  "diff": "diff_deit_tiny_patch16_224"},
-    "deit_small": {"mhsa": "deit_small_patch16_224", "vca": "vca_deit_small_patch16_224",
-                   "diff": "diff_deit_small_patch16_224"},
+    "deit_tiny": {
+        "mhsa": "deit_tiny_patch16_224",
+        "vca": "vca_deit_tiny_patch16_224",
+        "diff": "diff_deit_tiny_patch16_224",
+    },
+    "deit_small": {
+        "mhsa": "deit_small_patch16_224",
+        "vca": "vca_deit_small_patch16_224",
+        "diff": "diff_deit_small_patch16_224",
+    },
 }
 # DeiT with any other attention of the family: the drop-in models, told which by attention=.
 DROPIN_MODELS = {"deit_tiny": "dropin_deit_tiny_patch16_224", "deit_small": "dropin_deit_small_patch16_224"}
@@ -74,8 +80,12 @@ class ModelSpec:
     def for_run(cls, run, shape: Optional[Dict[str, Any]] = None) -> "ModelSpec":
         """The spec of a pipeline run (``params.runs.ClsRun`` / ``GenRun``); ``shape`` replaces the scale's shape
         overrides."""
-        return cls(run.model["arch"], run.model["attention"], run.model.get("options") or {},
-                   run.shape if shape is None else shape)
+        return cls(
+            run.model["arch"],
+            run.model["attention"],
+            run.model.get("options") or {},
+            run.shape if shape is None else shape,
+        )
 
     def resolved(self) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         """The constructor's shape arguments and the attention's own options (``core.choices.model_options``)."""
@@ -88,9 +98,7 @@ def classifier_name(arch: str, attention: str) -> str:
         raise BadInput(f"unknown model {arch!r}; choose one of {', '.join(map(repr, CLASSIFIER_ARCHS))}.")
     names = CLASSIFIER_ARCHS[arch]
     if attention not in names:
-        raise BadInput(
-            f"unknown attention {attention!r} for {arch}; choose one of {', '.join(map(repr, names))}."
-        )
+        raise BadInput(f"unknown attention {attention!r} for {arch}; choose one of {', '.join(map(repr, names))}.")
     return names[attention]
 
 
@@ -100,8 +108,10 @@ def create_classifier(arch: str, attention: str, **kwargs: Any) -> nn.Module:
     own = set(attention_options(attention)) | ({"attn_layout"} if attention == "vca" or name in LAB_MODELS else set())
     stray = sorted((set(kwargs) & _ALL_OPTIONS) - own)
     if stray:
-        raise BadInput(f"{', '.join(stray)} {'does' if len(stray) == 1 else 'do'} not apply to attention "
-                       f"{attention!r}; remove {'it' if len(stray) == 1 else 'them'}.")
+        raise BadInput(
+            f"{', '.join(stray)} {'does' if len(stray) == 1 else 'do'} not apply to attention "
+            f"{attention!r}; remove {'it' if len(stray) == 1 else 'them'}."
+        )
     if name in DROPIN_MODELS.values():
         kwargs["attention"] = attention
     elif name in LAB_MODELS:
@@ -109,5 +119,11 @@ def create_classifier(arch: str, attention: str, **kwargs: Any) -> nn.Module:
     return timm.create_model(name, **kwargs)
 
 
-__all__ = ["CLASSIFIER_ARCHS", "DROPIN_MODELS", "LAB_MODELS", "VcaVisionTransformer",
-           "classifier_name", "create_classifier"]
+__all__ = [
+    "CLASSIFIER_ARCHS",
+    "DROPIN_MODELS",
+    "LAB_MODELS",
+    "VcaVisionTransformer",
+    "classifier_name",
+    "create_classifier",
+]

@@ -38,6 +38,7 @@ Registered models (224 px, 1000 classes):
 per stage, models/placement.py) and ``depths`` are parameters; ``layer_index`` counts blocks
 across the network, ``B`` blocks included.
 """
+
 # No ``from __future__ import annotations`` here: torch.fx copies ``forward``'s annotations into the traced code,
 # and a string annotation there becomes a name TorchScript cannot resolve (timm's fx + TorchScript check).
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -50,36 +51,50 @@ from timm.models import generate_default_cfgs, register_model
 
 from vcarepro.attention import build_attention
 from vcarepro.attention.grid import patch_grid
-from vcarepro.models.placement import (LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, hierarchical_cfg,
-                        set_stage_grids, stage_options)
-from vcarepro.models.pvt import PreNormBlock, StagedBackbone, _new_head
 from vcarepro.core.errors import BadInput
+from vcarepro.models.placement import (
+    LAB_MODEL_ATTENTIONS,
+    attention_layout,
+    build_hierarchical,
+    hierarchical_cfg,
+    set_stage_grids,
+    stage_options,
+)
+from vcarepro.models.pvt import PreNormBlock, StagedBackbone, _new_head
 
 # The lab's layout with any attention of the family (compared_attention=...).
 LAB_MODEL = "lab_cswin_tiny_224"
 # pipeline arch name -> {attention: timm name}; "mhsa" names the backbone's own attention
-MODEL_NAMES = {"cswin_tiny": {"mhsa": "cswin_tiny_224", "vca": "vca_cswin_tiny_224",
-                              **{a: LAB_MODEL for a in LAB_MODEL_ATTENTIONS}},
-               "cswin_tiny_2418": {"mhsa": "cswin_tiny_2418_224"}}
+MODEL_NAMES = {
+    "cswin_tiny": {
+        "mhsa": "cswin_tiny_224",
+        "vca": "vca_cswin_tiny_224",
+        **{a: LAB_MODEL for a in LAB_MODEL_ATTENTIONS},
+    },
+    "cswin_tiny_2418": {"mhsa": "cswin_tiny_2418_224"},
+}
 
 
 def _check_tiling(grid_size: Tuple[int, int], stripe: Tuple[int, int]) -> None:
     H, W = grid_size
     if H % stripe[0] or W % stripe[1]:
-        raise BadInput(f"stripes {tuple(stripe)} do not tile the {H}x{W} stage grid; use an img_size whose stage "
-                       f"grids are multiples of the stripe widths, or other stripe_widths (CSWin at 384 px uses "
-                       f"stripe_widths=(1, 2, 12, 12)).")
+        raise BadInput(
+            f"stripes {tuple(stripe)} do not tile the {H}x{W} stage grid; use an img_size whose stage "
+            f"grids are multiples of the stripe widths, or other stripe_widths (CSWin at 384 px uses "
+            f"stripe_widths=(1, 2, 12, 12))."
+        )
 
 
 class StripeAttention(nn.Module):
     """Multi-head attention inside non-overlapping (stripe_h x stripe_w) stripes, plus LePE."""
 
-    def __init__(self, dim: int, num_heads: int, grid_size: Tuple[int, int], stripe: Tuple[int, int],
-                 attn_drop: float = 0.0) -> None:
+    def __init__(
+        self, dim: int, num_heads: int, grid_size: Tuple[int, int], stripe: Tuple[int, int], attn_drop: float = 0.0
+    ) -> None:
         super().__init__()
         _check_tiling(grid_size, stripe)
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.grid_size, self.stripe = tuple(grid_size), tuple(stripe)
         self.attn_drop_p = attn_drop
         self.get_v = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)  # LePE
@@ -101,8 +116,13 @@ class StripeAttention(nn.Module):
         v_img = self._stripes(v)
         lepe = self._heads(self.get_v(v_img))
         dropout_p = self.attn_drop_p if self.training else 0.0
-        out = F.scaled_dot_product_attention(self._heads(self._stripes(q)), self._heads(self._stripes(k)),
-                                             self._heads(v_img), dropout_p=dropout_p, scale=self.scale)
+        out = F.scaled_dot_product_attention(
+            self._heads(self._stripes(q)),
+            self._heads(self._stripes(k)),
+            self._heads(v_img),
+            dropout_p=dropout_p,
+            scale=self.scale,
+        )
         out = (out + lepe).transpose(1, 2)  # (B', sh*sw, heads, d)
         out = out.reshape(B, H // sh, W // sw, sh, sw, C).permute(0, 1, 3, 2, 4, 5)
         return out.reshape(B, N, C)
@@ -111,8 +131,18 @@ class StripeAttention(nn.Module):
 class CrossShapedWindowAttention(nn.Module):
     """CSWin's attention: half the heads in vertical stripes, half in horizontal ones (or one full branch)."""
 
-    def __init__(self, dim: int, num_heads: int, *, grid_size: Tuple[int, int], stripe_width: int,
-                 full: bool = False, qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        grid_size: Tuple[int, int],
+        stripe_width: int,
+        full: bool = False,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+    ) -> None:
         super().__init__()
         H, W = grid_size
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
@@ -122,10 +152,14 @@ class CrossShapedWindowAttention(nn.Module):
             if num_heads % 2 or dim % 2:
                 raise BadInput(f"cross-shaped attention splits dim={dim} / heads={num_heads} in two; use even ones.")
             half = dim // 2
-            self.branches = nn.ModuleList([
-                StripeAttention(half, num_heads // 2, grid_size, (H, min(stripe_width, W)), attn_drop),  # vertical
-                StripeAttention(half, num_heads // 2, grid_size, (min(stripe_width, H), W), attn_drop),  # horizontal
-            ])
+            self.branches = nn.ModuleList(
+                [
+                    StripeAttention(half, num_heads // 2, grid_size, (H, min(stripe_width, W)), attn_drop),  # vertical
+                    StripeAttention(
+                        half, num_heads // 2, grid_size, (min(stripe_width, H), W), attn_drop
+                    ),  # horizontal
+                ]
+            )
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
@@ -213,7 +247,7 @@ class CSWinTransformer(StagedBackbone, nn.Module):
         self.num_classes, self.in_chans = num_classes, in_chans
         self.global_pool = global_pool
         self.output_fmt = "NHWC"  # forward_features' map, as timm's Swin
-        dims = [embed_dim * 2 ** i for i in range(num_stages)]
+        dims = [embed_dim * 2**i for i in range(num_stages)]
         self.num_features = self.head_hidden_size = dims[-1]
         dpr = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()  # numbers, on any device
 
@@ -232,15 +266,31 @@ class CSWinTransformer(StagedBackbone, nn.Module):
             for _ in range(depths[i]):
                 if uses_compared[i]:
                     attn = build_attention(
-                        compared_attention, dims[i], num_heads[i], grid_size=grid, num_prefix_tokens=0,
-                        layer_index=layer_index, qkv_bias=qkv_bias, attn_drop=attn_drop_rate, proj_drop=drop_rate,
-                        options=options_per_stage[i])
+                        compared_attention,
+                        dims[i],
+                        num_heads[i],
+                        grid_size=grid,
+                        num_prefix_tokens=0,
+                        layer_index=layer_index,
+                        qkv_bias=qkv_bias,
+                        attn_drop=attn_drop_rate,
+                        proj_drop=drop_rate,
+                        options=options_per_stage[i],
+                    )
                 else:
                     attn = CrossShapedWindowAttention(
-                        dims[i], num_heads[i], grid_size=grid, stripe_width=min(stripe_widths[i], *grid),
-                        full=i == num_stages - 1, qkv_bias=qkv_bias, attn_drop=attn_drop_rate, proj_drop=drop_rate)
-                blocks.append(PreNormBlock(dims[i], attn, mlp_ratio=mlp_ratio, drop=drop_rate,
-                                         drop_path=dpr[layer_index]))
+                        dims[i],
+                        num_heads[i],
+                        grid_size=grid,
+                        stripe_width=min(stripe_widths[i], *grid),
+                        full=i == num_stages - 1,
+                        qkv_bias=qkv_bias,
+                        attn_drop=attn_drop_rate,
+                        proj_drop=drop_rate,
+                    )
+                blocks.append(
+                    PreNormBlock(dims[i], attn, mlp_ratio=mlp_ratio, drop=drop_rate, drop_path=dpr[layer_index])
+                )
                 layer_index += 1
             stages.append(CSWinStage(embed, blocks))
             self.feature_info.append(dict(num_chs=dims[i], reduction=reduction, module=f"stages.{i}"))
@@ -257,10 +307,12 @@ class CSWinTransformer(StagedBackbone, nn.Module):
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
         # as timm's Swin: the merge into a stage joins that stage's first block
-        return dict(stem=r"^stages\.0\.embed",
-                    blocks=r"^stages\.(\d+)" if coarse else [(r"^stages\.(\d+)\.embed", (0,)),
-                                                                (r"^stages\.(\d+)\.blocks\.(\d+)", None),
-                                                                (r"^norm", (99999,))])
+        return dict(
+            stem=r"^stages\.0\.embed",
+            blocks=r"^stages\.(\d+)"
+            if coarse
+            else [(r"^stages\.(\d+)\.embed", (0,)), (r"^stages\.(\d+)\.blocks\.(\d+)", None), (r"^norm", (99999,))],
+        )
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         if global_pool not in (None, "avg", ""):
@@ -311,23 +363,39 @@ def _stage_grids(img_size: Union[int, Sequence[int]], num_stages: int) -> List[T
     return grids
 
 
-CSWIN_PAPER = dict(paper_ids="arXiv:2107.00652",
-                   paper_name="CSWin Transformer: A General Vision Transformer Backbone with Cross-Shaped Windows")
+CSWIN_PAPER = dict(
+    paper_ids="arXiv:2107.00652",
+    paper_name="CSWin Transformer: A General Vision Transformer Backbone with Cross-Shaped Windows",
+)
 
 
 def _cfg(**kwargs: Any) -> Dict[str, Any]:
     # CSWin evaluates with crop 0.9, bicubic; no weights are published for these builds.
     return hierarchical_cfg(
-        pool_size=(7, 7), crop_pct=0.9, interpolation="bicubic", mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD,
-        first_conv="stages.0.embed.proj", classifier="head", **kwargs)
+        pool_size=(7, 7),
+        crop_pct=0.9,
+        interpolation="bicubic",
+        mean=IMAGENET_DEFAULT_MEAN,
+        std=IMAGENET_DEFAULT_STD,
+        first_conv="stages.0.embed.proj",
+        classifier="head",
+        **kwargs,
+    )
 
 
-default_cfgs = generate_default_cfgs({"cswin_tiny_224": _cfg(**CSWIN_PAPER), "cswin_tiny_2418_224": _cfg(**CSWIN_PAPER),
-                                     "vca_cswin_tiny_224": _cfg(), LAB_MODEL: _cfg()})
+default_cfgs = generate_default_cfgs(
+    {
+        "cswin_tiny_224": _cfg(**CSWIN_PAPER),
+        "cswin_tiny_2418_224": _cfg(**CSWIN_PAPER),
+        "vca_cswin_tiny_224": _cfg(),
+        LAB_MODEL: _cfg(),
+    }
+)
 
 CSWIN_SHAPES = {
-    "tiny": dict(embed_dim=64, depths=(1, 2, 21, 1), stripe_widths=(1, 2, 7, 7), num_heads=(2, 4, 8, 16),
-                 mlp_ratio=4.0),
+    "tiny": dict(
+        embed_dim=64, depths=(1, 2, 21, 1), stripe_widths=(1, 2, 7, 7), num_heads=(2, 4, 8, 16), mlp_ratio=4.0
+    ),
 }
 # The lab's CSwin-T backbone (agent_cswin.py, Agent_CSWin_64_24181_tiny_224): depths 2-4-18-1.
 LAB_DEPTHS = dict(depths=(2, 4, 18, 1))
@@ -338,22 +406,35 @@ LAB_CSWIN_TINY_LAYOUT = "AABB"
 @register_model
 def cswin_tiny_224(pretrained: bool = False, **kwargs: Any) -> CSWinTransformer:
     """CSWin-T with cross-shaped window attention (the original, depths 1-2-21-1)."""
-    return build_hierarchical(CSWinTransformer, "cswin_tiny_224", pretrained,
-                              defaults=CSWIN_SHAPES["tiny"], kwargs=kwargs)
+    return build_hierarchical(
+        CSWinTransformer, "cswin_tiny_224", pretrained, defaults=CSWIN_SHAPES["tiny"], kwargs=kwargs
+    )
 
 
 @register_model
 def cswin_tiny_2418_224(pretrained: bool = False, **kwargs: Any) -> CSWinTransformer:
     """CSWin-T's attention in the lab's depths 2-4-18-1 (the control for vca_cswin_tiny_224)."""
-    return build_hierarchical(CSWinTransformer, "cswin_tiny_2418_224", pretrained,
-                              defaults={**CSWIN_SHAPES["tiny"], **LAB_DEPTHS}, kwargs=kwargs)
+    return build_hierarchical(
+        CSWinTransformer,
+        "cswin_tiny_2418_224",
+        pretrained,
+        defaults={**CSWIN_SHAPES["tiny"], **LAB_DEPTHS},
+        kwargs=kwargs,
+    )
 
 
 @register_model
 def vca_cswin_tiny_224(pretrained: bool = False, **kwargs: Any) -> CSWinTransformer:
     """CSWin-T in the lab's layout: depths 2-4-18-1, VCA in stages 1-2 (9 and 16 tokens), CSWin's attention in 3-4."""
-    return build_hierarchical(CSWinTransformer, "vca_cswin_tiny_224", pretrained, layout=LAB_CSWIN_TINY_LAYOUT,
-                              compared_attention="vca", defaults={**CSWIN_SHAPES["tiny"], **LAB_DEPTHS}, kwargs=kwargs)
+    return build_hierarchical(
+        CSWinTransformer,
+        "vca_cswin_tiny_224",
+        pretrained,
+        layout=LAB_CSWIN_TINY_LAYOUT,
+        compared_attention="vca",
+        defaults={**CSWIN_SHAPES["tiny"], **LAB_DEPTHS},
+        kwargs=kwargs,
+    )
 
 
 @register_model
@@ -362,5 +443,11 @@ def lab_cswin_tiny_224(pretrained: bool = False, **kwargs: Any) -> CSWinTransfor
 
     ``compared_attention="agent"`` is the lab's Agent-CSWin-T (agent_cswin.py): 9 and 16 agent tokens.
     """
-    return build_hierarchical(CSWinTransformer, LAB_MODEL, pretrained, layout=LAB_CSWIN_TINY_LAYOUT,
-                              defaults={**CSWIN_SHAPES["tiny"], **LAB_DEPTHS}, kwargs=kwargs)
+    return build_hierarchical(
+        CSWinTransformer,
+        LAB_MODEL,
+        pretrained,
+        layout=LAB_CSWIN_TINY_LAYOUT,
+        defaults={**CSWIN_SHAPES["tiny"], **LAB_DEPTHS},
+        kwargs=kwargs,
+    )

@@ -9,6 +9,7 @@ They are ordinary timm models (tests/test_timm_vit.py): a complete pretrained cf
 forward_intermediates, torch.fx tracing, TorchScript (all but FLatten), set_input_size, layer-wise lr
 decay, and ``pretrained=True`` with ``pretrained_cfg_overlay=dict(file=...)`` for weights a user trained.
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -113,8 +114,10 @@ def _cfg(**kwargs: Any) -> Dict[str, Any]:
         "license": "mit",
         "paper_ids": "arXiv:2511.00833",
         "paper_name": "Linear Differential Vision Transformer: Learning Visual Contrasts via Pairwise Differentials",
-        "notes": ("no pretrained weights are published; train them with this pipeline (dvc repro) and load them "
-                  "with pretrained=True, pretrained_cfg_overlay=dict(file='model.safetensors')",),
+        "notes": (
+            "no pretrained weights are published; train them with this pipeline (dvc repro) and load them "
+            "with pretrained=True, pretrained_cfg_overlay=dict(file='model.safetensors')",
+        ),
         **kwargs,
     }
 
@@ -122,14 +125,16 @@ def _cfg(**kwargs: Any) -> Dict[str, Any]:
 # the baseline's own paper (the drop-ins keep VCA's: they are this project's comparison)
 DIFF_PAPER = dict(paper_ids="arXiv:2410.05258", paper_name="Differential Transformer")
 
-default_cfgs = generate_default_cfgs({
-    "vca_deit_tiny_patch16_224": _cfg(),
-    "vca_deit_small_patch16_224": _cfg(),
-    "diff_deit_tiny_patch16_224": _cfg(**DIFF_PAPER),
-    "diff_deit_small_patch16_224": _cfg(**DIFF_PAPER),
-    "dropin_deit_tiny_patch16_224": _cfg(),
-    "dropin_deit_small_patch16_224": _cfg(),
-})
+default_cfgs = generate_default_cfgs(
+    {
+        "vca_deit_tiny_patch16_224": _cfg(),
+        "vca_deit_small_patch16_224": _cfg(),
+        "diff_deit_tiny_patch16_224": _cfg(**DIFF_PAPER),
+        "diff_deit_small_patch16_224": _cfg(**DIFF_PAPER),
+        "dropin_deit_tiny_patch16_224": _cfg(),
+        "dropin_deit_small_patch16_224": _cfg(),
+    }
+)
 
 # A drop-in built without attention= is DeiT itself (timm builds every registered model from its name alone).
 DROPIN_DEFAULT = dict(attention="mhsa")
@@ -143,8 +148,11 @@ DEIT_SHAPES = {
 
 def _has_weights_source(variant: str, kwargs: Dict[str, Any]) -> bool:
     """Whether the resolved pretrained cfg names weights timm can load (a file, a state dict, a url or a hub id)."""
-    cfg = resolve_pretrained_cfg(variant, pretrained_cfg=kwargs.get("pretrained_cfg"),
-                                 pretrained_cfg_overlay=kwargs.get("pretrained_cfg_overlay"))
+    cfg = resolve_pretrained_cfg(
+        variant,
+        pretrained_cfg=kwargs.get("pretrained_cfg"),
+        pretrained_cfg_overlay=kwargs.get("pretrained_cfg_overlay"),
+    )
     return any(getattr(cfg, field, None) for field in ("file", "state_dict", "url", "hf_hub_id"))
 
 
@@ -159,7 +167,9 @@ def _build(model_cls, variant: str, pretrained: bool, **kwargs: Any) -> VisionTr
     device, dtype = kwargs.get("device"), kwargs.get("dtype")
     with torch.device(device) if device is not None else nullcontext():
         model = build_model_with_cfg(
-            model_cls, variant, pretrained=pretrained,
+            model_cls,
+            variant,
+            pretrained=pretrained,
             feature_cfg=dict(out_indices=kwargs.pop("out_indices", 3), feature_cls="getter"),
             **kwargs,
         )
@@ -187,26 +197,42 @@ def dropin_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> Swa
     model may change more than its attention (InLine's 6 heads, Circulant's missing class token);
     those are registered as ``<method>_deit_tiny_patch16_224`` (models/family.py).
     """
-    return _build(SwappedAttentionVisionTransformer, "dropin_deit_tiny_patch16_224", pretrained,
-                  **{**DEIT_SHAPES["tiny"], **DROPIN_DEFAULT, **kwargs})
+    return _build(
+        SwappedAttentionVisionTransformer,
+        "dropin_deit_tiny_patch16_224",
+        pretrained,
+        **{**DEIT_SHAPES["tiny"], **DROPIN_DEFAULT, **kwargs},
+    )
 
 
 @register_model
 def dropin_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> SwappedAttentionVisionTransformer:
     """DeiT-Small exactly, but every block's attention is ``attention=`` (any of vcarepro.attention)."""
-    return _build(SwappedAttentionVisionTransformer, "dropin_deit_small_patch16_224", pretrained,
-                  **{**DEIT_SHAPES["small"], **DROPIN_DEFAULT, **kwargs})
+    return _build(
+        SwappedAttentionVisionTransformer,
+        "dropin_deit_small_patch16_224",
+        pretrained,
+        **{**DEIT_SHAPES["small"], **DROPIN_DEFAULT, **kwargs},
+    )
 
 
 @register_model
 def diff_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
     """DeiT-Tiny with timm's DiffAttention (Differential Transformer) in every block."""
-    return _build(VisionTransformer, "diff_deit_tiny_patch16_224", pretrained,
-                  **{**DEIT_SHAPES["tiny"], "attn_layer": "diff", **kwargs})
+    return _build(
+        VisionTransformer,
+        "diff_deit_tiny_patch16_224",
+        pretrained,
+        **{**DEIT_SHAPES["tiny"], "attn_layer": "diff", **kwargs},
+    )
 
 
 @register_model
 def diff_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
     """DeiT-Small with timm's DiffAttention (Differential Transformer) in every block."""
-    return _build(VisionTransformer, "diff_deit_small_patch16_224", pretrained,
-                  **{**DEIT_SHAPES["small"], "attn_layer": "diff", **kwargs})
+    return _build(
+        VisionTransformer,
+        "diff_deit_small_patch16_224",
+        pretrained,
+        **{**DEIT_SHAPES["small"], "attn_layer": "diff", **kwargs},
+    )

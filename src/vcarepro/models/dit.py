@@ -13,6 +13,7 @@ and the rest of the family (agent, flatten, inline, circulant, mhsa+dwc) on the 
 Everything else (adaLN-Zero blocks, embedders, init, fixed sin-cos positions) is
 the original's, so parameter counts of the "mhsa" variant equal the original's.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -40,6 +41,7 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
 #################################################################################
 #               Embedding layers for timesteps and class labels                 #
 #################################################################################
+
 
 class TimestepEmbedder(nn.Module):
     """Scalar (possibly fractional) timesteps -> sinusoidal features -> 2-layer MLP."""
@@ -97,6 +99,7 @@ class LabelEmbedder(nn.Module):
 #                                 Core DiT model                                #
 #################################################################################
 
+
 def dit_attention(
     attention: str,
     hidden_size: int,
@@ -107,8 +110,16 @@ def dit_attention(
     options: Mapping[str, Any],
 ) -> nn.Module:
     """The attention layer of block ``block_index``; qkv bias on, as in DiT. No prefix tokens: the grid is all."""
-    return build_attention(attention, hidden_size, num_heads, grid_size=grid_size, num_prefix_tokens=0,
-                           layer_index=block_index, qkv_bias=True, options=options)
+    return build_attention(
+        attention,
+        hidden_size,
+        num_heads,
+        grid_size=grid_size,
+        num_prefix_tokens=0,
+        layer_index=block_index,
+        qkv_bias=True,
+        options=options,
+    )
 
 
 class DiTBlock(nn.Module):
@@ -119,8 +130,9 @@ class DiTBlock(nn.Module):
         self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
         self.attn = attn
         self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
-        self.mlp = Mlp(in_features=hidden_size, hidden_features=int(hidden_size * mlp_ratio),
-                       act_layer=_tanh_gelu, drop=0)
+        self.mlp = Mlp(
+            in_features=hidden_size, hidden_features=int(hidden_size * mlp_ratio), act_layer=_tanh_gelu, drop=0
+        )
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size, bias=True))
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -187,15 +199,19 @@ class DiT(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, self.x_embedder.num_patches, hidden_size), requires_grad=False)
 
         grid_size = input_size // patch_size
-        self.blocks = nn.ModuleList([
-            DiTBlock(
-                hidden_size, num_heads,
-                dit_attention(attention, hidden_size, num_heads, block_index=i, grid_size=grid_size,
-                              options=attention_options),
-                mlp_ratio=mlp_ratio,
-            )
-            for i in range(depth)
-        ])
+        self.blocks = nn.ModuleList(
+            [
+                DiTBlock(
+                    hidden_size,
+                    num_heads,
+                    dit_attention(
+                        attention, hidden_size, num_heads, block_index=i, grid_size=grid_size, options=attention_options
+                    ),
+                    mlp_ratio=mlp_ratio,
+                )
+                for i in range(depth)
+            ]
+        )
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels)
         self.initialize_weights()
 
@@ -206,9 +222,10 @@ class DiT(nn.Module):
                 nn.init.xavier_uniform_(module.weight)
                 if module.bias is not None:
                     nn.init.constant_(module.bias, 0)
+
         self.apply(_basic_init)
 
-        grid = int(self.x_embedder.num_patches ** 0.5)
+        grid = int(self.x_embedder.num_patches**0.5)
         self.pos_embed.data.copy_(get_2d_sincos_pos_embed(self.pos_embed.shape[-1], grid).unsqueeze(0))
 
         # The patch embedding is a Linear on flattened patches, so initialise it like one, zero bias
@@ -243,7 +260,7 @@ class DiT(nn.Module):
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """x: (B, C, H, W) latents, t: (B,) timesteps, y: (B,) labels -> (B, out_channels, H, W)."""
-        x = self.x_embedder(x) + self.pos_embed      # (B, T, D)
+        x = self.x_embedder(x) + self.pos_embed  # (B, T, D)
         c = self.t_embedder(t) + self.y_embedder(y, self.training)
         for block in self.blocks:
             x = block(x, c)
@@ -271,8 +288,9 @@ def _checked_options(attention: str, options: Optional[Mapping[str, Any]]) -> Di
     options = dict(options or {})
     known = attention_options(attention)
     if options and not known:
-        raise BadInput(f"{', '.join(sorted(options))} do not apply to attention {attention!r}, which has no options; "
-                       f"remove them.")
+        raise BadInput(
+            f"{', '.join(sorted(options))} do not apply to attention {attention!r}, which has no options; remove them."
+        )
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise BadInput(f"unknown {attention} option(s) {', '.join(unknown)}; choose from {', '.join(known)}.")
@@ -283,12 +301,13 @@ def _checked_options(attention: str, options: Optional[Mapping[str, Any]]) -> Di
 #                   Sine/cosine positional embedding (MAE layout)               #
 #################################################################################
 
+
 def get_1d_sincos_pos_embed(embed_dim: int, pos: torch.Tensor) -> torch.Tensor:
     """(M,) positions -> (M, embed_dim) as [sin(pos * omega) | cos(pos * omega)]."""
     if embed_dim % 2:
         raise BadInput(f"sin-cos embedding needs an even dimension, got {embed_dim}.")
     omega = torch.arange(embed_dim // 2, dtype=torch.float64) / (embed_dim / 2.0)
-    omega = 1.0 / 10000 ** omega
+    omega = 1.0 / 10000**omega
     out = pos.reshape(-1).double()[:, None] * omega[None]
     return torch.cat([torch.sin(out), torch.cos(out)], dim=1)
 
@@ -303,7 +322,9 @@ def get_2d_sincos_pos_embed(embed_dim: int, grid_size: int) -> torch.Tensor:
         raise BadInput(f"2-D sin-cos embedding needs an even dimension, got {embed_dim}.")
     coords = torch.arange(grid_size, dtype=torch.float64)
     rows, cols = torch.meshgrid(coords, coords, indexing="ij")
-    emb = torch.cat([get_1d_sincos_pos_embed(embed_dim // 2, cols), get_1d_sincos_pos_embed(embed_dim // 2, rows)], dim=1)
+    emb = torch.cat(
+        [get_1d_sincos_pos_embed(embed_dim // 2, cols), get_1d_sincos_pos_embed(embed_dim // 2, rows)], dim=1
+    )
     return emb.float()
 
 
@@ -346,8 +367,10 @@ def create_dit(arch: str, attention: str = "mhsa", **overrides: Any) -> DiT:
             options[name] = overrides.pop(name)
     stray = sorted(set(overrides) & all_attention_options())
     if stray:
-        raise BadInput(f"{', '.join(stray)} {'does' if len(stray) == 1 else 'do'} not apply to attention "
-                       f"{attention!r}; remove {'it' if len(stray) == 1 else 'them'}.")
+        raise BadInput(
+            f"{', '.join(stray)} {'does' if len(stray) == 1 else 'do'} not apply to attention "
+            f"{attention!r}; remove {'it' if len(stray) == 1 else 'them'}."
+        )
     unknown = sorted(set(overrides) - set(_DIT_ARGS))
     if unknown:
         raise BadInput(f"unknown DiT argument(s) {', '.join(unknown)}; choose from {', '.join(_DIT_ARGS)}.")
@@ -355,5 +378,15 @@ def create_dit(arch: str, attention: str = "mhsa", **overrides: Any) -> DiT:
     return DiT(attention=attention, attention_options=options, **kwargs)
 
 
-__all__ = ["DIT_ATTENTIONS", "DIT_CONFIGS", "DiT", "DiTBlock", "FinalLayer", "LabelEmbedder", "TimestepEmbedder",
-           "create_dit", "get_2d_sincos_pos_embed", "modulate"]
+__all__ = [
+    "DIT_ATTENTIONS",
+    "DIT_CONFIGS",
+    "DiT",
+    "DiTBlock",
+    "FinalLayer",
+    "LabelEmbedder",
+    "TimestepEmbedder",
+    "create_dit",
+    "get_2d_sincos_pos_embed",
+    "modulate",
+]

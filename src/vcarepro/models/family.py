@@ -18,6 +18,7 @@ parameters and FLOPs can be checked against the published rows (tests/test_famil
 
 The published numbers themselves are in data/paper_reference.yaml (section ``family``).
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -41,10 +42,11 @@ class ConvPositionBlock(Block):
         super().__init__(dim, *args, **kwargs)
         self.cpe = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
-                is_causal: bool = False) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False
+    ) -> torch.Tensor:
         B, N, C = x.shape
-        H, W = self.attn.grid_size          # the swapped-in attention knows the token layout
+        H, W = self.attn.grid_size  # the swapped-in attention knows the token layout
         P = self.attn.num_prefix_tokens
         grid = x[:, P:].transpose(1, 2).reshape(B, C, H, W)
         x = torch.cat([x[:, :P], x[:, P:] + self.cpe(grid).flatten(2).transpose(1, 2)], dim=1)
@@ -55,8 +57,9 @@ class ConvPositionBlock(Block):
 
 
 # ca_deit.py VisionTransformer: no class token, no position embedding, norm then mean, bias-free qkv.
-CIRCULANT_BACKBONE = dict(class_token=False, pos_embed="none", global_pool="avg", fc_norm=False, qkv_bias=False,
-                          block_fn=ConvPositionBlock)
+CIRCULANT_BACKBONE = dict(
+    class_token=False, pos_embed="none", global_pool="avg", fc_norm=False, qkv_bias=False, block_fn=ConvPositionBlock
+)
 # inline_deit.py inline_deit_tiny: DeiT-T's width and depth with 6 heads; inline_deit_small: 320 wide, 10 heads.
 INLINE_TINY = dict(DEIT_SHAPES["tiny"], num_heads=6)
 INLINE_SMALL = dict(patch_size=16, embed_dim=320, depth=12, num_heads=10, img_size=288)
@@ -66,11 +69,15 @@ INLINE_SMALL = dict(patch_size=16, embed_dim=320, depth=12, num_heads=10, img_si
 MODEL_NAMES = {f"{a}_deit_tiny": {a: f"{a}_deit_tiny_patch16_224"} for a in ("agent", "flatten", "inline", "circulant")}
 
 # Each published model's own paper.
-AGENT_PAPER = dict(paper_ids="arXiv:2312.08874",
-                   paper_name="Agent Attention: On the Integration of Softmax and Linear Attention")
-FLATTEN_PAPER = dict(paper_ids="arXiv:2308.00442",
-                     paper_name="FLatten Transformer: Vision Transformer using Focused Linear Attention")
-INLINE_PAPER = dict(paper_ids="arXiv:2412.06590", paper_name="Bridging the Divide: Reconsidering Softmax and Linear Attention")
+AGENT_PAPER = dict(
+    paper_ids="arXiv:2312.08874", paper_name="Agent Attention: On the Integration of Softmax and Linear Attention"
+)
+FLATTEN_PAPER = dict(
+    paper_ids="arXiv:2308.00442", paper_name="FLatten Transformer: Vision Transformer using Focused Linear Attention"
+)
+INLINE_PAPER = dict(
+    paper_ids="arXiv:2412.06590", paper_name="Bridging the Divide: Reconsidering Softmax and Linear Attention"
+)
 CIRCULANT_PAPER = dict(paper_ids="arXiv:2512.21542", paper_name="Vision Transformers are Circulant Attention Learners")
 
 # Evaluation as each lab repository's data/build.py does it (TEST.CROP): Agent, FLatten and InLine resize to a
@@ -78,15 +85,17 @@ CIRCULANT_PAPER = dict(paper_ids="arXiv:2512.21542", paper_name="Vision Transfor
 # (crop_pct 0.875, center; ca_deit.py's timm _cfg says 0.9, which its evaluation never reads). The lab's released
 # DeiT-T weights load through vcarepro.calibration (their key layouts, calibration/keymaps/lab.py).
 SQUASH = dict(crop_mode="squash")
-default_cfgs = generate_default_cfgs({
-    "agent_deit_tiny_patch16_224": _cfg(**SQUASH, **AGENT_PAPER),
-    "agent_deit_small_patch16_224": _cfg(**SQUASH, **AGENT_PAPER),
-    "flatten_deit_tiny_patch16_224": _cfg(**SQUASH, **FLATTEN_PAPER),
-    "inline_deit_tiny_patch16_224": _cfg(**SQUASH, **INLINE_PAPER),
-    "inline_deit_small_patch16_288": _cfg(input_size=(3, 288, 288), **SQUASH, **INLINE_PAPER),
-    "circulant_deit_tiny_patch16_224": _cfg(**CIRCULANT_PAPER),
-    "circulant_deit_small_patch16_224": _cfg(**CIRCULANT_PAPER),
-})
+default_cfgs = generate_default_cfgs(
+    {
+        "agent_deit_tiny_patch16_224": _cfg(**SQUASH, **AGENT_PAPER),
+        "agent_deit_small_patch16_224": _cfg(**SQUASH, **AGENT_PAPER),
+        "flatten_deit_tiny_patch16_224": _cfg(**SQUASH, **FLATTEN_PAPER),
+        "inline_deit_tiny_patch16_224": _cfg(**SQUASH, **INLINE_PAPER),
+        "inline_deit_small_patch16_288": _cfg(input_size=(3, 288, 288), **SQUASH, **INLINE_PAPER),
+        "circulant_deit_tiny_patch16_224": _cfg(**CIRCULANT_PAPER),
+        "circulant_deit_small_patch16_224": _cfg(**CIRCULANT_PAPER),
+    }
+)
 
 
 def _published(variant: str, attention: str, pretrained: bool, shape: dict, kwargs: dict):
@@ -126,12 +135,22 @@ def inline_deit_small_patch16_288(pretrained: bool = False, **kwargs: Any) -> Sw
 @register_model
 def circulant_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> SwappedAttentionVisionTransformer:
     """CA-DeiT-T as published: no class token or position embedding, a conv position encoding per block."""
-    return _published("circulant_deit_tiny_patch16_224", "circulant", pretrained, DEIT_SHAPES["tiny"],
-                      {**CIRCULANT_BACKBONE, **kwargs})
+    return _published(
+        "circulant_deit_tiny_patch16_224",
+        "circulant",
+        pretrained,
+        DEIT_SHAPES["tiny"],
+        {**CIRCULANT_BACKBONE, **kwargs},
+    )
 
 
 @register_model
 def circulant_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> SwappedAttentionVisionTransformer:
     """CA-DeiT-S as published: no class token or position embedding, a conv position encoding per block."""
-    return _published("circulant_deit_small_patch16_224", "circulant", pretrained, DEIT_SHAPES["small"],
-                      {**CIRCULANT_BACKBONE, **kwargs})
+    return _published(
+        "circulant_deit_small_patch16_224",
+        "circulant",
+        pretrained,
+        DEIT_SHAPES["small"],
+        {**CIRCULANT_BACKBONE, **kwargs},
+    )

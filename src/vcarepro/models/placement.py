@@ -13,6 +13,7 @@ pooled-token option (``contrast_tokens`` for VCA, ``agent_tokens`` for Agent), w
 count for every stage or one per stage; an attention without pooled tokens has no count,
 and a ``B`` stage ignores its count.
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -23,8 +24,8 @@ from timm.models import build_model_with_cfg
 from timm.models._builder import _resolve_pretrained_source, resolve_pretrained_cfg
 
 from vcarepro.attention import POOLED_TOKEN_OPTION, all_attention_options, attention_options
-from vcarepro.models.deit import VCA_OPTIONS
 from vcarepro.core.errors import BadInput, UnknownArgument
+from vcarepro.models.deit import VCA_OPTIONS
 
 ContrastTokens = Union[int, Sequence[int], Sequence[Union[int, Sequence[int]]]]
 
@@ -48,13 +49,16 @@ _COMPARED_ONLY = all_attention_options() | set(PLACEMENT_OPTIONS)
 def attention_layout(layout: str, num_stages: int) -> List[bool]:
     """``"AAAB"`` -> [True, True, True, False]: whether each stage uses the compared attention."""
     if not isinstance(layout, str) or len(layout) != num_stages or set(layout) - {COMPARED, OWN}:
-        raise BadInput(f"attn_layout={layout!r} must be {num_stages} letters, one per stage: {COMPARED} for the "
-                         f"compared attention, {OWN} for the backbone's own (e.g. {'A' * (num_stages - 1) + 'B'!r}).")
+        raise BadInput(
+            f"attn_layout={layout!r} must be {num_stages} letters, one per stage: {COMPARED} for the "
+            f"compared attention, {OWN} for the backbone's own (e.g. {'A' * (num_stages - 1) + 'B'!r})."
+        )
     return [letter == COMPARED for letter in layout]
 
 
-def per_stage(value: ContrastTokens, num_stages: int,
-              option: str = "contrast_tokens") -> List[Union[int, Tuple[int, int]]]:
+def per_stage(
+    value: ContrastTokens, num_stages: int, option: str = "contrast_tokens"
+) -> List[Union[int, Tuple[int, int]]]:
     """One token setting for all stages (49, (7, 7)) or one per stage ((9, 16, 49, 49), ((3, 3), ...))."""
     if isinstance(value, int):
         return [value] * num_stages
@@ -76,21 +80,25 @@ def stage_options(compared_attention: str, options: Dict[str, Any], num_stages: 
     pooled = POOLED_TOKEN_OPTION.get(compared_attention)
     if "contrast_tokens" in options and pooled != "contrast_tokens":
         instead = f"its per-stage count is {pooled}" if pooled else "it has no pooled tokens, so no per-stage count"
-        raise BadInput(f"contrast_tokens does not apply to attention {compared_attention!r}: {instead}; "
-                       f"remove contrast_tokens.")
+        raise BadInput(
+            f"contrast_tokens does not apply to attention {compared_attention!r}: {instead}; remove contrast_tokens."
+        )
     unknown = sorted(set(options) - set(own))
     if unknown:
         which = "is not an argument" if len(unknown) == 1 else "are not arguments"
-        raise UnknownArgument(f"{', '.join(unknown)} {which} of the model nor of attention {compared_attention!r}"
-                              + (f" (its options: {', '.join(own)})." if own else " (it has no options)."))
+        raise UnknownArgument(
+            f"{', '.join(unknown)} {which} of the model nor of attention {compared_attention!r}"
+            + (f" (its options: {', '.join(own)})." if own else " (it has no options).")
+        )
     shared = {k: v for k, v in options.items() if k != pooled}
     if pooled in options:
         return [{**shared, pooled: tokens} for tokens in per_stage(options[pooled], num_stages, pooled)]
     return [dict(shared) for _ in range(num_stages)]
 
 
-def lab_placement(attn_layout: str, compared_attention: str,
-                  stage_tokens: ContrastTokens = LAB_STAGE_TOKENS) -> Dict[str, Any]:
+def lab_placement(
+    attn_layout: str, compared_attention: str, stage_tokens: ContrastTokens = LAB_STAGE_TOKENS
+) -> Dict[str, Any]:
     """A lab layout's keyword arguments: the layout, the attention, and its pooled tokens per stage if it pools."""
     placement: Dict[str, Any] = dict(attn_layout=attn_layout, compared_attention=compared_attention)
     if compared_attention in POOLED_TOKEN_OPTION:
@@ -98,18 +106,28 @@ def lab_placement(attn_layout: str, compared_attention: str,
     return placement
 
 
-VCA_PAPER = dict(paper_ids="arXiv:2511.00833",
-                 paper_name="Linear Differential Vision Transformer: Learning Visual Contrasts via Pairwise "
-                            "Differentials")
+VCA_PAPER = dict(
+    paper_ids="arXiv:2511.00833",
+    paper_name="Linear Differential Vision Transformer: Learning Visual Contrasts via Pairwise Differentials",
+)
 
 
 def hierarchical_cfg(**kwargs: Any) -> Dict[str, Any]:
     """The pretrained cfg fields every hierarchical model of this project carries (the VCA paper unless a backbone
     names its own); the license is the project's (code, and any weights it trains). No weights are published."""
-    return {"url": "", "num_classes": 1000, "input_size": (3, 224, 224), "fixed_input_size": True,
-            "license": "mit", **VCA_PAPER,
-            "notes": ("no weights are published for this build; train them with this pipeline and load them with "
-                      "pretrained=True, pretrained_cfg_overlay=dict(file='model.safetensors')",), **kwargs}
+    return {
+        "url": "",
+        "num_classes": 1000,
+        "input_size": (3, 224, 224),
+        "fixed_input_size": True,
+        "license": "mit",
+        **VCA_PAPER,
+        "notes": (
+            "no weights are published for this build; train them with this pipeline and load them with "
+            "pretrained=True, pretrained_cfg_overlay=dict(file='model.safetensors')",
+        ),
+        **kwargs,
+    }
 
 
 def set_stage_grids(stage_attentions: Sequence[Sequence[Any]], grids: Sequence[Tuple[int, int]]) -> None:
@@ -131,16 +149,29 @@ def set_stage_grids(stage_attentions: Sequence[Sequence[Any]], grids: Sequence[T
 
 def _check_weights_source(variant: str, kwargs: Dict[str, Any]) -> None:
     """pretrained=True loads only what the caller supplies (a file or a state_dict): a clear error otherwise."""
-    cfg = resolve_pretrained_cfg(variant, pretrained_cfg=kwargs.get("pretrained_cfg"),
-                                 pretrained_cfg_overlay=kwargs.get("pretrained_cfg_overlay"))
+    cfg = resolve_pretrained_cfg(
+        variant,
+        pretrained_cfg=kwargs.get("pretrained_cfg"),
+        pretrained_cfg_overlay=kwargs.get("pretrained_cfg_overlay"),
+    )
     load_from, _ = _resolve_pretrained_source(cfg.to_dict())
     if not load_from:
-        raise BadInput(f"no pretrained weights are published for {variant}; pass your own with "
-                       f"pretrained_cfg_overlay=dict(file='model.safetensors'), or create it with pretrained=False.")
+        raise BadInput(
+            f"no pretrained weights are published for {variant}; pass your own with "
+            f"pretrained_cfg_overlay=dict(file='model.safetensors'), or create it with pretrained=False."
+        )
 
 
-def build_hierarchical(model_cls, variant: str, pretrained: bool, *, defaults: Dict[str, Any],
-                       kwargs: Dict[str, Any], layout: str = "", compared_attention: str = ""):
+def build_hierarchical(
+    model_cls,
+    variant: str,
+    pretrained: bool,
+    *,
+    defaults: Dict[str, Any],
+    kwargs: Dict[str, Any],
+    layout: str = "",
+    compared_attention: str = "",
+):
     """Build a hierarchical variant over ``defaults``; ``pretrained=True`` loads the caller's own weights.
 
     With a ``layout`` it is a lab-layout model: ``compared_attention`` (from ``kwargs`` when not
@@ -160,20 +191,37 @@ def build_hierarchical(model_cls, variant: str, pretrained: bool, *, defaults: D
     return model if dtype is None else model.to(dtype=dtype)
 
 
-def _build(model_cls, variant: str, pretrained: bool, defaults: Dict[str, Any], kwargs: Dict[str, Any],
-           layout: str, compared_attention: str):
+def _build(
+    model_cls,
+    variant: str,
+    pretrained: bool,
+    defaults: Dict[str, Any],
+    kwargs: Dict[str, Any],
+    layout: str,
+    compared_attention: str,
+):
     feature_cfg = dict(out_indices=kwargs.pop("out_indices", (0, 1, 2, 3)), feature_cls="getter")
     if not layout:
         stray = sorted(set(kwargs) & _COMPARED_ONLY)
         if stray:
-            raise BadInput(f"{', '.join(stray)} only appl{'ies' if len(stray) == 1 else 'y'} to a VCA variant or "
-                           f"another compared attention (vca_* / lab_* models), not {variant}; remove "
-                           f"{'it' if len(stray) == 1 else 'them'}.")
-        return build_model_with_cfg(model_cls, variant, pretrained=pretrained, feature_cfg=feature_cfg,
-                                    **{**defaults, **kwargs})
+            raise BadInput(
+                f"{', '.join(stray)} only appl{'ies' if len(stray) == 1 else 'y'} to a VCA variant or "
+                f"another compared attention (vca_* / lab_* models), not {variant}; remove "
+                f"{'it' if len(stray) == 1 else 'them'}."
+            )
+        return build_model_with_cfg(
+            model_cls, variant, pretrained=pretrained, feature_cfg=feature_cfg, **{**defaults, **kwargs}
+        )
     chosen = kwargs.pop("compared_attention", compared_attention or "vca")
     if compared_attention and chosen != compared_attention:
-        raise BadInput(f"{variant} holds {compared_attention!r}; for compared_attention={chosen!r} use the "
-                       f"lab_* model of the same backbone.")
-    return build_model_with_cfg(model_cls, variant, pretrained=pretrained, feature_cfg=feature_cfg,
-                                **{**defaults, **lab_placement(layout, chosen), **kwargs})
+        raise BadInput(
+            f"{variant} holds {compared_attention!r}; for compared_attention={chosen!r} use the "
+            f"lab_* model of the same backbone."
+        )
+    return build_model_with_cfg(
+        model_cls,
+        variant,
+        pretrained=pretrained,
+        feature_cfg=feature_cfg,
+        **{**defaults, **lab_placement(layout, chosen), **kwargs},
+    )

@@ -35,6 +35,7 @@ tokens (``contrast_tokens`` / ``agent_tokens``) one count or one per stage (mode
 a stage layout (``stages.i.patch_embed`` ...), not the original ``patch_embed1`` /
 ``block1`` names.
 """
+
 # No ``from __future__ import annotations`` here: torch.fx copies ``forward``'s annotations into the traced code,
 # and a string annotation there becomes a name TorchScript cannot resolve (timm's fx + TorchScript check).
 from functools import partial
@@ -49,15 +50,23 @@ from timm.models._features import feature_take_indices
 
 from vcarepro.attention import build_attention
 from vcarepro.attention.grid import patch_grid
-from vcarepro.models.placement import (LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, hierarchical_cfg,
-                        set_stage_grids, stage_options)
 from vcarepro.core.errors import BadInput
+from vcarepro.models.placement import (
+    LAB_MODEL_ATTENTIONS,
+    attention_layout,
+    build_hierarchical,
+    hierarchical_cfg,
+    set_stage_grids,
+    stage_options,
+)
 
 # The lab's layout with any attention of the family (compared_attention=...).
 LAB_MODEL = "lab_pvt_tiny"
 # pipeline arch name -> {attention: timm name}; "mhsa" names the backbone's own attention
-MODEL_NAMES = {"pvt_tiny": {"mhsa": "pvt_tiny", "vca": "vca_pvt_tiny", **{a: LAB_MODEL for a in LAB_MODEL_ATTENTIONS}},
-               "pvt_tiny_gap": {"mhsa": "pvt_tiny_gap"}}
+MODEL_NAMES = {
+    "pvt_tiny": {"mhsa": "pvt_tiny", "vca": "vca_pvt_tiny", **{a: LAB_MODEL for a in LAB_MODEL_ATTENTIONS}},
+    "pvt_tiny_gap": {"mhsa": "pvt_tiny_gap"},
+}
 
 
 class SpatialReductionAttention(nn.Module):
@@ -88,7 +97,7 @@ class SpatialReductionAttention(nn.Module):
             raise BadInput("spatial reduction with prefix tokens is not defined in PVT; use sr_ratio=1 there.")
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.grid_size = patch_grid(grid_size)
         self.num_prefix_tokens = num_prefix_tokens
         self.sr_ratio = sr_ratio
@@ -124,8 +133,16 @@ class SpatialReductionAttention(nn.Module):
 class PreNormBlock(nn.Module):
     """Pre-norm transformer block around a given attention module (PVT's and CSWin's are the same)."""
 
-    def __init__(self, dim: int, attn: nn.Module, *, mlp_ratio: float, drop: float = 0.0,
-                 drop_path: float = 0.0, norm_layer=nn.LayerNorm) -> None:
+    def __init__(
+        self,
+        dim: int,
+        attn: nn.Module,
+        *,
+        mlp_ratio: float,
+        drop: float = 0.0,
+        drop_path: float = 0.0,
+        norm_layer=nn.LayerNorm,
+    ) -> None:
         super().__init__()
         self.norm1 = norm_layer(dim)
         self.attn = attn
@@ -154,8 +171,15 @@ class PatchEmbed(nn.Module):
 
 
 class PvtStage(nn.Module):
-    def __init__(self, patch_embed: PatchEmbed, blocks: List[nn.Module], num_patches: int,
-                 dim: int, num_prefix_tokens: int, drop_rate: float) -> None:
+    def __init__(
+        self,
+        patch_embed: PatchEmbed,
+        blocks: List[nn.Module],
+        num_patches: int,
+        dim: int,
+        num_prefix_tokens: int,
+        drop_rate: float,
+    ) -> None:
         super().__init__()
         self.patch_embed = patch_embed
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if num_prefix_tokens else None
@@ -241,13 +265,14 @@ class StagedBackbone:
             return intermediates
         return x, intermediates
 
-    def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
-                                  prune_head: bool = True) -> List[int]:
+    def prune_intermediate_layers(
+        self, indices: Union[int, List[int]] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> List[int]:
         """Drop the stages after the last one ``indices`` takes (and the norm / head), as timm's models do."""
         take_indices, max_index = feature_take_indices(len(self.stages), indices)
         prune_end = max_index < len(self.stages) - 1
-        self.stages = self.stages[:max_index + 1]
-        self.stage_grids = self.stage_grids[:max_index + 1]
+        self.stages = self.stages[: max_index + 1]
+        self.stage_grids = self.stage_grids[: max_index + 1]
         if prune_norm or prune_end:
             self.norm = nn.Identity()
         if prune_end:
@@ -316,18 +341,44 @@ class PyramidVisionTransformer(StagedBackbone, nn.Module):
             for _ in range(depths[i]):
                 if uses_compared[i]:
                     attn = build_attention(
-                        compared_attention, embed_dims[i], num_heads[i], grid_size=grid, num_prefix_tokens=prefix,
-                        layer_index=layer_index, qkv_bias=qkv_bias, attn_drop=attn_drop_rate, proj_drop=drop_rate,
-                        options=options_per_stage[i])
+                        compared_attention,
+                        embed_dims[i],
+                        num_heads[i],
+                        grid_size=grid,
+                        num_prefix_tokens=prefix,
+                        layer_index=layer_index,
+                        qkv_bias=qkv_bias,
+                        attn_drop=attn_drop_rate,
+                        proj_drop=drop_rate,
+                        options=options_per_stage[i],
+                    )
                 else:
                     attn = SpatialReductionAttention(
-                        embed_dims[i], num_heads[i], grid_size=grid, num_prefix_tokens=prefix,
-                        sr_ratio=sr_ratios[i], qkv_bias=qkv_bias, attn_drop=attn_drop_rate, proj_drop=drop_rate)
-                blocks.append(PreNormBlock(embed_dims[i], attn, mlp_ratio=mlp_ratios[i], drop=drop_rate,
-                                       drop_path=dpr[layer_index], norm_layer=norm_layer))
+                        embed_dims[i],
+                        num_heads[i],
+                        grid_size=grid,
+                        num_prefix_tokens=prefix,
+                        sr_ratio=sr_ratios[i],
+                        qkv_bias=qkv_bias,
+                        attn_drop=attn_drop_rate,
+                        proj_drop=drop_rate,
+                    )
+                blocks.append(
+                    PreNormBlock(
+                        embed_dims[i],
+                        attn,
+                        mlp_ratio=mlp_ratios[i],
+                        drop=drop_rate,
+                        drop_path=dpr[layer_index],
+                        norm_layer=norm_layer,
+                    )
+                )
                 layer_index += 1
-            stages.append(PvtStage(PatchEmbed(in_dim, embed_dims[i], p), blocks, grid[0] * grid[1],
-                                   embed_dims[i], prefix, drop_rate))
+            stages.append(
+                PvtStage(
+                    PatchEmbed(in_dim, embed_dims[i], p), blocks, grid[0] * grid[1], embed_dims[i], prefix, drop_rate
+                )
+            )
             self.feature_info.append(dict(num_chs=embed_dims[i], reduction=reduction, module=f"stages.{i}"))
             in_dim = embed_dims[i]
         self.stages = nn.ModuleList(stages)
@@ -354,11 +405,16 @@ class PyramidVisionTransformer(StagedBackbone, nn.Module):
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
         # as timm's Swin: a stage's embedding (patch embed, position embedding, class token) joins its first block
-        return dict(stem=r"^stages\.0\.(?:patch_embed|pos_embed)",
-                    blocks=r"^stages\.(\d+)" if coarse else [
-                        (r"^stages\.(\d+)\.(?:patch_embed|pos_embed|cls_token)", (0,)),
-                        (r"^stages\.(\d+)\.blocks\.(\d+)", None),
-                        (r"^norm", (99999,))])
+        return dict(
+            stem=r"^stages\.0\.(?:patch_embed|pos_embed)",
+            blocks=r"^stages\.(\d+)"
+            if coarse
+            else [
+                (r"^stages\.(\d+)\.(?:patch_embed|pos_embed|cls_token)", (0,)),
+                (r"^stages\.(\d+)\.blocks\.(\d+)", None),
+                (r"^norm", (99999,)),
+            ],
+        )
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         if global_pool is not None:
@@ -378,17 +434,23 @@ class PyramidVisionTransformer(StagedBackbone, nn.Module):
         grids = _stage_grids(img_size, self.patch_sizes)
         set_stage_grids([[block.attn for block in stage.blocks] for stage in self.stages], grids)
         for stage, old, new in zip(self.stages, self.stage_grids, grids):
-            stage.pos_embed = nn.Parameter(resample_abs_pos_embed(
-                stage.pos_embed.detach(), new_size=list(new), old_size=list(old),
-                num_prefix_tokens=stage.num_prefix_tokens, verbose=False),
-                requires_grad=stage.pos_embed.requires_grad)  # a frozen model stays frozen
+            stage.pos_embed = nn.Parameter(
+                resample_abs_pos_embed(
+                    stage.pos_embed.detach(),
+                    new_size=list(new),
+                    old_size=list(old),
+                    num_prefix_tokens=stage.num_prefix_tokens,
+                    verbose=False,
+                ),
+                requires_grad=stage.pos_embed.requires_grad,
+            )  # a frozen model stays frozen
         self.stage_grids, self.img_size = grids, patch_grid(img_size)
 
     def _to_map(self, x: torch.Tensor, i: int) -> torch.Tensor:
         """Stage ``i``'s tokens -> its patch grid (B, C, H, W); the class token is not part of the map."""
         H, W = self.stage_grids[i]
         if i == len(self.stages) - 1:
-            x = x[:, self.num_prefix_tokens:]
+            x = x[:, self.num_prefix_tokens :]
         return x.transpose(1, 2).reshape(x.shape[0], -1, H, W)
 
     def _drop_head(self, prune_end: bool) -> None:
@@ -411,7 +473,7 @@ class PyramidVisionTransformer(StagedBackbone, nn.Module):
             x = x[:, 0]
         elif self.global_pool == "avg":
             # the mean over the same (B, H*W, C) tokens either way: the map is a view of them
-            x = x[:, self.num_prefix_tokens:].mean(dim=1) if self.num_prefix_tokens else x.flatten(1, 2).mean(dim=1)
+            x = x[:, self.num_prefix_tokens :].mean(dim=1) if self.num_prefix_tokens else x.flatten(1, 2).mean(dim=1)
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 
@@ -422,8 +484,7 @@ def _output_fmt(num_prefix_tokens: int) -> str:
 
 def _new_head(model: nn.Module, num_classes: int) -> nn.Module:
     """A fresh classifier on the model's device and dtype, in its train / eval mode (as timm's reset_classifier)."""
-    head = (nn.Linear(model.num_features, num_classes, **get_device_dtype(model)) if num_classes > 0
-            else nn.Identity())
+    head = nn.Linear(model.num_features, num_classes, **get_device_dtype(model)) if num_classes > 0 else nn.Identity()
     return head.train(model.training)
 
 
@@ -439,31 +500,48 @@ def _stage_grids(img_size: Union[int, Sequence[int]], patch_sizes: Sequence[int]
     grid, grids = patch_grid(img_size), []
     for i, p in enumerate(patch_sizes):
         if grid[0] % p or grid[1] % p:
-            raise BadInput(f"img_size={img_size!r} does not work: stage {i} grid {grid} is not divisible by its patch "
-                           f"size {p}; use an img_size divisible by {_prod(patch_sizes)}.")
+            raise BadInput(
+                f"img_size={img_size!r} does not work: stage {i} grid {grid} is not divisible by its patch "
+                f"size {p}; use an img_size divisible by {_prod(patch_sizes)}."
+            )
         grid = (grid[0] // p, grid[1] // p)
         grids.append(grid)
     return grids
 
 
-PVT_PAPER = dict(paper_ids="arXiv:2102.12122",
-                 paper_name="Pyramid Vision Transformer: A Versatile Backbone for Dense Prediction without "
-                            "Convolutions")
+PVT_PAPER = dict(
+    paper_ids="arXiv:2102.12122",
+    paper_name="Pyramid Vision Transformer: A Versatile Backbone for Dense Prediction without Convolutions",
+)
 
 
 def _cfg(**kwargs: Any) -> Dict[str, Any]:
     # PVT evaluates like DeiT (crop 0.875, bicubic); no weights are published for these builds.
     return hierarchical_cfg(
-        pool_size=(7, 7), crop_pct=0.875, interpolation="bicubic", mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD,
-        first_conv="stages.0.patch_embed.proj", classifier="head", **kwargs)
+        pool_size=(7, 7),
+        crop_pct=0.875,
+        interpolation="bicubic",
+        mean=IMAGENET_DEFAULT_MEAN,
+        std=IMAGENET_DEFAULT_STD,
+        first_conv="stages.0.patch_embed.proj",
+        classifier="head",
+        **kwargs,
+    )
 
 
-default_cfgs = generate_default_cfgs({"pvt_tiny": _cfg(**PVT_PAPER), "pvt_tiny_gap": _cfg(**PVT_PAPER),
-                                     "vca_pvt_tiny": _cfg(), LAB_MODEL: _cfg()})
+default_cfgs = generate_default_cfgs(
+    {"pvt_tiny": _cfg(**PVT_PAPER), "pvt_tiny_gap": _cfg(**PVT_PAPER), "vca_pvt_tiny": _cfg(), LAB_MODEL: _cfg()}
+)
 
 PVT_SHAPES = {
-    "tiny": dict(patch_sizes=(4, 2, 2, 2), embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8),
-                 mlp_ratios=(8, 8, 4, 4), depths=(2, 2, 2, 2), sr_ratios=(8, 4, 2, 1)),
+    "tiny": dict(
+        patch_sizes=(4, 2, 2, 2),
+        embed_dims=(64, 128, 320, 512),
+        num_heads=(1, 2, 5, 8),
+        mlp_ratios=(8, 8, 4, 4),
+        depths=(2, 2, 2, 2),
+        sr_ratios=(8, 4, 2, 1),
+    ),
 }
 # The lab's PVT head (agent_pvt.py): no class token, no final norm, the mean of the last stage's tokens.
 LAB_HEAD = dict(class_token=False, global_pool="avg", head_norm=False)
@@ -475,22 +553,31 @@ LAB_PVT_TINY_LAYOUT = "AAAA"
 @register_model
 def pvt_tiny(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
     """PVT v1 Tiny with spatial-reduction attention and its class-token head (the original)."""
-    return build_hierarchical(PyramidVisionTransformer, "pvt_tiny", pretrained,
-                              defaults=PVT_SHAPES["tiny"], kwargs=kwargs)
+    return build_hierarchical(
+        PyramidVisionTransformer, "pvt_tiny", pretrained, defaults=PVT_SHAPES["tiny"], kwargs=kwargs
+    )
 
 
 @register_model
 def pvt_tiny_gap(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
     """PVT v1 Tiny with spatial-reduction attention and the lab's head (the control for vca_pvt_tiny)."""
-    return build_hierarchical(PyramidVisionTransformer, "pvt_tiny_gap", pretrained,
-                              defaults={**PVT_SHAPES["tiny"], **LAB_HEAD}, kwargs=kwargs)
+    return build_hierarchical(
+        PyramidVisionTransformer, "pvt_tiny_gap", pretrained, defaults={**PVT_SHAPES["tiny"], **LAB_HEAD}, kwargs=kwargs
+    )
 
 
 @register_model
 def vca_pvt_tiny(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
     """PVT v1 Tiny in the lab's layout: VCA in every stage (9-16-49-49 tokens, no spatial reduction), lab head."""
-    return build_hierarchical(PyramidVisionTransformer, "vca_pvt_tiny", pretrained, layout=LAB_PVT_TINY_LAYOUT,
-                              compared_attention="vca", defaults={**PVT_SHAPES["tiny"], **LAB_HEAD}, kwargs=kwargs)
+    return build_hierarchical(
+        PyramidVisionTransformer,
+        "vca_pvt_tiny",
+        pretrained,
+        layout=LAB_PVT_TINY_LAYOUT,
+        compared_attention="vca",
+        defaults={**PVT_SHAPES["tiny"], **LAB_HEAD},
+        kwargs=kwargs,
+    )
 
 
 @register_model
@@ -499,5 +586,11 @@ def lab_pvt_tiny(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransf
 
     ``compared_attention="agent"`` is the lab's Agent-PVT-T (agent_pvt.py): 9-16-49-49 agent tokens.
     """
-    return build_hierarchical(PyramidVisionTransformer, LAB_MODEL, pretrained, layout=LAB_PVT_TINY_LAYOUT,
-                              defaults={**PVT_SHAPES["tiny"], **LAB_HEAD}, kwargs=kwargs)
+    return build_hierarchical(
+        PyramidVisionTransformer,
+        LAB_MODEL,
+        pretrained,
+        layout=LAB_PVT_TINY_LAYOUT,
+        defaults={**PVT_SHAPES["tiny"], **LAB_HEAD},
+        kwargs=kwargs,
+    )

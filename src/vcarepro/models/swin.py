@@ -31,6 +31,7 @@ the full (B, H*W, C) sequence in row-major order, no prefix tokens. The layer is
 resize (the layer's ``set_grid_size``) replaced.
 ``layer_index`` counts blocks across the network, ``B`` blocks included.
 """
+
 from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
@@ -38,20 +39,31 @@ from typing import Any, List, Optional, Tuple
 import torch
 from timm.layers import to_2tuple
 from timm.models import SwinTransformer, generate_default_cfgs, register_model
-from timm.models.swin_transformer import _cfg as _swin_cfg
 from timm.models.swin_transformer import SwinTransformerBlock, calc_stage_window_sizes
+from timm.models.swin_transformer import _cfg as _swin_cfg
 
 from vcarepro.attention import attention_options, build_attention
 from vcarepro.attention.grid import patch_grid
-from vcarepro.models.placement import (LAB_MODEL_ATTENTIONS, attention_layout, build_hierarchical, hierarchical_cfg,
-                        set_stage_grids, stage_options)
 from vcarepro.core.errors import BadInput
+from vcarepro.models.placement import (
+    LAB_MODEL_ATTENTIONS,
+    attention_layout,
+    build_hierarchical,
+    hierarchical_cfg,
+    set_stage_grids,
+    stage_options,
+)
 
 # The lab's layout with any attention of the family (compared_attention=...).
 LAB_MODEL = "lab_swin_tiny_patch4_window7_224"
 # pipeline arch name -> {attention: timm name}; "mhsa" names the backbone's own attention
-MODEL_NAMES = {"swin_tiny": {"mhsa": "swin_tiny_patch4_window7_224", "vca": "vca_swin_tiny_patch4_window7_224",
-                             **{a: LAB_MODEL for a in LAB_MODEL_ATTENTIONS}}}
+MODEL_NAMES = {
+    "swin_tiny": {
+        "mhsa": "swin_tiny_patch4_window7_224",
+        "vca": "vca_swin_tiny_patch4_window7_224",
+        **{a: LAB_MODEL for a in LAB_MODEL_ATTENTIONS},
+    }
+}
 # The lab's placement in Swin-T (cfgs/agent_swin_t.yaml: ATTN_TYPE AAAB, NUM 9-16-49-49 = placement.LAB_STAGE_TOKENS).
 LAB_SWIN_TINY_LAYOUT = "AAAB"
 
@@ -67,8 +79,9 @@ class WholeGridBlock(SwinTransformerBlock):
         B, H, W, C = x.shape
         return self.attn(x.reshape(B, H * W, C)).reshape(B, H, W, C)
 
-    def set_input_size(self, feat_size: Tuple[int, int], window_size: Tuple[int, int],
-                       always_partition: Optional[bool] = None) -> None:
+    def set_input_size(
+        self, feat_size: Tuple[int, int], window_size: Tuple[int, int], always_partition: Optional[bool] = None
+    ) -> None:
         # the "window" is the whole stage grid (timm's own window sizes are ignored here)
         self.attn.set_grid_size(feat_size)
         self.input_resolution = tuple(feat_size)
@@ -92,18 +105,22 @@ class VcaSwinTransformer(SwinTransformer):
         own = set(attention_options(compared_attention)) | {"contrast_tokens"}  # stage_options refuses a stray one
         attention_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in own}
         if kwargs.get("dynamic_img_size") or kwargs.get("strict_img_size") is False:
-            raise BadInput(f"{compared_attention} models need a fixed token grid; build the model with the img_size "
-                           f"you feed it.")
+            raise BadInput(
+                f"{compared_attention} models need a fixed token grid; build the model with the img_size you feed it."
+            )
         if kwargs.get("always_partition"):
-            raise BadInput(f"global {compared_attention} bypasses window partitioning; do not pass "
-                           f"always_partition=True.")
+            raise BadInput(
+                f"global {compared_attention} bypasses window partitioning; do not pass always_partition=True."
+            )
         depths = kwargs.get("depths", (2, 2, 6, 2))
         uses_vca = attention_layout(attn_layout, len(depths))
         options_per_stage = stage_options(compared_attention, attention_kwargs, len(depths))
         own_window = kwargs.pop("window_size", 7)
         if not (isinstance(own_window, int) or (len(own_window) == 2 and all(isinstance(v, int) for v in own_window))):
-            raise BadInput(f"window_size={own_window!r}: give one int or (h, w) for Swin's own (B) stages; the VCA "
-                             f"(A) stages see their whole grid.")
+            raise BadInput(
+                f"window_size={own_window!r}: give one int or (h, w) for Swin's own (B) stages; the VCA "
+                f"(A) stages see their whole grid."
+            )
         own_window = to_2tuple(own_window)
         grids = _stage_grids(kwargs.get("img_size", 224), kwargs.get("patch_size", 4), len(depths))
         kwargs["window_size"] = [grid if vca else own_window for grid, vca in zip(grids, uses_vca)]
@@ -138,8 +155,9 @@ class VcaSwinTransformer(SwinTransformer):
         if weight_init != "skip":
             self.init_weights(needs_reset=False)
 
-    def set_input_size(self, img_size=None, patch_size=None, window_size=None, window_ratio=None,
-                       always_partition=None) -> None:
+    def set_input_size(
+        self, img_size=None, patch_size=None, window_size=None, window_ratio=None, always_partition=None
+    ) -> None:
         if window_size is not None or window_ratio is not None or always_partition:
             raise BadInput("the compared attention's stages have no windows; change img_size / patch_size only.")
         img_size = img_size if img_size is not None else self.patch_embed.img_size
@@ -147,14 +165,18 @@ class VcaSwinTransformer(SwinTransformer):
         grids = _stage_grids(img_size, patch, len(self.layers))
         # all or nothing: the compared attentions check their new grids first (a contrast grid larger than a stage
         # grid is a BadInput that leaves the model as it was); timm then resizes every stage
-        set_stage_grids([[block.attn for block in stage.blocks] if vca else []
-                         for stage, vca in zip(self.layers, self.uses_vca)], grids)
+        set_stage_grids(
+            [[block.attn for block in stage.blocks] if vca else [] for stage, vca in zip(self.layers, self.uses_vca)],
+            grids,
+        )
         # Swin's own stages keep timm's rule (the window scales with the grid); VCA stages see the whole grid
         patch_grid_new = tuple(g // p for g, p in zip(patch_grid(img_size), patch_grid(patch)))
         own = calc_stage_window_sizes(patch_grid_new, self._ref_window_sizes, self._ref_grid_size)
-        super().set_input_size(img_size=img_size, patch_size=patch_size,
-                               window_size=[grid if vca else window
-                                            for grid, window, vca in zip(grids, own, self.uses_vca)])
+        super().set_input_size(
+            img_size=img_size,
+            patch_size=patch_size,
+            window_size=[grid if vca else window for grid, window, vca in zip(grids, own, self.uses_vca)],
+        )
 
 
 def _stage_grids(img_size, patch_size, num_stages: int) -> List[Tuple[int, int]]:
@@ -170,17 +192,24 @@ def _stage_grids(img_size, patch_size, num_stages: int) -> List[Tuple[int, int]]
 
 
 # Eval as timm's Swin (its _cfg: crop 0.9, bicubic, head.fc); no weights are published for these builds.
-default_cfgs = generate_default_cfgs({name: hierarchical_cfg(**_swin_cfg())
-                                      for name in ("vca_swin_tiny_patch4_window7_224", LAB_MODEL)})
+default_cfgs = generate_default_cfgs(
+    {name: hierarchical_cfg(**_swin_cfg()) for name in ("vca_swin_tiny_patch4_window7_224", LAB_MODEL)}
+)
 SWIN_TINY_SHAPE = dict(patch_size=4, embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24))
 
 
 @register_model
 def vca_swin_tiny_patch4_window7_224(pretrained: bool = False, **kwargs: Any) -> VcaSwinTransformer:
     """Swin-T (timm's shapes) in the lab's layout: global VCA in stages 1-3 (9-16-49 tokens), Swin's windows in 4."""
-    return build_hierarchical(VcaSwinTransformer, "vca_swin_tiny_patch4_window7_224", pretrained,
-                              layout=LAB_SWIN_TINY_LAYOUT, compared_attention="vca", defaults=SWIN_TINY_SHAPE,
-                              kwargs=kwargs)
+    return build_hierarchical(
+        VcaSwinTransformer,
+        "vca_swin_tiny_patch4_window7_224",
+        pretrained,
+        layout=LAB_SWIN_TINY_LAYOUT,
+        compared_attention="vca",
+        defaults=SWIN_TINY_SHAPE,
+        kwargs=kwargs,
+    )
 
 
 @register_model
@@ -189,5 +218,6 @@ def lab_swin_tiny_patch4_window7_224(pretrained: bool = False, **kwargs: Any) ->
 
     ``compared_attention="agent"`` is the lab's Agent-Swin-T (agent_swin.py): 9-16-49 agent tokens.
     """
-    return build_hierarchical(VcaSwinTransformer, LAB_MODEL, pretrained, layout=LAB_SWIN_TINY_LAYOUT,
-                              defaults=SWIN_TINY_SHAPE, kwargs=kwargs)
+    return build_hierarchical(
+        VcaSwinTransformer, LAB_MODEL, pretrained, layout=LAB_SWIN_TINY_LAYOUT, defaults=SWIN_TINY_SHAPE, kwargs=kwargs
+    )

@@ -13,6 +13,7 @@ schema refuses (:func:`vcarepro.params.schema.validate`: an unknown or missing k
 naming the file in conf/ (or the command-line override) that set it. The stages check the same schema on the
 ``params.yaml`` that ``dvc exp run -S`` composes (:func:`stage_params`).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import yaml
+
 from vcarepro.core.errors import USER_ERROR_STATUS, BadInput, MissingInput, UnknownName, UserError
 from vcarepro.params.schema import ParamsError, flatten, validate  # noqa: F401  (flatten re-exported: the params code reads it here)
 
@@ -54,7 +56,9 @@ def section(params: Dict[str, Any], name: str) -> Any:
     try:
         return params[name]
     except KeyError:
-        raise UnknownName(f"params.yaml has no '{name}' section; regenerate it with `python -m vcarepro.params.config`.") from None
+        raise UnknownName(
+            f"params.yaml has no '{name}' section; regenerate it with `python -m vcarepro.params.config`."
+        ) from None
 
 
 def _hydra_config(overrides: Sequence[str], config_dir: str | Path):
@@ -82,8 +86,9 @@ def compose(overrides: Sequence[str] = (), config_dir: str | Path = REPO_ROOT / 
     return OmegaConf.to_container(_hydra_config(overrides, config_dir), resolve=True)
 
 
-def write_params(overrides: Sequence[str] = (), out: str | Path = "params.yaml",
-                 config_dir: str | Path = REPO_ROOT / "conf") -> None:
+def write_params(
+    overrides: Sequence[str] = (), out: str | Path = "params.yaml", config_dir: str | Path = REPO_ROOT / "conf"
+) -> None:
     """Compose, validate, and only then write params.yaml (atomically).
 
     The bytes are those of DVC's own Hydra dumper (``dvc.utils.hydra.compose_and_dump``: ``OmegaConf.to_yaml``
@@ -144,8 +149,9 @@ def _conf_files(overrides: Sequence[str], config_dir: Path) -> List[Tuple[str, D
     return files
 
 
-def _locate(files: List[Tuple[str, Dict[str, Any]]], path: Tuple[Any, ...], params: Dict[str, Any],
-            same_value: bool) -> Optional[str]:
+def _locate(
+    files: List[Tuple[str, Dict[str, Any]]], path: Tuple[Any, ...], params: Dict[str, Any], same_value: bool
+) -> Optional[str]:
     """The file that set ``path``: the last to hold it (with the value params holds, if ``same_value``), else,
     for a key that is missing, the first to hold its entry."""
     value = _lookup(params, path)
@@ -163,22 +169,27 @@ def _locate(files: List[Tuple[str, Dict[str, Any]]], path: Tuple[Any, ...], para
 
 def _conf_source(overrides: List[str], config_dir: Path) -> Callable[[Tuple[Any, ...]], str]:
     """For :func:`vcarepro.params.schema.validate`: the command-line override, else the conf file, that set a key."""
+
     def source(path: Tuple[Any, ...]) -> str:
         for override in reversed(_parse(overrides)):
             if override.is_delete() or _is_group(override, config_dir):
                 continue
             keys = tuple(override.key_or_group.split("."))
-            if keys == path[:len(keys)] or path == keys[:len(path)]:
+            if keys == path[: len(keys)] or path == keys[: len(path)]:
                 return f"the command-line override `{override.input_line}`"
         params = compose(overrides, config_dir)
-        return _locate(_conf_files(overrides, config_dir), path, params, same_value=False) or \
-            f"the composition of {config_dir.name}/"
+        return (
+            _locate(_conf_files(overrides, config_dir), path, params, same_value=False)
+            or f"the composition of {config_dir.name}/"
+        )
+
     return source
 
 
 def _stage_source(name: str, params: Dict[str, Any]) -> Callable[[Tuple[Any, ...]], str]:
     """For a stage: ``name`` (params.yaml), and the conf file that sets the key to the value params.yaml holds,
     where one does (``dvc exp run -S`` composes params.yaml from conf/ and the overrides, which it does not keep)."""
+
     def source(path: Tuple[Any, ...]) -> str:
         try:
             config_dir = REPO_ROOT / "conf"
@@ -188,6 +199,7 @@ def _stage_source(name: str, params: Dict[str, Any]) -> Callable[[Tuple[Any, ...
         except Exception:  # naming the file is a courtesy: never let it hide the refusal itself
             found = None
         return f"{name} (as {found} sets it)" if found else name
+
     return source
 
 
@@ -199,19 +211,24 @@ def _composition_error(err: Exception, overrides: List[str], config_dir: Path) -
     first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     if isinstance(err, OverrideParseException):
         bad = next((o for o in overrides if not _parses(o)), " ".join(overrides))
-        return ParamsError(f"the command-line override `{bad}` is not Hydra's override syntax (key=value, "
-                           f"+key=value to add a key, group=option); fix it and run `python -m vcarepro.params.config` again.")
+        return ParamsError(
+            f"the command-line override `{bad}` is not Hydra's override syntax (key=value, "
+            f"+key=value to add a key, group=option); fix it and run `python -m vcarepro.params.config` again."
+        )
     if isinstance(err, MissingConfigException) and err.options is not None and err.missing_cfg_file:
         group, _, option = err.missing_cfg_file.rpartition("/")
         options = list(err.options)
         by = next((o.input_line for o in _parse(overrides) if o.key_or_group == group), None)
         parent = re.match(r"In '([^']+)'", str(err))
-        where = f"the command-line override `{by}`" if by else \
-            f"{conf}/{parent.group(1)}.yaml" if parent else f"{conf}/"
+        where = (
+            f"the command-line override `{by}`" if by else f"{conf}/{parent.group(1)}.yaml" if parent else f"{conf}/"
+        )
         close = difflib.get_close_matches(option, options, n=1)
-        return ParamsError(f"{where}: {group} has no option {option!r}"
-                           + (f" (did you mean {close[0]}?)" if close else "")
-                           + f"; choose one of {', '.join(options)} ({conf}/{group}/*.yaml).")
+        return ParamsError(
+            f"{where}: {group} has no option {option!r}"
+            + (f" (did you mean {close[0]}?)" if close else "")
+            + f"; choose one of {', '.join(options)} ({conf}/{group}/*.yaml)."
+        )
     cause = err.__cause__
     full_key = getattr(cause, "full_key", None)
     if isinstance(err, ConfigCompositionException) and full_key and str(err).startswith("Could not override"):
@@ -219,14 +236,17 @@ def _composition_error(err: Exception, overrides: List[str], config_dir: Path) -
         groups = [o.input_line for o in _parse(overrides) if _is_group(o, config_dir)]
         valid = list(flatten(compose(groups, config_dir)))
         close = difflib.get_close_matches(full_key, valid, n=1)
-        return ParamsError(f"the command-line override `{by}`: {full_key} is not a key of the composition of {conf}/"
-                           + (f" (did you mean {close[0]}?)" if close else "")
-                           + "; fix its spelling (a new entry of a free section such as cls_runs takes a leading +) "
-                           "and run `python -m vcarepro.params.config` again.")
+        return ParamsError(
+            f"the command-line override `{by}`: {full_key} is not a key of the composition of {conf}/"
+            + (f" (did you mean {close[0]}?)" if close else "")
+            + "; fix its spelling (a new entry of a free section such as cls_runs takes a leading +) "
+            "and run `python -m vcarepro.params.config` again."
+        )
     parent = re.match(r"In '([^']+)': (.*)", first_line)
     where, what = (f"{conf}/{parent.group(1)}.yaml", parent.group(2)) if parent else (f"{conf}/", first_line)
-    return ParamsError(f"{where} cannot be composed: {what.rstrip('.')}; fix it and run "
-                       f"`python -m vcarepro.params.config` again.")
+    return ParamsError(
+        f"{where} cannot be composed: {what.rstrip('.')}; fix it and run `python -m vcarepro.params.config` again."
+    )
 
 
 def _parses(override: str) -> bool:

@@ -10,6 +10,7 @@ The record is its own file (``provenance.json``), not entries of ``metrics.json`
 every nested entry of a metrics file as a metric (``dvc metrics diff`` would list a learning
 rate as a metric that changed) and drops lists (the seeds) altogether.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -18,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
-from vcarepro.params.config import flatten
 from vcarepro.core.io import write_json
+from vcarepro.params.config import flatten
 from vcarepro.params.runs import cls_run, gen_run, run_paths
 
 PROVENANCE_FILE = "provenance.json"
-DIGEST_KEY = "metrics_sha256"   # of the metrics.json the record vouches for (written just before it)
+DIGEST_KEY = "metrics_sha256"  # of the metrics.json the record vouches for (written just before it)
 
 
 def run_provenance(params: Dict[str, Any], branch: str, name: str) -> Dict[str, Any]:
@@ -39,13 +40,27 @@ def run_provenance(params: Dict[str, Any], branch: str, name: str) -> Dict[str, 
         defines = {"recipe_name": run.recipe_name, "recipe": run.recipe}
     elif branch == "gen":
         run = gen_run(params, name)
-        defines = {"objective": run.objective, "recipe": run.recipe, "sampling": run.sampling,
-                   "evaluation": {**params.get("eval_gen", {}),
-                                  "fid_extractor": params.get("prepare_gen", {}).get("fid_extractor")}}
+        defines = {
+            "objective": run.objective,
+            "recipe": run.recipe,
+            "sampling": run.sampling,
+            "evaluation": {
+                **params.get("eval_gen", {}),
+                "fid_extractor": params.get("prepare_gen", {}).get("fid_extractor"),
+            },
+        }
     else:
         raise ValueError(f"branch must be 'cls' or 'gen', not {branch!r}")
-    record = {"scale": params.get("scale"), "branch": branch, "run": name, "model_name": entry["model"],
-              "model": run.model, **defines, "seeds": run.seeds, "shape": run.shape}
+    record = {
+        "scale": params.get("scale"),
+        "branch": branch,
+        "run": name,
+        "model_name": entry["model"],
+        "model": run.model,
+        **defines,
+        "seeds": run.seeds,
+        "shape": run.shape,
+    }
     return json.loads(json.dumps(record))  # as it reads back from disk (tuples as lists, keys as strings)
 
 
@@ -70,8 +85,9 @@ def write_provenance(params: Dict[str, Any], branch: str, name: str, run_root: O
 @dataclass(frozen=True)
 class Stale:
     """Why a run's numbers on disk are not the current params' numbers, and what refreshes them."""
+
     stage: str
-    fields: Tuple[str, ...]   # what differs, one line each
+    fields: Tuple[str, ...]  # what differs, one line each
 
     @property
     def command(self) -> str:
@@ -94,8 +110,9 @@ def check(run_root: Path, params: Dict[str, Any], branch: str, name: str) -> Opt
     stage = eval_stage(branch, name)
     record_path = run_root / PROVENANCE_FILE
     if not record_path.is_file():
-        return Stale(stage, (f"no {PROVENANCE_FILE} beside metrics.json (written before runs recorded what "
-                             f"produced them)",))
+        return Stale(
+            stage, (f"no {PROVENANCE_FILE} beside metrics.json (written before runs recorded what produced them)",)
+        )
     try:
         recorded = json.loads(record_path.read_text())
     except ValueError:

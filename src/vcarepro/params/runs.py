@@ -1,4 +1,5 @@
 """From params.yaml to what one stage of one named run needs. Stages call only this and the library."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,8 +7,8 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from vcarepro.core.choices import OBJECTIVES
-from vcarepro.params.config import section
 from vcarepro.core.errors import BadInput, UnknownName
+from vcarepro.params.config import section
 
 RUNS_DIR = Path("runs")
 # Resumable training state lives outside runs/ and outside DVC: it is scratch for a
@@ -17,7 +18,7 @@ CHECKPOINTS_DIR = Path("checkpoints")
 CLS_DATA = Path("data/cls")
 GEN_DATA = Path("data/gen")
 FID_REFERENCE = Path("data/fid_reference")
-SMOKE_INPUTS = Path("data/smoke")   # the smoke scale's stand-ins (stage smoke_inputs; conf/scale/smoke.yaml points here)
+SMOKE_INPUTS = Path("data/smoke")  # the smoke scale's stand-ins (stage smoke_inputs; conf/scale/smoke.yaml points here)
 
 
 def _run(params: Dict[str, Any], branch: str, name: str) -> Dict[str, Any]:
@@ -61,8 +62,10 @@ def run_paths(branch: str, name: str) -> RunPaths:
     from vcarepro.params.schema import safe_name
 
     if not safe_name(name):  # the schema refuses it first; this guards every other caller
-        raise BadInput(f"run name {name!r} cannot become a directory under {RUNS_DIR}/{branch}; use letters, digits, "
-                       f"'_' or '-' and rename it in conf/.")
+        raise BadInput(
+            f"run name {name!r} cannot become a directory under {RUNS_DIR}/{branch}; use letters, digits, "
+            f"'_' or '-' and rename it in conf/."
+        )
     return RunPaths(RUNS_DIR / branch / name, CHECKPOINTS_DIR / branch / name)
 
 
@@ -71,10 +74,10 @@ class ClsRun:
     name: str
     model: Dict[str, Any]
     shape: Dict[str, Any]
-    recipe: Dict[str, Any]          # the named recipe with the scale's overrides: what trains
+    recipe: Dict[str, Any]  # the named recipe with the scale's overrides: what trains
     seeds: List[int]
     paths: RunPaths
-    recipe_name: str                # its entry of cls_recipes
+    recipe_name: str  # its entry of cls_recipes
 
 
 def _recipe(params: Dict[str, Any], branch: str, name: str, run: Dict[str, Any]) -> Dict[str, Any]:
@@ -83,8 +86,10 @@ def _recipe(params: Dict[str, Any], branch: str, name: str, run: Dict[str, Any])
     overrides = run.get("recipe") or {}
     unknown = sorted(set(overrides) - set(recipe))
     if unknown:
-        raise UnknownName(f"run {name!r} overrides {', '.join(unknown)}, which {branch}_recipe does not have; "
-                       f"fix the name or add the knob to {branch}_recipe in conf/config.yaml.")
+        raise UnknownName(
+            f"run {name!r} overrides {', '.join(unknown)}, which {branch}_recipe does not have; "
+            f"fix the name or add the knob to {branch}_recipe in conf/config.yaml."
+        )
     recipe.update(overrides)
     return recipe
 
@@ -93,26 +98,39 @@ def cls_recipe(params: Dict[str, Any], recipe_name: str) -> Dict[str, Any]:
     """A named classification recipe with the scale's overrides on top: what a run of that recipe trains with."""
     recipes = section(params, "cls_recipes")
     if recipe_name not in recipes:
-        raise UnknownName(f"no recipe {recipe_name!r} under cls_recipes in params.yaml; choose one of "
-                       f"{', '.join(recipes)} (conf/cls_recipe/).")
+        raise UnknownName(
+            f"no recipe {recipe_name!r} under cls_recipes in params.yaml; choose one of "
+            f"{', '.join(recipes)} (conf/cls_recipe/)."
+        )
     # null: the knob is not overridden (conf/config.yaml lists every knob so that -S works at every scale)
     overrides = {k: v for k, v in (params.get("cls_recipe_overrides") or {}).items() if v is not None}
     unknown = sorted(set(overrides) - set(recipes[recipe_name]))
     if unknown:
-        raise UnknownName(f"cls_recipe_overrides sets {', '.join(unknown)}, which recipe {recipe_name!r} does not have; "
-                       f"fix the name in conf/.")
+        raise UnknownName(
+            f"cls_recipe_overrides sets {', '.join(unknown)}, which recipe {recipe_name!r} does not have; "
+            f"fix the name in conf/."
+        )
     recipe = {**recipes[recipe_name], **overrides}
     if recipe["cooldown_epochs"] >= recipe["epochs"]:
-        raise BadInput(f"recipe {recipe_name!r} holds its last cooldown_epochs={recipe['cooldown_epochs']} epochs at "
-                       f"min lr, which leaves nothing of epochs={recipe['epochs']} (epochs counts every epoch trained); "
-                       f"set cls_recipe_overrides.cooldown_epochs=0 or raise epochs.")
+        raise BadInput(
+            f"recipe {recipe_name!r} holds its last cooldown_epochs={recipe['cooldown_epochs']} epochs at "
+            f"min lr, which leaves nothing of epochs={recipe['epochs']} (epochs counts every epoch trained); "
+            f"set cls_recipe_overrides.cooldown_epochs=0 or raise epochs."
+        )
     return recipe
 
 
 def cls_run(params: Dict[str, Any], name: str) -> ClsRun:
     run = _run(params, "cls", name)
-    return ClsRun(name, section(params, "models")[run["model"]], dict(section(params, "cls_shape") or {}),
-                  cls_recipe(params, run["recipe"]), list(run["seeds"]), run_paths("cls", name), run["recipe"])
+    return ClsRun(
+        name,
+        section(params, "models")[run["model"]],
+        dict(section(params, "cls_shape") or {}),
+        cls_recipe(params, run["recipe"]),
+        list(run["seeds"]),
+        run_paths("cls", name),
+        run["recipe"],
+    )
 
 
 @dataclass(frozen=True)
@@ -131,6 +149,13 @@ def gen_run(params: Dict[str, Any], name: str) -> GenRun:
     run = _run(params, "gen", name)
     if run.get("objective") not in OBJECTIVES:
         raise BadInput(f"run {name!r} has objective {run.get('objective')!r}; choose one of {', '.join(OBJECTIVES)}.")
-    return GenRun(name, section(params, "models")[run["model"]], run["objective"],
-                  dict(section(params, "gen_shape") or {}), _recipe(params, "gen", name, run),
-                  section(params, "sampling"), list(run["seeds"]), run_paths("gen", name))
+    return GenRun(
+        name,
+        section(params, "models")[run["model"]],
+        run["objective"],
+        dict(section(params, "gen_shape") or {}),
+        _recipe(params, "gen", name, run),
+        section(params, "sampling"),
+        list(run["seeds"]),
+        run_paths("gen", name),
+    )

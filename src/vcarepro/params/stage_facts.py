@@ -14,6 +14,7 @@ definition is read from the dvc.yaml of the code's own checkout, its ``${key}`` 
 filled from the local params.yaml, and each dependency hashed where it lies: under the working
 directory, else (the code) under that checkout.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -51,6 +52,7 @@ def digest(*parts: Any) -> str:
 
 # -- inside a DVC project: DVC's own stage loader and hashes -----------------------------------------------------
 
+
 def _from_dvc(stage: str, root: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     from dvc.dependency.param import ParamsDependency
     from dvc.dvcfile import ProjectFile
@@ -74,12 +76,15 @@ def _from_dvc(stage: str, root: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
                 except FileNotFoundError:
                     deps[dep.def_path] = None
     except DvcException as err:
-        raise BadInput(f"cannot read what stage {stage} depends on from {root / PIPELINE} ({err}); "
-                       f"fix dvc.yaml or params.yaml (`dvc status {stage}` shows the same).") from None
+        raise BadInput(
+            f"cannot read what stage {stage} depends on from {root / PIPELINE} ({err}); "
+            f"fix dvc.yaml or params.yaml (`dvc status {stage}` shows the same)."
+        ) from None
     return deps, params
 
 
 # -- outside one: the same definition, resolved and hashed here ----------------------------------------------------
+
 
 def stage_definition(stage: str, root: str | Path = ".") -> Tuple[List[str], List[str]]:
     """(deps, params) of ``stage`` as DVC resolves them: ``foreach`` over a params section, ``${key}``, ``${item.x}``.
@@ -101,8 +106,10 @@ def stage_definition(stage: str, root: str | Path = ".") -> Tuple[List[str], Lis
     if "foreach" in definition:
         items = _resolve(definition["foreach"], context)
         if not isinstance(items, dict) or key not in items:
-            raise BadInput(f"stage {stage} is not one of {group}'s entries in {pipeline}; name a run of its "
-                           f"foreach ({definition['foreach']}).")
+            raise BadInput(
+                f"stage {stage} is not one of {group}'s entries in {pipeline}; name a run of its "
+                f"foreach ({definition['foreach']})."
+            )
         context.update(key=key, item=items[key])
         definition = definition["do"]
     elif key:
@@ -116,8 +123,10 @@ def _lookup(context: Dict[str, Any], dotted: str) -> Any:
     value: Any = context
     for part in dotted.split("."):
         if not isinstance(value, dict) or part not in value:
-            raise BadInput(f"${{{dotted}}} in {PIPELINE} names nothing in {PARAMS}; regenerate it with "
-                           f"`python -m vcarepro.params.config`.")
+            raise BadInput(
+                f"${{{dotted}}} in {PIPELINE} names nothing in {PARAMS}; regenerate it with "
+                f"`python -m vcarepro.params.config`."
+            )
         value = value[part]
     return value
 

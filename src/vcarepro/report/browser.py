@@ -11,6 +11,7 @@ Screenshots of the whole page at each width go to ``--shots``. The test suite ru
 Needs Selenium (the ``test`` extra) and Debian's ``chromium`` and ``chromium-driver``; Selenium's own
 driver download is never used (``SE_OFFLINE``): the driver is the one beside the browser.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,9 +25,17 @@ from typing import Any, Dict, List, Optional, Sequence
 WIDTHS = (1400, 800)
 HEIGHT = 1000
 MAX_SHOT_HEIGHT = 16384  # Chromium's largest texture: a taller page is shot to this height
-FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-default-apps",
-         "--host-resolver-rules=MAP * ~NOTFOUND"]  # nothing on the page may need the network
+FLAGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-default-apps",
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+]  # nothing on the page may need the network
 
 # What the page says about itself at one width, measured in the page (one round trip).
 MEASURE = """
@@ -61,8 +70,10 @@ def find_browser() -> tuple:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     driver = shutil.which("chromedriver")
     if browser is None or driver is None:
-        raise BrowserMissing("chromium and chromedriver are needed (Debian: apt-get install chromium chromium-driver; "
-                             ".ci/run installs them).")
+        raise BrowserMissing(
+            "chromium and chromedriver are needed (Debian: apt-get install chromium chromium-driver; "
+            ".ci/run installs them)."
+        )
     return browser, driver
 
 
@@ -92,8 +103,7 @@ def requests_made(driver) -> List[str]:
     return urls
 
 
-def check_page(page: Path, widths: Sequence[int] = WIDTHS, shots: Optional[Path] = None,
-               driver=None) -> Dict[str, Any]:
+def check_page(page: Path, widths: Sequence[int] = WIDTHS, shots: Optional[Path] = None, driver=None) -> Dict[str, Any]:
     """{"problems": [one line each], "widths": {width: what was measured}} for the page at each width."""
     page = Path(page).resolve()
     own = driver is None
@@ -102,8 +112,10 @@ def check_page(page: Path, widths: Sequence[int] = WIDTHS, shots: Optional[Path]
     measured: Dict[int, Any] = {}
     try:
         for width in widths:
-            driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                                   {"width": width, "height": HEIGHT, "deviceScaleFactor": 1, "mobile": False})
+            driver.execute_cdp_cmd(
+                "Emulation.setDeviceMetricsOverride",
+                {"width": width, "height": HEIGHT, "deviceScaleFactor": 1, "mobile": False},
+            )
             driver.get_log("performance")  # drop what earlier widths logged
             driver.get(page.as_uri())
             found = driver.execute_script(MEASURE)
@@ -115,20 +127,33 @@ def check_page(page: Path, widths: Sequence[int] = WIDTHS, shots: Optional[Path]
                 problems.append(f"{at}: the first section is {found['first_h2']!r}, not the summary")
             for t in found["tables"]:
                 if t["visible"] and max(t["width"], t["scroll"]) > found["column"] + 1:
-                    problems.append(f"{at}: a table under {t['near']!r} is {max(t['width'], t['scroll'])} px wide in "
-                                    f"a {found['column']} px column")
+                    problems.append(
+                        f"{at}: a table under {t['near']!r} is {max(t['width'], t['scroll'])} px wide in "
+                        f"a {found['column']} px column"
+                    )
             if found["page"][0] > found["page"][1]:
-                problems.append(f"{at}: the page scrolls sideways ({found['page'][0]} px in a {found['page'][1]} px window)")
+                problems.append(
+                    f"{at}: the page scrolls sideways ({found['page'][0]} px in a {found['page'][1]} px window)"
+                )
             problems += [f"{at}: a badge wraps: {b}" for b in found["badges"]]
             problems += [f"{at}: an image did not load: {alt}" for alt in found["images"]]
-            problems += [f"{at}: the page requested {url}" for url in found["requests"]
-                         if not url.startswith(("data:", page.as_uri()))]
+            problems += [
+                f"{at}: the page requested {url}"
+                for url in found["requests"]
+                if not url.startswith(("data:", page.as_uri()))
+            ]
             problems += [f"{at}: the console says {line}" for line in found["console"]]
             if shots is not None:
                 shots.mkdir(parents=True, exist_ok=True)
-                driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
-                    "width": width, "height": min(found["height"], MAX_SHOT_HEIGHT), "deviceScaleFactor": 1,
-                    "mobile": False})
+                driver.execute_cdp_cmd(
+                    "Emulation.setDeviceMetricsOverride",
+                    {
+                        "width": width,
+                        "height": min(found["height"], MAX_SHOT_HEIGHT),
+                        "deviceScaleFactor": 1,
+                        "mobile": False,
+                    },
+                )
                 driver.save_screenshot(str(shots / f"report_{width}.png"))
     finally:
         if own:
@@ -142,8 +167,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--shots", type=Path, default=None, help="write report_<width>.png screenshots here")
     args = parser.parse_args(argv)
     if not args.page.is_file():
-        print(f"error: {args.page} does not exist; run `dvc repro` first (it writes reports/index.html).",
-              file=sys.stderr)
+        print(
+            f"error: {args.page} does not exist; run `dvc repro` first (it writes reports/index.html).", file=sys.stderr
+        )
         return 2
     try:
         result = check_page(args.page, shots=args.shots)
@@ -151,8 +177,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     for width, found in result["widths"].items():
-        print(f"{width} px: {len(found['tables'])} tables in a {found['column']} px column, {found['n_images']} images, "
-              f"{len(found['requests'])} requests, first section {found['first_h2']!r}")
+        print(
+            f"{width} px: {len(found['tables'])} tables in a {found['column']} px column, {found['n_images']} images, "
+            f"{len(found['requests'])} requests, first section {found['first_h2']!r}"
+        )
     for line in result["problems"]:
         print(line)
     print("browser check: " + ("ok" if not result["problems"] else f"{len(result['problems'])} problem(s)"))

@@ -1,4 +1,5 @@
 """The report's calibration section: released checkpoints through our evaluation, beside their published numbers."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,12 +27,21 @@ def calibration_section(root: Path, scale: str) -> Dict[str, Any]:
                 note = "not ImageNet"
             else:
                 note = "; ".join(r.get("deviations") or [])  # why a paper-scale row is not judged
-            measured = (f"{r['val_images']:,} val images" if r["kind"] == "cls" else
-                        f"{r['num_samples']:,} samples, {r['sampler']} {r['sampler_steps']} steps, "
-                        f"cfg {r['cfg_scale']:g}")
-            rows.append({**r, "label": LABELS[r["metric"]], "ours": f"{r['ours']:.2f}",
-                         "difference": f"{r['difference']:+.2f}", "tolerance": f"±{r['tolerance']:g}",
-                         "note": note, "measured": measured})
+            measured = (
+                f"{r['val_images']:,} val images"
+                if r["kind"] == "cls"
+                else f"{r['num_samples']:,} samples, {r['sampler']} {r['sampler_steps']} steps, cfg {r['cfg_scale']:g}"
+            )
+            rows.append(
+                {
+                    **r,
+                    "label": LABELS[r["metric"]],
+                    "ours": f"{r['ours']:.2f}",
+                    "difference": f"{r['difference']:+.2f}",
+                    "tolerance": f"±{r['tolerance']:g}",
+                    "note": note,
+                    "measured": measured,
+                }
+            )
         not_run.extend(result["not_run"])
-    return {"rows": rows, "not_run": not_run, "stale": stale,
-            "files": sorted({n["file"] for n in not_run})}
+    return {"rows": rows, "not_run": not_run, "stale": stale, "files": sorted({n["file"] for n in not_run})}

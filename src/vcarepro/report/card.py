@@ -5,6 +5,7 @@ What the card says comes from the report's own sources: the metrics.json readers
 per paper statistic, the paper rows and the run that answers each (``rows``), the curve list (``figures``).
 It imports no training code: the run is a ``params.runs.ClsRun``, the weights' facts come in as arguments.
 """
+
 from __future__ import annotations
 
 import base64
@@ -14,20 +15,27 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from vcarepro.params.config import flatten
 from vcarepro.metrics.intervals import direction, welch
+from vcarepro.params.config import flatten
 from vcarepro.params.runs import ClsRun
 from vcarepro.report.collect import read_curves, read_json
-from vcarepro.report.figures import CLS_CURVES, curves_png as draw_curves
+from vcarepro.report.figures import CLS_CURVES
+from vcarepro.report.figures import curves_png as draw_curves
 from vcarepro.report.rows import STATISTICS, answering_run, paper_rows, seed_values
 
 CURVES = "curves.png"
 REFERENCE = Path("data/paper_reference.yaml")
 
 # metrics.json figures the card lists, in this order, with how the card names them
-CARD_METRICS = {"top1": "top-1, final epoch", "top1_best": "top-1, best epoch", "top1_ema": "top-1, final EMA",
-                "top1_best_ema": "top-1, best epoch of the EMA", "top5": "top-5, final epoch",
-                "loss": "validation loss, final epoch", "plateau_spread": "top-1 spread over the last 3 epochs"}
+CARD_METRICS = {
+    "top1": "top-1, final epoch",
+    "top1_best": "top-1, best epoch",
+    "top1_ema": "top-1, final EMA",
+    "top1_best_ema": "top-1, best epoch of the EMA",
+    "top5": "top-5, final epoch",
+    "loss": "validation loss, final epoch",
+    "plateau_spread": "top-1 spread over the last 3 epochs",
+}
 
 
 def run_rows(reference: Dict[str, Any], run: str) -> List[Dict[str, Any]]:
@@ -35,8 +43,14 @@ def run_rows(reference: Dict[str, Any], run: str) -> List[Dict[str, Any]]:
     return [row for row in paper_rows(reference) if row["run"] == run]
 
 
-def _gain_text(root: Path, run: ClsRun, metrics: Optional[Dict[str, Any]], baseline: Optional[str],
-               paper_gain: Optional[Tuple[float, str]], key: str = "top1") -> str:
+def _gain_text(
+    root: Path,
+    run: ClsRun,
+    metrics: Optional[Dict[str, Any]],
+    baseline: Optional[str],
+    paper_gain: Optional[Tuple[float, str]],
+    key: str = "top1",
+) -> str:
     """Ours minus the baseline run with Welch's interval, the paper's gain, and the direction verdict they support."""
     paper = "" if paper_gain is None else f"; paper {paper_gain[0]:+.1f} [{paper_gain[1]}]"
     if baseline is None:
@@ -44,8 +58,7 @@ def _gain_text(root: Path, run: ClsRun, metrics: Optional[Dict[str, Any]], basel
     base = read_json(root / "runs" / "cls" / baseline / "metrics.json")
     ours, theirs = seed_values(metrics or {}, key), seed_values(base or {}, key)
     if not ours or not theirs:
-        return (f"minus `{baseline}`: not measured (`dvc repro eval_cls@{baseline}` and "
-                f"`eval_cls@{run.name}`){paper}")
+        return f"minus `{baseline}`: not measured (`dvc repro eval_cls@{baseline}` and `eval_cls@{run.name}`){paper}"
     diff = welch(ours, theirs)
     verdict = direction(diff, None if paper_gain is None else paper_gain[0])
     return f"minus `{baseline}` ({key}): {diff.text()}{paper}; {verdict}"
@@ -85,10 +98,21 @@ def _table(header: Tuple[str, str], rows: List[Tuple[Any, Any]]) -> str:
     return "\n".join(lines)
 
 
-def model_card(*, run: ClsRun, seed: int, params: Dict[str, Any], config: Dict[str, Any],
-               metrics: Optional[Dict[str, Any]], reference: Optional[Dict[str, Any]], root: Path,
-               n_params: int, weights_sha256: str, has_curves: bool, folder_name: str,
-               paper_params: Optional[Dict[str, Any]] = None) -> str:
+def model_card(
+    *,
+    run: ClsRun,
+    seed: int,
+    params: Dict[str, Any],
+    config: Dict[str, Any],
+    metrics: Optional[Dict[str, Any]],
+    reference: Optional[Dict[str, Any]],
+    root: Path,
+    n_params: int,
+    weights_sha256: str,
+    has_curves: bool,
+    folder_name: str,
+    paper_params: Optional[Dict[str, Any]] = None,
+) -> str:
     """The model card (README.md): YAML front matter for the Hub, then what the weights are and how to use them.
 
     ``paper_params``: the paper scale's params (``compose(["scale=paper"])``), from which a compared run that
@@ -100,38 +124,71 @@ def model_card(*, run: ClsRun, seed: int, params: Dict[str, Any], config: Dict[s
     model_args = config.get("model_args", {})
     license_name = config.get("pretrained_cfg", {}).get("license", "mit")
     sources = (reference or {}).get("sources", {})
-    out = ["---", "tags:", "- image-classification", "- timm", "- vision-transformer",
-           "- visual-contrast-attention" if run.model["attention"] == "vca"
-           else f"- {run.model['attention']}-attention",
-           "- vca-repro", f"- scale-{scale}", "library_name: timm", "pipeline_tag: image-classification",
-           f"license: {license_name}", "---", "",
-           f"# {run.name} (seed {seed}): `{arch}`", ""]
+    out = [
+        "---",
+        "tags:",
+        "- image-classification",
+        "- timm",
+        "- vision-transformer",
+        "- visual-contrast-attention" if run.model["attention"] == "vca" else f"- {run.model['attention']}-attention",
+        "- vca-repro",
+        f"- scale-{scale}",
+        "library_name: timm",
+        "pipeline_tag: image-classification",
+        f"license: {license_name}",
+        "---",
+        "",
+        f"# {run.name} (seed {seed}): `{arch}`",
+        "",
+    ]
     if scale == "paper":
-        out += [f"**Scale: {scale}.** Trained with the paper's recipe as this pipeline reproduces it on "
-                "ImageNet-1K; its numbers are the ones to set beside the paper's.", ""]
+        out += [
+            f"**Scale: {scale}.** Trained with the paper's recipe as this pipeline reproduces it on "
+            "ImageNet-1K; its numbers are the ones to set beside the paper's.",
+            "",
+        ]
     else:
-        out += [f"**Scale: {scale}. These numbers are not comparable with the paper's.** The weights come from "
-                f"the `{scale}` scale of the vca-repro pipeline (small data, small shapes, short schedules: "
-                f"image size {model_args.get('img_size')}, {config.get('num_classes')} classes); they show that "
-                "the run trains and exports end to end, not ImageNet accuracy.", ""]
-    out += ["Trained by the vca-repro pipeline for *Linear Differential Vision Transformer: Learning Visual "
-            "Contrasts via Pairwise Differentials* (NeurIPS 2025, arXiv:2511.00833), run "
-            f"`train_cls@{run.name}`, seed {seed} of {', '.join(map(str, run.seeds))}.", ""]
+        out += [
+            f"**Scale: {scale}. These numbers are not comparable with the paper's.** The weights come from "
+            f"the `{scale}` scale of the vca-repro pipeline (small data, small shapes, short schedules: "
+            f"image size {model_args.get('img_size')}, {config.get('num_classes')} classes); they show that "
+            "the run trains and exports end to end, not ImageNet accuracy.",
+            "",
+        ]
+    out += [
+        "Trained by the vca-repro pipeline for *Linear Differential Vision Transformer: Learning Visual "
+        "Contrasts via Pairwise Differentials* (NeurIPS 2025, arXiv:2511.00833), run "
+        f"`train_cls@{run.name}`, seed {seed} of {', '.join(map(str, run.seeds))}.",
+        "",
+    ]
 
-    out += ["## Architecture", "",
-            f"timm model `{arch}` (pipeline model `{run.model['arch']}`, attention `{run.model['attention']}`), "
-            f"{n_params / 1e6:.3f} M parameters, {config.get('num_features')} features, "
-            f"pooling `{config.get('global_pool')}`. The shape differs from the registered default, so rebuild "
-            "with these `model_args` (they are in `config.json`):", "",
-            _table(("model_args", "value"), sorted(model_args.items()))]
+    out += [
+        "## Architecture",
+        "",
+        f"timm model `{arch}` (pipeline model `{run.model['arch']}`, attention `{run.model['attention']}`), "
+        f"{n_params / 1e6:.3f} M parameters, {config.get('num_features')} features, "
+        f"pooling `{config.get('global_pool')}`. The shape differs from the registered default, so rebuild "
+        "with these `model_args` (they are in `config.json`):",
+        "",
+        _table(("model_args", "value"), sorted(model_args.items())),
+    ]
     if run.model.get("options"):
-        out += ["", "Attention options of the pipeline's model entry: "
-                + ", ".join(f"`{k}={_fmt(v)}`" for k, v in sorted(run.model["options"].items())) + "."]
+        out += [
+            "",
+            "Attention options of the pipeline's model entry: "
+            + ", ".join(f"`{k}={_fmt(v)}`" for k, v in sorted(run.model["options"].items()))
+            + ".",
+        ]
     out += [""]
 
-    out += ["## Training recipe", "",
-            f"Recipe `{run.recipe_name}` (`cls_recipes` in params.yaml) with the `{scale}` scale's overrides, "
-            "as trained:", "", _table(("knob", "value"), sorted(flatten(run.recipe).items())), ""]
+    out += [
+        "## Training recipe",
+        "",
+        f"Recipe `{run.recipe_name}` (`cls_recipes` in params.yaml) with the `{scale}` scale's overrides, as trained:",
+        "",
+        _table(("knob", "value"), sorted(flatten(run.recipe).items())),
+        "",
+    ]
 
     out += ["## Metrics", ""]
     if metrics is None:
@@ -144,11 +201,20 @@ def model_card(*, run: ClsRun, seed: int, params: Dict[str, Any], config: Dict[s
             values = seed_values(metrics, key)
             spread = _ours(metrics, key)
             this = metrics.get(f"{key}_seed{seed}")
-            rows.append(f"| {label} (`{key}`) | {spread} | {'' if this is None else f'{this:.2f}'} | "
-                        + ", ".join(f"{v:.2f}" for v in values) + " |")
-        out += [f"Validation figures of the run (`runs/cls/{run.name}/metrics.json`): mean ± sample std over "
-                f"seeds, this checkpoint's seed ({seed}), and every seed.", "",
-                f"| figure | mean ± std | seed {seed} | per seed |", "|---|---|---|---|", *rows, ""]
+            rows.append(
+                f"| {label} (`{key}`) | {spread} | {'' if this is None else f'{this:.2f}'} | "
+                + ", ".join(f"{v:.2f}" for v in values)
+                + " |"
+            )
+        out += [
+            f"Validation figures of the run (`runs/cls/{run.name}/metrics.json`): mean ± sample std over "
+            f"seeds, this checkpoint's seed ({seed}), and every seed.",
+            "",
+            f"| figure | mean ± std | seed {seed} | per seed |",
+            "|---|---|---|---|",
+            *rows,
+            "",
+        ]
 
     comparisons = run_rows(reference, run.name) if reference else []
     gains = []
@@ -159,74 +225,111 @@ def model_card(*, run: ClsRun, seed: int, params: Dict[str, Any], config: Dict[s
             if text not in gains:
                 gains.append(text)
     if gains:
-        out += ["Gain over the baseline (ours: final-epoch top-1, as the report's gains table, with the 95% Welch "
-                "interval over the per-seed values; the paper's gain of the same rows; a direction only where our "
-                "interval excludes zero):", "",
-                *[f"- {g}" for g in gains], ""]
+        out += [
+            "Gain over the baseline (ours: final-epoch top-1, as the report's gains table, with the 95% Welch "
+            "interval over the per-seed values; the paper's gain of the same rows; a direction only where our "
+            "interval excludes zero):",
+            "",
+            *[f"- {g}" for g in gains],
+            "",
+        ]
 
     out += ["## The paper's numbers", ""]
     if not comparisons:
-        out += ["The paper has no row for this run." if reference else
-                f"{REFERENCE} is missing, so the paper's numbers are not shown.", ""]
+        out += [
+            "The paper has no row for this run."
+            if reference
+            else f"{REFERENCE} is missing, so the paper's numbers are not shown.",
+            "",
+        ]
     else:
-        out += ["ImageNet-1K top-1 (%) of the corresponding rows (`data/paper_reference.yaml`), with the source "
-                "mark of each value" + ("; at this scale ours are not comparable with them." if scale != "paper"
-                                        else "."), "",
-                f"| table | row | paper top-1 | statistic | ours, same statistic ({scale}) | paper baseline top-1 "
-                "| params (M) | GFLOPs |",
-                "|---|---|---|---|---|---|---|---|"]
+        out += [
+            "ImageNet-1K top-1 (%) of the corresponding rows (`data/paper_reference.yaml`), with the source "
+            "mark of each value" + ("; at this scale ours are not comparable with them." if scale != "paper" else "."),
+            "",
+            f"| table | row | paper top-1 | statistic | ours, same statistic ({scale}) | paper baseline top-1 "
+            "| params (M) | GFLOPs |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for row in comparisons:
             key = STATISTICS.get(row["statistic"], STATISTICS["final"])[0]
-            out.append(f"| {row['table']} | {row['label']} | {_paper(row.get('top1'))} | {row['statistic']} "
-                       f"| `{key}` {_ours(metrics, key)} | "
-                       f"{_paper(row.get('baseline_top1'))} | {_paper(row.get('params_m'))} | "
-                       f"{_paper(row.get('gflops'))} |")
-        used = sorted({e[1] for row in comparisons for e in (row.get("top1"), row.get("baseline_top1"),
-                       row.get("params_m"), row.get("gflops")) if e and e[1]})
+            out.append(
+                f"| {row['table']} | {row['label']} | {_paper(row.get('top1'))} | {row['statistic']} "
+                f"| `{key}` {_ours(metrics, key)} | "
+                f"{_paper(row.get('baseline_top1'))} | {_paper(row.get('params_m'))} | "
+                f"{_paper(row.get('gflops'))} |"
+            )
+        used = sorted(
+            {
+                e[1]
+                for row in comparisons
+                for e in (row.get("top1"), row.get("baseline_top1"), row.get("params_m"), row.get("gflops"))
+                if e and e[1]
+            }
+        )
         out += ["", "Sources: " + "; ".join(f"{m}: {sources.get(m, '?')}" for m in used) + ".", ""]
 
     if has_curves:
-        out += ["## Training curves", "", "Every seed of the run, as in the report (`reports/index.html`):", "",
-                f"![training curves]({CURVES})", ""]
+        out += [
+            "## Training curves",
+            "",
+            "Every seed of the run, as in the report (`reports/index.html`):",
+            "",
+            f"![training curves]({CURVES})",
+            "",
+        ]
 
     overlay = "dict(config['pretrained_cfg'], file=f'{folder}/model.safetensors')"
-    out += ["## How to load", "",
-            "Import `vcarepro` first: it registers the VCA models with timm.", "",
-            "```python",
-            "import json, timm, vcarepro  # noqa: F401",
-            f"folder = '{folder_name}'",
-            "config = json.load(open(f'{folder}/config.json'))",
-            "model = timm.create_model(config['architecture'], pretrained=True,",
-            f"                          pretrained_cfg_overlay={overlay},",
-            "                          **config['model_args'])",
-            "# the same in one line: timm.create_model(f'local-dir:{folder}', pretrained=True)",
-            "# or without the pretrained path:",
-            "# model = timm.create_model(config['architecture'], **config['model_args'])",
-            "# timm.models.load_checkpoint(model, f'{folder}/model.safetensors')",
-            "model.eval()",
-            "data_config = timm.data.resolve_model_data_config(model)",
-            "transform = timm.data.create_transform(**data_config, is_training=False)",
-            "```", "",
-            "The overlay must carry the exported `pretrained_cfg` (or at least its `num_classes`): with only "
-            "`file=`, timm compares the head with the registered 1000 classes and drops it.", "",
-            f"The exported files were read back this way (`config.json` -> `timm.create_model` -> "
-            f"`load_checkpoint`) before the folder was written and gave identical logits. "
-            f"`model.safetensors` sha256: `{weights_sha256}`; timm {version('timm')}.", ""]
+    out += [
+        "## How to load",
+        "",
+        "Import `vcarepro` first: it registers the VCA models with timm.",
+        "",
+        "```python",
+        "import json, timm, vcarepro  # noqa: F401",
+        f"folder = '{folder_name}'",
+        "config = json.load(open(f'{folder}/config.json'))",
+        "model = timm.create_model(config['architecture'], pretrained=True,",
+        f"                          pretrained_cfg_overlay={overlay},",
+        "                          **config['model_args'])",
+        "# the same in one line: timm.create_model(f'local-dir:{folder}', pretrained=True)",
+        "# or without the pretrained path:",
+        "# model = timm.create_model(config['architecture'], **config['model_args'])",
+        "# timm.models.load_checkpoint(model, f'{folder}/model.safetensors')",
+        "model.eval()",
+        "data_config = timm.data.resolve_model_data_config(model)",
+        "transform = timm.data.create_transform(**data_config, is_training=False)",
+        "```",
+        "",
+        "The overlay must carry the exported `pretrained_cfg` (or at least its `num_classes`): with only "
+        "`file=`, timm compares the head with the registered 1000 classes and drops it.",
+        "",
+        f"The exported files were read back this way (`config.json` -> `timm.create_model` -> "
+        f"`load_checkpoint`) before the folder was written and gave identical logits. "
+        f"`model.safetensors` sha256: `{weights_sha256}`; timm {version('timm')}.",
+        "",
+    ]
 
-    out += ["## How to share it", "",
-            f"Nothing here uploads. The card's license (`{license_name}`) is the model config's; weights trained "
-            "on ImageNet also carry ImageNet's terms of access, so check them before sharing. With your own "
-            "Hugging Face account:", "",
-            "```bash",
-            "huggingface-cli login",
-            "```", "", "```python",
-            "from huggingface_hub import upload_folder",
-            f"upload_folder(repo_id='<you>/{run.name}', folder_path='{folder_name}', repo_type='model')",
-            "# or timm.models.push_to_hf_hub(model, '<you>/<name>', model_args=config['model_args']) "
-            "(writes its own card)",
-            "```", "",
-            f"Then `timm.create_model('hf-hub:<you>/{run.name}', pretrained=True)` loads it (after `import vcarepro`).",
-            ""]
+    out += [
+        "## How to share it",
+        "",
+        f"Nothing here uploads. The card's license (`{license_name}`) is the model config's; weights trained "
+        "on ImageNet also carry ImageNet's terms of access, so check them before sharing. With your own "
+        "Hugging Face account:",
+        "",
+        "```bash",
+        "huggingface-cli login",
+        "```",
+        "",
+        "```python",
+        "from huggingface_hub import upload_folder",
+        f"upload_folder(repo_id='<you>/{run.name}', folder_path='{folder_name}', repo_type='model')",
+        "# or timm.models.push_to_hf_hub(model, '<you>/<name>', model_args=config['model_args']) (writes its own card)",
+        "```",
+        "",
+        f"Then `timm.create_model('hf-hub:<you>/{run.name}', pretrained=True)` loads it (after `import vcarepro`).",
+        "",
+    ]
     return "\n".join(out)
 
 

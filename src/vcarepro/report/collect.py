@@ -1,4 +1,5 @@
 """Gather everything the report shows from files on disk."""
+
 from __future__ import annotations
 
 import base64
@@ -17,7 +18,7 @@ class RunResult:
     name: str
     metrics: Optional[Dict[str, float]]
     curves: Dict[str, Dict[int, List[tuple]]] = field(default_factory=dict)  # metric -> seed -> [(step, value)]
-    grids: Dict[int, str] = field(default_factory=dict)                       # seed -> data URI
+    grids: Dict[int, str] = field(default_factory=dict)  # seed -> data URI
     # set where metrics.json was not produced by the current params: then metrics, curves and grids are empty
     stale: Optional[Stale] = None
 
@@ -45,8 +46,9 @@ def png_data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
-def collect_runs(runs_root: Path, branch: str, names: List[str],
-                 params: Optional[Dict[str, Any]] = None) -> Dict[str, RunResult]:
+def collect_runs(
+    runs_root: Path, branch: str, names: List[str], params: Optional[Dict[str, Any]] = None
+) -> Dict[str, RunResult]:
     """Each run's files; with ``params``, a run whose record (provenance.json) disagrees with them is
     collected as stale, without its numbers, so nothing downstream can show or compute with them."""
     results = {}
@@ -74,8 +76,11 @@ def real_grid(gen_data: Path) -> Dict[str, Any]:
     if not meta:
         return {"uri": None, "note": f"{gen_data} is not prepared (dvc repro prepare_gen)."}
     if meta.get("kind") != "pixels":
-        return {"uri": None, "note": "the generators train on VAE latents at this scale: there is no pixel grid of "
-                                     "the training data to show beside the samples."}
+        return {
+            "uri": None,
+            "note": "the generators train on VAE latents at this scale: there is no pixel grid of "
+            "the training data to show beside the samples.",
+        }
     import io as _io
 
     import numpy as np
@@ -90,10 +95,13 @@ def real_grid(gen_data: Path) -> Dict[str, Any]:
     grid = np.zeros((len(classes) * (h + 1) + 1, REAL_GRID_PER_CLASS * (w + 1) + 1, channels), np.uint8)
     for row, idx in enumerate(chosen):
         for col, i in enumerate(idx):
-            grid[1 + row * (h + 1):1 + row * (h + 1) + h, 1 + col * (w + 1):1 + col * (w + 1) + w] = \
-                images[i].transpose(1, 2, 0)
+            grid[1 + row * (h + 1) : 1 + row * (h + 1) + h, 1 + col * (w + 1) : 1 + col * (w + 1) + w] = images[
+                i
+            ].transpose(1, 2, 0)
     buf = _io.BytesIO()
     Image.fromarray(grid[..., 0] if channels == 1 else grid).save(buf, format="PNG")
-    return {"uri": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii"),
-            "note": f"the first {REAL_GRID_PER_CLASS} training images of classes 0-{len(classes) - 1}, one class "
-                    f"per row, as the sample grids lay out their samples"}
+    return {
+        "uri": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii"),
+        "note": f"the first {REAL_GRID_PER_CLASS} training images of classes 0-{len(classes) - 1}, one class "
+        f"per row, as the sample grids lay out their samples",
+    }

@@ -1,4 +1,5 @@
 """Convergence flags of a run's seeds: not flattened, ending below the non-neural reference, loss still falling."""
+
 from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
@@ -14,8 +15,9 @@ FLAT_TOP1_POINTS = 1.0
 FLAT_LOSS_FRACTION = 0.05
 
 
-def flags(branch: str, result: Optional[RunResult], seeds: Sequence[Any],
-          reference_top1: Optional[Tuple[float, str]] = None) -> Tuple[str, ...]:
+def flags(
+    branch: str, result: Optional[RunResult], seeds: Sequence[Any], reference_top1: Optional[Tuple[float, str]] = None
+) -> Tuple[str, ...]:
     """The flags of ``result``'s seeds; ``seeds``: the run's seeds as params lists them (their indices where the
     metrics hold another count); ``reference_top1``: (value, name) of the non-neural reference on the same split."""
     if result is None or not result.metrics:
@@ -29,16 +31,20 @@ def flags(branch: str, result: Optional[RunResult], seeds: Sequence[Any],
             if i < len(spread) and spread[i] > FLAT_TOP1_POINTS:
                 out.append(f"{name} seed {seed}: not flattened (last 3 evaluations span {spread[i]:.1f} points)")
             if reference_top1 and final[i] < reference_top1[0]:
-                out.append(f"{name} seed {seed}: ends below the {reference_top1[1]} reference "
-                           f"({final[i]:.1f} < {reference_top1[0]:.1f})")
+                out.append(
+                    f"{name} seed {seed}: ends below the {reference_top1[1]} reference "
+                    f"({final[i]:.1f} < {reference_top1[0]:.1f})"
+                )
     else:
         for seed, points in sorted(result.curves.get("train/loss", {}).items()):
             tenth = len(points) // 10
             if tenth < 2:
                 continue
             last = sum(v for _, v in points[-tenth:]) / tenth
-            before = sum(v for _, v in points[-2 * tenth:-tenth]) / tenth
+            before = sum(v for _, v in points[-2 * tenth : -tenth]) / tenth
             if before > 0 and (before - last) / before > FLAT_LOSS_FRACTION:
-                out.append(f"{name} seed {seed}: training loss still falling "
-                           f"({(before - last) / before:.0%} over the last tenth of its steps)")
+                out.append(
+                    f"{name} seed {seed}: training loss still falling "
+                    f"({(before - last) / before:.0%} over the last tenth of its steps)"
+                )
     return tuple(out)

@@ -1,4 +1,5 @@
 """The software and machine a report was rendered with, and the commit it describes."""
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -9,8 +10,19 @@ from importlib import metadata
 from pathlib import Path
 from typing import Dict, List
 
-PACKAGES = ["torch", "torchvision", "timm", "diffusers", "torch-fidelity", "dvc", "dvclive", "numpy", "pandas",
-            "scikit-learn", "vca-repro"]
+PACKAGES = [
+    "torch",
+    "torchvision",
+    "timm",
+    "diffusers",
+    "torch-fidelity",
+    "dvc",
+    "dvclive",
+    "numpy",
+    "pandas",
+    "scikit-learn",
+    "vca-repro",
+]
 
 
 def _git(root: Path, *args: str) -> str:
@@ -46,8 +58,11 @@ def describe_environment(root: Path) -> Dict[str, object]:
             versions.append({"package": name, "version": "not installed"})
     revision = _git(root, "rev-parse", "HEAD") or "not a git checkout"
     dirty = bool(_git(root, "status", "--porcelain", "--untracked-files=no"))
-    device = (torch.cuda.get_device_name(0) + f" (x{torch.cuda.device_count()})" if torch.cuda.is_available()
-              else f"CPU: {cpu_name()}, {os.cpu_count()} cores")
+    device = (
+        torch.cuda.get_device_name(0) + f" (x{torch.cuda.device_count()})"
+        if torch.cuda.is_available()
+        else f"CPU: {cpu_name()}, {os.cpu_count()} cores"
+    )
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "revision": revision + (" with uncommitted changes" if dirty and revision != "not a git checkout" else ""),

@@ -1,4 +1,5 @@
 """The report's tables as CSV and Markdown files beside the HTML, for papers and pull requests."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """The report's figures as PNG data URIs, so the page opens offline with no CDN."""
+
 from __future__ import annotations
 
 import base64
@@ -16,8 +17,13 @@ CLS_CURVES = ["train/loss", "val/loss", "val/top1", "train/lr"]
 GEN_CURVES = ["train/loss"]
 
 
-def curves_png(title: str, curves: Dict[str, Dict[int, List[tuple]]], metrics: List[str],
-               xlabel: str = "step", references: Optional[Dict[str, Tuple[float, str]]] = None) -> Optional[str]:
+def curves_png(
+    title: str,
+    curves: Dict[str, Dict[int, List[tuple]]],
+    metrics: List[str],
+    xlabel: str = "step",
+    references: Optional[Dict[str, Tuple[float, str]]] = None,
+) -> Optional[str]:
     """One panel per metric, one line per seed, and a dashed line per ``references`` entry (metric -> (value, label)).
 
     None when no metric has data.
@@ -80,9 +86,15 @@ def gains_png(rows: List[dict]) -> Optional[str]:
         scale = subset[0]["scale"]
         for i, r in zip(y, subset):
             if r["ours_low"] is not None:
-                right.errorbar([r["ours_value"]], [i], xerr=[[r["ours_value"] - r["ours_low"]],
-                                                             [r["ours_high"] - r["ours_value"]]],
-                               fmt="o", color="#3366aa", capsize=3, markersize=4)
+                right.errorbar(
+                    [r["ours_value"]],
+                    [i],
+                    xerr=[[r["ours_value"] - r["ours_low"]], [r["ours_high"] - r["ours_value"]]],
+                    fmt="o",
+                    color="#3366aa",
+                    capsize=3,
+                    markersize=4,
+                )
             else:
                 right.plot([r["ours_value"]], [i], "o", color="#3366aa", markersize=4, fillstyle="none")
         right.set_title(f"ours ({scale} scale; 95% interval; open: one seed)", fontsize=8)
@@ -117,12 +129,21 @@ def attention_cost_png(cost: Optional[dict]) -> Optional[str]:
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
     markers = "osD^v<>pP*Xh"
     colours = plt.get_cmap("tab10").colors
-    panels = (("macs", 1e-9, "GMACs (exact)"), ("forward_backward_ms", 1.0, "ms, forward + backward, eager"),
-              ("compiled_forward_backward_ms", 1.0, "ms, forward + backward, torch.compile"))
+    panels = (
+        ("macs", 1e-9, "GMACs (exact)"),
+        ("forward_backward_ms", 1.0, "ms, forward + backward, eager"),
+        ("compiled_forward_backward_ms", 1.0, "ms, forward + backward, torch.compile"),
+    )
     for i, layer in enumerate(layers):
         mine = sorted((r for r in rows if r["layer"] == layer), key=lambda r: r["tokens"])
-        style = dict(marker=markers[i % len(markers)], color=colours[i % len(colours)], markersize=4,
-                     linewidth=1.2, linestyle="-" if i < len(colours) else "--", label=layer)
+        style = dict(
+            marker=markers[i % len(markers)],
+            color=colours[i % len(colours)],
+            markersize=4,
+            linewidth=1.2,
+            linestyle="-" if i < len(colours) else "--",
+            label=layer,
+        )
         for ax, (key, scale, _) in zip(axes, panels):
             points = [(r["tokens"], r[key] * scale) for r in mine if r.get(key) is not None]
             if points:
@@ -134,8 +155,7 @@ def attention_cost_png(cost: Optional[dict]) -> Optional[str]:
         ax.tick_params(labelsize=8)
         if not ax.lines:  # nothing measured on this panel: say why instead of an empty frame
             failed = [r for r in rows if r.get("compile_error")]
-            why = ("torch.compile failed for every layer" if failed
-                   else "not measured\n(attention_cost.compile: false)")
+            why = "torch.compile failed for every layer" if failed else "not measured\n(attention_cost.compile: false)"
             ax.text(0.5, 0.5, why, ha="center", va="center", fontsize=8, transform=ax.transAxes)
             ax.set_xticks([])
             ax.set_yticks([])
@@ -151,6 +171,13 @@ def attention_cost_png(cost: Optional[dict]) -> Optional[str]:
     handles, labels = axes[0].get_legend_handles_labels()
     # outside the panels, in a strip kept free on the right, so nine lines never cover a curve
     fig.tight_layout(rect=(0, 0, 0.89, 1))
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(0.895, 0.5), fontsize=7, frameon=False,
-               ncol=1 if len(labels) <= 12 else 2)
+    fig.legend(
+        handles,
+        labels,
+        loc="center left",
+        bbox_to_anchor=(0.895, 0.5),
+        fontsize=7,
+        frameon=False,
+        ncol=1 if len(labels) <= 12 else 2,
+    )
     return _png(fig)

@@ -13,6 +13,7 @@ DeiT-T runs fit in a 160-column terminal beside the knob that changed; full run 
 alone. A run without a current result (not run, or stale: its metrics.json came from other params) has no key,
 which DVC shows as ``-``.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -36,24 +37,31 @@ def shared_prefix(names: Iterable[str]) -> str:
     return "".join(f"{word}-" for word in shared)
 
 
-def headline(runs: Iterable[str], metrics: Mapping[str, Optional[Mapping]], key: str,
-             shorten: bool = True) -> Dict[str, float]:
+def headline(
+    runs: Iterable[str], metrics: Mapping[str, Optional[Mapping]], key: str, shorten: bool = True
+) -> Dict[str, float]:
     """{short run name: metrics[run][key]} for every run of ``runs`` that has a current value."""
     runs = list(runs)
     prefix = shared_prefix(runs) if shorten else ""
-    return {run.removeprefix(prefix): float(metrics[run][key]) for run in runs
-            if (metrics.get(run) or {}).get(key) is not None}
+    return {
+        run.removeprefix(prefix): float(metrics[run][key])
+        for run in runs
+        if (metrics.get(run) or {}).get(key) is not None
+    }
 
 
 def headline_files(params: Mapping, run_metrics: Mapping[str, Mapping[str, Optional[Mapping]]]) -> Dict[str, Dict]:
     """{path under the project: its payload} for both branches. Where the shortened names of the two branches
     would meet (``mhsa`` of a DeiT-T and of a DiT-S/2), both keep their full names: no column is then prefixed
     with its file, so every headline column is a run's name and nothing else (README: Comparing runs)."""
-    short = {branch: headline(params[f"{branch}_runs"], run_metrics[branch], key)
-             for branch, (_, key) in HEADLINE.items()}
+    short = {
+        branch: headline(params[f"{branch}_runs"], run_metrics[branch], key) for branch, (_, key) in HEADLINE.items()
+    }
     if set(short["cls"]) & set(short["gen"]):
-        short = {branch: headline(params[f"{branch}_runs"], run_metrics[branch], key, shorten=False)
-                 for branch, (_, key) in HEADLINE.items()}
+        short = {
+            branch: headline(params[f"{branch}_runs"], run_metrics[branch], key, shorten=False)
+            for branch, (_, key) in HEADLINE.items()
+        }
     return {path: short[branch] for branch, (path, _) in HEADLINE.items()}
 
 

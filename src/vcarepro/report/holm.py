@@ -1,4 +1,5 @@
 """Holm's correction over one table's differences: each comparison's verdict, seeds note and adjusted p-value."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ class Comparison:
     what is compared (read-out and run of each side): a comparison a table shows twice (the family's "VCA minus
     MHSA" in both rows, a decomposition whose recipe part is zero) counts once in Holm's m.
     """
+
     diff: Optional[Difference]
     stale: Optional[Stale]
     paper: Any
@@ -28,12 +30,13 @@ class Comparison:
 @dataclass(frozen=True)
 class Judgement:
     """A comparison after the correction: its verdict (or the stale mark), seeds note and Holm-adjusted p."""
+
     verdict: Optional[str] = None
     note: Optional[str] = None
     p_holm: Optional[str] = None
 
 
-UNJUDGED = Judgement()   # a difference the table shows without a test (the same run on both sides)
+UNJUDGED = Judgement()  # a difference the table shows without a test (the same run on both sides)
 
 
 def correct(comparisons: Sequence[Comparison]) -> Tuple[List[Judgement], int]:
@@ -55,8 +58,13 @@ def correct(comparisons: Sequence[Comparison]) -> Tuple[List[Judgement], int]:
         if c.stale is not None:
             out.append(Judgement(c.stale.text))
             continue
-        out.append(Judgement(sign(c.diff, resolved) if c.paper is SIGN else direction(c.diff, c.paper, resolved),
-                             seeds_note(c.diff, resolved), None if p_holm is None else f"{p_holm:.3f}"))
+        out.append(
+            Judgement(
+                sign(c.diff, resolved) if c.paper is SIGN else direction(c.diff, c.paper, resolved),
+                seeds_note(c.diff, resolved),
+                None if p_holm is None else f"{p_holm:.3f}",
+            )
+        )
     return out, len(first)
 
 

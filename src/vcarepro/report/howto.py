@@ -5,6 +5,7 @@ whose run is not in this scale's list is run by a scale that has it, switched to
 does: the embedded default with ``python -m vcarepro.params.config``, the smoke scale as a ``dvc exp run --temp``
 experiment, the proxy and paper scales on a git branch of their own. The attention family is ``family=all``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -45,8 +46,10 @@ def scale_matrices(config_dir: str | Path) -> Matrices:
         out: Matrices = {}
         for scale in SCALES:
             try:
-                out[scale] = {family: compose([f"scale={scale}", f"family={'all' if family else 'none'}"],
-                                              config_dir=config_dir) for family in (False, True)}
+                out[scale] = {
+                    family: compose([f"scale={scale}", f"family={'all' if family else 'none'}"], config_dir=config_dir)
+                    for family in (False, True)
+                }
             except Exception:  # noqa: BLE001  (a scale this conf/ cannot compose has no runs to offer)
                 continue
         _CACHE[key] = out
@@ -61,8 +64,11 @@ def scale_command(scale: str, family: bool, here: str) -> str:
             return "dvc exp run --temp -S family=all -n family" if family else REPRO
         return f"python -m vcarepro.params.config{' family=all' if family else ''} && dvc repro"
     if scale == "smoke":
-        return ("dvc exp run --temp -S scale=smoke -S family=all -n smoke-family" if family
-                else "dvc exp run --temp -S scale=smoke -n smoke")
+        return (
+            "dvc exp run --temp -S scale=smoke -S family=all -n smoke-family"
+            if family
+            else "dvc exp run --temp -S scale=smoke -n smoke"
+        )
     # proxy and paper: days of runs, on a git branch of their own whose params and lock it commits
     config = f"python -m vcarepro.params.config scale={scale}{' family=all' if family else ''} {IMAGENET} && dvc repro"
     return config if here == scale else f"git switch -c {scale} && {config}"
@@ -77,14 +83,21 @@ class HowToRun:
     list is ``params``' as it is.
     """
 
-    def __init__(self, params: Mapping[str, Any], matrices: Matrices,
-                 answering: Callable[[str, Mapping[str, Any]], Optional[str]]) -> None:
+    def __init__(
+        self,
+        params: Mapping[str, Any],
+        matrices: Matrices,
+        answering: Callable[[str, Mapping[str, Any]], Optional[str]],
+    ) -> None:
         self.params, self.scale = params, params["scale"]
         self.matrices = matrices
         self.answering = answering
         m = matrices.get(self.scale, {})
-        family_runs = ({r for b in ("cls_runs", "gen_runs") for r in set(m[True][b]) - set(m[False][b])}
-                       if True in m and False in m else set())
+        family_runs = (
+            {r for b in ("cls_runs", "gen_runs") for r in set(m[True][b]) - set(m[False][b])}
+            if True in m and False in m
+            else set()
+        )
         self.family_on = any(r in {**params.get("cls_runs", {}), **params.get("gen_runs", {})} for r in family_runs)
 
     def _in(self, run: str, params: Optional[Mapping[str, Any]]) -> bool:
@@ -112,10 +125,20 @@ class HowToRun:
         """The commands of the scales in ``holds``: this scale's alone where it is one of them."""
         if self.scale in holds:
             family = holds[self.scale]
-            return [{"where": "at this scale, with the attention family" if family else None,
-                     "command": scale_command(self.scale, family, self.scale) if family else REPRO}]
-        return [{"where": f"at {scale} scale{', with the attention family' if holds[scale] else ''}",
-                 "command": scale_command(scale, holds[scale], self.scale)} for scale in SCALES if scale in holds]
+            return [
+                {
+                    "where": "at this scale, with the attention family" if family else None,
+                    "command": scale_command(self.scale, family, self.scale) if family else REPRO,
+                }
+            ]
+        return [
+            {
+                "where": f"at {scale} scale{', with the attention family' if holds[scale] else ''}",
+                "command": scale_command(scale, holds[scale], self.scale),
+            }
+            for scale in SCALES
+            if scale in holds
+        ]
 
     def plan(self, runs: Sequence[str]) -> List[Dict[str, Any]]:
         """How to run ``runs`` (the runs of one row, or of several): groups of runs, each with its commands.
@@ -138,9 +161,16 @@ class HowToRun:
             groups.setdefault(tuple(sorted(held[r].items())), []).append(r)
         out = []
         for key, names in groups.items():
-            options = self.options(dict(key)) if key else [
-                {"where": "in no scale's run list", "command": f"add {', '.join(names)} to cls_runs / gen_runs "
-                                                             f"(conf/scale/{self.scale}.yaml)"}]
+            options = (
+                self.options(dict(key))
+                if key
+                else [
+                    {
+                        "where": "in no scale's run list",
+                        "command": f"add {', '.join(names)} to cls_runs / gen_runs (conf/scale/{self.scale}.yaml)",
+                    }
+                ]
+            )
             out.append({"runs": names, "options": options})
         return out
 
@@ -148,8 +178,10 @@ class HowToRun:
 def plan_text(plan: Sequence[Mapping[str, Any]]) -> str:
     """A plan (``HowToRun.plan``) in one line: "at smoke scale: CMD; or at paper scale: CMD", each group of
     several prefixed by its runs."""
+
     def options(group):
         return "; or ".join(f"{o['where']}: {o['command']}" if o["where"] else o["command"] for o in group["options"])
+
     if len(plan) == 1 and not plan[0]["runs"]:
         return options(plan[0])
     return " | ".join(f"{', '.join(g['runs'])}: {options(g)}" for g in plan)

@@ -2,6 +2,7 @@
 
 Each table's function names, in its docstring, the stage and function that made its numbers.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,30 +10,50 @@ from typing import Any, Dict, List, Optional
 
 from vcarepro.metrics.protocol import describe as describe_protocol
 from vcarepro.report.rows import STATISTICS
-from vcarepro.report.verdicts import (NOT_COMPARABLE, Cell, Measured, ShownCell, exact_verdict, measured, stale_of,
-                                      verdict)
+from vcarepro.report.verdicts import (
+    NOT_COMPARABLE,
+    Cell,
+    Measured,
+    ShownCell,
+    exact_verdict,
+    measured,
+    stale_of,
+    verdict,
+)
 from vcarepro.report.workspace import Workspace
 
-ROLES = {"baseline": "baseline (original recipe)", "twin": "baseline (lab's recipe)",
-         "control": "control (lab's backbone, own attention)", "vca": "VCA (lab's recipe)"}
+ROLES = {
+    "baseline": "baseline (original recipe)",
+    "twin": "baseline (lab's recipe)",
+    "control": "control (lab's backbone, own attention)",
+    "vca": "VCA (lab's recipe)",
+}
 
 
 @dataclass(frozen=True)
 class Table1Row:
     model: str
     attention: str
-    role: str                 # ROLES' wording
+    role: str  # ROLES' wording
     recipe: Optional[str]
     run: str
-    same_as: Optional[str]    # the run of this scale that stands in for it (``Workspace.same_run``)
+    same_as: Optional[str]  # the run of this scale that stands in for it (``Workspace.same_run``)
     top1: ShownCell
     params_m: ShownCell
     gmacs: ShownCell
 
     def as_dict(self) -> Dict[str, Any]:
-        return {"model": self.model, "attention": self.attention, "role": self.role, "recipe": self.recipe,
-                "run": self.run, "same_as": self.same_as, "top1": self.top1.as_dict(),
-                "params_m": self.params_m.as_dict(), "gmacs": self.gmacs.as_dict()}
+        return {
+            "model": self.model,
+            "attention": self.attention,
+            "role": self.role,
+            "recipe": self.recipe,
+            "run": self.run,
+            "same_as": self.same_as,
+            "top1": self.top1.as_dict(),
+            "params_m": self.params_m.as_dict(),
+            "gmacs": self.gmacs.as_dict(),
+        }
 
 
 @dataclass(frozen=True)
@@ -41,11 +62,16 @@ class Table2Row:
     attention: str
     run: str
     fid: ShownCell
-    protocol: Optional[str]   # the protocol our FID followed, in words
+    protocol: Optional[str]  # the protocol our FID followed, in words
 
     def as_dict(self) -> Dict[str, Any]:
-        return {"model": self.model, "attention": self.attention, "run": self.run, "fid": self.fid.as_dict(),
-                "protocol": self.protocol}
+        return {
+            "model": self.model,
+            "attention": self.attention,
+            "run": self.run,
+            "fid": self.fid.as_dict(),
+            "protocol": self.protocol,
+        }
 
 
 @dataclass(frozen=True)
@@ -57,8 +83,13 @@ class AblationRow:
     fid: ShownCell
 
     def as_dict(self) -> Dict[str, Any]:
-        return {"variant": self.variant, "cls_run": self.cls_run, "gen_run": self.gen_run,
-                "top1": self.top1.as_dict(), "fid": self.fid.as_dict()}
+        return {
+            "variant": self.variant,
+            "cls_run": self.cls_run,
+            "gen_run": self.gen_run,
+            "top1": self.top1.as_dict(),
+            "fid": self.fid.as_dict(),
+        }
 
 
 def top1_cell(ws: Workspace, run: str, entry, conflict=None, statistic: str = "final") -> Cell:
@@ -69,10 +100,17 @@ def top1_cell(ws: Workspace, run: str, entry, conflict=None, statistic: str = "f
     stale = stale_of(result)
     paper_label = STATISTICS[statistic][1]
     said = label if paper_label == label else f"paper: {paper_label}; ours: {label}"
-    return Cell(paper, ours, stale.text if stale else verdict(
-                    paper, ours, comparable=ws.cls_comparable, tolerance=ws.tol_top1, lower_is_better=False),
-                ws.paper_value(conflict) if conflict else None, statistic=said if paper.available else None,
-                stale=stale, flags=ws.convergence("cls", run))
+    return Cell(
+        paper,
+        ours,
+        stale.text
+        if stale
+        else verdict(paper, ours, comparable=ws.cls_comparable, tolerance=ws.tol_top1, lower_is_better=False),
+        ws.paper_value(conflict) if conflict else None,
+        statistic=said if paper.available else None,
+        stale=stale,
+        flags=ws.convergence("cls", run),
+    )
 
 
 def fid_cell(ws: Workspace, run: str, entry, conflict=None) -> Cell:
@@ -80,11 +118,22 @@ def fid_cell(ws: Workspace, run: str, entry, conflict=None) -> Cell:
     paper = ws.paper_value(entry)
     deviations = ws.fid_protocol_deviations(run) if ws.gen_comparable else []
     stale = stale_of(ws.gen.get(run))
-    judged = stale.text if stale else verdict(paper, ours, comparable=ws.gen_comparable and not deviations,
-                                              tolerance=ws.tol_fid, lower_is_better=True)
-    return Cell(paper, ours, judged, ws.paper_value(conflict) if conflict else None, stale=stale,
-                flags=ws.convergence("gen", run),
-                reason="; ".join(deviations) if deviations and judged == NOT_COMPARABLE else None)
+    judged = (
+        stale.text
+        if stale
+        else verdict(
+            paper, ours, comparable=ws.gen_comparable and not deviations, tolerance=ws.tol_fid, lower_is_better=True
+        )
+    )
+    return Cell(
+        paper,
+        ours,
+        judged,
+        ws.paper_value(conflict) if conflict else None,
+        stale=stale,
+        flags=ws.convergence("gen", run),
+        reason="; ".join(deviations) if deviations and judged == NOT_COMPARABLE else None,
+    )
 
 
 def exact_cell(ws: Workspace, run: str, entry, key: str) -> Cell:
@@ -115,12 +164,20 @@ def table1(ws: Workspace) -> List[Table1Row]:
     ``params_m`` / ``gmacs`` are ``metrics/complexity.json``, written by the ``complexity`` stage
     (stages/complexity.py) with ``vcarepro.metrics.complexity.model_complexity`` at the paper's shape.
     """
-    return [Table1Row(model=r["model"], attention=r["attention"], role=ROLES[r["role"]],
-                      recipe=ws.cls_run_entry(r["run"]).get("recipe"), run=r["run"], same_as=ws.same_run(r["run"]),
-                      top1=top1_cell(ws, r["run"], r.get("top1"), statistic=ws.row_statistic(r)).shown(),
-                      params_m=exact_cell(ws, r["run"], r.get("params_m"), "params_m").shown(),
-                      gmacs=exact_cell(ws, r["run"], r.get("gflops"), "gmacs").shown())
-            for r in ws.ref["table1"]["rows"]]
+    return [
+        Table1Row(
+            model=r["model"],
+            attention=r["attention"],
+            role=ROLES[r["role"]],
+            recipe=ws.cls_run_entry(r["run"]).get("recipe"),
+            run=r["run"],
+            same_as=ws.same_run(r["run"]),
+            top1=top1_cell(ws, r["run"], r.get("top1"), statistic=ws.row_statistic(r)).shown(),
+            params_m=exact_cell(ws, r["run"], r.get("params_m"), "params_m").shown(),
+            gmacs=exact_cell(ws, r["run"], r.get("gflops"), "gmacs").shown(),
+        )
+        for r in ws.ref["table1"]["rows"]
+    ]
 
 
 def table2(ws: Workspace) -> List[Table2Row]:
@@ -132,9 +189,16 @@ def table2(ws: Workspace) -> List[Table2Row]:
     protocol is the samples' ``protocol.json`` that eval_gen copied (``vcarepro.metrics.protocol``), worded by
     ``protocol.describe`` and compared with the paper's by ``protocol.deviations``.
     """
-    return [Table2Row(model=r["model"], attention=r["attention"], run=r["run"],
-                      fid=fid_cell(ws, r["run"], r["fid"]).shown(), protocol=protocol_text(ws, r["run"]))
-            for r in ws.ref["table2"]["rows"]]
+    return [
+        Table2Row(
+            model=r["model"],
+            attention=r["attention"],
+            run=r["run"],
+            fid=fid_cell(ws, r["run"], r["fid"]).shown(),
+            protocol=protocol_text(ws, r["run"]),
+        )
+        for r in ws.ref["table2"]["rows"]
+    ]
 
 
 def ablation(ws: Workspace, name: str) -> List[AblationRow]:
@@ -148,9 +212,15 @@ def ablation(ws: Workspace, name: str) -> List[AblationRow]:
     rows = []
     for r in ws.ref[name]["rows"]:
         conflict = r.get("conflict", {})
-        rows.append(AblationRow(
-            variant=r["variant"], cls_run=r["cls_run"], gen_run=r["gen_run"],
-            top1=top1_cell(ws, r["cls_run"], r["top1"], conflict.get("top1"),
-                           statistic=ws.ref[name].get("statistic", "final")).shown(),
-            fid=fid_cell(ws, r["gen_run"], r["fid"], conflict.get("fid")).shown()))
+        rows.append(
+            AblationRow(
+                variant=r["variant"],
+                cls_run=r["cls_run"],
+                gen_run=r["gen_run"],
+                top1=top1_cell(
+                    ws, r["cls_run"], r["top1"], conflict.get("top1"), statistic=ws.ref[name].get("statistic", "final")
+                ).shown(),
+                fid=fid_cell(ws, r["gen_run"], r["fid"], conflict.get("fid")).shown(),
+            )
+        )
     return rows

@@ -1,4 +1,5 @@
 """The paper's numbers (data/paper_reference.yaml), each a [value, source] pair."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,6 +7,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, Optional
 
 import yaml
+
 from vcarepro.core.errors import BadInput, MissingInput
 
 
@@ -31,8 +33,10 @@ def paper_value(entry: Any, sources: Dict[str, str], unverified: Iterable[str] =
     if (value is None) != (source is None):
         raise BadInput(f"paper reference entry {entry!r} needs both a value and a source, or neither.")
     if source is not None and source not in sources:
-        raise BadInput(f"paper reference source {source!r} is not one of {', '.join(sources)}; "
-                         f"add it under sources in data/paper_reference.yaml.")
+        raise BadInput(
+            f"paper reference source {source!r} is not one of {', '.join(sources)}; "
+            f"add it under sources in data/paper_reference.yaml."
+        )
     return PaperValue(None if value is None else float(value), source, source not in set(unverified))
 
 
@@ -52,5 +56,7 @@ def unverified_sources(ref: Dict[str, Any]) -> list:
     codes = list(ref.get("unverified") or [])
     unknown = [c for c in codes if c not in ref["sources"]]
     if unknown:
-        raise BadInput(f"unverified lists {', '.join(unknown)}, which sources does not define; fix data/paper_reference.yaml.")
+        raise BadInput(
+            f"unverified lists {', '.join(unknown)}, which sources does not define; fix data/paper_reference.yaml."
+        )
     return codes

@@ -1,4 +1,5 @@
 """Build reports/index.html from files only: params, metrics, logs, samples and the paper's numbers."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,54 +8,82 @@ from typing import Any, Dict, List, Optional
 import yaml
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from vcarepro.params.config import compose, load_params
-from vcarepro.core.choices import model_options
-from vcarepro.params.runs import cls_recipe, cls_run, gen_run
-from vcarepro.metrics.protocol import describe as describe_protocol
-from vcarepro.report.changes import changes_since
-from vcarepro.report.calibration import calibration_section
-from vcarepro.report.collect import collect_runs, read_json, real_grid
-from vcarepro.report.environment import describe_environment
 from vcarepro.core import numerics
-from vcarepro.report.export import records, write_tables
-from vcarepro.report.headline import headline_files, write_headlines
-from vcarepro.report.figures import CLS_CURVES, GEN_CURVES, attention_cost_png, curves_png, gains_png
-from vcarepro.params.config import flatten
+from vcarepro.core.choices import model_options
 from vcarepro.core.io import write_json
+from vcarepro.metrics.protocol import describe as describe_protocol
+from vcarepro.params.config import compose, flatten, load_params
+from vcarepro.params.runs import cls_recipe, cls_run, gen_run
+from vcarepro.report import claims as claim_checks
+from vcarepro.report import family as family_tables
+from vcarepro.report import gains as gain_tables
+from vcarepro.report import paper_tables
+from vcarepro.report.calibration import calibration_section
+from vcarepro.report.changes import changes_since
+from vcarepro.report.collect import collect_runs, read_json, real_grid
+from vcarepro.report.convergence import FLAT_LOSS_FRACTION, FLAT_TOP1_POINTS
+from vcarepro.report.environment import describe_environment
+from vcarepro.report.export import records, write_tables
+from vcarepro.report.figures import CLS_CURVES, GEN_CURVES, attention_cost_png, curves_png, gains_png
+from vcarepro.report.headline import headline_files, write_headlines
 from vcarepro.report.howto import scale_matrices
 from vcarepro.report.reference import load_reference
 from vcarepro.report.rows import role
-from vcarepro.report.summary import STATUSES, status_key, summary
-from vcarepro.report import claims as claim_checks, family as family_tables, gains as gain_tables, paper_tables
-from vcarepro.report.convergence import FLAT_LOSS_FRACTION, FLAT_TOP1_POINTS
 from vcarepro.report.runs_table import runs_frame
+from vcarepro.report.summary import STATUSES, status_key, summary
 from vcarepro.report.verdicts import ShownCell, verdict_class
 from vcarepro.report.workspace import Workspace
 
 # One name per quantity in the page, the CSV and the Markdown (the glossary defines each)
-RUN_COLUMNS = {"top1": "top-1 (%)", "top5": "top-5 (%)", "loss": "val loss", "plateau_spread": "plateau spread (points)",
-               "fid": "FID", "kid_mean": "KID", "inception_score": "IS", "precision": "precision", "recall": "recall"}
+RUN_COLUMNS = {
+    "top1": "top-1 (%)",
+    "top5": "top-5 (%)",
+    "loss": "val loss",
+    "plateau_spread": "plateau spread (points)",
+    "fid": "FID",
+    "kid_mean": "KID",
+    "inception_score": "IS",
+    "precision": "precision",
+    "recall": "recall",
+}
 COMPLEXITY_COLUMNS = {"params_m": "params (M)", "gmacs": "GMACs", "throughput_img_s": "images/s"}
 # Sections of params.yaml that define a run; the report lists how they differ from the paper's.
-RECIPE_SECTIONS = ["prepare_cls", "prepare_gen", "cls_shape", "gen_shape", "cls_recipes", "cls_recipe_overrides",
-                   "gen_recipe", "sampling"]
+RECIPE_SECTIONS = [
+    "prepare_cls",
+    "prepare_gen",
+    "cls_shape",
+    "gen_shape",
+    "cls_recipes",
+    "cls_recipe_overrides",
+    "gen_recipe",
+    "sampling",
+]
 # What an override section's absent knob means.
-UNSET = {"cls_shape": "the model's own", "gen_shape": "the model's own",
-         "cls_recipe_overrides": "each run's named recipe"}
+UNSET = {
+    "cls_shape": "the model's own",
+    "gen_shape": "the model's own",
+    "cls_recipe_overrides": "each run's named recipe",
+}
 
 
 def _set_knobs(params: Dict[str, Any]) -> Dict[str, Any]:
     """The flat knobs of the recipe sections, less the overrides left null (null: each run's recipe decides)."""
-    return {k: v for k, v in flatten({k: params.get(k) for k in RECIPE_SECTIONS}).items()
-            if not (v is None and k.split(".")[0] in UNSET)}
+    return {
+        k: v
+        for k, v in flatten({k: params.get(k) for k in RECIPE_SECTIONS}).items()
+        if not (v is None and k.split(".")[0] in UNSET)
+    }
 
 
 def differing_knobs(params: Dict[str, Any], paper: Dict[str, Any]) -> List[Dict[str, str]]:
     ours, theirs = _set_knobs(params), _set_knobs(paper)
     keys = sorted(set(ours) | set(theirs))
     unset = lambda k: UNSET.get(k.split(".")[0], "absent")  # noqa: E731
-    return [{"knob": k, "ours": str(ours.get(k, unset(k))), "paper": str(theirs.get(k, unset(k)))}
-            for k in keys if ours.get(k) != theirs.get(k)]
+    return [
+        {"knob": k, "ours": str(ours.get(k, unset(k))), "paper": str(theirs.get(k, unset(k)))}
+        for k in keys
+        if ours.get(k) != theirs.get(k)
+    ]
 
 
 def recipes_collapse(params: Dict[str, Any]) -> bool:
@@ -104,15 +133,21 @@ def recipe_knobs(params: Dict[str, Any], paper: Dict[str, Any]) -> Dict[str, Any
             if source is None:
                 continue
             knobs = {k: v for k, v in run_recipe(source, branch, name).items() if k.startswith(RECIPE_KNOBS)}
-            label = f"paper: {source[f'{branch}_runs'][name].get('recipe', 'gen_recipe')}" if branch == "cls" \
+            label = (
+                f"paper: {source[f'{branch}_runs'][name].get('recipe', 'gen_recipe')}"
+                if branch == "cls"
                 else "paper: gen_recipe"
+            )
             add(label, name, knobs)
         for name in runs:
             knobs = {k: v for k, v in run_recipe(params, branch, name).items() if k.startswith(RECIPE_KNOBS)}
             add("this run", name, knobs)
         keys = sorted({k for col in columns for k in col["knobs"]})
-        rows = [{"knob": k, "cells": [str(col["knobs"].get(k, "—")) for col in columns]} for k in keys
-                if len({repr(col["knobs"].get(k)) for col in columns}) > 1]
+        rows = [
+            {"knob": k, "cells": [str(col["knobs"].get(k, "—")) for col in columns]}
+            for k in keys
+            if len({repr(col["knobs"].get(k)) for col in columns}) > 1
+        ]
         for col in columns:
             n = len(col["runs"])
             col["label"] = f"{col['label']} ({'all ' if n == len(runs) and n > 1 else ''}{n} run{'s' if n > 1 else ''})"
@@ -131,18 +166,21 @@ def measured_row(row: Any) -> bool:
 
 
 HOWTO_KEYS = "abcdefghijklmnopqrstuvwxyz"
-COMPLEXITY_COMMAND = "dvc repro complexity"   # counts every model of every scale at the paper's shape
+COMPLEXITY_COMMAND = "dvc repro complexity"  # counts every model of every scale at the paper's shape
 
 
 def paper_row(*fields: str):
     """Whether a row has a paper number in one of ``fields`` (a ``ShownCell`` or a difference row's "paper")."""
+
     def paper(value: Any) -> Optional[str]:
         return value.paper if isinstance(value, ShownCell) else value
+
     return lambda r: any(paper(getattr(r, f)) is not None for f in fields)
 
 
-def fold(rows: List[Any], measured, label, runs, ws: Workspace, keep=lambda r: False,
-         command: Optional[str] = None) -> Dict[str, Any]:
+def fold(
+    rows: List[Any], measured, label, runs, ws: Workspace, keep=lambda r: False, command: Optional[str] = None
+) -> Dict[str, Any]:
     """A table's rows as the page shows them, and a how-to-run line for each distinct way to run what is missing.
 
     A row that ``keep`` holds (a row of the paper's own tables, or one with a paper number) stays in its table
@@ -161,10 +199,14 @@ def fold(rows: List[Any], measured, label, runs, ws: Workspace, keep=lambda r: F
         text = command or ws.how_to_run(runs(r))
         note = notes.get(text)
         if note is None:
-            note = notes[text] = {"key": HOWTO_KEYS[len(notes) % len(HOWTO_KEYS)], "command": text,
-                                  "plan": ws.plans.get(text) or [{"runs": None,
-                                                                  "options": [{"where": None, "command": text}]}],
-                                  "labels": [], "n": 0, "n_hidden": 0}
+            note = notes[text] = {
+                "key": HOWTO_KEYS[len(notes) % len(HOWTO_KEYS)],
+                "command": text,
+                "plan": ws.plans.get(text) or [{"runs": None, "options": [{"where": None, "command": text}]}],
+                "labels": [],
+                "n": 0,
+                "n_hidden": 0,
+            }
         note["n"] += 1
         if label(r) not in note["labels"]:
             note["labels"].append(label(r))
@@ -192,26 +234,50 @@ def build_context(root: Path) -> Dict[str, Any]:
             complexity[name]["throughput_img_s"] = value
     attention_cost = read_json(root / "timings" / "attention_cost.json")
     macs = read_json(root / "metrics" / "attention_macs.json")
-    if attention_cost and (not macs or attention_cost.get("config") != macs.get("config")
-                           or [(r["layer"], r["tokens"], r["macs"]) for r in attention_cost.get("rows", [])]
-                           != [(r["layer"], r["tokens"], r["macs"]) for r in macs.get("rows", [])]):
+    if attention_cost and (
+        not macs
+        or attention_cost.get("config") != macs.get("config")
+        or [(r["layer"], r["tokens"], r["macs"]) for r in attention_cost.get("rows", [])]
+        != [(r["layer"], r["tokens"], r["macs"]) for r in macs.get("rows", [])]
+    ):
         attention_cost = None  # left from another configuration
     cls_reference = read_json(root / "metrics" / "cls_reference.json")
-    reference_line = ({"val/top1": (cls_reference["logreg_top1"], "logistic regression")}
-                      if cls_reference and cls_reference.get("computed") else {})
+    reference_line = (
+        {"val/top1": (cls_reference["logreg_top1"], "logistic regression")}
+        if cls_reference and cls_reference.get("computed")
+        else {}
+    )
     # a run whose numbers other params produced comes without them, marked stale (vcarepro.params.provenance)
     cls = collect_runs(root / "runs", "cls", list(params["cls_runs"]), params)
     gen = collect_runs(root / "runs", "gen", list(params["gen_runs"]), params)
-    stale = [{"run": r.name, "branch": r.branch, "stage": r.stale.stage, "status": r.stale.text,
-              "differs": r.stale.detail} for r in [*cls.values(), *gen.values()] if r.stale is not None]
+    stale = [
+        {"run": r.name, "branch": r.branch, "stage": r.stale.stage, "status": r.stale.text, "differs": r.stale.detail}
+        for r in [*cls.values(), *gen.values()]
+        if r.stale is not None
+    ]
     knobs = differing_knobs(params, paper)
-    cls_comparable = params["scale"] == "paper" and not any(k["knob"].startswith(("prepare_cls", "cls_")) for k in knobs)
+    cls_comparable = params["scale"] == "paper" and not any(
+        k["knob"].startswith(("prepare_cls", "cls_")) for k in knobs
+    )
     gen_comparable = params["scale"] == "paper" and not any(
-        k["knob"].startswith(("prepare_gen", "gen_", "sampling")) for k in knobs)
-    ws = Workspace(reference, params, cls, gen, complexity, attention_cost, attention_macs=macs,
-                   cls_comparable=cls_comparable, gen_comparable=gen_comparable, paper_params=paper,
-                   reference_top1=(cls_reference["logreg_top1"], "logistic-regression")
-                   if cls_reference and cls_reference.get("computed") else None, matrices=matrices)
+        k["knob"].startswith(("prepare_gen", "gen_", "sampling")) for k in knobs
+    )
+    ws = Workspace(
+        reference,
+        params,
+        cls,
+        gen,
+        complexity,
+        attention_cost,
+        attention_macs=macs,
+        cls_comparable=cls_comparable,
+        gen_comparable=gen_comparable,
+        paper_params=paper,
+        reference_top1=(cls_reference["logreg_top1"], "logistic-regression")
+        if cls_reference and cls_reference.get("computed")
+        else None,
+        matrices=matrices,
+    )
     cls_keys = ["top1", "top5", "loss", "plateau_spread"]
     gen_keys = ["fid", "kid_mean", "inception_score", "precision", "recall"]
     gains = gain_tables.gains(ws)
@@ -227,8 +293,9 @@ def build_context(root: Path) -> Dict[str, Any]:
     gen_frame = runs_frame(gen, params["gen_runs"], params["models"], gen_keys, params["gen_shape"])
     for frame, branch in ((cls_frame, "cls"), (gen_frame, "gen")):
         if len(frame):
-            frame["convergence"] = ["; ".join(f.removeprefix(f"{run} ") for f in ws.convergence(branch, run)) or "—"
-                                    for run in frame["run"]]
+            frame["convergence"] = [
+                "; ".join(f.removeprefix(f"{run} ") for f in ws.convergence(branch, run)) or "—" for run in frame["run"]
+            ]
     environment = describe_environment(root)
     run_metrics = {"cls": {n: r.metrics for n, r in cls.items()}, "gen": {n: r.metrics for n, r in gen.items()}}
     return {
@@ -246,10 +313,16 @@ def build_context(root: Path) -> Dict[str, Any]:
         "attention_cost_png": attention_cost_png(attention_cost),
         "scale": params["scale"],
         # the smoke scale runs a distinct subset of the paper matrix; the preflight steps the rest
-        "preflight_only": ([f"{b}@{r}" for b in ("cls", "gen") for r in paper[f"{b}_runs"]
-                            if r not in params[f"{b}_runs"]] if params["scale"] == "smoke" else []),
-        "fid_space": (f"the first {params['eval_gen']['feature_dims']} Inception coordinates"
-                      if params["eval_gen"].get("feature_dims") else "every Inception coordinate"),
+        "preflight_only": (
+            [f"{b}@{r}" for b in ("cls", "gen") for r in paper[f"{b}_runs"] if r not in params[f"{b}_runs"]]
+            if params["scale"] == "smoke"
+            else []
+        ),
+        "fid_space": (
+            f"the first {params['eval_gen']['feature_dims']} Inception coordinates"
+            if params["eval_gen"].get("feature_dims")
+            else "every Inception coordinate"
+        ),
         "cls_comparable": cls_comparable,
         "gen_comparable": gen_comparable,
         "sources": reference["sources"],
@@ -265,35 +338,81 @@ def build_context(root: Path) -> Dict[str, Any]:
         # the paper's tables (1-4) whole at every scale, each row with a paper number in the tables derived from
         # them; what folds is our cells of a row not run, and rows with neither a paper number nor ours (fold)
         "folded": {
-            "table1": fold(table1, lambda r: measured_cell(r.top1), lambda r: r.model, lambda r: [r.run],
-                           ws, keep=lambda r: True),
-            "compute": fold([r for r in table1 if paper_row("params_m", "gmacs")(r)],
-                            lambda r: r.params_m.ours is not None or r.gmacs.ours is not None,
-                            lambda r: r.model, lambda r: [r.run], ws, keep=lambda r: True,
-                            command=COMPLEXITY_COMMAND),
-            "decomposition": fold(decomposition, measured_row, lambda r: r.model, lambda r: r.runs.split(" − "),
-                                  ws, keep=paper_row("paper")),
-            "table2": fold(table2, lambda r: measured_cell(r.fid), lambda r: r.model, lambda r: [r.run],
-                           ws, keep=lambda r: True),
-            "gains": fold(gains, measured_row, lambda r: r.model,
-                          lambda r: [x["run"] for t in ("table1", "table2") for x in reference[t]["rows"]
-                                     if x["model"] == r.model and role(x) in ("baseline", "vca")], ws,
-                          keep=paper_row("paper")),
+            "table1": fold(
+                table1, lambda r: measured_cell(r.top1), lambda r: r.model, lambda r: [r.run], ws, keep=lambda r: True
+            ),
+            "compute": fold(
+                [r for r in table1 if paper_row("params_m", "gmacs")(r)],
+                lambda r: r.params_m.ours is not None or r.gmacs.ours is not None,
+                lambda r: r.model,
+                lambda r: [r.run],
+                ws,
+                keep=lambda r: True,
+                command=COMPLEXITY_COMMAND,
+            ),
+            "decomposition": fold(
+                decomposition,
+                measured_row,
+                lambda r: r.model,
+                lambda r: r.runs.split(" − "),
+                ws,
+                keep=paper_row("paper"),
+            ),
+            "table2": fold(
+                table2, lambda r: measured_cell(r.fid), lambda r: r.model, lambda r: [r.run], ws, keep=lambda r: True
+            ),
+            "gains": fold(
+                gains,
+                measured_row,
+                lambda r: r.model,
+                lambda r: [
+                    x["run"]
+                    for t in ("table1", "table2")
+                    for x in reference[t]["rows"]
+                    if x["model"] == r.model and role(x) in ("baseline", "vca")
+                ],
+                ws,
+                keep=paper_row("paper"),
+            ),
             # Tables 3 and 4: one table per branch, each cell its own run
-            **{f"{k}_{metric}": fold(ablations[k], lambda r, cell=cell: measured_cell(cell(r)), lambda r: r.variant,
-                                     run, ws, keep=lambda r: True)
-               for k in ablations for metric, cell, run in (("top1", lambda r: r.top1, lambda r: [r.cls_run]),
-                                                            ("fid", lambda r: r.fid, lambda r: [r.gen_run]))},
-            **{f"{k}_gains": fold(ablation_gains[k], measured_row,
-                                  lambda r: f"{r.model} ({'top-1' if r.metric == 'top1' else 'FID'})",
-                                  lambda r: r.runs.split(" − "), ws, keep=paper_row("paper"))
-               for k in ablation_gains},
-            "family": fold(family, lambda r: any(m.value is not None or m.stale for m in (r.top1, r.fid)),
-                           lambda r: r.label, lambda r: [r.cls_run, r.gen_run], ws),
-            "family_decomposition": fold(family_decomposition, measured_row,
-                                         lambda r: f"{r.branch}: {r.part}", lambda r: r.runs.split(" − "), ws),
+            **{
+                f"{k}_{metric}": fold(
+                    ablations[k],
+                    lambda r, cell=cell: measured_cell(cell(r)),
+                    lambda r: r.variant,
+                    run,
+                    ws,
+                    keep=lambda r: True,
+                )
+                for k in ablations
+                for metric, cell, run in (
+                    ("top1", lambda r: r.top1, lambda r: [r.cls_run]),
+                    ("fid", lambda r: r.fid, lambda r: [r.gen_run]),
+                )
+            },
+            **{
+                f"{k}_gains": fold(
+                    ablation_gains[k],
+                    measured_row,
+                    lambda r: f"{r.model} ({'top-1' if r.metric == 'top1' else 'FID'})",
+                    lambda r: r.runs.split(" − "),
+                    ws,
+                    keep=paper_row("paper"),
+                )
+                for k in ablation_gains
+            },
+            "family": fold(
+                family,
+                lambda r: any(m.value is not None or m.stale for m in (r.top1, r.fid)),
+                lambda r: r.label,
+                lambda r: [r.cls_run, r.gen_run],
+                ws,
+            ),
+            "family_decomposition": fold(
+                family_decomposition, measured_row, lambda r: f"{r.branch}: {r.part}", lambda r: r.runs.split(" − "), ws
+            ),
         },
-        "plans": ws.plans,   # each how-to-run text of the page (the summary's commands) -> its commands
+        "plans": ws.plans,  # each how-to-run text of the page (the summary's commands) -> its commands
         "calibration": {**calibration_section(root, params["scale"]), "dir": params["calibrate"]["dir"]},
         "table1": table1,
         "decomposition": decomposition,
@@ -301,8 +420,9 @@ def build_context(root: Path) -> Dict[str, Any]:
         "complexity_tolerance": params["report"]["complexity_tolerance"],
         "table2": table2,
         "fid_protocol_text": describe_protocol(reference["fid_protocol"]),
-        "dit_original": [{"model": r["model"], "fid": r["fid"][0], "source": r["fid"][1]}
-                         for r in reference["dit_original"]],
+        "dit_original": [
+            {"model": r["model"], "fid": r["fid"][0], "source": r["fid"][1]} for r in reference["dit_original"]
+        ],
         "table3": ablations["table3"],
         "table4": ablations["table4"],
         **{f"{k}_gains": v for k, v in ablation_gains.items()},
@@ -310,8 +430,10 @@ def build_context(root: Path) -> Dict[str, Any]:
         "titles": {k: reference[k]["title"] for k in ("table1", "table2", "table3", "table4", "family")},
         "family": family,
         "family_decomposition": family_decomposition,
-        "family_on": any(r["cls_run"] in params["cls_runs"] or r["gen_run"] in params["gen_runs"]
-                         for r in reference["family"]["rows"]),
+        "family_on": any(
+            r["cls_run"] in params["cls_runs"] or r["gen_run"] in params["gen_runs"]
+            for r in reference["family"]["rows"]
+        ),
         "family_seeds": params["family_seeds"],
         "attention_cost_config": (attention_cost or {}).get("config") or params["attention_cost"],
         "run_metrics": {"cls": [RUN_COLUMNS[k] for k in cls_keys], "gen": [RUN_COLUMNS[k] for k in gen_keys]},
@@ -319,19 +441,28 @@ def build_context(root: Path) -> Dict[str, Any]:
         "gen_runs": gen_frame.rename(columns=RUN_COLUMNS).to_dict("records"),
         "fid_extractor": params["prepare_gen"]["fid_extractor"],
         "num_samples": params["sampling"]["num_samples"],
-        "complexity": [{"model": name, **{COMPLEXITY_COLUMNS.get(k, k): f"{v:.3f}" for k, v in fig.items()}}
-                       for name, fig in complexity.items()],
-        "cls_curves": [(name, curves_png(name, r.curves, CLS_CURVES, xlabel="epoch", references=reference_line),
-                        r.stale) for name, r in cls.items()],
-        "gen_curves": [(name, curves_png(name, r.curves, GEN_CURVES, xlabel="step"), r.stale) for name, r in gen.items()],
+        "complexity": [
+            {"model": name, **{COMPLEXITY_COLUMNS.get(k, k): f"{v:.3f}" for k, v in fig.items()}}
+            for name, fig in complexity.items()
+        ],
+        "cls_curves": [
+            (name, curves_png(name, r.curves, CLS_CURVES, xlabel="epoch", references=reference_line), r.stale)
+            for name, r in cls.items()
+        ],
+        "gen_curves": [
+            (name, curves_png(name, r.curves, GEN_CURVES, xlabel="step"), r.stale) for name, r in gen.items()
+        ],
         "grids": [(name, sorted(r.grids.items()), r.stale) for name, r in gen.items() if r.grids or r.stale],
         "real_grid": real_grid(root / "data" / "gen"),
-        "params_yaml": yaml.safe_dump({k: params[k] for k in ["scale", *RECIPE_SECTIONS, "cls_runs", "gen_runs"]
-                                       if k in params}, sort_keys=False),
+        "params_yaml": yaml.safe_dump(
+            {k: params[k] for k in ["scale", *RECIPE_SECTIONS, "cls_runs", "gen_runs"] if k in params}, sort_keys=False
+        ),
     }
 
 
-MACHINE_RECORD = "dvc.lock.machine.json"  # the machine that recorded dvc.lock (python -m vcarepro.tools.lockcheck record)
+MACHINE_RECORD = (
+    "dvc.lock.machine.json"  # the machine that recorded dvc.lock (python -m vcarepro.tools.lockcheck record)
+)
 
 
 def machines(root: Path) -> List[Dict[str, str]]:
@@ -339,14 +470,29 @@ def machines(root: Path) -> List[Dict[str, str]]:
     recorded = read_json(root / MACHINE_RECORD) or {}
     here = numerics.describe_machine()
     rows = []
-    for key in ("cpu", "vendor", "isa", "cores", "gpu", "python", "libc", "mkl", "onednn", "profile", "aten_capability",
-                "threads", "libraries"):
+    for key in (
+        "cpu",
+        "vendor",
+        "isa",
+        "cores",
+        "gpu",
+        "python",
+        "libc",
+        "mkl",
+        "onednn",
+        "profile",
+        "aten_capability",
+        "threads",
+        "libraries",
+    ):
+
         def show(value):
             if isinstance(value, dict):
                 return ", ".join(f"{k} {v}" for k, v in sorted(value.items()))
             if isinstance(value, list):
                 return " ".join(value)
             return "" if value is None else str(value)
+
         ours, theirs = show(here.get(key)), show(recorded.get(key)) if recorded else "no record (dvc.lock.machine.json)"
         rows.append({"field": key, "recorded": theirs, "here": ours, "same": ours == theirs})
     return rows
@@ -355,28 +501,63 @@ def machines(root: Path) -> List[Dict[str, str]]:
 # The tables whose every number follows from DVC-tracked results: reports/results.json, the report stage's DVC
 # output (its hash reproduces). The page, the CSV / Markdown and the claims (which quote wall times and name this
 # CPU) are the run's record, written beside it and kept out of dvc.lock.
-RESULT_TABLES = ["summary", "stale", "table1", "decomposition", "table2", "table3", "table4", "gains", "table3_gains",
-                 "table4_gains", "family", "family_decomposition", "cls_runs", "gen_runs"]
-EXPORTED_TABLES = ["summary", "stale", "table1", "decomposition", "table2", "table3", "table4", "gains", "table3_gains",
-                   "table4_gains", "family", "family_decomposition", "claims", "cls_runs", "gen_runs", "complexity"]
+RESULT_TABLES = [
+    "summary",
+    "stale",
+    "table1",
+    "decomposition",
+    "table2",
+    "table3",
+    "table4",
+    "gains",
+    "table3_gains",
+    "table4_gains",
+    "family",
+    "family_decomposition",
+    "cls_runs",
+    "gen_runs",
+]
+EXPORTED_TABLES = [
+    "summary",
+    "stale",
+    "table1",
+    "decomposition",
+    "table2",
+    "table3",
+    "table4",
+    "gains",
+    "table3_gains",
+    "table4_gains",
+    "family",
+    "family_decomposition",
+    "claims",
+    "cls_runs",
+    "gen_runs",
+    "complexity",
+]
 
 
 def render_report(root: str | Path = ".", out: str | Path = "reports/index.html") -> Path:
     """Write the HTML page to ``out`` and its tables as CSV and Markdown under ``out``'s folder, in ``tables/``."""
     root, out = Path(root), Path(out)
-    env = Environment(loader=PackageLoader("vcarepro", "templates"), autoescape=select_autoescape(["html", "j2"]),
-                      trim_blocks=True, lstrip_blocks=True)
+    env = Environment(
+        loader=PackageLoader("vcarepro", "templates"),
+        autoescape=select_autoescape(["html", "j2"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters["verdict_class"] = verdict_class
     # a convergence flag's kind, for the one-line mark ("... seed 2: ends below the ... reference" -> "below reference")
     env.filters["flagseed"] = lambda flag: flag.split(":")[0]  # "deit_tiny-mhsa seed 2"
-    env.filters["flagword"] = lambda flag: ("below reference" if "below" in flag else
-                                            "not flattened" if "flattened" in flag else "loss still falling")
+    env.filters["flagword"] = lambda flag: (
+        "below reference" if "below" in flag else "not flattened" if "flattened" in flag else "loss still falling"
+    )
     env.filters["status_class"] = lambda status: verdict_class(status_key(status))
     context = build_context(root)
     out.parent.mkdir(parents=True, exist_ok=True)
     written = write_tables({name: records(context[name]) for name in EXPORTED_TABLES}, out.parent / "tables")
     write_json(out.parent / "results.json", {name: records(context[name]) for name in RESULT_TABLES})
-    write_headlines(root, context["headlines"])   # the stage's DVC metrics (report/headline.py)
+    write_headlines(root, context["headlines"])  # the stage's DVC metrics (report/headline.py)
     exported = sorted({path.stem for path in written}, key=EXPORTED_TABLES.index)
     html = env.get_template("report.html.j2").render(**context, exported=exported)
     tmp = out.with_suffix(".html.tmp")

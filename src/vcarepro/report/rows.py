@@ -7,6 +7,7 @@ on the final (EMA) weights, ``top1_best`` / ``top1_best_ema`` / ``plateau_spread
 ``best_epoch_figures`` (the validation ``train_cls`` ran every epoch, ``history.json``), each aggregated
 over seeds by ``vcarepro.metrics.aggregate.aggregate_seeds`` (mean, ``_std``, ``_seed<s>``).
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
@@ -38,8 +39,9 @@ def seed_values(metrics: Mapping[str, Any], key: str) -> Tuple[float, ...]:
     return tuple(per_seed_values(metrics, key)) or (float(metrics[key]),)
 
 
-def answering_run(run: str, params: Mapping[str, Any], paper_params: Mapping[str, Any],
-                  reference: Mapping[str, Any]) -> Optional[str]:
+def answering_run(
+    run: str, params: Mapping[str, Any], paper_params: Mapping[str, Any], reference: Mapping[str, Any]
+) -> Optional[str]:
     """The run of this scale whose numbers answer a paper row that names ``run``; None where none does.
 
     ``run`` itself where this scale trains it. Otherwise (a run of the paper scale's matrix only) a run
@@ -59,8 +61,11 @@ def answering_run(run: str, params: Mapping[str, Any], paper_params: Mapping[str
     wanted = (paper[run]["model"], cls_recipe(params, paper[run]["recipe"]))
     for row in rows:
         other = here.get(row["run"])
-        if row["model"] == model and other is not None and \
-                (other["model"], cls_recipe(params, other["recipe"])) == wanted:
+        if (
+            row["model"] == model
+            and other is not None
+            and (other["model"], cls_recipe(params, other["recipe"])) == wanted
+        ):
             return row["run"]
     return None
 
@@ -77,26 +82,44 @@ def paper_rows(reference: Mapping[str, Any]) -> Iterator[Dict[str, Any]]:
     table1 = reference["table1"]
     for r in table1["rows"]:
         base = next((b for b in table1["rows"] if b["model"] == r["model"] and b.get("role") == "baseline"), None)
-        yield {"run": r.get("run"), "table": table1["title"], "label": f"{r['model']} {r['attention']} ({role(r)})",
-               "top1": r.get("top1"), "statistic": r.get("statistic", "final"),
-               "params_m": r.get("params_m"), "gflops": r.get("gflops"),
-               "baseline_run": base["run"] if base is not None and base is not r else None,
-               "baseline_top1": base.get("top1") if base is not None and base is not r else None}
+        yield {
+            "run": r.get("run"),
+            "table": table1["title"],
+            "label": f"{r['model']} {r['attention']} ({role(r)})",
+            "top1": r.get("top1"),
+            "statistic": r.get("statistic", "final"),
+            "params_m": r.get("params_m"),
+            "gflops": r.get("gflops"),
+            "baseline_run": base["run"] if base is not None and base is not r else None,
+            "baseline_top1": base.get("top1") if base is not None and base is not r else None,
+        }
     for name in ("table3", "table4"):
         table = reference[name]
         ref_row = next((r for r in table["rows"] if r.get("reference")), None)
         for r in table["rows"]:
             other = ref_row if ref_row is not None and r is not ref_row else None
             label = r["variant"] + (" (reference row)" if other is None else "")
-            yield {"run": r.get("cls_run"), "table": table["title"], "label": label,
-                   "top1": r.get("top1"), "statistic": table.get("statistic", "final"),
-                   "baseline_run": other["cls_run"] if other else None,
-                   "baseline_top1": other.get("top1") if other else None}
+            yield {
+                "run": r.get("cls_run"),
+                "table": table["title"],
+                "label": label,
+                "top1": r.get("top1"),
+                "statistic": table.get("statistic", "final"),
+                "baseline_run": other["cls_run"] if other else None,
+                "baseline_top1": other.get("top1") if other else None,
+            }
     family = reference.get("family") or {}
     for r in family.get("rows", []):
         # the method's own published DeiT-T, trained with its own recipe; which epoch it quotes is not recorded
-        yield {"run": r.get("cls_run"), "table": family["title"],
-               "label": f"{r.get('label') or r.get('attention')} (published)",
-               "top1": r.get("top1"), "statistic": "unknown", "cite": r.get("cite"),
-               "params_m": r.get("params_m"), "gflops": r.get("gflops"),
-               "baseline_run": family["baseline"]["cls_run"], "baseline_top1": None}
+        yield {
+            "run": r.get("cls_run"),
+            "table": family["title"],
+            "label": f"{r.get('label') or r.get('attention')} (published)",
+            "top1": r.get("top1"),
+            "statistic": "unknown",
+            "cite": r.get("cite"),
+            "params_m": r.get("params_m"),
+            "gflops": r.get("gflops"),
+            "baseline_run": family["baseline"]["cls_run"],
+            "baseline_top1": None,
+        }

@@ -1,4 +1,5 @@
 """The runs tables: every run of a branch with its model, attention options, seeds and aggregated metrics."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, List
@@ -9,8 +10,9 @@ from vcarepro.core.choices import model_options
 from vcarepro.report.collect import RunResult
 
 
-def runs_frame(results: Dict[str, RunResult], runs: Dict[str, Any], models: Dict[str, Any],
-               keys: List[str], shape: Dict[str, Any]) -> pd.DataFrame:
+def runs_frame(
+    results: Dict[str, RunResult], runs: Dict[str, Any], models: Dict[str, Any], keys: List[str], shape: Dict[str, Any]
+) -> pd.DataFrame:
     """Every run of a branch: its model, seeds and aggregated metrics.
 
     Attention options are the ones the run actually used: the model's, with the scale's
@@ -20,9 +22,13 @@ def runs_frame(results: Dict[str, RunResult], runs: Dict[str, Any], models: Dict
     for name, run in runs.items():
         spec = models.get(run["model"], {})
         _, options = model_options(spec.get("attention"), spec.get("options"), shape)
-        record = {"run": name, "model": run["model"], "attention": spec.get("attention"),
-                  "attention options": ", ".join(f"{k}={v}" for k, v in (options or {}).items()),
-                  "seeds": ", ".join(map(str, run["seeds"]))}
+        record = {
+            "run": name,
+            "model": run["model"],
+            "attention": spec.get("attention"),
+            "attention options": ", ".join(f"{k}={v}" for k, v in (options or {}).items()),
+            "seeds": ", ".join(map(str, run["seeds"])),
+        }
         if "objective" in run:
             record["objective"] = run["objective"]
         m = results[name].metrics if name in results else None

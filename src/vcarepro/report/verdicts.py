@@ -1,4 +1,5 @@
 """A table cell's verdict: our number beside the paper's, never judged across scales, and the cell as shown."""
+
 from __future__ import annotations
 
 import math
@@ -49,7 +50,7 @@ class Measured:
     std: float
     n_seeds: int
     scale: str
-    values: Tuple[float, ...] = ()   # per seed, in seed order (what intervals are computed from)
+    values: Tuple[float, ...] = ()  # per seed, in seed order (what intervals are computed from)
 
     def text(self, digits: int = 1) -> str:
         if self.n_seeds > 1:
@@ -61,12 +62,14 @@ def measured(result: Optional[RunResult], key: str, scale: str) -> Optional[Meas
     if result is None or result.metrics is None or key not in result.metrics:
         return None
     m = result.metrics
-    return Measured(float(m[key]), float(m.get(f"{key}_std", 0.0)), int(m.get("n_seeds", 1)), scale,
-                    seed_values(m, key))
+    return Measured(
+        float(m[key]), float(m.get(f"{key}_std", 0.0)), int(m.get("n_seeds", 1)), scale, seed_values(m, key)
+    )
 
 
-def verdict(paper: PaperValue, ours: Optional[Measured], *, comparable: bool, tolerance: float,
-            lower_is_better: bool) -> str:
+def verdict(
+    paper: PaperValue, ours: Optional[Measured], *, comparable: bool, tolerance: float, lower_is_better: bool
+) -> str:
     """A smoke-scale number is never judged against a paper number."""
     if ours is None:
         return NOT_RUN
@@ -108,10 +111,11 @@ def sign(diff: Optional[Difference], resolved: Optional[bool] = None) -> str:
 @dataclass(frozen=True)
 class ShownCell:
     """A cell as the page, the CSV / Markdown and results.json show it: text, never a number to compute with."""
+
     paper: Optional[str]
     source: Optional[str]
     unverified: bool
-    conflict: Optional[Tuple[str, str]]   # another summary's value and its source
+    conflict: Optional[Tuple[str, str]]  # another summary's value and its source
     ours: Optional[str]
     scale: Optional[str]
     diff: Optional[str]
@@ -119,28 +123,40 @@ class ShownCell:
     verdict_class: str
     statistic: Optional[str]
     reason: Optional[str]
-    stale: Optional[str]                  # what differs, where the run's numbers are stale
+    stale: Optional[str]  # what differs, where the run's numbers are stale
     flags: Tuple[str, ...]
 
     def as_dict(self) -> Dict[str, Any]:
-        return {"paper": self.paper, "source": self.source, "unverified": self.unverified, "conflict": self.conflict,
-                "ours": self.ours, "scale": self.scale, "diff": self.diff, "verdict": self.verdict,
-                "verdict_class": self.verdict_class, "statistic": self.statistic, "reason": self.reason,
-                "stale": self.stale, "flags": list(self.flags)}
+        return {
+            "paper": self.paper,
+            "source": self.source,
+            "unverified": self.unverified,
+            "conflict": self.conflict,
+            "ours": self.ours,
+            "scale": self.scale,
+            "diff": self.diff,
+            "verdict": self.verdict,
+            "verdict_class": self.verdict_class,
+            "statistic": self.statistic,
+            "reason": self.reason,
+            "stale": self.stale,
+            "flags": list(self.flags),
+        }
 
 
 @dataclass(frozen=True)
 class Cell:
     """One table cell: paper value (with source), ours (with scale), difference, verdict."""
+
     paper: PaperValue
     ours: Optional[Measured]
     verdict: str
     conflict: Optional[PaperValue] = None
     digits: int = 1
-    statistic: Optional[str] = None   # which top-1 the paper's number is (and ours was read as)
-    reason: Optional[str] = None      # why a number measured at paper scale is not comparable
-    stale: Optional[Stale] = None     # the run's numbers on disk are not the current params' (verdict says so)
-    flags: Tuple[str, ...] = ()       # convergence flags of the seeds ours is computed from
+    statistic: Optional[str] = None  # which top-1 the paper's number is (and ours was read as)
+    reason: Optional[str] = None  # why a number measured at paper scale is not comparable
+    stale: Optional[Stale] = None  # the run's numbers on disk are not the current params' (verdict says so)
+    flags: Tuple[str, ...] = ()  # convergence flags of the seeds ours is computed from
 
     @property
     def diff(self) -> Optional[float]:
@@ -154,7 +170,8 @@ class Cell:
             paper=None if not self.paper.available else f"{self.paper.value:.{self.digits}f}",
             source=self.paper.source,
             unverified=self.paper.available and not self.paper.verified,
-            conflict=None if self.conflict is None or not self.conflict.available
+            conflict=None
+            if self.conflict is None or not self.conflict.available
             else (f"{self.conflict.value:.{self.digits}f}", self.conflict.source),
             ours=None if self.ours is None else self.ours.text(self.digits),
             scale=None if self.ours is None else self.ours.scale,

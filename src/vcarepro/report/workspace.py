@@ -1,23 +1,24 @@
 """What every report table reads (the paper's numbers, the runs' results, the tolerances) and decides alike:
 which run answers a row, how it is read, its seeds' convergence, how to run what is missing."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+from vcarepro.core.errors import BadInput
 from vcarepro.metrics.protocol import deviations as protocol_deviations
 from vcarepro.report import convergence
 from vcarepro.report.collect import RunResult
 from vcarepro.report.howto import HowToRun, Matrices, plan_text
 from vcarepro.report.reference import PaperValue, paper_value, unverified_sources
 from vcarepro.report.rows import STATISTICS, answering_run
-from vcarepro.core.errors import BadInput
 
 # The read-out rule: which of our top-1 figures every cell, difference and interval uses, per scale.
 READOUT_RULES = {
     "paper": "each row is read as its source reports it (the statistic under the paper's number: final or best "
-             "epoch, raw or EMA weights), and every difference and interval uses the same read-out as its cells",
+    "epoch, raw or EMA weights), and every difference and interval uses the same read-out as its cells",
     "other": "the final epoch's weights, for every run, cell, difference and interval: picking the best epoch on "
-             "the only held-out split would select on the test data and read optimistically",
+    "the only held-out split would select on the test data and read optimistically",
 }
 
 
@@ -25,12 +26,22 @@ class Workspace:
     """The inputs of the tables, and what they record for the page: ``comparisons`` (table -> the m of its Holm
     correction) and ``plans`` (each how-to-run text -> its plan)."""
 
-    def __init__(self, reference: Dict[str, Any], params: Dict[str, Any], cls: Dict[str, RunResult],
-                 gen: Dict[str, RunResult], complexity: Dict[str, Dict[str, float]],
-                 attention_cost: Optional[Dict[str, Any]] = None, *, cls_comparable: bool,
-                 gen_comparable: bool, paper_params: Optional[Dict[str, Any]] = None,
-                 reference_top1: Optional[Tuple[float, str]] = None,
-                 attention_macs: Optional[Dict[str, Any]] = None, matrices: Optional[Matrices] = None) -> None:
+    def __init__(
+        self,
+        reference: Dict[str, Any],
+        params: Dict[str, Any],
+        cls: Dict[str, RunResult],
+        gen: Dict[str, RunResult],
+        complexity: Dict[str, Dict[str, float]],
+        attention_cost: Optional[Dict[str, Any]] = None,
+        *,
+        cls_comparable: bool,
+        gen_comparable: bool,
+        paper_params: Optional[Dict[str, Any]] = None,
+        reference_top1: Optional[Tuple[float, str]] = None,
+        attention_macs: Optional[Dict[str, Any]] = None,
+        matrices: Optional[Matrices] = None,
+    ) -> None:
         self.ref = reference
         self.sources = reference["sources"]
         self.unverified = unverified_sources(reference)
@@ -56,7 +67,7 @@ class Workspace:
                 matrices.setdefault("paper", {False: paper_params})
         paper_all = matrices.get("paper", {}).get(True) or self.paper_params
         self._howto = HowToRun(params, matrices, lambda run, where: answering_run(run, where, paper_all, reference))
-        self.plans: Dict[str, List[Dict[str, Any]]] = {}   # how_to_run's text -> its plan (the page renders it)
+        self.plans: Dict[str, List[Dict[str, Any]]] = {}  # how_to_run's text -> its plan (the page renders it)
 
     def paper_value(self, entry) -> PaperValue:
         return paper_value(entry, self.sources, self.unverified)
@@ -82,7 +93,7 @@ class Workspace:
 
     def has_results(self, run: str) -> bool:
         """Whether ``run`` (or the run that answers it here) has numbers on disk, current or stale."""
-        result = self.cls_result(run) or self.gen.get(run)   # run names are distinct across the branches
+        result = self.cls_result(run) or self.gen.get(run)  # run names are distinct across the branches
         return result is not None and (result.metrics is not None or result.stale is not None)
 
     def run_plan(self, runs) -> List[Dict[str, Any]]:
@@ -141,8 +152,9 @@ class Workspace:
         metrics = result.metrics if result is not None and result.metrics else {}
         if not metrics:
             return []
-        return protocol_deviations(metrics, self.ref["fid_protocol"],
-                                   self.params.get("gen_runs", {}).get(run, {}).get("objective"))
+        return protocol_deviations(
+            metrics, self.ref["fid_protocol"], self.params.get("gen_runs", {}).get(run, {}).get("objective")
+        )
 
     def reference_row(self, name: str) -> Dict[str, Any]:
         """The row of ablation table ``name`` that the others are compared with (``reference: true``)."""

@@ -14,6 +14,7 @@ with one ``error:`` line. The ``python -m`` forms stay. Two commands are this mo
 Nothing of the package is imported here until a command runs (importing ``vcarepro.tools.cli`` still runs
 ``vcarepro/__init__.py``, which registers the models with timm: that is the package's doing).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,14 +33,17 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 REPO_ROOT = Path(__file__).resolve().parents[3]  # the checkout this code runs from (src/vcarepro/<folder>/../..)
 USER_ERROR_STATUS = 2  # vcarepro.core.errors' convention, repeated here so that --help imports nothing
-WIDTH = 120            # explain's table fits this many columns (a long value may push its own row past it)
+WIDTH = 120  # explain's table fits this many columns (a long value may push its own row past it)
 
 # command -> (the module it runs as __main__, one line for --help). Order: the order of --help.
 WRAPPED: Dict[str, Tuple[str, str]] = {
     "config": ("vcarepro.params.config", "compose conf/ (with Hydra overrides, e.g. scale=paper) into params.yaml"),
     "preflight": ("vcarepro.tools.preflight", "before a GPU-hour: each run's inputs, memory and time on this machine"),
     "cluster": ("vcarepro.tools.cluster", "the pipeline on SLURM, every stage a job (run / status / cancel)"),
-    "lockcheck": ("vcarepro.tools.lockcheck", "does dvc repro here reproduce dvc.lock bit for bit (stale / verify / ...)"),
+    "lockcheck": (
+        "vcarepro.tools.lockcheck",
+        "does dvc repro here reproduce dvc.lock bit for bit (stale / verify / ...)",
+    ),
     "bench": ("vcarepro.tools.bench", "benchmarks: the attention family, a training step, the whole suite"),
     "export": ("vcarepro.tools.export", "a trained classification run's weights for timm and the Hugging Face Hub"),
     "standins": ("vcarepro.tools.standins", "write the smoke scale's generated stand-ins for the external inputs"),
@@ -49,15 +53,29 @@ OWN: Dict[str, str] = {
     "explain": "every resolved knob of a run: value, the conf/ file that set it, the stages that read it",
     "calibrate": "released checkpoints through our evaluation: select them, then dvc repro calibrate_cls/gen",
 }
-ORDER = ("config", "explain", "preflight", "calibrate", "cluster", "lockcheck", "bench", "export", "standins",
-         "report-check")
+ORDER = (
+    "config",
+    "explain",
+    "preflight",
+    "calibrate",
+    "cluster",
+    "lockcheck",
+    "bench",
+    "export",
+    "standins",
+    "report-check",
+)
 
 
 def usage() -> str:
-    lines = ["usage: vcarepro <command> [arguments...]", "",
-             "The project's tools under one command. A command takes the arguments of the module it runs",
-             "(`vcarepro <command> --help` shows them); `python -m vcarepro.<module>` works as before.", "",
-             "commands:"]
+    lines = [
+        "usage: vcarepro <command> [arguments...]",
+        "",
+        "The project's tools under one command. A command takes the arguments of the module it runs",
+        "(`vcarepro <command> --help` shows them); `python -m vcarepro.<module>` works as before.",
+        "",
+        "commands:",
+    ]
     for name in ORDER:
         text = OWN[name] if name in OWN else WRAPPED[name][1]
         lines.append(f"  {name:<14}{text}")
@@ -76,6 +94,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if command == "--version":
         from vcarepro import __version__
+
         print(f"vcarepro {__version__}")
         return 0
     if command in WRAPPED:
@@ -85,18 +104,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return run_module(WRAPPED[command][0], rest)
     if command in OWN:
         from vcarepro.core.errors import UserError
+
         try:
             return {"explain": explain_main, "calibrate": calibrate_main}[command](rest)
         except UserError as err:  # the stages' convention (vcarepro.core.errors.run_stage)
             print(f"error: {err}", file=sys.stderr, flush=True)
             return USER_ERROR_STATUS
     close = difflib.get_close_matches(command, ORDER, n=1)
-    print(f"error: vcarepro has no command {command!r}" + (f" (did you mean {close[0]}?)" if close else "")
-          + f"; choose one of {', '.join(ORDER)} (`vcarepro --help`).", file=sys.stderr)
+    print(
+        f"error: vcarepro has no command {command!r}"
+        + (f" (did you mean {close[0]}?)" if close else "")
+        + f"; choose one of {', '.join(ORDER)} (`vcarepro --help`).",
+        file=sys.stderr,
+    )
     return USER_ERROR_STATUS
 
 
 # ----------------------------------------------------------------------------- the wrapped modules
+
 
 def run_module(module: str, args: Sequence[str]) -> int:
     """Run ``module`` as ``python -m module args...`` would: as ``__main__``, sys.argv[1:] = args, the working
@@ -112,13 +137,17 @@ def _config_help() -> str:
     import ast
     import importlib.util
 
-    origin = importlib.util.find_spec("vcarepro.params.config").origin  # read, not imported: run_module imports it fresh
+    origin = importlib.util.find_spec(
+        "vcarepro.params.config"
+    ).origin  # read, not imported: run_module imports it fresh
     tree = ast.parse(Path(origin).read_text())
     intro = (ast.get_docstring(tree) or "").split("\n\n")
-    main_doc = next((ast.get_docstring(node) for node in tree.body
-                     if isinstance(node, ast.FunctionDef) and node.name == "main"), "")
-    return "\n\n".join(["usage: vcarepro config [KEY=VALUE | +KEY=VALUE | GROUP=OPTION ...]",
-                        *intro[1:3], main_doc or ""]).rstrip()
+    main_doc = next(
+        (ast.get_docstring(node) for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main"), ""
+    )
+    return "\n\n".join(
+        ["usage: vcarepro config [KEY=VALUE | +KEY=VALUE | GROUP=OPTION ...]", *intro[1:3], main_doc or ""]
+    ).rstrip()
 
 
 def _project() -> Path:
@@ -130,23 +159,33 @@ def _project() -> Path:
 
 # ----------------------------------------------------------------------------- calibrate
 
+
 def calibrate_main(argv: Sequence[str]) -> int:
     """Select released checkpoints (``calibrate.checkpoints``) at a scale and run their calibration stages."""
     parser = argparse.ArgumentParser(
-        prog="vcarepro calibrate", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="vcarepro calibrate",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Released checkpoints through this project's evaluation, beside their published numbers "
-                    "(docs/calibration.md).\n\nComposes params.yaml with scale=SCALE and calibrate.checkpoints="
-                    "[ENTRY,...] (and any KEY=VALUE overrides), then runs `dvc repro` of calibrate_cls and/or "
-                    "calibrate_gen, as the entries need:\n\n"
-                    "  vcarepro calibrate deit_tiny dit_xl2_cfg15\n"
-                    "  == python -m vcarepro.params.config scale=paper 'calibrate.checkpoints=[deit_tiny,dit_xl2_cfg15]' "
-                    "&& dvc repro calibrate_cls calibrate_gen\n\n"
-                    "The entries are those of calibrate.classifiers and calibrate.generators in conf/config.yaml; "
-                    "put each file in data/released/ first. A new selection replaces the last one's rows.")
-    parser.add_argument("entries", nargs="+", metavar="ENTRY|KEY=VALUE",
-                        help="entries to evaluate (e.g. deit_tiny); KEY=VALUE: a Hydra override of conf/")
-    parser.add_argument("--scale", default="paper", help="the scale to calibrate at: paper (ImageNet; the default) "
-                                                         "or smoke (the stand-ins)")
+        "(docs/calibration.md).\n\nComposes params.yaml with scale=SCALE and calibrate.checkpoints="
+        "[ENTRY,...] (and any KEY=VALUE overrides), then runs `dvc repro` of calibrate_cls and/or "
+        "calibrate_gen, as the entries need:\n\n"
+        "  vcarepro calibrate deit_tiny dit_xl2_cfg15\n"
+        "  == python -m vcarepro.params.config scale=paper 'calibrate.checkpoints=[deit_tiny,dit_xl2_cfg15]' "
+        "&& dvc repro calibrate_cls calibrate_gen\n\n"
+        "The entries are those of calibrate.classifiers and calibrate.generators in conf/config.yaml; "
+        "put each file in data/released/ first. A new selection replaces the last one's rows.",
+    )
+    parser.add_argument(
+        "entries",
+        nargs="+",
+        metavar="ENTRY|KEY=VALUE",
+        help="entries to evaluate (e.g. deit_tiny); KEY=VALUE: a Hydra override of conf/",
+    )
+    parser.add_argument(
+        "--scale",
+        default="paper",
+        help="the scale to calibrate at: paper (ImageNet; the default) or smoke (the stand-ins)",
+    )
     parser.add_argument("--report", action="store_true", help="also bring the report stage up to date")
     parser.add_argument("--dry-run", action="store_true", help="print the two commands; change nothing")
     args = parser.parse_intermixed_args(argv)
@@ -155,9 +194,9 @@ def calibrate_main(argv: Sequence[str]) -> int:
     if not names:
         parser.error("name at least one entry of calibrate.classifiers or calibrate.generators (e.g. deit_tiny)")
 
-    from vcarepro.params import config
     from vcarepro.calibration import KINDS, selected
     from vcarepro.core.errors import MissingInput
+    from vcarepro.params import config
 
     project = Path.cwd()
     if not args.dry_run and not (project / "dvc.yaml").is_file():
@@ -181,15 +220,20 @@ def calibrate_main(argv: Sequence[str]) -> int:
 
 # ----------------------------------------------------------------------------- explain
 
+
 def explain_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="vcarepro explain", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="vcarepro explain",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Every resolved knob of a run (an entry of cls_runs or gen_runs): its value, the conf/ file "
-                    "(or command-line override) that set it, and the stages whose dvc.yaml params declare it.\n\n"
-                    "  vcarepro explain deit_tiny-vca                # conf/ as it is (what params.yaml holds)\n"
-                    "  vcarepro explain deit_tiny-vca scale=paper    # Hydra overrides, as vcarepro config takes them")
+        "(or command-line override) that set it, and the stages whose dvc.yaml params declare it.\n\n"
+        "  vcarepro explain deit_tiny-vca                # conf/ as it is (what params.yaml holds)\n"
+        "  vcarepro explain deit_tiny-vca scale=paper    # Hydra overrides, as vcarepro config takes them",
+    )
     parser.add_argument("run", help="a key of cls_runs or gen_runs")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides of conf/ (nothing is written)")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides of conf/ (nothing is written)"
+    )
     parser.add_argument("--json", action="store_true", help="print the knobs as JSON")
     args = parser.parse_intermixed_args(argv)
     result = explain(args.run, args.overrides, _project())
@@ -229,23 +273,32 @@ class _Sources:
 
         self.config = config
         self.conf = conf
-        self.overrides = [o for o in config._parse(list(overrides))
-                          if not o.is_delete() and not config._is_group(o, conf)]
+        self.overrides = [
+            o for o in config._parse(list(overrides)) if not o.is_delete() and not config._is_group(o, conf)
+        ]
         self.files = config._conf_files(list(overrides), conf)
         self.params = params
 
     def override(self, path: Tuple[Any, ...]) -> Optional[str]:
         for override in reversed(self.overrides):
             keys = tuple(override.key_or_group.split("."))
-            if keys == path[:len(keys)] or path == keys[:len(path)]:
+            if keys == path[: len(keys)] or path == keys[: len(path)]:
                 return override.input_line
         return None
 
     def file(self, path: Tuple[Any, ...]) -> Tuple[Optional[str], Any]:
         """The file that set ``path`` and the value it wrote there (an interpolation stays as written)."""
         name = self.config._locate(self.files, path, self.params, same_value=False)
-        written = next((held for file, tree in reversed(self.files) if file == name
-                        for held in [_get(tree, path)] if held is not _ABSENT), _ABSENT)
+        written = next(
+            (
+                held
+                for file, tree in reversed(self.files)
+                if file == name
+                for held in [_get(tree, path)]
+                if held is not _ABSENT
+            ),
+            _ABSENT,
+        )
         return name, written
 
     def sentence(self, path: Tuple[Any, ...]) -> str:
@@ -258,9 +311,11 @@ class _Sources:
     def where(self, path: Tuple[Any, ...]) -> Dict[str, Any]:
         by = self.override(path)
         name, written = self.file(path)
-        found: Dict[str, Any] = {"set_by": f"command line `{by}`" if by else name or f"the composition of "
-                                                                                        f"{self.conf.name}/",
-                                 "file": name, "override": by}
+        found: Dict[str, Any] = {
+            "set_by": f"command line `{by}`" if by else name or f"the composition of {self.conf.name}/",
+            "file": name,
+            "override": by,
+        }
         if by and name:
             found["file_value"] = written
         if isinstance(written, str) and "${" in written:
@@ -271,8 +326,9 @@ class _Sources:
         return found
 
 
-def _stages(project: Path, params: Dict[str, Any], branch: str, run: str) -> Tuple[List[str], List[str],
-                                                                                  Dict[str, List[str]]]:
+def _stages(
+    project: Path, params: Dict[str, Any], branch: str, run: str
+) -> Tuple[List[str], List[str], Dict[str, List[str]]]:
     """The run's own stages (``train_cls@run``, ...), every stage without foreach, and what each declares under
     ``params:``, as :func:`vcarepro.params.stage_facts.stage_definition` resolves dvc.yaml over these params."""
     import yaml
@@ -305,8 +361,8 @@ def explain(run: str, overrides: Sequence[str] = (), project: Path = REPO_ROOT) 
     The knobs are what the run's own stages (train_cls@run, eval_cls@run; train_gen, sample_gen, eval_gen)
     declare as params in dvc.yaml, with the recipe resolved as :mod:`vcarepro.params.runs` resolves it.
     """
-    from vcarepro.params import config, runs
     from vcarepro.core.errors import UnknownName
+    from vcarepro.params import config, runs
 
     overrides = list(overrides)
     conf = project / "conf" if (project / "conf").is_dir() else REPO_ROOT / "conf"
@@ -346,10 +402,19 @@ def explain(run: str, overrides: Sequence[str] = (), project: Path = REPO_ROOT) 
         seen.add(key)
         groups.setdefault(group, {"title": group, "prefix": group, "knobs": []})
         prefix = groups[group]["prefix"]
-        knob = knob or (key[len(prefix) + 1:] if key.startswith(prefix + ".") else key)
+        knob = knob or (key[len(prefix) + 1 :] if key.startswith(prefix + ".") else key)
         readers = [s for s in own + shared if any(_covers(p, key) for p in declared[s])]
-        groups[group]["knobs"].append({"group": group, "knob": knob, "key": key, "value": value,
-                                       **sources.where(path), **extra, "read_by": readers})
+        groups[group]["knobs"].append(
+            {
+                "group": group,
+                "knob": knob,
+                "key": key,
+                "value": value,
+                **sources.where(path),
+                **extra,
+                "read_by": readers,
+            }
+        )
 
     for stage in own:
         for param in declared[stage]:
@@ -371,15 +436,24 @@ def explain(run: str, overrides: Sequence[str] = (), project: Path = REPO_ROOT) 
                 value = _get(params, path)
                 for leaf, sub in _leaves(value, path) if value is not _ABSENT else []:
                     add(path[0], leaf, sub)
-    return {"run": run, "kind": {"cls": "classification", "gen": "generation"}[branch], "branch": branch,
-            "scale": scale, "overrides": overrides, "conf": str(conf), "stages": own,
-            "every_stage": own + shared,
-            "groups": [{"group": name, "title": g["title"], "knobs": g["knobs"]}
-                       for name, g in groups.items() if g["knobs"]]}
+    return {
+        "run": run,
+        "kind": {"cls": "classification", "gen": "generation"}[branch],
+        "branch": branch,
+        "scale": scale,
+        "overrides": overrides,
+        "conf": str(conf),
+        "stages": own,
+        "every_stage": own + shared,
+        "groups": [
+            {"group": name, "title": g["title"], "knobs": g["knobs"]} for name, g in groups.items() if g["knobs"]
+        ],
+    }
 
 
-def _recipe_knobs(add, params: Dict[str, Any], branch: str, run: str, entry: Dict[str, Any],
-                  recipe: Dict[str, Any]) -> None:
+def _recipe_knobs(
+    add, params: Dict[str, Any], branch: str, run: str, entry: Dict[str, Any], recipe: Dict[str, Any]
+) -> None:
     """The recipe the run trains with (params.runs.cls_run / gen_run resolved it), each knob where its value lives:
     the override where one replaced the named recipe's value (which is kept beside it), else the recipe."""
     if branch == "cls":
@@ -387,6 +461,7 @@ def _recipe_knobs(add, params: Dict[str, Any], branch: str, run: str, entry: Dic
         over = {k: v for k, v in (params.get("cls_recipe_overrides") or {}).items() if v is not None}
         base, base_path, over_path = params["cls_recipes"][name], ("cls_recipes", name), ("cls_recipe_overrides",)
         from vcarepro.train.classification import scaled_lrs
+
         at_optimizer = scaled_lrs(recipe)
     else:
         name = "gen_recipe"
@@ -405,8 +480,8 @@ def _recipe_knobs(add, params: Dict[str, Any], branch: str, run: str, entry: Dic
 
 
 def _unknown_run(run: str, overrides: List[str], params: Dict[str, Any], conf: Path) -> str:
-    from vcarepro.params import config
     from vcarepro.core.errors import UserError
+    from vcarepro.params import config
 
     runs = [*(params.get("cls_runs") or {}), *(params.get("gen_runs") or {})]
     close = difflib.get_close_matches(run, runs, n=3, cutoff=0.5)
@@ -422,12 +497,18 @@ def _unknown_run(run: str, overrides: List[str], params: Dict[str, Any], conf: P
             continue
         if run in (other.get("cls_runs") or {}) or run in (other.get("gen_runs") or {}):
             elsewhere.append(scale)
-    hint = (f"; it is a run of scale {', '.join(elsewhere)} (add scale={elsewhere[0]})" if elsewhere else
-            f"; did you mean {', '.join(close)}?" if close else f"; choose one of {', '.join(runs)}.")
+    hint = (
+        f"; it is a run of scale {', '.join(elsewhere)} (add scale={elsewhere[0]})"
+        if elsewhere
+        else f"; did you mean {', '.join(close)}?"
+        if close
+        else f"; choose one of {', '.join(runs)}."
+    )
     return f"no run {run!r} in cls_runs or gen_runs at {where}{hint}" + ("" if hint.endswith((".", "?")) else ".")
 
 
 # ----------------------------------------------------------------------------- explain's table
+
 
 def _show(value: Any) -> str:
     if isinstance(value, str):
@@ -446,12 +527,16 @@ def _note(knob: Dict[str, Any]) -> str:
     if knob.get("override") and knob.get("file"):
         notes.append(f"over {knob['file']}'s {_show(knob.get('file_value'))}")
     if knob.get("written"):
-        notes.append(f"written {knob['written']}" + (f", set in {knob['written_from']}" if knob.get("written_from")
-                                                     else ""))
+        notes.append(
+            f"written {knob['written']}" + (f", set in {knob['written_from']}" if knob.get("written_from") else "")
+        )
     if knob.get("replaces"):
         was = knob["replaces"]
-        notes.append(f"{was['recipe']}'s is the same" if was["value"] == knob["value"] else
-                     f"overrides {was['recipe']}'s {_show(was['value'])}")
+        notes.append(
+            f"{was['recipe']}'s is the same"
+            if was["value"] == knob["value"]
+            else f"overrides {was['recipe']}'s {_show(was['value'])}"
+        )
     if "at_optimizer" in knob:
         notes.append(f"x batch_size/512 = {knob['at_optimizer']:.6g} at the optimizer")
     return f" ({'; '.join(notes)})" if notes else ""
@@ -460,10 +545,17 @@ def _note(knob: Dict[str, Any]) -> str:
 def render(result: Dict[str, Any]) -> str:
     """explain's result as a plain table, grouped, each group headed by the stages that read all of its knobs."""
     every = result["every_stage"]
-    how = (f"with {' '.join(result['overrides'])}" if result["overrides"] else
-           "as it is (the default composition, which params.yaml holds)")
-    lines = textwrap.wrap(f"{result['run']}: a {result['kind']} run at scale {result['scale']}, conf/ {how}; "
-                          f"its stages: {', '.join(result['stages'])}", WIDTH, subsequent_indent="  ")
+    how = (
+        f"with {' '.join(result['overrides'])}"
+        if result["overrides"]
+        else "as it is (the default composition, which params.yaml holds)"
+    )
+    lines = textwrap.wrap(
+        f"{result['run']}: a {result['kind']} run at scale {result['scale']}, conf/ {how}; "
+        f"its stages: {', '.join(result['stages'])}",
+        WIDTH,
+        subsequent_indent="  ",
+    )
     knobs = [k for g in result["groups"] for k in g["knobs"]]
     name_w = max(len(k["knob"]) for k in knobs)
     value_w = min(max(len(_show(k["value"])) for k in knobs), 16)  # a longer value pushes its own row
@@ -478,8 +570,13 @@ def render(result: Dict[str, Any]) -> str:
             text = knob["set_by"] + _note(knob) + (f" (also read by {', '.join(also)})" if also else "")
             row = f"  {knob['knob']:<{name_w}}  {_show(knob['value']):<{value_w}}  "
             # what does not fit continues under the set-by column
-            lines += textwrap.wrap(text, max(WIDTH, len(row) + 40), initial_indent=row,
-                                   subsequent_indent=" " * (6 + name_w + value_w), break_on_hyphens=False)
+            lines += textwrap.wrap(
+                text,
+                max(WIDTH, len(row) + 40),
+                initial_indent=row,
+                subsequent_indent=" " * (6 + name_w + value_w),
+                break_on_hyphens=False,
+            )
     return "\n".join(lines)
 
 

@@ -32,6 +32,7 @@ Requeues that submitit takes for a time limit (a USR2 after 80% of it) are count
 stages print (``error: ...``), goes on with what does not depend on it, and exits 1 when nothing else
 can run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,21 +50,35 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set
 
 import submitit
 
-from vcarepro.params.config import section, stage_params
 from vcarepro.core import supervise
 from vcarepro.core.errors import USER_ERROR_STATUS, UserError
 from vcarepro.core.io import write_json
 from vcarepro.core.progress import latest
+from vcarepro.params.config import section, stage_params
 
 STATE_DIR = Path(".slurm")
 JOBS_FILE = STATE_DIR / "jobs.json"
-LOG_DIR = STATE_DIR / "logs"      # submitit's folder: <job>_0_log.out / .err, the job's pickles
+LOG_DIR = STATE_DIR / "logs"  # submitit's folder: <job>_0_log.out / .err, the job's pickles
 LOCAL_LOGS = STATE_DIR / "local"  # the stages run here: <stage>.log
 JOB_NAME = "vcarepro:"
-TRAINING_STAGES = ("train_cls", "train_gen")   # the stages whose command is the distributed launcher
+TRAINING_STAGES = ("train_cls", "train_gen")  # the stages whose command is the distributed launcher
 # squeue's states of a job that has not ended (squeue(1) "JOB STATE CODES").
-ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
-          "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
+ACTIVE = {
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "REQUEUED",
+    "REQUEUE_FED",
+    "REQUEUE_HOLD",
+    "RESIZING",
+    "SUSPENDED",
+    "STOPPED",
+    "SIGNALING",
+    "STAGE_OUT",
+    "RESV_DEL_HOLD",
+    "SPECIAL_EXIT",
+}
 QUEUED = {"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "SPECIAL_EXIT", "SUSPENDED"}
 TAIL_LINES = 8
 STATUS_TIMEOUT = 3600  # seconds `dvc status` may wait for DVC's lock (a job caching a large output holds it)
@@ -75,6 +90,7 @@ class ClusterError(UserError):
 
 # ----------------------------------------------------------------------------------------------
 # What DVC knows: the stage graph and what is out of date.
+
 
 def stage_graph(root: Path) -> Dict[str, List[str]]:
     """Every pipeline stage of ``root`` (DVC's addressing, ``train_cls@deit_tiny-vca``) -> the stages it
@@ -98,6 +114,7 @@ def topological(graph: Mapping[str, Sequence[str]]) -> List[str]:
         for up in sorted(graph.get(name, ())):
             visit(up)
         done.append(name)
+
     for name in sorted(graph):
         visit(name)
     return done
@@ -118,8 +135,9 @@ def descendants(graph: Mapping[str, Sequence[str]], names: Set[str]) -> Set[str]
     return {s for s in graph if ancestors(graph, s) & names}
 
 
-def out_of_date(root: Path, graph: Mapping[str, Sequence[str]], busy: Set[str] = frozenset(),
-                attempts: int = 20) -> Set[str]:
+def out_of_date(
+    root: Path, graph: Mapping[str, Sequence[str]], busy: Set[str] = frozenset(), attempts: int = 20
+) -> Set[str]:
     """The stages not done: those ``dvc status`` reports changed, and ``busy`` ones (running now) with
     everything downstream of them. DVC is asked about the others only: a running stage holds DVC's write
     lock on its outputs, which ``dvc status`` of that stage or of one reading them would wait on."""
@@ -129,19 +147,31 @@ def out_of_date(root: Path, graph: Mapping[str, Sequence[str]], busy: Set[str] =
         return busy
     for _ in range(attempts):
         try:  # DVC holds its repository lock while a job records (and caches) its stage's outputs
-            result = subprocess.run([sys.executable, "-m", "dvc", "--wait-for-lock", "status", "--json", *targets],
-                                    cwd=root, capture_output=True, text=True, env=_dvc_env(), timeout=STATUS_TIMEOUT)
+            result = subprocess.run(
+                [sys.executable, "-m", "dvc", "--wait-for-lock", "status", "--json", *targets],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                env=_dvc_env(),
+                timeout=STATUS_TIMEOUT,
+            )
         except subprocess.TimeoutExpired:
-            raise ClusterError(f"`dvc status` waited {STATUS_TIMEOUT} s for DVC's lock: another DVC command holds "
-                               f"it in this workspace; wait for it to finish, then run the command again.") from None
+            raise ClusterError(
+                f"`dvc status` waited {STATUS_TIMEOUT} s for DVC's lock: another DVC command holds "
+                f"it in this workspace; wait for it to finish, then run the command again."
+            ) from None
         if result.returncode == 0:
             return set(json.loads(result.stdout or "{}")) | busy
         if "Unable to acquire lock" not in result.stderr and "is busy" not in result.stderr:
-            raise ClusterError(f"`dvc status` failed in {root}: {_last_line(result.stderr)}; fix that first, "
-                               f"then run the command again.")
+            raise ClusterError(
+                f"`dvc status` failed in {root}: {_last_line(result.stderr)}; fix that first, "
+                f"then run the command again."
+            )
         time.sleep(3)  # a job's DVC holds the repository lock while it records its stage
-    raise ClusterError("DVC's locks stayed taken for a minute (`dvc status` could not read them): another DVC "
-                       "command runs in this workspace; wait for it to finish, then run the command again.")
+    raise ClusterError(
+        "DVC's locks stayed taken for a minute (`dvc status` could not read them): another DVC "
+        "command runs in this workspace; wait for it to finish, then run the command again."
+    )
 
 
 def todo_stages(graph: Mapping[str, Sequence[str]], changed: Set[str]) -> Set[str]:
@@ -159,6 +189,7 @@ def ready_stages(graph: Mapping[str, Sequence[str]], changed: Set[str]) -> List[
 # ----------------------------------------------------------------------------------------------
 # A stage's job: its size from params.yaml, what runs inside it.
 
+
 def restrict(graph: Mapping[str, Sequence[str]], targets: Sequence[str]) -> Dict[str, List[str]]:
     """The part of ``graph`` that ``targets`` need (themselves and everything upstream), as ``dvc repro
     TARGETS`` would run it; all of it without targets."""
@@ -166,8 +197,9 @@ def restrict(graph: Mapping[str, Sequence[str]], targets: Sequence[str]) -> Dict
         return dict(graph)
     unknown = [t for t in targets if t not in graph]
     if unknown:
-        raise ClusterError(f"no stage {unknown[0]!r} in dvc.yaml; name one as `dvc stage list` does "
-                           f"(e.g. {sorted(graph)[0]}).")
+        raise ClusterError(
+            f"no stage {unknown[0]!r} in dvc.yaml; name one as `dvc stage list` does (e.g. {sorted(graph)[0]})."
+        )
     keep = set(targets).union(*(ancestors(graph, t) for t in targets))
     return {s: list(ups) for s, ups in graph.items() if s in keep}
 
@@ -187,13 +219,20 @@ def job_parameters(stage: str, params: Mapping[str, Any], root: Path) -> Dict[st
         per_node = dist["nproc_per_node"] if isinstance(dist["nproc_per_node"], int) else c["gpus_per_node"]
         gpus = per_node if c["gpu"] else 0
         if nodes > 1 and dist["launcher"] != "srun":
-            raise ClusterError(f"{stage} asks for {nodes} nodes, and a job reaches its other nodes through the "
-                               f"srun launcher; set distributed.launcher: srun and distributed.rdzv_endpoint: env "
-                               f"(or host:port) in params.yaml.")
+            raise ClusterError(
+                f"{stage} asks for {nodes} nodes, and a job reaches its other nodes through the "
+                f"srun launcher; set distributed.launcher: srun and distributed.rdzv_endpoint: env "
+                f"(or host:port) in params.yaml."
+            )
     minutes = c["train_minutes"] if training else c["stage_minutes"]
     out: Dict[str, Any] = {
-        "job_name": f"{JOB_NAME}{stage}", "comment": str(root), "nodes": nodes, "ntasks_per_node": 1,
-        "cpus_per_task": c["cpus_per_task"], "time": minutes, "signal_delay_s": c["signal_delay_s"],
+        "job_name": f"{JOB_NAME}{stage}",
+        "comment": str(root),
+        "nodes": nodes,
+        "ntasks_per_node": 1,
+        "cpus_per_task": c["cpus_per_task"],
+        "time": minutes,
+        "signal_delay_s": c["signal_delay_s"],
         "stderr_to_stdout": False,
         "additional_parameters": {"requeue": True},  # sbatch --requeue: whatever the site's JobRequeue default
     }
@@ -256,8 +295,9 @@ class StageJob(submitit.helpers.Checkpointable):
             # so the command reports the job's end as SLURM names it; a preemption that requeues runs it again
             print(f"{stage}: stopped by SIGTERM from SLURM; its checkpoint is kept", file=sys.stderr, flush=True)
             raise SystemExit(-1)
-        raise RuntimeError(f"`dvc repro --single-item {stage}` failed with exit status {code}; "
-                           f"its error is above in this log.")
+        raise RuntimeError(
+            f"`dvc repro --single-item {stage}` failed with exit status {code}; its error is above in this log."
+        )
 
     def _on_sigterm(self, signum, frame) -> None:
         self._sigterm = True
@@ -307,18 +347,23 @@ def command_processes(dvc_pid: int) -> list:
 # ----------------------------------------------------------------------------------------------
 # SLURM's view of our jobs.
 
+
 def _slurm(args: Sequence[str]) -> str:
     try:
         result = subprocess.run(list(args), capture_output=True, text=True, timeout=120)
     except FileNotFoundError:
-        raise ClusterError(f"`{args[0]}` is not on PATH: run this on a SLURM login node (or install slurm-wlm "
-                           f"and start a cluster).") from None
+        raise ClusterError(
+            f"`{args[0]}` is not on PATH: run this on a SLURM login node (or install slurm-wlm and start a cluster)."
+        ) from None
     except subprocess.TimeoutExpired:
-        raise ClusterError(f"`{' '.join(args)}` did not answer in 120 s: the SLURM controller is down or "
-                           f"overloaded; try again later.") from None
+        raise ClusterError(
+            f"`{' '.join(args)}` did not answer in 120 s: the SLURM controller is down or overloaded; try again later."
+        ) from None
     if result.returncode != 0:
-        raise ClusterError(f"`{' '.join(args)}` failed: {_last_line(result.stderr)}; check `sinfo` and the "
-                           f"cluster section of params.yaml.")
+        raise ClusterError(
+            f"`{' '.join(args)}` failed: {_last_line(result.stderr)}; check `sinfo` and the "
+            f"cluster section of params.yaml."
+        )
     return result.stdout
 
 
@@ -340,12 +385,12 @@ def our_jobs(root: Path) -> Dict[str, SlurmJob]:
         except ClusterError:
             if attempt == 5 or shutil.which("squeue") is None:
                 raise
-            time.sleep(2 ** attempt)
+            time.sleep(2**attempt)
     jobs = {}
     for line in out.splitlines():
         parts = line.strip().split("|", 4)
         if len(parts) == 5 and parts[3].startswith(JOB_NAME) and parts[4] == str(root):
-            jobs[parts[0]] = SlurmJob(parts[0], parts[1], parts[2], parts[3][len(JOB_NAME):])
+            jobs[parts[0]] = SlurmJob(parts[0], parts[1], parts[2], parts[3][len(JOB_NAME) :])
     return jobs
 
 
@@ -405,7 +450,7 @@ def log_progress(path: Path, stage: str = "") -> str:
     named = " ".join(stage.split("@"))  # the label's stage and run: the row names them already
     shown = []
     for line in latest(text.splitlines()):
-        label = line.label[len(named):].strip() if named and line.label.startswith(named) else line.label
+        label = line.label[len(named) :].strip() if named and line.label.startswith(named) else line.label
         shown.append(f"{label}: {line.summary()}" if label else line.summary())
     return "; ".join(shown)
 
@@ -428,18 +473,18 @@ def _dvc_env() -> Dict[str, str]:
 # ----------------------------------------------------------------------------------------------
 # The books: .slurm/jobs.json.
 
+
 @dataclass
 class Record:
     stage: str
-    job_id: str = ""            # "" for a stage run here
-    state: str = "submitted"    # submitted / done / failed
+    job_id: str = ""  # "" for a stage run here
+    state: str = "submitted"  # submitted / done / failed
     log: str = ""
     message: List[str] = field(default_factory=list)
     fix: Optional[str] = None
 
     def as_dict(self) -> Dict[str, Any]:
-        return {"job_id": self.job_id, "state": self.state, "log": self.log, "message": self.message,
-                "fix": self.fix}
+        return {"job_id": self.job_id, "state": self.state, "log": self.log, "message": self.message, "fix": self.fix}
 
 
 def load_records(root: Path) -> Dict[str, Record]:
@@ -449,8 +494,10 @@ def load_records(root: Path) -> Dict[str, Record]:
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError:
-        raise ClusterError(f"{path} is not JSON; move it aside (SLURM still lists the jobs, and `run` finds "
-                           f"them by name) and run the command again.") from None
+        raise ClusterError(
+            f"{path} is not JSON; move it aside (SLURM still lists the jobs, and `run` finds "
+            f"them by name) and run the command again."
+        ) from None
     return {stage: Record(stage, **entry) for stage, entry in raw.items()}
 
 
@@ -460,6 +507,7 @@ def save_records(root: Path, records: Mapping[str, Record]) -> None:
 
 # ----------------------------------------------------------------------------------------------
 # The driver.
+
 
 class Driver:
     def __init__(self, root: Path, max_jobs: int, poll: float, targets: Sequence[str] = (), out=sys.stdout):
@@ -476,7 +524,7 @@ class Driver:
             if record.state == "submitted" and not record.job_id:
                 record.state = "interrupted"
         self.local_proc: Optional[tuple] = None  # (stage, Popen, log path)
-        self.finished_here: Set[str] = set()    # stages that ended (either way) during this command
+        self.finished_here: Set[str] = set()  # stages that ended (either way) during this command
         self.last_state: Dict[str, tuple] = {}
         self.watching = False
 
@@ -489,29 +537,35 @@ class Driver:
 
     # one stage's job
     def submit(self, stage: str) -> None:
-        executor = submitit.SlurmExecutor(folder=str(self.root / LOG_DIR / "%j"),
-                                          max_num_timeout=self.cluster["max_requeues"])
+        executor = submitit.SlurmExecutor(
+            folder=str(self.root / LOG_DIR / "%j"), max_num_timeout=self.cluster["max_requeues"]
+        )
         parameters = job_parameters(stage, self.params, self.root)
         executor.update_parameters(**parameters)
         grace = stop_grace(self.cluster["signal_delay_s"])
         try:
             job = executor.submit(StageJob(grace), stage, str(self.root))
         except Exception as err:  # sbatch refused it: a partition, account or QOS the cluster does not know
-            raise ClusterError(f"sbatch refused {stage}: {_last_line(str(err))}; check cluster.partition, "
-                               f"cluster.account and cluster.qos in params.yaml against `sinfo` / `sacctmgr show assoc`.") from None
+            raise ClusterError(
+                f"sbatch refused {stage}: {_last_line(str(err))}; check cluster.partition, "
+                f"cluster.account and cluster.qos in params.yaml against `sinfo` / `sacctmgr show assoc`."
+            ) from None
         log = self.relative(job_paths(self.root, job.job_id).stderr)
         self.records[stage] = Record(stage, job.job_id, "submitted", log)
         save_records(self.root, self.records)
         gpus = parameters.get("gpus_per_node", 0)
-        self.say(f"submitted {stage} as job {job.job_id} ({parameters['nodes']} node(s), {gpus} GPU(s) per node, "
-                 f"{parameters['cpus_per_task']} CPU(s), {parameters['time']} min); log {log}")
+        self.say(
+            f"submitted {stage} as job {job.job_id} ({parameters['nodes']} node(s), {gpus} GPU(s) per node, "
+            f"{parameters['cpus_per_task']} CPU(s), {parameters['time']} min); log {log}"
+        )
 
     def start_local(self, stage: str) -> None:
         log = self.root / LOCAL_LOGS / f"{stage}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         handle = log.open("w")
-        proc = subprocess.Popen(repro_command(stage), cwd=self.root, env=_dvc_env(), stdout=handle,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            repro_command(stage), cwd=self.root, env=_dvc_env(), stdout=handle, stderr=subprocess.STDOUT
+        )
         handle.close()
         self.local_proc = (stage, proc, log)
         self.records[stage] = Record(stage, "", "submitted", str(log.relative_to(self.root)))
@@ -550,8 +604,9 @@ class Driver:
         for job in listed.values():  # a job submitted just before an interruption, not yet in the books
             record = self.records.get(job.stage)
             if job.state in ACTIVE and (record is None or record.job_id != job.job_id):
-                self.records[job.stage] = Record(job.stage, job.job_id, "submitted",
-                                                 self.relative(job_paths(self.root, job.job_id).stderr))
+                self.records[job.stage] = Record(
+                    job.stage, job.job_id, "submitted", self.relative(job_paths(self.root, job.job_id).stderr)
+                )
                 save_records(self.root, self.records)
                 self.say(f"found {job.stage} as job {job.job_id} ({job.state.lower()}), not submitted again")
         for stage, record in list(self.records.items()):
@@ -564,7 +619,9 @@ class Driver:
                 if self.last_state.get(stage) != seen:
                     before = self.last_state.get(stage, ("", ""))[0]
                     word = "requeued" if state == "queued" and before == "running" else state
-                    why = f" ({job.state}: {job.reason})" if state == "queued" and job.reason not in ("", "None") else ""
+                    why = (
+                        f" ({job.state}: {job.reason})" if state == "queued" and job.reason not in ("", "None") else ""
+                    )
                     self.say(f"{stage}: job {record.job_id} {word}{why}")
                 self.last_state[stage] = seen
                 continue
@@ -580,8 +637,12 @@ class Driver:
                 self.failed(stage, log, f"job {record.job_id} failed")
             else:
                 state = job.state if job is not None else "no longer listed by squeue"
-                self.failed(stage, log, f"job {record.job_id} ended without a result (SLURM: {state}); "
-                                        f"a time limit beyond cluster.max_requeues, memory, or a scancel")
+                self.failed(
+                    stage,
+                    log,
+                    f"job {record.job_id} ended without a result (SLURM: {state}); "
+                    f"a time limit beyond cluster.max_requeues, memory, or a scancel",
+                )
         return changed
 
     def busy(self) -> Set[str]:
@@ -603,9 +664,12 @@ class Driver:
                 continue
             if stage in self.finished_here:
                 if record is not None and record.state == "done":  # ran, and DVC still says changed
-                    self.failed(stage, self.root / record.log,
-                                "it ran, yet `dvc status` still reports it changed (were params.yaml or the code "
-                                "edited meanwhile?)")
+                    self.failed(
+                        stage,
+                        self.root / record.log,
+                        "it ran, yet `dvc status` still reports it changed (were params.yaml or the code "
+                        "edited meanwhile?)",
+                    )
                 continue
             if stage in self.local or kind(stage) in self.local:
                 if self.local_proc is None:
@@ -631,8 +695,10 @@ class Driver:
             self.say(f"every stage is up to date ({len(self.graph)} stages); dvc.lock records them")
             return 0
         blocked = sorted(todo_stages(self.graph, changed) - set(failed))
-        self.say(f"{len(failed)} stage(s) failed: {', '.join(failed)}; {len(blocked)} stage(s) wait for them. "
-                 f"Fix what the logs say, then run `python -m vcarepro.tools.cluster run` again.")
+        self.say(
+            f"{len(failed)} stage(s) failed: {', '.join(failed)}; {len(blocked)} stage(s) wait for them. "
+            f"Fix what the logs say, then run `python -m vcarepro.tools.cluster run` again."
+        )
         return 1
 
 
@@ -642,16 +708,25 @@ def status_rows(root: Path) -> List[Dict[str, Any]]:
     graph = stage_graph(root)
     records = load_records(root)
     listed = our_jobs(root)
-    busy = {s for s, r in records.items() if r.state == "submitted" and (not r.job_id or (
-        r.job_id in listed and listed[r.job_id].state in ACTIVE))}
+    busy = {
+        s
+        for s, r in records.items()
+        if r.state == "submitted" and (not r.job_id or (r.job_id in listed and listed[r.job_id].state in ACTIVE))
+    }
     changed = out_of_date(root, graph, busy)
     todo = todo_stages(graph, changed)
     rows = []
     for stage in topological(graph):
         record = records.get(stage)
         job = listed.get(record.job_id) if record is not None and record.job_id else None
-        row = {"stage": stage, "job": record.job_id if record else "", "log": record.log if record else "",
-               "note": "", "tail": [], "progress": ""}
+        row = {
+            "stage": stage,
+            "job": record.job_id if record else "",
+            "log": record.log if record else "",
+            "note": "",
+            "tail": [],
+            "progress": "",
+        }
         if job is not None and job.state in ACTIVE:
             row["state"] = "queued" if job.state in QUEUED else "running"
             row["note"] = job.reason if job.reason not in ("None", "") else ""
@@ -682,8 +757,9 @@ def print_status(root: Path, out=sys.stdout) -> None:
             print(f"\n{r['stage']} (job {r['job'] or 'here'}) failed; last lines of {r['log']}:", file=out)
             for line in r["tail"]:
                 print(f"    | {line}", file=out)
-    counts = {s: sum(1 for r in rows if r["state"] == s) for s in ("done", "queued", "running", "failed",
-                                                                   "ready", "waiting")}
+    counts = {
+        s: sum(1 for r in rows if r["state"] == s) for s in ("done", "queued", "running", "failed", "ready", "waiting")
+    }
     print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()), file=out)
 
 
@@ -695,8 +771,9 @@ def status_lines(rows: Sequence[Mapping[str, Any]]) -> List[str]:
     column = (lambda text: f"{text:<{max(shown, len('progress'))}} ") if shown else (lambda text: "")
     lines = [f"{'stage':<{width}}  {'state':<8} {'job':<8} {column('progress')}log"]
     for r in rows:
-        lines.append(f"{r['stage']:<{width}}  {r['state']:<8} {r['job']:<8} {column(r.get('progress') or '')}"
-                     f"{r['log']}")
+        lines.append(
+            f"{r['stage']:<{width}}  {r['state']:<8} {r['job']:<8} {column(r.get('progress') or '')}{r['log']}"
+        )
         if r["note"]:
             lines.append(f"{'':<{width}}  {r['note']}")
     return lines
@@ -723,8 +800,11 @@ class _DriverLock:
         try:
             fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            then = ("watch it with `python -m vcarepro.tools.cluster status`, or stop it first" if self.purpose == "run"
-                    else "stop it first (Ctrl-C), then cancel")
+            then = (
+                "watch it with `python -m vcarepro.tools.cluster status`, or stop it first"
+                if self.purpose == "run"
+                else "stop it first (Ctrl-C), then cancel"
+            )
             raise ClusterError(f"a `python -m vcarepro.tools.cluster run` drives this workspace; {then}.") from None
         return self
 
@@ -738,8 +818,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     run_p = sub.add_parser("run", help="run every out-of-date stage, each as a SLURM job")
     run_p.add_argument("targets", nargs="*", help="stages to bring up to date, with what they need (default: all)")
     run_p.add_argument("--max-jobs", type=int, default=8, help="jobs queued or running at once (default 8)")
-    run_p.add_argument("--poll", type=float, default=None, help="seconds between looks at the queue "
-                       "(default: cluster.poll_seconds)")
+    run_p.add_argument(
+        "--poll", type=float, default=None, help="seconds between looks at the queue (default: cluster.poll_seconds)"
+    )
     sub.add_parser("status", help="every stage: done / queued / running / failed / ready / waiting")
     sub.add_parser("cancel", help="scancel this workspace's queued and running jobs")
     args = parser.parse_args(argv)
@@ -761,8 +842,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 return driver.run()
             except KeyboardInterrupt:
                 driver.stop_local()
-                print("interrupted: the jobs SLURM holds keep running; `python -m vcarepro.tools.cluster run` again picks "
-                      "them up, `python -m vcarepro.tools.cluster status` shows them.", file=sys.stderr)
+                print(
+                    "interrupted: the jobs SLURM holds keep running; `python -m vcarepro.tools.cluster run` again picks "
+                    "them up, `python -m vcarepro.tools.cluster status` shows them.",
+                    file=sys.stderr,
+                )
                 return 130
     except UserError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
@@ -772,4 +856,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 if __name__ == "__main__":
     # Through the importable module, so that jobs pickle vcarepro.tools.cluster.StageJob by reference, not __main__'s.
     from vcarepro.tools.cluster import main as _main
+
     raise SystemExit(_main())

@@ -12,6 +12,7 @@ Before the folder appears, the exported files are read back through timm and mus
 trained model's outputs exactly. Pushing is the user's own step (``huggingface-cli login``, then
 ``huggingface_hub.upload_folder``); nothing here reaches the network.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,10 +24,10 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from vcarepro.params.config import compose, load_params
 from vcarepro.core.errors import BadInput, MissingInput, run_stage
 from vcarepro.core.integrity import intact_file
 from vcarepro.core.io import atomic_directory
+from vcarepro.params.config import compose, load_params
 from vcarepro.params.runs import CLS_DATA, ClsRun, cls_run
 from vcarepro.report.card import CURVES, REFERENCE, curves_png, model_card
 from vcarepro.report.collect import read_json
@@ -42,6 +43,7 @@ def default_out(run: str, seed: int) -> Path:
 
 # -- the model --------------------------------------------------------------------------------------------
 
+
 def trained_model(run: ClsRun, seed: int, root: Path) -> nn.Module:
     """The run's model at its trained shape with the seed's final weights, in eval mode."""
     from safetensors.torch import load_file
@@ -49,17 +51,22 @@ def trained_model(run: ClsRun, seed: int, root: Path) -> nn.Module:
     from vcarepro.train.classification import ClassifierSpec
 
     if seed not in run.seeds:
-        raise BadInput(f"run {run.name!r} trains seeds {', '.join(map(str, run.seeds))}, not {seed}; "
-                       f"pass one of them with --seed.")
+        raise BadInput(
+            f"run {run.name!r} trains seeds {', '.join(map(str, run.seeds))}, not {seed}; pass one of them with --seed."
+        )
     weights = root / run.paths.seed_dir(seed) / WEIGHTS
     if not weights.is_file():
-        raise MissingInput(f"{weights} is missing: seed {seed} of {run.name} is not trained; "
-                           f"run `dvc repro train_cls@{run.name}` first.")
+        raise MissingInput(
+            f"{weights} is missing: seed {seed} of {run.name} is not trained; "
+            f"run `dvc repro train_cls@{run.name}` first."
+        )
     intact_file(weights, f"train_cls@{run.name}")  # the bytes train_cls wrote, or one sentence
     state = load_file(str(weights))
     if "head.weight" not in state:
-        raise BadInput(f"{weights} has no classifier head (head.weight); it is not a train_cls output, "
-                       f"retrain with `dvc repro -f -s train_cls@{run.name}`.")
+        raise BadInput(
+            f"{weights} has no classifier head (head.weight); it is not a train_cls output, "
+            f"retrain with `dvc repro -f -s train_cls@{run.name}`."
+        )
     model = ClassifierSpec.for_run(run).create(num_classes=state["head.weight"].shape[0])
     model.load_state_dict(state)
     return model.eval()
@@ -120,8 +127,10 @@ def _shown(path: Path, root: Path) -> str:
 
 # -- the export -----------------------------------------------------------------------------------------
 
-def export_run(name: str, *, seed: int = 0, out: str | Path | None = None, root: str | Path = ".",
-               force: bool = False) -> Path:
+
+def export_run(
+    name: str, *, seed: int = 0, out: str | Path | None = None, root: str | Path = ".", force: bool = False
+) -> Path:
     """Write the folder for seed ``seed`` of classification run ``name``; returns its path.
 
     ``root`` is the project (params.yaml, runs/, data/); ``out`` defaults to ``exports/<run>`` under it.
@@ -141,6 +150,7 @@ def export_run(name: str, *, seed: int = 0, out: str | Path | None = None, root:
     reference = None
     if (root / REFERENCE).is_file():
         from vcarepro.report.reference import load_reference
+
         reference = load_reference(root / REFERENCE)
     model_config: Dict[str, Any] = {}
     classes = root / CLS_DATA / "classes.json"
@@ -149,29 +159,44 @@ def export_run(name: str, *, seed: int = 0, out: str | Path | None = None, root:
         if len(names) == model.num_classes:
             model_config["label_names"] = names
     with atomic_directory(out) as tmp:
-        save_for_hf(model, str(tmp), model_config=model_config, safe_serialization=True,
-                    data_config=data_config(run.recipe))
+        save_for_hf(
+            model, str(tmp), model_config=model_config, safe_serialization=True, data_config=data_config(run.recipe)
+        )
         _drop_source_tag(tmp / "config.json")
         got = probe(rebuild(tmp), input_size(run.recipe))
         if not torch.equal(got, expected):
-            raise RuntimeError(f"the exported {name} does not reload to the trained model's outputs "
-                               f"(max difference {(got - expected).abs().max().item():.3g}); this is a bug.")
+            raise RuntimeError(
+                f"the exported {name} does not reload to the trained model's outputs "
+                f"(max difference {(got - expected).abs().max().item():.3g}); this is a bug."
+            )
         png = curves_png(root, run)
         if png is not None:
             (tmp / CURVES).write_bytes(png)
         config = json.loads((tmp / "config.json").read_text())
-        card = model_card(run=run, seed=seed, params=params, config=config, metrics=metrics, reference=reference,
-                          root=root, n_params=sum(p.numel() for p in model.parameters()),
-                          weights_sha256=hashlib.sha256((tmp / WEIGHTS).read_bytes()).hexdigest(),
-                          has_curves=png is not None, folder_name=_shown(out, root),
-                          paper_params=paper_params(root))
+        card = model_card(
+            run=run,
+            seed=seed,
+            params=params,
+            config=config,
+            metrics=metrics,
+            reference=reference,
+            root=root,
+            n_params=sum(p.numel() for p in model.parameters()),
+            weights_sha256=hashlib.sha256((tmp / WEIGHTS).read_bytes()).hexdigest(),
+            has_curves=png is not None,
+            folder_name=_shown(out, root),
+            paper_params=paper_params(root),
+        )
         (tmp / "README.md").write_text(card, encoding="utf-8")
     return out
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m vcarepro.tools.export", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m vcarepro.tools.export",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--run", required=True, help="a classification run of params.yaml (cls_runs)")
     parser.add_argument("--seed", type=int, default=0, help="which trained seed to export (default 0)")
     parser.add_argument("--out", default=None, help="the folder to write (default exports/<run>)")

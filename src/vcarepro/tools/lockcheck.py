@@ -21,6 +21,7 @@
 Every hash in dvc.lock is a result: the outputs that held wall times now write them to timings/, and the
 report's page is a record beside its results.json (dvc.yaml). Exit status 1 on a difference, 2 on bad use.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,11 +68,13 @@ def describe(machine: Optional[dict]) -> str:
         return f"unknown (no {MACHINE_RECORD})"
     profile = machine.get("profile") or {}
     caches = machine.get("caches") or {}
-    return (f"{machine.get('cpu')} ({machine.get('vendor')} family/model/stepping {machine.get('family_model', '?')}, "
-            f"caches {', '.join(f'{k} {v}' for k, v in caches.items()) or '?'}, ISA {' '.join(machine.get('isa') or [])}; "
-            f"{machine.get('libc')}; ATen {machine.get('aten_capability')}, "
-            f"numerics.cpu={profile.get('cpu')}, {machine.get('threads')} threads, "
-            f"torch {(machine.get('libraries') or {}).get('torch')})")
+    return (
+        f"{machine.get('cpu')} ({machine.get('vendor')} family/model/stepping {machine.get('family_model', '?')}, "
+        f"caches {', '.join(f'{k} {v}' for k, v in caches.items()) or '?'}, ISA {' '.join(machine.get('isa') or [])}; "
+        f"{machine.get('libc')}; ATen {machine.get('aten_capability')}, "
+        f"numerics.cpu={profile.get('cpu')}, {machine.get('threads')} threads, "
+        f"torch {(machine.get('libraries') or {}).get('torch')})"
+    )
 
 
 def _dir_listing(root: Path, digest: str) -> Optional[Dict[str, str]]:
@@ -100,26 +103,40 @@ def file_differences(recorded: Optional[Dict[str, str]], here: Optional[Dict[str
     if recorded is None or here is None:
         return ""
     names = sorted(n for n in set(recorded) | set(here) if recorded.get(n) != here.get(n))
-    shown = ", ".join(f"{n} ({'only here' if n not in recorded else 'only recorded' if n not in here else 'differs'})"
-                      for n in names[:8])
-    return (f"; files: {shown}{', ...' if len(names) > 8 else ''}" if names
-            else f"; every file hashes as {MACHINE_RECORD} lists it (a listing recorded with another lock)")
+    shown = ", ".join(
+        f"{n} ({'only here' if n not in recorded else 'only recorded' if n not in here else 'differs'})"
+        for n in names[:8]
+    )
+    return (
+        f"; files: {shown}{', ...' if len(names) > 8 else ''}"
+        if names
+        else f"; every file hashes as {MACHINE_RECORD} lists it (a listing recorded with another lock)"
+    )
 
 
 def this_machine(root: Path) -> dict:
     """The machine and numerics a stage's process sees here: ``stages/run.py -m vcarepro.core.numerics``."""
-    done = subprocess.run([sys.executable, "stages/run.py", "-m", "vcarepro.core.numerics"], cwd=root,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "stages/run.py", "-m", "vcarepro.core.numerics"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if done.returncode != 0:
-        raise SystemExit(f"error: `python stages/run.py -m vcarepro.core.numerics` failed: {done.stderr.strip()[-500:]}")
+        raise SystemExit(
+            f"error: `python stages/run.py -m vcarepro.core.numerics` failed: {done.stderr.strip()[-500:]}"
+        )
     return json.loads(done.stdout)
 
 
 def committed_lock(root: Path) -> dict:
     done = subprocess.run(["git", "show", f"HEAD:{LOCK}"], cwd=root, capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
-        print(f"error: no committed {LOCK} to compare with ({done.stderr.strip()}); run this in a git clone.",
-              file=sys.stderr)
+        print(
+            f"error: no committed {LOCK} to compare with ({done.stderr.strip()}); run this in a git clone.",
+            file=sys.stderr,
+        )
         raise SystemExit(2)
     return yaml.safe_load(done.stdout) or {}
 
@@ -127,9 +144,11 @@ def committed_lock(root: Path) -> dict:
 def stale_entries(status: dict, outputs: List[str] = ()) -> List[str]:
     """What `dvc status --json` reports besides missing outputs: a dep that is, holds or lies inside one of
     ``outputs`` (every stage's, from dvc.lock) changes with them (the report's `runs`), so it says nothing."""
+
     def derived(path: str) -> bool:
-        return any(path == o or o.startswith(path.rstrip("/") + "/") or path.startswith(o.rstrip("/") + "/")
-                   for o in outputs)
+        return any(
+            path == o or o.startswith(path.rstrip("/") + "/") or path.startswith(o.rstrip("/") + "/") for o in outputs
+        )
 
     lines = []
     for stage, changes in status.items():
@@ -139,8 +158,11 @@ def stale_entries(status: dict, outputs: List[str] = ()) -> List[str]:
                 continue
             for kind, detail in change.items():
                 if kind in ("changed outs", "changed deps") and isinstance(detail, dict):
-                    bad = {p: s for p, s in detail.items()
-                           if s not in ("deleted", "not in cache") and not (kind == "changed deps" and derived(p))}
+                    bad = {
+                        p: s
+                        for p, s in detail.items()
+                        if s not in ("deleted", "not in cache") and not (kind == "changed deps" and derived(p))
+                    }
                     lines += [f"{stage}: {kind[8:-1]} {p} {s}" for p, s in bad.items()]
                 else:
                     lines.append(f"{stage}: {kind} {detail if not isinstance(detail, dict) else ', '.join(detail)}")
@@ -148,17 +170,21 @@ def stale_entries(status: dict, outputs: List[str] = ()) -> List[str]:
 
 
 def cmd_stale(root: Path) -> int:
-    done = subprocess.run([sys.executable, "-m", "dvc", "status", "--json"], cwd=root, capture_output=True, text=True,
-                          timeout=1800)
+    done = subprocess.run(
+        [sys.executable, "-m", "dvc", "status", "--json"], cwd=root, capture_output=True, text=True, timeout=1800
+    )
     if done.returncode != 0:
         print(f"error: dvc status failed: {done.stderr.strip()[-500:]}", file=sys.stderr)
         return 2
     lock = yaml.safe_load((root / LOCK).read_text()) if (root / LOCK).is_file() else {}
     lines = stale_entries(json.loads(done.stdout or "{}"), [path for _, path in lock_outputs(lock or {})])
     if lines:
-        print(f"dvc.lock is stale: {len(lines)} change(s) since it was recorded, so it no longer describes what "
-              "the code produces; re-record it (README command 1 on a fresh clone, then commit its dvc.lock and "
-              f"`python -m vcarepro.tools.lockcheck record`'s {MACHINE_RECORD}):", file=sys.stderr)
+        print(
+            f"dvc.lock is stale: {len(lines)} change(s) since it was recorded, so it no longer describes what "
+            "the code produces; re-record it (README command 1 on a fresh clone, then commit its dvc.lock and "
+            f"`python -m vcarepro.tools.lockcheck record`'s {MACHINE_RECORD}):",
+            file=sys.stderr,
+        )
         for line in lines:
             print(f"  {line}", file=sys.stderr)
         return 1
@@ -177,14 +203,19 @@ def cmd_verify(root: Path) -> int:
         for i, line in enumerate(lines):
             path = line.split(" (", 1)[0]
             lines[i] = line + file_differences(recorded_files.get(path), here_files.get(path))
-        print(f"dvc repro here does not reproduce the committed dvc.lock: {len(lines)} output(s) differ. "
-              f"Recorded on {describe(machine)}; this machine: {describe(this_machine(root))}. Compare "
-              "`python stages/run.py -m vcarepro.tools.lockcheck fingerprint` on both to find the op:", file=sys.stderr)
+        print(
+            f"dvc repro here does not reproduce the committed dvc.lock: {len(lines)} output(s) differ. "
+            f"Recorded on {describe(machine)}; this machine: {describe(this_machine(root))}. Compare "
+            "`python stages/run.py -m vcarepro.tools.lockcheck fingerprint` on both to find the op:",
+            file=sys.stderr,
+        )
         for line in lines:
             print(f"  {line}", file=sys.stderr)
         return 1
-    print(f"lockcheck: all {len(lock_outputs(here))} outputs hash as in the committed dvc.lock "
-          f"(recorded on {describe(machine)}; verified on {describe(this_machine(root))})")
+    print(
+        f"lockcheck: all {len(lock_outputs(here))} outputs hash as in the committed dvc.lock "
+        f"(recorded on {describe(machine)}; verified on {describe(this_machine(root))})"
+    )
     return 0
 
 
@@ -192,11 +223,17 @@ def cmd_record(root: Path) -> int:
     machine = this_machine(root)
     lock = yaml.safe_load((root / LOCK).read_text()) or {}
     machine["files"] = output_files(root, lock)  # so that a verify elsewhere names the file that differs
-    missing = sorted(path for (_, path), digest in lock_outputs(lock).items()
-                     if digest.endswith(".dir") and path not in machine["files"])
+    missing = sorted(
+        path
+        for (_, path), digest in lock_outputs(lock).items()
+        if digest.endswith(".dir") and path not in machine["files"]
+    )
     if missing:
-        print(f"error: the DVC cache here lacks the listing of {', '.join(missing)}; run `dvc repro` (README "
-              f"command 1) in this workspace before recording.", file=sys.stderr)
+        print(
+            f"error: the DVC cache here lacks the listing of {', '.join(missing)}; run `dvc repro` (README "
+            f"command 1) in this workspace before recording.",
+            file=sys.stderr,
+        )
         return 2
     (root / MACHINE_RECORD).write_text(json.dumps(machine, indent=1, sort_keys=True) + "\n")
     print(f"lockcheck: {MACHINE_RECORD} written: {describe(machine)}")
@@ -204,6 +241,7 @@ def cmd_record(root: Path) -> int:
 
 
 # -- the fingerprint: what each op and layer computes here -------------------------------------------------------
+
 
 def _digest(value) -> str:
     import numpy as np
@@ -235,27 +273,44 @@ def fingerprint(params_path: str = "params.yaml") -> Dict[str, str]:
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(257, 193, generator=g), torch.randn(193, 131, generator=g)
     x = torch.randn(16, 3, 16, 16, generator=g)
-    ops = {"randn": a, "matmul": a @ b, "softmax": F.softmax(a, -1), "gelu": F.gelu(a), "exp": a.exp(),
-           "layer_norm": F.layer_norm(a, (193,)), "sum": a.sum(0),
-           "conv2d": F.conv2d(x, torch.randn(8, 3, 3, 3, generator=g), padding=1),
-           "depthwise_conv2d": F.conv2d(x, torch.randn(3, 1, 3, 3, generator=g), padding=1, groups=3),
-           "sdpa": F.scaled_dot_product_attention(*(torch.randn(2, 2, 49, 32, generator=g) for _ in range(3))),
-           # oneMKL's vector math where ATen uses it (numerics.VML_OPS), as AdamW, torch-fidelity's precision /
-           # recall (cdist) and Inception Score (float64 log) call it
-           "sqrt": (a.abs() + 1e-3).sqrt(), "log_float64": (a.abs() + 1e-3).double().log(),
-           "atan": a.atan(), "cdist": torch.cdist(a[:40], a[40:90]),
-           # and what DiT's timestep embedding, GELU's tanh form, SiT's GVP path and the losses call
-           "sin": a.sin(), "cos": a.cos(), "tanh": a.tanh(), "erf": a.erf(), "log2": (a.abs() + 1e-3).log2(),
-           "erfinv": (a / 10).clamp(-0.99, 0.99).erfinv(), "log": (a.abs() + 1e-3).log()}
+    ops = {
+        "randn": a,
+        "matmul": a @ b,
+        "softmax": F.softmax(a, -1),
+        "gelu": F.gelu(a),
+        "exp": a.exp(),
+        "layer_norm": F.layer_norm(a, (193,)),
+        "sum": a.sum(0),
+        "conv2d": F.conv2d(x, torch.randn(8, 3, 3, 3, generator=g), padding=1),
+        "depthwise_conv2d": F.conv2d(x, torch.randn(3, 1, 3, 3, generator=g), padding=1, groups=3),
+        "sdpa": F.scaled_dot_product_attention(*(torch.randn(2, 2, 49, 32, generator=g) for _ in range(3))),
+        # oneMKL's vector math where ATen uses it (numerics.VML_OPS), as AdamW, torch-fidelity's precision /
+        # recall (cdist) and Inception Score (float64 log) call it
+        "sqrt": (a.abs() + 1e-3).sqrt(),
+        "log_float64": (a.abs() + 1e-3).double().log(),
+        "atan": a.atan(),
+        "cdist": torch.cdist(a[:40], a[40:90]),
+        # and what DiT's timestep embedding, GELU's tanh form, SiT's GVP path and the losses call
+        "sin": a.sin(),
+        "cos": a.cos(),
+        "tanh": a.tanh(),
+        "erf": a.erf(),
+        "log2": (a.abs() + 1e-3).log2(),
+        "erfinv": (a / 10).clamp(-0.99, 0.99).erfinv(),
+        "log": (a.abs() + 1e-3).log(),
+    }
     for name, value in ops.items():
         out[f"op.{name}"] = _digest(value)
 
     params = load_params(params_path)
 
     def trace(prefix: str, model: torch.nn.Module, *inputs) -> None:
-        hooks = [module.register_forward_hook(
-            lambda m, i, o, name=name: out.__setitem__(f"{prefix}.fwd.{name or '(model)'}", _digest(o)))
-            for name, module in model.named_modules()]
+        hooks = [
+            module.register_forward_hook(
+                lambda m, i, o, name=name: out.__setitem__(f"{prefix}.fwd.{name or '(model)'}", _digest(o))
+            )
+            for name, module in model.named_modules()
+        ]
         try:
             y = model(*inputs)
         finally:
@@ -279,31 +334,38 @@ def fingerprint(params_path: str = "params.yaml") -> Dict[str, str]:
         torch.manual_seed(0)
         model = GeneratorSpec.for_run(gen_run(params, run)).create()
         shape = params["gen_shape"]
-        xs = torch.randn(4, shape.get("in_channels", 4), shape.get("input_size", 32), shape.get("input_size", 32),
-                         generator=g)
+        xs = torch.randn(
+            4, shape.get("in_channels", 4), shape.get("input_size", 32), shape.get("input_size", 32), generator=g
+        )
         trace(f"gen.{run}", model, xs, torch.tensor([1.0, 10.0, 100.0, 500.0]), torch.tensor([0, 1, 2, 3]))
 
     from vcarepro.metrics.digit_features import train_feature_net
+
     images = torch.randint(0, 256, (64, 1, 8, 8), generator=g, dtype=torch.uint8)  # one step of 64 (oneDNN's JIT
-    labels = torch.randint(0, 10, (64,), generator=g)                               # is slow under emulation)
+    labels = torch.randint(0, 10, (64,), generator=g)  # is slow under emulation)
     net, _ = train_feature_net(images, labels, epochs=1, seed=0, num_classes=10)
     for name, p in net.state_dict().items():
         out[f"digits.{name}"] = _digest(p)
 
     import scipy.linalg
+
     m = np.random.default_rng(0).standard_normal((300, 64))
     cov = m.T @ m / 300
     out["fid.cov"] = _digest(cov)
     out["fid.sqrtm"] = _digest(scipy.linalg.sqrtm(cov @ (cov + np.eye(64))).real)
     from sklearn.linear_model import LogisticRegression
+
     fit = LogisticRegression(max_iter=200).fit(m, (m[:, 0] + m[:, 1] > 0).astype(int))
     out["cls_reference.logreg"] = _digest(fit.coef_)
     return out
 
 
 def compare_fingerprints(recorded: Dict[str, str], here: Dict[str, str]) -> List[str]:
-    return [f"{name}: {here.get(name)} here, {recorded.get(name)} recorded" for name in recorded
-            if recorded.get(name) != here.get(name)]
+    return [
+        f"{name}: {here.get(name)} here, {recorded.get(name)} recorded"
+        for name in recorded
+        if recorded.get(name) != here.get(name)
+    ]
 
 
 def cmd_fingerprint(args) -> int:
@@ -314,8 +376,10 @@ def cmd_fingerprint(args) -> int:
         recorded = json.loads(Path(args.compare).read_text())
         lines = compare_fingerprints(recorded, prints)
         if lines:
-            print(f"{len(lines)} of {len(recorded)} differ; the first computed is where the numerics part:",
-                  file=sys.stderr)
+            print(
+                f"{len(lines)} of {len(recorded)} differ; the first computed is where the numerics part:",
+                file=sys.stderr,
+            )
             for line in lines:
                 print(f"  {line}", file=sys.stderr)
             return 1

@@ -20,6 +20,7 @@ The Inception-derived numbers are computed on one thread, so the thread count do
 the CPU's kernels still may (see PITFALLS "CPU numerics"), so they are reproducible per machine kind.
 ``python -m vcarepro.tools.standins --out DIR [--seed S]`` writes all four under DIR.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,7 +59,7 @@ MAT_HEADER = b"MATLAB 5.0 MAT-file, Platform: posix, written by vcarepro.tools.s
 # the layout `python -m vcarepro.tools.standins --out DIR` writes
 IMAGENET_DIR = "imagenet"
 VAE_DIR = "vae"
-RELEASED_DIR = "released"   # stand-ins of the released checkpoints (calibration), in their released layouts
+RELEASED_DIR = "released"  # stand-ins of the released checkpoints (calibration), in their released layouts
 INCEPTION_FILE = "inception.pth"
 REFERENCE_FILE = "VIRTUAL_imagenet256_smoke.npz"
 MANIFEST = "standins.json"
@@ -155,8 +156,16 @@ def synthetic_batch(count: int, *, classes: int, seed: int, split: str, image_si
 
 
 # the devkit's synset struct, in meta.mat's field order (torchvision reads the first three by position)
-SYNSET_FIELDS = ("ILSVRC2012_ID", "WNID", "words", "gloss", "num_children", "children", "wordnet_height",
-                 "num_train_images")
+SYNSET_FIELDS = (
+    "ILSVRC2012_ID",
+    "WNID",
+    "words",
+    "gloss",
+    "num_children",
+    "children",
+    "wordnet_height",
+    "num_train_images",
+)
 
 
 @dataclass
@@ -174,15 +183,19 @@ class MiniImageNet:
     non_leaves: Sequence[Tuple[int, str, str, int]] = field(default_factory=list)
 
     @classmethod
-    def synthetic(cls, *, classes: int = 4, train_per_class: int = 32, val_per_class: int = 8,
-                  seed: int = 0) -> "MiniImageNet":
+    def synthetic(
+        cls, *, classes: int = 4, train_per_class: int = 32, val_per_class: int = 8, seed: int = 0
+    ) -> "MiniImageNet":
         """Generated classes under real ImageNet-1K wnids (spread over the 1000, so that a released 1000-way
         head reads them as its own classes) whose ILSVRC2012_IDs are a seeded order other than the wnid order,
         ``train_per_class`` and ``val_per_class`` JPEGs each, the val images shuffled."""
         if classes < 2 or train_per_class < 1 or val_per_class < 1:
-            raise BadInput(f"a miniature ImageNet needs at least 2 classes and 1 train and 1 val image per class, got "
-                           f"classes={classes}, train_per_class={train_per_class}, val_per_class={val_per_class}.")
+            raise BadInput(
+                f"a miniature ImageNet needs at least 2 classes and 1 train and 1 val image per class, got "
+                f"classes={classes}, train_per_class={train_per_class}, val_per_class={val_per_class}."
+            )
         from timm.data import ImageNetInfo
+
         synsets = ImageNetInfo().label_names()  # the 1000 wnids, sorted
         if classes > len(synsets):
             raise BadInput(f"a miniature ImageNet has at most {len(synsets)} classes, got classes={classes}.")
@@ -195,12 +208,16 @@ class MiniImageNet:
         for label, (wnid, ilsvrc_id) in enumerate(zip(wnids, ids)):
             colour, shape = class_look(label, classes)
             table[wnid] = (ilsvrc_id, f"stand-in class {label}, {shape} in rgb{colour}")
-        train = {w: {f"{w}_{i}.JPEG": synthetic_jpeg(seed, "train", label, i, classes) for i in range(train_per_class)}
-                 for label, w in enumerate(wnids)}
+        train = {
+            w: {f"{w}_{i}.JPEG": synthetic_jpeg(seed, "train", label, i, classes) for i in range(train_per_class)}
+            for label, w in enumerate(wnids)
+        }
         val_items = [(label, i) for label in range(classes) for i in range(val_per_class)]
         random.Random(seed + 1).shuffle(val_items)
-        val = {f"ILSVRC2012_val_{n:08d}.JPEG": (wnids[label], synthetic_jpeg(seed, "val", label, i, classes))
-               for n, (label, i) in enumerate(val_items, 1)}
+        val = {
+            f"ILSVRC2012_val_{n:08d}.JPEG": (wnids[label], synthetic_jpeg(seed, "val", label, i, classes))
+            for n, (label, i) in enumerate(val_items, 1)
+        }
         non_leaves = [(classes + 1, "n00001740", "entity", 1), (classes + 2, "n00002137", "stand-in shapes", classes)]
         return cls(table, train, val, non_leaves)
 
@@ -211,11 +228,23 @@ class MiniImageNet:
         import scipy.io
 
         leaf_ids = [i for i, _ in self.classes.values()]
-        rows = [(i, w, words, f"a {words}", 0, np.zeros(0), 0, len(self.train.get(w, {})))
-                for w, (i, words) in self.classes.items()]
-        rows += [(i, w, words, words, n, np.array(leaf_ids[:n], dtype=np.float64), 1,
-                  sum(len(files) for files in self.train.values()))
-                 for i, w, words, n in self.non_leaves]
+        rows = [
+            (i, w, words, f"a {words}", 0, np.zeros(0), 0, len(self.train.get(w, {})))
+            for w, (i, words) in self.classes.items()
+        ]
+        rows += [
+            (
+                i,
+                w,
+                words,
+                words,
+                n,
+                np.array(leaf_ids[:n], dtype=np.float64),
+                1,
+                sum(len(files) for files in self.train.values()),
+            )
+            for i, w, words, n in self.non_leaves
+        ]
         rows.sort(key=lambda row: row[0])
         synsets = np.empty(len(rows), dtype=[(name, "O") for name in SYNSET_FIELDS])
         for k, row in enumerate(rows):
@@ -236,14 +265,20 @@ class MiniImageNet:
         root = Path(root)
         root.mkdir(parents=True, exist_ok=True)
         path = root / DEVKIT_TAR
-        with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as packed, \
-                tarfile.open(fileobj=packed, mode="w") as tar:
+        with (
+            open(path, "wb") as raw,
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as packed,
+            tarfile.open(fileobj=packed, mode="w") as tar,
+        ):
             for folder in (DEVKIT_DIR, f"{DEVKIT_DIR}/data"):
                 add_to_tar(tar, folder, None)
             add_to_tar(tar, f"{DEVKIT_DIR}/data/meta.mat", self.meta_mat())
             add_to_tar(tar, f"{DEVKIT_DIR}/data/ILSVRC2012_validation_ground_truth.txt", self.ground_truth())
-            add_to_tar(tar, f"{DEVKIT_DIR}/readme.txt",
-                       b"A stand-in ILSVRC2012 devkit written by vcarepro.tools.standins: generated classes, not ImageNet.\n")
+            add_to_tar(
+                tar,
+                f"{DEVKIT_DIR}/readme.txt",
+                b"A stand-in ILSVRC2012 devkit written by vcarepro.tools.standins: generated classes, not ImageNet.\n",
+            )
         return path
 
     def write_official(self, root: PathLike) -> Path:
@@ -276,22 +311,30 @@ def add_to_tar(tar: tarfile.TarFile, name: str, data: Optional[bytes]) -> None:
         tar.addfile(info, io.BytesIO(data))
 
 
-def write_mini_imagenet(root: PathLike, *, classes: int = 4, train_per_class: int = 32, val_per_class: int = 8,
-                        seed: int = 0) -> Path:
+def write_mini_imagenet(
+    root: PathLike, *, classes: int = 4, train_per_class: int = 32, val_per_class: int = 8, seed: int = 0
+) -> Path:
     """A miniature ImageNet in the official archive layout under ``root`` (see :class:`MiniImageNet`).
 
     ``prepare_cls`` reads it with ``source: imagenet``, ``imagenet_root: <root>`` and
     ``expect_full: false`` (a miniature never has ImageNet-1K's counts).
     """
-    return MiniImageNet.synthetic(classes=classes, train_per_class=train_per_class, val_per_class=val_per_class,
-                                  seed=seed).write_official(root)
+    return MiniImageNet.synthetic(
+        classes=classes, train_per_class=train_per_class, val_per_class=val_per_class, seed=seed
+    ).write_official(root)
 
 
 # ----------------------------------------------------------------------------- networks
 
 
-def write_random_vae(path: PathLike, *, seed: int = 0, block_out_channels: Sequence[int] = SMOKE_VAE_CHANNELS,
-                     norm_num_groups: int = 8, sample_size: int = 256) -> Path:
+def write_random_vae(
+    path: PathLike,
+    *,
+    seed: int = 0,
+    block_out_channels: Sequence[int] = SMOKE_VAE_CHANNELS,
+    norm_num_groups: int = 8,
+    sample_size: int = 256,
+) -> Path:
     """A randomly initialised ``AutoencoderKL`` saved as a diffusers folder (config.json + safetensors).
 
     The SD VAE's interface: RGB in and out, 4 latent channels, a 2x downsampling in every block
@@ -305,10 +348,19 @@ def write_random_vae(path: PathLike, *, seed: int = 0, block_out_channels: Seque
     blocks = len(block_out_channels)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * blocks,
-                            up_block_types=("UpDecoderBlock2D",) * blocks, block_out_channels=tuple(block_out_channels),
-                            layers_per_block=1, act_fn="silu", latent_channels=4, norm_num_groups=norm_num_groups,
-                            sample_size=sample_size, scaling_factor=SD_VAE_SCALING_FACTOR)
+        vae = AutoencoderKL(
+            in_channels=3,
+            out_channels=3,
+            down_block_types=("DownEncoderBlock2D",) * blocks,
+            up_block_types=("UpDecoderBlock2D",) * blocks,
+            block_out_channels=tuple(block_out_channels),
+            layers_per_block=1,
+            act_fn="silu",
+            latent_channels=4,
+            norm_num_groups=norm_num_groups,
+            sample_size=sample_size,
+            scaling_factor=SD_VAE_SCALING_FACTOR,
+        )
     path = Path(path)
     vae.save_pretrained(path, safe_serialization=True)
     return path
@@ -357,8 +409,11 @@ def write_random_inception(path: PathLike, *, seed: int = 0, calibration_images:
     with torch.no_grad(), one_thread():
         network(torch.from_numpy(images).permute(0, 3, 1, 2).contiguous())
     network.eval()
-    state = {name: tensor.detach().clone().contiguous() for name, tensor in network.state_dict().items()
-             if not name.endswith("num_batches_tracked")}
+    state = {
+        name: tensor.detach().clone().contiguous()
+        for name, tensor in network.state_dict().items()
+        if not name.endswith("num_batches_tracked")
+    }
     path = Path(path)
     _atomic_write(path, lambda f: torch.save(state, f))
     return path
@@ -367,8 +422,17 @@ def write_random_inception(path: PathLike, *, seed: int = 0, calibration_images:
 # ----------------------------------------------------------------------------- the ADM reference batch
 
 
-def write_adm_reference(path: PathLike, *, inception_weights: PathLike, num_images: int = 64, classes: int = 4,
-                        seed: int = 0, image_size_px: int = 256, batch_size: int = 32, device: str = "cpu") -> Path:
+def write_adm_reference(
+    path: PathLike,
+    *,
+    inception_weights: PathLike,
+    num_images: int = 64,
+    classes: int = 4,
+    seed: int = 0,
+    image_size_px: int = 256,
+    batch_size: int = 32,
+    device: str = "cpu",
+) -> Path:
     """An ADM-format reference batch ``.npz``: ``arr_0`` uint8 (N, S, S, 3), ``mu``/``sigma``, ``mu_s``/``sigma_s``.
 
     The images are the miniature's (``classes`` in turn, ADM-center-cropped to S); the statistics
@@ -387,7 +451,9 @@ def write_adm_reference(path: PathLike, *, inception_weights: PathLike, num_imag
         raise BadInput(f"an ADM reference batch needs at least 2 images for a covariance, got num_images={num_images}.")
     images = synthetic_batch(num_images, classes=classes, seed=seed, split="reference", image_size_px=image_size_px)
     extractor = InceptionFeatures(inception_weights, device, batch_size=batch_size)
-    batches = (torch.from_numpy(images[i:i + batch_size]).permute(0, 3, 1, 2) for i in range(0, num_images, batch_size))
+    batches = (
+        torch.from_numpy(images[i : i + batch_size]).permute(0, 3, 1, 2) for i in range(0, num_images, batch_size)
+    )
     with one_thread():
         stats, _, spatial = reference_from_images(batches, extractor, keep_features=1, seed=seed, spatial=True)
     arrays = {"arr_0": images, "mu": stats.mu, "sigma": stats.sigma, "mu_s": spatial.mu, "sigma_s": spatial.sigma}
@@ -465,41 +531,83 @@ def released_settings(calibrate: Optional[Dict[str, Any]]) -> List[List[Any]]:
     if not calibrate:
         return []
     from vcarepro.calibration import entries
-    return sorted([e["file"], e["layout"], e["arch"], e.get("attention", "mhsa"), e.get("learn_sigma", False),
-                   e.get("image_size", 0), json.dumps(e.get("options") or {}, sort_keys=True)]
-                  for kind in ("cls", "gen") for e in entries(calibrate, kind).values())
+
+    return sorted(
+        [
+            e["file"],
+            e["layout"],
+            e["arch"],
+            e.get("attention", "mhsa"),
+            e.get("learn_sigma", False),
+            e.get("image_size", 0),
+            json.dumps(e.get("options") or {}, sort_keys=True),
+        ]
+        for kind in ("cls", "gen")
+        for e in entries(calibrate, kind).values()
+    )
 
 
-def write_standins(out: PathLike, *, seed: int = 0, classes: int = 4, train_per_class: int = 32,
-                   val_per_class: int = 8, reference_images: int = 64,
-                   calibrate: Optional[Dict[str, Any]] = None) -> List[Tuple[str, Path, bool]]:
+def write_standins(
+    out: PathLike,
+    *,
+    seed: int = 0,
+    classes: int = 4,
+    train_per_class: int = 32,
+    val_per_class: int = 8,
+    reference_images: int = 64,
+    calibrate: Optional[Dict[str, Any]] = None,
+) -> List[Tuple[str, Path, bool]]:
     """All stand-ins under ``out`` (built in a temporary directory, renamed into place): ImageNet, the VAE,
     Inception, ADM's batch and, given ``calibrate`` (the params section), the released checkpoints it lists.
     Returns ``(artefact, path, written)`` rows. A directory already holding these stand-ins is kept."""
     from vcarepro.core.io import atomic_directory, write_json
 
     out = Path(out)
-    layout = [("imagenet", out / IMAGENET_DIR), ("vae", out / VAE_DIR), ("inception", out / INCEPTION_FILE),
-              ("adm_reference", out / REFERENCE_FILE)] + ([("released", out / RELEASED_DIR)] if calibrate else [])
-    settings = {"seed": seed, "classes": classes, "train_per_class": train_per_class, "val_per_class": val_per_class,
-                "reference_images": reference_images, "released": released_settings(calibrate)}
+    layout = [
+        ("imagenet", out / IMAGENET_DIR),
+        ("vae", out / VAE_DIR),
+        ("inception", out / INCEPTION_FILE),
+        ("adm_reference", out / REFERENCE_FILE),
+    ] + ([("released", out / RELEASED_DIR)] if calibrate else [])
+    settings = {
+        "seed": seed,
+        "classes": classes,
+        "train_per_class": train_per_class,
+        "val_per_class": val_per_class,
+        "reference_images": reference_images,
+        "released": released_settings(calibrate),
+    }
     if _holds_standins(out, settings):
         return [(name, path, False) for name, path in layout]
     if out.exists() and not (out / MANIFEST).is_file():
-        raise BadInput(f"{out} exists and was not written by vcarepro.tools.standins (no {MANIFEST}); remove it or pass "
-                       f"another --out.")
+        raise BadInput(
+            f"{out} exists and was not written by vcarepro.tools.standins (no {MANIFEST}); remove it or pass "
+            f"another --out."
+        )
     with atomic_directory(out) as tmp:
-        write_mini_imagenet(tmp / IMAGENET_DIR, classes=classes, train_per_class=train_per_class,
-                            val_per_class=val_per_class, seed=seed)
+        write_mini_imagenet(
+            tmp / IMAGENET_DIR, classes=classes, train_per_class=train_per_class, val_per_class=val_per_class, seed=seed
+        )
         write_random_vae(tmp / VAE_DIR, seed=seed)
         write_random_inception(tmp / INCEPTION_FILE, seed=seed)
-        write_adm_reference(tmp / REFERENCE_FILE, inception_weights=tmp / INCEPTION_FILE, num_images=reference_images,
-                            classes=classes, seed=seed)
+        write_adm_reference(
+            tmp / REFERENCE_FILE,
+            inception_weights=tmp / INCEPTION_FILE,
+            num_images=reference_images,
+            classes=classes,
+            seed=seed,
+        )
         if calibrate:
             write_released_checkpoints(tmp / RELEASED_DIR, calibrate, seed=seed)
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
-        write_json(tmp / MANIFEST, {"format_version": FORMAT_VERSION, **settings,
-                                    "files": {str(p.relative_to(tmp)): p.stat().st_size for p in files}})
+        write_json(
+            tmp / MANIFEST,
+            {
+                "format_version": FORMAT_VERSION,
+                **settings,
+                "files": {str(p.relative_to(tmp)): p.stat().st_size for p in files},
+            },
+        )
         for entry in [tmp, *tmp.rglob("*")]:  # temporary files and directories are private (0600 / 0700)
             os.chmod(entry, (0o777 if entry.is_dir() else 0o666) & ~_umask())
     return [(name, path, True) for name, path in layout]
@@ -518,8 +626,10 @@ def _holds_standins(out: Path, settings: Dict[str, int]) -> bool:
         return False
     if manifest.get("format_version") != FORMAT_VERSION or any(manifest.get(k) != v for k, v in settings.items()):
         return False
-    return all((out / name).is_file() and (out / name).stat().st_size == size
-               for name, size in manifest.get("files", {}).items())
+    return all(
+        (out / name).is_file() and (out / name).stat().st_size == size
+        for name, size in manifest.get("files", {}).items()
+    )
 
 
 def _size(path: Path) -> int:

@@ -1,4 +1,5 @@
 """Training checkpoints: written atomically with their digest, verified and loaded with ``weights_only=True``."""
+
 from __future__ import annotations
 
 import hashlib
@@ -83,8 +84,11 @@ def what_changed(old: Any, new: Any) -> str:
             names.append(f"{kind} {', '.join(differ)}")
     if old_facts.get("stage") != new_facts.get("stage"):
         names.append(f"stage {old_facts.get('stage')} -> {new_facts.get('stage')}")
-    names.extend(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
-                 if k != "facts" and old.get(k) != new.get(k))  # e.g. max_steps
+    names.extend(
+        f"{k} {old.get(k)!r} -> {new.get(k)!r}"
+        for k in sorted(set(old) | set(new))
+        if k != "facts" and old.get(k) != new.get(k)
+    )  # e.g. max_steps
     stage = new_facts.get("stage")
     return (f"{stage}'s " if stage and names else "") + "; ".join(names)
 
@@ -108,8 +112,11 @@ def resumable_checkpoint(ckpt_dir: str | Path, fingerprint: Any, seed: int, say)
         return None
     if state.get("fingerprint") != fingerprint:
         changed = what_changed(state.get("fingerprint"), fingerprint)
-        say(f"seed {seed}: {state['_loaded_from']} was written under other "
-            + (f"facts ({changed})" if changed else "settings, code or data") + "; starting afresh")
+        say(
+            f"seed {seed}: {state['_loaded_from']} was written under other "
+            + (f"facts ({changed})" if changed else "settings, code or data")
+            + "; starting afresh"
+        )
         return None
     state["_passed_over"] = problems
     return state
@@ -123,8 +130,11 @@ def resume_message(seed: int, state: Dict[str, Any], position: str, finished: bo
     passed = state.get("_passed_over") or []
     head = f"seed {seed}: " + "".join(f"checkpoint {p}; " for p in passed)
     loaded = state["_loaded_from"]
-    return head + (f"already trained ({position} in {loaded}); writing its outputs" if finished else
-                   f"resuming at {position} from {loaded}")
+    return head + (
+        f"already trained ({position} in {loaded}); writing its outputs"
+        if finished
+        else f"resuming at {position} from {loaded}"
+    )
 
 
 def stream_seed(seed: int, rank: int, position: int) -> int:

@@ -5,6 +5,7 @@ CutMix, the losses, AdamW, the cosine schedule with warm-up, the EMA and the
 repeated-augmentation sampler; this module only wires them to the prepared
 layout, the params and the logs.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,17 +29,23 @@ from timm.utils import ModelEmaV3
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from vcarepro.data.augment import pillow_safe
-from vcarepro.data.folders import ManifestDataset, read_classes
+from vcarepro.core.errors import BadInput, MissingInput, UserError
 from vcarepro.core.integrity import intact_file
 from vcarepro.core.io import save_tensors, write_json
-from vcarepro.models import ModelSpec, create_classifier
 from vcarepro.core.progress import Progress
-from vcarepro.train.checkpoint import resumable_checkpoint, resume_message, save_checkpoint, seed_everything, stream_seed
+from vcarepro.data.augment import pillow_safe
+from vcarepro.data.folders import ManifestDataset, read_classes
+from vcarepro.models import ModelSpec, create_classifier
+from vcarepro.train.checkpoint import (
+    resumable_checkpoint,
+    resume_message,
+    save_checkpoint,
+    seed_everything,
+    stream_seed,
+)
 from vcarepro.train.distributed import DistInfo, all_reduce_mean, any_rank, say
 from vcarepro.train.precision import MixedPrecision, maybe_compile, slow_precision_note
 from vcarepro.train.preemption import Preempted, stop_on_sigterm
-from vcarepro.core.errors import BadInput, MissingInput, UserError
 
 
 class NonFiniteLossError(UserError, RuntimeError):
@@ -50,8 +57,9 @@ class ClassifierSpec(ModelSpec):
 
     def create(self, num_classes: int, drop_path: float = 0.0) -> nn.Module:
         shape, options = self.resolved()
-        return create_classifier(self.arch, self.attention, num_classes=num_classes,
-                                 drop_path_rate=drop_path, **shape, **options)
+        return create_classifier(
+            self.arch, self.attention, num_classes=num_classes, drop_path_rate=drop_path, **shape, **options
+        )
 
 
 def build_transforms(recipe: Dict[str, Any], training: bool):
@@ -59,16 +67,31 @@ def build_transforms(recipe: Dict[str, Any], training: bool):
 
     ``train_augment: false`` gives training images the evaluation transform (deterministic).
     """
-    if not training or not recipe["train_augment"]:  # crop_mode squash: resize to a square, then crop (the lab's data/build.py)
-        return create_transform(input_size=recipe["img_size"], interpolation=recipe["interpolation"],
-                                is_training=False, crop_pct=recipe["crop_pct"], crop_mode=recipe["crop_mode"])
+    if (
+        not training or not recipe["train_augment"]
+    ):  # crop_mode squash: resize to a square, then crop (the lab's data/build.py)
+        return create_transform(
+            input_size=recipe["img_size"],
+            interpolation=recipe["interpolation"],
+            is_training=False,
+            crop_pct=recipe["crop_pct"],
+            crop_mode=recipe["crop_mode"],
+        )
     auto_augment = None if recipe["auto_augment"] in (None, "none") else recipe["auto_augment"]
-    return pillow_safe(create_transform(
-        input_size=recipe["img_size"], interpolation=recipe["train_interpolation"], is_training=True,
-        scale=tuple(recipe["scale"]), hflip=recipe["hflip"],
-        color_jitter=recipe["color_jitter"] or None, auto_augment=auto_augment,
-        re_prob=recipe["reprob"], re_mode="pixel", re_count=1,
-    ))
+    return pillow_safe(
+        create_transform(
+            input_size=recipe["img_size"],
+            interpolation=recipe["train_interpolation"],
+            is_training=True,
+            scale=tuple(recipe["scale"]),
+            hflip=recipe["hflip"],
+            color_jitter=recipe["color_jitter"] or None,
+            auto_augment=auto_augment,
+            re_prob=recipe["reprob"],
+            re_mode="pixel",
+            re_count=1,
+        )
+    )
 
 
 def make_loader(dataset, recipe: Dict[str, Any], info: DistInfo, training: bool, seed: int) -> DataLoader:
@@ -78,19 +101,26 @@ def make_loader(dataset, recipe: Dict[str, Any], info: DistInfo, training: bool,
     sampler = None
     if training and recipe["repeated_aug"]:
         # in one process too, as DeiT's and PVT's main.py do (`if True:  # args.distributed`)
-        sampler = RepeatAugSampler(dataset, num_replicas=info.world_size, rank=info.rank, shuffle=True,
-                                   num_repeats=3)
+        sampler = RepeatAugSampler(dataset, num_replicas=info.world_size, rank=info.rank, shuffle=True, num_repeats=3)
     elif info.distributed:
-        sampler = DistributedSampler(dataset, num_replicas=info.world_size, rank=info.rank,
-                                     shuffle=training, seed=seed)
+        sampler = DistributedSampler(dataset, num_replicas=info.world_size, rank=info.rank, shuffle=training, seed=seed)
     generator = torch.Generator().manual_seed(seed)
     workers = recipe["workers"]
     # Workers are started afresh each epoch, seeded from ``generator`` (reseeded per epoch by
     # the training loop), so the augmentation of epoch k is the same whether or not the run
     # was resumed; persistent workers would carry their random state across epochs.
-    return DataLoader(dataset, batch_size=per_rank, shuffle=training and sampler is None, sampler=sampler,
-                      num_workers=workers, pin_memory=info.device.type == "cuda", drop_last=training,
-                      persistent_workers=False, generator=generator, worker_init_fn=_ignore_sigterm)
+    return DataLoader(
+        dataset,
+        batch_size=per_rank,
+        shuffle=training and sampler is None,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=info.device.type == "cuda",
+        drop_last=training,
+        persistent_workers=False,
+        generator=generator,
+        worker_init_fn=_ignore_sigterm,
+    )
 
 
 def check_fills_a_batch(train_loader: DataLoader, recipe: Dict[str, Any], info: DistInfo) -> None:
@@ -108,7 +138,8 @@ def check_fills_a_batch(train_loader: DataLoader, recipe: Dict[str, Any], info: 
     raise BadInput(
         f"the training split gives {images} images per process and epoch{repeated}, fewer than one optimizer step "
         f"of batch_size={recipe['batch_size']} (x accum_steps={recipe['accum_steps']} over {info.world_size} "
-        f"process(es)) needs; lower cls_recipe_overrides.batch_size or train on more images.")
+        f"process(es)) needs; lower cls_recipe_overrides.batch_size or train on more images."
+    )
 
 
 def device_notes(recipe: Dict[str, Any], info: DistInfo) -> List[str]:
@@ -119,8 +150,10 @@ def device_notes(recipe: Dict[str, Any], info: DistInfo) -> List[str]:
         notes.append(slow)
     cpus = os.cpu_count() or 1
     if recipe["workers"] > cpus:
-        notes.append(f"{recipe['workers']} loader workers on {cpus} CPUs: the recipe's count is kept (it fixes "
-                     f"which worker draws each batch's augmentation), so the loader may bound the step.")
+        notes.append(
+            f"{recipe['workers']} loader workers on {cpus} CPUs: the recipe's count is kept (it fixes "
+            f"which worker draws each batch's augmentation), so the loader may bound the step."
+        )
     return notes
 
 
@@ -134,8 +167,14 @@ def _ignore_sigterm(worker_id: int) -> None:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, *, report: Optional[str] = None,
-             seed: Optional[int] = None) -> Dict[str, float]:
+def evaluate(
+    model: nn.Module,
+    loader: DataLoader,
+    device: torch.device,
+    *,
+    report: Optional[str] = None,
+    seed: Optional[int] = None,
+) -> Dict[str, float]:
     """Top-1 / top-5 accuracy (%) and mean cross-entropy over the loader.
 
     ``report``: a name for its progress (:mod:`vcarepro.core.progress`; an evaluation stage's), none inside training.
@@ -156,10 +195,20 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, *, repo
     return {"top1": 100.0 * correct1 / total, "top5": 100.0 * correct5 / total, "loss": loss_sum / total}
 
 
-def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root: str | Path, seed: int,
-                     out_dir: str | Path, ckpt_dir: str | Path, info: DistInfo, live=None,
-                     max_steps: Optional[int] = None, fingerprint: Any = "",
-                     log_prefix: str = "") -> Dict[str, float]:
+def train_classifier(
+    *,
+    spec: ClassifierSpec,
+    recipe: Dict[str, Any],
+    data_root: str | Path,
+    seed: int,
+    out_dir: str | Path,
+    ckpt_dir: str | Path,
+    info: DistInfo,
+    live=None,
+    max_steps: Optional[int] = None,
+    fingerprint: Any = "",
+    log_prefix: str = "",
+) -> Dict[str, float]:
     """Train one seed; rank 0 writes ``out_dir/model.safetensors`` and returns the final figures.
 
     ``ckpt_dir/last.pt`` is written after every epoch and resumed from when present and
@@ -170,8 +219,12 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
     device = info.device
     classes = read_classes(data_root)
     # only deterministic transforms may be cached: a cached augmentation would repeat every epoch
-    train_set = ManifestDataset(data_root, "train", build_transforms(recipe, training=True),
-                                cache=recipe["cache_images"] and not recipe["train_augment"])
+    train_set = ManifestDataset(
+        data_root,
+        "train",
+        build_transforms(recipe, training=True),
+        cache=recipe["cache_images"] and not recipe["train_augment"],
+    )
     val_set = ManifestDataset(data_root, "val", build_transforms(recipe, training=False), cache=recipe["cache_images"])
     train_loader = make_loader(train_set, recipe, info, training=True, seed=seed)
     val_loader = make_loader(val_set, recipe, info, training=False, seed=seed)
@@ -202,8 +255,17 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
         start_epoch = state["epoch"]
         history = list(state["history"])
         finished = start_epoch >= total_epochs
-        say(info, resume_message(seed, state, f"{total_epochs} of {total_epochs} epochs" if finished else
-                                 f"epoch {start_epoch + 1} of {total_epochs}", finished))
+        say(
+            info,
+            resume_message(
+                seed,
+                state,
+                f"{total_epochs} of {total_epochs} epochs"
+                if finished
+                else f"epoch {start_epoch + 1} of {total_epochs}",
+                finished,
+            ),
+        )
     # DVC deletes a stage's logs before re-running it: replay what the checkpoint saw
     for past in history:
         _log_epoch(live, info, past, log_prefix)
@@ -214,14 +276,24 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
     started = time.perf_counter()
     figures: Dict[str, float] = {}
     epoch, latest, loss_sum, batches = start_epoch, math.nan, 0.0, 0
-    total_steps = total_epochs * updates_per_epoch if max_steps is None else min(total_epochs * updates_per_epoch,
-                                                                                 max_steps)
+    total_steps = (
+        total_epochs * updates_per_epoch if max_steps is None else min(total_epochs * updates_per_epoch, max_steps)
+    )
     # read when a line is due only (vcarepro.core.progress): the loss is a float already, the lr a lookup
-    progress = Progress(None, total_steps, start=step, unit="step", images_per_step=recipe["batch_size"], seed=seed,
-                        enabled=info.is_main,
-                        figures=lambda: {"epoch": f"{epoch + 1}/{total_epochs}",
-                                         "loss": f"{latest:.4f} (avg {loss_sum / max(batches, 1):.4f})",
-                                         "lr": optimizer.param_groups[0]["lr"]})
+    progress = Progress(
+        None,
+        total_steps,
+        start=step,
+        unit="step",
+        images_per_step=recipe["batch_size"],
+        seed=seed,
+        enabled=info.is_main,
+        figures=lambda: {
+            "epoch": f"{epoch + 1}/{total_epochs}",
+            "loss": f"{latest:.4f} (avg {loss_sum / max(batches, 1):.4f})",
+            "lr": optimizer.param_groups[0]["lr"],
+        },
+    )
     with progress, stop_on_sigterm() as stop:
         for epoch in range(start_epoch, total_epochs):
             # Every random stream of the epoch (data order, loader workers' augmentation, mixup,
@@ -246,7 +318,8 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
                 if not math.isfinite(latest):
                     raise NonFiniteLossError(
                         f"the training loss became {latest} at epoch {epoch}, batch {i}; lower the learning "
-                        f"rate or check the data. The last good checkpoint is {Path(ckpt_dir) / 'last.pt'}.")
+                        f"rate or check the data. The last good checkpoint is {Path(ckpt_dir) / 'last.pt'}."
+                    )
                 amp.scaler.scale(loss / accum).backward()
                 loss_sum += latest
                 batches += 1
@@ -265,8 +338,10 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
                 if max_steps is not None and step >= max_steps:
                     break
                 if any_rank(stop.requested, info):  # the last finished epoch's checkpoint is the resume point
-                    raise Preempted(f"at epoch {epoch + 1}, batch {i + 1}; resuming repeats epoch {epoch + 1} "
-                                    f"from its start, exactly")
+                    raise Preempted(
+                        f"at epoch {epoch + 1}, batch {i + 1}; resuming repeats epoch {epoch + 1} "
+                        f"from its start, exactly"
+                    )
             scheduler.step(epoch + 1)
             train_loss = all_reduce_mean(loss_sum / max(batches, 1), info)
             figures = {"epoch": epoch + 1, "train_loss": train_loss, "train_lr": optimizer.param_groups[0]["lr"]}
@@ -281,13 +356,19 @@ def train_classifier(*, spec: ClassifierSpec, recipe: Dict[str, Any], data_root:
             history.append(figures)
             progress.note(epoch_line(history, total_epochs))
             if info.is_main:
-                save_checkpoint(Path(ckpt_dir) / "last.pt", {
-                    "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(), "ema": ema.state_dict() if ema is not None else {},
-                    "scaler": amp.state_dict(),
-                    "epoch": epoch + 1, "history": history,
-                    "fingerprint": fingerprint,
-                })
+                save_checkpoint(
+                    Path(ckpt_dir) / "last.pt",
+                    {
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "ema": ema.state_dict() if ema is not None else {},
+                        "scaler": amp.state_dict(),
+                        "epoch": epoch + 1,
+                        "history": history,
+                        "fingerprint": fingerprint,
+                    },
+                )
             if max_steps is not None and step >= max_steps:
                 break
 
@@ -321,8 +402,9 @@ def best_epoch_figures(seed_dir: str | Path) -> Dict[str, float]:
     """
     path = Path(seed_dir) / HISTORY
     if not path.is_file():
-        raise MissingInput(f"{path} is missing, so the best epoch is unknown; retrain the run "
-                                f"(dvc repro -f -s train_cls@RUN).")
+        raise MissingInput(
+            f"{path} is missing, so the best epoch is unknown; retrain the run (dvc repro -f -s train_cls@RUN)."
+        )
     evaluated = [h for h in json.loads(path.read_text()) if "val_top1" in h]
     best = max(evaluated, key=lambda h: h["val_top1"])
     last = [h["val_top1"] for h in evaluated[-PLATEAU_EPOCHS:]]
@@ -338,8 +420,13 @@ def build_criterion(recipe: Dict[str, Any], num_classes: int):
     label smoothing, else plain cross-entropy (DeiT's main.py)."""
     mixes = recipe["mixup"] > 0 or recipe["cutmix"] > 0
     if mixes:
-        mixup = Mixup(mixup_alpha=recipe["mixup"], cutmix_alpha=recipe["cutmix"], switch_prob=recipe["mixup_switch_prob"],
-                      label_smoothing=recipe["smoothing"], num_classes=num_classes)
+        mixup = Mixup(
+            mixup_alpha=recipe["mixup"],
+            cutmix_alpha=recipe["cutmix"],
+            switch_prob=recipe["mixup_switch_prob"],
+            label_smoothing=recipe["smoothing"],
+            num_classes=num_classes,
+        )
         return mixup, SoftTargetCrossEntropy()
     if recipe["smoothing"] > 0:
         return None, LabelSmoothingCrossEntropy(smoothing=recipe["smoothing"])
@@ -368,8 +455,9 @@ def build_optimizer(model: nn.Module, recipe: Dict[str, Any]) -> torch.optim.Opt
     That is the rule of every original code here (DeiT's timm, PVT's, Swin's and the lab's set_weight_decay),
     so VCA's lambda vectors and norm weights are not decayed while its contrast embeddings are.
     """
-    return create_optimizer_v2(model, opt=recipe["opt"], lr=scaled_lrs(recipe)["lr"],
-                               weight_decay=recipe["weight_decay"])
+    return create_optimizer_v2(
+        model, opt=recipe["opt"], lr=scaled_lrs(recipe)["lr"], weight_decay=recipe["weight_decay"]
+    )
 
 
 def build_scheduler(optimizer, recipe: Dict[str, Any], updates_per_epoch: int):
@@ -382,10 +470,16 @@ def build_scheduler(optimizer, recipe: Dict[str, Any], updates_per_epoch: int):
     """
     lrs = scaled_lrs(recipe)
     scheduler, _ = create_scheduler_v2(
-        optimizer, sched=recipe["sched"], num_epochs=recipe["epochs"] - recipe["cooldown_epochs"],
-        cooldown_epochs=recipe["cooldown_epochs"], warmup_epochs=recipe["warmup_epochs"],
-        warmup_lr=lrs["warmup_lr"], min_lr=lrs["min_lr"], step_on_epochs=recipe["lr_step"] == "epoch",
-        updates_per_epoch=updates_per_epoch)
+        optimizer,
+        sched=recipe["sched"],
+        num_epochs=recipe["epochs"] - recipe["cooldown_epochs"],
+        cooldown_epochs=recipe["cooldown_epochs"],
+        warmup_epochs=recipe["warmup_epochs"],
+        warmup_lr=lrs["warmup_lr"],
+        min_lr=lrs["min_lr"],
+        step_on_epochs=recipe["lr_step"] == "epoch",
+        updates_per_epoch=updates_per_epoch,
+    )
     # not timm's count, which adds the cooldown back only for its cycle schedulers (cosine, tanh, poly)
     return scheduler, recipe["epochs"]
 
@@ -394,8 +488,11 @@ def epoch_line(history: List[Dict[str, float]], total_epochs: int) -> str:
     """What an epoch's end prints (its last entry of ``history``): loss, lr, and the validation top-1 with the best so
     far, where the epoch was evaluated."""
     now = history[-1]
-    parts = [f"epoch {int(now['epoch'])}/{total_epochs} done", f"train loss {now['train_loss']:.4f}",
-             f"lr {now['train_lr']:.3g}"]
+    parts = [
+        f"epoch {int(now['epoch'])}/{total_epochs} done",
+        f"train loss {now['train_loss']:.4f}",
+        f"lr {now['train_lr']:.3g}",
+    ]
     for suffix, name in (("", "val top-1"), ("_ema", "EMA val top-1")):
         key = f"val_top1{suffix}"
         if key in now:

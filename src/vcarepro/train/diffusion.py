@@ -20,6 +20,7 @@ Its "linspace" spacing picks the same 250 of 1000 steps as IDDPM's
 equals IDDPM's ``SpacedDiffusion.p_sample``; tests hold both facts. The VLB term is
 hand-written here because diffusers has no training loss for learned variances.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,6 +28,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from diffusers import DDPMScheduler
+
 from vcarepro.core.errors import BadInput
 
 Model = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -47,7 +49,9 @@ def approx_standard_normal_cdf(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
 
 
-def discretized_gaussian_log_likelihood(x: torch.Tensor, *, means: torch.Tensor, log_scales: torch.Tensor) -> torch.Tensor:
+def discretized_gaussian_log_likelihood(
+    x: torch.Tensor, *, means: torch.Tensor, log_scales: torch.Tensor
+) -> torch.Tensor:
     """Elementwise log-probability (nats) of x under N(means, e^(2 log_scales)) discretised to
     bins of width 2/255 on [-1, 1], with the outermost bins open-ended (as for uint8 images)."""
     centered = x - means
@@ -117,7 +121,9 @@ class GaussianDiffusion:
 
     def q_sample(self, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """A draw of x_t ~ q(x_t | x_0) = N(sqrt(alpha_bar_t) x_0, (1 - alpha_bar_t) I)."""
-        return _extract(self.sqrt_alphas_cumprod, t, x0) * x0 + _extract(self.sqrt_one_minus_alphas_cumprod, t, x0) * noise
+        return (
+            _extract(self.sqrt_alphas_cumprod, t, x0) * x0 + _extract(self.sqrt_one_minus_alphas_cumprod, t, x0) * noise
+        )
 
     def q_posterior(self, x0: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Mean and clipped log-variance of q(x_{t-1} | x_t, x_0)."""
@@ -129,9 +135,12 @@ class GaussianDiffusion:
         eps, var_values = self._split(model_output, x_t)
         frac = (var_values + 1) / 2
         log_variance = frac * _extract(self.log_betas, t, x_t) + (1 - frac) * _extract(
-            self.posterior_log_variance_clipped, t, x_t)
-        pred_x0 = _extract(self.sqrt_recip_alphas_cumprod, t, x_t) * x_t - _extract(
-            self.sqrt_recipm1_alphas_cumprod, t, x_t) * eps
+            self.posterior_log_variance_clipped, t, x_t
+        )
+        pred_x0 = (
+            _extract(self.sqrt_recip_alphas_cumprod, t, x_t) * x_t
+            - _extract(self.sqrt_recipm1_alphas_cumprod, t, x_t) * eps
+        )
         mean, _ = self.q_posterior(pred_x0, x_t, t)
         return mean, log_variance
 
@@ -147,13 +156,16 @@ class GaussianDiffusion:
 
     # -- training ---------------------------------------------------------------------------
 
-    def vb_terms_bpd(self, model_output: torch.Tensor, x0: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    def vb_terms_bpd(
+        self, model_output: torch.Tensor, x0: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor
+    ) -> torch.Tensor:
         """Per-sample VLB term in bits per dimension: the KL for t > 0, the decoder NLL at t = 0."""
         true_mean, true_log_variance = self.q_posterior(x0, x_t, t)
         mean, log_variance = self.p_mean_log_variance(model_output, x_t, t)
         kl = mean_flat(normal_kl(true_mean, true_log_variance, mean, log_variance)) / math.log(2.0)
         decoder_nll = -mean_flat(
-            discretized_gaussian_log_likelihood(x0, means=mean, log_scales=0.5 * log_variance)) / math.log(2.0)
+            discretized_gaussian_log_likelihood(x0, means=mean, log_scales=0.5 * log_variance)
+        ) / math.log(2.0)
         return torch.where(t == 0, decoder_nll, kl)
 
     def training_losses(
@@ -226,5 +238,10 @@ class GaussianDiffusion:
         return x
 
 
-__all__ = ["GaussianDiffusion", "approx_standard_normal_cdf", "discretized_gaussian_log_likelihood", "mean_flat",
-           "normal_kl"]
+__all__ = [
+    "GaussianDiffusion",
+    "approx_standard_normal_cdf",
+    "discretized_gaussian_log_likelihood",
+    "mean_flat",
+    "normal_kl",
+]

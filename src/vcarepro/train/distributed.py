@@ -12,6 +12,7 @@ stage). The limit bounds the rendezvous only: torch's ``init_process_group(timeo
 would also bound every collective (a barrier while rank 0 evaluates), so the process group
 keeps torch's default for those.
 """
+
 from __future__ import annotations
 
 import os
@@ -59,8 +60,9 @@ def init_distributed() -> DistInfo:
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         store = rendezvous(os.environ.get("VCAREPRO_DIST_INIT", "env://"), rank, world_size)
-        dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank,
-                                world_size=world_size)  # as init_method would, with the store already joined
+        dist.init_process_group(
+            backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world_size
+        )  # as init_method would, with the store already joined
     return DistInfo(rank, world_size, local_rank, device)
 
 
@@ -73,8 +75,10 @@ def rendezvous_timeout(env: Optional[Mapping[str, str]] = None) -> float:
     except ValueError:
         seconds = 0.0
     if not seconds > 0:
-        raise BadInput(f"{RDZV_TIMEOUT_ENV}={value!r} is not a positive number of seconds; set it to one "
-                       f"(e.g. {DEFAULT_RDZV_TIMEOUT}) or unset it.")
+        raise BadInput(
+            f"{RDZV_TIMEOUT_ENV}={value!r} is not a positive number of seconds; set it to one "
+            f"(e.g. {DEFAULT_RDZV_TIMEOUT}) or unset it."
+        )
     return seconds
 
 
@@ -89,7 +93,8 @@ def rendezvous(init_method: str, rank: int, world_size: int, timeout: Optional[f
             raise
         raise RendezvousTimeout(
             f"rank {rank}: the rendezvous at {init_method} did not complete within {timeout:g} s; check that "
-            f"every rank started, or give the launcher a longer --rdzv-timeout ({RDZV_TIMEOUT_ENV}).") from None
+            f"every rank started, or give the launcher a longer --rdzv-timeout ({RDZV_TIMEOUT_ENV})."
+        ) from None
     store.set_timeout(limit)
     # one key per rank and per attempt (torchrun's restarts share its store)
     keys = [f"vcarepro/arrived/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{r}" for r in range(world_size)]
@@ -104,7 +109,8 @@ def rendezvous(init_method: str, rank: int, world_size: int, timeout: Optional[f
         raise RendezvousTimeout(
             f"rank {rank}: {names} did not reach the rendezvous within {timeout:g} s (died while starting, or "
             f"still starting); see {'its' if len(missing) == 1 else 'their'} errors, or give the launcher a "
-            f"longer --rdzv-timeout ({RDZV_TIMEOUT_ENV}) if the ranks start slowly.") from None
+            f"longer --rdzv-timeout ({RDZV_TIMEOUT_ENV}) if the ranks start slowly."
+        ) from None
     # past the rendezvous, the process group's own timeout (a short rendezvous bound must not cut NCCL's
     # set-up at the first collective while rank 0 is still verifying data/gen, say)
     store.set_timeout(default_pg_timeout)

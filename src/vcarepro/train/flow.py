@@ -23,12 +23,14 @@ Samplers (``Sampler`` in SiT):
         (diffusion form "sigma", last step "Mean", size 0.04) are SiT's sample_ddp.py
         defaults, the setting of its reported SDE FID.
 """
+
 from __future__ import annotations
 
 import math
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
+
 from vcarepro.core.choices import FLOW_ODE_METHODS, FLOW_PATHS
 from vcarepro.core.errors import BadInput
 
@@ -73,8 +75,12 @@ class FlowMatching:
         if self.path == "linear":
             return t, torch.ones_like(t), 1 - t, -torch.ones_like(t)
         half_pi = math.pi / 2
-        return (torch.sin(half_pi * t), half_pi * torch.cos(half_pi * t),
-                torch.cos(half_pi * t), -half_pi * torch.sin(half_pi * t))
+        return (
+            torch.sin(half_pi * t),
+            half_pi * torch.cos(half_pi * t),
+            torch.cos(half_pi * t),
+            -half_pi * torch.sin(half_pi * t),
+        )
 
     def interpolate(self, x0: torch.Tensor, x1: torch.Tensor, t: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """x_t and the target velocity u_t for noise x0, data x1 and (B,) times t."""
@@ -85,7 +91,7 @@ class FlowMatching:
         """grad log p_t(x) from the marginal velocity (exact for a Gaussian path)."""
         alpha, d_alpha, sigma, d_sigma = self.coefficients(_like(t, x))
         ratio = alpha / d_alpha
-        variance = sigma ** 2 - ratio * d_sigma * sigma
+        variance = sigma**2 - ratio * d_sigma * sigma
         return (ratio * velocity - x) / variance
 
     # -- training ---------------------------------------------------------------------------
@@ -120,8 +126,9 @@ class FlowMatching:
         if model_output.shape[1] == 2 * C:  # learn_sigma backbone: SiT keeps the first half
             return model_output[:, :C]
         if model_output.shape[1] != C:
-            raise BadInput(f"the model returned {model_output.shape[1]} channels for a {C}-channel input; "
-                             f"expected {C} or {2 * C}.")
+            raise BadInput(
+                f"the model returned {model_output.shape[1]} channels for a {C}-channel input; expected {C} or {2 * C}."
+            )
         return model_output
 
     # -- sampling ---------------------------------------------------------------------------
@@ -159,8 +166,9 @@ class FlowMatching:
         _check_choice("ODE method", method, ODE_METHODS)
         if num_steps < 2:
             raise BadInput(f"num_steps={num_steps}: the time grid needs at least 2 points.")
-        times = torch.linspace(self.sample_eps, 1 - self.sample_eps, num_steps, device=noise.device,
-                               dtype=torch.float64).to(noise.dtype)
+        times = torch.linspace(
+            self.sample_eps, 1 - self.sample_eps, num_steps, device=noise.device, dtype=torch.float64
+        ).to(noise.dtype)
         B = noise.shape[0]
 
         def drift(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -170,8 +178,9 @@ class FlowMatching:
             try:
                 from torchdiffeq import odeint
             except ImportError:
-                raise ImportError("method='dopri5' needs torchdiffeq (pip install torchdiffeq); "
-                                  "or use method='euler' / 'heun'.") from None
+                raise ImportError(
+                    "method='dopri5' needs torchdiffeq (pip install torchdiffeq); or use method='euler' / 'heun'."
+                ) from None
             return odeint(lambda t, x: drift(x, t), noise, times, method="dopri5", atol=atol, rtol=rtol)[-1]
 
         x = noise
@@ -191,7 +200,7 @@ class FlowMatching:
             return norm * self.coefficients(t)[2]
         if form == "SBDM":  # the score-based-diffusion-model choice: D = sigma^2 alpha'/alpha - sigma sigma'
             alpha, d_alpha, sigma, d_sigma = self.coefficients(t)
-            return norm * (d_alpha / alpha * sigma ** 2 - sigma * d_sigma)
+            return norm * (d_alpha / alpha * sigma**2 - sigma * d_sigma)
         if form == "constant":
             return torch.full_like(t, norm)
         if form == "linear":
@@ -251,7 +260,7 @@ class FlowMatching:
             return x + v * last_step_size
         # Tweedie: the posterior mean of the data given x_t
         alpha, _, sigma, _ = self.coefficients(torch.full_like(x[:1], t1))
-        return x / alpha + sigma ** 2 / alpha * score
+        return x / alpha + sigma**2 / alpha * score
 
 
 __all__ = ["DIFFUSION_FORMS", "FlowMatching", "LAST_STEPS", "ODE_METHODS", "PATHS"]

@@ -6,6 +6,7 @@ dropout for classifier-free guidance inside the model, and epochs of a shuffled
 distributed sampler with the last partial batch dropped (:func:`epoch_batch`). The
 objective is the only difference between DiT and SiT.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,21 +23,27 @@ from safetensors.torch import load_file
 from timm.utils import ModelEmaV3
 from torch.nn.parallel import DistributedDataParallel
 
+from vcarepro.core.choices import LABEL_MODES
+from vcarepro.core.errors import BadInput, MissingInput
+from vcarepro.core.integrity import intact_file, prepared
+from vcarepro.core.io import save_tensors
+from vcarepro.core.progress import Progress
+from vcarepro.metrics.protocol import sampler_of
 from vcarepro.models import ModelSpec
 from vcarepro.models.dit import create_dit
-from vcarepro.core.progress import Progress
-from vcarepro.train.checkpoint import resumable_checkpoint, resume_message, save_checkpoint, seed_everything, stream_seed
+from vcarepro.train.checkpoint import (
+    resumable_checkpoint,
+    resume_message,
+    save_checkpoint,
+    seed_everything,
+    stream_seed,
+)
 from vcarepro.train.classification import NonFiniteLossError
 from vcarepro.train.diffusion import GaussianDiffusion
 from vcarepro.train.distributed import DistInfo, all_reduce_mean, any_rank, say
 from vcarepro.train.flow import FlowMatching
 from vcarepro.train.precision import MixedPrecision, maybe_compile, slow_precision_note
 from vcarepro.train.preemption import Preempted, stop_on_sigterm
-from vcarepro.core.choices import LABEL_MODES
-from vcarepro.core.errors import BadInput, MissingInput
-from vcarepro.core.integrity import intact_file, prepared
-from vcarepro.metrics.protocol import sampler_of
-from vcarepro.core.io import save_tensors
 
 
 class GeneratorSpec(ModelSpec):
@@ -44,8 +51,14 @@ class GeneratorSpec(ModelSpec):
 
     def create(self, *, learn_sigma: bool = True, class_dropout_prob: float = 0.1) -> nn.Module:
         shape, options = self.resolved()
-        return create_dit(self.arch, self.attention, learn_sigma=learn_sigma, class_dropout_prob=class_dropout_prob,
-                          attention_options=options, **shape)
+        return create_dit(
+            self.arch,
+            self.attention,
+            learn_sigma=learn_sigma,
+            class_dropout_prob=class_dropout_prob,
+            attention_options=options,
+            **shape,
+        )
 
 
 def make_objective(objective: str, flow_path: str = "linear"):
@@ -85,6 +98,7 @@ def load_training_set(root: str | Path):
     meta = json.loads(meta_path.read_text())
     if meta["kind"] == "vae_latents":
         from vcarepro.data.latents import LatentShards  # diffusers is imported only where latents are used
+
         return LatentShards(root / "latents")
     data = load_file(str(root / "train.safetensors"))
     return PixelSet(data["inputs"].float(), data["labels"].long())
@@ -102,7 +116,7 @@ def epoch_batch(step: int, *, n: int, per_rank: int, info: DistInfo, seed: int) 
     per_epoch = (n // info.world_size) // per_rank
     epoch, position = divmod(step, per_epoch)
     share = _epoch_share(n, info.world_size, info.rank, seed, epoch)
-    return share[position * per_rank:(position + 1) * per_rank]
+    return share[position * per_rank : (position + 1) * per_rank]
 
 
 @functools.lru_cache(maxsize=2)
@@ -112,10 +126,21 @@ def _epoch_share(n: int, world_size: int, rank: int, seed: int, epoch: int) -> t
     return order[rank::world_size][: n // world_size]
 
 
-def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, Any], data_root: str | Path,
-                    seed: int, out_dir: str | Path, ckpt_dir: str | Path, info: DistInfo, live=None,
-                    max_steps: Optional[int] = None, fingerprint: Any = "",
-                    log_prefix: str = "") -> Dict[str, float]:
+def train_generator(
+    *,
+    spec: GeneratorSpec,
+    objective: str,
+    recipe: Dict[str, Any],
+    data_root: str | Path,
+    seed: int,
+    out_dir: str | Path,
+    ckpt_dir: str | Path,
+    info: DistInfo,
+    live=None,
+    max_steps: Optional[int] = None,
+    fingerprint: Any = "",
+    log_prefix: str = "",
+) -> Dict[str, float]:
     """Train one seed for ``recipe['steps']`` steps; rank 0 writes the EMA and raw weights."""
     device = info.device
     data = load_training_set(data_root)
@@ -123,8 +148,10 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
     n = len(data)
     per_rank = recipe["batch_size"] // info.world_size
     if per_rank < 1 or per_rank > n // info.world_size:
-        raise BadInput(f"gen_recipe.batch_size={recipe['batch_size']} does not fit {info.world_size} process(es) "
-                         f"and {n} training examples; choose a batch between world size and the dataset size.")
+        raise BadInput(
+            f"gen_recipe.batch_size={recipe['batch_size']} does not fit {info.world_size} process(es) "
+            f"and {n} training examples; choose a batch between world size and the dataset size."
+        )
 
     torch.manual_seed(seed)  # identical initial weights on every rank
     model = spec.create(learn_sigma=recipe["learn_sigma"], class_dropout_prob=recipe["class_dropout_prob"]).to(device)
@@ -150,8 +177,12 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
         step = state["step"]
         history = list(state["history"])
         running, count = state["running"], state["count"]
-        say(info, resume_message(seed, state, f"{total} of {total} steps" if step >= total else
-                                 f"step {step} of {total}", step >= total))
+        say(
+            info,
+            resume_message(
+                seed, state, f"{total} of {total} steps" if step >= total else f"step {step} of {total}", step >= total
+            ),
+        )
     # DVC deletes a stage's logs before re-running it: replay what the checkpoint saw
     for past in history:
         _log_step(live, info, past, log_prefix)
@@ -163,11 +194,20 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
     per_epoch = (n // info.world_size) // per_rank  # epoch_batch's
     latest = math.nan
     # read when a line is due only (vcarepro.core.progress): the loss is a float already, the lr a lookup
-    progress = Progress(None, total, start=step, unit="step", images_per_step=recipe["batch_size"], seed=seed,
-                        enabled=info.is_main,
-                        figures=lambda: {"epoch": step // per_epoch + 1,
-                                         "loss": f"{latest:.4f}" + (f" (avg {running / count:.4f})" if count else ""),
-                                         "lr": optimizer.param_groups[0]["lr"]})
+    progress = Progress(
+        None,
+        total,
+        start=step,
+        unit="step",
+        images_per_step=recipe["batch_size"],
+        seed=seed,
+        enabled=info.is_main,
+        figures=lambda: {
+            "epoch": step // per_epoch + 1,
+            "loss": f"{latest:.4f}" + (f" (avg {running / count:.4f})" if count else ""),
+            "lr": optimizer.param_groups[0]["lr"],
+        },
+    )
     with progress, stop_on_sigterm() as stop:
         while step < total:
             # flips, latent samples, t, noise and label dropout restart from (seed, rank, step)
@@ -185,7 +225,8 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
             if not math.isfinite(latest):
                 raise NonFiniteLossError(
                     f"the training loss became {latest} at step {step}; lower the learning rate or check the "
-                    f"data. The last good checkpoint is {Path(ckpt_dir) / 'last.pt'}.")
+                    f"data. The last good checkpoint is {Path(ckpt_dir) / 'last.pt'}."
+                )
             optimizer.zero_grad(set_to_none=True)
             amp.scaler.scale(loss).backward()
             amp.scaler.step(optimizer)
@@ -195,18 +236,30 @@ def train_generator(*, spec: GeneratorSpec, objective: str, recipe: Dict[str, An
             running += latest
             count += 1
             if step % recipe["log_every"] == 0 or step == total:
-                logged = {"step": step, "loss": all_reduce_mean(running / count, info),
-                          "lr": optimizer.param_groups[0]["lr"]}
+                logged = {
+                    "step": step,
+                    "loss": all_reduce_mean(running / count, info),
+                    "lr": optimizer.param_groups[0]["lr"],
+                }
                 running, count = 0.0, 0
                 _log_step(live, info, logged, log_prefix)
                 history.append(logged)
             stopping = any_rank(stop.requested, info)  # a SIGTERM that reached any rank stops them all
             if info.is_main and (step % recipe["ckpt_every"] == 0 or step == total or stopping):
-                save_checkpoint(Path(ckpt_dir) / "last.pt", {
-                    "model": model.state_dict(), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scaler": amp.state_dict(), "step": step,
-                    "history": history, "running": running, "count": count, "fingerprint": fingerprint,
-                })
+                save_checkpoint(
+                    Path(ckpt_dir) / "last.pt",
+                    {
+                        "model": model.state_dict(),
+                        "ema": ema.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "scaler": amp.state_dict(),
+                        "step": step,
+                        "history": history,
+                        "running": running,
+                        "count": count,
+                        "fingerprint": fingerprint,
+                    },
+                )
             if stopping:
                 raise Preempted(f"at step {step} of {total}")
             progress.update(step)
@@ -237,9 +290,19 @@ def load_generator(spec: GeneratorSpec, weights: str | Path, recipe: Dict[str, A
 
 
 @torch.no_grad()
-def generate_batches(model: nn.Module, objective: str, sampling: Dict[str, Any], *, num_samples: int,
-                     num_classes: int, input_shape, seed: int, device: torch.device, flow_path: str = "linear",
-                     start_batch: int = 0):
+def generate_batches(
+    model: nn.Module,
+    objective: str,
+    sampling: Dict[str, Any],
+    *,
+    num_samples: int,
+    num_classes: int,
+    input_shape,
+    seed: int,
+    device: torch.device,
+    flow_path: str = "linear",
+    start_batch: int = 0,
+):
     """Yield ``(start, samples, labels)`` per sampling batch, in model space, deterministic in ``seed``.
 
     Batch ``b`` draws its labels and noise from a generator seeded by (seed, b) alone, so
@@ -262,11 +325,13 @@ def generate_batches(model: nn.Module, objective: str, sampling: Dict[str, Any],
         if method == "ddpm":
             x = sampler.sample(model, noise, y, num_steps=steps, cfg_scale=sampling["cfg_scale"], generator=generator)
         elif method == "flow-sde":
-            x = sampler.sample_sde(model, noise, y, num_steps=steps, cfg_scale=sampling["cfg_scale"],
-                                   generator=generator)
+            x = sampler.sample_sde(
+                model, noise, y, num_steps=steps, cfg_scale=sampling["cfg_scale"], generator=generator
+            )
         else:  # flow-ode
-            x = sampler.sample_ode(model, noise, y, num_steps=steps, method=sampling["flow_ode_method"],
-                                   cfg_scale=sampling["cfg_scale"])
+            x = sampler.sample_ode(
+                model, noise, y, num_steps=steps, method=sampling["flow_ode_method"], cfg_scale=sampling["cfg_scale"]
+            )
         yield start, x.float().cpu(), y.cpu()
 
 

@@ -30,6 +30,7 @@ ranks get it as VCAREPRO_RDZV_TIMEOUT (:func:`vcarepro.train.distributed.rendezv
 still missing then is named in one sentence and the waiting ranks exit 2), and torchrun as
 ``--rdzv-conf join_timeout=...`` for its agents' rendezvous.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,19 +59,27 @@ class LaunchError(BadInput):
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(prog="python -m vcarepro.train.launch", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m vcarepro.train.launch",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--nnodes", default="1", help="an integer, or env (SLURM_NNODES / NNODES)")
     p.add_argument("--nproc-per-node", default="1", help="an integer, or gpu (every visible GPU)")
     p.add_argument("--node-rank", default="0", help="an integer, or env (SLURM_NODEID / NODE_RANK)")
     p.add_argument("--rdzv-endpoint", default="file", help="file, host:port, or env")
     p.add_argument("--launcher", default="torchrun", choices=["torchrun", "srun"])
-    p.add_argument("--rdzv-timeout", default=None,
-                   help=f"seconds every rank waits for the others to arrive (default: ${RDZV_TIMEOUT_ENV}, "
-                        f"else {DEFAULT_RDZV_TIMEOUT})")
-    p.add_argument("--grace", default=str(DEFAULT_GRACE),
-                   help="seconds the other ranks get to stop after one fails, before SIGKILL "
-                        f"(default {DEFAULT_GRACE})")
+    p.add_argument(
+        "--rdzv-timeout",
+        default=None,
+        help=f"seconds every rank waits for the others to arrive (default: ${RDZV_TIMEOUT_ENV}, "
+        f"else {DEFAULT_RDZV_TIMEOUT})",
+    )
+    p.add_argument(
+        "--grace",
+        default=str(DEFAULT_GRACE),
+        help=f"seconds the other ranks get to stop after one fails, before SIGKILL (default {DEFAULT_GRACE})",
+    )
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     return p.parse_args(argv)
@@ -85,14 +94,15 @@ def _integer(value: str, name: str, env: Mapping[str, str], keys: List[str], min
     if value == "env":
         found = [k for k in keys if env.get(k)]
         if not found:
-            raise LaunchError(f"--{name} env needs one of {', '.join(keys)} in the environment; "
-                              f"run inside a SLURM allocation or give --{name} a number.")
+            raise LaunchError(
+                f"--{name} env needs one of {', '.join(keys)} in the environment; "
+                f"run inside a SLURM allocation or give --{name} a number."
+            )
         value = env[found[0]]
     try:
         number = int(value)
     except ValueError:
-        raise LaunchError(f"--{name} {value!r} is not an integer; give a number"
-                          f"{' or env' if keys else ''}.") from None
+        raise LaunchError(f"--{name} {value!r} is not an integer; give a number{' or env' if keys else ''}.") from None
     if number < minimum:
         raise LaunchError(f"--{name} is {number}; it must be at least {minimum}.")
     return number
@@ -108,8 +118,12 @@ def _seconds(value: str, name: str, minimum: int) -> int:
     return number
 
 
-def resolve(args, env: Optional[Mapping[str, str]] = None, gpu_count: Optional[Callable[[], int]] = None,
-            slurm_host: Callable[[str], str] = first_slurm_host):
+def resolve(
+    args,
+    env: Optional[Mapping[str, str]] = None,
+    gpu_count: Optional[Callable[[], int]] = None,
+    slurm_host: Callable[[str], str] = first_slurm_host,
+):
     """Replace ``env`` / ``gpu`` values in ``args`` with numbers and an endpoint; check they fit together."""
     env = os.environ if env is None else env
     args.nnodes = _integer(args.nnodes, "nnodes", env, ["SLURM_NNODES", "NNODES"], 1)
@@ -117,38 +131,48 @@ def resolve(args, env: Optional[Mapping[str, str]] = None, gpu_count: Optional[C
     if args.nproc_per_node == "gpu":
         if gpu_count is None:
             import torch
+
             gpu_count = torch.cuda.device_count
         args.nproc_per_node = gpu_count()
         if args.nproc_per_node < 1:
             raise LaunchError("--nproc-per-node gpu found no visible GPU; give a number of processes instead.")
     else:
         args.nproc_per_node = _integer(args.nproc_per_node, "nproc-per-node", env, [], 1)
-    args.rdzv_timeout = _seconds(args.rdzv_timeout or env.get(RDZV_TIMEOUT_ENV) or str(DEFAULT_RDZV_TIMEOUT),
-                                 "rdzv-timeout", 1)
+    args.rdzv_timeout = _seconds(
+        args.rdzv_timeout or env.get(RDZV_TIMEOUT_ENV) or str(DEFAULT_RDZV_TIMEOUT), "rdzv-timeout", 1
+    )
     args.grace = _seconds(args.grace, "grace", 0)
     if args.node_rank >= args.nnodes:
-        raise LaunchError(f"--node-rank {args.node_rank} does not exist among {args.nnodes} node(s); "
-                          "node ranks count from 0.")
+        raise LaunchError(
+            f"--node-rank {args.node_rank} does not exist among {args.nnodes} node(s); node ranks count from 0."
+        )
     if args.rdzv_endpoint == "env":
         if env.get("MASTER_ADDR"):
             host = env["MASTER_ADDR"]
         elif env.get("SLURM_JOB_NODELIST"):
             host = slurm_host(env["SLURM_JOB_NODELIST"])
         else:
-            raise LaunchError("--rdzv-endpoint env needs MASTER_ADDR or a SLURM allocation (SLURM_JOB_NODELIST); "
-                              "give host:port instead.")
+            raise LaunchError(
+                "--rdzv-endpoint env needs MASTER_ADDR or a SLURM allocation (SLURM_JOB_NODELIST); "
+                "give host:port instead."
+            )
         args.rdzv_endpoint = f"{host}:{env.get('MASTER_PORT') or DEFAULT_PORT}"
     if args.rdzv_endpoint == "file" and (args.nnodes > 1 or args.launcher == "srun"):
-        raise LaunchError("a file rendezvous works on one node started here only; give --rdzv-endpoint "
-                          "host:port (or env) for torchrun across nodes or under srun.")
+        raise LaunchError(
+            "a file rendezvous works on one node started here only; give --rdzv-endpoint "
+            "host:port (or env) for torchrun across nodes or under srun."
+        )
     if args.launcher == "srun" and not env.get("SLURM_JOB_ID"):
-        raise LaunchError("--launcher srun must run inside a SLURM allocation (no SLURM_JOB_ID); start "
-                          "dvc repro under salloc or sbatch, or use --launcher torchrun.")
+        raise LaunchError(
+            "--launcher srun must run inside a SLURM allocation (no SLURM_JOB_ID); start "
+            "dvc repro under salloc or sbatch, or use --launcher torchrun."
+        )
     return args
 
 
-def run_local(script: str, script_args, nproc: int, rdzv_timeout: int = DEFAULT_RDZV_TIMEOUT,
-              grace: float = DEFAULT_GRACE) -> int:
+def run_local(
+    script: str, script_args, nproc: int, rdzv_timeout: int = DEFAULT_RDZV_TIMEOUT, grace: float = DEFAULT_GRACE
+) -> int:
     """Start ``nproc`` ranks of ``script`` here, rendezvousing through a file store; watch them all."""
     received: List[int] = []  # signals that reached the launcher (SIGINT, SIGTERM, SIGHUP), passed on by _watch
     with supervise.forwarding(received.append):
@@ -161,10 +185,16 @@ def run_local(script: str, script_args, nproc: int, rdzv_timeout: int = DEFAULT_
             for rank in range(nproc):
                 if received:
                     break
-                env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
-                           LOCAL_WORLD_SIZE=str(nproc), VCAREPRO_DIST_INIT=f"file://{tmp}/store",
-                           GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-                           **{RDZV_TIMEOUT_ENV: str(rdzv_timeout)})
+                env = dict(
+                    os.environ,
+                    RANK=str(rank),
+                    LOCAL_RANK=str(rank),
+                    WORLD_SIZE=str(nproc),
+                    LOCAL_WORLD_SIZE=str(nproc),
+                    VCAREPRO_DIST_INIT=f"file://{tmp}/store",
+                    GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+                    **{RDZV_TIMEOUT_ENV: str(rdzv_timeout)},
+                )
                 procs.append(subprocess.Popen([sys.executable, script, *script_args], env=env))
             return _watch(procs, received, grace)
         finally:  # only after an error in the launcher itself is any still running
@@ -198,9 +228,13 @@ def _watch(procs: List[subprocess.Popen], received: List[int], grace: float) -> 
             seen += len(new)
             return new
 
-        killed = supervise.stop([procs[rank] for rank in stopped], grace,
-                                signals=received[:seen] if seen else (signal.SIGTERM,), pending=pending,
-                                poll_s=POLL).killed
+        killed = supervise.stop(
+            [procs[rank] for rank in stopped],
+            grace,
+            signals=received[:seen] if seen else (signal.SIGTERM,),
+            pending=pending,
+            poll_s=POLL,
+        ).killed
     if failed is not None and failed[1] != USER_ERROR_STATUS:  # the first to exit may have failed because of one
         said = next((rank for rank, proc in enumerate(procs) if proc.returncode == USER_ERROR_STATUS), None)
         if said is not None:  # that stopped with its one-sentence error (a damaged image): the sentence names it
@@ -211,12 +245,19 @@ def _watch(procs: List[subprocess.Popen], received: List[int], grace: float) -> 
     if failed is not None:  # what came first is what the sentence names
         rank, code = failed
         status = f"{code} (killed by {supervise.signal_name(-code)})" if code < 0 else str(code)
-        print(f"launch: rank {rank} exited with status {status}; {others}; see the ranks' output above.",
-              file=sys.stderr, flush=True)
+        print(
+            f"launch: rank {rank} exited with status {status}; {others}; see the ranks' output above.",
+            file=sys.stderr,
+            flush=True,
+        )
         return supervise.exit_status(code)
     if received:
-        print(f"launch: stopped by {supervise.signal_name(received[0])}, passed on to "
-              f"{_ranks(stopped) if stopped else 'no rank'}{how}.", file=sys.stderr, flush=True)
+        print(
+            f"launch: stopped by {supervise.signal_name(received[0])}, passed on to "
+            f"{_ranks(stopped) if stopped else 'no rank'}{how}.",
+            file=sys.stderr,
+            flush=True,
+        )
         return 128 + received[0]
     return 0
 
@@ -231,9 +272,18 @@ def torchrun_command(args) -> list:
     ``--`` ends torchrun's own options: its parser takes abbreviations, so the script's ``--run``
     would otherwise be refused as an ambiguous ``--run-path`` before the script is reached.
     """
-    return ["torchrun", f"--nnodes={args.nnodes}", f"--nproc-per-node={args.nproc_per_node}",
-            f"--node-rank={args.node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}",
-            f"--rdzv-conf=join_timeout={args.rdzv_timeout}", "--", args.script, *args.script_args]
+    return [
+        "torchrun",
+        f"--nnodes={args.nnodes}",
+        f"--nproc-per-node={args.nproc_per_node}",
+        f"--node-rank={args.node_rank}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={args.rdzv_endpoint}",
+        f"--rdzv-conf=join_timeout={args.rdzv_timeout}",
+        "--",
+        args.script,
+        *args.script_args,
+    ]
 
 
 # What srun starts on each node: torchrun under a relay that turns SIGUSR1 into the SIGTERM that stops the
@@ -265,10 +315,24 @@ def srun_command(args, env: Optional[Mapping[str, str]] = None) -> list:
     # Inside a job step (a job of python -m vcarepro.tools.cluster runs the stage in one), the new step shares
     # the step's CPUs, memory and GPUs (srun --overlap, Slurm >= 20.11) instead of waiting for them.
     overlap = ["--overlap"] if "SLURM_STEP_ID" in env else []
-    return ["srun", f"--nodes={args.nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *overlap,
-            *RELAYED, "torchrun", f"--nnodes={args.nnodes}", f"--nproc-per-node={args.nproc_per_node}",
-            "--rdzv-backend=c10d", f"--rdzv-id={env['SLURM_JOB_ID']}", f"--rdzv-endpoint={args.rdzv_endpoint}",
-            f"--rdzv-conf=join_timeout={args.rdzv_timeout}", "--", args.script, *args.script_args]
+    return [
+        "srun",
+        f"--nodes={args.nnodes}",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        *overlap,
+        *RELAYED,
+        "torchrun",
+        f"--nnodes={args.nnodes}",
+        f"--nproc-per-node={args.nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-id={env['SLURM_JOB_ID']}",
+        f"--rdzv-endpoint={args.rdzv_endpoint}",
+        f"--rdzv-conf=join_timeout={args.rdzv_timeout}",
+        "--",
+        args.script,
+        *args.script_args,
+    ]
 
 
 def main(argv=None) -> int:
@@ -290,8 +354,7 @@ def main(argv=None) -> int:
     return call_forwarding(torchrun_command(args), ranks_env)
 
 
-def call_forwarding(command: List[str], env: Mapping[str, str],
-                    translate: Optional[Mapping[int, int]] = None) -> int:
+def call_forwarding(command: List[str], env: Mapping[str, str], translate: Optional[Mapping[int, int]] = None) -> int:
     """Run torchrun / srun, passing SIGINT, SIGTERM and SIGHUP on to it (as ``translate`` maps them: srun
     gets SIGUSR1); its status as a shell gives it.
 

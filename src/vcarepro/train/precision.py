@@ -8,6 +8,7 @@ It applies on whatever device the stage runs on, so a recipe says exactly what r
 the embedded scale asks for ``fp32``. ``compile`` is ``null`` or a ``torch.compile``
 backend name (``inductor`` on GPUs).
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -15,6 +16,7 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
+
 from vcarepro.core.errors import BadInput
 
 DTYPES = {"fp32": None, "tf32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -58,8 +60,10 @@ def slow_precision_note(precision: str, device: torch.device, knob: str) -> Opti
     """
     if device.type != "cpu" or precision not in ("fp16", "bf16"):
         return None
-    return (f"precision={precision} autocast on a CPU runs about 12x slower than fp32 (DeiT-T, batch 8); "
-            f"the recipe's precision is kept, set {knob}=fp32 for speed.")
+    return (
+        f"precision={precision} autocast on a CPU runs about 12x slower than fp32 (DeiT-T, batch 8); "
+        f"the recipe's precision is kept, set {knob}=fp32 for speed."
+    )
 
 
 def maybe_compile(module: nn.Module, backend: Optional[str]) -> nn.Module:

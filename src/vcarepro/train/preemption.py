@@ -6,6 +6,7 @@ Clusters preempt jobs with SIGTERM and a grace period before SIGKILL. Inside
 :class:`Preempted`, which exits with status 143 (128 + SIGTERM) so that DVC records
 the stage as failed and keeps none of its outputs. Re-running ``dvc repro`` resumes.
 """
+
 from __future__ import annotations
 
 import signal
@@ -19,8 +20,7 @@ class Preempted(SystemExit):
         self.where = where
 
     def __str__(self) -> str:
-        return (f"stopped by SIGTERM {self.where}; the checkpoint is saved, re-run `dvc repro` "
-                f"to resume from it.")
+        return f"stopped by SIGTERM {self.where}; the checkpoint is saved, re-run `dvc repro` to resume from it."
 
 
 class StopRequest:

@@ -19,6 +19,7 @@ process runs any backward pass (torch's "Autograd and Fork": the engine's thread
 survive a fork), which a stage does; a process that has trained already gets that error from
 every worker.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,14 +36,19 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional
 import torch
 from dvclive import Live
 
-from vcarepro.train.distributed import DistInfo, barrier, init_distributed, shutdown
 from vcarepro.core import progress, supervise
-from vcarepro.train.preemption import Preempted, stop_on_sigterm
 from vcarepro.core.errors import USER_ERROR_STATUS, UserError
+from vcarepro.train.distributed import DistInfo, barrier, init_distributed, shutdown
+from vcarepro.train.preemption import Preempted, stop_on_sigterm
 
 
-def train_seeds(label: str, seeds: Iterable[int], live_dir, train_one: Callable[[int, DistInfo, Live], Dict],
-                seed_processes: int = 1) -> None:
+def train_seeds(
+    label: str,
+    seeds: Iterable[int],
+    live_dir,
+    train_one: Callable[[int, DistInfo, Live], Dict],
+    seed_processes: int = 1,
+) -> None:
     """Run ``train_one(seed, info, live)`` for each seed; one log per run, one metric family per seed.
 
     Of several ranks, one stopping on a :class:`UserError` (a damaged image in its share) marks that in the
@@ -100,6 +106,7 @@ def _say_to_the_other_ranks(info: DistInfo) -> None:
         return
     try:
         from torch.distributed.distributed_c10d import _get_default_store
+
         _get_default_store().set(PEER_FAILED, str(info.rank))
     except Exception:  # noqa: BLE001 - the store gone too: the others keep their tracebacks
         pass
@@ -110,6 +117,7 @@ def _another_rank_said_why(info: DistInfo) -> bool:
         return False
     try:
         from torch.distributed.distributed_c10d import _get_default_store
+
         return _get_default_store().check([PEER_FAILED])
     except Exception:  # noqa: BLE001 - no store to ask: keep this rank's own traceback
         return False
@@ -156,8 +164,9 @@ def num_threads(threads: Optional[int]) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def run_in_workers(label: str, seeds: List[int], work: Callable[[int], Optional[Dict]],
-                   processes: int, what: str = "seeds") -> Dict[int, Dict]:
+def run_in_workers(
+    label: str, seeds: List[int], work: Callable[[int], Optional[Dict]], processes: int, what: str = "seeds"
+) -> Dict[int, Dict]:
     """``work(seed)`` for every seed in ``processes`` forked workers (seed i in worker i mod processes).
 
     Returns {seed: what ``work`` returned (or {})} for the seeds that finished; the caller redoes the others,
@@ -170,9 +179,10 @@ def run_in_workers(label: str, seeds: List[int], work: Callable[[int], Optional[
     threads = worker_threads(processes, len(seeds))
     with tempfile.TemporaryDirectory(prefix="vcarepro-seeds-") as tmp:
         context = multiprocessing.get_context("fork")  # the imports and the loaded data are shared, not redone
-        workers = [context.Process(target=_worker, args=(seeds[k::processes], work, threads, Path(tmp)),
-                                   daemon=False)
-                   for k in range(processes)]
+        workers = [
+            context.Process(target=_worker, args=(seeds[k::processes], work, threads, Path(tmp)), daemon=False)
+            for k in range(processes)
+        ]
         print(f"{label}: {what} {seeds} in {processes} worker processes, {threads} thread(s) each", flush=True)
         stopping = False
         with stop_on_sigterm() as stop:
@@ -180,8 +190,11 @@ def run_in_workers(label: str, seeds: List[int], work: Callable[[int], Optional[
                 for w in workers:
                     w.start()
                 while any(w.is_alive() for w in workers):
-                    if (stop.requested or any(Path(tmp).glob("seed_*.preempted"))
-                            or any(Path(tmp).glob("seed_*.usererror"))):
+                    if (
+                        stop.requested
+                        or any(Path(tmp).glob("seed_*.preempted"))
+                        or any(Path(tmp).glob("seed_*.usererror"))
+                    ):
                         # SIGTERM stops the others at their next step boundary, checkpoints kept; SIGKILL one that
                         # cannot reach a step boundary in time
                         stopping = True
@@ -208,9 +221,12 @@ def run_in_workers(label: str, seeds: List[int], work: Callable[[int], Optional[
                 error = Path(tmp) / f"seed_{seed}.error"
                 failed.append(f"{seed} ({error.read_text()})" if error.is_file() else str(seed))
         if failed:
-            print(f"{label}: {what} {', '.join(failed)} did not finish in a worker; running them here with "
-                  f"{threads} thread(s), as the worker would have",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{label}: {what} {', '.join(failed)} did not finish in a worker; running them here with "
+                f"{threads} thread(s), as the worker would have",
+                file=sys.stderr,
+                flush=True,
+            )
         return done
 
 

@@ -11,6 +11,7 @@ The released layouts themselves (every name and shape, read from the original re
 model code) are data in ``tests/data/released_layouts``; the tests hold ``to_released`` of our
 model's state dict to them exactly, and ``to_ours`` of them to our model strictly.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

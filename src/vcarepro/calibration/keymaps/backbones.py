@@ -29,6 +29,7 @@ Each layout (every name and shape, in state-dict order) is recorded in
                             sigma half of the output (x.chunk(2, dim=1)[0]); ours returns both, so a SiT sampler reads
                             channels [:4].
 """
+
 from __future__ import annotations
 
 import functools
@@ -82,8 +83,9 @@ def _swin_to_ours(state: StateDict) -> StateDict:
                 raise ValueError(f"{key} has shape {tuple(value.shape)}, Swin-T's is {tuple(ours[key].shape)}")
         m = _SWIN_BLOCK.match(key)
         if m and m.group(3) in ("attn.relative_position_index", "attn_mask"):
-            index, mask = _swin_block_buffers(SWIN_IMG_SIZE // SWIN_PATCH // 2 ** int(m.group(1)),
-                                              int(m.group(2)) % 2 == 1)
+            index, mask = _swin_block_buffers(
+                SWIN_IMG_SIZE // SWIN_PATCH // 2 ** int(m.group(1)), int(m.group(2)) % 2 == 1
+            )
             expected = index if m.group(3) == "attn.relative_position_index" else mask
             if expected is None or tuple(value.shape) != tuple(expected.shape) or not torch.equal(value, expected):
                 raise ValueError(f"{key} is not Swin-T's (window {SWIN_WINDOW}, {SWIN_IMG_SIZE} px)")
@@ -96,16 +98,29 @@ def _swin_block_buffers(grid: int, shifted: bool) -> Tuple[torch.Tensor, object]
     (which, like the original, drops the shift when the window covers the map)."""
     from timm.models.swin_transformer import SwinTransformerBlock
 
-    block = SwinTransformerBlock(dim=1, input_resolution=(grid, grid), num_heads=1, window_size=SWIN_WINDOW,
-                                 shift_size=SWIN_WINDOW // 2 if shifted else 0)
+    block = SwinTransformerBlock(
+        dim=1,
+        input_resolution=(grid, grid),
+        num_heads=1,
+        window_size=SWIN_WINDOW,
+        shift_size=SWIN_WINDOW // 2 if shifted else 0,
+    )
     mask = block.attn_mask
     return block.attn.relative_position_index.clone(), (None if mask is None else mask.clone())
 
 
 _SWIN_BLOCK = re.compile(r"^layers\.(\d+)\.blocks\.(\d+)\.(.*)$")
 _SWIN_DOWN = re.compile(r"^layers\.(\d+)\.downsample\.(.*)$")
-_SWIN_BLOCK_ORDER = ("attn_mask", "norm1.", "attn.relative_position_bias_table", "attn.relative_position_index",
-                     "attn.qkv.", "attn.proj.", "norm2.", "mlp.")
+_SWIN_BLOCK_ORDER = (
+    "attn_mask",
+    "norm1.",
+    "attn.relative_position_bias_table",
+    "attn.relative_position_index",
+    "attn.qkv.",
+    "attn.proj.",
+    "norm2.",
+    "mlp.",
+)
 
 
 def _prefix_rank(rest: str, order) -> int:
@@ -128,10 +143,13 @@ def _swin_rank(key: str) -> Tuple:
 
 
 def _swin_to_released(state: StateDict) -> StateDict:
-    out = renamed(state, [
-        _sub(r"^layers\.(\d+)\.downsample\.", lambda m: f"layers.{int(m.group(1)) - 1}.downsample."),
-        _sub(r"^head\.fc\.", "head."),
-    ])
+    out = renamed(
+        state,
+        [
+            _sub(r"^layers\.(\d+)\.downsample\.", lambda m: f"layers.{int(m.group(1)) - 1}.downsample."),
+            _sub(r"^head\.fc\.", "head."),
+        ],
+    )
     grid0 = SWIN_IMG_SIZE // SWIN_PATCH
     for key in [k for k in out if k.endswith(".attn.relative_position_bias_table")]:
         m = _SWIN_BLOCK.match(key)
@@ -149,18 +167,22 @@ SWIN = KeyMap(containers=("model",), to_ours=_swin_to_ours, to_released=_swin_to
 
 # --- PVT v1-Tiny --------------------------------------------------------------------------------
 
+
 def _pvt_last_stage(state: StateDict, pattern: str) -> int:
     return max(int(m.group(1)) for m in map(re.compile(pattern).match, state) if m)
 
 
 def _pvt_to_ours(state: StateDict) -> StateDict:
     last = _pvt_last_stage(state, r"^pos_embed(\d+)$") - 1
-    return renamed(state, [
-        _sub(r"^pos_embed(\d+)$", lambda m: f"stages.{int(m.group(1)) - 1}.pos_embed"),
-        _sub(r"^cls_token$", f"stages.{last}.cls_token"),
-        _sub(r"^patch_embed(\d+)\.", lambda m: f"stages.{int(m.group(1)) - 1}.patch_embed."),
-        _sub(r"^block(\d+)\.", lambda m: f"stages.{int(m.group(1)) - 1}.blocks."),
-    ])
+    return renamed(
+        state,
+        [
+            _sub(r"^pos_embed(\d+)$", lambda m: f"stages.{int(m.group(1)) - 1}.pos_embed"),
+            _sub(r"^cls_token$", f"stages.{last}.cls_token"),
+            _sub(r"^patch_embed(\d+)\.", lambda m: f"stages.{int(m.group(1)) - 1}.patch_embed."),
+            _sub(r"^block(\d+)\.", lambda m: f"stages.{int(m.group(1)) - 1}.blocks."),
+        ],
+    )
 
 
 _PVT_STAGE = re.compile(r"^(patch_embed|block)(\d+)\.")
@@ -180,12 +202,15 @@ def _pvt_rank(key: str) -> Tuple:
 
 
 def _pvt_to_released(state: StateDict) -> StateDict:
-    out = renamed(state, [
-        _sub(r"^stages\.(\d+)\.pos_embed$", lambda m: f"pos_embed{int(m.group(1)) + 1}"),
-        _sub(r"^stages\.\d+\.cls_token$", "cls_token"),
-        _sub(r"^stages\.(\d+)\.patch_embed\.", lambda m: f"patch_embed{int(m.group(1)) + 1}."),
-        _sub(r"^stages\.(\d+)\.blocks\.", lambda m: f"block{int(m.group(1)) + 1}."),
-    ])
+    out = renamed(
+        state,
+        [
+            _sub(r"^stages\.(\d+)\.pos_embed$", lambda m: f"pos_embed{int(m.group(1)) + 1}"),
+            _sub(r"^stages\.\d+\.cls_token$", "cls_token"),
+            _sub(r"^stages\.(\d+)\.patch_embed\.", lambda m: f"patch_embed{int(m.group(1)) + 1}."),
+            _sub(r"^stages\.(\d+)\.blocks\.", lambda m: f"block{int(m.group(1)) + 1}."),
+        ],
+    )
     return _ordered(out, _pvt_rank)
 
 
@@ -194,19 +219,23 @@ PVT = KeyMap(containers=("model",), to_ours=_pvt_to_ours, to_released=_pvt_to_re
 
 # --- CSWin-T ------------------------------------------------------------------------------------
 
+
 def _cswin_to_ours(state: StateDict) -> StateDict:
     def block(m: re.Match, inner: str) -> str:
         return f"stages.{int(m.group(1)) - 1}.blocks.{m.group(2)}.{inner}"
 
-    return renamed(state, [
-        _sub(r"^stage1_conv_embed\.0\.", "stages.0.embed.proj."),
-        _sub(r"^stage1_conv_embed\.2\.", "stages.0.embed.norm."),
-        _sub(r"^merge(\d+)\.conv\.", r"stages.\1.embed.proj."),
-        _sub(r"^merge(\d+)\.norm\.", r"stages.\1.embed.norm."),
-        _sub(r"^stage(\d+)\.(\d+)\.attns\.", lambda m: block(m, "attn.branches.")),
-        _sub(r"^stage(\d+)\.(\d+)\.(qkv|proj)\.", lambda m: block(m, f"attn.{m.group(3)}.")),
-        _sub(r"^stage(\d+)\.(\d+)\.", lambda m: block(m, "")),
-    ])
+    return renamed(
+        state,
+        [
+            _sub(r"^stage1_conv_embed\.0\.", "stages.0.embed.proj."),
+            _sub(r"^stage1_conv_embed\.2\.", "stages.0.embed.norm."),
+            _sub(r"^merge(\d+)\.conv\.", r"stages.\1.embed.proj."),
+            _sub(r"^merge(\d+)\.norm\.", r"stages.\1.embed.norm."),
+            _sub(r"^stage(\d+)\.(\d+)\.attns\.", lambda m: block(m, "attn.branches.")),
+            _sub(r"^stage(\d+)\.(\d+)\.(qkv|proj)\.", lambda m: block(m, f"attn.{m.group(3)}.")),
+            _sub(r"^stage(\d+)\.(\d+)\.", lambda m: block(m, "")),
+        ],
+    )
 
 
 _CSWIN_BLOCK = re.compile(r"^stage(\d+)\.(\d+)\.(.*)$")
@@ -229,20 +258,24 @@ def _cswin_to_released(state: StateDict) -> StateDict:
     def block(m: re.Match, inner: str) -> str:
         return f"stage{int(m.group(1)) + 1}.{m.group(2)}.{inner}"
 
-    out = renamed(state, [
-        _sub(r"^stages\.0\.embed\.proj\.", "stage1_conv_embed.0."),
-        _sub(r"^stages\.0\.embed\.norm\.", "stage1_conv_embed.2."),
-        _sub(r"^stages\.(\d+)\.embed\.proj\.", r"merge\1.conv."),
-        _sub(r"^stages\.(\d+)\.embed\.norm\.", r"merge\1.norm."),
-        _sub(r"^stages\.(\d+)\.blocks\.(\d+)\.attn\.branches\.", lambda m: block(m, "attns.")),
-        _sub(r"^stages\.(\d+)\.blocks\.(\d+)\.attn\.(qkv|proj)\.", lambda m: block(m, f"{m.group(3)}.")),
-        _sub(r"^stages\.(\d+)\.blocks\.(\d+)\.", lambda m: block(m, "")),
-    ])
+    out = renamed(
+        state,
+        [
+            _sub(r"^stages\.0\.embed\.proj\.", "stage1_conv_embed.0."),
+            _sub(r"^stages\.0\.embed\.norm\.", "stage1_conv_embed.2."),
+            _sub(r"^stages\.(\d+)\.embed\.proj\.", r"merge\1.conv."),
+            _sub(r"^stages\.(\d+)\.embed\.norm\.", r"merge\1.norm."),
+            _sub(r"^stages\.(\d+)\.blocks\.(\d+)\.attn\.branches\.", lambda m: block(m, "attns.")),
+            _sub(r"^stages\.(\d+)\.blocks\.(\d+)\.attn\.(qkv|proj)\.", lambda m: block(m, f"{m.group(3)}.")),
+            _sub(r"^stages\.(\d+)\.blocks\.(\d+)\.", lambda m: block(m, "")),
+        ],
+    )
     return _ordered(out, _cswin_rank)
 
 
-CSWIN = KeyMap(containers=("state_dict_ema", "state_dict", "model"), to_ours=_cswin_to_ours,
-               to_released=_cswin_to_released)
+CSWIN = KeyMap(
+    containers=("state_dict_ema", "state_dict", "model"), to_ours=_cswin_to_ours, to_released=_cswin_to_released
+)
 
 
 KEYMAPS: Dict[str, KeyMap] = {

@@ -21,6 +21,7 @@ released key order (a state dict's order is that of module registration, which d
     circulant_deit_tiny  Circulant-Attention models/ca_deit.py ca_deit_tiny: identical names; released
                          order has blocks.N.cpe first in each block (ours registers it last).
 """
+
 from __future__ import annotations
 
 import re
@@ -37,6 +38,7 @@ def _block_ordered(state: StateDict, order: Sequence[str]) -> StateDict:
     """``state`` with the keys inside each ``blocks.N.`` group sorted by the first entry of ``order`` that
     prefixes their in-block name (a stable sort; names no entry prefixes keep their place at the end).
     Keys outside the blocks keep their positions relative to the block groups."""
+
     def rank(rest: str) -> int:
         for i, prefix in enumerate(order):
             if rest.startswith(prefix):
@@ -44,7 +46,7 @@ def _block_ordered(state: StateDict, order: Sequence[str]) -> StateDict:
         return len(order)
 
     out: Dict[str, object] = {}
-    pending: list = []          # (rank, index, key) of the current block group
+    pending: list = []  # (rank, index, key) of the current block group
     current = None
 
     def flush() -> None:
@@ -81,17 +83,45 @@ _AGENT_NAMES = {
     "ca_bias": "prefix_agent_bias",
     "dwc": "local_conv",
 }
-_AGENT_TO_OURS = [(re.compile(rf"^(blocks\.\d+\.attn\.){old}(\.|$)"), rf"\g<1>{new}\g<2>")
-                  for old, new in _AGENT_NAMES.items()]
-_AGENT_TO_RELEASED = [(re.compile(rf"^(blocks\.\d+\.attn\.){new}(\.|$)"), rf"\g<1>{old}\g<2>")
-                      for old, new in _AGENT_NAMES.items()]
+_AGENT_TO_OURS = [
+    (re.compile(rf"^(blocks\.\d+\.attn\.){old}(\.|$)"), rf"\g<1>{new}\g<2>") for old, new in _AGENT_NAMES.items()
+]
+_AGENT_TO_RELEASED = [
+    (re.compile(rf"^(blocks\.\d+\.attn\.){new}(\.|$)"), rf"\g<1>{old}\g<2>") for old, new in _AGENT_NAMES.items()
+]
 # in-block order of each layout (module registration order)
-_AGENT_OURS_ORDER = ("norm1.", "attn.agent_patch_bias", "attn.patch_agent_bias", "attn.agent_row_bias",
-                     "attn.agent_col_bias", "attn.row_agent_bias", "attn.col_agent_bias", "attn.agent_prefix_bias",
-                     "attn.prefix_agent_bias", "attn.qkv.", "attn.local_conv.", "attn.proj.", "norm2.", "mlp.")
-_AGENT_RELEASED_ORDER = ("norm1.", "attn.an_bias", "attn.na_bias", "attn.ah_bias", "attn.aw_bias", "attn.ha_bias",
-                         "attn.wa_bias", "attn.ac_bias", "attn.ca_bias", "attn.qkv.", "attn.proj.", "attn.dwc.",
-                         "norm2.", "mlp.")
+_AGENT_OURS_ORDER = (
+    "norm1.",
+    "attn.agent_patch_bias",
+    "attn.patch_agent_bias",
+    "attn.agent_row_bias",
+    "attn.agent_col_bias",
+    "attn.row_agent_bias",
+    "attn.col_agent_bias",
+    "attn.agent_prefix_bias",
+    "attn.prefix_agent_bias",
+    "attn.qkv.",
+    "attn.local_conv.",
+    "attn.proj.",
+    "norm2.",
+    "mlp.",
+)
+_AGENT_RELEASED_ORDER = (
+    "norm1.",
+    "attn.an_bias",
+    "attn.na_bias",
+    "attn.ah_bias",
+    "attn.aw_bias",
+    "attn.ha_bias",
+    "attn.wa_bias",
+    "attn.ac_bias",
+    "attn.ca_bias",
+    "attn.qkv.",
+    "attn.proj.",
+    "attn.dwc.",
+    "norm2.",
+    "mlp.",
+)
 
 
 def agent_to_ours(state: StateDict) -> StateDict:

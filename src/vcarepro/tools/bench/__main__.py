@@ -1,6 +1,7 @@
 """python -m vcarepro.tools.bench [all] [--quick] [--json bench.json]   every benchmark, one table each
 python -m vcarepro.tools.bench attention [--batch 8] [--layers vca agent ...] [--no-compile] [--json out.json]
 python -m vcarepro.tools.bench train-step --run dit_s2-vca [--batch 32] [--device cuda] [--precision bf16]"""
+
 from __future__ import annotations
 
 import argparse
@@ -21,18 +22,35 @@ def main(argv=None) -> None:
     every = sub.add_parser("all", help="every benchmark on this machine (the default)")
     every.add_argument("--quick", action="store_true", help="shorter timings and sizes (a smoke run)")
     every.add_argument("--json", default="bench.json", help="write every figure and the machine here")
-    att = sub.add_parser("attention", help="every attention of the family at DeiT-T width, N = 196, 784, 3136, "
-                                           "eager and compiled, and the speed targets")
+    att = sub.add_parser(
+        "attention",
+        help="every attention of the family at DeiT-T width, N = 196, 784, 3136, "
+        "eager and compiled, and the speed targets",
+    )
     att.add_argument("--sides", type=int, nargs="+", default=[14, 28, 56], help="patch-grid sides (N = side^2)")
     att.add_argument("--batch", type=int, default=8)
     att.add_argument("--dim", type=int, default=192)
     att.add_argument("--heads", type=int, default=3)
-    att.add_argument("--contrast-tokens", type=int, default=49,
-                     help="pooled tokens of every layer that pools (VCA's contrast tokens, Agent's agent tokens)")
-    att.add_argument("--layers", nargs="+", default=list(BENCH_LAYERS), choices=BENCH_LAYERS, metavar="LAYER",
-                     help=f"the layers to measure (default every one: {' '.join(BENCH_LAYERS)})")
-    att.add_argument("--no-compile", dest="compile", action="store_false",
-                     help="skip torch.compile timings (on a CPU each layer and N compiles for seconds)")
+    att.add_argument(
+        "--contrast-tokens",
+        type=int,
+        default=49,
+        help="pooled tokens of every layer that pools (VCA's contrast tokens, Agent's agent tokens)",
+    )
+    att.add_argument(
+        "--layers",
+        nargs="+",
+        default=list(BENCH_LAYERS),
+        choices=BENCH_LAYERS,
+        metavar="LAYER",
+        help=f"the layers to measure (default every one: {' '.join(BENCH_LAYERS)})",
+    )
+    att.add_argument(
+        "--no-compile",
+        dest="compile",
+        action="store_false",
+        help="skip torch.compile timings (on a CPU each layer and N compiles for seconds)",
+    )
     att.add_argument("--min-run-time", type=float, default=1.0, help="seconds of timing per measurement")
     att.add_argument("--device", default="cpu")
     att.add_argument("--json", help="also write the figures and the machine to this JSON file")
@@ -52,31 +70,53 @@ def main(argv=None) -> None:
     machine = describe_machine()
     if args.suite == "all":
         from vcarepro.tools.bench.run_all import run_all
+
         run_all(machine, quick=args.quick, json_path=args.json)
         return
     if args.suite == "train-step":
         from vcarepro.tools.bench.train_step import bench_train_step
+
         print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
-        row = bench_train_step(args.run, scale=args.scale, batch=args.batch, device=args.device,
-                               precision=args.precision, min_run_time=args.min_run_time)
-        print(f"{row['run']} ({row['objective']}), {row['precision']} on {row['device']}, "
-              f"batch {row['batch_per_device']}: "
-              f"{row['ms_per_step']:.1f} ms/step, {row['images_per_second']:.1f} images/s")
-        print(f"projected: {row['recipe_steps']} steps at global batch {row['global_batch']} = "
-              f"{row['projected_device_hours']:.1f} device-hours (compute only; an estimate, not a measurement "
-              f"of a full run)")
+        row = bench_train_step(
+            args.run,
+            scale=args.scale,
+            batch=args.batch,
+            device=args.device,
+            precision=args.precision,
+            min_run_time=args.min_run_time,
+        )
+        print(
+            f"{row['run']} ({row['objective']}), {row['precision']} on {row['device']}, "
+            f"batch {row['batch_per_device']}: "
+            f"{row['ms_per_step']:.1f} ms/step, {row['images_per_second']:.1f} images/s"
+        )
+        print(
+            f"projected: {row['recipe_steps']} steps at global batch {row['global_batch']} = "
+            f"{row['projected_device_hours']:.1f} device-hours (compute only; an estimate, not a measurement "
+            f"of a full run)"
+        )
         if args.json:
             write_json(args.json, {"machine": machine, "train_step": row}, sort_keys=False, end="")
         return
 
     print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
-    rows = bench_attention(args.sides, dim=args.dim, heads=args.heads, batch=args.batch,
-                           contrast_tokens=args.contrast_tokens, layers=args.layers, compile=args.compile,
-                           min_run_time=args.min_run_time, device=args.device,
-                           log=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
-    print(f"attention layer, width {args.dim}, {args.heads} heads, batch {args.batch}, "
-          f"{args.contrast_tokens} pooled tokens, no prefix tokens, median wall time (ms)"
-          + ("" if args.compile else "; torch.compile skipped (--no-compile)"))
+    rows = bench_attention(
+        args.sides,
+        dim=args.dim,
+        heads=args.heads,
+        batch=args.batch,
+        contrast_tokens=args.contrast_tokens,
+        layers=args.layers,
+        compile=args.compile,
+        min_run_time=args.min_run_time,
+        device=args.device,
+        log=lambda line: print(f"  {line}", file=sys.stderr, flush=True),
+    )
+    print(
+        f"attention layer, width {args.dim}, {args.heads} heads, batch {args.batch}, "
+        f"{args.contrast_tokens} pooled tokens, no prefix tokens, median wall time (ms)"
+        + ("" if args.compile else "; torch.compile skipped (--no-compile)")
+    )
     print(family_speed_table(rows))
     targets = speed_targets(rows)
     print("\n".join(targets))
@@ -84,8 +124,12 @@ def main(argv=None) -> None:
     if failed:
         print("torch.compile failed for: " + "; ".join(failed))
     if args.json:
-        write_json(args.json, {"machine": machine, "config": vars(args), "attention": [asdict(r) for r in rows],
-                               "targets": targets}, sort_keys=False, end="")
+        write_json(
+            args.json,
+            {"machine": machine, "config": vars(args), "attention": [asdict(r) for r in rows], "targets": targets},
+            sort_keys=False,
+            end="",
+        )
 
 
 if __name__ == "__main__":

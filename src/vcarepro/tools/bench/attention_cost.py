@@ -5,6 +5,7 @@ token counts, eager and under ``torch.compile``, and their MACs, all in one run 
 compare like with like on a noisy machine. :func:`speed_targets` reads the issue's speed targets
 off those rows.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,7 +15,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 import torch
 
 from vcarepro.attention import POOLED_TOKEN_OPTION, build_attention
-from vcarepro.core.choices import BENCH_LAYERS   # every attention, then VCA without its local term ("vca-dwc")
+from vcarepro.core.choices import BENCH_LAYERS  # every attention, then VCA without its local term ("vca-dwc")
 from vcarepro.metrics.complexity import count_flops
 from vcarepro.tools.bench.timing import sync, time_ms
 
@@ -38,9 +39,9 @@ class AttentionTiming:
     forward_ms: float
     forward_backward_ms: float
     macs: int
-    compiled_forward_ms: Optional[float] = None           # None: not measured (compile off, or it failed)
+    compiled_forward_ms: Optional[float] = None  # None: not measured (compile off, or it failed)
     compiled_forward_backward_ms: Optional[float] = None
-    compile_error: Optional[str] = None                   # one line, when torch.compile failed for this layer
+    compile_error: Optional[str] = None  # one line, when torch.compile failed for this layer
 
 
 def build_bench_layer(name: str, dim: int, heads: int, side: int, pooled_tokens: int) -> torch.nn.Module:
@@ -49,8 +50,7 @@ def build_bench_layer(name: str, dim: int, heads: int, side: int, pooled_tokens:
     options = dict(options)
     if attention in POOLED_TOKEN_OPTION:
         options[POOLED_TOKEN_OPTION[attention]] = pooled_tokens
-    return build_attention(attention, dim, heads, grid_size=side, num_prefix_tokens=0, qkv_bias=True,
-                           options=options)
+    return build_attention(attention, dim, heads, grid_size=side, num_prefix_tokens=0, qkv_bias=True, options=options)
 
 
 def _timings(layer: Callable, x: torch.Tensor, min_run_time: float, device: str, *, warm_up: bool = False):
@@ -82,10 +82,19 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
 
 
-def bench_attention(sides: Sequence[int] = (14, 28, 56), *, dim: int = 192, heads: int = 3, batch: int = 8,
-                    contrast_tokens: int = 49, layers: Optional[Sequence[str]] = None, compile: bool = False,
-                    min_run_time: float = 1.0, device: str = "cpu",
-                    log: Optional[Callable[[str], None]] = None) -> List[AttentionTiming]:
+def bench_attention(
+    sides: Sequence[int] = (14, 28, 56),
+    *,
+    dim: int = 192,
+    heads: int = 3,
+    batch: int = 8,
+    contrast_tokens: int = 49,
+    layers: Optional[Sequence[str]] = None,
+    compile: bool = False,
+    min_run_time: float = 1.0,
+    device: str = "cpu",
+    log: Optional[Callable[[str], None]] = None,
+) -> List[AttentionTiming]:
     """MACs and median forward / forward+backward wall time of each attention on (batch, side^2, dim) tokens.
 
     ``contrast_tokens`` is the pooled-token count of every layer that pools (VCA's contrast
@@ -98,6 +107,7 @@ def bench_attention(sides: Sequence[int] = (14, 28, 56), *, dim: int = 192, head
     unknown = [n for n in layers if n not in BENCH_LAYERS]
     if unknown:
         from vcarepro.core.errors import BadInput
+
         raise BadInput(f"unknown attention {', '.join(map(repr, unknown))}; choose from {', '.join(BENCH_LAYERS)}.")
     rows = []
     for side in sides:
@@ -113,8 +123,9 @@ def bench_attention(sides: Sequence[int] = (14, 28, 56), *, dim: int = 192, head
                 torch._dynamo.reset()  # a fresh cache per layer and shape: bounded memory, no recompile limit hit
                 try:
                     compiled = torch.compile(layer, dynamic=False)
-                    row.compiled_forward_ms, row.compiled_forward_backward_ms = _timings(compiled, x, min_run_time,
-                                                                                         device, warm_up=True)
+                    row.compiled_forward_ms, row.compiled_forward_backward_ms = _timings(
+                        compiled, x, min_run_time, device, warm_up=True
+                    )
                 except Exception as error:  # noqa: BLE001  (any compiler failure is a finding, not a crash)
                     row.compile_error = _one_line(error)
                 finally:
@@ -126,11 +137,15 @@ def bench_attention(sides: Sequence[int] = (14, 28, 56), *, dim: int = 192, head
 
 
 def _row_line(r: AttentionTiming) -> str:
-    compiled = (f", compiled {r.compiled_forward_ms:.2f} / {r.compiled_forward_backward_ms:.2f} ms"
-                if r.compiled_forward_ms is not None else (f", compile failed: {r.compile_error}"
-                                                           if r.compile_error else ""))
-    return (f"N={r.tokens} {r.layer}: {r.macs / 1e9:.3f} GMACs, {r.forward_ms:.2f} ms forward, "
-            f"{r.forward_backward_ms:.2f} ms forward+backward{compiled}")
+    compiled = (
+        f", compiled {r.compiled_forward_ms:.2f} / {r.compiled_forward_backward_ms:.2f} ms"
+        if r.compiled_forward_ms is not None
+        else (f", compile failed: {r.compile_error}" if r.compile_error else "")
+    )
+    return (
+        f"N={r.tokens} {r.layer}: {r.macs / 1e9:.3f} GMACs, {r.forward_ms:.2f} ms forward, "
+        f"{r.forward_backward_ms:.2f} ms forward+backward{compiled}"
+    )
 
 
 Row = Union[AttentionTiming, Mapping[str, object]]
@@ -144,8 +159,10 @@ def attention_table(rows: List[AttentionTiming]) -> str:
     """MHSA against VCA, side by side (the two layers of the paper's complexity claim)."""
     by = {(r.tokens, r.layer): r for r in rows}
     tokens = sorted({r.tokens for r in rows})
-    lines = [f"{'N':>6} | {'MHSA fwd ms':>11} {'VCA fwd ms':>10} {'MHSA/VCA':>8} | "
-             f"{'MHSA f+b ms':>11} {'VCA f+b ms':>10} {'MHSA/VCA':>8} | {'MHSA GMACs':>10} {'VCA GMACs':>9}"]
+    lines = [
+        f"{'N':>6} | {'MHSA fwd ms':>11} {'VCA fwd ms':>10} {'MHSA/VCA':>8} | "
+        f"{'MHSA f+b ms':>11} {'VCA f+b ms':>10} {'MHSA/VCA':>8} | {'MHSA GMACs':>10} {'VCA GMACs':>9}"
+    ]
     for n in tokens:
         m, v = by[(n, "mhsa")], by[(n, "vca")]
         lines.append(
@@ -174,8 +191,7 @@ def family_speed_table(rows: Sequence[Row]) -> str:
     tokens = sorted({r["tokens"] for r in rows})
     layers = [name for name in dict.fromkeys(r["layer"] for r in rows)]
     by = {(r["layer"], r["tokens"]): r for r in rows}
-    head = ["layer"] + [f"N={n} {what}" for n in tokens
-                        for what in ("GMACs", "fwd ms", "f+b ms", "compiled fwd ms")]
+    head = ["layer"] + [f"N={n} {what}" for n in tokens for what in ("GMACs", "fwd ms", "f+b ms", "compiled fwd ms")]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for layer in layers:
         cells = [layer]
@@ -214,25 +230,31 @@ def speed_targets(rows: Sequence[Row]) -> List[str]:
     # 1. compiled VCA vs eager MHSA, forward, N = 196
     vca, mhsa = by.get(("vca", 196)), by.get(("mhsa", 196))
     if vca is None or mhsa is None:
-        out.append(f"1. compiled VCA forward <= eager MHSA forward at N=196: {_verdict(None)} "
-                   f"(needs vca and mhsa at N=196)")
+        out.append(
+            f"1. compiled VCA forward <= eager MHSA forward at N=196: {_verdict(None)} (needs vca and mhsa at N=196)"
+        )
     elif vca.get("compiled_forward_ms") is None:
         why = f"compile failed: {vca['compile_error']}" if vca.get("compile_error") else COMPILE_OFF
         out.append(f"1. compiled VCA forward <= eager MHSA forward at N=196: {_verdict(None)} ({why})")
     else:
         ratio = vca["compiled_forward_ms"] / mhsa["forward_ms"]
-        out.append(f"1. compiled VCA forward <= eager MHSA forward at N=196: {_verdict(ratio <= 1.0)} "
-                   f"(VCA compiled {vca['compiled_forward_ms']:.2f} ms / MHSA eager {mhsa['forward_ms']:.2f} ms "
-                   f"= {ratio:.2f}x)")
+        out.append(
+            f"1. compiled VCA forward <= eager MHSA forward at N=196: {_verdict(ratio <= 1.0)} "
+            f"(VCA compiled {vca['compiled_forward_ms']:.2f} ms / MHSA eager {mhsa['forward_ms']:.2f} ms "
+            f"= {ratio:.2f}x)"
+        )
 
     # 2. VCA within 1.2x of Agent at every N
     both = [n for n in tokens if ("vca", n) in by and ("agent", n) in by]
     if not both:
         out.append(f"2. VCA within 1.2x of Agent at every N: {_verdict(None)} (needs vca and agent)")
     else:
-        modes = [("forward_ms", "eager forward"), ("forward_backward_ms", "eager forward+backward"),
-                 ("compiled_forward_ms", "compiled forward"),
-                 ("compiled_forward_backward_ms", "compiled forward+backward")]
+        modes = [
+            ("forward_ms", "eager forward"),
+            ("forward_backward_ms", "eager forward+backward"),
+            ("compiled_forward_ms", "compiled forward"),
+            ("compiled_forward_backward_ms", "compiled forward+backward"),
+        ]
         for key, label in modes:
             pairs = [(n, by[("vca", n)].get(key), by[("agent", n)].get(key)) for n in both]
             if any(v is None or a is None for _, v, a in pairs):
@@ -241,8 +263,11 @@ def speed_targets(rows: Sequence[Row]) -> List[str]:
                 out.append(f"2. VCA/Agent {label} <= 1.2 at every N: {_verdict(None)} ({why})")
                 continue
             ratios = [(n, v / a) for n, v, a in pairs]
-            out.append(f"2. VCA/Agent {label} <= 1.2 at every N: {_verdict(all(r <= 1.2 for _, r in ratios))} ("
-                       + ", ".join(f"N={n} {r:.2f}x" for n, r in ratios) + ")")
+            out.append(
+                f"2. VCA/Agent {label} <= 1.2 at every N: {_verdict(all(r <= 1.2 for _, r in ratios))} ("
+                + ", ".join(f"N={n} {r:.2f}x" for n, r in ratios)
+                + ")"
+            )
 
     # 3. linear scaling of every linear member, MACs (the pass/fail) and time (reported)
     n0, n1 = (tokens[0], tokens[-1]) if tokens else (None, None)
@@ -261,15 +286,24 @@ def speed_targets(rows: Sequence[Row]) -> List[str]:
         # the time is what the target is about; exact MACs are linear by construction and only a sanity check
         times = [b[k] / a[k] for k in ("forward_ms", "forward_backward_ms")]
         time_bound = TIME_SLACK * bound / 1.1
-        out.append(f"3. {layer} linear in N ({n0}->{n1}, {growth:.0f}x tokens): "
-                   f"{_verdict(macs <= bound and max(times) <= time_bound)} "
-                   f"(time forward {times[0]:.1f}x, forward+backward {times[1]:.1f}x <= {time_bound:.1f}x; "
-                   f"MACs {macs:.2f}x <= {bound:.1f}x{note})")
-    quadratic = [name for name in dict.fromkeys(r["layer"] for r in rows)
-                 if name not in LINEAR_LAYERS and (name, n0) in by and (name, n1) in by]
+        out.append(
+            f"3. {layer} linear in N ({n0}->{n1}, {growth:.0f}x tokens): "
+            f"{_verdict(macs <= bound and max(times) <= time_bound)} "
+            f"(time forward {times[0]:.1f}x, forward+backward {times[1]:.1f}x <= {time_bound:.1f}x; "
+            f"MACs {macs:.2f}x <= {bound:.1f}x{note})"
+        )
+    quadratic = [
+        name
+        for name in dict.fromkeys(r["layer"] for r in rows)
+        if name not in LINEAR_LAYERS and (name, n0) in by and (name, n1) in by
+    ]
     if quadratic:
-        out.append("   quadratic members, for reference: " + ", ".join(
-            f"{name} MACs {by[(name, n1)]['macs'] / by[(name, n0)]['macs']:.1f}x, forward+backward "
-            f"{by[(name, n1)]['forward_backward_ms'] / by[(name, n0)]['forward_backward_ms']:.1f}x"
-            for name in quadratic))
+        out.append(
+            "   quadratic members, for reference: "
+            + ", ".join(
+                f"{name} MACs {by[(name, n1)]['macs'] / by[(name, n0)]['macs']:.1f}x, forward+backward "
+                f"{by[(name, n1)]['forward_backward_ms'] / by[(name, n0)]['forward_backward_ms']:.1f}x"
+                for name in quadratic
+            )
+        )
     return out

@@ -5,6 +5,7 @@ prepared classification set or from :func:`write_imagenet_like_jpegs`, decodes a
 ``workers`` processes as the training loader does, and counts what arrives after the first batch
 (worker start-up and the first decodes are not throughput).
 """
+
 from __future__ import annotations
 
 import time
@@ -35,8 +36,9 @@ def write_imagenet_like_jpegs(root: str | Path, count: int = 64, size=IMAGENET_L
     width, height = size
     rows = []
     for i in range(count):
-        coarse = Image.fromarray(rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)).resize((width, height),
-                                                                                           Image.BICUBIC)
+        coarse = Image.fromarray(rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)).resize(
+            (width, height), Image.BICUBIC
+        )
         pixels = np.asarray(coarse, dtype=np.int16) + rng.integers(-12, 13, (height, width, 3))
         path = root / "train" / "n0" / f"{i}.JPEG"
         Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(path, quality=90)
@@ -46,8 +48,9 @@ def write_imagenet_like_jpegs(root: str | Path, count: int = 64, size=IMAGENET_L
     return root
 
 
-def loader_throughput(dataset, *, workers: int, batch: int = 16, seconds: float = 4.0,
-                      min_batches: int = 0) -> Dict[str, float]:
+def loader_throughput(
+    dataset, *, workers: int, batch: int = 16, seconds: float = 4.0, min_batches: int = 0
+) -> Dict[str, float]:
     """Images/s of a ``DataLoader`` over ``dataset`` with ``workers`` processes, measured for ``seconds``.
 
     The clock starts when the first batch arrives; at least ``max(2, min_batches)`` batches are
@@ -55,8 +58,7 @@ def loader_throughput(dataset, *, workers: int, batch: int = 16, seconds: float 
     """
     if len(dataset) == 0:
         raise ValueError("the dataset is empty")
-    sampler = RandomSampler(dataset, replacement=True, num_samples=10 ** 9,
-                            generator=torch.Generator().manual_seed(0))
+    sampler = RandomSampler(dataset, replacement=True, num_samples=10**9, generator=torch.Generator().manual_seed(0))
     loader = DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers)
     images = batches = 0
     started = None
@@ -74,5 +76,4 @@ def loader_throughput(dataset, *, workers: int, batch: int = 16, seconds: float 
     finally:
         del iterator  # shuts the workers down
     elapsed = time.perf_counter() - started
-    return {"images_per_s": images / elapsed, "images": images, "seconds": elapsed, "workers": workers,
-            "batch": batch}
+    return {"images_per_s": images / elapsed, "images": images, "seconds": elapsed, "workers": workers, "batch": batch}

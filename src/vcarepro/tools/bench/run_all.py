@@ -1,4 +1,5 @@
 """``python -m vcarepro.tools.bench``: every benchmark, printed as tables of ratios, and one JSON."""
+
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -6,7 +7,13 @@ from typing import Dict
 
 from vcarepro.core.io import write_json
 from vcarepro.tools.bench.attention_cost import attention_table, bench_attention
-from vcarepro.tools.bench.suite import (bench_attention_memory, bench_dvc_noop, bench_jpeg_decode, bench_models, bench_train_loop)
+from vcarepro.tools.bench.suite import (
+    bench_attention_memory,
+    bench_dvc_noop,
+    bench_jpeg_decode,
+    bench_models,
+    bench_train_loop,
+)
 
 
 def run_all(machine: Dict[str, object], *, quick: bool = False, json_path: str = "bench.json") -> Dict[str, object]:
@@ -32,28 +39,38 @@ def run_all(machine: Dict[str, object], *, quick: bool = False, json_path: str =
     out["models"] = models
     print("\n3. Whole model forward, batch 1 (median ms)")
     for size in sorted({r["img_size"] for r in models}):
-        base, vca = (next(r for r in models if r["img_size"] == size and r["model"] == name)
-                     for name in ("deit_tiny_patch16_224", "vca_deit_tiny_patch16_224"))
-        print(f"   {size:>4} px ({base['tokens']:>5} tokens): DeiT-T {base['forward_ms']:8.1f}  "
-              f"VCA-DeiT-T {vca['forward_ms']:8.1f}  DeiT-T/VCA {base['forward_ms'] / vca['forward_ms']:5.2f}")
+        base, vca = (
+            next(r for r in models if r["img_size"] == size and r["model"] == name)
+            for name in ("deit_tiny_patch16_224", "vca_deit_tiny_patch16_224")
+        )
+        print(
+            f"   {size:>4} px ({base['tokens']:>5} tokens): DeiT-T {base['forward_ms']:8.1f}  "
+            f"VCA-DeiT-T {vca['forward_ms']:8.1f}  DeiT-T/VCA {base['forward_ms'] / vca['forward_ms']:5.2f}"
+        )
 
     loop = bench_train_loop(steps=10 if quick else 40)
     out["train_loop"] = loop
-    print(f"\n4. Training loop, embedded DeiT-T, batch {loop['batch']}: ours {loop['ours_images_per_s']:.0f} images/s, "
-          f"plain timm loop {loop['plain_images_per_s']:.0f} images/s, overhead {loop['overhead'] * 100:+.1f}%")
+    print(
+        f"\n4. Training loop, embedded DeiT-T, batch {loop['batch']}: ours {loop['ours_images_per_s']:.0f} images/s, "
+        f"plain timm loop {loop['plain_images_per_s']:.0f} images/s, overhead {loop['overhead'] * 100:+.1f}%"
+    )
 
     decode = bench_jpeg_decode(images=32 if quick else 128)
     out["jpeg_decode"] = decode
-    print("\n5. JPEG decode + DeiT train transform (500x666 px JPEGs), images/s: " +
-          ", ".join(f"{r['workers']} workers {r['images_per_s']:.0f}" for r in decode))
+    print(
+        "\n5. JPEG decode + DeiT train transform (500x666 px JPEGs), images/s: "
+        + ", ".join(f"{r['workers']} workers {r['images_per_s']:.0f}" for r in decode)
+    )
 
     noop = bench_dvc_noop()
     out["dvc_noop"] = noop
     if "skipped" in noop:
         print(f"\n6. DVC no-op time: skipped, {noop['skipped']}")
     elif noop:
-        print(f"\n6. DVC with everything up to date: dvc status {noop['dvc_status_s']:.2f} s, "
-              f"dvc repro {noop['dvc_repro_s']:.2f} s")
+        print(
+            f"\n6. DVC with everything up to date: dvc status {noop['dvc_status_s']:.2f} s, "
+            f"dvc repro {noop['dvc_repro_s']:.2f} s"
+        )
     write_json(json_path, out, sort_keys=False, end="")
     print(f"\nwrote {json_path}")
     return out

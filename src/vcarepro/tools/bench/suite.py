@@ -2,6 +2,7 @@
 overhead, JPEG decoding and DVC's no-op time. Each returns plain rows; ``__main__`` prints
 them and writes one JSON. Ratios are taken within one run: these machines are noisy.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -19,12 +20,14 @@ from vcarepro.attention import VisualContrastAttention
 from vcarepro.tools.bench.timing import time_ms
 
 
-def bench_models(img_sizes: Sequence[int] = (224, 448, 896), *, batch: int = 1,
-                 min_run_time: float = 1.0) -> List[Dict[str, float]]:
+def bench_models(
+    img_sizes: Sequence[int] = (224, 448, 896), *, batch: int = 1, min_run_time: float = 1.0
+) -> List[Dict[str, float]]:
     """Forward time of timm's DeiT-T against VCA-DeiT-T (49 contrast tokens) at growing image sizes."""
     import timm
 
     import vcarepro.models  # noqa: F401  (registers the VCA models with timm)
+
     rows = []
     for size in img_sizes:
         for name in ("deit_tiny_patch16_224", "vca_deit_tiny_patch16_224"):
@@ -34,8 +37,15 @@ def bench_models(img_sizes: Sequence[int] = (224, 448, 896), *, batch: int = 1,
             def forward(model=model, x=x):
                 with torch.no_grad():
                     model(x)
-            rows.append({"img_size": size, "tokens": (size // 16) ** 2 + 1, "model": name,
-                         "forward_ms": time_ms(forward, min_run_time)})
+
+            rows.append(
+                {
+                    "img_size": size,
+                    "tokens": (size // 16) ** 2 + 1,
+                    "model": name,
+                    "forward_ms": time_ms(forward, min_run_time),
+                }
+            )
     return rows
 
 
@@ -62,8 +72,9 @@ def saved_activation_bytes(layer: nn.Module, x: torch.Tensor) -> int:
     return total
 
 
-def bench_attention_memory(sides: Sequence[int] = (14, 28, 56), *, dim: int = 192, heads: int = 3, batch: int = 8,
-                           contrast_tokens: int = 49) -> List[Dict[str, float]]:
+def bench_attention_memory(
+    sides: Sequence[int] = (14, 28, 56), *, dim: int = 192, heads: int = 3, batch: int = 8, contrast_tokens: int = 49
+) -> List[Dict[str, float]]:
     """Activation memory of one attention layer against token count, MHSA (timm, fused) vs VCA.
 
     Counted from what autograd saves, so it is the same on any device. The math
@@ -73,13 +84,15 @@ def bench_attention_memory(sides: Sequence[int] = (14, 28, 56), *, dim: int = 19
     """
     rows = []
     for side in sides:
-        layers = {"mhsa": Attention(dim, heads, qkv_bias=True),
-                  "vca": VisualContrastAttention(dim, heads, grid_size=side, num_prefix_tokens=0,
-                                                 contrast_tokens=contrast_tokens, qkv_bias=True)}
+        layers = {
+            "mhsa": Attention(dim, heads, qkv_bias=True),
+            "vca": VisualContrastAttention(
+                dim, heads, grid_size=side, num_prefix_tokens=0, contrast_tokens=contrast_tokens, qkv_bias=True
+            ),
+        }
         for name, layer in layers.items():
             x = torch.randn(batch, side * side, dim)
-            rows.append({"tokens": side * side, "layer": name,
-                         "saved_mib": saved_activation_bytes(layer, x) / 2 ** 20})
+            rows.append({"tokens": side * side, "layer": name, "saved_mib": saved_activation_bytes(layer, x) / 2**20})
     return rows
 
 
@@ -92,16 +105,17 @@ def bench_train_loop(steps: int = 20, batch: int = 64) -> Dict[str, float]:
     """
     from timm.optim import create_optimizer_v2
 
-    from vcarepro.params.config import compose
     from vcarepro.data.embedded import export_digits
     from vcarepro.data.folders import ManifestDataset
+    from vcarepro.params.config import compose
     from vcarepro.params.runs import cls_run
     from vcarepro.train.classification import ClassifierSpec, build_transforms, make_loader, train_classifier
     from vcarepro.train.distributed import DistInfo
 
     params = compose([])
-    recipe = dict(cls_run(params, "deit_tiny-mhsa").recipe, batch_size=batch, epochs=1000, eval_every=10 ** 6,
-                  ema_decay=0.99)
+    recipe = dict(
+        cls_run(params, "deit_tiny-mhsa").recipe, batch_size=batch, epochs=1000, eval_every=10**6, ema_decay=0.99
+    )
     info = DistInfo(0, 1, 0, torch.device("cpu"))
     spec = ClassifierSpec("deit_tiny", "mhsa", {}, params["cls_shape"])
     with tempfile.TemporaryDirectory() as tmp:
@@ -109,16 +123,25 @@ def bench_train_loop(steps: int = 20, batch: int = 64) -> Dict[str, float]:
         export_digits(root, val_fraction=0.2, seed=0)
         # ours, minus a final evaluation: steps x batch images
         started = time.perf_counter()
-        train_classifier(spec=spec, recipe=dict(recipe, epochs=10 ** 6), data_root=root, seed=0,
-                         out_dir=Path(tmp) / "out", ckpt_dir=Path(tmp) / "ckpt", info=info, max_steps=steps,
-                         fingerprint="bench")
+        train_classifier(
+            spec=spec,
+            recipe=dict(recipe, epochs=10**6),
+            data_root=root,
+            seed=0,
+            out_dir=Path(tmp) / "out",
+            ckpt_dir=Path(tmp) / "ckpt",
+            info=info,
+            max_steps=steps,
+            fingerprint="bench",
+        )
         ours = time.perf_counter() - started
         # plain: the same model, data and optimizer, nothing else
         torch.manual_seed(0)
         model = spec.create(num_classes=10)
         optimizer = create_optimizer_v2(model, opt="adamw", lr=1e-3, weight_decay=0.05)
-        loader = make_loader(ManifestDataset(root, "train", build_transforms(recipe, training=True)), recipe, info,
-                             training=True, seed=0)
+        loader = make_loader(
+            ManifestDataset(root, "train", build_transforms(recipe, training=True)), recipe, info, training=True, seed=0
+        )
         started, done = time.perf_counter(), 0
         while done < steps:
             for images, targets in loader:
@@ -130,8 +153,13 @@ def bench_train_loop(steps: int = 20, batch: int = 64) -> Dict[str, float]:
                 if done == steps:
                     break
         plain = time.perf_counter() - started
-    return {"steps": steps, "batch": batch, "ours_images_per_s": steps * batch / ours,
-            "plain_images_per_s": steps * batch / plain, "overhead": ours / plain - 1.0}
+    return {
+        "steps": steps,
+        "batch": batch,
+        "ours_images_per_s": steps * batch / ours,
+        "plain_images_per_s": steps * batch / plain,
+        "overhead": ours / plain - 1.0,
+    }
 
 
 def bench_jpeg_decode(workers: Sequence[int] = (0, 2), images: int = 64, side: int = 500) -> List[Dict[str, float]]:
@@ -139,8 +167,8 @@ def bench_jpeg_decode(workers: Sequence[int] = (0, 2), images: int = 64, side: i
     import numpy as np
     from PIL import Image
 
-    from vcarepro.params.config import compose
     from vcarepro.data.folders import ManifestDataset, write_manifest
+    from vcarepro.params.config import compose
     from vcarepro.params.runs import cls_run
     from vcarepro.train.classification import build_transforms
 

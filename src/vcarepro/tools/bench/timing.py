@@ -1,4 +1,5 @@
 """Timing helpers the benchmarks share: one timed thread, median milliseconds, the machine they ran on."""
+
 from __future__ import annotations
 
 import os

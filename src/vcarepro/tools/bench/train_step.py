@@ -9,6 +9,7 @@ projection assumes data loading and gradient all-reduce are hidden behind comput
 it is a lower bound on a real multi-GPU run, and it is only as good as the device
 it was measured on.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,10 +19,10 @@ import torch
 from timm.data.mixup import mixup_target
 from timm.utils import ModelEmaV3
 
-from vcarepro.params.config import compose
-from vcarepro.tools.bench.timing import time_ms
 from vcarepro.core.errors import UnknownName
+from vcarepro.params.config import compose
 from vcarepro.params.runs import cls_run, gen_run
+from vcarepro.tools.bench.timing import time_ms
 from vcarepro.train.classification import ClassifierSpec, build_criterion, build_optimizer, recipe_steps
 from vcarepro.train.generation import GeneratorSpec, make_objective
 from vcarepro.train.precision import MixedPrecision, maybe_compile
@@ -41,8 +42,9 @@ def bench_train_step(run_name: str, *, scale: str = "paper", **kw) -> Dict[str, 
         return bench_gen_step(run_name, params=params, **kw)
     if run_name in params["cls_runs"]:
         return bench_cls_step(run_name, params=params, train_images=TRAIN_IMAGES[scale], **kw)
-    raise UnknownName(f"no run {run_name!r} at scale {scale}; choose one of "
-                      f"{', '.join([*params['cls_runs'], *params['gen_runs']])}.")
+    raise UnknownName(
+        f"no run {run_name!r} at scale {scale}; choose one of {', '.join([*params['cls_runs'], *params['gen_runs']])}."
+    )
 
 
 class TrainStep:
@@ -55,8 +57,18 @@ class TrainStep:
     (weights, gradients, optimizer state, EMA), the part of the memory that does not grow with the batch.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: Callable[[], None], *,
-                 batch: int, device: torch.device, precision: str, ema=None, input_shape: Tuple[int, ...] = ()):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        step: Callable[[], None],
+        *,
+        batch: int,
+        device: torch.device,
+        precision: str,
+        ema=None,
+        input_shape: Tuple[int, ...] = (),
+    ):
         self.model, self.optimizer, self.ema = model, optimizer, ema
         self.batch, self.device, self.precision, self.input_shape = batch, device, precision, input_shape
         self._step = step
@@ -75,8 +87,9 @@ class TrainStep:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def classification_step(run, *, batch: int, device: str = "cpu", precision: Optional[str] = None,
-                        num_classes: int = 1000) -> TrainStep:
+def classification_step(
+    run, *, batch: int, device: str = "cpu", precision: Optional[str] = None, num_classes: int = 1000
+) -> TrainStep:
     """The training step of a ``cls_runs`` entry (``params.runs.ClsRun``) at ``batch`` images per device.
 
     As ``train.classification.train_classifier`` builds it: the model with the recipe's drop path, timm's
@@ -119,8 +132,9 @@ def classification_step(run, *, batch: int, device: str = "cpu", precision: Opti
             ema.update(model, step=updates[0])
 
     model.train()
-    return TrainStep(model, optimizer, step, batch=batch, device=dev, precision=amp.precision, ema=ema,
-                     input_shape=(3, size, size))
+    return TrainStep(
+        model, optimizer, step, batch=batch, device=dev, precision=amp.precision, ema=ema, input_shape=(3, size, size)
+    )
 
 
 def generation_step(run, *, batch: int, device: str = "cpu", precision: Optional[str] = None) -> TrainStep:
@@ -133,8 +147,11 @@ def generation_step(run, *, batch: int, device: str = "cpu", precision: Optional
     recipe = run.recipe
     dev = torch.device(device)
     torch.manual_seed(0)
-    model = GeneratorSpec.for_run(run).create(learn_sigma=recipe["learn_sigma"],
-                                              class_dropout_prob=recipe["class_dropout_prob"]).to(dev)
+    model = (
+        GeneratorSpec.for_run(run)
+        .create(learn_sigma=recipe["learn_sigma"], class_dropout_prob=recipe["class_dropout_prob"])
+        .to(dev)
+    )
     ema = ModelEmaV3(model, decay=recipe["ema_decay"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=recipe["weight_decay"])
     objective = make_objective(run.objective, recipe["flow_path"])
@@ -158,8 +175,9 @@ def generation_step(run, *, batch: int, device: str = "cpu", precision: Optional
         updates[0] += 1
 
     model.train()
-    return TrainStep(model, optimizer, step, batch=batch, device=dev, precision=amp.precision, ema=ema,
-                     input_shape=shape)
+    return TrainStep(
+        model, optimizer, step, batch=batch, device=dev, precision=amp.precision, ema=ema, input_shape=shape
+    )
 
 
 def model_input_shape(model: torch.nn.Module) -> Tuple[int, ...]:
@@ -170,8 +188,16 @@ def model_input_shape(model: torch.nn.Module) -> Tuple[int, ...]:
     return (model.in_channels, *size)
 
 
-def bench_cls_step(run_name: str, *, params: Dict[str, Any], train_images: int, batch: int, device: str = "cpu",
-                   precision: str = "bf16", min_run_time: float = 2.0) -> Dict[str, Any]:
+def bench_cls_step(
+    run_name: str,
+    *,
+    params: Dict[str, Any],
+    train_images: int,
+    batch: int,
+    device: str = "cpu",
+    precision: str = "bf16",
+    min_run_time: float = 2.0,
+) -> Dict[str, Any]:
     run = cls_run(params, run_name)
     recipe = run.recipe
     step = classification_step(run, batch=batch, device=device, precision=precision)
@@ -181,15 +207,29 @@ def bench_cls_step(run_name: str, *, params: Dict[str, Any], train_images: int, 
     steps = recipe_steps(recipe, train_images)
     device_steps = steps * math.ceil(global_batch / batch)
     return {
-        "run": run_name, "model": run.model, "objective": "classification", "device": device,
-        "precision": precision, "batch_per_device": batch, "ms_per_step": seconds * 1e3,
-        "images_per_second": batch / seconds, "recipe_steps": steps, "global_batch": global_batch,
+        "run": run_name,
+        "model": run.model,
+        "objective": "classification",
+        "device": device,
+        "precision": precision,
+        "batch_per_device": batch,
+        "ms_per_step": seconds * 1e3,
+        "images_per_second": batch / seconds,
+        "recipe_steps": steps,
+        "global_batch": global_batch,
         "projected_device_hours": device_steps * seconds / 3600.0,
     }
 
 
-def bench_gen_step(run_name: str, *, params: Dict[str, Any] = None, batch: int, device: str = "cpu",
-                   precision: str = "bf16", min_run_time: float = 2.0) -> Dict[str, Any]:
+def bench_gen_step(
+    run_name: str,
+    *,
+    params: Dict[str, Any] = None,
+    batch: int,
+    device: str = "cpu",
+    precision: str = "bf16",
+    min_run_time: float = 2.0,
+) -> Dict[str, Any]:
     params = params or compose(["scale=paper"])
     run = gen_run(params, run_name)
     recipe = run.recipe
@@ -199,8 +239,15 @@ def bench_gen_step(run_name: str, *, params: Dict[str, Any] = None, batch: int, 
     global_batch, steps = recipe["batch_size"], recipe["steps"]
     device_steps = steps * math.ceil(global_batch / batch)
     return {
-        "run": run_name, "model": run.model, "objective": run.objective, "device": device,
-        "precision": precision, "batch_per_device": batch, "ms_per_step": seconds * 1e3,
-        "images_per_second": batch / seconds, "recipe_steps": steps, "global_batch": global_batch,
+        "run": run_name,
+        "model": run.model,
+        "objective": run.objective,
+        "device": device,
+        "precision": precision,
+        "batch_per_device": batch,
+        "ms_per_step": seconds * 1e3,
+        "images_per_second": batch / seconds,
+        "recipe_steps": steps,
+        "global_batch": global_batch,
         "projected_device_hours": device_steps * seconds / 3600.0,
     }

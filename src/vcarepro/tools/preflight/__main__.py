@@ -1,5 +1,6 @@
 """``python -m vcarepro.tools.preflight`` (and ``vcarepro preflight``): :func:`vcarepro.tools.preflight.cli.main` as a
 stage runs, a problem the user can fix one ``error:`` line and exit status 2."""
+
 from vcarepro.core.errors import run_stage
 from vcarepro.tools.preflight.cli import main
 

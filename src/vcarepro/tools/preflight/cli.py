@@ -26,6 +26,7 @@ does not fit, a split too small for one batch, ...), each printed as an ``error:
 unknown scale or run name stops at once with one sentence. 1: a run failed unexpectedly (a bug: its
 traceback is printed, the other runs are still measured).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,35 +78,62 @@ def scales() -> List[str]:
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m vcarepro.tools.preflight", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m vcarepro.tools.preflight",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--scale", help="the scale to check (default: the scale of ./params.yaml)")
-    parser.add_argument("--runs", action="append", default=[],
-                        help="comma-separated cls_runs / gen_runs entries (default: every run of the scale)")
-    parser.add_argument("--batch", type=int, help="cap on the per-device batch actually run (default on a CPU: "
-                                                  f"{DEFAULT_CPU_BATCH}; on a GPU: none); the time is scaled linearly")
+    parser.add_argument(
+        "--runs",
+        action="append",
+        default=[],
+        help="comma-separated cls_runs / gen_runs entries (default: every run of the scale)",
+    )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        help="cap on the per-device batch actually run (default on a CPU: "
+        f"{DEFAULT_CPU_BATCH}; on a GPU: none); the time is scaled linearly",
+    )
     parser.add_argument("--devices", type=int, help="devices the runs will train on (default: visible GPUs, or 1)")
     parser.add_argument("--device", help="where to step the models (default: cuda if visible, else cpu)")
-    parser.add_argument("--steps", "--repeats", dest="steps", type=int, default=TIMED_STEPS,
-                        help=f"timed steps per run after {WARMUP_STEPS} warm-up step; the table shows their median "
-                             f"(default {TIMED_STEPS})")
-    parser.add_argument("--loader-seconds", type=float, default=3.0,
-                        help="seconds of data-loader timing per distinct training transform")
+    parser.add_argument(
+        "--steps",
+        "--repeats",
+        dest="steps",
+        type=int,
+        default=TIMED_STEPS,
+        help=f"timed steps per run after {WARMUP_STEPS} warm-up step; the table shows their median "
+        f"(default {TIMED_STEPS})",
+    )
+    parser.add_argument(
+        "--loader-seconds",
+        type=float,
+        default=3.0,
+        help="seconds of data-loader timing per distinct training transform",
+    )
     parser.add_argument("--json", help="also write everything to this JSON file")
-    parser.add_argument("--verbose", action="store_true",
-                        help="a progress line at each run stepped (default: a bar on a terminal, a line every "
-                             "progress.interval_s seconds in a log)")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="Hydra overrides after scale=<scale>, as dvc exp run -S takes them "
-                             "(e.g. prepare_cls.imagenet_root=/data/imagenet)")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="a progress line at each run stepped (default: a bar on a terminal, a line every "
+        "progress.interval_s seconds in a log)",
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="Hydra overrides after scale=<scale>, as dvc exp run -S takes them "
+        "(e.g. prepare_cls.imagenet_root=/data/imagenet)",
+    )
     return parser.parse_args(argv)
 
 
 def composed(scale: Optional[str], overrides: Sequence[str]) -> Tuple[str, Dict[str, Any]]:
     """The scale asked for (else ./params.yaml's, else embedded) and its params composed with ``overrides``, checked."""
     known = scales()
-    scale = scale or (load_params("params.yaml").get("scale") if Path("params.yaml").is_file() else None) \
-        or "embedded"
+    scale = scale or (load_params("params.yaml").get("scale") if Path("params.yaml").is_file() else None) or "embedded"
     if scale not in known:
         raise UnknownName(f"no scale {scale!r} under conf/scale/; choose one of {', '.join(known)}.")
     try:
@@ -113,9 +141,11 @@ def composed(scale: Optional[str], overrides: Sequence[str]) -> Tuple[str, Dict[
     except Exception as err:  # noqa: BLE001 - Hydra's override errors are the user's to fix
         if type(err).__module__.split(".")[0] not in ("hydra", "omegaconf"):
             raise
-        raise BadInput(f"the overrides {' '.join(overrides)} do not apply to conf/: "
-                       f"{str(err).strip().splitlines()[0]}") from None
+        raise BadInput(
+            f"the overrides {' '.join(overrides)} do not apply to conf/: {str(err).strip().splitlines()[0]}"
+        ) from None
     from vcarepro.params.schema import ParamsError, validate
+
     try:
         validate(params, f"the scale={scale} composition")
     except ParamsError as err:
@@ -147,8 +177,9 @@ def hardware(args) -> Tuple[torch.device, int, Optional[int]]:
     return device, devices, cap
 
 
-def step_every_run(branches: Sequence[Branch], progress, doing: Callable[[str], None],
-                   **measure) -> Tuple[List[RunCost], List[str], List[str]]:
+def step_every_run(
+    branches: Sequence[Branch], progress, doing: Callable[[str], None], **measure
+) -> Tuple[List[RunCost], List[str], List[str]]:
     """Every selected run stepped and costed (:func:`run_cost` with ``measure``), each branch after one throw-away
     step: (the costs, the runs that cannot be built as problems, the runs that failed unexpectedly as failures)."""
     costs: List[RunCost] = []
@@ -170,9 +201,20 @@ def step_every_run(branches: Sequence[Branch], progress, doing: Callable[[str], 
     return costs, problems, failures
 
 
-def print_findings(*, scale: str, device: torch.device, devices: int, memory: int, described: Dict[str, Any],
-                   load: Tuple[float, float], steps: int, branches: Sequence[Branch], inputs: Sequence[Input],
-                   loaders: Dict[str, Dict[str, Any]], costs: Sequence[RunCost]) -> None:
+def print_findings(
+    *,
+    scale: str,
+    device: torch.device,
+    devices: int,
+    memory: int,
+    described: Dict[str, Any],
+    load: Tuple[float, float],
+    steps: int,
+    branches: Sequence[Branch],
+    inputs: Sequence[Input],
+    loaders: Dict[str, Dict[str, Any]],
+    costs: Sequence[RunCost],
+) -> None:
     """The header, the table and its legend, and the inputs, on stdout."""
     cpu = device.type == "cpu"
     where = f"{device.type}" + (f" ({torch.cuda.get_device_name(device)})" if not cpu else f" ({described['cpu']})")
@@ -183,25 +225,55 @@ def print_findings(*, scale: str, device: torch.device, devices: int, memory: in
     sys.stdout.flush()  # the table before the sentences below, where stdout and stderr go to one place
 
 
-def write_findings(path: str, *, scale: str, device: torch.device, devices: int, cap: Optional[int], steps: int,
-                   memory: int, described: Dict[str, Any], load: Tuple[float, float], branches: Sequence[Branch],
-                   inputs: Sequence[Input], missing: List[str], loaders: Dict[str, Dict[str, Any]],
-                   costs: Sequence[RunCost], problems: List[str], failures: List[str]) -> None:
+def write_findings(
+    path: str,
+    *,
+    scale: str,
+    device: torch.device,
+    devices: int,
+    cap: Optional[int],
+    steps: int,
+    memory: int,
+    described: Dict[str, Any],
+    load: Tuple[float, float],
+    branches: Sequence[Branch],
+    inputs: Sequence[Input],
+    missing: List[str],
+    loaders: Dict[str, Dict[str, Any]],
+    costs: Sequence[RunCost],
+    problems: List[str],
+    failures: List[str],
+) -> None:
     """Everything the preflight found, as JSON at ``path`` (--json)."""
     from vcarepro.core.io import write_json
-    write_json(path, {
-        "scale": scale, "device": device.type, "cpu_projection": device.type == "cpu", "devices": devices,
-        "batch_cap": cap, "warmup_steps": WARMUP_STEPS, "timed_steps": steps,
-        "machine": described, "device_memory_bytes": memory, "load_average": load,
-        "datasets": {branch.name: asdict(branch.dataset) for branch in branches},
-        "inputs": [asdict(i) for i in inputs], "missing_inputs": missing,
-        "loaders": [dict(entry) for entry in loader.distinct(loaders)],
-        "runs": [dict(asdict(c), scaled=c.scaled) for c in costs],
-        "total": {k: sum(getattr(c, k) or 0.0 for c in costs)
-                  for k in ("train_gpu_hours", "sample_gpu_hours", "gpu_hours")},
-        "do_not_fit": [c.run for c in costs if c.fits is False],
-        "problems": problems, "failures": failures,
-    })
+
+    write_json(
+        path,
+        {
+            "scale": scale,
+            "device": device.type,
+            "cpu_projection": device.type == "cpu",
+            "devices": devices,
+            "batch_cap": cap,
+            "warmup_steps": WARMUP_STEPS,
+            "timed_steps": steps,
+            "machine": described,
+            "device_memory_bytes": memory,
+            "load_average": load,
+            "datasets": {branch.name: asdict(branch.dataset) for branch in branches},
+            "inputs": [asdict(i) for i in inputs],
+            "missing_inputs": missing,
+            "loaders": [dict(entry) for entry in loader.distinct(loaders)],
+            "runs": [dict(asdict(c), scaled=c.scaled) for c in costs],
+            "total": {
+                k: sum(getattr(c, k) or 0.0 for c in costs)
+                for k in ("train_gpu_hours", "sample_gpu_hours", "gpu_hours")
+            },
+            "do_not_fit": [c.run for c in costs if c.fits is False],
+            "problems": problems,
+            "failures": failures,
+        },
+    )
 
 
 def _stepping_progress(params, total: int, verbose: bool) -> Tuple[Any, Callable[[str], None]]:
@@ -214,9 +286,14 @@ def _stepping_progress(params, total: int, verbose: bool) -> Tuple[Any, Callable
     reporting.configure(params, "preflight", interval_s=0.0 if verbose else None)
     on_terminal = not verbose and _isatty(sys.stderr)
     now = ["stepping"]
-    progress = reporting.Progress(None, total, unit="run", figures=lambda: dict([now[0].partition(" ")[::2]]),
-                                  bar=on_terminal,
-                                  stream=None if on_terminal else sys.stderr)
+    progress = reporting.Progress(
+        None,
+        total,
+        unit="run",
+        figures=lambda: dict([now[0].partition(" ")[::2]]),
+        bar=on_terminal,
+        stream=None if on_terminal else sys.stderr,
+    )
 
     def doing(text: str) -> None:
         now[0] = text
@@ -243,10 +320,13 @@ def main(argv=None) -> int:
     device, devices, cap = hardware(args)
 
     load_before = os.getloadavg()[0]
-    branches = (classification(cls_runs, dataset("cls", params, scale), num_classes=expected_classes(params)),
-                generation(gen_runs, dataset("gen", params, scale)))
-    inputs = check_inputs(params, cls_runs=len(cls_runs), gen_runs=len(gen_runs),
-                          cls_prepared=branches[0].dataset.prepared)
+    branches = (
+        classification(cls_runs, dataset("cls", params, scale), num_classes=expected_classes(params)),
+        generation(gen_runs, dataset("gen", params, scale)),
+    )
+    inputs = check_inputs(
+        params, cls_runs=len(cls_runs), gen_runs=len(gen_runs), cls_prepared=branches[0].dataset.prepared
+    )
     # What to fix first, before the minutes of stepping: each missing input once, however many params name it.
     missing = missing_inputs(inputs)
     for sentence in missing:
@@ -255,10 +335,14 @@ def main(argv=None) -> int:
     memory = machine.device_memory(device)
     progress, doing = _stepping_progress(params, len(cls_runs) + len(gen_runs), args.verbose)
     with progress:
-        costs, run_problems, failures = step_every_run(branches, progress, doing, devices=devices, cap=cap,
-                                                       device=device, memory=memory, repeats=args.steps)
-        loaders = loader.loader_rates(cls_runs, dataset=branches[0].dataset, seconds=args.loader_seconds,
-                                      log=doing) if cls_runs else {}
+        costs, run_problems, failures = step_every_run(
+            branches, progress, doing, devices=devices, cap=cap, device=device, memory=memory, repeats=args.steps
+        )
+        loaders = (
+            loader.loader_rates(cls_runs, dataset=branches[0].dataset, seconds=args.loader_seconds, log=doing)
+            if cls_runs
+            else {}
+        )
     for cost in costs:
         cost.loader_images_per_s = loaders.get(cost.run, {}).get("images_per_s")
     run_problems += [p for c in costs for p in c.problems]
@@ -267,9 +351,20 @@ def main(argv=None) -> int:
     problems = missing + run_problems + ([summary] if summary else [])
 
     from vcarepro.tools.bench import describe_machine
-    found = dict(scale=scale, device=device, devices=devices, memory=memory, described=describe_machine(),
-                 load=(load_before, os.getloadavg()[0]), steps=args.steps, branches=branches, inputs=inputs,
-                 loaders=loaders, costs=costs)
+
+    found = dict(
+        scale=scale,
+        device=device,
+        devices=devices,
+        memory=memory,
+        described=describe_machine(),
+        load=(load_before, os.getloadavg()[0]),
+        steps=args.steps,
+        branches=branches,
+        inputs=inputs,
+        loaders=loaders,
+        costs=costs,
+    )
     print_findings(**found)
     if args.json:
         write_findings(args.json, **found, cap=cap, missing=missing, problems=problems, failures=failures)

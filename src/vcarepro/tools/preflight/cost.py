@@ -1,5 +1,6 @@
 """What one run will cost: :class:`RunCost`, a run's recipe beside what was measured on this machine, projected to
 the recipe's batch (the step time, the device-hours, the peak memory per device) and whether that peak fits."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,28 +13,28 @@ from vcarepro.tools.preflight.stepping import Measured
 @dataclass
 class RunCost:
     run: str
-    branch: str                            # cls or gen
+    branch: str  # cls or gen
     model: str
-    recipe: str                            # classification recipe, or the generation objective
+    recipe: str  # classification recipe, or the generation objective
     precision: str
     seeds: int
     devices: int
     accum_steps: int
     global_batch: int
-    recipe_batch: int                      # per device: global / (devices x accum_steps)
-    batch_run: Optional[int] = None        # what ran; below recipe_batch the time is scaled linearly
-    steps: int = 0                         # optimizer steps of one seed
-    step_seconds: Optional[float] = None   # one optimizer step at the recipe's batch (accum micro-steps), median
+    recipe_batch: int  # per device: global / (devices x accum_steps)
+    batch_run: Optional[int] = None  # what ran; below recipe_batch the time is scaled linearly
+    steps: int = 0  # optimizer steps of one seed
+    step_seconds: Optional[float] = None  # one optimizer step at the recipe's batch (accum micro-steps), median
     step_seconds_measured: List[float] = field(default_factory=list)  # each timed step at the batch run
     train_gpu_hours: Optional[float] = None
     sample_gpu_hours: float = 0.0
     gpu_hours: Optional[float] = None
     peak_bytes_measured: Optional[int] = None
-    peak_bytes: Optional[int] = None       # per device at the recipe batch (projected when capped)
+    peak_bytes: Optional[int] = None  # per device at the recipe batch (projected when capped)
     peak_projected: bool = False
     device_memory: int = 0
-    fits: Optional[bool] = None            # the peak at the recipe's batch within device_memory (None: not measured)
-    fit_note: str = ""                     # why not, when it does not fit
+    fits: Optional[bool] = None  # the peak at the recipe's batch within device_memory (None: not measured)
+    fit_note: str = ""  # why not, when it does not fit
     out_of_memory_at: Optional[int] = None
     step_images_per_s: Optional[float] = None
     loader_images_per_s: Optional[float] = None

@@ -1,5 +1,6 @@
 """The files from outside the repository that the selected runs need (ImageNet, the SD-VAE, the Inception weights,
 the ADM reference batch), as params name them, and one sentence for each missing one, however many params name it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,11 +16,11 @@ class Input:
     param: str
     path: str
     present: bool
-    fix: str = ""              # what to do; {param} stands for the param(s) naming this input
-    generated: bool = False    # a stand-in the pipeline makes itself (smoke scale): missing is not a problem
-    stages: Tuple[str, ...] = ()   # the stages that read it
-    runs: int = 0              # how many of the selected runs need it
-    where: str = ""            # where it was looked for, when not simply at its path
+    fix: str = ""  # what to do; {param} stands for the param(s) naming this input
+    generated: bool = False  # a stand-in the pipeline makes itself (smoke scale): missing is not a problem
+    stages: Tuple[str, ...] = ()  # the stages that read it
+    runs: int = 0  # how many of the selected runs need it
+    where: str = ""  # where it was looked for, when not simply at its path
 
     def line(self) -> str:
         return input_line([self])
@@ -41,8 +42,11 @@ def group_inputs(inputs: Sequence[Input]) -> List[List[Input]]:
 
 def input_line(group: Sequence[Input]) -> str:
     first = group[0]
-    state = "present" if first.present else (
-        "not generated yet (dvc repro smoke_inputs makes it)" if first.generated else "MISSING")
+    state = (
+        "present"
+        if first.present
+        else ("not generated yet (dvc repro smoke_inputs makes it)" if first.generated else "MISSING")
+    )
     return f"{first.name} ({_and([i.param for i in group])} = {first.path}): {state}"
 
 
@@ -61,8 +65,11 @@ def missing_input_sentence(group: Sequence[Input]) -> str:
 
 
 def missing_inputs(inputs: Sequence[Input]) -> List[str]:
-    return [missing_input_sentence(group) for group in group_inputs(inputs)
-            if not group[0].present and not group[0].generated]
+    return [
+        missing_input_sentence(group)
+        for group in group_inputs(inputs)
+        if not group[0].present and not group[0].generated
+    ]
 
 
 def check_inputs(params: Dict[str, Any], *, cls_runs: int, gen_runs: int, cls_prepared: bool) -> List[Input]:
@@ -77,11 +84,18 @@ def check_inputs(params: Dict[str, Any], *, cls_runs: int, gen_runs: int, cls_pr
     if prep["source"] == "imagenet" and not cls_prepared and (cls_runs or gen_runs):
         root = prep["imagenet_root"]
         # prepare_gen makes its latents or pixels from data/cls, so every generation run needs ImageNet too
-        inputs.append(Input("ImageNet root", "prepare_cls.imagenet_root", root, Path(root).is_dir(),
-                            "set prepare_cls.imagenet_root to the folder holding ILSVRC2012_img_train.tar or "
-                            "train/ (dvc exp run -S prepare_cls.imagenet_root=/path)",
-                            stages=("prepare_cls", "prepare_gen") if gen_runs else ("prepare_cls",),
-                            runs=cls_runs + gen_runs))
+        inputs.append(
+            Input(
+                "ImageNet root",
+                "prepare_cls.imagenet_root",
+                root,
+                Path(root).is_dir(),
+                "set prepare_cls.imagenet_root to the folder holding ILSVRC2012_img_train.tar or "
+                "train/ (dvc exp run -S prepare_cls.imagenet_root=/path)",
+                stages=("prepare_cls", "prepare_gen") if gen_runs else ("prepare_cls",),
+                runs=cls_runs + gen_runs,
+            )
+        )
     if not gen_runs:
         return inputs
     gen = params["prepare_gen"]
@@ -92,22 +106,47 @@ def check_inputs(params: Dict[str, Any], *, cls_runs: int, gen_runs: int, cls_pr
     if vaes:
         from huggingface_hub.constants import HF_HUB_CACHE
     for (param, stage), name in vaes.items():
-        inputs.append(Input("SD-VAE", param, name, _local_vae_folder(name) is not None,
-                            f"on a machine with internet run `huggingface-cli download {name} --local-dir "
-                            f"weights/{name.rstrip('/').split('/')[-1]}`, copy the folder here and point {{param}} "
-                            f"at it", stages=(stage,), runs=gen_runs,
-                            where=f"as a folder or in the Hugging Face cache ({HF_HUB_CACHE})"))
+        inputs.append(
+            Input(
+                "SD-VAE",
+                param,
+                name,
+                _local_vae_folder(name) is not None,
+                f"on a machine with internet run `huggingface-cli download {name} --local-dir "
+                f"weights/{name.rstrip('/').split('/')[-1]}`, copy the folder here and point {{param}} "
+                f"at it",
+                stages=(stage,),
+                runs=gen_runs,
+                where=f"as a folder or in the Hugging Face cache ({HF_HUB_CACHE})",
+            )
+        )
     if gen["fid_extractor"] == "inception":
         path = gen["inception_weights"]
-        inputs.append(Input("Inception weights", "prepare_gen.inception_weights", path, Path(path).is_file(),
-                            f"copy {INCEPTION_WEIGHTS_FILENAME} (torch-fidelity's v0.2.0 GitHub release) there",
-                            stages=("fid_reference", "eval_gen"), runs=gen_runs))
+        inputs.append(
+            Input(
+                "Inception weights",
+                "prepare_gen.inception_weights",
+                path,
+                Path(path).is_file(),
+                f"copy {INCEPTION_WEIGHTS_FILENAME} (torch-fidelity's v0.2.0 GitHub release) there",
+                stages=("fid_reference", "eval_gen"),
+                runs=gen_runs,
+            )
+        )
     adm = params["fid_reference"].get("adm_npz")
     if adm:
-        inputs.append(Input("ADM reference batch", "fid_reference.adm_npz", adm, Path(adm).is_file(),
-                            "download VIRTUAL_imagenet256_labeled.npz from openai/guided-diffusion's evaluations "
-                            "README on a connected machine and put it there", stages=("fid_reference",),
-                            runs=gen_runs))
+        inputs.append(
+            Input(
+                "ADM reference batch",
+                "fid_reference.adm_npz",
+                adm,
+                Path(adm).is_file(),
+                "download VIRTUAL_imagenet256_labeled.npz from openai/guided-diffusion's evaluations "
+                "README on a connected machine and put it there",
+                stages=("fid_reference",),
+                runs=gen_runs,
+            )
+        )
     smoke = standins(params)
     if smoke:
         for entry in inputs:

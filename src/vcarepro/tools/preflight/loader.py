@@ -1,5 +1,6 @@
 """The data loader's throughput: images/s of each distinct training transform of the classification runs at its
 recipe's workers, on the prepared data or on generated ImageNet-like JPEGs."""
+
 from __future__ import annotations
 
 import tempfile
@@ -34,6 +35,7 @@ def loader_rates(runs, *, dataset: Dataset, seconds: float, log: Callable[[str],
                 else:
                     if generated is None:
                         from vcarepro.tools.bench.loader import write_imagenet_like_jpegs
+
                         generated = write_imagenet_like_jpegs(Path(tmp) / "jpegs")
                     root, source = generated, "64 generated 500 x 375 JPEGs (no dataset prepared)"
                 workers = run.recipe["workers"]
@@ -41,16 +43,25 @@ def loader_rates(runs, *, dataset: Dataset, seconds: float, log: Callable[[str],
                 entry = {"recipes": [], "workers": workers, "source": source, "transform": repr(transform)}
                 try:
                     from vcarepro.tools.bench.loader import loader_throughput
+
                     data = ManifestDataset(root, "train", transform)
-                    entry.update(loader_throughput(data, workers=workers, seconds=seconds,
-                                                   batch=min(LOADER_BATCH, max(1, run.recipe["batch_size"])),
-                                                   min_batches=workers))
+                    entry.update(
+                        loader_throughput(
+                            data,
+                            workers=workers,
+                            seconds=seconds,
+                            batch=min(LOADER_BATCH, max(1, run.recipe["batch_size"])),
+                            min_batches=workers,
+                        )
+                    )
                 except UserError:
                     raise
                 except Exception as err:  # noqa: BLE001 - the transform's own failure is the finding
                     first = (str(err).strip().splitlines() or [""])[-1]
-                    entry["error"] = (f"the training transform of recipe {run.recipe_name} failed on {source}: "
-                                      f"{type(err).__name__}: {first}")
+                    entry["error"] = (
+                        f"the training transform of recipe {run.recipe_name} failed on {source}: "
+                        f"{type(err).__name__}: {first}"
+                    )
                 by_key[key] = entry
             if run.recipe_name not in by_key[key]["recipes"]:
                 by_key[key]["recipes"].append(run.recipe_name)

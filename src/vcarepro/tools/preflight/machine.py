@@ -1,5 +1,6 @@
 """The memory of the machine at hand: how much one device has, the peak a block allocates (read from ``/proc/self``
 on a CPU), handing freed memory back between runs, and telling running out of memory from any other error."""
+
 from __future__ import annotations
 
 import gc
@@ -9,7 +10,7 @@ from typing import Optional
 
 import torch
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def _proc_status_kib(key: str) -> Optional[int]:
@@ -29,6 +30,7 @@ def release_memory(device: torch.device) -> None:
         return
     try:  # hand freed heap back to the OS, so the next run's RSS starts low
         import ctypes
+
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
@@ -66,6 +68,7 @@ class PeakMemory:
         if self.resettable and _proc_status_kib("VmHWM") is not None:
             return max(_proc_status_kib("VmHWM") * 1024 - self.base, 0)
         import resource
+
         return max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - self.base, 0)
 
     def __exit__(self, *exc) -> None:

@@ -1,6 +1,7 @@
 """How big a run is: the data a scale trains on (prepared here, or its known size), and from that and the recipe a
 run's per-device batch and optimizer steps, with the sizes that cannot work (a batch smaller than the devices, a split
 smaller than one batch, an odd batch that mixup cannot pair)."""
+
 from __future__ import annotations
 
 import json
@@ -64,7 +65,7 @@ class Dataset:
     branch: str
     prepared: bool
     train_images: int
-    source: str          # a sentence: where the count comes from
+    source: str  # a sentence: where the count comes from
 
 
 def _prepared_cls(params: Dict[str, Any], root: Path) -> Tuple[Optional[int], str]:
@@ -107,8 +108,11 @@ def dataset(branch: str, params: Dict[str, Any], scale: str, root: Optional[Path
     n, held = read(params, root)
     if n is not None:
         return Dataset(branch, True, n, f"{root} prepared ({held})")
-    note = f"{root} holds another scale's data ({held})" if held else \
-        f"{root} is not prepared (dvc repro {stage} makes it)"
+    note = (
+        f"{root} holds another scale's data ({held})"
+        if held
+        else f"{root} is not prepared (dvc repro {stage} makes it)"
+    )
     n, origin = known_train_images(params, scale)
     return Dataset(branch, False, n, f"{note}; {n:,} {counted} from {origin}")
 
@@ -124,19 +128,36 @@ def size_cls_run(run, dataset: Dataset, devices: int) -> RunCost:
 
     recipe = run.recipe
     accum, global_batch = recipe["accum_steps"], recipe["batch_size"]
-    cost = RunCost(run.name, "cls", _model(run), run.recipe_name, recipe["precision"], len(run.seeds), devices, accum,
-                   global_batch, global_batch // (devices * accum), steps=recipe_steps(recipe, dataset.train_images))
+    cost = RunCost(
+        run.name,
+        "cls",
+        _model(run),
+        run.recipe_name,
+        recipe["precision"],
+        len(run.seeds),
+        devices,
+        accum,
+        global_batch,
+        global_batch // (devices * accum),
+        steps=recipe_steps(recipe, dataset.train_images),
+    )
     if cost.recipe_batch < 1:
-        cost.problems.append(f"{run.name}: batch_size={global_batch} is smaller than {devices} device(s) x "
-                             f"accum_steps={accum}; raise batch_size or lower accum_steps.")
+        cost.problems.append(
+            f"{run.name}: batch_size={global_batch} is smaller than {devices} device(s) x "
+            f"accum_steps={accum}; raise batch_size or lower accum_steps."
+        )
         return cost
     if dataset.train_images < global_batch:
-        cost.problems.append(f"{run.name}: the training split has {dataset.train_images:,} images, fewer than one "
-                             f"global batch of {global_batch}, so no step would run; lower batch_size.")
+        cost.problems.append(
+            f"{run.name}: the training split has {dataset.train_images:,} images, fewer than one "
+            f"global batch of {global_batch}, so no step would run; lower batch_size."
+        )
     if (recipe["mixup"] > 0 or recipe["cutmix"] > 0) and cost.recipe_batch % 2:
-        cost.problems.append(f"{run.name}: the per-device batch {cost.recipe_batch} is odd and recipe "
-                             f"{run.recipe_name} mixes images (mixup/cutmix), which timm's Mixup refuses; choose "
-                             f"a device count that leaves an even per-device batch.")
+        cost.problems.append(
+            f"{run.name}: the per-device batch {cost.recipe_batch} is odd and recipe "
+            f"{run.recipe_name} mixes images (mixup/cutmix), which timm's Mixup refuses; choose "
+            f"a device count that leaves an even per-device batch."
+        )
     return cost
 
 
@@ -145,10 +166,23 @@ def size_gen_run(run, dataset: Dataset, devices: int) -> RunCost:
     devices or the dataset cannot fill as a problem."""
     recipe = run.recipe
     global_batch = recipe["batch_size"]
-    cost = RunCost(run.name, "gen", _model(run), run.objective, recipe["precision"], len(run.seeds), devices, 1,
-                   global_batch, global_batch // devices, steps=recipe["steps"])
+    cost = RunCost(
+        run.name,
+        "gen",
+        _model(run),
+        run.objective,
+        recipe["precision"],
+        len(run.seeds),
+        devices,
+        1,
+        global_batch,
+        global_batch // devices,
+        steps=recipe["steps"],
+    )
     if cost.recipe_batch < 1 or cost.recipe_batch > dataset.train_images // devices:
-        cost.problems.append(f"{run.name}: gen_recipe.batch_size={global_batch} cannot be filled by {devices} "
-                             f"device(s) from {dataset.train_images:,} training examples; choose a batch between "
-                             f"the device count and the dataset size.")
+        cost.problems.append(
+            f"{run.name}: gen_recipe.batch_size={global_batch} cannot be filled by {devices} "
+            f"device(s) from {dataset.train_images:,} training examples; choose a batch between "
+            f"the device count and the dataset size."
+        )
     return cost

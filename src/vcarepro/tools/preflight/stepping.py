@@ -1,5 +1,6 @@
 """Stepping a run: its training step built at a batch, one warm-up and a few timed steps (their median), the peak
 memory they allocate, and on running out of memory the batch halved until a step runs."""
+
 from __future__ import annotations
 
 import statistics
@@ -14,16 +15,16 @@ from vcarepro.tools.preflight.machine import PeakMemory, is_out_of_memory, relea
 
 @dataclass
 class Measured:
-    batch: int                           # the per-device batch that ran
-    seconds: Optional[float] = None      # one step at that batch: the median of the timed steps
+    batch: int  # the per-device batch that ran
+    seconds: Optional[float] = None  # one step at that batch: the median of the timed steps
     peak_bytes: Optional[int] = None
     static_bytes: Optional[int] = None
     out_of_memory_at: Optional[int] = None
-    step_seconds: List[float] = field(default_factory=list)   # each timed step, in order
+    step_seconds: List[float] = field(default_factory=list)  # each timed step, in order
 
 
-TIMED_STEPS = 3    # timed steps per run after the warm-up, by default (--steps)
-WARMUP_STEPS = 1   # steps run before timing: allocations, kernel selection, lazy initialisation
+TIMED_STEPS = 3  # timed steps per run after the warm-up, by default (--steps)
+WARMUP_STEPS = 1  # steps run before timing: allocations, kernel selection, lazy initialisation
 
 clock = time.perf_counter  # what steps are timed with (a test gives it known durations)
 
@@ -44,8 +45,14 @@ def timed(fn: Callable[[], Any], repeats: int) -> float:
     return statistics.median(step_times(fn, repeats))
 
 
-def measure_step(make_step: Callable[[int], Any], batch: int, device: torch.device, *, repeats: int = TIMED_STEPS,
-                 after: Optional[Callable[[Any], None]] = None) -> Measured:
+def measure_step(
+    make_step: Callable[[int], Any],
+    batch: int,
+    device: torch.device,
+    *,
+    repeats: int = TIMED_STEPS,
+    after: Optional[Callable[[Any], None]] = None,
+) -> Measured:
     """Build the step at ``batch``, run one warm-up and ``repeats`` timed steps (median), with its peak memory.
 
     Out of memory, it halves the batch until a step runs (the time is still wanted) and records where

@@ -1,5 +1,6 @@
 """What the preflight prints: numbers to a few significant digits, the table of runs and its legend, the inputs it
 looked at, and the one sentence for the runs that do not fit."""
+
 from __future__ import annotations
 
 import math
@@ -23,8 +24,23 @@ def fmt(x: Optional[float], digits: int = 4) -> str:
 
 def table(costs: Sequence[RunCost], cpu: bool) -> str:
     hours = "CPU-h" if cpu else "GPU-h"
-    head = ["run", "model", "recipe", "precision", "batch run/recipe", "step s", "seeds", "steps", "devices",
-            f"train {hours}", f"sample {hours}", f"{hours}", "peak GiB/device", "fits", "step/loader img/s"]
+    head = [
+        "run",
+        "model",
+        "recipe",
+        "precision",
+        "batch run/recipe",
+        "step s",
+        "seeds",
+        "steps",
+        "devices",
+        f"train {hours}",
+        f"sample {hours}",
+        f"{hours}",
+        "peak GiB/device",
+        "fits",
+        "step/loader img/s",
+    ]
     rows = []
     for c in costs:
         batch = f"{c.batch_run if c.batch_run is not None else '-'}/{c.recipe_batch}" + ("*" if c.scaled else "")
@@ -32,14 +48,50 @@ def table(costs: Sequence[RunCost], cpu: bool) -> str:
         fits = {True: "yes", False: "no", None: "-"}[c.fits]
         if c.out_of_memory_at is not None:
             fits = f"no (OOM at {c.out_of_memory_at})"
-        rates = f"{fmt(c.step_images_per_s, 3)}/{fmt(c.loader_images_per_s, 3)}" if c.branch == "cls" \
+        rates = (
+            f"{fmt(c.step_images_per_s, 3)}/{fmt(c.loader_images_per_s, 3)}"
+            if c.branch == "cls"
             else f"{fmt(c.step_images_per_s, 3)}/in memory"
-        rows.append([c.run, c.model, c.recipe, c.precision, batch, fmt(c.step_seconds), str(c.seeds), str(c.steps),
-                     str(c.devices), fmt(c.train_gpu_hours), fmt(c.sample_gpu_hours), fmt(c.gpu_hours), peak, fits,
-                     rates])
+        )
+        rows.append(
+            [
+                c.run,
+                c.model,
+                c.recipe,
+                c.precision,
+                batch,
+                fmt(c.step_seconds),
+                str(c.seeds),
+                str(c.steps),
+                str(c.devices),
+                fmt(c.train_gpu_hours),
+                fmt(c.sample_gpu_hours),
+                fmt(c.gpu_hours),
+                peak,
+                fits,
+                rates,
+            ]
+        )
     total = lambda attr: sum(getattr(c, attr) or 0.0 for c in costs)  # noqa: E731
-    rows.append(["total", "", "", "", "", "", "", "", "", fmt(total("train_gpu_hours")),
-                 fmt(total("sample_gpu_hours")), fmt(total("gpu_hours")), "", "", ""])
+    rows.append(
+        [
+            "total",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+            fmt(total("train_gpu_hours")),
+            fmt(total("sample_gpu_hours")),
+            fmt(total("gpu_hours")),
+            "",
+            "",
+            "",
+        ]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
@@ -53,29 +105,36 @@ def fit_summary(costs: Sequence[RunCost], memory: int, cpu: bool) -> Optional[st
     where = f"this machine's {memory / GIB:.1f} GiB of RAM" if cpu else f"this GPU's {memory / GIB:.1f} GiB"
     names = f" ({', '.join(c.run for c in misfits)})" if len(misfits) <= 5 else ""
     oom = sum(c.out_of_memory_at is not None for c in misfits)
-    detail = f"it {misfits[0].fit_note}" if len(misfits) == 1 else \
-        "fits = no in the table" + (f"; {oom} ran out of memory" if oom else "")
+    detail = (
+        f"it {misfits[0].fit_note}"
+        if len(misfits) == 1
+        else "fits = no in the table" + (f"; {oom} ran out of memory" if oom else "")
+    )
     fix = "raise the device count (--devices K here, distributed.nproc_per_node when training)"
     if any(c.branch == "cls" for c in misfits):
         fix += " or, for a classification run, its recipe's accum_steps"
     if cpu:
         fix += "; for GPU memory, run this preflight on the GPU machine the runs will train on"
     runs = f"{len(misfits)} of {len(costs)} run{'s' if len(costs) != 1 else ''}{names}"
-    return (f"{runs} do{'es' if len(misfits) == 1 else ''} not fit the recipe's per-device batch in {where} "
-            f"({detail}): {fix}.")
+    return (
+        f"{runs} do{'es' if len(misfits) == 1 else ''} not fit the recipe's per-device batch in {where} "
+        f"({detail}): {fix}."
+    )
 
 
 def legend(steps: int, cpu: bool, peak_method: str, memory: int) -> str:
     """What the table's columns hold and how the hours are computed, printed under it."""
-    return (f"step s: the median of {steps} timed optimizer step{'s' if steps != 1 else ''} after "
-            f"{WARMUP_STEPS} warm-up step, at the recipe's per-device batch (global batch / (devices x accum_steps)); "
-            f"* measured at the smaller batch shown and scaled linearly to the recipe's. "
-            f"{'CPU' if cpu else 'GPU'}-h = seeds x steps x step s x devices / 3600 (training) + sampling "
-            f"(seeds x sampling batches x sampler passes x one pass at the sampling batch / 3600, one device, "
-            f"VAE decoding not included). Peak memory: "
-            f"{peak_method}; ~ projected to the recipe's batch; fits: that peak is within the "
-            f"{fmt(memory / GIB, 3)} GiB of this device. Loader: images/s of one training "
-            f"process's loader at the recipe's workers.")
+    return (
+        f"step s: the median of {steps} timed optimizer step{'s' if steps != 1 else ''} after "
+        f"{WARMUP_STEPS} warm-up step, at the recipe's per-device batch (global batch / (devices x accum_steps)); "
+        f"* measured at the smaller batch shown and scaled linearly to the recipe's. "
+        f"{'CPU' if cpu else 'GPU'}-h = seeds x steps x step s x devices / 3600 (training) + sampling "
+        f"(seeds x sampling batches x sampler passes x one pass at the sampling batch / 3600, one device, "
+        f"VAE decoding not included). Peak memory: "
+        f"{peak_method}; ~ projected to the recipe's batch; fits: that peak is within the "
+        f"{fmt(memory / GIB, 3)} GiB of this device. Loader: images/s of one training "
+        f"process's loader at the recipe's workers."
+    )
 
 
 def inputs_section(branches: Sequence[Any], loaders: Sequence[Dict[str, Any]], inputs: Sequence[Input]) -> str:
@@ -92,14 +151,18 @@ def inputs_section(branches: Sequence[Any], loaders: Sequence[Dict[str, Any]], i
     return "\n".join(lines)
 
 
-def header(scale: str, runs: int, where: str, devices: int, memory: int, cpu: bool, load: Tuple[float, float],
-           cores: int) -> str:
+def header(
+    scale: str, runs: int, where: str, devices: int, memory: int, cpu: bool, load: Tuple[float, float], cores: int
+) -> str:
     """What was stepped where, for how many devices of how much memory, and how busy the machine was meanwhile."""
-    lines = [f"preflight, scale {scale}, {runs} run(s), stepped on {where}, projected for {devices} device(s) "
-             f"of {fmt(memory / GIB, 3)} GiB each"]
+    lines = [
+        f"preflight, scale {scale}, {runs} run(s), stepped on {where}, projected for {devices} device(s) "
+        f"of {fmt(memory / GIB, 3)} GiB each"
+    ]
     if cpu:
-        lines.append("These are CPU times: the hours columns are a CPU projection (CPU-hours on this machine), "
-                     "not GPU-hours.")
+        lines.append(
+            "These are CPU times: the hours columns are a CPU projection (CPU-hours on this machine), not GPU-hours."
+        )
     busy = "; the machine was busier than its cores, so these times are inflated" if max(load) > cores else ""
     lines.append(f"load average (1 min) {load[0]:.1f} at the start, {load[1]:.1f} at the end, on {cores} cores{busy}.")
     return "\n".join(lines)
