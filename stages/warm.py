@@ -81,7 +81,8 @@ PRELOAD = (
 # OMP_NUM_THREADS, MKL / oneDNN / ATen pick their kernels (MKL_CBWR, MKL_ENABLE_INSTRUCTIONS,
 # MKL_DEBUG_CPU_TYPE, ONEDNN_MAX_CPU_ISA, DNNL_*, ONEDNN_DEFAULT_FPMATH_MODE, ATEN_CPU_CAPABILITY),
 # numpy its dispatched loops (NPY_DISABLE_CPU_FEATURES), cuBLAS its workspace (CUBLAS_WORKSPACE_CONFIG; all of
-# them the numerics profile's, src/vcarepro/core/numerics.py), KMP_* / GOMP_* tune the OpenMP runtimes, torch reads TORCH*_ / PYTORCH_* and CUDA_* (CUDA_VISIBLE_DEVICES,
+# them the numerics profile's, src/vcarepro/core/numerics.py), KMP_* / GOMP_* tune the OpenMP runtimes, torch
+# reads TORCH*_ / PYTORCH_* and CUDA_* (CUDA_VISIBLE_DEVICES,
 # CUDA_HOME), timm TIMM_* (TIMM_FUSED_ATTN picks its attention kernel), huggingface_hub HF_* (HF_HUB_OFFLINE),
 # the interpreter PYTHON* (PYTHONHASHSEED, PYTHONPATH) and the dynamic loader LD_* (LD_PRELOAD,
 # LD_LIBRARY_PATH) at start-up. Their values are part of the server's key, so a client whose values differ

@@ -1,4 +1,5 @@
-"""ADM-style FID-50K evaluation: statistics, reference files, FID/IS/precision-recall, sample streaming, Inception wiring."""
+"""ADM-style FID-50K evaluation: statistics, reference files, FID/IS/precision-recall, sample streaming, Inception
+wiring."""
 
 from __future__ import annotations
 

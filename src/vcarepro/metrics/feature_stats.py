@@ -59,7 +59,7 @@ class FeatureStats:
         return FeatureStats(self.mu[:dims], self.sigma[:dims, :dims], self.num)
 
     def save(self, path: PathLike) -> None:
-        """Write ``mu``, ``sigma`` and ``num`` to an ``.npz`` at exactly ``path``, atomically (temp file, then rename)."""
+        """Write ``mu``, ``sigma`` and ``num`` to an ``.npz`` at exactly ``path``, atomically (temp file, rename)."""
         # np.savez's format, the same bytes under every Python (io.write_npz), at exactly ``path``
         write_npz(path, {"mu": self.mu, "sigma": self.sigma, "num": np.int64(self.num)})
 

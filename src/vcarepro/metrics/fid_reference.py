@@ -35,7 +35,7 @@ ADM_REFERENCE_SIZE = 10_000  # images in ADM's reference batches, used for preci
 
 
 def load_adm_reference(path: PathLike, *, spatial: bool = False) -> FeatureStats:
-    """Statistics of an ADM reference batch ``.npz``: ``mu``/``sigma`` (pool, FID), or ``mu_s``/``sigma_s`` if ``spatial``.
+    """An ADM reference batch ``.npz``'s statistics: ``mu``/``sigma`` (pool, FID), ``mu_s``/``sigma_s`` if ``spatial``.
 
     ``num`` is the number of images in its ``arr_0`` (read from the array
     header, the images stay on disk), or 0 if it has none; the statistics

@@ -843,8 +843,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             except KeyboardInterrupt:
                 driver.stop_local()
                 print(
-                    "interrupted: the jobs SLURM holds keep running; `python -m vcarepro.tools.cluster run` again picks "
-                    "them up, `python -m vcarepro.tools.cluster status` shows them.",
+                    "interrupted: the jobs SLURM holds keep running; `python -m vcarepro.tools.cluster run` again "
+                    "picks them up, `python -m vcarepro.tools.cluster status` shows them.",
                     file=sys.stderr,
                 )
                 return 130

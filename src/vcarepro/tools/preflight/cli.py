@@ -4,7 +4,8 @@
                                  [--device cuda] [--json PATH] [--loader-seconds S] [--verbose] [KEY=VALUE ...]
 
 For every ``cls_runs`` and ``gen_runs`` entry of the scale (params composed with ``scale=<scale>`` and
-any Hydra overrides given, e.g. ``prepare_cls.imagenet_root=/data/imagenet``; params.yaml is not touched) it builds the model, EMA, optimizer, loss and precision as training does
+any Hydra overrides given, e.g. ``prepare_cls.imagenet_root=/data/imagenet``; params.yaml is not touched)
+it builds the model, EMA, optimizer, loss and precision as training does
 (:mod:`vcarepro.tools.bench.train_step`) and runs one warm-up step and ``--steps`` timed steps (default 3; the
 median is reported) at the recipe's per-device batch (global batch / (devices x accum_steps)), or at
 ``--batch`` if that is smaller, the time then scaled linearly to the recipe's batch. It records the peak
