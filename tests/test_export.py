@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,6 +145,19 @@ def test_the_card_states_scale_shape_recipe_metrics_gain_paper_numbers_and_how_t
     assert f"![training curves]({CURVES})" in body
     assert "pretrained=True" in body and "pretrained_cfg_overlay=" in body and "load_checkpoint" in body
     assert "huggingface-cli login" in body and "upload_folder" in body and "Nothing here uploads" in body
+
+
+def test_the_cards_how_to_load_code_loads_the_weights_in_a_fresh_interpreter(project):
+    """The card's snippet, run as a reader would (a new Python, in the project), builds the model from the folder
+    with the exported weights: its import registers the models (``import vcarepro`` alone no longer does)."""
+    root, model, folder = project
+    body = (folder / "README.md").read_text()
+    code = body.split("## How to load", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    code = code.split("# the same in one line")[0]  # the rest uploads to the Hub
+    code += "import torch\nprint(sum(float(t.double().sum()) for t in model.state_dict().values()))\n"
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert float(out.stdout.strip()) == sum(float(t.double().sum()) for t in model.state_dict().values())
 
 
 def test_an_unknown_run_a_seed_it_does_not_train_and_an_untrained_seed_are_one_sentence_each(project, tmp_path):

@@ -283,10 +283,10 @@ def model_card(
     out += [
         "## How to load",
         "",
-        "Import `vcarepro` first: it registers the VCA models with timm.",
+        "Import `vcarepro.models` first: it registers the VCA models with timm.",
         "",
         "```python",
-        "import json, timm, vcarepro  # noqa: F401",
+        "import json, timm, vcarepro.models  # noqa: F401",
         f"folder = '{folder_name}'",
         "config = json.load(open(f'{folder}/config.json'))",
         "model = timm.create_model(config['architecture'], pretrained=True,",
@@ -327,7 +327,8 @@ def model_card(
         "# or timm.models.push_to_hf_hub(model, '<you>/<name>', model_args=config['model_args']) (writes its own card)",
         "```",
         "",
-        f"Then `timm.create_model('hf-hub:<you>/{run.name}', pretrained=True)` loads it (after `import vcarepro`).",
+        f"Then `timm.create_model('hf-hub:<you>/{run.name}', pretrained=True)` loads it "
+        "(after `import vcarepro.models`).",
         "",
     ]
     return "\n".join(out)
