@@ -140,7 +140,7 @@ class Progress:
             return
         use_bar = bar if bar is not None else _settings.bar
         if use_bar is None:
-            use_bar = stream is None and _isatty(sys.stderr)
+            use_bar = stream is None and is_terminal(sys.stderr)
         if use_bar:
             self._bar = _make_bar(self.label, total, start, unit)
             self._due = self._t0 + BAR_REFRESH_S
@@ -252,7 +252,8 @@ class Progress:
         stream.flush()
 
 
-def _isatty(stream) -> bool:
+def is_terminal(stream) -> bool:
+    """Whether ``stream`` is a terminal (where a bar is drawn); a closed or replaced stream is not."""
     try:
         return stream.isatty()
     except (AttributeError, ValueError):  # a closed or replaced stream

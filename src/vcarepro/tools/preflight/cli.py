@@ -285,7 +285,7 @@ def _stepping_progress(params, total: int, verbose: bool) -> Tuple[Any, Callable
     from vcarepro.core import progress as reporting
 
     reporting.configure(params, "preflight", interval_s=0.0 if verbose else None)
-    on_terminal = not verbose and _isatty(sys.stderr)
+    on_terminal = not verbose and reporting.is_terminal(sys.stderr)
     now = ["stepping"]
     progress = reporting.Progress(
         None,
@@ -301,13 +301,6 @@ def _stepping_progress(params, total: int, verbose: bool) -> Tuple[Any, Callable
         progress.update(progress.n)
 
     return progress, doing
-
-
-def _isatty(stream) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
 
 
 def main(argv=None) -> int:
