@@ -39,6 +39,10 @@ WIDTH = 120  # explain's table fits this many columns (a long value may push its
 WRAPPED: Dict[str, Tuple[str, str]] = {
     "config": ("vcarepro.params.config", "compose conf/ (with Hydra overrides, e.g. scale=paper) into params.yaml"),
     "preflight": ("vcarepro.tools.preflight", "before a GPU-hour: each run's inputs, memory and time on this machine"),
+    "gpu-check": (
+        "vcarepro.tools.gpu_check",
+        "a new GPU machine's acceptance check: precisions, NCCL, SD-VAE and FID, step costs, attention",
+    ),
     "cluster": ("vcarepro.tools.cluster", "the pipeline on SLURM, every stage a job (run / status / cancel)"),
     "lockcheck": (
         "vcarepro.tools.lockcheck",
@@ -57,6 +61,7 @@ ORDER = (
     "config",
     "explain",
     "preflight",
+    "gpu-check",
     "calibrate",
     "cluster",
     "lockcheck",
