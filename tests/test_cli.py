@@ -31,6 +31,7 @@ COMMANDS = {
     "config",
     "explain",
     "preflight",
+    "gpu-check",
     "calibrate",
     "cluster",
     "lockcheck",
