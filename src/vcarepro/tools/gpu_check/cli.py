@@ -112,10 +112,8 @@ def chosen_parts(args: argparse.Namespace) -> List[str]:
         names = [n.strip() for n in args.parts.split(",") if n.strip()]
         unknown = [n for n in names if n not in PART_NAMES]
         if unknown or not names:
-            raise UnknownName(
-                f"--parts {args.parts!r} names no part {', '.join(map(repr, unknown)) or ''}; choose from "
-                f"{', '.join(PART_NAMES)}."
-            )
+            what = f"no part {', '.join(map(repr, unknown))}" if unknown else "names no part"
+            raise UnknownName(f"--parts {args.parts!r}: {what}; choose from {', '.join(PART_NAMES)}.")
         if args.profile and "profile" not in names:
             names.append("profile")
     return [n for n in PART_NAMES if n in names]

@@ -69,9 +69,14 @@ def step(spec, result) -> None:
         all_reduce=float(ones.item()),
         ddp_wrapped=isinstance(ddp, DistributedDataParallel),
         torchelastic="TORCHELASTIC_RUN_ID" in os.environ,
-        nccl_version=".".join(map(str, torch.cuda.nccl.version())) if backend == "nccl" else None,
+        nccl_version=_version(torch.cuda.nccl.version()) if backend == "nccl" else None,
     )
     dist.destroy_process_group()
+
+
+def _version(version) -> str:
+    """NCCL's version as torch gives it: a tuple (2, 27, 3), or one number in older releases."""
+    return ".".join(map(str, version)) if isinstance(version, (tuple, list)) else str(version)
 
 
 def main() -> int:

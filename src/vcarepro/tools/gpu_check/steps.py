@@ -132,7 +132,7 @@ def step_row(branch: str, run, check: Check, *, batch: int, repeats: int, backen
     try:
         step = _builder(branch)(run, batch=batch, device=str(check.device), **options)
         seen: List[torch.dtype] = []
-        linear = _first_linear(step.model)
+        linear = _first_linear(step.model) if backend is None else None  # a hook would be traced into the graph
         hook = linear.register_forward_hook(lambda m, i, o: seen.append(o.dtype)) if linear is not None else None
         if not check.tiny:  # the warm-up: allocations, kernel selection, a compile where asked
             row["first_step_s"] = step_times(step, 1)[0]
@@ -144,7 +144,7 @@ def step_row(branch: str, run, check: Check, *, batch: int, repeats: int, backen
         row["autocast_dtype"] = str(seen[0]).replace("torch.", "") if seen else None
         row["grad_scaler"] = bool(scaler is not None and scaler.is_enabled())
         row["loss_scale"] = float(scaler.get_scale()) if row["grad_scaler"] else None
-        row["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32 if check.device.type == "cuda" else None
+        row["tf32_matmul"] = tf32_matmuls() if check.device.type == "cuda" else None
         row["step_ms"] = 1e3 * statistics.median(times)
         row["finite"] = all(bool(torch.isfinite(p).all()) for p in step.model.parameters())
         problems = precision_problems(precision, row, check.device.type)
@@ -158,6 +158,17 @@ def step_row(branch: str, run, check: Check, *, batch: int, repeats: int, backen
         del step
         release_memory(check.device)
     return row
+
+
+def tf32_matmuls() -> Optional[bool]:
+    """Whether float32 matmuls run as TF32 now: the switch MixedPrecision sets, or (PyTorch >= 2.9) the newer API's
+    ``fp32_precision``, which PyTorch refuses to read beside the old one once both have been set."""
+    matmul = torch.backends.cuda.matmul
+    try:
+        return bool(matmul.allow_tf32)
+    except RuntimeError:
+        precision = getattr(matmul, "fp32_precision", None)
+        return None if precision is None else precision == "tf32"
 
 
 def precision_problems(precision: str, row: Dict[str, Any], device_type: str) -> List[str]:
