@@ -274,14 +274,14 @@ def test_a_hung_part_is_abandoned_and_the_next_still_runs(monkeypatch, tmp_path)
 
     try:
         status, result = run_in_process(
-            monkeypatch, tmp_path, {"steps": hang, "ddp": quick}, ["--parts", "steps,ddp", "--tiny", "--budget-s", "1"]
+            monkeypatch, tmp_path, {"steps": hang, "fid": quick}, ["--parts", "steps,fid", "--tiny", "--budget-s", "1"]
         )
     finally:
         release.set()
     hung = part(result, "steps")
     assert status == 1 and hung["status"] == "timeout" and "abandoned" in hung["reason"]
     assert [r["id"] for r in hung["rows"]] == ["before the hang"]
-    assert part(result, "ddp")["status"] == "pass"
+    assert part(result, "fid")["status"] == "pass"
 
 
 # -- the pieces ------------------------------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ wrapped in ``DistributedDataParallel``, one optimizer step in its recipe's preci
 
 torchrun is started as ``python -m torch.distributed.run`` (what the ``torchrun`` script runs) with this
 interpreter, so the step runs under the same Python and torch as the check. It is stopped, with everything it
-started, when the part's share of the budget runs out.
+started, when the part's share of the budget runs out. At tiny sizes (a CPU) the command starts it before the first
+part (:func:`launch`), so that its two interpreters' imports overlap the other parts; on a GPU it runs in its turn,
+and nothing shares the device with what is timed.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -72,46 +76,73 @@ def ddp_spec(check: Check) -> Dict[str, Any]:
     }
 
 
-def ddp_part(check: Check, outcome: Outcome) -> None:
+@dataclass
+class Launched:
+    """torchrun, started: its process, where its rank writes, the row it will fill."""
+
+    process: subprocess.Popen
+    folder: Path  # the spec, the result and the output, removed when it is read
+    spec: Dict[str, Any]
+    row: Dict[str, Any]
+
+
+def launch(check: Check, timeout_s: float) -> Launched:
+    """Start torchrun with the worker (its output to a file, so that nothing waits on a full pipe)."""
     spec = ddp_spec(check)
     expected = "nccl" if check.device.type == "cuda" else "gloo"
-    with tempfile.TemporaryDirectory(prefix="vcarepro-gpu-check-ddp-") as tmp:
-        spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
-        spec_path.write_text(json.dumps(spec))
-        command = torchrun(["--spec", str(spec_path), "--result", str(result_path)], free_port(), check.left())
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])]))
-        if check.device.type != "cuda":
-            env["CUDA_VISIBLE_DEVICES"] = ""  # the worker picks its device as training does: a GPU when it sees one
-        row: Dict[str, Any] = {"id": f"torchrun, 1 process, {expected}", "run": spec["name"], "expected": expected}
-        row["command"] = " ".join(["torchrun", *command[3:]])
-        check.log(f"ddp: {row['command']}")
-        process = subprocess.Popen(
-            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-        )
-        try:
-            output, _ = process.communicate(timeout=max(check.left(), 1.0))
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)  # torchrun and the rank it started: its own process group
-            output, _ = process.communicate()
-            outcome.out_of_time = True
-            outcome.summary = f"torchrun did not finish within the {outcome.share_s:.0f} s share; stopped"
-            row.update(status=FAIL, reason=outcome.summary, output_tail=output[-2000:])
-            outcome.rows.append(row)
-            return
-        row["exit_status"] = process.returncode
-        result = json.loads(result_path.read_text()) if result_path.is_file() else {}
-        row.update(result)
-        problems = ddp_problems(row, expected, process.returncode)
-        if problems:
-            row["output_tail"] = output[-2000:]
-        row["status"] = FAIL if problems else PASS
-        row["reason"] = (
-            "; ".join(problems)
-            if problems
-            else (f"{row['backend']} step of {spec['name']} in {row['precision']}, all-reduce {row['all_reduce']:g}")
-        )
+    folder = Path(tempfile.mkdtemp(prefix="vcarepro-gpu-check-ddp-"))
+    (folder / "spec.json").write_text(json.dumps(spec))
+    script_args = ["--spec", str(folder / "spec.json"), "--result", str(folder / "result.json")]
+    command = torchrun(script_args, free_port(), timeout_s)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    if check.device.type != "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the worker picks its device as training does: a GPU when it sees one
+    row: Dict[str, Any] = {"id": f"torchrun, 1 process, {expected}", "run": spec["name"], "expected": expected}
+    row["command"] = " ".join(["torchrun", *command[3:]])
+    check.log(f"ddp: {row['command']}")
+    with open(folder / "output.txt", "w") as output:
+        process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+    return Launched(process, folder, spec, row)
+
+
+def ddp_part(check: Check, outcome: Outcome) -> None:
+    """The step torchrun was started for before the parts (at tiny sizes), or starts now; its verdict."""
+    launched = check.options.pop("ddp_launched", None) or launch(check, check.left())
+    try:
+        finish(launched, check, outcome)
+    finally:
+        shutil.rmtree(launched.folder, ignore_errors=True)
+
+
+def finish(launched: Launched, check: Check, outcome: Outcome) -> None:
+    process, row = launched.process, launched.row
+    try:
+        process.wait(timeout=max(check.left(), 1.0))
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # torchrun and the rank it started: its own process group
+        process.wait()
+        outcome.out_of_time = True
+        outcome.summary = f"torchrun did not finish within the {outcome.share_s:.0f} s share; stopped"
+        row.update(status=FAIL, reason=outcome.summary, output_tail=_tail(launched))
         outcome.rows.append(row)
-        outcome.summary = row["reason"]
+        return
+    row["exit_status"] = process.returncode
+    result_path = launched.folder / "result.json"
+    row.update(json.loads(result_path.read_text()) if result_path.is_file() else {})
+    problems = ddp_problems(row, row["expected"], process.returncode)
+    if problems:
+        row["output_tail"] = _tail(launched)
+    row["status"] = FAIL if problems else PASS
+    row["reason"] = "; ".join(problems) or (
+        f"{row['backend']} step of {launched.spec['name']} in {row['precision']}, all-reduce {row['all_reduce']:g}"
+    )
+    outcome.rows.append(row)
+    outcome.summary = row["reason"]
+
+
+def _tail(launched: Launched) -> str:
+    path = launched.folder / "output.txt"
+    return path.read_text(errors="replace")[-2000:] if path.is_file() else ""
 
 
 def ddp_problems(row: Dict[str, Any], expected: str, status: int) -> List[str]:
