@@ -8,14 +8,20 @@ command in a fresh interpreter instead.
 First it sets the numerics profile of params.yaml's `numerics` section (src/vcarepro/core/numerics.py)
 in the environment, before torch or numpy is imported in the stage or the warm interpreter it is
 forked from: the CPU code paths and thread count that make dvc.lock's hashes reproduce on other CPUs.
+It also notes when the stage started, for the stage's wall time in timings/stages/ (vcarepro.core.stage_clock).
 """
 
-import sys
+import time
 
-import warm
-from vcarepro.core import numerics
+STARTED = time.time()  # the stage's clock (vcarepro.core.stage_clock) starts before any import
+
+import sys  # noqa: E402
+
+import warm  # noqa: E402
+from vcarepro.core import numerics, stage_clock  # noqa: E402
 
 if __name__ == "__main__":
+    stage_clock.note_start(STARTED)
     try:
         numerics.apply_env()
     except numerics.NumericsError as err:

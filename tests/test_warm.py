@@ -164,8 +164,8 @@ def test_an_edited_launcher_gets_a_new_server(tmp_path, monkeypatch):
 
 
 def test_the_client_imports_neither_the_library_nor_torch():
-    """stages/run.py and its client load neither torch nor the package beyond the numerics profile and the
-    supervisor (both torch-free, standard library only): the rest only the server and a fresh stage do."""
+    """stages/run.py and its client load neither torch nor the package beyond the numerics profile, the stage clock
+    and the supervisor (all torch-free, standard library only): the rest only the server and a fresh stage do."""
     probe = (
         "import sys; "
         f"sys.path.insert(0, {str(ROOT / 'stages')!r}); import run; "
@@ -173,7 +173,7 @@ def test_the_client_imports_neither_the_library_nor_torch():
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.strip() == str(
-        ["vcarepro", "vcarepro.core", "vcarepro.core.numerics", "vcarepro.core.supervise"]
+        ["vcarepro", "vcarepro.core", "vcarepro.core.numerics", "vcarepro.core.stage_clock", "vcarepro.core.supervise"]
     )
 
 
@@ -214,7 +214,8 @@ def test_the_key_covers_what_torch_reads_at_import_and_not_what_varies_from_stag
         ("LD_LIBRARY_PATH", "/opt/lib"),
     ]:
         assert warm.server_key({**base, name: value}) != key, name
-    assert warm.server_key({**base, "DVC_STAGE": "train_gen@b", "PWD": "/elsewhere", "PROBE": "1"}) == key
+    varies = {"DVC_STAGE": "train_gen@b", "PWD": "/elsewhere", "PROBE": "1", "VCAREPRO_STAGE_STARTED": "1.5"}
+    assert warm.server_key({**base, **varies}) == key  # the stage clock's start, too: one server per `dvc repro`
 
 
 THREADS = """

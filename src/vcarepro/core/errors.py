@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -97,30 +98,58 @@ def is_disk_full(err: BaseException) -> bool:
     )
 
 
-def run_stage(main: Callable[[], object]) -> None:
+def run_stage(main: Callable[[], object], *, stage_table: bool = False) -> None:
     """Run a stage's ``main``: a :class:`UserError` becomes one line on stderr and exit status 2.
 
     So does a full disk or an exhausted quota wherever it happens (a library's write included),
-    naming the file being written when the error or the writing frame tells it.
+    naming the file being written when the error or the writing frame tells it. Under DVC, the stage's
+    wall time goes to timings/stages/ (:mod:`vcarepro.core.stage_clock`); with ``stage_table`` (the report,
+    last in the DAG) the table of this DVC run's stages is printed and written to timings/stages.md.
     """
-    try:
-        from vcarepro.core.numerics import NumericsError, enter
+    from vcarepro.core import stage_clock
 
+    started = stage_clock.take_start()
+    main_started = time.time()
+    status = "failed"
+    try:
         try:
-            enter()  # the numerics profile stages/run.py set: check it took effect, set its in-process parts
-        except NumericsError as err:
-            raise BadInput(str(err)) from None
-        main()
-    except UserError as err:
-        _ending()
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        raise SystemExit(USER_ERROR_STATUS) from None
-    except Exception as err:
-        if not is_disk_full(err):
-            raise
-        _ending()
-        print(f"error: {disk_full_error(err, _written_path(err))}", file=sys.stderr, flush=True)
-        raise SystemExit(USER_ERROR_STATUS) from None
+            from vcarepro.core.numerics import NumericsError, enter
+
+            try:
+                enter()  # the numerics profile stages/run.py set: check it took effect, set its in-process parts
+            except NumericsError as err:
+                raise BadInput(str(err)) from None
+            main()
+            status = "ok"
+        except UserError as err:
+            status = "error: exit 2"
+            _ending()
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            raise SystemExit(USER_ERROR_STATUS) from None
+        except Exception as err:
+            if not is_disk_full(err):
+                raise
+            status = "error: exit 2"
+            _ending()
+            print(f"error: {disk_full_error(err, _written_path(err))}", file=sys.stderr, flush=True)
+            raise SystemExit(USER_ERROR_STATUS) from None
+    finally:
+        if started is not None:
+            _clock(stage_clock, started, main_started, status, stage_table)
+
+
+def _clock(stage_clock, started: dict, main_started: float, status: str, stage_table: bool) -> None:
+    """Record the stage's wall time; a failure to write it is one line, never the stage's failure."""
+    root = Path(os.environ.get("DVC_ROOT") or ".")
+    stage = os.environ["DVC_STAGE"]
+    try:
+        stage_clock.record(root, stage, started, main_started, time.time(), status)
+        if stage_table and status == "ok":
+            text = stage_clock.write_table(root, stage)
+            if text:
+                print(f"\n{text}(also in {stage_clock.TABLE})", flush=True)
+    except Exception as err:  # a wall time is never worth a stage's result
+        print(f"note: the stage's wall time was not recorded ({err})", file=sys.stderr, flush=True)
 
 
 def _ending() -> None:

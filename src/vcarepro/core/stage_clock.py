@@ -1,0 +1,168 @@
+"""Where a `dvc repro` spends its wall time: one record per stage in timings/stages/, a table at the end.
+
+stages/run.py, the first code of every stage's command, notes when it started and under which `dvc repro` or
+`dvc exp run` process (``VCAREPRO_STAGE_STARTED``);
+:func:`vcarepro.core.errors.run_stage` then writes ``timings/stages/<stage>.json`` when the stage ends: its
+start-up (run.py's start to the stage's ``main``: the warm interpreter's fork or a fresh interpreter's imports,
+the launcher), its work (``main`` itself) and the DVC process it ran under. The report
+stage, last in the DAG, prints the table of every stage that ran under the same DVC process and writes it to
+``timings/stages.md``; what the stages' wall times leave of the time since DVC started is DVC's own (reading the
+DAG, hashing dependencies and outputs, writing dvc.lock). Like every file of timings/, none of this is a DVC
+output or dependency: it changes no hash and re-runs nothing.
+
+Standard library only, and only under DVC (``DVC_STAGE`` set): a stage run by hand records nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+STARTED = "VCAREPRO_STAGE_STARTED"  # run.py's start (seconds since the epoch) and DVC process, as JSON
+RECORDS = Path("timings") / "stages"
+TABLE = Path("timings") / "stages.md"
+
+
+def note_start(started: float, environ=os.environ) -> None:
+    """In stages/run.py: the stage's clock started at ``started`` (taken before run.py imported anything), under
+    the DVC process that is run.py's nearest ancestor named dvc (the stage itself may be a child of the warm
+    server, whose ancestors are not DVC's)."""
+    dvc = dvc_process()
+    environ[STARTED] = json.dumps(
+        {"started": started, **({"dvc_pid": dvc["pid"], "dvc_started": dvc["started"]} if dvc else {})}
+    )
+
+
+def take_start(environ=os.environ) -> Optional[dict]:
+    """The start run.py noted (``started``, ``dvc_pid``, ``dvc_started``), taken out of the environment so that
+    the stage's seed workers and the launcher's other ranks do not record the stage again; None outside DVC or
+    without run.py."""
+    noted = environ.pop(STARTED, None)
+    if noted is None or not environ.get("DVC_STAGE") or environ.get("RANK", "0") not in ("", "0"):
+        return None
+    try:
+        start = json.loads(noted)
+        return {
+            "started": float(start["started"]),
+            "dvc_pid": start.get("dvc_pid"),
+            "dvc_started": start.get("dvc_started"),
+        }
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def _proc_start(pid: int) -> Optional[float]:
+    """When process ``pid`` started (seconds since the epoch), from /proc; None where it cannot be read."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        ticks = int(stat[stat.rindex(")") + 2 :].split()[19])  # field 22, starttime, in clock ticks after boot
+        boot = next(
+            float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime")
+        )
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def _parent(pid: int) -> Optional[int]:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def dvc_process(pid: Optional[int] = None) -> Optional[Dict[str, float]]:
+    """The nearest ancestor of ``pid`` (this process) that runs DVC: its pid and start time, or None."""
+    pid = os.getppid() if pid is None else pid
+    while pid and pid > 1:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return None
+        if any(os.path.basename(arg.decode(errors="replace")) == "dvc" for arg in argv[:3]):
+            started = _proc_start(pid)
+            return None if started is None else {"pid": pid, "started": started}
+        pid = _parent(pid)
+    return None
+
+
+def record(root: Path, stage: str, start: dict, main_started: float, ended: float, status: str) -> Path:
+    """Write ``timings/stages/<stage>.json`` under ``root`` (atomically); ``start`` is :func:`take_start`'s."""
+    from vcarepro.core.io import write_json
+
+    started = start["started"]
+    path = root / RECORDS / f"{stage}.json"
+    write_json(
+        path,
+        {
+            "stage": stage,
+            "started": round(started, 3),
+            "start_up_s": round(main_started - started, 3),
+            "work_s": round(ended - main_started, 3),
+            "wall_s": round(ended - started, 3),
+            "ended": round(ended, 3),
+            "status": status,
+            "dvc_pid": start.get("dvc_pid"),
+            "dvc_started": None if start.get("dvc_started") is None else round(start["dvc_started"], 3),
+        },
+    )
+    return path
+
+
+def this_repro(root: Path, stage: str) -> List[dict]:
+    """The records of every stage that ran under the same DVC process as ``stage``'s record, in order."""
+    own = _read(root / RECORDS / f"{stage}.json")
+    if own is None:
+        return []
+    rows = [_read(path) for path in sorted((root / RECORDS).glob("*.json"))]
+    run = (own["dvc_pid"], own["dvc_started"])
+    same = [row for row in rows if row and (row.get("dvc_pid"), row.get("dvc_started")) == run]
+    return sorted(same, key=lambda row: row["started"])
+
+
+def _read(path: Path) -> Optional[dict]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def table(rows: List[dict], now: Optional[float] = None) -> str:
+    """The Markdown table of ``rows`` (one `dvc repro`'s stages), with DVC's own share when its start is known."""
+    now = time.time() if now is None else now
+    lines = [
+        "| stage | wall s | start-up s | work s | status |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for row in sorted(rows, key=lambda row: -row["wall_s"]):
+        times = f"{row['wall_s']:.1f} | {row['start_up_s']:.1f} | {row['work_s']:.1f}"
+        lines.append(f"| {row['stage']} | {times} | {row['status']} |")
+    wall = sum(row["wall_s"] for row in rows)
+    start_up = sum(row["start_up_s"] for row in rows)
+    work = sum(row["work_s"] for row in rows)
+    lines.append(f"| all {len(rows)} stages | {wall:.1f} | {start_up:.1f} | {work:.1f} | |")
+    began = rows[0].get("dvc_started") if rows else None
+    head = f"Wall time of the {len(rows)} stages this DVC run ran, longest first."
+    if began is not None:
+        total = now - began
+        lines.append(f"| DVC itself (DAG, hashing, dvc.lock) | {total - wall:.1f} | | | |")
+        lines.append(f"| since DVC started | {total:.1f} | | | |")
+        head += f" DVC started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(began))}."
+    head += " Start-up: run.py to the stage's main (warm fork or imports, launcher); work: main itself."
+    return head + "\n\n" + "\n".join(lines) + "\n"
+
+
+def write_table(root: Path, stage: str) -> Optional[str]:
+    """The table of ``stage``'s DVC run, written to ``timings/stages.md`` under ``root``; None without records."""
+    from vcarepro.core.io import write_bytes
+
+    rows = this_repro(root, stage)
+    if not rows:
+        return None
+    text = table(rows)
+    write_bytes(root / TABLE, text.encode())
+    return text
