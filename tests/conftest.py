@@ -12,6 +12,14 @@ import torch
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 
+def pytest_collection_modifyitems(config, items):
+    """A test marked `alone` belongs to the slow tier as well: `-m "not slow"` (README command 2, on two workers)
+    never runs it beside another test."""
+    for item in items:
+        if item.get_closest_marker("alone") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def _progress_unconfigured():
     """A stage's main run in this process configures progress reporting for the process; the next test starts

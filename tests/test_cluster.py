@@ -301,6 +301,7 @@ def repo(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_two_runs_as_simultaneous_jobs_one_preempted_and_requeued_end_bit_identical(slurm, repo):
     log1 = repo.parent / "driver1.log"
     started = time.monotonic()
@@ -380,6 +381,7 @@ def test_two_runs_as_simultaneous_jobs_one_preempted_and_requeued_end_bit_identi
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_job_that_fails_for_a_user_error_is_not_requeued_and_its_fix_is_shown(slurm, repo):
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["models"]["deit_tiny-vca-broken"] = {"arch": "deit_tiny", "attention": "vca", "options": {"stage1": "bogus"}}
@@ -404,6 +406,7 @@ def test_a_job_that_fails_for_a_user_error_is_not_requeued_and_its_fix_is_shown(
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_the_srun_launcher_starts_its_ranks_inside_a_cluster_job(slurm, repo, tmp_path):
     """distributed.launcher srun for real: the job's stage starts torchrun with `srun --overlap` inside the job,
     and torchrun's two ranks train together (the command strings of tests/test_launch.py, run)."""
@@ -439,6 +442,7 @@ def test_the_srun_launcher_starts_its_ranks_inside_a_cluster_job(slurm, repo, tm
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_cancel_ends_a_running_job_for_good_and_the_next_run_submits_it_again(slurm, repo, tmp_path):
     copy = tmp_path / "repo"
     shutil.copytree(repo, copy, symlinks=True, ignore=shutil.ignore_patterns(".slurm", "checkpoints"))

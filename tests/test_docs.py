@@ -42,10 +42,19 @@ def test_readme_line_4_is_the_command_ci_runs_as_command_1():
     shlex.split(line)  # one shell line, quotes balanced
 
 
-def test_readme_line_5_is_the_test_command_ci_runs_verbatim():
+def test_readme_line_5_is_the_fast_tier_and_ci_runs_it_verbatim_then_the_slow_tier():
+    """Command 2 is the fast tier (-m "not slow", two workers); .ci/run runs it verbatim, then the slow tier's two
+    parts, so that between them every test runs: not slow, slow and not alone, alone (an alone test is slow)."""
     line = readme_line(5)
-    assert line == "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && .venv/bin/python -m pytest", line
-    assert line in CI.read_text(encoding="utf-8").splitlines(), ".ci/run does not run README line 5 verbatim"
+    assert line == (
+        "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && "
+        '.venv/bin/python -m pytest -m "not slow" -n 2'
+    ), line
+    ci = CI.read_text(encoding="utf-8").splitlines()
+    assert line in ci, ".ci/run does not run README line 5 verbatim"
+    slow = ci.index('.venv/bin/python -m pytest -m "slow and not alone" -n 2 --dist loadfile')
+    alone = ci.index(".venv/bin/python -m pytest -m alone")
+    assert ci.index(line) < slow < alone < ci.index('bash -c "$(sed -n 4p README.md)"')
     assert readme_line(3) == "```bash" and readme_line(6) == "```"  # the README's first code block: these two lines
 
 

@@ -124,6 +124,7 @@ def rank_pids(launcher: subprocess.Popen, timeout: float = 120) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_sigterm_to_one_rank_stops_both_and_the_rerun_resumes_to_the_uninterrupted_bits(tmp_path, token):
     params = compose([])
     params["cls_runs"] = {RUN: {**params["cls_runs"][RUN], "seeds": [0]}}
@@ -249,6 +250,7 @@ def clean(repo: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_sigterm_to_the_dvc_repro_process_group_stops_within_seconds_and_the_next_repro_resumes(tmp_path, token):
     epochs = 6
     repo = micro_repo(tmp_path, epochs)
@@ -281,6 +283,7 @@ def test_sigterm_to_the_dvc_repro_process_group_stops_within_seconds_and_the_nex
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_second_dvc_repro_is_refused_while_one_runs_and_the_first_finishes(tmp_path, token):
     epochs = 8
     repo = micro_repo(tmp_path, epochs)

@@ -340,6 +340,7 @@ def launch(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_rank_that_dies_before_the_rendezvous_stops_the_launch_within_seconds(launch):
     run = launch("die")  # the default rendezvous timeout, 600 s: the launcher must not wait for it
     err = run.finish(timeout=120)
@@ -354,6 +355,7 @@ def test_a_rank_that_dies_before_the_rendezvous_stops_the_launch_within_seconds(
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_the_rendezvous_gives_up_after_its_timeout_naming_the_missing_rank(launch):
     run = launch("late", "--rdzv-timeout", "3", "--grace", "5")
     err = run.finish(timeout=120)
@@ -372,6 +374,7 @@ def test_the_rendezvous_gives_up_after_its_timeout_naming_the_missing_rank(launc
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_sigterm_to_the_launcher_reaches_every_rank_and_removes_the_store(launch):
     run = launch("hold")
     run.wait_for("rank0-joined", "rank1-joined")

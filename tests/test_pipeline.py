@@ -101,7 +101,8 @@ def reproduced_repo(repo: Path, params: dict, targets: str = "") -> Path:
     copied_project(repo)
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     sh("git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm micro", repo)
-    sh(f"dvc repro {targets}".strip(), repo)
+    out = sh(f"dvc repro {targets}".strip(), repo).stdout
+    (repo.parent / "repro.out").write_text(out)  # what `dvc repro` printed, beside the repository
     return repo
 
 
@@ -115,6 +116,7 @@ def repo(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_every_stage_runs_and_writes_finite_metrics(repo):
     params = yaml.safe_load((repo / "params.yaml").read_text())
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
@@ -142,6 +144,34 @@ def test_every_stage_runs_and_writes_finite_metrics(repo):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
+def test_every_stage_is_timed_and_the_report_ends_the_run_with_the_table(repo):
+    """timings/stages/ has one record per stage that ran; the report, last, prints the table of that run."""
+    stages = stage_names(yaml.safe_load((repo / "params.yaml").read_text()))
+    records = {p.stem: json.loads(p.read_text()) for p in (repo / "timings" / "stages").glob("*.json")}
+    assert set(records) == stages
+    dvc_runs = {(r["dvc_pid"], r["dvc_started"]) for r in records.values()}
+    assert len(dvc_runs) == 1 and None not in next(iter(dvc_runs))  # one `dvc repro`, found among the ancestors
+    for name, r in records.items():
+        assert r["stage"] == name and r["status"] == "ok", r
+        assert r["start_up_s"] >= 0 and r["work_s"] >= 0 and abs(r["wall_s"] - r["start_up_s"] - r["work_s"]) < 0.01
+        assert r["dvc_started"] <= r["started"] <= r["ended"] - r["wall_s"] + 0.01
+    printed = (repo.parent / "repro.out").read_text()
+    table = (repo / "timings" / "stages.md").read_text()
+    assert f"{table}(also in timings/stages.md)" in printed
+    assert printed.index(table) > printed.rindex("Running stage")  # after the last stage's own lines
+    rows = {line.split(" | ")[0][2:]: line for line in table.splitlines() if line.startswith("| ")}
+    assert stages <= set(rows)  # every stage, the report included (its record is written before the table)
+    dvc_own = float(rows["DVC itself (DAG, hashing, dvc.lock)"].split(" | ")[1])
+    since = float(rows["since DVC started"].split(" | ")[1])
+    total = float(rows[f"all {len(stages)} stages"].split(" | ")[1])
+    assert dvc_own >= 0 and abs(since - total - dvc_own) < 0.2
+    assert abs(total - sum(r["wall_s"] for r in records.values())) < 0.1 * len(stages)
+    assert sh("git status --porcelain", repo).stdout == ""  # timings/ is ignored, like every wall time
+
+
+@pytest.mark.slow
+@pytest.mark.alone
 def test_report_names_every_run_and_is_self_contained(repo):
     html = (repo / "reports" / "index.html").read_text()
     for run in CLS_RUNS + GEN_RUNS:
@@ -150,6 +180,7 @@ def test_report_names_every_run_and_is_self_contained(repo):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_plots_and_params_are_visible_to_dvc(repo):
     plots = sh("dvc plots show --json", repo)
     assert "seed_0/train/loss" in plots.stdout
@@ -158,12 +189,14 @@ def test_plots_and_params_are_visible_to_dvc(repo):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_second_repro_runs_nothing(repo):
     out = sh("dvc repro", repo).stdout
     assert "Running stage" not in out
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_changing_one_run_reruns_only_that_run_and_the_report(repo):
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["cls_runs"]["deit_tiny-vca"]["seeds"] = [1]
@@ -189,6 +222,7 @@ def readme_command(start: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_an_experiment_compares_in_160_columns_and_leaves_the_checkout_as_it_was(repo):
     """README "Comparing runs": `dvc exp run --temp -S <a recipe knob>`, then its `dvc exp show` line in a
     160-column terminal gives the knob and every run's headline number, the experiment beside its baseline;
@@ -247,6 +281,7 @@ def test_an_experiment_compares_in_160_columns_and_leaves_the_checkout_as_it_was
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_results_travel_through_a_local_remote(repo, tmp_path):
     remote = tmp_path / "remote"
     sh(f"dvc remote add -f -d local {remote} && dvc push -q", repo)
@@ -268,6 +303,7 @@ def test_results_travel_through_a_local_remote(repo, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_clean_repro_reproduces_every_hash_of_the_committed_lock(repo):
     """What .ci/run checks at the embedded scale, here at micro scale: no output's hash holds a wall time, a date,
     a commit or this machine, so removing every output and the cache and running again gives dvc.lock byte for byte."""

@@ -267,6 +267,7 @@ def _forked_children(pid: int) -> list:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_sigterm_to_one_seed_worker_stops_the_stage_and_the_rerun_is_bit_identical(tmp_path, digits):
     from vcarepro.core.integrity import check
 
