@@ -17,7 +17,8 @@ replaced by small generated ones that the real loading code reads unchanged:
 
 Everything is a function of the seed: the same seed writes the same bytes, another seed other bytes.
 The Inception-derived numbers are computed on one thread, so the thread count does not change them;
-the CPU's kernels still may (see PITFALLS "CPU numerics"), so they are reproducible per machine kind.
+the CPU's kernels still may (the numerics profile, docs/reproducibility.md), so they are reproducible per
+machine kind.
 ``python -m vcarepro.tools.standins --out DIR [--seed S]`` writes all four under DIR.
 """
 
