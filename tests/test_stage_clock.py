@@ -38,36 +38,22 @@ def test_the_dvc_process_is_the_nearest_ancestor_named_dvc(tmp_path):
     assert stage_clock.dvc_process(os.getpid()) is None  # pytest runs under no dvc
 
 
-def test_the_table_orders_stages_by_wall_time_and_gives_dvc_the_rest(tmp_path):
+def test_the_table_orders_stages_by_wall_time_and_gives_dvc_the_time_between_them(tmp_path):
     rows = [
-        {
-            "stage": "prepare_cls",
-            "started": 10.0,
-            "start_up_s": 1.0,
-            "work_s": 4.0,
-            "wall_s": 5.0,
-            "ended": 15.0,
-            "status": "ok",
-            "dvc_pid": 7,
-            "dvc_started": 8.0,
-        },
-        {
-            "stage": "train_cls@a",
-            "started": 17.0,
-            "start_up_s": 0.5,
-            "work_s": 19.5,
-            "wall_s": 20.0,
-            "ended": 37.0,
-            "status": "ok",
-            "dvc_pid": 7,
-            "dvc_started": 8.0,
-        },
-    ]
-    text = stage_clock.table(rows, now=40.0)
+        {"stage": "train_cls@a", "started": 17.0, "start_up_s": 0.5, "work_s": 19.5, "wall_s": 20.0, "ended": 37.0,
+         "status": "ok", "dvc_pid": 7, "dvc_started": 8.0},
+        {"stage": "prepare_cls", "started": 10.0, "start_up_s": 1.0, "work_s": 4.0, "wall_s": 5.0, "ended": 15.0,
+         "status": "ok", "dvc_pid": 7, "dvc_started": 8.0},
+        {"stage": "report", "started": 40.0, "start_up_s": 0.2, "work_s": 0.8, "wall_s": 1.0, "ended": 41.0,
+         "status": "ok", "dvc_pid": 7, "dvc_started": 8.0},
+    ]  # fmt: skip
+    text = stage_clock.table(rows)
     lines = [line for line in text.splitlines() if line.startswith("| ")]
-    assert lines[1].startswith("| train_cls@a | 20.0 | 0.5 | 19.5 |") and lines[2].startswith("| prepare_cls | 5.0 |")
-    assert "| all 2 stages | 25.0 | 1.5 | 23.5 |" in text
-    assert "| DVC itself (DAG, hashing, dvc.lock) | 7.0 |" in text and "| since DVC started | 32.0 |" in text
+    assert [line.split(" | ")[0] for line in lines[1:4]] == ["| train_cls@a", "| prepare_cls", "| report"]
+    assert "| train_cls@a | 20.0 | 0.5 | 19.5 | ok |" in lines
+    assert "| all 3 stages | 26.0 | 1.7 | 24.3 | |" in lines
+    assert "| DVC between the stages | 5.0 | | | |" in lines  # 15 -> 17 and 37 -> 40
+    assert "| first stage's start to last one's end | 31.0 | | | |" in lines  # 10 -> 41: 26 + 5
 
 
 def test_a_stage_records_under_dvc_and_the_table_keeps_to_its_own_dvc_run(tmp_path):

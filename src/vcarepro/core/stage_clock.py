@@ -6,9 +6,10 @@ stages/run.py, the first code of every stage's command, notes when it started an
 start-up (run.py's start to the stage's ``main``: the warm interpreter's fork or a fresh interpreter's imports,
 the launcher), its work (``main`` itself) and the DVC process it ran under. The report
 stage, last in the DAG, prints the table of every stage that ran under the same DVC process and writes it to
-``timings/stages.md``; what the stages' wall times leave of the time since DVC started is DVC's own (reading the
-DAG, hashing dependencies and outputs, writing dvc.lock). Like every file of timings/, none of this is a DVC
-output or dependency: it changes no hash and re-runs nothing.
+``timings/stages.md``, with the time DVC took between the stages (hashing dependencies and outputs, rewriting
+dvc.lock). The DVC process is known by its pid and start time; that start is not when DVC began when a shell
+exec'd it (`bash -c "... && dvc repro"`), so it only tells the runs apart. Like every file of timings/, none of
+this is a DVC output or dependency: it changes no hash and re-runs nothing.
 
 Standard library only, and only under DVC (``DVC_STAGE`` set): a stage run by hand records nothing.
 """
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -131,9 +131,10 @@ def _read(path: Path) -> Optional[dict]:
         return None
 
 
-def table(rows: List[dict], now: Optional[float] = None) -> str:
-    """The Markdown table of ``rows`` (one `dvc repro`'s stages), with DVC's own share when its start is known."""
-    now = time.time() if now is None else now
+def table(rows: List[dict]) -> str:
+    """The Markdown table of ``rows`` (one DVC run's stages): each stage longest first, their sum, and DVC's own
+    time between them (from one stage's end to the next one's start: hashing, dvc.lock, the next stage's checks)."""
+    rows = sorted(rows, key=lambda row: row["started"])
     lines = [
         "| stage | wall s | start-up s | work s | status |",
         "|---|---:|---:|---:|---|",
@@ -144,15 +145,16 @@ def table(rows: List[dict], now: Optional[float] = None) -> str:
     wall = sum(row["wall_s"] for row in rows)
     start_up = sum(row["start_up_s"] for row in rows)
     work = sum(row["work_s"] for row in rows)
+    between = sum(max(0.0, later["started"] - earlier["ended"]) for earlier, later in zip(rows, rows[1:]))
+    span = rows[-1]["ended"] - rows[0]["started"] if rows else 0.0
     lines.append(f"| all {len(rows)} stages | {wall:.1f} | {start_up:.1f} | {work:.1f} | |")
-    began = rows[0].get("dvc_started") if rows else None
-    head = f"Wall time of the {len(rows)} stages this DVC run ran, longest first."
-    if began is not None:
-        total = now - began
-        lines.append(f"| DVC itself (DAG, hashing, dvc.lock) | {total - wall:.1f} | | | |")
-        lines.append(f"| since DVC started | {total:.1f} | | | |")
-        head += f" DVC started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(began))}."
-    head += " Start-up: run.py to the stage's main (warm fork or imports, launcher); work: main itself."
+    lines.append(f"| DVC between the stages | {between:.1f} | | | |")
+    lines.append(f"| first stage's start to last one's end | {span:.1f} | | | |")
+    head = (
+        f"Wall time of the {len(rows)} stages this DVC run ran, longest first. Start-up: stages/run.py to the "
+        "stage's main (warm fork or imports, launcher); work: main itself. DVC between the stages: hashing "
+        "outputs and dependencies, rewriting dvc.lock, checking the next stage."
+    )
     return head + "\n\n" + "\n".join(lines) + "\n"
 
 

@@ -3,7 +3,8 @@
 Architecture of facebookresearch/DiT ``models.py`` (Peebles & Xie, 2023), re-written
 here so that the baseline matches the original exactly (diffusers'
 ``DiTTransformer2DModel`` built from scratch does not: it has per-block timestep and label embedders, no
-adaLN-Zero zero init and LayerNorm eps 1e-5). The same backbone serves SiT, whose network is DiT's; only the training objective differs (``vcarepro.train``).
+adaLN-Zero zero init and LayerNorm eps 1e-5). The same backbone serves SiT, whose network is DiT's; only the
+training objective differs (``vcarepro.train``).
 
 Per block the attention is any of ``vcarepro.attention.ATTENTIONS``:
     "mhsa"  timm's ``Attention`` (the original DiT),
