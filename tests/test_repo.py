@@ -23,7 +23,7 @@ def readme_commands():
 def test_readme_opens_with_exactly_two_commands_and_ci_runs_the_test_one():
     main_job, tests = readme_commands()
     assert main_job.endswith("dvc repro")
-    assert tests.endswith("python -m pytest")
+    assert tests.endswith('python -m pytest -m "not slow" -n 2')  # the fast tier; .ci/run adds the slow one
     ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
     assert tests in ci_lines
 

@@ -91,26 +91,38 @@ def dvc_process(pid: Optional[int] = None) -> Optional[Dict[str, float]]:
 
 
 def record(root: Path, stage: str, start: dict, main_started: float, ended: float, status: str) -> Path:
-    """Write ``timings/stages/<stage>.json`` under ``root`` (atomically); ``start`` is :func:`take_start`'s."""
-    from vcarepro.core.io import write_json
-
+    """Write ``timings/stages/<stage>.json`` under ``root``; ``start`` is :func:`take_start`'s. Written whole or
+    not at all (a temporary file renamed), by this module itself: :mod:`vcarepro.core.io` reports through
+    :mod:`vcarepro.core.errors`, which calls this module."""
     started = start["started"]
     path = root / RECORDS / f"{stage}.json"
-    write_json(
+    _write(
         path,
-        {
-            "stage": stage,
-            "started": round(started, 3),
-            "start_up_s": round(main_started - started, 3),
-            "work_s": round(ended - main_started, 3),
-            "wall_s": round(ended - started, 3),
-            "ended": round(ended, 3),
-            "status": status,
-            "dvc_pid": start.get("dvc_pid"),
-            "dvc_started": None if start.get("dvc_started") is None else round(start["dvc_started"], 3),
-        },
+        json.dumps(
+            {
+                "stage": stage,
+                "started": round(started, 3),
+                "start_up_s": round(main_started - started, 3),
+                "work_s": round(ended - main_started, 3),
+                "wall_s": round(ended - started, 3),
+                "ended": round(ended, 3),
+                "status": status,
+                "dvc_pid": start.get("dvc_pid"),
+                "dvc_started": None if start.get("dvc_started") is None else round(start["dvc_started"], 3),
+            },
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n",
     )
     return path
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    partial.write_text(text)
+    os.replace(partial, path)
 
 
 def this_repro(root: Path, stage: str) -> List[dict]:
@@ -160,11 +172,9 @@ def table(rows: List[dict]) -> str:
 
 def write_table(root: Path, stage: str) -> Optional[str]:
     """The table of ``stage``'s DVC run, written to ``timings/stages.md`` under ``root``; None without records."""
-    from vcarepro.core.io import write_bytes
-
     rows = this_repro(root, stage)
     if not rows:
         return None
     text = table(rows)
-    write_bytes(root / TABLE, text.encode())
+    _write(root / TABLE, text)
     return text
