@@ -12,12 +12,29 @@ import torch
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 
+# The longest files of the slow tier, longest first (their setup on a fresh clone, two workers: the smoke scale's
+# DAG 575 s, the family's pipeline 189 s, ...). Under pytest-xdist they are handed out first, so the longest does
+# not start last and leave one worker idle while the other finishes it.
+LONGEST_FIRST = (
+    "test_smoke.py",
+    "test_family_pipeline.py",
+    "test_interruption.py",
+    "test_preflight.py",
+    "test_numerics.py",
+    "test_stage_facts.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
     """A test marked `alone` belongs to the slow tier as well: `-m "not slow"` (README command 2, on two workers)
-    never runs it beside another test."""
+    never runs it beside another test. On xdist workers, the longest files come first (a file's tests keep their
+    order)."""
     for item in items:
         if item.get_closest_marker("alone") and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.fixture(autouse=True)
