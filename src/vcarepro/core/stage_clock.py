@@ -11,7 +11,8 @@ dvc.lock). The DVC process is known by its pid and start time; that start is not
 exec'd it (`bash -c "... && dvc repro"`), so it only tells the runs apart. Like every file of timings/, none of
 this is a DVC output or dependency: it changes no hash and re-runs nothing.
 
-Standard library only, and only under DVC (``DVC_STAGE`` set): a stage run by hand records nothing.
+The standard library and psutil (the ancestors' command lines), and only under DVC (``DVC_STAGE`` set): a stage
+run by hand records nothing.
 """
 
 from __future__ import annotations
@@ -54,39 +55,16 @@ def take_start(environ=os.environ) -> Optional[dict]:
         return None
 
 
-def _proc_start(pid: int) -> Optional[float]:
-    """When process ``pid`` started (seconds since the epoch), from /proc; None where it cannot be read."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        ticks = int(stat[stat.rindex(")") + 2 :].split()[19])  # field 22, starttime, in clock ticks after boot
-        boot = next(
-            float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime")
-        )
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-
-
-def _parent(pid: int) -> Optional[int]:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat[stat.rindex(")") + 2 :].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def dvc_process(pid: Optional[int] = None) -> Optional[Dict[str, float]]:
     """The nearest ancestor of ``pid`` (this process) that runs DVC: its pid and start time, or None."""
-    pid = os.getppid() if pid is None else pid
-    while pid and pid > 1:
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            return None
-        if any(os.path.basename(arg.decode(errors="replace")) == "dvc" for arg in argv[:3]):
-            started = _proc_start(pid)
-            return None if started is None else {"pid": pid, "started": started}
-        pid = _parent(pid)
+    import psutil
+
+    try:
+        for parent in psutil.Process(os.getpid() if pid is None else pid).parents():
+            if any(os.path.basename(arg) == "dvc" for arg in parent.cmdline()[:3]):
+                return {"pid": parent.pid, "started": parent.create_time()}
+    except psutil.Error:
+        return None
     return None
 
 
