@@ -20,9 +20,13 @@ command, but in a child forked from a local server that holds those modules alre
   without a word (SIGKILL), the server kills the child's process group at once (SIGKILL, no grace)
   and reaps the child (:func:`vcarepro.core.supervise.stop`).
 
+The server and its children import the package from this file's checkout (``../src``, first on the import
+path), never from an editable install or another checkout; a child whose ``vcarepro`` comes from elsewhere all
+the same refuses to run (:func:`foreign_code`, exit status 2), as ``stages/run.py`` does before it connects.
+
 Nothing listens on the network: the socket is a file in a directory only this user can
-enter. The server's key is a hash of the interpreter, of every ``.py`` file of the package and this
-file, and of the environment variables that torch and the libraries it loads read when they load
+enter. The server's key is a hash of the interpreter, of the checkout's path, of every ``.py`` file of the
+package and this file, and of the environment variables that torch and the libraries it loads read when they load
 (``IMPORT_ENV_PREFIXES``: ``OMP_NUM_THREADS``, ``MKL_CBWR``, ``ONEDNN_MAX_CPU_ISA``,
 ``TIMM_FUSED_ATTN``, ``LD_PRELOAD``, ...). A child cannot change those, since the server
 read them before it forked; so edited code, and a client whose values differ (say
@@ -127,7 +131,7 @@ def server_key(env: Optional[Mapping[str, str]] = None) -> str:
     """What a server's preloaded state depends on: the interpreter, the package's code, this file (the
     server's own) and the environment variables read at import (:data:`IMPORT_ENV_PREFIXES`)."""
     env = os.environ if env is None else env
-    digest = hashlib.sha256(f"{sys.executable}\0{sys.version}\0{sys.prefix}".encode())
+    digest = hashlib.sha256(f"{sys.executable}\0{sys.version}\0{sys.prefix}\0{PACKAGE}".encode())
     for path in sorted(PACKAGE.rglob("*.py")):
         digest.update(str(path.relative_to(PACKAGE)).encode())
         digest.update(path.read_bytes())
@@ -136,6 +140,21 @@ def server_key(env: Optional[Mapping[str, str]] = None) -> str:
     for name in sorted(import_env(env)):
         digest.update(f"\0{name}={env[name]}".encode())
     return digest.hexdigest()[:20]
+
+
+def foreign_code(checkout: Path) -> Optional[str]:
+    """One sentence if the ``vcarepro`` this process imported is not ``checkout``'s ``src/vcarepro``, else None."""
+    import vcarepro
+
+    found = Path(vcarepro.__file__).resolve().parent
+    own = (checkout / "src" / "vcarepro").resolve()
+    if found == own:
+        return None
+    return (
+        f"this stage imported vcarepro from {found}, not from its own checkout's {own}, so its outputs would not "
+        "be its code's; remove what imports that copy first (a sitecustomize or .pth file, python -m from "
+        "another folder) or run the stage in the checkout that holds that code."
+    )
 
 
 def import_env(env: Mapping[str, str]) -> List[str]:
@@ -266,6 +285,7 @@ def serve(path: str, key: str, idle: Optional[float] = None) -> None:
     idle = float(os.environ.get("VCAREPRO_WARM_IDLE", "60")) if idle is None else idle
     if sys.path and Path(sys.path[0] or ".").resolve() == HERE.parent:
         sys.path.pop(0)  # this file's folder must not shadow what the server imports (stages/report.py, ...)
+    sys.path.insert(0, str(PACKAGE.parent))  # this checkout's src/, before an editable install (dvc#10419)
     for name in PRELOAD:
         try:
             __import__(name)
@@ -370,7 +390,12 @@ def _child(request: dict, fds: List[int]) -> None:
         sys.stdin = open(0, "r", closefd=False)
         sys.stdout = open(1, "w", closefd=False)
         sys.stderr = open(2, "w", closefd=False)
-        code = _execute(request["argv"])
+        foreign = foreign_code(HERE.parents[1])
+        if foreign:
+            print(f"error: {foreign}", file=sys.stderr)
+            code = 2
+        else:
+            code = _execute(request["argv"])
     except SystemExit as stop:
         code = _exit_code(stop)
     except BaseException as err:
