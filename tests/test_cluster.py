@@ -297,12 +297,16 @@ def repo(tmp_path_factory):
     params["cluster"].update(poll_seconds=1)
     repo = reproduced_repo(tmp_path_factory.mktemp("cluster") / "repo", params, targets=SHARED)
     sh("git add -A && git -c user.name=t -c user.email=t@t commit -qm shared", repo)
+    # the lab's backup (docs/lab.md): a default remote, here a path (in config.local: the checkout stays clean)
+    sh(f"dvc remote add --local -d lab {repo.parent / 'remote'}", repo)
     return repo
 
 
 @pytest.mark.slow
 @pytest.mark.alone
 def test_two_runs_as_simultaneous_jobs_one_preempted_and_requeued_end_bit_identical(slurm, repo):
+    before = slurm.run(sys.executable, "-m", "vcarepro.tools.cluster", "status", cwd=repo).stdout
+    assert "not on remote 'lab' yet: " in before and "data/cls" in before, before  # what the fixture ran, unpushed
     log1 = repo.parent / "driver1.log"
     started = time.monotonic()
     driver = slurm.start(sys.executable, "-m", "vcarepro.tools.cluster", "run", "--max-jobs", "2", cwd=repo, out=log1)
@@ -374,6 +378,13 @@ def test_two_runs_as_simultaneous_jobs_one_preempted_and_requeued_end_bit_identi
     assert "running report here" in text2 and "every stage is up to date" in text2
     status = slurm.run(sys.executable, "-m", "vcarepro.tools.cluster", "status", cwd=repo).stdout
     assert f"train_cls@{CLS}" in status and f" done     {job} " in status, status
+    # each stage's outputs went to the default remote as it finished: the report's last, then nothing is missing
+    for stage in (*jobs, "report"):
+        assert f"pushed {stage}'s outputs to remote 'lab'" in text1 + text2, stage
+        assert records(repo)[stage]["pushed"] == "yes", stage
+    sh("dvc push", repo)  # the shared stages ran before the driver: pushed by hand, as its status line says
+    status = slurm.run(sys.executable, "-m", "vcarepro.tools.cluster", "status", cwd=repo).stdout
+    assert status.rstrip().endswith("every output in the cache is on remote 'lab'"), status
     print(
         f"\ncluster figures: two trainings of {EPOCHS} epochs as two jobs, one requeued, the command "
         f"interrupted once; {took:.0f} s from the first submission to every stage recorded"

@@ -2,7 +2,8 @@
 
     python -m vcarepro.tools.cluster run [STAGE...] [--max-jobs K] [--poll S]  # on the login node, in the workspace
     python -m vcarepro.tools.cluster status                                 # every stage: done / queued / running / ...
-                                                                      # (a running one's step of the total, ETA)
+                                                                      # (a running one's step of the total, ETA;
+                                                                      # what the default remote lacks yet)
     python -m vcarepro.tools.cluster cancel                                 # scancel this workspace's jobs
 
 ``run`` reads the stage graph from DVC (``dvc.yaml``) and what is out of date from ``dvc status``.
@@ -31,6 +32,11 @@ Requeues that submitit takes for a time limit (a USR2 after 80% of it) are count
 (``scancel``, the limit itself), is not requeued: ``run`` shows its log's last lines and the fix our
 stages print (``error: ...``), goes on with what does not depend on it, and exits 1 when nothing else
 can run.
+
+Backups: a cluster's outputs live on a scratch disk that sites purge. With a default DVC remote in the workspace
+(``dvc remote add -d``; docs/lab.md), ``run`` pushes each stage's outputs as soon as the stage is done (``dvc push
+<stage>``, :mod:`vcarepro.tools.remote`), and ``status`` lists the outputs the remote lacks yet; a push that fails is
+one line, and the stage stays done (``dvc push`` sends it later).
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from vcarepro.core.errors import USER_ERROR_STATUS, UserError
 from vcarepro.core.io import write_json
 from vcarepro.core.progress import latest
 from vcarepro.params.config import section, stage_params
+from vcarepro.tools import remote
 
 STATE_DIR = Path(".slurm")
 JOBS_FILE = STATE_DIR / "jobs.json"
@@ -482,9 +489,17 @@ class Record:
     log: str = ""
     message: List[str] = field(default_factory=list)
     fix: Optional[str] = None
+    pushed: str = ""  # "" (not pushed by this driver), "yes", or "failed: <DVC's last line>"
 
     def as_dict(self) -> Dict[str, Any]:
-        return {"job_id": self.job_id, "state": self.state, "log": self.log, "message": self.message, "fix": self.fix}
+        return {
+            "job_id": self.job_id,
+            "state": self.state,
+            "log": self.log,
+            "message": self.message,
+            "fix": self.fix,
+            "pushed": self.pushed,
+        }
 
 
 def load_records(root: Path) -> Dict[str, Record]:
@@ -527,6 +542,7 @@ class Driver:
         self.finished_here: Set[str] = set()  # stages that ended (either way) during this command
         self.last_state: Dict[str, tuple] = {}
         self.watching = False
+        self.remote = remote.default_remote(root)  # "" when the workspace has no default remote: nothing is pushed
 
     def relative(self, path: Path) -> str:
         path = Path(path)
@@ -572,6 +588,23 @@ class Driver:
         save_records(self.root, self.records)
         self.say(f"running {stage} here; log {log.relative_to(self.root)}")
 
+    def done(self, stage: str, where: str = "") -> None:
+        """``stage`` is done: recorded, and its outputs pushed to the default remote where there is one."""
+        record = self.records[stage]
+        record.state = "done"
+        self.finished_here.add(stage)
+        save_records(self.root, self.records)
+        self.say(f"done {stage}{where}")
+        if not self.remote:
+            return
+        trouble = remote.push_stage(self.root, stage)
+        record.pushed = "yes" if trouble is None else f"failed: {trouble}"
+        save_records(self.root, self.records)
+        if trouble is None:
+            self.say(f"pushed {stage}'s outputs to remote '{self.remote}'")
+        else:
+            self.say(f"could not push {stage}'s outputs to remote '{self.remote}': {trouble}; `dvc push` sends them")
+
     def failed(self, stage: str, log: Path, why: str) -> None:
         record = self.records[stage]
         record.state, record.message, record.fix = "failed", [why, *log_tail(log)], fix_line(log)
@@ -594,10 +627,7 @@ class Driver:
                 self.local_proc = None
                 changed = True
                 if proc.returncode == 0:
-                    self.records[stage].state = "done"
-                    self.finished_here.add(stage)
-                    save_records(self.root, self.records)
-                    self.say(f"done {stage}")
+                    self.done(stage)
                 else:
                     self.failed(stage, log, f"`dvc repro --single-item {stage}` exited with {proc.returncode}")
         listed = our_jobs(self.root)
@@ -629,10 +659,7 @@ class Driver:
             changed = True
             log = job_paths(self.root, record.job_id).stderr
             if result is not None and result[0] == "success":
-                record.state = "done"
-                self.finished_here.add(stage)
-                save_records(self.root, self.records)
-                self.say(f"done {stage} (job {record.job_id})")
+                self.done(stage, f" (job {record.job_id})")
             elif result is not None:
                 self.failed(stage, log, f"job {record.job_id} failed")
             else:
@@ -761,6 +788,21 @@ def print_status(root: Path, out=sys.stdout) -> None:
         s: sum(1 for r in rows if r["state"] == s) for s in ("done", "queued", "running", "failed", "ready", "waiting")
     }
     print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()), file=out)
+    print(backup_line(root), file=out)
+
+
+def backup_line(root: Path) -> str:
+    """What the default remote lacks of the workspace's cache, in one line (or that there is no remote)."""
+    name = remote.default_remote(root)
+    if not name:
+        return "no default DVC remote: nothing is backed up (`dvc remote add -d NAME URL`; docs/lab.md)"
+    missing, trouble = remote.not_pushed(root)
+    if trouble:
+        return f"could not read remote '{name}': {trouble}"
+    if not missing:
+        return f"every output in the cache is on remote '{name}'"
+    shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+    return f"not on remote '{name}' yet: {len(missing)} output(s), {shown}; `dvc push` sends them"
 
 
 def status_lines(rows: Sequence[Mapping[str, Any]]) -> List[str]:

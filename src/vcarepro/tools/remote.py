@@ -1,0 +1,67 @@
+"""The workspace's default DVC remote, as the cluster driver backs its results up to it (docs/lab.md).
+
+A cluster's outputs live on a scratch disk that sites purge; ``python -m vcarepro.tools.cluster run`` therefore
+pushes each stage's outputs as soon as the stage is done, when the workspace has a default remote (``dvc remote
+add -d``), and ``cluster status`` says which outputs are not on it yet. Everything here is DVC's own command line
+(``dvc remote default``, ``dvc push STAGE``, ``dvc status --cloud``): what a push sends, how it retries and what it
+verifies stay DVC's, and a push this code started is the same as one a researcher types.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+DVC_TIMEOUT = 3600  # seconds a push or a look at the remote may take (DVC's own timeouts end a dead connection first)
+
+
+def _dvc(root: Path, *args: str, timeout: float = DVC_TIMEOUT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dvc", *args],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DVC_NO_ANALYTICS": "1"},
+        timeout=timeout,
+    )
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip() and "Having any troubles" not in line]
+    return lines[-1] if lines else "no message"
+
+
+def default_remote(root: Path) -> str:
+    """The name of the workspace's default remote, or "" when it has none."""
+    done = _dvc(root, "remote", "default", timeout=120)
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def push_stage(root: Path, stage: str) -> Optional[str]:
+    """Push ``stage``'s outputs to the default remote (``dvc push STAGE``, waiting for DVC's lock while a job
+    records its own stage); None when they are all there, else DVC's last line."""
+    try:
+        done = _dvc(root, "--wait-for-lock", "push", stage)
+    except subprocess.TimeoutExpired:
+        return f"`dvc push {stage}` took over {DVC_TIMEOUT} s"
+    return None if done.returncode == 0 else _last_line(done.stderr + done.stdout)
+
+
+def not_pushed(root: Path) -> Tuple[List[str], Optional[str]]:
+    """The outputs in the workspace's cache that the default remote lacks (``dvc status --cloud``), and None; or
+    [] and DVC's last line when it could not tell."""
+    try:
+        done = _dvc(root, "--wait-for-lock", "status", "--cloud", "--json")
+    except subprocess.TimeoutExpired:
+        return [], f"`dvc status --cloud` took over {DVC_TIMEOUT} s"
+    if done.returncode != 0:
+        return [], _last_line(done.stderr + done.stdout)
+    try:
+        status = json.loads(done.stdout or "{}")
+    except json.JSONDecodeError:
+        return [], _last_line(done.stdout)
+    return sorted(path for path, state in status.items() if state == "new"), None
