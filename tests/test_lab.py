@@ -317,7 +317,7 @@ def s3_server(tmp_path):
     """moto's S3 server (what dvc-s3's own tests run against) on 127.0.0.1 with a bucket ``lab-results``, checking
     keys as S3 does: after the 4 set-up calls, only the key of an IAM user ``lab`` allowed everything is accepted.
     Yields the endpoint and that key (``access_key_id``, ``secret_access_key``)."""
-    boto3 = pytest.importorskip("boto3")
+    boto3 = pytest.importorskip("boto3")  # moto's own dependency (pyproject.toml says why it is not named there)
     pytest.importorskip("dvc_s3")
     port = free_port()
     server = Server(
