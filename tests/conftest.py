@@ -30,6 +30,7 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 LONGEST_FIRST = (
     "test_smoke.py",
     "test_family_pipeline.py",
+    "test_lab.py",  # 4 min beside the family's pipeline: the lab's queues, remotes and servers
     "test_interruption.py",
     "test_preflight.py",
     "test_numerics.py",

@@ -9,6 +9,8 @@ It reads ``probe`` from params.yaml:
 * ``steps`` > 0 trains a small linear model that many AdamW steps with torch under the profile's threads, and
   records the final loss's bits (``float.hex``) and the thread count: two experiments at once must give the bits a
   serial run gives;
+* whatever it reads, it records ``marker`` and ``child_marker``: ``vcarepro.lab_marker.MARKER`` as the stage and a
+  process it starts import it;
 * ``files`` writes that many files of ``file_kib`` KiB to ``data/`` (a DVC output), the same bytes on every run.
 
 With ``LAB_GATE`` naming a folder, the stage writes its working directory and pid to ``started`` there and waits
@@ -20,6 +22,7 @@ the module whose ``MARKER`` it reports, so a test can change the workspace's cod
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -55,7 +58,14 @@ if barrier:  # "FOLDER:N": wait until N stages have arrived there, so that they 
 
 from vcarepro import lab_marker  # noqa: E402  imported only now: the code as it is when the stage gets here
 
-result = {"marker": lab_marker.MARKER, "lr": probe["lr"]}
+# a process the stage starts (as a training stage starts torchrun's ranks) imports the same code
+child = subprocess.run(
+    [sys.executable, "-c", "from vcarepro import lab_marker; print(lab_marker.MARKER)"],
+    capture_output=True,
+    text=True,
+    check=True,
+)
+result = {"marker": lab_marker.MARKER, "child_marker": child.stdout.strip(), "lr": probe["lr"]}
 if probe["steps"]:
     import torch
 
