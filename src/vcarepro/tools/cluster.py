@@ -62,6 +62,7 @@ from vcarepro.core.io import write_json
 from vcarepro.core.progress import latest
 from vcarepro.params.config import section, stage_params
 from vcarepro.tools import remote
+from vcarepro.tools.remote import dvc_env, last_line
 
 STATE_DIR = Path(".slurm")
 JOBS_FILE = STATE_DIR / "jobs.json"
@@ -159,7 +160,7 @@ def out_of_date(
                 cwd=root,
                 capture_output=True,
                 text=True,
-                env=_dvc_env(),
+                env=dvc_env(),
                 timeout=STATUS_TIMEOUT,
             )
         except subprocess.TimeoutExpired:
@@ -171,7 +172,7 @@ def out_of_date(
             return set(json.loads(result.stdout or "{}")) | busy
         if "Unable to acquire lock" not in result.stderr and "is busy" not in result.stderr:
             raise ClusterError(
-                f"`dvc status` failed in {root}: {_last_line(result.stderr)}; fix that first, "
+                f"`dvc status` failed in {root}: {last_line(result.stderr)}; fix that first, "
                 f"then run the command again."
             )
         time.sleep(3)  # a job's DVC holds the repository lock while it records its stage
@@ -288,7 +289,7 @@ class StageJob(submitit.helpers.Checkpointable):
     def __call__(self, stage: str, root: str) -> Dict[str, Any]:
         if int(os.environ.get("SLURM_PROCID", "0")) != 0:
             return {"stage": stage, "task": os.environ["SLURM_PROCID"]}  # other nodes: the stage's srun reaches them
-        env = {**_dvc_env(), "VCAREPRO_WARM": "0"}
+        env = {**dvc_env(), "VCAREPRO_WARM": "0"}
         if "OMP_NUM_THREADS" not in env and env.get("SLURM_CPUS_PER_TASK"):
             env["OMP_NUM_THREADS"] = env["SLURM_CPUS_PER_TASK"]
         signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -368,7 +369,7 @@ def _slurm(args: Sequence[str]) -> str:
         ) from None
     if result.returncode != 0:
         raise ClusterError(
-            f"`{' '.join(args)}` failed: {_last_line(result.stderr)}; check `sinfo` and the "
+            f"`{' '.join(args)}` failed: {last_line(result.stderr)}; check `sinfo` and the "
             f"cluster section of params.yaml."
         )
     return result.stdout
@@ -462,19 +463,10 @@ def log_progress(path: Path, stage: str = "") -> str:
     return "; ".join(shown)
 
 
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else "no message"
-
-
 def repro_command(stage: str) -> List[str]:
     """How a job, or this command for a local stage, runs one stage: DVC's own repro of it alone, waiting for
     DVC's repository lock, which other jobs' DVC holds for a moment before and after each command."""
     return [sys.executable, "-m", "dvc", "--wait-for-lock", "repro", "--single-item", stage]
-
-
-def _dvc_env() -> Dict[str, str]:
-    return {**os.environ, "DVC_NO_ANALYTICS": "1"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -563,7 +555,7 @@ class Driver:
             job = executor.submit(StageJob(grace), stage, str(self.root))
         except Exception as err:  # sbatch refused it: a partition, account or QOS the cluster does not know
             raise ClusterError(
-                f"sbatch refused {stage}: {_last_line(str(err))}; check cluster.partition, "
+                f"sbatch refused {stage}: {last_line(str(err))}; check cluster.partition, "
                 f"cluster.account and cluster.qos in params.yaml against `sinfo` / `sacctmgr show assoc`."
             ) from None
         log = self.relative(job_paths(self.root, job.job_id).stderr)
@@ -580,7 +572,7 @@ class Driver:
         log.parent.mkdir(parents=True, exist_ok=True)
         handle = log.open("w")
         proc = subprocess.Popen(
-            repro_command(stage), cwd=self.root, env=_dvc_env(), stdout=handle, stderr=subprocess.STDOUT
+            repro_command(stage), cwd=self.root, env=dvc_env(), stdout=handle, stderr=subprocess.STDOUT
         )
         handle.close()
         self.local_proc = (stage, proc, log)

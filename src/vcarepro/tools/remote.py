@@ -1,4 +1,5 @@
-"""The workspace's default DVC remote, as the cluster driver backs its results up to it (docs/lab.md).
+"""DVC's command line as the cluster driver calls it (its environment, a failure's last line), and the workspace's
+default DVC remote, which the driver backs its results up to (docs/lab.md).
 
 A cluster's outputs live on a scratch disk that sites purge; ``python -m vcarepro.tools.cluster run`` therefore
 pushes each stage's outputs as soon as the stage is done, when the workspace has a default remote (``dvc remote
@@ -14,25 +15,26 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 DVC_TIMEOUT = 3600  # seconds a push or a look at the remote may take (DVC's own timeouts end a dead connection first)
 
 
-def _dvc(root: Path, *args: str, timeout: float = DVC_TIMEOUT) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "dvc", *args],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "DVC_NO_ANALYTICS": "1"},
-        timeout=timeout,
-    )
+def dvc_env() -> Dict[str, str]:
+    """The environment every DVC command this package starts runs in: DVC never phones home."""
+    return {**os.environ, "DVC_NO_ANALYTICS": "1"}
 
 
-def _last_line(text: str) -> str:
+def last_line(text: str) -> str:
+    """A failed command's last line, which says why; DVC's "Having any troubles?" footer is not that line."""
     lines = [line.strip() for line in text.splitlines() if line.strip() and "Having any troubles" not in line]
     return lines[-1] if lines else "no message"
+
+
+def _dvc(root: Path, *args: str, timeout: float = DVC_TIMEOUT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dvc", *args], cwd=root, capture_output=True, text=True, env=dvc_env(), timeout=timeout
+    )
 
 
 def default_remote(root: Path) -> str:
@@ -48,7 +50,7 @@ def push_stage(root: Path, stage: str) -> Optional[str]:
         done = _dvc(root, "--wait-for-lock", "push", stage)
     except subprocess.TimeoutExpired:
         return f"`dvc push {stage}` took over {DVC_TIMEOUT} s"
-    return None if done.returncode == 0 else _last_line(done.stderr + done.stdout)
+    return None if done.returncode == 0 else last_line(done.stderr + done.stdout)
 
 
 def not_pushed(root: Path) -> Tuple[List[str], Optional[str]]:
@@ -59,9 +61,9 @@ def not_pushed(root: Path) -> Tuple[List[str], Optional[str]]:
     except subprocess.TimeoutExpired:
         return [], f"`dvc status --cloud` took over {DVC_TIMEOUT} s"
     if done.returncode != 0:
-        return [], _last_line(done.stderr + done.stdout)
+        return [], last_line(done.stderr + done.stdout)
     try:
         status = json.loads(done.stdout or "{}")
     except json.JSONDecodeError:
-        return [], _last_line(done.stdout)
+        return [], last_line(done.stdout)
     return sorted(path for path, state in status.items() if state == "new"), None
