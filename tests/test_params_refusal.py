@@ -49,14 +49,14 @@ CASES = {
         [],
         "error: conf/scale/embedded.yaml: cls_runs.deit_tiny-mhsa.sedes is not a key of a cls_runs entry "
         "(did you mean seeds?), which holds model, recipe, seeds; fix it in conf/ and run "
-        "`python -m vcarepro.params.config` (or pass -S to dvc exp run).",
+        "`python -m vcarepro.params.config`, or correct the -S override that set it.",
     ),
     "modle": (
         ("conf/config.yaml", "deit_tiny-vca: {model: deit_tiny-vca,", "deit_tiny-vca: {modle: deit_tiny-vca,"),
         [],
         "error: conf/config.yaml: cls_runs.deit_tiny-vca.modle is not a key of a cls_runs entry (did you "
-        "mean model?), which holds model, recipe, seeds; fix it in conf/ and run `python -m vcarepro.params.config` "
-        "(or pass -S to dvc exp run).",
+        "mean model?), which holds model, recipe, seeds; fix it in conf/ and run `python -m vcarepro.params.config`, "
+        "or correct the -S override that set it.",
     ),
     "evil": (
         ("conf/runs/sit.yaml", "  sit_s2-vca:", '  "../evil":'),
@@ -130,8 +130,8 @@ def test_a_stage_refuses_the_misspelt_key_dvc_exp_run_could_compose_before_writi
     assert status == USER_ERROR_STATUS, err
     assert err.splitlines() == [
         "error: params.yaml: cls_runs.deit_tiny-mhsa.sedes is not a key of a cls_runs entry (did you mean "
-        "seeds?), which holds model, recipe, seeds; fix it in conf/ and run `python -m vcarepro.params.config` "
-        "(or pass -S to dvc exp run)."
+        "seeds?), which holds model, recipe, seeds; fix it in conf/ and run `python -m vcarepro.params.config`, "
+        "or correct the -S override that set it."
     ]
     assert sorted(str(p.relative_to(where.parent)) for p in where.parent.rglob("*")) == [
         "project",

@@ -123,7 +123,7 @@ def test_a_stage_with_bad_params_exits_with_one_line_and_writes_nothing(tmp_path
     assert result.returncode == 2  # a user error, as every other: run_stage's one `error:` line
     assert result.stderr.strip().splitlines() == [
         "error: params.yaml: prepare_cls.val_fraction must be a number > 0 and < 1, got 1.5; fix it in conf/ and run "
-        "`python -m vcarepro.params.config` (or pass -S to dvc exp run)."
+        "`python -m vcarepro.params.config`, or correct the -S override that set it."
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
 
@@ -229,7 +229,7 @@ def test_a_misspelt_key_of_a_free_section_is_one_error_line_with_the_valid_names
     assert result.returncode == 2, result.stderr
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: params.yaml: "), result.stderr
-    assert sentence in lines[0] and lines[0].endswith("(or pass -S to dvc exp run).")
+    assert sentence in lines[0] and lines[0].endswith("or correct the -S override that set it.")
     assert only_params_left(tmp_path)  # nothing written before the check: no runs/, no checkpoints/
 
 

@@ -203,8 +203,21 @@ def _stage_source(name: str, params: Dict[str, Any]) -> Callable[[Tuple[Any, ...
     return source
 
 
-def _composition_error(err: Exception, overrides: List[str], config_dir: Path) -> ParamsError:
-    """Hydra's (or OmegaConf's) refusal of a composition as one sentence naming the override or file and the fix."""
+CONFIG_RERUN = "run `python -m vcarepro.params.config` again"  # the fix's last step where this module composes
+
+
+def _composition_error(
+    err: Exception,
+    overrides: List[str],
+    config_dir: Path,
+    *,
+    rerun: str = CONFIG_RERUN,
+    by_name: str = "the command-line override",
+) -> ParamsError:
+    """Hydra's (or OmegaConf's) refusal of a composition as one sentence naming the override or file and the fix.
+
+    ``rerun`` is the command that composes again and ``by_name`` what an override is called where it was given
+    (:mod:`vcarepro.params.dvc_compose` passes DVC's: ``dvc exp run`` and ``-S``)."""
     from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 
     conf = config_dir.name
@@ -212,17 +225,15 @@ def _composition_error(err: Exception, overrides: List[str], config_dir: Path) -
     if isinstance(err, OverrideParseException):
         bad = next((o for o in overrides if not _parses(o)), " ".join(overrides))
         return ParamsError(
-            f"the command-line override `{bad}` is not Hydra's override syntax (key=value, "
-            f"+key=value to add a key, group=option); fix it and run `python -m vcarepro.params.config` again."
+            f"{by_name} `{bad}` is not Hydra's override syntax (key=value, "
+            f"+key=value to add a key, group=option); fix it and {rerun}."
         )
     if isinstance(err, MissingConfigException) and err.options is not None and err.missing_cfg_file:
         group, _, option = err.missing_cfg_file.rpartition("/")
         options = list(err.options)
         by = next((o.input_line for o in _parse(overrides) if o.key_or_group == group), None)
         parent = re.match(r"In '([^']+)'", str(err))
-        where = (
-            f"the command-line override `{by}`" if by else f"{conf}/{parent.group(1)}.yaml" if parent else f"{conf}/"
-        )
+        where = f"{by_name} `{by}`" if by else f"{conf}/{parent.group(1)}.yaml" if parent else f"{conf}/"
         close = difflib.get_close_matches(option, options, n=1)
         return ParamsError(
             f"{where}: {group} has no option {option!r}"
@@ -234,19 +245,29 @@ def _composition_error(err: Exception, overrides: List[str], config_dir: Path) -
     if isinstance(err, ConfigCompositionException) and full_key and str(err).startswith("Could not override"):
         by = next((o.input_line for o in _parse(overrides) if o.key_or_group == full_key), full_key)
         groups = [o.input_line for o in _parse(overrides) if _is_group(o, config_dir)]
-        valid = list(flatten(compose(groups, config_dir)))
-        close = difflib.get_close_matches(full_key, valid, n=1)
+        close = _nearest_key(full_key, list(flatten(compose(groups, config_dir))))
         return ParamsError(
-            f"the command-line override `{by}`: {full_key} is not a key of the composition of {conf}/"
+            f"{by_name} `{by}`: {full_key} is not a key of the composition of {conf}/"
             + (f" (did you mean {close[0]}?)" if close else "")
             + "; fix its spelling (a new entry of a free section such as cls_runs takes a leading +) "
-            "and run `python -m vcarepro.params.config` again."
+            f"and {rerun}."
         )
     parent = re.match(r"In '([^']+)': (.*)", first_line)
     where, what = (f"{conf}/{parent.group(1)}.yaml", parent.group(2)) if parent else (f"{conf}/", first_line)
-    return ParamsError(
-        f"{where} cannot be composed: {what.rstrip('.')}; fix it and run `python -m vcarepro.params.config` again."
-    )
+    return ParamsError(f"{where} cannot be composed: {what.rstrip('.')}; fix it and {rerun}.")
+
+
+def _nearest_key(full_key: str, valid: List[str]) -> List[str]:
+    """The valid key nearest ``full_key``: among its siblings by name, else one whose last part is near its last
+    part (a whole dotted key compared with difflib would match a long shared prefix, not the misspelt name)."""
+    parent, _, leaf = full_key.rpartition(".")
+    siblings = [key for key in valid if key.rpartition(".")[0] == parent]
+    close = difflib.get_close_matches(full_key, siblings, n=1)
+    if close:
+        return close
+    leaves = difflib.get_close_matches(leaf, sorted({key.rpartition(".")[2] for key in valid}), n=1, cutoff=0.8)
+    near = [key for key in valid if leaves and key.rpartition(".")[2] == leaves[0]]
+    return difflib.get_close_matches(full_key, near, n=1, cutoff=0.0)
 
 
 def _parses(override: str) -> bool:

@@ -317,7 +317,10 @@ CALIBRATION_RULES = {
     "options": ("a mapping", lambda v: isinstance(v, dict)),
     "sha256": _optional(_HEX),
 }
-FIX = "fix it in conf/ and run `python -m vcarepro.params.config` (or pass -S to dvc exp run)"
+# The fix every refusal ends with. Where `dvc exp run -S` composed the values, vcarepro.params.dvc_compose swaps it
+# for DVC_FIX, so that the hint never tells the user to do what they just did.
+FIX = "fix it in conf/ and run `python -m vcarepro.params.config`, or correct the -S override that set it"
+DVC_FIX = "correct the -S override (or the conf/ file named) and run `dvc exp run` again"
 
 
 # What a `models` entry holds: the architecture, the attention by name, and that attention's own knobs.
@@ -432,11 +435,13 @@ def model_arguments(arch: str, attention: str) -> Tuple[str, frozenset, frozense
     return f"{cls.__name__} ({name})", frozenset(shape), frozenset(options)
 
 
-def validate(params: Dict[str, Any], source: Source = "params.yaml") -> None:
+def validate(params: Dict[str, Any], source: Source = "params.yaml", *, models: bool = True) -> None:
     """Raise :class:`ParamsError` (one sentence) at the first value that breaks its rule.
 
     ``source`` names where the values came from: a string, or a function of the offending key's path (a tuple)
-    that names the file in conf/ (or the override) that set it.
+    that names the file in conf/ (or the override) that set it. ``models=False`` leaves out what only the model
+    classes can tell (a model's options, a shape override), which imports torch and timm: the torch-free check that
+    ``dvc exp run -S`` makes before any stage runs (:mod:`vcarepro.params.dvc_compose`); the stages check it all.
     """
     for section in NAMED_SECTIONS:
         for name in params.get(section) or {}:
@@ -473,7 +478,7 @@ def validate(params: Dict[str, Any], source: Source = "params.yaml") -> None:
                         f"{_at(source, *at, field)}: calibrate.{group}.{name}.{field} must be "
                         f"{rule[0]}, got {value!r}; {FIX}."
                     )
-            if group == "classifiers":
+            if group == "classifiers" and models:
                 _check_model(entry, f"calibrate.classifiers.{name}", source)
             if group == "classifiers" and entry["recipe"] not in (params.get("cls_recipes") or {}):
                 raise ParamsError(
@@ -526,7 +531,8 @@ def validate(params: Dict[str, Any], source: Source = "params.yaml") -> None:
                 f"{_at(source, 'models', name, 'attention')}: models.{name}.attention must be one of "
                 f"{', '.join(ATTENTIONS)}, got {spec.get('attention')!r}; {FIX}."
             )
-        _check_model(spec, f"models.{name}", source)
+        if models:
+            _check_model(spec, f"models.{name}", source)
     for branch in RUN_FIELDS:
         for name, run in (params.get(branch) or {}).items():
             _check_run_keys(branch, name, run, source)
@@ -548,7 +554,7 @@ def validate(params: Dict[str, Any], source: Source = "params.yaml") -> None:
                     f"list of distinct integers >= 0, got {seeds!r}; {FIX}."
                 )
             shape = params.get(f"{branch[:3]}_shape") or {}
-            if shape:
+            if shape and models:
                 consumer, takes, _ = model_arguments(models[run["model"]]["arch"], models[run["model"]]["attention"])
                 for key in shape:
                     if key not in takes:
