@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 USER_ERROR_STATUS = 2
+INTERRUPTED_STATUS = 130  # what a shell gives a command that SIGINT ended: 128 + 2
 
 
 class UserError(Exception):
@@ -98,8 +99,35 @@ def is_disk_full(err: BaseException) -> bool:
     )
 
 
-def run_stage(main: Callable[[], object], *, stage_table: bool = False) -> None:
-    """Run a stage's ``main``: a :class:`UserError` becomes one line on stderr and exit status 2.
+def interrupted_line(what: Optional[str] = None, resume: Optional[str] = None) -> str:
+    """The one line a command prints when Ctrl-C stops it: what stopped and the command that resumes it (under DVC
+    the stage, resumed by `dvc repro`, a training stage from its last checkpoint; elsewhere the same command)."""
+    stage = os.environ.get("DVC_STAGE")
+    if what is None:
+        what = f"stage {stage}" if stage else "the command"
+    if resume is None:
+        if not stage:
+            resume = "the same command"
+        elif os.environ.get("DVC_EXP_BASELINE_REV"):  # set by DVC in an experiment's run
+            resume = "the same `dvc exp run`"
+        else:
+            resume = "`dvc repro`"
+    return f"interrupted: {what} stopped by Ctrl-C; resume with {resume}"
+
+
+def interruptible() -> None:
+    """Ctrl-C raises KeyboardInterrupt here even where SIGINT came in ignored (a job a non-interactive shell put
+    in the background ignores it, and Python then never installs its handler); main thread only."""
+    try:
+        if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    except ValueError:  # not the main thread: leave signals alone
+        pass
+
+
+def run_stage(main: Callable[[], object], *, stage_table: bool = False, what: Optional[str] = None) -> None:
+    """Run a stage's ``main``: a :class:`UserError` becomes one line on stderr and exit status 2; Ctrl-C one
+    ``interrupted: ...`` line (:func:`interrupted_line`) and exit status 130.
 
     So does a full disk or an exhausted quota wherever it happens (a library's write included),
     naming the file being written when the error or the writing frame tells it. Under DVC, the stage's
@@ -111,6 +139,7 @@ def run_stage(main: Callable[[], object], *, stage_table: bool = False) -> None:
     started = stage_clock.take_start()
     main_started = time.time()
     status = "failed"
+    interruptible()
     try:
         try:
             from vcarepro.core.numerics import NumericsError, enter
@@ -126,6 +155,11 @@ def run_stage(main: Callable[[], object], *, stage_table: bool = False) -> None:
             _ending()
             print(f"error: {err}", file=sys.stderr, flush=True)
             raise SystemExit(USER_ERROR_STATUS) from None
+        except KeyboardInterrupt:  # Ctrl-C: one line, no traceback; what the stage wrote is not recorded by DVC
+            status = "interrupted: exit 130"
+            _ending()
+            print(interrupted_line(what), file=sys.stderr, flush=True)
+            raise SystemExit(INTERRUPTED_STATUS) from None
         except Exception as err:
             if not is_disk_full(err):
                 raise

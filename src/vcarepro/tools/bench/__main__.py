@@ -133,4 +133,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    run_stage(main)
+    run_stage(main, what="the benchmark")

@@ -6,5 +6,5 @@ from vcarepro.tools.preflight.cli import main
 
 if __name__ == "__main__":
     status = [0]
-    run_stage(lambda: status.__setitem__(0, main()))
+    run_stage(lambda: status.__setitem__(0, main()), what="the preflight")
     raise SystemExit(status[0])

@@ -1,0 +1,94 @@
+"""Ctrl-C (issue 49): a long-running command stops within 2 s of SIGINT, prints exactly one `interrupted: ...; resume
+with ...` line and no traceback, exits 130 and leaves no process of its group behind. Each command starts in its own
+session with SIGINT ignored, as a background job of a non-interactive shell inherits it (the worst case: Python then
+installs no handler of its own), and the signal goes to the whole process group, as a terminal's Ctrl-C does."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
+
+STOP_WITHIN_S = 2.0
+
+
+def _interrupt(argv, started, cwd=None, timeout: float = 120.0, delay: float = 8.0):
+    """Start argv, wait until stderr shows `started`, SIGINT its process group; return (status, stderr, seconds)."""
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    seen = threading.Event()
+    lines: list[str] = []
+
+    def read():
+        for line in proc.stderr:
+            lines.append(line)
+            if started is not None and started in line:
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        if started is None:  # nothing on stderr while it runs: give it time to get past its imports
+            time.sleep(delay)
+        else:
+            assert seen.wait(timeout), "never started:\n" + "".join(lines)
+            time.sleep(0.5)
+        pgid = proc.pid
+        sent = time.monotonic()
+        os.killpg(pgid, signal.SIGINT)
+        status = proc.wait(timeout=30)
+        took = time.monotonic() - sent
+        reader.join(5)
+        time.sleep(0.2)
+        left = [p for p in psutil.process_iter(["pid"]) if _pgid(p.pid) == pgid]
+        assert not left, f"left behind: {left}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return status, "".join(lines), took
+
+
+def _pgid(pid: int):
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _check(status, err, took, resume: str):
+    print(f"stopped {took:.2f} s after SIGINT")
+    assert status == 130, err
+    assert took < STOP_WITHIN_S, f"took {took:.2f} s\n{err}"
+    assert "Traceback" not in err, err
+    ours = [line for line in err.splitlines() if line.startswith("interrupted:")]
+    assert len(ours) == 1, err
+    assert f"resume with {resume}" in ours[0]
+
+
+def test_preflight_stops_on_ctrl_c():
+    argv = [sys.executable, "-m", "vcarepro.tools.preflight", "--scale", "paper", "--runs", "deit_tiny-vca"]
+    status, err, took = _interrupt(argv, started=None, delay=5.0)  # while it steps (the run takes ~10 s)
+    _check(status, err, took, "the same command")
+    assert "the preflight" in err
+
+
+def test_bench_stops_on_ctrl_c(tmp_path):
+    argv = [sys.executable, "-m", "vcarepro.tools.bench", "attention", "--no-compile", "--json", str(tmp_path / "b.json")]
+    status, err, took = _interrupt(argv, started=None)
+    _check(status, err, took, "the same command")
+    assert "the benchmark" in err
