@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.alone]
 STOP_WITHIN_S = 2.0
 
 
-def _interrupt(argv, started, cwd=None, timeout: float = 120.0, delay: float = 8.0):
+def _interrupt(argv, started, cwd=None, timeout: float = 120.0, delay: float = 8.0, sigint=signal.SIG_IGN):
     """Start argv, wait until stderr shows `started`, SIGINT its process group; return (status, stderr, seconds)."""
     proc = subprocess.Popen(
         argv,
@@ -29,7 +29,7 @@ def _interrupt(argv, started, cwd=None, timeout: float = 120.0, delay: float = 8
         text=True,
         cwd=cwd,
         start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
     )
     seen = threading.Event()
     lines: list[str] = []
@@ -92,3 +92,29 @@ def test_bench_stops_on_ctrl_c(tmp_path):
     status, err, took = _interrupt(argv, started=None)
     _check(status, err, took, "the same command")
     assert "the benchmark" in err
+
+
+STAGE = """import time
+from vcarepro.core.errors import run_stage
+def main():
+    time.sleep(60)
+run_stage(main)
+"""
+
+
+def test_dvc_repro_stops_on_ctrl_c(tmp_path):
+    """A terminal's Ctrl-C on `dvc repro` (SIGINT to the whole group): the stage prints our one line and exits 130,
+    DVC adds its own `ERROR: failed to reproduce ... exited with 130` and exits 255 (measured, DVC 3)."""
+    dvc = os.path.join(os.path.dirname(sys.executable), "dvc")
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run([dvc, "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "s.py").write_text(STAGE)
+    (tmp_path / "dvc.yaml").write_text(f"stages:\n  slow:\n    cmd: {sys.executable} s.py\n    deps: [s.py]\n")
+    status, err, took = _interrupt([dvc, "repro"], started=None, cwd=tmp_path, delay=7.0, sigint=signal.SIG_DFL)
+    print(f"dvc stopped {took:.2f} s after SIGINT")
+    assert status == 255, err
+    assert took < STOP_WITHIN_S, err
+    assert "Traceback" not in err, err
+    ours = [line for line in err.splitlines() if line.startswith("interrupted:")]
+    assert ours == ["interrupted: stage slow stopped by Ctrl-C; resume with `dvc repro`"], err
+    assert "exited with 130" in err, err
