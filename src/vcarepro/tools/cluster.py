@@ -877,8 +877,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             except KeyboardInterrupt:
                 driver.stop_local()
                 print(
-                    "interrupted: the jobs SLURM holds keep running; `python -m vcarepro.tools.cluster run` again "
-                    "picks them up, `python -m vcarepro.tools.cluster status` shows them.",
+                    "interrupted: the cluster driver (the jobs SLURM holds keep running, "
+                    "`python -m vcarepro.tools.cluster status` shows them); resume with "
+                    "`python -m vcarepro.tools.cluster run`",
                     file=sys.stderr,
                 )
                 return 130
@@ -889,6 +890,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 if __name__ == "__main__":
     # Through the importable module, so that jobs pickle vcarepro.tools.cluster.StageJob by reference, not __main__'s.
+    from vcarepro.core.errors import interruptible
     from vcarepro.tools.cluster import main as _main
 
+    interruptible()  # Ctrl-C reaches the driver even when started as a background job of a script
     raise SystemExit(_main())
