@@ -465,6 +465,7 @@ def test_the_step_time_is_the_median_of_the_timed_steps_after_the_warm_up(known_
     # 5, 1 and 3 s timed after a warm-up of 100 s: 3 s at batch 2, scaled to DeiT's 1024 / 8 devices = 128
     entry = next(r for r in json.loads((tmp_path / "out.json").read_text())["runs"] if r["run"] == "deit_tiny-mhsa")
     assert entry["step_seconds_measured"] == [5.0, 1.0, 3.0]
+    assert entry["step_spread"] == 5.0  # the slowest timed step over the fastest, recorded per run
     assert rows(out.getvalue())["deit_tiny-mhsa"]["step s"] == fmt(3.0 * 128 / 2) == "192.0"
     assert "step s: the median of 3 timed optimizer steps after 1 warm-up step" in out.getvalue()
     # --steps N times N steps
@@ -666,3 +667,16 @@ def test_the_package_runs_under_both_names_with_the_same_help(tmp_path):
     assert (ours.returncode, ours.stdout, ours.stderr) == (theirs.returncode, theirs.stdout, theirs.stderr)
     assert ours.returncode == 0 and ours.stdout.startswith("usage: python -m vcarepro.tools.preflight [-h] ")
     assert "Exit status 0: every selected run can start here." in ours.stdout
+
+
+def test_timed_steps_run_with_the_garbage_collector_off():
+    """As timeit does: a collection of the preflight's own objects is not counted as a step's time; gc is back on
+    after the timed steps."""
+    import gc
+
+    from vcarepro.tools.preflight.stepping import step_times
+
+    seen = []
+    assert gc.isenabled()
+    step_times(lambda: seen.append(gc.isenabled()), 3)
+    assert seen == [False, False, False] and gc.isenabled()

@@ -26,6 +26,7 @@ class RunCost:
     steps: int = 0  # optimizer steps of one seed
     step_seconds: Optional[float] = None  # one optimizer step at the recipe's batch (accum micro-steps), median
     step_seconds_measured: List[float] = field(default_factory=list)  # each timed step at the batch run
+    step_spread: Optional[float] = None  # the slowest timed step over the fastest (1.0: they agree)
     train_gpu_hours: Optional[float] = None
     sample_gpu_hours: float = 0.0
     gpu_hours: Optional[float] = None
@@ -53,6 +54,9 @@ def fill_costs(cost: RunCost, measured: Measured) -> None:
     cost.out_of_memory_at = measured.out_of_memory_at
     cost.peak_bytes_measured = measured.peak_bytes
     cost.step_seconds_measured = list(measured.step_seconds)
+    fastest = min(measured.step_seconds, default=0.0)
+    if fastest > 0:
+        cost.step_spread = max(measured.step_seconds) / fastest
     if measured.seconds is not None:
         micro = measured.seconds * cost.recipe_batch / measured.batch
         cost.step_seconds = micro * cost.accum_steps

@@ -3,6 +3,7 @@ memory they allocate, and on running out of memory the batch halved until a step
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -30,12 +31,19 @@ clock = time.perf_counter  # what steps are timed with (a test gives it known du
 
 
 def step_times(fn: Callable[[], Any], repeats: int) -> List[float]:
-    """Seconds of each of ``repeats`` calls of ``fn()`` (at least one)."""
+    """Seconds of each of ``repeats`` calls of ``fn()`` (at least one), with Python's garbage collector off while
+    they run (as :mod:`timeit` does): a collection of the preflight's own objects is not a step's time."""
     times: List[float] = []
-    for _ in range(max(1, repeats)):
-        started = clock()
-        fn()
-        times.append(clock() - started)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(max(1, repeats)):
+            started = clock()
+            fn()
+            times.append(clock() - started)
+    finally:
+        if was_enabled:
+            gc.enable()
     return times
 
 
