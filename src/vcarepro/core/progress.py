@@ -195,6 +195,12 @@ class Progress:
         return self
 
     def __exit__(self, kind, value, traceback) -> None:
+        if kind is not None and issubclass(kind, KeyboardInterrupt):
+            # Ctrl-C: no closing line; the command's one `interrupted: ...` line says it (core.errors.run_stage)
+            self._closed = True
+            if self._bar is not None:
+                self._bar.close()
+            return
         self.close(stopped=kind is not None)
 
     # -- a report ------------------------------------------------------------------------------------------------
