@@ -9,7 +9,7 @@ from vcarepro.tools.gpu_check.cli import main
 
 if __name__ == "__main__":
     status = [0]
-    run_stage(lambda: status.__setitem__(0, main()))
+    run_stage(lambda: status.__setitem__(0, main()), what="the GPU check")
     from vcarepro.tools.gpu_check.parts import abandoned
 
     if abandoned():  # a part that never returned still holds its thread (and perhaps the GPU): do not wait for it
