@@ -88,7 +88,15 @@ def test_preflight_stops_on_ctrl_c():
 
 
 def test_bench_stops_on_ctrl_c(tmp_path):
-    argv = [sys.executable, "-m", "vcarepro.tools.bench", "attention", "--no-compile", "--json", str(tmp_path / "b.json")]
+    argv = [
+        sys.executable,
+        "-m",
+        "vcarepro.tools.bench",
+        "attention",
+        "--no-compile",
+        "--json",
+        str(tmp_path / "b.json"),
+    ]
     status, err, took = _interrupt(argv, started=None)
     _check(status, err, took, "the same command")
     assert "the benchmark" in err

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import List
 
 ROOT = Path(__file__).resolve().parents[1]
-LINTED = ("src", "stages", "tests")  # pyproject.toml's [tool.ruff] src
+LINTED = ("src", "stages", "tests", "hydra_plugins")  # pyproject.toml's [tool.ruff] src, and the Hydra plugin DVC loads
 PACKAGE = ("src", "stages")  # what the pipeline runs: its imports are the [project] dependencies
 # deptry leaves out a folder named tests by default; the tests pass over tests/ names its own exclusions
 TESTS_EXCLUDE = [r"(.*/)?__pycache__/"]
