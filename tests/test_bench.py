@@ -188,3 +188,36 @@ def test_the_attention_cost_figure_draws_nine_layers_with_and_without_compiled_t
     for r in rows:
         r["compiled_forward_backward_ms"] = r["forward_backward_ms"] / 2
     assert attention_cost_png({"machine": {}, "rows": rows}).startswith("data:image/png;base64,")
+
+
+def test_the_attention_cost_stage_prints_one_summary_line_and_no_verdict(tmp_path):
+    """Issue 49: command 1 printed 27 timing lines, a 13-column table wrapping at 160 columns and `FAIL` lines whose
+    times, taken on a loaded machine, contradicted the linearity they judged. The stage now prints one line; the rows
+    and the targets' evaluations are data in timings/attention_cost.json (`vcarepro bench attention` prints them)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["attention_cost"].update(sides=[7, 14], min_run_time=0.01, layers=["mhsa", "vca"])
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    done = subprocess.run(
+        [sys.executable, str(root / "stages" / "attention_cost.py")], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("attention_cost: 2 layers x 2 token counts timed in "), lines
+    assert "FAIL" not in done.stdout + done.stderr
+    timing = json.loads((tmp_path / "timings" / "attention_cost.json").read_text())
+    assert len(timing["rows"]) == 4 and timing["targets"]  # the numbers and the targets' evaluations are kept
+    macs = json.loads((tmp_path / "metrics" / "attention_macs.json").read_text())
+    assert sorted((r["layer"], r["tokens"]) for r in macs["rows"]) == [
+        ("mhsa", 49),
+        ("mhsa", 196),
+        ("vca", 49),
+        ("vca", 196),
+    ]
