@@ -9,6 +9,14 @@ from typing import Any, Dict, List, Optional
 from vcarepro.tools.preflight.machine import GIB
 from vcarepro.tools.preflight.stepping import Measured
 
+# The timed steps of one run may disagree by this factor (slowest over fastest) before its time is not projected:
+# on a quiet 2-core machine they agree within 1.15x (DeiT-T 0.129-0.138 s, DiT-S/2 0.449-0.512 s at batch 2), while
+# beside another torch process both spinning OpenMP threads a step took 0.28 to 3.98 s (14x). A projection from such
+# steps would be off by the same factor, so the run gets a problem line instead.
+MAX_STEP_SPREAD = 2.0
+# Steps shorter than this are not judged: a scheduler's tick alone spreads them (a stand-in step of microseconds)
+MIN_JUDGED_STEP_S = 0.01
+
 
 @dataclass
 class RunCost:
@@ -57,7 +65,16 @@ def fill_costs(cost: RunCost, measured: Measured) -> None:
     fastest = min(measured.step_seconds, default=0.0)
     if fastest > 0:
         cost.step_spread = max(measured.step_seconds) / fastest
-    if measured.seconds is not None:
+    judged = max(measured.step_seconds, default=0.0) >= MIN_JUDGED_STEP_S
+    if judged and cost.step_spread is not None and cost.step_spread > MAX_STEP_SPREAD:
+        times = measured.step_seconds
+        cost.problems.append(
+            f"{cost.run}: its {len(times)} timed steps disagree ({min(times):.3g} s to {max(times):.3g} s, "
+            f"{cost.step_spread:.1f}x, more than {MAX_STEP_SPREAD:g}x), so the machine was busy and its time is not "
+            "projected; run the preflight again when nothing else runs here (uptime's load below the core count), "
+            "or with more --steps."
+        )
+    elif measured.seconds is not None:
         micro = measured.seconds * cost.recipe_batch / measured.batch
         cost.step_seconds = micro * cost.accum_steps
         cost.step_images_per_s = cost.recipe_batch / micro
