@@ -107,7 +107,7 @@ def _validate(cfg, overrides: List[str], conf: Path) -> None:
             params[key] = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
     try:
         with _aside():
-            validate(params, config._conf_source(list(overrides), conf), models=False)
+            validate(params, config._conf_source(list(overrides), conf), model_classes=False)
     except ParamsError as err:
         sentence = str(err).replace(FIX, DVC_FIX).replace("the command-line override", DVC_OVERRIDE)
         raise refusal(sentence) from None

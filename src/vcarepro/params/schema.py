@@ -435,11 +435,11 @@ def model_arguments(arch: str, attention: str) -> Tuple[str, frozenset, frozense
     return f"{cls.__name__} ({name})", frozenset(shape), frozenset(options)
 
 
-def validate(params: Dict[str, Any], source: Source = "params.yaml", *, models: bool = True) -> None:
+def validate(params: Dict[str, Any], source: Source = "params.yaml", *, model_classes: bool = True) -> None:
     """Raise :class:`ParamsError` (one sentence) at the first value that breaks its rule.
 
     ``source`` names where the values came from: a string, or a function of the offending key's path (a tuple)
-    that names the file in conf/ (or the override) that set it. ``models=False`` leaves out what only the model
+    that names the file in conf/ (or the override) that set it. ``model_classes=False`` leaves out what only the model
     classes can tell (a model's options, a shape override), which imports torch and timm: the torch-free check that
     ``dvc exp run -S`` makes before any stage runs (:mod:`vcarepro.params.dvc_compose`); the stages check it all.
     """
@@ -478,7 +478,7 @@ def validate(params: Dict[str, Any], source: Source = "params.yaml", *, models: 
                         f"{_at(source, *at, field)}: calibrate.{group}.{name}.{field} must be "
                         f"{rule[0]}, got {value!r}; {FIX}."
                     )
-            if group == "classifiers" and models:
+            if group == "classifiers" and model_classes:
                 _check_model(entry, f"calibrate.classifiers.{name}", source)
             if group == "classifiers" and entry["recipe"] not in (params.get("cls_recipes") or {}):
                 raise ParamsError(
@@ -531,7 +531,7 @@ def validate(params: Dict[str, Any], source: Source = "params.yaml", *, models: 
                 f"{_at(source, 'models', name, 'attention')}: models.{name}.attention must be one of "
                 f"{', '.join(ATTENTIONS)}, got {spec.get('attention')!r}; {FIX}."
             )
-        if models:
+        if model_classes:
             _check_model(spec, f"models.{name}", source)
     for branch in RUN_FIELDS:
         for name, run in (params.get(branch) or {}).items():
@@ -554,7 +554,7 @@ def validate(params: Dict[str, Any], source: Source = "params.yaml", *, models: 
                     f"list of distinct integers >= 0, got {seeds!r}; {FIX}."
                 )
             shape = params.get(f"{branch[:3]}_shape") or {}
-            if shape and models:
+            if shape and model_classes:
                 consumer, takes, _ = model_arguments(models[run["model"]]["arch"], models[run["model"]]["attention"])
                 for key in shape:
                     if key not in takes:
