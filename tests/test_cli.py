@@ -229,7 +229,10 @@ def test_every_knob_is_what_its_key_holds_and_the_whole_run_is_there(which, requ
         assert value == k["value"], k["key"]
         assert k["read_by"], k["key"]
     groups = {g["group"]: {k["knob"]: k["value"] for k in g["knobs"]} for g in result["groups"]}
-    assert groups["recipe"] == run.recipe
+    applied = {k: v for k, v in run.recipe.items() if k not in result["unapplied"]}
+    assert groups["recipe"] == applied and set(result["unapplied"]) < set(run.recipe)
+    if which == "paper":  # every paper recipe augments and mixes: nothing is left out
+        assert result["unapplied"] == {}
     assert groups["model"] == {"arch": run.model["arch"], "attention": run.model["attention"], "options": {}}
     assert groups["numerics"] == params["numerics"]
     assert list(groups)[:5] == ["run", "model", "recipe", "shape", "numerics"]
@@ -238,6 +241,79 @@ def test_every_knob_is_what_its_key_holds_and_the_whole_run_is_there(which, requ
     assert result["stages"] == ["train_cls@deit_tiny-vca", "eval_cls@deit_tiny-vca"]
     declared = stage_definition("train_cls@deit_tiny-vca", ROOT)[1]
     assert "cls_recipe_overrides" in declared and "distributed.seed_processes" in declared
+
+
+def test_explain_gives_the_reason_beside_a_value_and_leaves_out_what_the_run_never_applies(embedded):
+    """The reason is the `why:` beside the value in the file that set it (data, not a comment), and a knob the
+    training never reads (auto_augment under train_augment: false) is not listed among the knobs."""
+    lr = knob(embedded, "recipe", "lr")
+    reasons = yaml.safe_load((ROOT / "conf/scale/embedded.yaml").read_text())["cls_recipe_overrides"]["why"]
+    assert lr["why"] == " ".join(reasons["lr"].split()) and "still climbing" in lr["why"]
+    assert "why" not in knob(embedded, "recipe", "opt")  # the lab's own value: nothing to explain
+    assert "auto_augment" not in {k["knob"] for k in knob_group(embedded, "recipe")}
+    assert embedded["unapplied"]["auto_augment"].startswith("train_augment is false")
+    text = cli.render(embedded)
+    assert "why: " + lr["why"][:30] in " ".join(text.split())
+    assert not [line for line in text.splitlines() if line.startswith("  auto_augment ")]
+    assert "not applied by this run (train_augment is false" in text and "auto_augment" in text.split("not applied")[1]
+    # a command-line override has no reason of its own: the file's is not shown for it
+    assert "why" not in knob(cli.explain("deit_tiny-vca", ["cls_recipe_overrides.lr=0.1"], ROOT), "recipe", "lr")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scale", ["embedded", "smoke", "proxy", "paper"])
+def test_every_recipe_knob_a_scale_changes_carries_its_reason(scale):
+    """At every scale, each recipe knob whose value departs from the run's named recipe (classification) or from
+    conf/config.yaml's gen_recipe (generation), and that the run applies, shows a reason in explain."""
+    params = compose([f"scale={scale}"])
+    cls = {}
+    for name, entry in params["cls_runs"].items():
+        cls.setdefault(entry["recipe"], name)  # one run per recipe: the knobs are the recipe's
+    missing = []
+    for name in [*cls.values(), next(iter(params["gen_runs"]))]:
+        result = cli.explain(name, [f"scale={scale}"], ROOT)
+        for k in knob_group(result, "recipe"):
+            if result["branch"] == "cls":  # departs from the named recipe (a recipe's own values are the recipe)
+                departs = k.get("replaces") and k["replaces"]["value"] != k["value"]
+            else:  # departs from conf/config.yaml's gen_recipe
+                departs = k.get("over") and k["over"]["file"] == "conf/config.yaml"
+            if departs and not k.get("why"):
+                missing.append(f"{name}: {k['key']} = {k['value']!r} ({k['set_by']})")
+    assert not missing, "no `why:` beside:\n" + "\n".join(missing)
+
+
+def test_every_reason_in_conf_stands_beside_a_knob_of_its_own_file():
+    """A `why:` mapping names keys of the mapping it sits in (a misspelt or orphaned reason explains nothing)."""
+    bad = []
+
+    def walk(tree, where):
+        if isinstance(tree, dict):
+            reasons = tree.get("why")
+            if isinstance(reasons, dict):
+                for key, text in reasons.items():
+                    if key not in tree or key == "why":
+                        bad.append(f"{where}why.{key}: no sibling {key}")
+                    if not isinstance(text, str) or not text.strip():
+                        bad.append(f"{where}why.{key}: not a sentence")
+            for key, sub in tree.items():
+                if key != "why":
+                    walk(sub, f"{where}{key}.")
+
+    files = sorted((ROOT / "conf").rglob("*.yaml"))
+    for path in files:
+        walk(yaml.safe_load(path.read_text()) or {}, f"{path.relative_to(ROOT)}: ")
+    assert not bad, "\n".join(bad)
+    assert sum("why:" in path.read_text() for path in files) >= 3  # the scales hold reasons
+
+
+def test_params_yaml_holds_no_reason():
+    """Reasons stay in conf/: params.yaml (what DVC records per stage) would re-run a stage for a reworded one."""
+    for stack in [[yaml.safe_load((ROOT / "params.yaml").read_text())], [compose(["scale=smoke"])]]:
+        while stack:
+            tree = stack.pop()
+            if isinstance(tree, dict):
+                assert "why" not in tree
+                stack.extend(tree.values())
 
 
 def test_explain_names_a_command_line_override():

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DVC_FIX = "correct the -S override (or the conf/ file named) and run `dvc exp run` again."
@@ -117,7 +118,26 @@ def test_a_good_override_composes_what_python_m_vcarepro_params_config_writes(tm
     found = compose_in_dvc({"ok": ["cls_recipe_overrides.lr=0.01"]}, tmp_path / "theirs.yaml")
     write_params(["cls_recipe_overrides.lr=0.01"], out=tmp_path / "ours.yaml", config_dir=ROOT / "conf")
     assert found["ok"] == ["written", (tmp_path / "ours.yaml").read_text()]
+    assert "why" not in yaml.safe_load(found["ok"][1])["cls_recipe_overrides"]  # conf/'s reasons stay in conf/
     assert found["timm imported"] is False  # validate(model_classes=False): 0.4 s here, 3.7 s with timm
+
+
+def test_our_own_composer_keeps_its_wording_where_hydra_finds_the_plugin():
+    """`python -m vcarepro.params.config` run in the checkout's root puts the root on sys.path, so Hydra loads
+    hydra_plugins/ there too: the wrap must let our own composition through (no DVC wording, no traceback)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "vcarepro.params.config", "scale=nonexistent"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        "error: the command-line override `scale=nonexistent`: scale has no option 'nonexistent'; choose one of "
+        "embedded, paper, proxy, smoke (conf/scale/*.yaml)."
+    ]
 
 
 def _checkout_copy(where: Path) -> Path:

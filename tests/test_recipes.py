@@ -18,12 +18,14 @@ from vcarepro.params.runs import cls_run
 from vcarepro.train.classification import (
     ClassifierSpec,
     best_epoch_figures,
+    build_criterion,
     build_optimizer,
     build_scheduler,
     build_transforms,
     make_loader,
     scaled_lrs,
     train_classifier,
+    unapplied,
 )
 from vcarepro.train.distributed import DistInfo
 
@@ -275,3 +277,20 @@ def test_an_override_switches_off_what_a_recipes_null_means_off(paper):
     assert maybe_compile(module, recipe["compile"]) is module
     kept = cls_run(compose(["scale=paper", "cls_recipe_overrides.auto_augment=null"]), "deit_tiny-mhsa").recipe
     assert any(isinstance(t, RandAugment) for t in build_transforms(kept, training=True).transforms)
+
+
+def test_the_knobs_explain_leaves_out_change_nothing_the_training_builds(paper):
+    """classification.unapplied (what `vcarepro explain` leaves out of a run's knobs) names knobs the training
+    truly ignores: with train_augment false the training transform is the same whatever they hold, and with
+    mixup and cutmix at 0 no mixing is built whatever mixup_switch_prob holds; switched on, they are read."""
+    plain = {**cls_run(paper, "deit_tiny-vca").recipe, "train_augment": False, "mixup": 0.0, "cutmix": 0.0}
+    other = {"auto_augment": "rand-m1", "color_jitter": 0.3, "train_interpolation": "bilinear", "scale": [0.5, 1.0]}
+    other.update({"hflip": 0.0, "reprob": 0.9, "mixup_switch_prob": 0.9})
+    assert set(other) == set(unapplied(plain))
+    assert repr(build_transforms(plain, training=True)) == repr(build_transforms({**plain, **other}, training=True))
+    assert build_criterion({**plain, **other}, 10)[0] is None
+    augmenting = {**plain, "train_augment": True, "cache_images": True}
+    assert "auto_augment" not in unapplied(augmenting) and unapplied(augmenting)["cache_images"]
+    for knob in ("auto_augment", "train_interpolation", "scale", "hflip", "reprob"):  # jitter: skipped under RA
+        changed = {**augmenting, knob: other[knob]}
+        assert repr(build_transforms(changed, training=True)) != repr(build_transforms(augmenting, True)), knob

@@ -61,6 +61,46 @@ def section(params: Dict[str, Any], name: str) -> Any:
         ) from None
 
 
+REASONS = "why"  # a mapping beside the knobs it explains, in any conf/ mapping: {knob: reason}; never in params.yaml
+
+
+def strip_reasons(cfg: Any) -> Any:
+    """``cfg`` (Hydra's composition, an OmegaConf node) without its ``why:`` mappings, in place.
+
+    conf/ keeps the reason for a value as data beside it (``why: {lr: "..."}`` next to ``lr:``) for ``vcarepro
+    explain``, which reads it from the file that set the value. params.yaml never holds one: DVC would record the
+    text among a stage's params, and a reworded reason would re-run the stage. Both writers of params.yaml strip
+    them: :func:`write_params` and, inside ``dvc exp run``, :mod:`vcarepro.params.dvc_compose`.
+    """
+    from omegaconf import DictConfig, ListConfig, open_dict
+
+    if isinstance(cfg, DictConfig):
+        for key in list(cfg.keys()):
+            if key == "hydra":
+                continue
+            node = cfg._get_node(key)
+            if key == REASONS and isinstance(node, DictConfig):
+                with open_dict(cfg):
+                    del cfg[key]
+            elif isinstance(node, (DictConfig, ListConfig)):
+                strip_reasons(node)
+    elif isinstance(cfg, ListConfig):
+        for index in range(len(cfg)):
+            node = cfg._get_node(index)
+            if isinstance(node, (DictConfig, ListConfig)):
+                strip_reasons(node)
+    return cfg
+
+
+def reason(tree: Any, path: Tuple[Any, ...]) -> Optional[str]:
+    """The ``why:`` a conf file's ``tree`` (as :func:`_conf_files` gives it) holds beside ``path``, else None."""
+    for cut in range(len(path)):
+        held = _lookup(tree, (*path[:cut], REASONS, *path[cut:]))
+        if isinstance(held, str) and held.strip():
+            return " ".join(held.split())
+    return None
+
+
 def _hydra_config(overrides: Sequence[str], config_dir: str | Path):
     """Hydra's composition of ``config_dir`` (interpolations resolved); a Hydra error is one :class:`ParamsError`."""
     from hydra import compose as hydra_compose
@@ -69,11 +109,13 @@ def _hydra_config(overrides: Sequence[str], config_dir: str | Path):
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    from vcarepro.params.dvc_compose import passed_through
+
     config_dir = Path(config_dir).resolve()
     try:
-        with initialize_config_dir(str(config_dir), version_base=None):
+        with passed_through(), initialize_config_dir(str(config_dir), version_base=None):
             cfg = hydra_compose(config_name="config", overrides=list(overrides))
-        OmegaConf.resolve(cfg)
+        OmegaConf.resolve(strip_reasons(cfg))
     except (HydraException, OmegaConfBaseException) as err:
         raise _composition_error(err, list(overrides), config_dir) from None
     return cfg

@@ -89,6 +89,7 @@ def checked(load, overrides: List[str], conf: Path):
         with _aside():
             error = config._composition_error(err, list(overrides), conf, rerun=DVC_RERUN, by_name=DVC_OVERRIDE)
         raise refusal(str(error)) from None
+    config.strip_reasons(cfg)  # conf/'s `why:` mappings, as vcarepro.params.config.write_params leaves them out
     _validate(cfg, overrides, conf)
     return cfg
 
@@ -114,6 +115,18 @@ def _validate(cfg, overrides: List[str], conf: Path) -> None:
 
 
 @contextmanager
+def passed_through() -> Iterator[None]:
+    """Compositions in here are :mod:`vcarepro.params.config`'s own: the wrap lets them through to Hydra. Hydra finds
+    ``hydra_plugins/`` wherever the checkout's root is on ``sys.path`` (``python -m ...`` run in it), so the wrap is
+    installed in our own processes too, where its DVC wording (and a DvcException) would be wrong."""
+    _ASIDE.append(True)
+    try:
+        yield
+    finally:
+        _ASIDE.pop()
+
+
+@contextmanager
 def _aside() -> Iterator[None]:
     """Hydra's global state set aside while :mod:`vcarepro.params.config` composes on its own (it initializes
     Hydra itself, which Hydra refuses inside DVC's ``initialize_config_dir``), then put back."""
@@ -122,11 +135,10 @@ def _aside() -> Iterator[None]:
     state = GlobalHydra.instance()
     held = state.hydra if state.is_initialized() else None
     state.clear()
-    _ASIDE.append(True)
     try:
-        yield
+        with passed_through():
+            yield
     finally:
-        _ASIDE.pop()
         state.clear()
         if held is not None:
             state.initialize(held)

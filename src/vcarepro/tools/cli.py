@@ -306,6 +306,19 @@ class _Sources:
         )
         return name, written
 
+    def earlier(self, path: Tuple[Any, ...], name: str) -> Optional[Dict[str, Any]]:
+        """The file before ``name`` in the composition that held another value at ``path`` (what ``name``
+        overrides: conf/config.yaml's paper value under a scale's), else None."""
+        order = [file for file, _ in self.files]
+        if name not in order:
+            return None
+        mine = _get(dict(self.files)[name], path)
+        for file, tree in reversed(self.files[: order.index(name)]):
+            held = _get(tree, path)
+            if held is not _ABSENT and held is not None and held != mine:
+                return {"file": file, "value": held}
+        return None
+
     def sentence(self, path: Tuple[Any, ...]) -> str:
         """For vcarepro.params.schema.validate, worded as vcarepro.params.config words it."""
         by = self.override(path)
@@ -323,6 +336,13 @@ class _Sources:
         }
         if by and name:
             found["file_value"] = written
+        if name and not by:
+            why = next((self.config.reason(tree, path) for file, tree in reversed(self.files) if file == name), None)
+            if why:
+                found["why"] = why  # the `why:` beside the value in the file that set it
+            earlier = self.earlier(path, name)
+            if earlier:
+                found["over"] = earlier
         if isinstance(written, str) and "${" in written:
             found["written"] = written  # e.g. seeds: ${family_seeds}, and where that is set
             whole = re.fullmatch(r"\$\{\s*([\w.-]+)\s*\}", written)
@@ -441,6 +461,12 @@ def explain(run: str, overrides: Sequence[str] = (), project: Path = REPO_ROOT) 
                 value = _get(params, path)
                 for leaf, sub in _leaves(value, path) if value is not _ABSENT else []:
                     add(path[0], leaf, sub)
+    if branch == "cls":
+        from vcarepro.train.classification import unapplied
+
+        skipped = unapplied(resolved.recipe)
+    else:
+        skipped = {}
     return {
         "run": run,
         "kind": {"cls": "classification", "gen": "generation"}[branch],
@@ -453,6 +479,7 @@ def explain(run: str, overrides: Sequence[str] = (), project: Path = REPO_ROOT) 
         "groups": [
             {"group": name, "title": g["title"], "knobs": g["knobs"]} for name, g in groups.items() if g["knobs"]
         ],
+        "unapplied": skipped,
     }
 
 
@@ -465,7 +492,7 @@ def _recipe_knobs(
         name = entry["recipe"]
         over = {k: v for k, v in (params.get("cls_recipe_overrides") or {}).items() if v is not None}
         base, base_path, over_path = params["cls_recipes"][name], ("cls_recipes", name), ("cls_recipe_overrides",)
-        from vcarepro.train.classification import scaled_lrs
+        from vcarepro.train.classification import scaled_lrs, unapplied
 
         at_optimizer = scaled_lrs(recipe)
     else:
@@ -473,7 +500,10 @@ def _recipe_knobs(
         over = entry.get("recipe") or {}
         base, base_path, over_path = params["gen_recipe"], ("gen_recipe",), ("gen_runs", run, "recipe")
         at_optimizer = {}
+    skipped = unapplied(recipe) if branch == "cls" else {}
     for knob, value in recipe.items():
+        if knob in skipped:
+            continue  # explain lists it apart, with the switch that leaves it out
         extra: Dict[str, Any] = {}
         if knob in at_optimizer and at_optimizer[knob] != value:
             extra["at_optimizer"] = at_optimizer[knob]
@@ -542,6 +572,8 @@ def _note(knob: Dict[str, Any]) -> str:
             if was["value"] == knob["value"]
             else f"overrides {was['recipe']}'s {_show(was['value'])}"
         )
+    if knob.get("over") and not knob.get("replaces"):
+        notes.append(f"over {knob['over']['file']}'s {_show(knob['over']['value'])}")
     if "at_optimizer" in knob:
         notes.append(f"x batch_size/512 = {knob['at_optimizer']:.6g} at the optimizer")
     return f" ({'; '.join(notes)})" if notes else ""
@@ -573,6 +605,7 @@ def render(result: Dict[str, Any]) -> str:
         for knob in group["knobs"]:
             also = [s for s in knob["read_by"] if s not in common]
             text = knob["set_by"] + _note(knob) + (f" (also read by {', '.join(also)})" if also else "")
+            text += f": why: {knob['why']}" if knob.get("why") else ""
             row = f"  {knob['knob']:<{name_w}}  {_show(knob['value']):<{value_w}}  "
             # what does not fit continues under the set-by column
             lines += textwrap.wrap(
@@ -582,6 +615,13 @@ def render(result: Dict[str, Any]) -> str:
                 subsequent_indent=" " * (6 + name_w + value_w),
                 break_on_hyphens=False,
             )
+    skipped: Dict[str, List[str]] = {}
+    for knob, why in (result.get("unapplied") or {}).items():
+        skipped.setdefault(why, []).append(knob)
+    for why, knobs in skipped.items():
+        lines += [""] + textwrap.wrap(
+            f"not applied by this run ({why}): {', '.join(knobs)}", WIDTH, subsequent_indent="    "
+        )
     return "\n".join(lines)
 
 

@@ -62,6 +62,23 @@ class ClassifierSpec(ModelSpec):
         )
 
 
+# The recipe's knobs that only build_transforms' training augmentation reads: with train_augment false none is applied.
+AUGMENT_KNOBS = ("auto_augment", "color_jitter", "train_interpolation", "scale", "hflip", "reprob")
+
+
+def unapplied(recipe: Dict[str, Any]) -> Dict[str, str]:
+    """The knobs of ``recipe`` its training never reads, each with the switch that leaves it out (``vcarepro
+    explain`` lists them apart): :func:`build_transforms`, :func:`build_criterion` and the loader decide the same."""
+    skipped = {}
+    if not recipe["train_augment"]:
+        skipped.update(dict.fromkeys(AUGMENT_KNOBS, "train_augment is false: training images get the eval transform"))
+    elif recipe["cache_images"]:
+        skipped["cache_images"] = "train_augment is true: augmented images are never cached"
+    if not (recipe["mixup"] > 0 or recipe["cutmix"] > 0):
+        skipped["mixup_switch_prob"] = "mixup and cutmix are 0"
+    return skipped
+
+
 def build_transforms(recipe: Dict[str, Any], training: bool):
     """timm's transform for the recipe: training augmentation, or the evaluation resize and crop.
 
