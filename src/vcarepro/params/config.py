@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import yaml
 
 from vcarepro.core.errors import USER_ERROR_STATUS, BadInput, MissingInput, UnknownName, UserError
+from vcarepro.params.composing import own_composition
 from vcarepro.params.schema import ParamsError, flatten, validate  # noqa: F401  (flatten re-exported: the params code reads it here)
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -109,11 +110,9 @@ def _hydra_config(overrides: Sequence[str], config_dir: str | Path):
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from vcarepro.params.dvc_compose import passed_through
-
     config_dir = Path(config_dir).resolve()
     try:
-        with passed_through(), initialize_config_dir(str(config_dir), version_base=None):
+        with own_composition(), initialize_config_dir(str(config_dir), version_base=None):
             cfg = hydra_compose(config_name="config", overrides=list(overrides))
         OmegaConf.resolve(strip_reasons(cfg))
     except (HydraException, OmegaConfBaseException) as err:

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
 DVC_RERUN = "run `dvc exp run` again"
-_ASIDE: List[bool] = []  # non-empty while vcarepro.params.config composes on its own (see _aside): not checked again
 DVC_OVERRIDE = "the -S override"
 
 
@@ -43,7 +42,9 @@ def install(checkout: Path) -> bool:
     wrapped[conf] = True
 
     def load_configuration(self, config_name, overrides, run_mode, *args, **kwargs):
-        own = None if _ASIDE else _composes(self, wrapped)
+        from vcarepro.params.composing import OWN_COMPOSITION
+
+        own = None if OWN_COMPOSITION else _composes(self, wrapped)
         if own is None:
             return original(self, config_name, overrides, run_mode, *args, **kwargs)
         return checked(lambda extra: original(self, config_name, extra, run_mode, *args, **kwargs), overrides, own)
@@ -115,18 +116,6 @@ def _validate(cfg, overrides: List[str], conf: Path) -> None:
 
 
 @contextmanager
-def passed_through() -> Iterator[None]:
-    """Compositions in here are :mod:`vcarepro.params.config`'s own: the wrap lets them through to Hydra. Hydra finds
-    ``hydra_plugins/`` wherever the checkout's root is on ``sys.path`` (``python -m ...`` run in it), so the wrap is
-    installed in our own processes too, where its DVC wording (and a DvcException) would be wrong."""
-    _ASIDE.append(True)
-    try:
-        yield
-    finally:
-        _ASIDE.pop()
-
-
-@contextmanager
 def _aside() -> Iterator[None]:
     """Hydra's global state set aside while :mod:`vcarepro.params.config` composes on its own (it initializes
     Hydra itself, which Hydra refuses inside DVC's ``initialize_config_dir``), then put back."""
@@ -136,7 +125,9 @@ def _aside() -> Iterator[None]:
     held = state.hydra if state.is_initialized() else None
     state.clear()
     try:
-        with passed_through():
+        from vcarepro.params.composing import own_composition
+
+        with own_composition():
             yield
     finally:
         state.clear()
