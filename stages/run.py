@@ -36,15 +36,24 @@ os.environ["PYTHONPATH"] = os.pathsep.join([SOURCE, *_INHERITED])
 import warm  # noqa: E402
 from vcarepro.core import numerics, stage_clock  # noqa: E402
 
-if __name__ == "__main__":
+
+def main() -> int:
     foreign = warm.foreign_code(CHECKOUT)
     if foreign:
         print(f"error: {foreign}", file=sys.stderr, flush=True)
-        raise SystemExit(2)
+        return 2
     stage_clock.note_start(STARTED)
     try:
         numerics.apply_env()
     except numerics.NumericsError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
-        raise SystemExit(2)
-    raise SystemExit(warm.run(sys.argv[1:]))
+        return 2
+    return warm.run(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    try:
+        status = main()
+    except KeyboardInterrupt:  # while it starts the warm server (seconds: the server imports torch), say one line
+        status = warm.interrupted()
+    raise SystemExit(status)

@@ -217,9 +217,10 @@ def run(command: List[str]) -> int:
             return _run_on(sock, command)
     # The command replaces this client, so that what started it (DVC, a cluster job) signals the stage itself:
     # a client waiting on a child would die of a SIGTERM and leave the stage running, orphaned.
+    # Through this file's `--fresh` (:func:`fresh`): a Ctrl-C during the command's imports is one line too.
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, *command])
+    os.execv(sys.executable, [sys.executable, str(HERE), FRESH, *command])
 
 
 def _connect() -> socket.socket:
@@ -398,6 +399,8 @@ def _child(request: dict, fds: List[int]) -> None:
             code = _execute(request["argv"])
     except SystemExit as stop:
         code = _exit_code(stop)
+    except KeyboardInterrupt:  # before the stage's run_stage took over (its imports): the same one line
+        code = interrupted()
     except BaseException as err:
         _print_traceback(err)
         code = 1
@@ -448,8 +451,36 @@ def _exit_code(stop: SystemExit) -> int:
     return 1
 
 
+FRESH = "--fresh"
+
+
+def fresh(command: List[str]) -> int:
+    """``command`` in this interpreter, as ``python SCRIPT ARGS`` runs it (``VCAREPRO_WARM=0``, or no server), except
+    that a Ctrl-C before the stage's own handler (``run_stage``), while it imports torch, is one line, not a
+    traceback. Any other error ends it as in a plain interpreter (its traceback, status 1)."""
+    try:
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # a background job's: Ctrl-C must still stop it
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        return _execute(command)
+    except KeyboardInterrupt:
+        return interrupted()
+    except BaseException as err:  # the traceback a plain interpreter prints: from the command's frames on
+        _print_traceback(err)
+        return 1
+
+
+def interrupted() -> int:
+    """The one line and exit status of Ctrl-C (:func:`vcarepro.core.errors.interrupted_line`, torch-free)."""
+    from vcarepro.core.errors import INTERRUPTED_STATUS, interrupted_line
+
+    print(interrupted_line(), file=sys.stderr, flush=True)
+    return INTERRUPTED_STATUS
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["serve"]:
         serve(sys.argv[2], sys.argv[3])
+    elif sys.argv[1:2] == [FRESH]:
+        raise SystemExit(fresh(sys.argv[2:]))
     else:
         raise SystemExit(run(sys.argv[1:]))

@@ -29,6 +29,9 @@ if sys.argv[1] == "message":
     raise SystemExit("a stage's one-sentence error")
 if sys.argv[1] == "raise":
     raise KeyError("boom")
+if sys.argv[1] == "importing":  # a stage still importing torch: no handler of its own yet
+    open(sys.argv[2], "w").write("importing")
+    time.sleep(60)
 if sys.argv[1] == "sleep":
     import signal
     signal.signal(signal.SIGTERM, lambda *a: (open(sys.argv[2], "w").write("stopped"), sys.exit(143)))
@@ -95,6 +98,37 @@ def test_without_the_server_a_sigterm_to_the_command_reaches_the_stage(script, t
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 143 and marker.read_text() == "stopped"
+
+
+@pytest.mark.parametrize("warm_start", ["1", "0"])
+def test_ctrl_c_while_the_command_still_imports_is_one_line(script, tmp_path, warm_start):
+    """Issue 49: a SIGINT before the stage's run_stage (its imports, seconds in a fresh interpreter) printed a
+    KeyboardInterrupt traceback. Warm (the child) or fresh (stages/warm.py --fresh), it is the one line and 130."""
+    marker = tmp_path / "importing.txt"
+    proc = subprocess.Popen(
+        [sys.executable, str(RUN), str(script), "importing", str(marker)],
+        cwd=tmp_path,
+        env={**ENV, "VCAREPRO_WARM": warm_start},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert err.splitlines()[-1] == "interrupted: the command stopped by Ctrl-C; resume with the same command", err
+    assert "Traceback" not in err
+
+
+def test_a_fresh_interpreter_ends_a_crash_as_a_plain_one_does(script, tmp_path):
+    crash = run([script, "raise"], tmp_path, VCAREPRO_WARM="0")
+    assert crash.returncode == 1
+    lines = crash.stderr.splitlines()
+    assert lines[lines.index("Traceback (most recent call last):") + 1].startswith(f'  File "{script}"')
+    assert crash.stderr.strip().endswith("KeyError: 'boom'")
 
 
 def test_modules_run_with_dash_m(tmp_path):
