@@ -103,9 +103,10 @@ def test_bench_stops_on_ctrl_c(tmp_path):
     assert "the benchmark" in err
 
 
-STAGE = """import time
+STAGE = """import sys, time
 from vcarepro.core.errors import run_stage
 def main():
+    print("stage running", file=sys.stderr, flush=True)
     time.sleep(60)
 run_stage(main)
 """
@@ -129,7 +130,7 @@ def test_dvc_repro_stops_on_ctrl_c(tmp_path, shell):
     (tmp_path / "dvc.yaml").write_text(f"stages:\n  slow:\n    cmd: {sys.executable} s.py\n    deps: [s.py]\n")
     env = {**os.environ, "SHELL": shell}
     status, err, took = _interrupt(
-        [dvc, "repro"], started=None, cwd=tmp_path, delay=7.0, sigint=signal.SIG_DFL, env=env
+        [dvc, "repro"], started="stage running", cwd=tmp_path, sigint=signal.SIG_DFL, env=env
     )
     print(f"dvc stopped {took:.2f} s after SIGINT")
     assert status == 255, err
