@@ -20,7 +20,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.alone]
 STOP_WITHIN_S = 2.0
 
 
-def _interrupt(argv, started, cwd=None, timeout: float = 120.0, delay: float = 8.0, sigint=signal.SIG_IGN, env=None):
+def _interrupt(
+    argv, started, cwd=None, timeout: float = 120.0, delay: float = 8.0, sigint=signal.SIG_IGN, env=None, kin=None
+):
     """Start argv, wait until stderr shows `started`, SIGINT its process group; return (status, stderr, seconds)."""
     proc = subprocess.Popen(
         argv,
@@ -50,6 +52,9 @@ def _interrupt(argv, started, cwd=None, timeout: float = 120.0, delay: float = 8
             assert seen.wait(timeout), "never started:\n" + "".join(lines)
             time.sleep(0.5)
         pgid = proc.pid
+        family = psutil.Process(proc.pid).children(recursive=True)  # its own sessions' processes too
+        if kin is not None:
+            kin.extend(" ".join(_cmdline(p)) for p in family)  # read while they run
         sent = time.monotonic()
         os.killpg(pgid, signal.SIGINT)
         status = proc.wait(timeout=30)
@@ -57,7 +62,8 @@ def _interrupt(argv, started, cwd=None, timeout: float = 120.0, delay: float = 8
         reader.join(5)
         time.sleep(0.2)
         left = [p for p in psutil.process_iter(["pid"]) if _pgid(p.pid) == pgid]
-        assert not left, f"left behind: {left}"
+        left += [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not left, f"left behind: {[(p, _cmdline(p)) for p in left]}"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -140,3 +146,45 @@ def test_dvc_repro_stops_on_ctrl_c(tmp_path, shell):
     assert ours == ["interrupted: stage slow stopped by Ctrl-C; resume with `dvc repro`"], err
     theirs = [line for line in err.splitlines() if line.startswith("ERROR:")]
     assert len(theirs) == 1 and theirs[0].endswith(DVC_SEES[shell]), err
+
+
+def test_gpu_check_stops_on_ctrl_c_with_its_torchrun_rank(tmp_path):
+    """The GPU check (tiny, on this CPU) starts its DDP part through torchrun beside the steps part: Ctrl-C while
+    it steps stops both, says one line and leaves neither torchrun nor its rank behind."""
+    argv = [sys.executable, "-m", "vcarepro.tools.gpu_check", "--tiny", "--no-compile", "--out", str(tmp_path / "gc")]
+    kin = []
+    status, err, took = _interrupt(argv, started="gpu-check: steps: deit_tiny-vca", kin=kin)
+    _check(status, err, took, "the same command")
+    assert "the GPU check" in err
+    assert any("torchrun" in line or "ddp_worker" in line for line in kin), kin  # they did run, and were stopped
+
+
+def _cmdline(process):
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
+def test_dvc_exp_run_stops_on_ctrl_c(tmp_path):
+    """`dvc exp run` (in the workspace) as `dvc repro`: our line, DVC's own failure line, no traceback."""
+    dvc = os.path.join(os.path.dirname(sys.executable), "dvc")
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run([dvc, "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "s.py").write_text(STAGE)
+    (tmp_path / "params.yaml").write_text("seconds: 60\n")
+    (tmp_path / "dvc.yaml").write_text(
+        f"stages:\n  slow:\n    cmd: {sys.executable} s.py\n    deps: [s.py]\n    params: [seconds]\n"
+    )
+    subprocess.run(["git", "add", "-A"], cwd=tmp_path, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "s"], cwd=tmp_path, check=True)
+    env = {**os.environ, "SHELL": "/bin/bash"}
+    status, err, took = _interrupt(
+        [dvc, "exp", "run"], started="stage running", cwd=tmp_path, sigint=signal.SIG_DFL, env=env
+    )
+    print(f"dvc exp run stopped {took:.2f} s after SIGINT, status {status}")
+    assert took < STOP_WITHIN_S, err
+    assert "Traceback" not in err, err
+    ours = [line for line in err.splitlines() if line.startswith("interrupted:")]
+    assert ours == ["interrupted: stage slow stopped by Ctrl-C; resume with the same `dvc exp run`"], err
+    assert status != 0

@@ -4,15 +4,23 @@ stage runs, a problem the user can fix one ``error:`` line and exit status 2."""
 import os
 import sys
 
-from vcarepro.core.errors import run_stage
+from vcarepro.core.errors import INTERRUPTED_STATUS, run_stage
 from vcarepro.tools.gpu_check.cli import main
 
 if __name__ == "__main__":
     status = [0]
-    run_stage(lambda: status.__setitem__(0, main()), what="the GPU check")
+    try:
+        run_stage(lambda: status.__setitem__(0, main()), what="the GPU check")
+    except SystemExit as stop:  # 2 (a user error) or 130 (Ctrl-C, while a part's thread still runs)
+        if not isinstance(stop.code, int):
+            raise
+        status[0] = stop.code
     from vcarepro.tools.gpu_check.parts import abandoned
 
-    if abandoned():  # a part that never returned still holds its thread (and perhaps the GPU): do not wait for it
+    # a part that never returned, or that Ctrl-C left running, still holds its thread (and perhaps the GPU): do not
+    # wait for it. After Ctrl-C the interpreter's own shutdown under torch's threads ended in SIGSEGV or in
+    # "terminate called without an active exception" (SIGABRT), measured: it is skipped, what was written is whole.
+    if abandoned() or status[0] == INTERRUPTED_STATUS:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status[0])

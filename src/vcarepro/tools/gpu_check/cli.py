@@ -207,8 +207,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if tiny and "ddp" in names:
         early_ddp(check, args.budget_s)
     grace = min(max(0.1 * args.budget_s, 2.0), 30.0)
-    parts = run_parts([PARTS[n] for n in names], check, args.budget_s, grace_s=grace)
-    stop_early_ddp(check)
+    try:
+        parts = run_parts([PARTS[n] for n in names], check, args.budget_s, grace_s=grace)
+    finally:  # Ctrl-C or an error too: torchrun runs in a session of its own, which a terminal's Ctrl-C misses
+        stop_early_ddp(check)
     result = {
         "tool": "vcarepro gpu-check",
         "command": "vcarepro gpu-check" + ("" if not argv else " " + shlex.join(argv)),
@@ -243,11 +245,10 @@ def stop_early_ddp(check: Check) -> None:
     launched = check.options.pop("ddp_launched", None)
     if launched is not None:
         import shutil
-        import signal
 
-        if launched.process.poll() is None:
-            os.killpg(launched.process.pid, signal.SIGKILL)
-            launched.process.wait()
+        from vcarepro.tools.gpu_check import ddp
+
+        ddp.stop(launched)
         shutil.rmtree(launched.folder, ignore_errors=True)
 
 

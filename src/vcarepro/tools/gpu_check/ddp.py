@@ -111,7 +111,30 @@ def ddp_part(check: Check, outcome: Outcome) -> None:
     try:
         finish(launched, check, outcome)
     finally:
+        stop(launched)  # interrupted (Ctrl-C) while it waited: torchrun and its rank go too
         shutil.rmtree(launched.folder, ignore_errors=True)
+
+
+def stop(launched: Launched) -> None:
+    """torchrun and every process under it, at once (SIGKILL), then reaped; nothing when it has ended.
+
+    torchrun runs in a session of its own (a terminal's Ctrl-C misses it), and torch's elastic agent starts each
+    rank in a session of its own too: SIGKILL to torchrun's group alone left the rank running (seen: a
+    ddp_worker.py stepping on after Ctrl-C). The tree is taken before anything is signalled."""
+    import psutil
+
+    from vcarepro.core import supervise
+
+    process = launched.process
+    if process.poll() is not None:
+        return
+    try:
+        tree = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    supervise.send(process, signal.SIGKILL, group=True)
+    supervise.send(tree, signal.SIGKILL, gone=(psutil.NoSuchProcess,))
+    process.wait()
 
 
 def finish(launched: Launched, check: Check, outcome: Outcome) -> None:
@@ -119,8 +142,7 @@ def finish(launched: Launched, check: Check, outcome: Outcome) -> None:
     try:
         process.wait(timeout=max(check.left(), 1.0))
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # torchrun and the rank it started: its own process group
-        process.wait()
+        stop(launched)
         outcome.out_of_time = True
         outcome.summary = f"torchrun did not finish within the {outcome.share_s:.0f} s share; stopped"
         row.update(status=FAIL, reason=outcome.summary, output_tail=_tail(launched))

@@ -20,12 +20,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 PASS, FAIL, TIMEOUT, SKIPPED = "pass", "fail", "timeout", "skipped"
 WHERE_WHEELS = "docs/performance.md, GPU check"
 
-_abandoned: List[threading.Thread] = []
+THREAD_PREFIX = "gpu-check-"  # each part runs in a thread of this name and its own
 
 
 def abandoned() -> List[threading.Thread]:
-    """The parts' threads still running after the command gave up on them."""
-    return [t for t in _abandoned if t.is_alive()]
+    """The parts' threads still running after the command gave up on them, or after Ctrl-C stopped its wait."""
+    return [t for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX) and t.is_alive()]
 
 
 def one_line(err: BaseException) -> str:
@@ -142,13 +142,12 @@ def run_parts(parts: Sequence[Part], check: Check, budget_s: float, *, grace_s: 
         gc.freeze()
         check.log(f"{part.name}: {part.title} ({outcome.share_s:.0f} s)")
         began = check.clock()
-        thread = threading.Thread(target=_run_one, args=(part, check, outcome), name=f"gpu-check-{part.name}")
+        thread = threading.Thread(target=_run_one, args=(part, check, outcome), name=f"{THREAD_PREFIX}{part.name}")
         thread.daemon = True
         thread.start()
         thread.join(max(deadline - check.clock(), 0.0) + grace_s)
         outcome.seconds = check.clock() - began
         if thread.is_alive():
-            _abandoned.append(thread)
             outcome.settle()
             snapshot = outcome.as_dict()
             snapshot["status"] = TIMEOUT
