@@ -588,3 +588,24 @@ def test_family_section_shows_each_member_against_mhsa_and_vca_with_intervals(pr
     alone = next(r for r in rows if "without its depthwise term, minus MHSA" in r and "DeiT-T" in r)
     assert "not resolved with 3 seeds" in alone  # +-10 points of spread: no sign
     assert "DiT-S/2: total: VCA minus MHSA" in decomposition.split('<p class="folded"')[1]  # no dit_s2-vca here
+
+
+def test_the_knob_table_gives_conf_s_reason_for_this_scale_s_value_and_none_for_an_override():
+    """Issue 49: the reasons are data in conf/ so that the report reads them too: each row of the recipe table that
+    differs from the paper carries the `why:` beside this scale's value, unless a -S override changed the value."""
+    import copy
+
+    from vcarepro.report.render import knob_reasons, recipe_knobs
+
+    params, paper = compose([]), compose(["scale=paper"])
+    reasons = yaml.safe_load((ROOT / "conf/scale/embedded.yaml").read_text())["cls_recipe_overrides"]["why"]
+    rows = {r["knob"]: r for r in recipe_knobs(params, paper, knob_reasons(params, ROOT / "conf"))["cls"]["rows"]}
+    assert rows["recipe.lr"]["why"] == " ".join(reasons["lr"].split())
+    gen = {r["knob"]: r for r in recipe_knobs(params, paper, knob_reasons(params, ROOT / "conf"))["gen"]["rows"]}
+    assert "flattens by about step 150" in gen["recipe.steps"]["why"]
+    overridden = copy.deepcopy(params)
+    overridden["cls_recipe_overrides"]["lr"] = 0.01  # what `dvc exp run -S cls_recipe_overrides.lr=0.01` composes
+    rows = {
+        r["knob"]: r for r in recipe_knobs(overridden, paper, knob_reasons(overridden, ROOT / "conf"))["cls"]["rows"]
+    }
+    assert rows["recipe.lr"]["why"] == "" and rows["recipe.epochs"]["why"]

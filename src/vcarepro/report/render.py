@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -109,7 +109,50 @@ def run_recipe(params: Dict[str, Any], branch: str, name: str) -> Dict[str, Any]
 RECIPE_KNOBS = ("recipe.", "shape.", "sampling.")
 
 
-def recipe_knobs(params: Dict[str, Any], paper: Dict[str, Any]) -> Dict[str, Any]:
+def knob_reasons(params: Dict[str, Any], conf: Path) -> Dict[str, str]:
+    """The reason conf/ gives for each value of ``params`` (a ``why:`` beside it, :mod:`vcarepro.params.config`), by
+    dotted key, from this scale's composition; only where ``params`` still hold the value that file set (a ``-S``
+    override that changed it has no reason of conf's)."""
+    from vcarepro.params.config import REASONS, _conf_files, _lookup
+
+    found: Dict[str, str] = {}
+
+    def walk(tree: Any, path: Tuple[str, ...]) -> None:
+        if not isinstance(tree, dict):
+            return
+        reasons = tree.get(REASONS)
+        for key, text in (reasons if isinstance(reasons, dict) else {}).items():
+            if isinstance(text, str) and key in tree and _lookup(params, (*path, key)) == tree[key]:
+                found[".".join((*path, key))] = " ".join(text.split())
+        for key, sub in tree.items():
+            if key != REASONS:
+                walk(sub, (*path, str(key)))
+
+    for _, tree in _conf_files([f"scale={params['scale']}"], Path(conf).resolve()):
+        walk(tree, ())
+    return found
+
+
+def _knob_keys(params: Dict[str, Any], branch: str, run: str, knob: str) -> List[str]:
+    """The params.yaml key a knob of :func:`run_recipe` (``recipe.lr``, ``shape.img_size``, ...) takes its value
+    from (as :mod:`vcarepro.params.runs` resolves it): an override where one is set, else the recipe."""
+    section, _, rest = knob.partition(".")
+    if section == "recipe" and branch == "cls":
+        if (params.get("cls_recipe_overrides") or {}).get(rest) is not None:
+            return [f"cls_recipe_overrides.{rest}"]
+        return [f"cls_recipes.{params['cls_runs'][run]['recipe']}.{rest}"]
+    if section == "recipe":
+        if rest in (params["gen_runs"][run].get("recipe") or {}):
+            return [f"gen_runs.{run}.recipe.{rest}"]
+        return [f"gen_recipe.{rest}"]
+    if section == "shape":
+        return [f"{branch}_shape.{rest}"]
+    return [knob] if section == "sampling" else []
+
+
+def recipe_knobs(
+    params: Dict[str, Any], paper: Dict[str, Any], reasons: Optional[Dict[str, str]] = None
+) -> Dict[str, Any]:
     """One table per branch of every recipe knob that differs anywhere: each paper recipe, then this run's.
 
     Columns are the distinct recipes of the branch's runs at paper scale ("paper: deit") and the distinct
@@ -143,8 +186,18 @@ def recipe_knobs(params: Dict[str, Any], paper: Dict[str, Any]) -> Dict[str, Any
             knobs = {k: v for k, v in run_recipe(params, branch, name).items() if k.startswith(RECIPE_KNOBS)}
             add("this run", name, knobs)
         keys = sorted({k for col in columns for k in col["knobs"]})
+        ours = [col["runs"][0] for col in columns if col["label"] == "this run"]
+
+        def why(knob: str) -> str:
+            """conf/'s reason for this scale's value of ``knob`` (its runs' first column that has one)."""
+            for run in ours:
+                for key in _knob_keys(params, branch, run, knob):
+                    if (reasons or {}).get(key):
+                        return reasons[key]
+            return ""
+
         rows = [
-            {"knob": k, "cells": [str(col["knobs"].get(k, "—")) for col in columns]}
+            {"knob": k, "cells": [str(col["knobs"].get(k, "—")) for col in columns], "why": why(k)}
             for k in keys
             if len({repr(col["knobs"].get(k)) for col in columns}) > 1
         ]
@@ -334,7 +387,7 @@ def build_context(root: Path) -> Dict[str, Any]:
         "comparisons": ws.comparisons,
         "flat_top1_points": FLAT_TOP1_POINTS,
         "flat_loss_fraction": FLAT_LOSS_FRACTION,
-        "recipe_knobs": recipe_knobs(params, paper),
+        "recipe_knobs": recipe_knobs(params, paper, knob_reasons(params, root / "conf")),
         # the paper's tables (1-4) whole at every scale, each row with a paper number in the tables derived from
         # them; what folds is our cells of a row not run, and rows with neither a paper number nor ours (fold)
         "folded": {
