@@ -93,13 +93,30 @@ def strip_reasons(cfg: Any) -> Any:
     return cfg
 
 
+def conf_reasons(tree: Any) -> Dict[Tuple[str, ...], Tuple[str, Any]]:
+    """Every ``why:`` of a conf file's ``tree`` (as :func:`_conf_files` gives it): the key path it explains ->
+    (the reason on one line, the value the file sets beside it). ``vcarepro explain`` and the report read these."""
+    found: Dict[Tuple[str, ...], Tuple[str, Any]] = {}
+
+    def walk(node: Any, path: Tuple[str, ...]) -> None:
+        if not isinstance(node, dict):
+            return
+        reasons = node.get(REASONS)
+        for key, text in (reasons if isinstance(reasons, dict) else {}).items():
+            if isinstance(text, str) and text.strip() and key in node:
+                found[(*path, str(key))] = (" ".join(text.split()), node[key])
+        for key, sub in node.items():
+            if key != REASONS:
+                walk(sub, (*path, str(key)))
+
+    walk(tree, ())
+    return found
+
+
 def reason(tree: Any, path: Tuple[Any, ...]) -> Optional[str]:
-    """The ``why:`` a conf file's ``tree`` (as :func:`_conf_files` gives it) holds beside ``path``, else None."""
-    for cut in range(len(path)):
-        held = _lookup(tree, (*path[:cut], REASONS, *path[cut:]))
-        if isinstance(held, str) and held.strip():
-            return " ".join(held.split())
-    return None
+    """The ``why:`` a conf file's ``tree`` holds beside ``path``, else None."""
+    held = conf_reasons(tree).get(tuple(path))
+    return held[0] if held else None
 
 
 def _hydra_config(overrides: Sequence[str], config_dir: str | Path):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import yaml
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -113,23 +113,13 @@ def knob_reasons(params: Dict[str, Any], conf: Path) -> Dict[str, str]:
     """The reason conf/ gives for each value of ``params`` (a ``why:`` beside it, :mod:`vcarepro.params.config`), by
     dotted key, from this scale's composition; only where ``params`` still hold the value that file set (a ``-S``
     override that changed it has no reason of conf's)."""
-    from vcarepro.params.config import REASONS, _conf_files, _lookup
+    from vcarepro.params.config import _conf_files, _lookup, conf_reasons
 
     found: Dict[str, str] = {}
-
-    def walk(tree: Any, path: Tuple[str, ...]) -> None:
-        if not isinstance(tree, dict):
-            return
-        reasons = tree.get(REASONS)
-        for key, text in (reasons if isinstance(reasons, dict) else {}).items():
-            if isinstance(text, str) and key in tree and _lookup(params, (*path, key)) == tree[key]:
-                found[".".join((*path, key))] = " ".join(text.split())
-        for key, sub in tree.items():
-            if key != REASONS:
-                walk(sub, (*path, str(key)))
-
     for _, tree in _conf_files([f"scale={params['scale']}"], Path(conf).resolve()):
-        walk(tree, ())
+        for path, (text, value) in conf_reasons(tree).items():
+            if _lookup(params, path) == value:
+                found[".".join(path)] = text
     return found
 
 

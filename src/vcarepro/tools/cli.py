@@ -402,6 +402,11 @@ def explain(run: str, overrides: Sequence[str] = (), project: Path = REPO_ROOT) 
     entry = params[f"{branch}_runs"][run]
     model = entry["model"]
     own, shared, declared = _stages(project, params, branch, run)
+    skipped: Dict[str, str] = {}  # knobs the run never applies: listed apart, each with its switch
+    if branch == "cls":
+        from vcarepro.train.classification import unapplied
+
+        skipped = unapplied(resolved.recipe)
 
     # the groups, in order; a declared param not claimed by one of the first four joins its section's group
     run_key, model_key, shape_key = f"{branch}_runs.{run}", f"models.{model}", f"{branch}_shape"
@@ -453,7 +458,7 @@ def explain(run: str, overrides: Sequence[str] = (), project: Path = REPO_ROOT) 
                     add("model", leaf, value)
             elif param in recipe_keys or param.startswith("gen_recipe."):
                 if not groups["recipe"]["knobs"]:
-                    _recipe_knobs(add, params, branch, run, entry, resolved.recipe)
+                    _recipe_knobs(add, params, branch, run, entry, resolved.recipe, skipped)
             elif param == shape_key:
                 for leaf, value in _leaves(params.get(shape_key) or {}, path):
                     add("shape", leaf, value)
@@ -461,12 +466,6 @@ def explain(run: str, overrides: Sequence[str] = (), project: Path = REPO_ROOT) 
                 value = _get(params, path)
                 for leaf, sub in _leaves(value, path) if value is not _ABSENT else []:
                     add(path[0], leaf, sub)
-    if branch == "cls":
-        from vcarepro.train.classification import unapplied
-
-        skipped = unapplied(resolved.recipe)
-    else:
-        skipped = {}
     return {
         "run": run,
         "kind": {"cls": "classification", "gen": "generation"}[branch],
@@ -484,7 +483,13 @@ def explain(run: str, overrides: Sequence[str] = (), project: Path = REPO_ROOT) 
 
 
 def _recipe_knobs(
-    add, params: Dict[str, Any], branch: str, run: str, entry: Dict[str, Any], recipe: Dict[str, Any]
+    add,
+    params: Dict[str, Any],
+    branch: str,
+    run: str,
+    entry: Dict[str, Any],
+    recipe: Dict[str, Any],
+    skipped: Dict[str, str],
 ) -> None:
     """The recipe the run trains with (params.runs.cls_run / gen_run resolved it), each knob where its value lives:
     the override where one replaced the named recipe's value (which is kept beside it), else the recipe."""
@@ -492,7 +497,7 @@ def _recipe_knobs(
         name = entry["recipe"]
         over = {k: v for k, v in (params.get("cls_recipe_overrides") or {}).items() if v is not None}
         base, base_path, over_path = params["cls_recipes"][name], ("cls_recipes", name), ("cls_recipe_overrides",)
-        from vcarepro.train.classification import scaled_lrs, unapplied
+        from vcarepro.train.classification import scaled_lrs
 
         at_optimizer = scaled_lrs(recipe)
     else:
@@ -500,7 +505,6 @@ def _recipe_knobs(
         over = entry.get("recipe") or {}
         base, base_path, over_path = params["gen_recipe"], ("gen_recipe",), ("gen_runs", run, "recipe")
         at_optimizer = {}
-    skipped = unapplied(recipe) if branch == "cls" else {}
     for knob, value in recipe.items():
         if knob in skipped:
             continue  # explain lists it apart, with the switch that leaves it out
