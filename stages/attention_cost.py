@@ -22,8 +22,7 @@ from dataclasses import asdict
 from vcarepro.core.errors import run_stage
 from vcarepro.core.io import write_json
 from vcarepro.params.config import stage_params
-from vcarepro.tools.bench import bench_attention, describe_machine, speed_targets
-from vcarepro.tools.bench.timing import LOADED_SHARE
+from vcarepro.tools.bench import bench_attention, describe_machine, speed_targets, under_load
 
 TIMING = "timings/attention_cost.json"
 
@@ -52,7 +51,7 @@ def main() -> None:
     )
     layers = sorted({r.layer for r in rows})
     tokens = sorted({r.tokens for r in rows})
-    loaded = sum(r.cpu_share is not None and r.cpu_share < LOADED_SHARE for r in rows)
+    loaded = sum(map(under_load, rows))
     print(
         f"attention_cost: {len(layers)} layers x {len(tokens)} token counts timed in "
         f"{time.monotonic() - started:.0f} s"

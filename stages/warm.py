@@ -458,9 +458,10 @@ def fresh(command: List[str]) -> int:
     """``command`` in this interpreter, as ``python SCRIPT ARGS`` runs it (``VCAREPRO_WARM=0``, or no server), except
     that a Ctrl-C before the stage's own handler (``run_stage``), while it imports torch, is one line, not a
     traceback. Any other error ends it as in a plain interpreter (its traceback, status 1)."""
+    from vcarepro.core.errors import interruptible  # torch-free; PYTHONPATH holds the checkout's src/ (run.py)
+
     try:
-        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # a background job's: Ctrl-C must still stop it
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        interruptible()  # a background job's SIGINT comes in ignored: Ctrl-C must still stop it
         return _execute(command)
     except KeyboardInterrupt:
         return interrupted()

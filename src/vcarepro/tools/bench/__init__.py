@@ -15,6 +15,7 @@ from vcarepro.tools.bench.attention_cost import (
     build_bench_layer,
     family_speed_table,
     speed_targets,
+    under_load,
 )
 from vcarepro.tools.bench.timing import describe_machine
 
@@ -29,4 +30,5 @@ __all__ = [
     "describe_machine",
     "family_speed_table",
     "speed_targets",
+    "under_load",
 ]

@@ -211,13 +211,13 @@ def family_speed_table(rows: Sequence[Row]) -> str:
                 cells += ["n/m"] * 4
                 continue
             compiled = "failed" if r.get("compile_error") else _ms(r.get("compiled_forward_ms"))
-            mark = "*" if _loaded([r]) else ""
+            mark = "*" if under_load(r) else ""
             times = [_ms(r["forward_ms"]) + mark, _ms(r["forward_backward_ms"]) + mark, compiled + mark]
             cells += [f"{r['macs'] / 1e9:.4f}", *times]
         lines.append("| " + " | ".join(cells) + " |")
     if not any(r.get("compiled_forward_ms") is not None or r.get("compile_error") for r in rows):
         lines.append(f"\ncompiled: {NOT_COMPILED}")
-    if any(_loaded([r]) for r in rows):
+    if any(under_load(r) for r in rows):
         lines.append(
             f"\n*: measured under load (the timed thread had less than {LOADED_SHARE:.0%} of a core): the machine's "
             "figure, not the layer's; the targets on it are not judged"
@@ -232,10 +232,16 @@ def _verdict(ok: Optional[bool]) -> str:
 UNDER_LOAD = "NOT JUDGED, measured under load"
 
 
+def under_load(row: Row) -> bool:
+    """Whether ``row`` was timed under load: its timed thread had less than timing.LOADED_SHARE of a core."""
+    share = _as_dict(row).get("cpu_share")
+    return share is not None and share < LOADED_SHARE
+
+
 def _loaded(rows: Sequence[Dict[str, Any]]) -> Optional[str]:
-    """Where any of ``rows`` was timed under load (timing.LOADED_SHARE), the words that say so, else None."""
+    """Where any of ``rows`` was timed under load (:func:`under_load`), the words that say so, else None."""
     worst = min(
-        (r for r in rows if r.get("cpu_share") is not None and r["cpu_share"] < LOADED_SHARE),
+        (r for r in rows if under_load(r)),
         key=lambda r: r["cpu_share"],
         default=None,
     )
