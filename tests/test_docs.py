@@ -25,6 +25,13 @@ CI = ROOT / ".ci" / "run"
 # -- the README's two commands are CI's ----------------------------------------------------------------------------
 
 
+# Both commands' set-up: the environment lock, hashes verified, then this project editable on top of it
+SETUP = (
+    "python3 -m venv .venv && .venv/bin/pip install -q uv && .venv/bin/uv pip sync -q -p .venv requirements/lock.txt"
+    " && .venv/bin/uv pip install -q -p .venv --no-deps -e . && "
+)
+
+
 def readme_line(number: int) -> str:
     return README.read_text(encoding="utf-8").splitlines()[number - 1]
 
@@ -36,9 +43,7 @@ def test_readme_line_4_is_the_command_ci_runs_as_command_1():
     assert reads == ["4"], f".ci/run reads README line(s) {reads}, not line 4 alone"
     assert 'bash -c "$(sed -n 4p README.md)"' in ci.splitlines()
     line = readme_line(4)
-    assert line == (
-        "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && . .venv/bin/activate && dvc repro"
-    ), line
+    assert line == (SETUP + ". .venv/bin/activate && dvc repro"), line
     shlex.split(line)  # one shell line, quotes balanced
 
 
@@ -46,10 +51,7 @@ def test_readme_line_5_is_the_fast_tier_and_ci_runs_it_verbatim_then_the_slow_ti
     """Command 2 is the fast tier (-m "not slow", two workers); .ci/run runs it verbatim, then the slow tier's two
     parts, so that between them every test runs: not slow, slow and not alone, alone (an alone test is slow)."""
     line = readme_line(5)
-    assert line == (
-        "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && "
-        '.venv/bin/python -m pytest -m "not slow" -n 2'
-    ), line
+    assert line == (SETUP + '.venv/bin/python -m pytest -m "not slow" -n 2'), line
     ci = CI.read_text(encoding="utf-8").splitlines()
     assert line in ci, ".ci/run does not run README line 5 verbatim"
     slow = ci.index('.venv/bin/python -m pytest -m "slow and not alone" -n 2 --dist loadfile')

@@ -142,7 +142,10 @@ def run_stage(main: Callable[[], object], *, stage_table: bool = False, what: Op
     interruptible()
     try:
         try:
+            from vcarepro.core.environment import warn_if_moved
             from vcarepro.core.numerics import NumericsError, enter
+
+            warn_if_moved()  # one line when a package's version differs from what dvc.lock was recorded under
 
             try:
                 enter()  # the numerics profile stages/run.py set: check it took effect, set its in-process parts

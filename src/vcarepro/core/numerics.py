@@ -309,6 +309,8 @@ def describe_machine() -> Dict[str, object]:
 
     import torch
 
+    from vcarepro.core import environment
+
     versions = {}
     for name in LIBRARIES:
         try:
@@ -331,6 +333,7 @@ def describe_machine() -> Dict[str, object]:
         "python": platform.python_version(),
         "libc": " ".join(platform.libc_ver()),
         "libraries": versions,
+        "packages": environment.installed(),  # every package, as lockcheck compares them (issue 50)
         "mkl": torch.backends.mkl.is_available() and "oneMKL " + _build_line("Math Kernel Library"),
         "onednn": _build_line("MKL-DNN"),
         "profile": settings or {"cpu": "not applied (stage not started by stages/run.py)"},

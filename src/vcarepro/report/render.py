@@ -8,8 +8,10 @@ from typing import Any, Dict, List, Optional
 import yaml
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from vcarepro.core import environment as software
 from vcarepro.core import numerics
 from vcarepro.core.choices import model_options
+from vcarepro.core.environment import MACHINE_RECORD
 from vcarepro.core.io import write_json
 from vcarepro.metrics.protocol import describe as describe_protocol
 from vcarepro.params.config import compose, flatten, load_params
@@ -503,11 +505,6 @@ def build_context(root: Path) -> Dict[str, Any]:
     }
 
 
-MACHINE_RECORD = (
-    "dvc.lock.machine.json"  # the machine that recorded dvc.lock (python -m vcarepro.tools.lockcheck record)
-)
-
-
 def machines(root: Path) -> List[Dict[str, str]]:
     """The machine that recorded dvc.lock beside this one, field by field, for the environment section."""
     recorded = read_json(root / MACHINE_RECORD) or {}
@@ -538,7 +535,22 @@ def machines(root: Path) -> List[Dict[str, str]]:
 
         ours, theirs = show(here.get(key)), show(recorded.get(key)) if recorded else "no record (dvc.lock.machine.json)"
         rows.append({"field": key, "recorded": theirs, "here": ours, "same": ours == theirs})
+    rows.append(package_row(software.recorded_packages(root) if recorded else None, here.get("packages") or {}))
     return rows
+
+
+def package_row(recorded: Optional[Dict[str, str]], here: Dict[str, str]) -> Dict[str, object]:
+    """Every installed package against those dvc.lock was recorded under: the count where they agree, else each
+    package that differs (:func:`vcarepro.core.environment.differences`)."""
+    if recorded is None:
+        return {"field": "packages", "recorded": f"no record ({MACHINE_RECORD})", "here": f"{len(here)}", "same": False}
+    moved = software.differences(recorded, here)
+    return {
+        "field": "packages",
+        "recorded": f"{len(recorded)} (requirements/lock.txt)",
+        "here": "; ".join(moved) if moved else f"the same {len(here)}, at the same versions",
+        "same": not moved,
+    }
 
 
 # The tables whose every number follows from DVC-tracked results: reports/results.json, the report stage's DVC

@@ -11,12 +11,18 @@
     writes dvc.lock.machine.json, the machine that recorded dvc.lock (CPU, ISA flags, libraries, numerics
     profile as a stage's process sees them, through ``stages/run.py -m vcarepro.core.numerics``); commit it
     with the lock.
+``python -m vcarepro.tools.lockcheck drift [--move NAME==VERSION] [--keep]``
+    by hand: the embedded pipeline in a fresh clone under the newest releases pyproject.toml allows, each output
+    compared with the committed lock (:mod:`vcarepro.tools.drift`).
 ``python -m vcarepro.tools.lockcheck fingerprint [--out F] [--compare G]``
     hashes of what each op and each layer of the embedded models computes (forward and backward), of the
     digit extractor's training step, FID's matrix square root and the logistic-regression reference,
     under this process's numerics. Recorded on one machine and compared on another, it names the first
     op that differs when a lock does not reproduce. ``tests/test_numerics.py`` compares it natively and
     on an emulated AMD EPYC (qemu-user) on every CI run.
+
+``stale`` and ``verify`` first name, in one line, the packages installed here at other versions than the ones
+dvc.lock was recorded under (dvc.lock.machine.json's ``packages``; :mod:`vcarepro.core.environment`).
 
 Every hash in dvc.lock is a result: the outputs that held wall times now write them to timings/, and the
 report's page is a record beside its results.json (dvc.yaml). Exit status 1 on a difference, 2 on bad use.
@@ -34,8 +40,10 @@ from typing import Dict, List, Optional, Tuple
 
 import yaml
 
+from vcarepro.core import environment
+from vcarepro.core.environment import MACHINE_RECORD
+
 LOCK = "dvc.lock"
-MACHINE_RECORD = "dvc.lock.machine.json"
 
 
 def lock_outputs(lock: dict) -> Dict[Tuple[str, str], str]:
@@ -169,7 +177,15 @@ def stale_entries(status: dict, outputs: List[str] = ()) -> List[str]:
     return lines
 
 
+def software(root: Path) -> None:
+    """First, before any hash: the packages installed here at other versions than dvc.lock was recorded under."""
+    line = environment.moved_line(root)
+    if line:
+        print(f"lockcheck: {line}", file=sys.stderr, flush=True)
+
+
 def cmd_stale(root: Path) -> int:
+    software(root)
     done = subprocess.run(
         [sys.executable, "-m", "dvc", "status", "--json"], cwd=root, capture_output=True, text=True, timeout=1800
     )
@@ -193,6 +209,7 @@ def cmd_stale(root: Path) -> int:
 
 
 def cmd_verify(root: Path) -> int:
+    software(root)
     recorded = committed_lock(root)
     here = yaml.safe_load((root / LOCK).read_text()) or {}
     lines = compare_locks(recorded, here)
@@ -396,6 +413,13 @@ def main(argv=None) -> int:
     sub.add_parser("stale", help="before dvc repro: dvc status reports only missing outputs")
     sub.add_parser("verify", help="after dvc repro: every output hashes as in the committed dvc.lock")
     sub.add_parser("record", help=f"write {MACHINE_RECORD} for this machine")
+    drift = sub.add_parser(
+        "drift", help="by hand: dvc repro under the newest releases pyproject.toml allows, against the committed lock"
+    )
+    drift.add_argument(
+        "--move", action="append", default=[], metavar="NAME==VERSION", help="hold a package at another release"
+    )
+    drift.add_argument("--keep", action="store_true", help="keep the temporary clone and its venv")
     fp = sub.add_parser("fingerprint", help="hashes of ops and layers under this process's numerics")
     fp.add_argument("--params", default="params.yaml")
     fp.add_argument("--out")
@@ -404,6 +428,14 @@ def main(argv=None) -> int:
     root = Path.cwd()
     if args.command == "fingerprint":
         return cmd_fingerprint(args)
+    if args.command == "drift":
+        from vcarepro.tools import drift as drift_check
+
+        try:
+            return drift_check.run(root, args.move, args.keep)
+        except drift_check.DriftError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     return {"stale": cmd_stale, "verify": cmd_verify, "record": cmd_record}[args.command](root)
 
 

@@ -1,0 +1,158 @@
+"""``python -m vcarepro.tools.lockcheck drift``: would the newest releases pyproject.toml allows reproduce dvc.lock?
+
+Run by hand, not in CI (about as long as README command 1). In a temporary folder it
+
+1. resolves pyproject.toml's ranges (runtime and test extra) to their newest releases with ``uv pip compile``,
+   under pip's own constraints where the machine sets them (``PIP_CONSTRAINT``, ``pip config get
+   global.constraint``) and each ``--move name==version`` (a package deliberately held elsewhere);
+2. names every package whose version differs from requirements/lock.txt; when none does, the environment is the
+   locked one and there is nothing to run;
+3. otherwise installs that environment into a fresh clone of the committed code, runs ``dvc repro`` there and
+   ``lockcheck verify``, which names the packages again and then every output whose hash moved.
+
+Exit status 0 when nothing moved, 1 when an output moved or the run failed, 2 on bad use.
+docs/reproducibility.md#drift. uv is the resolver and installer because README command 1 installs with it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from vcarepro.core import environment
+
+# what requirements/compile resolves for: the project's machines (CPython 3.11, Linux x86_64)
+TARGET = ["--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_28"]
+MOVE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+$")
+STEP_S = {"compile": 600, "install": 1800, "repro": 7200, "verify": 1800}
+
+
+class DriftError(Exception):
+    """Bad use or a missing tool: one sentence, exit status 2."""
+
+
+def find_uv() -> str:
+    """README command 1's uv: beside this interpreter (the venv's bin/) or on PATH."""
+    beside = Path(sys.executable).parent / "uv"
+    found = str(beside) if beside.is_file() else shutil.which("uv")
+    if not found:
+        raise DriftError("the drift check needs uv, which README command 1 installs: python3 -m pip install uv")
+    return found
+
+
+def pip_constraints() -> List[str]:
+    """The constraint files pip itself applies here (a capped torch, say), so the newest is one pip would install."""
+    files = os.environ.get("PIP_CONSTRAINT", "").split()
+    done = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60)
+    for line in done.stdout.splitlines() if done.returncode == 0 else ():
+        match = re.match(r"^[^=]*\.constraint='(.*)'$", line.strip())
+        if match:
+            files += match.group(1).split()
+    return [f for i, f in enumerate(files) if f not in files[:i] and Path(f).is_file()]
+
+
+def moved_packages(locked: Dict[str, str], newest: Dict[str, str]) -> List[str]:
+    """``scikit-learn 1.9.1 -> 1.8.0`` for each package the resolution moves, ``+ name version`` / ``- name
+    version`` for one it adds or drops, in name order."""
+    lines = []
+    for name in sorted(set(locked) | set(newest)):
+        was, now = locked.get(name), newest.get(name)
+        if was == now:
+            continue
+        lines.append(
+            f"+ {name} {now}" if was is None else f"- {name} {was}" if now is None else f"{name} {was} -> {now}"
+        )
+    return lines
+
+
+def _step(what: str, argv: Sequence[str], *, cwd: Path, env: Optional[dict] = None, log: Optional[Path] = None):
+    """One bounded step; its output goes to ``log`` when given, else is kept for the failure's sentence."""
+    out = open(log, "w") if log else subprocess.PIPE  # noqa: SIM115  (a log stream, closed below)
+    try:
+        done = subprocess.run(
+            list(argv), cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, timeout=STEP_S[what]
+        )
+    except subprocess.TimeoutExpired:
+        raise DriftError(f"the drift check's {what} step ran past {STEP_S[what]} s: {' '.join(argv[:4])} ...") from None
+    finally:
+        if log:
+            out.close()
+    return done
+
+
+def run(root: Path, moves: Sequence[str] = (), keep: bool = False) -> int:
+    root = Path(root).resolve()
+    for move in moves:
+        if not MOVE.match(move):
+            raise DriftError(f"--move {move!r} is not name==version; give one exact release, e.g. --move numpy==2.3.5")
+    uv = find_uv()
+    locked = environment.pins((root / environment.LOCK_FILE).read_text())
+    work = Path(tempfile.mkdtemp(prefix="vcarepro-drift-"))
+    try:
+        constraints = pip_constraints()
+        if moves:
+            (work / "moves.txt").write_text("".join(f"{m}\n" for m in moves))
+            constraints.append(str(work / "moves.txt"))
+        newest_file = work / "newest.txt"
+        argv = [uv, "pip", "compile", "pyproject.toml", "--extra", "test", *TARGET, "--quiet", "-o", str(newest_file)]
+        for c in constraints:
+            argv += ["-c", c]
+        done = _step("compile", argv, cwd=root)
+        if done.returncode != 0:
+            raise DriftError(f"uv could not resolve pyproject.toml's newest releases: {done.stdout.strip()[-400:]}")
+        moved = moved_packages(locked, environment.pins(newest_file.read_text()))
+        held = f" (held: {', '.join(moves)})" if moves else ""
+        if constraints[: len(constraints) - bool(moves)]:
+            held += f" under pip's constraints here ({', '.join(constraints[: len(constraints) - bool(moves)])})"
+        if not moved:
+            print(
+                f"drift: the newest releases pyproject.toml allows{held} are the ones {environment.LOCK_FILE} pins: "
+                "no package moves, so no output can (CI's lockcheck verify checks the locked environment)"
+            )
+            return 0
+        print(f"drift: {len(moved)} package(s) move from {environment.LOCK_FILE}{held}: {', '.join(moved)}", flush=True)
+        clone = work / "clone"
+        if _step("install", ["git", "clone", "-q", str(root), str(clone)], cwd=work).returncode != 0:
+            raise DriftError(f"git clone {root} failed; run the drift check in the project's git checkout")
+        venv = clone / ".venv"
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+        for argv in (
+            [uv, "pip", "sync", "-q", "-p", str(venv), str(newest_file)],
+            [uv, "pip", "install", "-q", "-p", str(venv), "--no-deps", "-e", str(clone)],
+        ):
+            done = _step("install", argv, cwd=clone)
+            if done.returncode != 0:
+                print(f"drift: installing the newest releases failed: {done.stdout.strip()[-600:]}", file=sys.stderr)
+                return 1
+        env = {**os.environ, "VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+        env.pop("PYTHONPATH", None)
+        log = work / "repro.log"
+        print(f"drift: dvc repro in {clone} (log: {log}) ...", flush=True)
+        if _step("repro", [str(venv / "bin" / "dvc"), "repro"], cwd=clone, env=env, log=log).returncode != 0:
+            tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+            print("drift: dvc repro failed under the newest releases:\n  " + "\n  ".join(tail), file=sys.stderr)
+            keep = True
+            return 1
+        verify = _step(
+            "verify", [str(venv / "bin" / "python"), "-m", "vcarepro.tools.lockcheck", "verify"], cwd=clone, env=env
+        )
+        print(verify.stdout.rstrip())
+        if verify.returncode == 0:
+            print("drift: no output moved; the lock still holds under these releases (re-record it to adopt them)")
+            return 0
+        print(
+            "drift: outputs moved under these releases (listed above); to adopt them, upgrade in requirements/lock.txt "
+            "and re-record dvc.lock (docs/reproducibility.md#upgrading-a-package)"
+        )
+        return 1
+    finally:
+        if keep:
+            print(f"drift: kept {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)

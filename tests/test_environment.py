@@ -1,0 +1,179 @@
+"""The environment is part of the result (issue 50): the installed packages are requirements/lock.txt, the lock holds
+pyproject.toml's ranges, dvc.lock.machine.json records the same packages, and a version that differs is named in
+one line, by a stage and by the lock check, before any hash."""
+
+import json
+import subprocess
+import sys
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+from vcarepro.core import environment
+from vcarepro.tools import drift, lockcheck
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCK = environment.pins((ROOT / environment.LOCK_FILE).read_text())
+GPU = environment.pins((ROOT / environment.GPU_LOCK_FILE).read_text())
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def test_pip_freeze_here_is_the_lock():
+    """README commands 1 and 2 install the lock and nothing else: pip's own list of this interpreter's packages
+    (all of them, pip's seeds included) equals requirements/lock.txt's pins, but for the installers and the project."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "freeze", "--all", "--exclude-editable"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    frozen = {
+        name: version
+        for name, version in environment.pins(done.stdout).items()
+        if name not in environment.INSTALLERS and name != environment.OWN
+    }
+    assert environment.differences(LOCK, frozen) == [], (
+        "this venv is not requirements/lock.txt; rebuild it with README command 2's set-up"
+    )
+
+
+def test_the_fast_reading_of_the_installed_packages_is_importlib_metadatas():
+    """environment.installed() reads folder names (a stage does it at every start); importlib.metadata parses every
+    METADATA file. They must agree on every package and version."""
+    slow = {}
+    for dist in metadata.distributions():
+        key = environment.canonical(dist.metadata["Name"])
+        if key not in slow and key != environment.OWN and key not in environment.INSTALLERS:
+            slow[key] = dist.version
+    assert environment.installed() == dict(sorted(slow.items()))
+
+
+def test_the_record_of_the_committed_lock_is_the_environment_lock():
+    """dvc.lock was recorded under requirements/lock.txt, package for package."""
+    recorded = environment.recorded_packages(ROOT)
+    assert recorded is not None, "dvc.lock.machine.json has no packages: run python -m vcarepro.tools.lockcheck record"
+    assert environment.differences(LOCK, recorded) == []
+
+
+def test_the_lock_pins_every_declared_dependency_within_its_range_with_hashes():
+    declared = [Requirement(r) for r in PROJECT["dependencies"]]
+    test_only = [Requirement(r) for r in PROJECT["optional-dependencies"]["test"]]
+    for requirement in declared + test_only:
+        name = environment.canonical(requirement.name)
+        assert name in LOCK, f"{name} is declared in pyproject.toml but not pinned in requirements/lock.txt"
+        assert requirement.specifier.contains(LOCK[name], prereleases=True), (name, LOCK[name], requirement)
+    for requirement in declared:
+        assert environment.canonical(requirement.name) in GPU, requirement.name
+    # the GPU lock is the runtime: none of the test extra's own packages, and the same version of every package
+    assert not {"pytest", "selenium", "moto", "mkdocs", "ruff", "deptry"} & set(GPU)
+    assert {name: LOCK.get(name) for name in GPU} == GPU
+    for path in (environment.LOCK_FILE, environment.GPU_LOCK_FILE):
+        text = (ROOT / path).read_text()
+        entries = text.split("\n")
+        for i, line in enumerate(entries):
+            if environment.pins(line):
+                assert "--hash=sha256:" in entries[i + 1], f"{path}: {line.strip()} has no hash"
+    assert LOCK["torch"] == "2.14.1"  # PyPI's build with CUDA 13.0 (docs/reproducibility.md: why not the CPU wheel)
+
+
+def test_differences_name_each_package_once_in_name_order():
+    recorded = {"numpy": "2.4.6", "timm": "1.0.31", "moto": "5.1.0", "scipy": "1.17.1"}
+    here = {"numpy": "2.3.5", "timm": "1.0.31", "scipy": "1.17.1", "jupyter": "1.1.1"}
+    assert environment.differences(recorded, here) == [
+        "jupyter 1.1.1 (not recorded)",
+        "moto not installed (recorded 5.1.0)",
+        "numpy 2.3.5 (recorded 2.4.6)",
+    ]
+    assert environment.differences(recorded, here, versions_only=True) == ["numpy 2.3.5 (recorded 2.4.6)"]
+    assert environment.pins("Ruamel.YAML.clib==0.2.15 \\\n    --hash=sha256:ab\nfoo>=1\n") == {
+        "ruamel-yaml-clib": "0.2.15"
+    }
+
+
+def _record(folder: Path, **moved) -> dict:
+    packages = {**environment.installed(), **moved}
+    (folder / environment.MACHINE_RECORD).write_text(json.dumps({"cpu": "X", "packages": packages}))
+    return packages
+
+
+STAGE = "from vcarepro.core.errors import run_stage; run_stage(lambda: print('ran'))"
+
+
+def test_a_stage_under_another_version_says_which_in_one_line_and_runs(tmp_path):
+    _record(tmp_path, numpy="0.0.1", **{"not-here-at-all": "1.0"})
+    done = subprocess.run([sys.executable, "-c", STAGE], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ran"
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    here = environment.installed()["numpy"]
+    assert lines[0].startswith("warning: 1 package(s) differ from those dvc.lock was recorded under")
+    assert f"numpy {here} (recorded 0.0.1)" in lines[0] and "not-here-at-all" not in lines[0]
+
+
+def test_a_stage_under_the_recorded_versions_or_without_a_record_says_nothing(tmp_path):
+    for record in (True, False):
+        folder = tmp_path / str(record)
+        folder.mkdir()
+        if record:
+            _record(folder)
+        done = subprocess.run([sys.executable, "-c", STAGE], cwd=folder, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and done.stdout.strip() == "ran" and done.stderr == "", done.stderr
+
+
+@pytest.fixture
+def committed(tmp_path, monkeypatch):
+    """A git repository whose committed dvc.lock has one output, and this machine described without a subprocess."""
+    lock = "schema: '2.0'\nstages:\n  report:\n    outs:\n    - path: reports/results.json\n      md5: {}\n"
+    (tmp_path / "dvc.lock").write_text(lock.format("a" * 32))
+    for argv in (
+        ["init", "-q"],
+        ["add", "dvc.lock"],
+        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "l"],
+    ):
+        subprocess.run(["git", *argv], cwd=tmp_path, check=True, timeout=60)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(lockcheck, "this_machine", lambda root: {"cpu": "here"})
+    return tmp_path, lock
+
+
+def test_lockcheck_verify_names_the_package_before_any_hash(committed, capsys):
+    root, lock = committed
+    _record(root, **{"scikit-learn": "1.8.0"})
+    (root / "dvc.lock").write_text(lock.format("b" * 32))
+    assert lockcheck.main(["verify"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    here = environment.installed()["scikit-learn"]
+    assert err[0].startswith("lockcheck: 1 package(s) differ") and f"scikit-learn {here} (recorded 1.8.0)" in err[0]
+    assert "does not reproduce the committed dvc.lock" in err[1] and "reports/results.json" in err[2]
+
+
+def test_lockcheck_verify_under_the_recorded_versions_names_no_package(committed, capsys):
+    root, _ = committed
+    _record(root)
+    assert lockcheck.main(["verify"]) == 0
+    out = capsys.readouterr()
+    assert "package" not in out.err and "all 1 outputs hash as in the committed dvc.lock" in out.out
+
+
+def test_drift_names_each_moved_package_and_refuses_a_move_that_is_no_release(capsys):
+    assert drift.moved_packages(
+        {"numpy": "2.4.6", "narwhals": "2.29.0", "timm": "1.0.31"}, {"numpy": "2.3.5", "timm": "1.0.31", "x": "1"}
+    ) == ["- narwhals 2.29.0", "numpy 2.4.6 -> 2.3.5", "+ x 1"]
+    assert lockcheck.main(["drift", "--move", "numpy>=2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --move 'numpy>=2' is not name==version; give one exact release, e.g. --move numpy==2.3.5"]
+
+
+def test_the_reports_environment_section_names_the_packages_that_differ():
+    from vcarepro.report.render import package_row
+
+    same = package_row({"numpy": "2.4.6", "timm": "1.0.31"}, {"numpy": "2.4.6", "timm": "1.0.31"})
+    assert same["same"] and same["here"] == "the same 2, at the same versions"
+    moved = package_row({"numpy": "2.4.6", "timm": "1.0.31"}, {"numpy": "2.3.5", "timm": "1.0.31"})
+    assert not moved["same"] and moved["here"] == "numpy 2.3.5 (recorded 2.4.6)"
+    assert not package_row(None, {"numpy": "2.4.6"})["same"]
