@@ -174,6 +174,38 @@ def test_the_reports_environment_section_names_the_packages_that_differ():
 
     same = package_row({"numpy": "2.4.6", "timm": "1.0.31"}, {"numpy": "2.4.6", "timm": "1.0.31"})
     assert same["same"] and same["here"] == "the same 2, at the same versions"
-    moved = package_row({"numpy": "2.4.6", "timm": "1.0.31"}, {"numpy": "2.3.5", "timm": "1.0.31"})
-    assert not moved["same"] and moved["here"] == "numpy 2.3.5 (recorded 2.4.6)"
+    moved = package_row({"numpy": "2.4.6", "timm": "1.0.31", "moto": "5.1"}, {"numpy": "2.3.5", "timm": "1.0.31"})
+    assert not moved["same"] and moved["here"] == "numpy 2.3.5 (recorded 2.4.6); 1 recorded, not installed"
+    gpu_node = package_row({"numpy": "2.4.6", "moto": "5.1"}, {"numpy": "2.4.6"})  # the test extra absent: same bits
+    assert gpu_node["same"] and gpu_node["here"] == "1 recorded, not installed"
     assert not package_row(None, {"numpy": "2.4.6"})["same"]
+
+
+def test_installed_reads_wheel_and_egg_installs_and_shows_both_versions_of_a_broken_one(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder in ("numpy-2.4.6.dist-info", "torch-2.14.1+cpu.dist-info", "Foo_Bar-1.0-py3.11.egg-info", "x.txt"):
+        (first / folder).mkdir(parents=True)
+    (first / "legacy.egg-info").mkdir()
+    (first / "legacy.egg-info" / "PKG-INFO").write_text("Metadata-Version: 1.0\nName: legacy\nVersion: 0.3\n")
+    for folder in ("qux-0.1.dist-info", "Qux-0.2.dist-info", "numpy-1.0.dist-info", "pip-25.0.dist-info"):
+        (second / folder).mkdir(parents=True)
+    assert environment.installed([str(first), str(second), str(tmp_path / "missing")]) == {
+        "foo-bar": "1.0",
+        "legacy": "0.3",
+        "numpy": "2.4.6",  # the first folder on the path is the one imported
+        "qux": "0.1 or 0.2",
+        "torch": "2.14.1+cpu",
+    }
+
+
+def test_a_drift_step_past_its_bound_is_stopped_with_everything_it_started(tmp_path, monkeypatch):
+    """dvc repro under the drift check starts stages of its own: a timeout ends the whole session, not only dvc."""
+    import psutil
+
+    monkeypatch.setitem(drift.STEP_S, "repro", 1)
+    marker = tmp_path / "grandchild.pid"
+    script = f"sleep 60 & echo $! > {marker}; wait"
+    with pytest.raises(drift.StepFailed, match="the repro step ran past 1 s and was stopped"):
+        drift._step("repro", ["bash", "-c", script], cwd=tmp_path, log=tmp_path / "log")
+    grandchild = int(marker.read_text())
+    assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE

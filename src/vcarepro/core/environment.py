@@ -33,22 +33,39 @@ def canonical(name: str) -> str:
 
 def installed(path: Optional[List[str]] = None) -> Dict[str, str]:
     """{name: version} of every distribution this interpreter imports from (``sys.path``), but this project and its
-    installers. Read from the ``<name>-<version>.dist-info`` folders' names, as the wheel spec writes them:
-    0.6 ms for 220 packages, where importlib.metadata parses every METADATA file (0.18 s, at every stage's start)."""
+    installers. Read from the folders' names, ``<name>-<version>.dist-info`` as the wheel spec writes them and
+    ``<name>-<version>[-py3.11].egg-info`` as setuptools does (a Debian package, a conda base): 0.6 ms for 220
+    packages, where importlib.metadata parses every METADATA file (0.18 s, at every stage's start). Two versions of
+    one package in one folder (a broken install) read as both, ``2.3.5 or 2.4.6``, never as one of them."""
     found: Dict[str, str] = {}
     for entry in sys.path if path is None else path:
         try:
-            names = sorted(os.listdir(entry or "."))
+            names = os.listdir(entry or ".")
         except OSError:  # a zip, a missing folder
             continue
+        here: Dict[str, List[str]] = {}
         for folder in names:
-            if not folder.endswith(".dist-info") or "-" not in folder:
+            stem, dot, kind = folder.rpartition(".")
+            if kind not in ("dist-info", "egg-info") or not dot:
                 continue
-            name, version = folder[: -len(".dist-info")].split("-", 1)
-            key = canonical(name)
+            parts = stem.split("-")
+            if len(parts) >= 2:
+                name, version = parts[0], parts[1]
+            else:  # an egg-info without a version in its name (setup.py develop): its PKG-INFO says
+                name, version = stem, _egg_version(Path(entry or ".") / folder)
+            here.setdefault(canonical(name), []).append(version)
+        for key, versions in here.items():
             if key not in found and key != OWN and key not in INSTALLERS:  # the first on sys.path is the one imported
-                found[key] = version
+                found[key] = " or ".join(sorted(set(versions)))
     return dict(sorted(found.items()))
+
+
+def _egg_version(folder: Path) -> str:
+    try:
+        text = (folder / "PKG-INFO").read_text(errors="replace") if folder.is_dir() else folder.read_text()
+    except OSError:
+        return "unknown"
+    return next((line[9:].strip() for line in text.splitlines() if line.startswith("Version: ")), "unknown")
 
 
 def pins(text: str) -> Dict[str, str]:

@@ -535,20 +535,32 @@ def machines(root: Path) -> List[Dict[str, str]]:
 
         ours, theirs = show(here.get(key)), show(recorded.get(key)) if recorded else "no record (dvc.lock.machine.json)"
         rows.append({"field": key, "recorded": theirs, "here": ours, "same": ours == theirs})
-    rows.append(package_row(software.recorded_packages(root) if recorded else None, here.get("packages") or {}))
+    rows.append(package_row(software.recorded_packages(root), here.get("packages") or {}))
     return rows
 
 
 def package_row(recorded: Optional[Dict[str, str]], here: Dict[str, str]) -> Dict[str, object]:
-    """Every installed package against those dvc.lock was recorded under: the count where they agree, else each
-    package that differs (:func:`vcarepro.core.environment.differences`)."""
+    """Every installed package against those dvc.lock was recorded under: each version that differs, and how many
+    are installed on one side only (a GPU node without the test extra; :mod:`vcarepro.core.environment`)."""
     if recorded is None:
-        return {"field": "packages", "recorded": f"no record ({MACHINE_RECORD})", "here": f"{len(here)}", "same": False}
-    moved = software.differences(recorded, here)
+        return {
+            "field": "packages",
+            "recorded": f"not recorded ({MACHINE_RECORD} has none: python -m vcarepro.tools.lockcheck record)",
+            "here": f"{len(here)}",
+            "same": False,
+        }
+    moved = software.differences(recorded, here, versions_only=True)
+    notes = list(moved)
+    only_recorded, only_here = len(set(recorded) - set(here)), len(set(here) - set(recorded))
+    if only_recorded:
+        notes.append(f"{only_recorded} recorded, not installed")
+    if only_here:
+        notes.append(f"{only_here} installed, not recorded")
+    shown = "; ".join(notes)
     return {
         "field": "packages",
-        "recorded": f"{len(recorded)} (requirements/lock.txt)",
-        "here": "; ".join(moved) if moved else f"the same {len(here)}, at the same versions",
+        "recorded": f"{len(recorded)}",
+        "here": shown or f"the same {len(here)}, at the same versions",
         "same": not moved,
     }
 
