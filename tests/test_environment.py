@@ -209,3 +209,16 @@ def test_a_drift_step_past_its_bound_is_stopped_with_everything_it_started(tmp_p
         drift._step("repro", ["bash", "-c", script], cwd=tmp_path, log=tmp_path / "log")
     grandchild = int(marker.read_text())
     assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_packages_own_vendored_copies_on_sys_path_are_not_installed_packages():
+    """setuptools appends setuptools/_vendor to sys.path when it is imported (torch's extension builder does so):
+    the packages in there were counted in one process (the machine record's) and not in the next (lockcheck's)."""
+    import site
+
+    site_packages = site.getsitepackages()[0]
+    vendored = Path(site_packages) / "setuptools" / "_vendor"
+    assert (vendored / "autocommand-2.2.2.dist-info").is_dir()  # in the lock's setuptools 84.2.1
+    before = environment.installed()
+    assert environment.installed([*sys.path, str(vendored)]) == before
+    assert "autocommand" not in before

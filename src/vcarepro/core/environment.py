@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import site
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -39,6 +40,8 @@ def installed(path: Optional[List[str]] = None) -> Dict[str, str]:
     one package in one folder (a broken install) read as both, ``2.3.5 or 2.4.6``, never as one of them."""
     found: Dict[str, str] = {}
     for entry in sys.path if path is None else path:
+        if _vendored(entry):
+            continue
         try:
             names = os.listdir(entry or ".")
         except OSError:  # a zip, a missing folder
@@ -58,6 +61,15 @@ def installed(path: Optional[List[str]] = None) -> Dict[str, str]:
             if key not in found and key != OWN and key not in INSTALLERS:  # the first on sys.path is the one imported
                 found[key] = " or ".join(sorted(set(versions)))
     return dict(sorted(found.items()))
+
+
+def _vendored(entry: str) -> bool:
+    """A folder inside an installed package that the package put on ``sys.path`` for its own copies of others
+    (setuptools appends ``setuptools/_vendor`` when it is imported, under torch's extension builder among others):
+    not what the environment installed, and present in one process but not the next."""
+    here = os.path.abspath(entry or ".")
+    roots = [*site.getsitepackages(), site.getusersitepackages()] if hasattr(site, "getsitepackages") else []
+    return any(here != root and here.startswith(os.path.join(root, "")) for root in map(os.path.abspath, roots))
 
 
 def _egg_version(folder: Path) -> str:

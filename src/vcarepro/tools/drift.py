@@ -3,8 +3,8 @@
 Run by hand, not in CI (about as long as README command 1). In a temporary folder it
 
 1. resolves pyproject.toml's ranges (runtime and test extra) to their newest releases with ``uv pip compile``,
-   under pip's own constraints where the machine sets them (``PIP_CONSTRAINT``, ``pip config get
-   global.constraint``) and each ``--move name==version`` (a package deliberately held elsewhere);
+   under pip's own constraints where the machine sets them (``PIP_CONSTRAINT``, a ``constraint`` in ``pip config
+   list``) and each ``--move name==version`` (a package deliberately held elsewhere);
 2. names every package whose version differs from requirements/lock.txt; when none does, the environment is the
    locked one and there is nothing to run;
 3. otherwise installs that environment into a fresh clone of the committed code, runs ``dvc repro`` there and
