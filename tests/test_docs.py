@@ -28,7 +28,8 @@ CI = ROOT / ".ci" / "run"
 # Both commands' set-up: the environment lock, hashes verified, then this project editable on top of it
 SETUP = (
     "python3 -m venv .venv && .venv/bin/pip install -q uv==0.13.9 && "
-    ".venv/bin/uv pip sync -q -p .venv requirements/lock.txt && .venv/bin/uv pip install -q -p .venv --no-deps -e . && "
+    ".venv/bin/uv pip sync -q --compile-bytecode -p .venv requirements/lock.txt && "
+    ".venv/bin/uv pip install -q -p .venv --no-deps -e . && "
 )
 
 

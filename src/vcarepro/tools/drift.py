@@ -164,7 +164,7 @@ def _run(root: Path, uv: str, locked: Dict[str, str], work: Path, moves: Sequenc
     if _step("install", [sys.executable, "-m", "venv", str(venv)], cwd=work).returncode != 0:
         raise StepFailed(f"python -m venv {venv} failed")
     for argv in (
-        [uv, "pip", "sync", "-q", "-p", str(venv), str(newest_file)],
+        [uv, "pip", "sync", "-q", "--compile-bytecode", "-p", str(venv), str(newest_file)],
         [uv, "pip", "install", "-q", "-p", str(venv), "--no-deps", "-e", str(clone)],
     ):
         done = _step("install", argv, cwd=clone)
