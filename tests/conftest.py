@@ -148,3 +148,76 @@ def driver():
     browser = open_browser()
     yield browser
     browser.quit()
+
+
+class SmallDisk:
+    """A small filesystem at ``path`` that :meth:`fill` makes full. As root: a real tmpfs (``mount -t tmpfs``), where
+    a write past the last free block fails with ENOSPC as on a full disk. Otherwise (no mount allowed): an ordinary
+    folder where, after :meth:`fill`, ``os.fsync`` and ``open`` for writing a file under ``path`` fail with
+    ENOSPC."""
+
+    def __init__(self, path, monkeypatch):
+        import subprocess
+
+        self.path, self.monkeypatch, self.real = path, monkeypatch, False
+        path.mkdir()
+        if os.geteuid() == 0:
+            mounted = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(path)], capture_output=True
+            )
+            self.real = mounted.returncode == 0
+
+    def fill(self) -> None:
+        import errno
+
+        if self.real:  # the filler takes every free block
+            fd = os.open(self.path / "filler", os.O_WRONLY | os.O_CREAT)
+            try:
+                while True:
+                    os.write(fd, b"\0" * 4096)
+            except OSError as err:
+                assert err.errno == errno.ENOSPC
+            finally:
+                os.close(fd)
+            return
+        import builtins
+
+        inside = str(self.path)
+
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        real_open = builtins.open
+
+        def open_full(file, mode="r", *args, **kwargs):
+            if str(file).startswith(inside) and set(str(mode)) & set("wax+"):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+            return real_open(file, mode, *args, **kwargs)
+
+        self.monkeypatch.setattr(os, "fsync", full)  # io's temporary file: the disk is found full at fsync
+        self.monkeypatch.setattr(builtins, "open", open_full)
+
+    def files(self) -> dict:
+        """Every file but the filler, by path relative to the disk: its bytes."""
+        return {
+            p.relative_to(self.path).as_posix(): p.read_bytes()
+            for p in sorted(self.path.rglob("*"))
+            if p.is_file() and p.name != "filler"
+        }
+
+    def close(self) -> None:
+        if self.real:
+            import subprocess
+
+            subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path, monkeypatch):
+    """:class:`SmallDisk` at ``tmp_path/disk`` (a 4 MB tmpfs as root), unmounted after the test."""
+    disk = SmallDisk(tmp_path / "disk", monkeypatch)
+    try:
+        yield disk
+    finally:
+        monkeypatch.undo()
+        disk.close()

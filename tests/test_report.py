@@ -609,3 +609,42 @@ def test_the_knob_table_gives_conf_s_reason_for_this_scale_s_value_and_none_for_
         r["knob"]: r for r in recipe_knobs(overridden, paper, knob_reasons(overridden, ROOT / "conf"))["cls"]["rows"]
     }
     assert rows["recipe.lr"]["why"] == "" and rows["recipe.epochs"]["why"]
+
+
+def test_a_full_disk_leaves_the_previous_report_whole_and_no_temporary_file(project, small_disk):
+    """The page, its tables and results.json on a disk that fills up: one sentence, every old file as it was."""
+    from vcarepro.core.errors import DiskFull
+
+    out = small_disk.path / "reports" / "index.html"
+    render_report(project, out)
+    before = small_disk.files()
+    assert {"reports/index.html", "reports/results.json", "reports/tables/table1.csv"} <= set(before)
+    write_seeds(project, "cls", "deit_tiny-vca-stage1_only", "top1", [70.0, 71.0])  # every table changes
+    small_disk.fill()
+    with pytest.raises(DiskFull, match="no space is left on the device while writing .*; free space there"):
+        render_report(project, out)
+    assert small_disk.files() == before  # not one file cut off, not one temporary file left beside them
+
+
+def test_results_json_is_written_after_the_page(project, monkeypatch):
+    """A report stopped while writing the page (a full disk, Ctrl-C) leaves results.json as old as the page."""
+    import vcarepro.report.render as render
+
+    out = project / "reports" / "index.html"
+    render_report(project, out)
+    page, results = out.read_bytes(), (out.parent / "results.json").read_bytes()
+    write_seeds(project, "cls", "deit_tiny-vca-stage1_only", "top1", [70.0, 71.0])
+    real = render.write_bytes
+
+    def stopped_at_the_page(path, data, *args, **kwargs):
+        if Path(path) == out:
+            raise KeyboardInterrupt
+        return real(path, data, *args, **kwargs)
+
+    monkeypatch.setattr(render, "write_bytes", stopped_at_the_page)
+    with pytest.raises(KeyboardInterrupt):
+        render_report(project, out)
+    assert out.read_bytes() == page and (out.parent / "results.json").read_bytes() == results
+    monkeypatch.undo()
+    render_report(project, out)
+    assert (out.parent / "results.json").read_bytes() != results  # the new seeds did change it

@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, BinaryIO, Iterator, Optional
 
 from vcarepro.core.errors import DISK_FULL, DiskFull, disk_full_error, is_disk_full  # noqa: F401  (io's own names too)
 from vcarepro.core.integrity import MANIFEST, remember, sha256_bytes, sha256_file, sidecar_path, sidecar_text
@@ -32,34 +32,51 @@ _UMASK = os.umask(0o022)  # read once, at import (and set back at once): os.umas
 os.umask(_UMASK)  # flipping it per file would race with threads that create files meanwhile
 
 
-def write_bytes(path: str | Path, data, digest: bool = False) -> Path:
-    """Write ``data`` to ``path`` atomically: a temporary file in the same directory, fsynced, then renamed.
-
-    A crash leaves ``path`` either as it was or complete. With ``digest``, its SHA-256 goes to
-    ``<path>.sha256`` first (:mod:`vcarepro.core.integrity`), so a crash between the two renames leaves a
-    mismatch, never a wrong match. A full disk is one sentence naming ``path`` and the bytes needed.
-    The file gets the permissions ``open`` would give it (0666 less the umask), not mkstemp's 0600.
-    """
+@contextmanager
+def atomic_open(path: str | Path, needed: Optional[int] = None) -> Iterator[BinaryIO]:
+    """A binary file that becomes ``path`` only when the block ends without an error: a temporary file in the same
+    directory, fsynced, then renamed over ``path``. A crash or an error inside leaves ``path`` as it was and no
+    temporary file; a full disk is one sentence naming ``path`` (and the ``needed`` bytes, if known). For what is
+    written piece by piece (a sample batch of gigabytes); :func:`write_bytes` for what is in memory. The file gets
+    the permissions ``open`` would give it (0666 less the umask), not mkstemp's 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with disk_full_names(path, len(data)):
+    with disk_full_names(path, needed):
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
             os.fchmod(fd, 0o666 & ~_UMASK)
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                yield f
                 f.flush()
                 os.fsync(f.fileno())
-            if digest:
-                checksum = sha256_bytes(data)
-                write_sidecar(path, checksum)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-    if digest:
+
+
+def write_bytes(path: str | Path, data, digest: bool = False) -> Path:
+    """Write ``data`` to ``path`` atomically (:func:`atomic_open`): a crash leaves ``path`` either as it was or
+    complete. With ``digest``, its SHA-256 goes to ``<path>.sha256`` first (:mod:`vcarepro.core.integrity`), so a
+    crash between the two renames leaves a mismatch, never a wrong match. A full disk is one sentence naming
+    ``path`` and the bytes needed.
+    """
+    path = Path(path)
+    checksum = sha256_bytes(data) if digest else None
+    with atomic_open(path, len(data)) as f:
+        f.write(data)
+        if checksum:
+            f.flush()
+            os.fsync(f.fileno())
+            write_sidecar(path, checksum)  # before the rename: a crash between the two leaves a mismatch
+    if checksum:
         remember(path, checksum)  # checking it later in this process reads nothing back
     return path
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """:func:`write_bytes` of ``text`` in UTF-8."""
+    return write_bytes(path, text.encode("utf-8"))
 
 
 def write_json(path: str | Path, payload: Any, *, sort_keys: bool = True, end: str = "\n") -> None:

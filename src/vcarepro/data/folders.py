@@ -11,6 +11,7 @@ Training reads the manifest, so what was verified at preparation is what is trai
 from __future__ import annotations
 
 import csv
+import io
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from vcarepro.core.errors import BadInput, MissingInput, UserError
+from vcarepro.core.io import write_bytes
 
 MANIFEST = "manifest.csv"
 CLASSES = "classes.json"
@@ -89,10 +91,11 @@ def decoded_image(path: str | Path) -> Iterator[Image.Image]:
 
 
 def write_manifest(root: str | Path, rows: List[Tuple[str, str, int]]) -> None:
-    with (Path(root) / MANIFEST).open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["split", "path", "label"])
-        writer.writerows(rows)
+    text = io.StringIO()  # csv's own line ends (\r\n), untranslated, as open(..., newline="") wrote them
+    writer = csv.writer(text)
+    writer.writerow(["split", "path", "label"])
+    writer.writerows(rows)
+    write_bytes(Path(root) / MANIFEST, text.getvalue().encode("utf-8"))
 
 
 class ManifestDataset(Dataset):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Tuple
@@ -24,7 +23,7 @@ import numpy as np
 import torch
 
 from vcarepro.core.errors import BadInput, MissingInput
-from vcarepro.core.io import preallocate, write_json, write_npz_to
+from vcarepro.core.io import atomic_open, preallocate, write_json, write_npz_to
 
 PROGRESS = "progress.json"
 
@@ -130,13 +129,10 @@ class NpzSampleWriter:
         self.images.flush()
         self.labels.flush()
         del self.images, self.labels
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
         # a fixed member time and mode, sizes known up front (io.write_npz_to): the same samples give the same
-        # .npz bytes under every Python, so the output's hash in dvc.lock reproduces
-        with open(tmp, "wb") as f:
+        # .npz bytes under every Python, so the output's hash in dvc.lock reproduces; whole or not at all
+        with atomic_open(self.path) as f:
             write_npz_to(f, {name: self.work_dir / f"{name}.npy" for name in ("arr_0", "arr_1")})
-        os.replace(tmp, self.path)
         return self.path
 
 

@@ -7,6 +7,8 @@ from typing import Any, Dict, List
 
 import pandas as pd
 
+from vcarepro.core.io import write_bytes
+
 CELL_KEYS = ("paper", "ours", "scale", "diff", "verdict")  # scale: where ours was measured (embedded, smoke, ...)
 
 
@@ -37,8 +39,8 @@ def write_tables(tables: Dict[str, List[Dict[str, Any]]], out_dir: str | Path) -
         if not rows:
             continue
         frame = pd.DataFrame.from_records([flatten_row(r) for r in rows]).astype(object).fillna("")
-        frame.to_csv(out_dir / f"{name}.csv", index=False)
-        (out_dir / f"{name}.md").write_text(frame.to_markdown(index=False) + "\n", encoding="utf-8")
+        write_bytes(out_dir / f"{name}.csv", frame.to_csv(index=False).encode("utf-8"))  # each whole or as it was
+        write_bytes(out_dir / f"{name}.md", (frame.to_markdown(index=False) + "\n").encode("utf-8"))
         written += [out_dir / f"{name}.csv", out_dir / f"{name}.md"]
     return written
 

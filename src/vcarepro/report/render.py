@@ -12,7 +12,7 @@ from vcarepro.core import environment as software
 from vcarepro.core import numerics
 from vcarepro.core.choices import model_options
 from vcarepro.core.environment import MACHINE_RECORD
-from vcarepro.core.io import write_json
+from vcarepro.core.io import write_bytes, write_json
 from vcarepro.metrics.protocol import describe as describe_protocol
 from vcarepro.params.config import compose, flatten, load_params
 from vcarepro.params.runs import cls_recipe, cls_run, gen_run
@@ -623,11 +623,10 @@ def render_report(root: str | Path = ".", out: str | Path = "reports/index.html"
     context = build_context(root)
     out.parent.mkdir(parents=True, exist_ok=True)
     written = write_tables({name: records(context[name]) for name in EXPORTED_TABLES}, out.parent / "tables")
-    write_json(out.parent / "results.json", {name: records(context[name]) for name in RESULT_TABLES})
-    write_headlines(root, context["headlines"])  # the stage's DVC metrics (report/headline.py)
     exported = sorted({path.stem for path in written}, key=EXPORTED_TABLES.index)
     html = env.get_template("report.html.j2").render(**context, exported=exported)
-    tmp = out.with_suffix(".html.tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(out)  # atomic and last: a killed report stage leaves no finished-looking page
+    write_bytes(out, html.encode("utf-8"))
+    write_headlines(root, context["headlines"])  # the stage's DVC metrics (report/headline.py)
+    # last: a report stopped before this (a full disk, Ctrl-C) never leaves results.json newer than the page
+    write_json(out.parent / "results.json", {name: records(context[name]) for name in RESULT_TABLES})
     return out

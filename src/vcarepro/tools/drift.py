@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from vcarepro.core import environment, errors, supervise
+from vcarepro.core.io import write_text
 
 # what requirements/compile resolves for: the project's machines (CPython 3.11, Linux x86_64)
 TARGET = ["--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_28"]
@@ -137,7 +138,7 @@ def run(root: Path, moves: Sequence[str] = (), keep: bool = False) -> int:
 def _run(root: Path, uv: str, locked: Dict[str, str], work: Path, moves: Sequence[str]) -> int:
     constraints = pip_constraints()
     if moves:
-        (work / "moves.txt").write_text("".join(f"{m}\n" for m in moves))
+        write_text(work / "moves.txt", "".join(f"{m}\n" for m in moves))
         constraints.append(str(work / "moves.txt"))
     newest_file = work / "newest.txt"
     argv = [uv, "pip", "compile", "pyproject.toml", "--extra", "test", *TARGET, "--quiet", "-o", str(newest_file)]

@@ -42,6 +42,7 @@ import yaml
 
 from vcarepro.core import environment
 from vcarepro.core.environment import MACHINE_RECORD
+from vcarepro.core.io import write_bytes
 
 LOCK = "dvc.lock"
 
@@ -252,7 +253,7 @@ def cmd_record(root: Path) -> int:
             file=sys.stderr,
         )
         return 2
-    (root / MACHINE_RECORD).write_text(json.dumps(machine, indent=1, sort_keys=True) + "\n")
+    write_bytes(root / MACHINE_RECORD, (json.dumps(machine, indent=1, sort_keys=True) + "\n").encode())
     print(f"lockcheck: {MACHINE_RECORD} written: {describe(machine)}")
     return 0
 
@@ -388,7 +389,7 @@ def compare_fingerprints(recorded: Dict[str, str], here: Dict[str, str]) -> List
 def cmd_fingerprint(args) -> int:
     prints = fingerprint(args.params)
     if args.out:
-        Path(args.out).write_text(json.dumps(prints, indent=1) + "\n")
+        write_bytes(args.out, (json.dumps(prints, indent=1) + "\n").encode())
     if args.compare:
         recorded = json.loads(Path(args.compare).read_text())
         lines = compare_fingerprints(recorded, prints)

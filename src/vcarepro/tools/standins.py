@@ -32,7 +32,6 @@ import json
 import os
 import random
 import tarfile
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +41,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from vcarepro.core.errors import BadInput, run_stage
+from vcarepro.core.io import atomic_open
 
 PathLike = Union[str, Path]
 
@@ -267,7 +267,7 @@ class MiniImageNet:
         root.mkdir(parents=True, exist_ok=True)
         path = root / DEVKIT_TAR
         with (
-            open(path, "wb") as raw,
+            atomic_open(path) as raw,
             gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as packed,
             tarfile.open(fileobj=packed, mode="w") as tar,
         ):
@@ -286,14 +286,14 @@ class MiniImageNet:
         """The three files of the official download under ``root``: train tar of class tars, val tar, devkit."""
         root = Path(root)
         root.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(root / TRAIN_TAR, "w") as outer:
+        with atomic_open(root / TRAIN_TAR) as raw, tarfile.open(fileobj=raw, mode="w") as outer:
             for wnid, files in self.train.items():
                 inner = io.BytesIO()
                 with tarfile.open(fileobj=inner, mode="w") as tar:
                     for name, data in files.items():
                         add_to_tar(tar, name, data)
                 add_to_tar(outer, f"{wnid}.tar", inner.getvalue())
-        with tarfile.open(root / VAL_TAR, "w") as tar:
+        with atomic_open(root / VAL_TAR) as raw, tarfile.open(fileobj=raw, mode="w") as tar:
             for name, (_, data) in self.val.items():
                 add_to_tar(tar, name, data)
         self.write_devkit(root)
@@ -416,7 +416,8 @@ def write_random_inception(path: PathLike, *, seed: int = 0, calibration_images:
         if not name.endswith("num_batches_tracked")
     }
     path = Path(path)
-    _atomic_write(path, lambda f: torch.save(state, f))
+    with atomic_open(path) as f:
+        torch.save(state, f)
     return path
 
 
@@ -459,7 +460,8 @@ def write_adm_reference(
         stats, _, spatial = reference_from_images(batches, extractor, keep_features=1, seed=seed, spatial=True)
     arrays = {"arr_0": images, "mu": stats.mu, "sigma": stats.sigma, "mu_s": spatial.mu, "sigma_s": spatial.sigma}
     path = Path(path)
-    _atomic_write(path, lambda f: write_npz(f, arrays))
+    with atomic_open(path) as f:
+        write_npz(f, arrays)
     return path
 
 
@@ -484,19 +486,6 @@ def write_npz(file, arrays: Dict[str, np.ndarray]) -> None:
     from vcarepro.core.io import write_npz_to
 
     write_npz_to(file, arrays)
-
-
-def _atomic_write(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.chmod(tmp, 0o666 & ~_umask())  # not mkstemp's 0600: a file as open() would have created it
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # ----------------------------------------------------------------------------- all four
@@ -584,6 +573,13 @@ def write_standins(
         raise BadInput(
             f"{out} exists and was not written by vcarepro.tools.standins (no {MANIFEST}); remove it or pass "
             f"another --out."
+        )
+    ours = {path.name for _, path in layout} | {MANIFEST, RELEASED_DIR}
+    foreign = sorted(entry.name for entry in out.iterdir() if entry.name not in ours) if out.is_dir() else []
+    if foreign:  # rebuilding replaces the whole folder: nothing but stand-ins may be in it
+        raise BadInput(
+            f"{out} holds {foreign[0]!r}, which vcarepro.tools.standins did not write; rebuilding replaces the whole "
+            f"folder, so move that away or pass another --out."
         )
     with atomic_directory(out) as tmp:
         write_mini_imagenet(

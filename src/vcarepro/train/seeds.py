@@ -38,6 +38,7 @@ from dvclive import Live
 
 from vcarepro.core import progress, supervise
 from vcarepro.core.errors import USER_ERROR_STATUS, UserError
+from vcarepro.core.io import write_bytes, write_text
 from vcarepro.train.distributed import DistInfo, barrier, init_distributed, shutdown
 from vcarepro.train.preemption import Preempted, stop_on_sigterm
 
@@ -237,7 +238,7 @@ def _worker(seeds: List[int], work, threads: int, out: Path) -> None:
     with stop_on_sigterm() as stop:  # a SIGTERM between two seeds (training installs its own handler)
         for seed in seeds:
             if stop.requested:
-                (out / f"seed_{seed}.preempted").write_text(f"seed {seed} before it started")
+                write_text(out / f"seed_{seed}.preempted", f"seed {seed} before it started")
                 os._exit(143)
             _work_one(seed, work, out)
     os._exit(0)  # no atexit handlers of the parent's (dvclive, the warm server) in a forked child
@@ -247,15 +248,15 @@ def _work_one(seed: int, work, out: Path) -> None:
     try:
         result = work(seed)
     except Preempted as stopped:  # the stage stops too; the checkpoint is on disk
-        (out / f"seed_{seed}.preempted").write_text(f"seed {seed} {stopped.where}")
+        write_text(out / f"seed_{seed}.preempted", f"seed {seed} {stopped.where}")
         os._exit(143)
     except UserError as err:  # bad data, a diverged run: the stage stops with the error's one sentence
-        (out / f"seed_{seed}.usererror").write_bytes(_pickled(err))
+        write_bytes(out / f"seed_{seed}.usererror", _pickled(err))
         os._exit(USER_ERROR_STATUS)
     except BaseException as err:  # noqa: BLE001 - the stage's process redoes the seed and reports the error
-        (out / f"seed_{seed}.error").write_text(f"{type(err).__name__}: {err}")
+        write_text(out / f"seed_{seed}.error", f"{type(err).__name__}: {err}")
         os._exit(1)
-    (out / f"seed_{seed}.json").write_text(json.dumps(result or {}))
+    write_text(out / f"seed_{seed}.json", json.dumps(result or {}))
 
 
 def _pickled(err: UserError) -> bytes:

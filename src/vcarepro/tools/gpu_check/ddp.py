@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List
 
+from vcarepro.core.io import write_text
 from vcarepro.tools.gpu_check.parts import FAIL, PASS, Check, Outcome
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
@@ -91,7 +92,7 @@ def launch(check: Check, timeout_s: float) -> Launched:
     spec = ddp_spec(check)
     expected = "nccl" if check.device.type == "cuda" else "gloo"
     folder = Path(tempfile.mkdtemp(prefix="vcarepro-gpu-check-ddp-"))
-    (folder / "spec.json").write_text(json.dumps(spec))
+    write_text(folder / "spec.json", json.dumps(spec))
     script_args = ["--spec", str(folder / "spec.json"), "--result", str(folder / "result.json")]
     command = torchrun(script_args, free_port(), timeout_s)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])]))

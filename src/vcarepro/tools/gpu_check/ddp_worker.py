@@ -16,6 +16,8 @@ import os
 import traceback
 from pathlib import Path
 
+from vcarepro.core.io import write_text
+
 
 def step(spec, result) -> None:
     import torch
@@ -92,7 +94,7 @@ def main() -> int:
         traceback.print_exc()
         result["error"] = f"{type(err).__name__}: {err}"
         status = 1
-    Path(args.result).write_text(json.dumps(result))
+    write_text(args.result, json.dumps(result))  # whole or absent: the parent reads it after the ranks end
     return status
 
 
