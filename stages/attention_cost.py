@@ -19,8 +19,8 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 
-from vcarepro.core.errors import run_stage
 from vcarepro.core.io import write_json
+from vcarepro.core.stage import run_stage
 from vcarepro.params.config import stage_params
 from vcarepro.tools.bench import bench_attention, describe_machine, speed_targets, under_load
 

@@ -17,8 +17,9 @@ import torch
 from vcarepro.calibration import KINDS, entries, keymap_for, not_run, require_file, selected
 from vcarepro.calibration.run import calibrate_classifier, calibrate_generator
 from vcarepro.core import progress
-from vcarepro.core.errors import BadInput, run_stage
+from vcarepro.core.errors import BadInput
 from vcarepro.core.io import write_json
+from vcarepro.core.stage import run_stage
 from vcarepro.params.config import stage_params
 from vcarepro.params.runs import CHECKPOINTS_DIR, CLS_DATA, FID_REFERENCE
 

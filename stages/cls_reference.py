@@ -3,8 +3,8 @@ line)."""
 
 from __future__ import annotations
 
-from vcarepro.core.errors import run_stage
 from vcarepro.core.io import write_json
+from vcarepro.core.stage import run_stage
 from vcarepro.metrics.linear_reference import logistic_regression_top1
 from vcarepro.params.config import section, stage_params
 from vcarepro.params.runs import CLS_DATA

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vcarepro.core.errors import run_stage
 from vcarepro.core.io import write_json
+from vcarepro.core.stage import run_stage
 from vcarepro.metrics.complexity import model_complexity
 from vcarepro.params.config import section, stage_params
 from vcarepro.train.seeds import run_in_workers

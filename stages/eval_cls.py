@@ -13,8 +13,8 @@ import argparse
 import torch
 
 from vcarepro.core import progress
-from vcarepro.core.errors import run_stage
 from vcarepro.core.io import write_json
+from vcarepro.core.stage import run_stage
 from vcarepro.data.folders import ManifestDataset, read_classes
 from vcarepro.metrics.aggregate import aggregate_seeds
 from vcarepro.params.config import stage_params

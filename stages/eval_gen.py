@@ -16,9 +16,10 @@ import json
 import torch
 
 from vcarepro.core import progress
-from vcarepro.core.errors import BadInput, UserError, run_stage
+from vcarepro.core.errors import BadInput, UserError
 from vcarepro.core.integrity import prepared
 from vcarepro.core.io import write_json
+from vcarepro.core.stage import run_stage
 from vcarepro.metrics.aggregate import aggregate_seeds
 from vcarepro.metrics.evaluator import evaluate_samples, evaluator_options
 from vcarepro.metrics.extractors import make_extractor

@@ -21,9 +21,10 @@ from pathlib import Path
 import torch
 
 from vcarepro.core import progress
-from vcarepro.core.errors import MissingInput, run_stage
+from vcarepro.core.errors import MissingInput
 from vcarepro.core.integrity import prepared
 from vcarepro.core.io import atomic_directory, write_json
+from vcarepro.core.stage import run_stage
 from vcarepro.metrics.extractors import make_extractor
 from vcarepro.metrics.fid_reference import write_reference
 from vcarepro.metrics.own_reference import own_reference

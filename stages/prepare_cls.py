@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vcarepro.core import progress
-from vcarepro.core.errors import run_stage
+from vcarepro.core.stage import run_stage
 from vcarepro.data.embedded import export_digits
 from vcarepro.data.imagenet import prepare_imagenet
 from vcarepro.params.config import section, stage_params

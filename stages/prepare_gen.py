@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from vcarepro.core import progress
-from vcarepro.core.errors import BadInput, run_stage
+from vcarepro.core.errors import BadInput
 from vcarepro.core.io import atomic_directory, safetensors_bytes, write_bytes, write_json
+from vcarepro.core.stage import run_stage
 from vcarepro.data.pixels import load_split_pixels
 from vcarepro.metrics.digit_features import DIGITS_EXTRACTOR, save_feature_net, train_feature_net
 from vcarepro.params.config import section, stage_params

@@ -1,7 +1,7 @@
 """DVC stage `report`: reports/index.html and reports/tables/ (CSV, Markdown) from params, metrics, logs,
 samples and the paper's numbers."""
 
-from vcarepro.core.errors import run_stage
+from vcarepro.core.stage import run_stage
 from vcarepro.report.render import render_report
 
 

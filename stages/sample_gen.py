@@ -17,9 +17,9 @@ import json
 import torch
 
 from vcarepro.core import progress
-from vcarepro.core.errors import run_stage
 from vcarepro.core.integrity import prepared
 from vcarepro.core.io import atomic_directory
+from vcarepro.core.stage import run_stage
 from vcarepro.data.samples import discard_work
 from vcarepro.params.config import stage_params
 from vcarepro.params.runs import GEN_DATA, gen_run

@@ -10,8 +10,8 @@ note, the same bytes at every such scale, so the stages that depend on it never 
 
 from __future__ import annotations
 
-from vcarepro.core.errors import run_stage
 from vcarepro.core.io import atomic_directory
+from vcarepro.core.stage import run_stage
 from vcarepro.params.config import section, stage_params
 from vcarepro.params.runs import SMOKE_INPUTS
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from vcarepro.core import progress
-from vcarepro.core.errors import run_stage
+from vcarepro.core.stage import run_stage
 from vcarepro.params.config import stage_params
 from vcarepro.params.runs import CLS_DATA, cls_run
 from vcarepro.params.stage_facts import stage_facts

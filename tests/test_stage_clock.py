@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from vcarepro.core import stage_clock
 
 
@@ -64,3 +66,31 @@ def test_a_stage_records_under_dvc_and_the_table_keeps_to_its_own_dvc_run(tmp_pa
     assert [r["stage"] for r in stage_clock.this_repro(tmp_path, "report")] == ["a", "report"]
     text = stage_clock.write_table(tmp_path, "report")
     assert (tmp_path / "timings" / "stages.md").read_text() == text and "| old |" not in text
+
+
+def test_a_full_disk_keeps_the_previous_record_and_leaves_no_temporary_file(small_disk):
+    from vcarepro.core.errors import DiskFull
+
+    start = {"started": 10.0, "dvc_pid": 7, "dvc_started": 8.0}
+    path = stage_clock.record(small_disk.path, "train", start, 11.0, 12.5, "ok")
+    before = small_disk.files()
+    small_disk.fill()
+    with pytest.raises(DiskFull, match=f"while writing {path}"):
+        stage_clock.record(small_disk.path, "train", start, 11.0, 99.0, "ok")
+    assert small_disk.files() == before and json.loads(path.read_text())["work_s"] == 1.5
+
+
+def test_a_stage_whose_clock_finds_the_disk_full_keeps_its_own_status(small_disk, monkeypatch, capsys):
+    """The wall time is never worth a stage's result: a full disk at the clock is one note line, the stage's exit
+    status is its own (here: it succeeded)."""
+    from vcarepro.core import stage
+
+    monkeypatch.setenv("DVC_STAGE", "train")
+    monkeypatch.setenv("DVC_ROOT", str(small_disk.path))
+    monkeypatch.setenv(stage_clock.STARTED, json.dumps({"started": 10.0}))
+    monkeypatch.setattr(stage.errors, "run_stage", lambda main, what=None: main())
+    small_disk.fill()
+    stage.run_stage(lambda: None)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("note: the stage's wall time was not recorded (no space is left")
+    assert not small_disk.files()

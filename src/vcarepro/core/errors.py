@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -125,68 +124,40 @@ def interruptible() -> None:
         pass
 
 
-def run_stage(main: Callable[[], object], *, stage_table: bool = False, what: Optional[str] = None) -> None:
-    """Run a stage's ``main``: a :class:`UserError` becomes one line on stderr and exit status 2; Ctrl-C one
+def run_stage(main: Callable[[], object], *, what: Optional[str] = None) -> None:
+    """Run ``main``: a :class:`UserError` becomes one line on stderr and exit status 2; Ctrl-C one
     ``interrupted: ...`` line (:func:`interrupted_line`) and exit status 130.
 
     So does a full disk or an exhausted quota wherever it happens (a library's write included),
-    naming the file being written when the error or the writing frame tells it. Under DVC, the stage's
-    wall time goes to timings/stages/ (:mod:`vcarepro.core.stage_clock`); with ``stage_table`` (the report,
-    last in the DAG) the table of this DVC run's stages is printed and written to timings/stages.md.
+    naming the file being written when the error or the writing frame tells it. A DVC stage calls
+    :func:`vcarepro.core.stage.run_stage`, which times this one (:mod:`vcarepro.core.stage_clock`).
     """
-    from vcarepro.core import stage_clock
-
-    started = stage_clock.take_start()
-    main_started = time.time()
-    status = "failed"
     interruptible()
     try:
+        from vcarepro.core.environment import warn_if_moved
+        from vcarepro.core.numerics import NumericsError, enter
+
+        warn_if_moved()  # one line when a package's version differs from what dvc.lock was recorded under
+
         try:
-            from vcarepro.core.environment import warn_if_moved
-            from vcarepro.core.numerics import NumericsError, enter
-
-            warn_if_moved()  # one line when a package's version differs from what dvc.lock was recorded under
-
-            try:
-                enter()  # the numerics profile stages/run.py set: check it took effect, set its in-process parts
-            except NumericsError as err:
-                raise BadInput(str(err)) from None
-            main()
-            status = "ok"
-        except UserError as err:
-            status = "error: exit 2"
-            _ending()
-            print(f"error: {err}", file=sys.stderr, flush=True)
-            raise SystemExit(USER_ERROR_STATUS) from None
-        except KeyboardInterrupt:  # Ctrl-C: one line, no traceback; what the stage wrote is not recorded by DVC
-            status = "interrupted: exit 130"
-            _ending()
-            print(interrupted_line(what), file=sys.stderr, flush=True)
-            raise SystemExit(INTERRUPTED_STATUS) from None
-        except Exception as err:
-            if not is_disk_full(err):
-                raise
-            status = "error: exit 2"
-            _ending()
-            print(f"error: {disk_full_error(err, _written_path(err))}", file=sys.stderr, flush=True)
-            raise SystemExit(USER_ERROR_STATUS) from None
-    finally:
-        if started is not None:
-            _clock(stage_clock, started, main_started, status, stage_table)
-
-
-def _clock(stage_clock, started: dict, main_started: float, status: str, stage_table: bool) -> None:
-    """Record the stage's wall time; a failure to write it is one line, never the stage's failure."""
-    root = Path(os.environ.get("DVC_ROOT") or ".")
-    stage = os.environ["DVC_STAGE"]
-    try:
-        stage_clock.record(root, stage, started, main_started, time.time(), status)
-        if stage_table and status == "ok":
-            text = stage_clock.write_table(root, stage)
-            if text:
-                print(f"\n{text}(also in {stage_clock.TABLE})", flush=True)
-    except Exception as err:  # a wall time is never worth a stage's result
-        print(f"note: the stage's wall time was not recorded ({err})", file=sys.stderr, flush=True)
+            enter()  # the numerics profile stages/run.py set: check it took effect, set its in-process parts
+        except NumericsError as err:
+            raise BadInput(str(err)) from None
+        main()
+    except UserError as err:
+        _ending()
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(USER_ERROR_STATUS) from None
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback; what the stage wrote is not recorded by DVC
+        _ending()
+        print(interrupted_line(what), file=sys.stderr, flush=True)
+        raise SystemExit(INTERRUPTED_STATUS) from None
+    except Exception as err:
+        if not is_disk_full(err):
+            raise
+        _ending()
+        print(f"error: {disk_full_error(err, _written_path(err))}", file=sys.stderr, flush=True)
+        raise SystemExit(USER_ERROR_STATUS) from None
 
 
 def _ending() -> None:

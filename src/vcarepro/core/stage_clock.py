@@ -2,7 +2,7 @@
 
 stages/run.py, the first code of every stage's command, notes when it started and under which `dvc repro` or
 `dvc exp run` process (``VCAREPRO_STAGE_STARTED``);
-:func:`vcarepro.core.errors.run_stage` then writes ``timings/stages/<stage>.json`` when the stage ends: its
+:func:`vcarepro.core.stage.run_stage` then writes ``timings/stages/<stage>.json`` when the stage ends: its
 start-up (run.py's start to the stage's ``main``: the warm interpreter's fork or a fresh interpreter's imports,
 the launcher), its work (``main`` itself) and the DVC process it ran under. The report
 stage, last in the DAG, prints the table of every stage that ran under the same DVC process and writes it to
@@ -70,8 +70,7 @@ def dvc_process(pid: Optional[int] = None) -> Optional[Dict[str, float]]:
 
 def record(root: Path, stage: str, start: dict, main_started: float, ended: float, status: str) -> Path:
     """Write ``timings/stages/<stage>.json`` under ``root``; ``start`` is :func:`take_start`'s. Written whole or
-    not at all (a temporary file renamed), by this module itself: :mod:`vcarepro.core.io` reports through
-    :mod:`vcarepro.core.errors`, which calls this module."""
+    not at all, by :mod:`vcarepro.core.io` (a full disk leaves the previous record and no temporary file)."""
     started = start["started"]
     path = root / RECORDS / f"{stage}.json"
     _write(
@@ -97,10 +96,9 @@ def record(root: Path, stage: str, start: dict, main_started: float, ended: floa
 
 
 def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    partial.write_text(text)
-    os.replace(partial, path)
+    from vcarepro.core.io import write_bytes  # torch-free; imported when a stage ends, not by stages/run.py
+
+    write_bytes(path, text.encode())
 
 
 def this_repro(root: Path, stage: str) -> List[dict]:
