@@ -76,7 +76,9 @@ def images(model, n=4):
 def test_the_folder_holds_config_weights_card_and_the_curves(project):
     root, _, folder = project
     assert folder == root / "exports" / RUN
-    assert sorted(p.name for p in folder.iterdir()) == sorted(["config.json", WEIGHTS, "README.md", CURVES])
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        ["config.json", WEIGHTS, "README.md", CURVES, "SHA256SUMS"]
+    )
     assert not list(folder.parent.glob(".*.tmp"))  # written under a temporary name, then renamed
     config = json.loads((folder / "config.json").read_text())
     assert config["architecture"] == "vca_deit_tiny_patch16_224"
@@ -171,14 +173,16 @@ def test_an_unknown_run_a_seed_it_does_not_train_and_an_untrained_seed_are_one_s
     assert not (tmp_path / "x").exists()
 
 
-def test_an_existing_folder_is_kept_unless_forced_and_a_failed_export_leaves_nothing(project, tmp_path, monkeypatch):
+def test_force_replaces_only_a_previous_export_and_a_failed_export_leaves_nothing(project, tmp_path, monkeypatch):
     root, _, _ = project
     out = tmp_path / "out"
     out.mkdir()
     (out / "mine.txt").write_text("keep")
-    with pytest.raises(BadInput, match="already exists and is not empty; pass --force"):
-        export_run(RUN, root=root, out=out)
-    assert (out / "mine.txt").read_text() == "keep"
+    for force in (False, True):  # a folder holding anything the export did not write is never removed, even forced
+        with pytest.raises(BadInput, match="holds 'mine.txt', which no export of this tool wrote; even --force"):
+            export_run(RUN, root=root, out=out, force=force)
+    assert sorted(p.name for p in out.iterdir()) == ["mine.txt"] and (out / "mine.txt").read_text() == "keep"
+    (out / "mine.txt").unlink()
 
     import vcarepro.tools.export as export
 
@@ -192,8 +196,17 @@ def test_an_existing_folder_is_kept_unless_forced_and_a_failed_export_leaves_not
     assert not fresh.exists() and not list(tmp_path.glob(".fresh.*"))
     monkeypatch.undo()
 
-    export_run(RUN, root=root, out=out, force=True)
-    assert sorted(p.name for p in out.iterdir()) == sorted(["config.json", WEIGHTS, "README.md", CURVES])
+    export_run(RUN, root=root, out=out, force=True)  # an empty folder
+    exported = sorted(["config.json", WEIGHTS, "README.md", CURVES, "SHA256SUMS"])
+    assert sorted(p.name for p in out.iterdir()) == exported
+    with pytest.raises(BadInput, match="holds a previous export; pass --force to replace it"):
+        export_run(RUN, root=root, out=out)
+    export_run(RUN, root=root, out=out, force=True)  # a previous export: replaced
+    assert sorted(p.name for p in out.iterdir()) == exported
+    (out / "notes.md").write_text("a user's notes beside the export")
+    with pytest.raises(BadInput, match="holds 'notes.md', which no export"):
+        export_run(RUN, root=root, out=out, force=True)
+    assert (out / "notes.md").is_file() and sorted(p.name for p in out.iterdir()) == sorted([*exported, "notes.md"])
 
 
 def test_the_command_prints_one_line_errors(project, monkeypatch, capsys):
@@ -228,3 +241,13 @@ def test_a_baseline_on_timms_own_deit_exports_without_claiming_timms_weights(pro
     card = (folder / "README.md").read_text()
     assert "| DeiT-T MHSA (baseline) | 72.2 [A] | final | `top1` 91.33 ± 4.04 (n=3) |" in card
     assert "Gain over the baseline" not in card  # it is the baseline
+
+
+def test_a_full_disk_leaves_no_export_and_no_temporary_folder(project, small_disk):
+    from vcarepro.core.errors import DiskFull
+
+    root, _, _ = project
+    small_disk.fill()
+    with pytest.raises(DiskFull, match="no space is left on the device while writing"):
+        export_run(RUN, root=root, out=small_disk.path / "export")
+    assert small_disk.files() == {} and not list(small_disk.path.iterdir())[1:]  # the filler alone, if any

@@ -25,8 +25,8 @@ import torch
 import torch.nn as nn
 
 from vcarepro.core.errors import BadInput, MissingInput, run_stage
-from vcarepro.core.integrity import intact_file
-from vcarepro.core.io import atomic_directory
+from vcarepro.core.integrity import MANIFEST, intact_file
+from vcarepro.core.io import atomic_directory, write_text
 from vcarepro.params.config import compose, load_params
 from vcarepro.params.runs import CLS_DATA, ClsRun, cls_run
 from vcarepro.report.card import CURVES, REFERENCE, curves_png, model_card
@@ -114,7 +114,25 @@ def _drop_source_tag(config_path: Path) -> None:
     """Remove the registered weights' tag (timm's DeiT carries ``fb_in1k``): these weights are not those."""
     config = json.loads(config_path.read_text())
     if config.get("pretrained_cfg", {}).pop("tag", None) is not None:
-        config_path.write_text(json.dumps(config, indent=2))
+        write_text(config_path, json.dumps(config, indent=2))
+
+
+def not_an_export(out: Path) -> Optional[str]:
+    """None when ``out`` holds only a previous export's files (exactly those its SHA256SUMS lists), else the first
+    thing in it that is not one (``out`` itself when it is a file)."""
+    if not out.is_dir():
+        return "a file"
+    try:
+        listed = {line.split(None, 1)[1].strip().lstrip("*") for line in (out / MANIFEST).read_text().splitlines()}
+    except (OSError, IndexError, UnicodeDecodeError):
+        listed = set()
+    for entry in sorted(out.rglob("*")):
+        name = entry.relative_to(out).as_posix()
+        if entry.is_dir() and not entry.is_symlink():
+            continue
+        if name != MANIFEST and name not in listed or entry.is_symlink() or not listed:
+            return f"'{name}'"
+    return None
 
 
 def _shown(path: Path, root: Path) -> str:
@@ -142,8 +160,15 @@ def export_run(
     params = load_params(root / "params.yaml")
     run = cls_run(params, name)
     out = Path(out) if out is not None else root / default_out(name, seed)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise BadInput(f"{out} already exists and is not empty; pass --force to replace it or choose --out.")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        foreign = not_an_export(out)
+        if foreign:
+            raise BadInput(
+                f"{out} holds {foreign}, which no export of this tool wrote; even --force replaces only a previous "
+                f"export (the files its {MANIFEST} lists), so move that away or choose another --out."
+            )
+        if not force:
+            raise BadInput(f"{out} holds a previous export; pass --force to replace it or choose another --out.")
     model = trained_model(run, seed, root)
     expected = probe(model, input_size(run.recipe))
     metrics = read_json(root / run.paths.metrics)
@@ -158,7 +183,7 @@ def export_run(
         names = [c["name"] for c in sorted(json.loads(classes.read_text()), key=lambda c: c["index"])]
         if len(names) == model.num_classes:
             model_config["label_names"] = names
-    with atomic_directory(out) as tmp:
+    with atomic_directory(out, digests=True) as tmp:  # SHA256SUMS last: what a later --force may replace
         save_for_hf(
             model, str(tmp), model_config=model_config, safe_serialization=True, data_config=data_config(run.recipe)
         )
@@ -200,7 +225,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--run", required=True, help="a classification run of params.yaml (cls_runs)")
     parser.add_argument("--seed", type=int, default=0, help="which trained seed to export (default 0)")
     parser.add_argument("--out", default=None, help="the folder to write (default exports/<run>)")
-    parser.add_argument("--force", action="store_true", help="replace an existing, non-empty folder")
+    parser.add_argument("--force", action="store_true", help="replace a previous export in --out (nothing else)")
     args = parser.parse_args(argv)
     folder = export_run(args.run, seed=args.seed, out=args.out, force=args.force)
     print(f"export {args.run} seed {args.seed}: {folder} ({', '.join(sorted(p.name for p in folder.iterdir()))})")
