@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import random
+import re
 import tarfile
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from vcarepro.core.errors import BadInput
 from vcarepro.data.folders import ManifestDataset, read_classes, read_manifest
 from vcarepro.data.imagenet import TRAIN_TAR, prepare_imagenet
 from vcarepro.tools.standins import MiniImageNet
@@ -440,3 +442,79 @@ def test_an_empty_class_tar_or_a_class_without_a_readable_image_is_refused(tmp_p
     with pytest.raises(ValueError, match=rf"class .*{WNIDS[1]} has no readable train image"):
         prepare_imagenet(broken, tmp_path / "cls2", expect_full=False, workers=1, max_bad_fraction=0.5)
     assert not (tmp_path / "cls2").exists()
+
+
+# ----------------------------------------------------------------------------- class names (issue 51)
+
+RULE = r"is not an ImageNet class \(a wnid: n and eight digits, or one the devkit lists\); "
+
+
+def refused(root: Path, out: Path, pattern: str) -> None:
+    """prepare_imagenet on ``root`` is one BadInput sentence matching ``pattern``, and leaves no ``out``."""
+    with pytest.raises(BadInput, match=pattern) as info:
+        prepare_imagenet(root, out, **MINIATURE)
+    assert "\n" not in str(info.value)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("member", ["...tar", "n0144076.tar"], ids=["dots", "seven-digits"])
+def test_outer_train_members_that_are_no_wnid_are_refused(tmp_path, member):
+    """A member '...tar' would be a class '..' whose images land in images/train/../ (issue 51)."""
+    mini = Mini()
+    mini.train[member[: -len(".tar")]] = {"stray.JPEG": encoded(5)}
+    root = mini.write_official(tmp_path / "ilsvrc")
+    refused(
+        root,
+        tmp_path / "cls",
+        rf"^member '{re.escape(member)}' of .*{TRAIN_TAR} {RULE}"
+        rf"remove it, or point prepare_cls\.imagenet_root at the official archive\.$",
+    )
+    assert not list(tmp_path.rglob("stray.JPEG"))
+
+
+@pytest.mark.parametrize(
+    "layout, folder",
+    [
+        ("folders", "train/cats"),
+        ("folders", "train/n0144076"),
+        ("folders", "val/cats"),
+        ("kaggle", "ILSVRC/Data/CLS-LOC/train/cats"),
+    ],
+    ids=["train", "train-seven-digits", "val", "kaggle-train"],
+)
+def test_class_folders_that_are_no_wnid_are_refused(tmp_path, layout, folder):
+    mini = Mini()
+    root = mini.class_folders(tmp_path / "imagenet") if layout == "folders" else mini.kaggle(tmp_path / "kaggle")
+    (root / folder).mkdir()
+    (root / folder / "stray.JPEG").write_bytes(encoded(5))
+    parent = (root / folder).parent
+    refused(
+        root,
+        tmp_path / "cls",
+        rf"^class folder {re.escape(str(root / folder))} {RULE}"
+        rf"rename it to its wnid or move it out of {re.escape(str(parent))}\.$",
+    )
+
+
+@pytest.mark.parametrize("layout", ["archives", "flat-val", "class-folders"])
+def test_a_class_the_devkit_lists_is_accepted_whatever_its_name(tmp_path, layout):
+    """The wnid pattern is what ImageNet's classes look like; a devkit's meta.mat may list others."""
+    mini = Mini()
+    mini.classes = {**CLASSES, "cats": (5, "cats, stand-in")}
+    mini.train["cats"] = {f"cats_{i}.JPEG": encoded(500 + i) for i in range(TRAIN_PER_CLASS)}
+    cats_val = f"ILSVRC2012_val_{len(mini.val) + 1:08d}.JPEG"  # the ground truth's next line
+    mini.val[cats_val] = ("cats", encoded(599))
+    if layout == "archives":
+        root = mini.write_official(tmp_path / "src")
+    elif layout == "flat-val":
+        root = mini.flat_with_devkit(tmp_path / "src", extracted=True)
+    else:
+        root = mini.class_folders(tmp_path / "src")
+        mini.write_devkit(root)
+    counts = prepare_imagenet(root, tmp_path / "cls", **MINIATURE)
+    assert counts["classes"] == 5
+    classes = read_classes(tmp_path / "cls")
+    assert [(c.wnid, c.name) for c in classes][:2] == [("cats", "cats, stand-in"), (WNIDS[0], CLASSES[WNIDS[0]][1])]
+    train, val = read_manifest(tmp_path / "cls", "train"), read_manifest(tmp_path / "cls", "val")
+    assert sorted(Path(p).name for p, label in train if label == 0) == sorted(mini.train["cats"])
+    assert [Path(p).name for p, label in val if label == 0] == [cats_val]

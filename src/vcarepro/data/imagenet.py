@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from multiprocessing import Pool
 from pathlib import Path, PurePosixPath
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from PIL import Image
 
@@ -53,6 +53,7 @@ EXPECTED = {"classes": 1000, "train": 1_281_167, "val": 50_000}
 # Where extracted class folders live: the usual root/train, and Kaggle's competition layout.
 FOLDER_PREFIXES = ("", "ILSVRC/Data/CLS-LOC/")
 VAL_NAME = re.compile(r"ILSVRC2012_val_(\d{8})\.", re.IGNORECASE)
+WNID = re.compile(r"n[0-9]{8}")  # an ImageNet class: a WordNet noun synset's ID
 # How many file names of each quirk the report lists (the counts are always complete).
 LISTED = 50
 CHECK_CHUNK = 256
@@ -103,7 +104,7 @@ def prepare_imagenet(
 
     layout = _Layout.detect(root)
     meta = _Metadata.load(layout)
-    train_wnids = layout.train_wnids()
+    train_wnids = layout.train_wnids(meta.listed)
     _check_class_count(train_wnids, expect_full and not subset, layout.train_where)
     wnids = _choose_classes(train_wnids, subset_classes, subset_count, subset_seed, layout.train_where)
 
@@ -233,6 +234,26 @@ def _class_dirs(folder: Path) -> List[str]:
     return sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
 
 
+def _class_name(wnid: str, listed: AbstractSet[str], named: str, fix: str) -> str:
+    """``wnid`` if it names an ImageNet class (n and eight digits, or a class the devkit's meta.mat lists).
+
+    Anything else would become a class of that name and a folder of the prepared layout (a member
+    ``...tar`` would be a class ``..``, its images ``images/train/../``), so it is a BadInput:
+    ``named`` names the member or folder, ``fix`` says what to do.
+    """
+    if WNID.fullmatch(wnid) or wnid in listed:
+        return wnid
+    raise BadInput(f"{named} is not an ImageNet class (a wnid: n and eight digits, or one the devkit lists); {fix}.")
+
+
+def _class_folders(folder: Path, listed: AbstractSet[str]) -> List[str]:
+    """The class folders under ``folder``, each checked to be an ImageNet class."""
+    return [
+        _class_name(name, listed, f"class folder {folder / name}", f"rename it to its wnid or move it out of {folder}")
+        for name in _class_dirs(folder)
+    ]
+
+
 def _images_in(folder: Path) -> List[str]:
     """Absolute paths of the image files directly in ``folder``, sorted."""
     with os.scandir(folder) as entries:
@@ -295,14 +316,21 @@ class _Layout:
             "val_labels": labels,
         }
 
-    def train_wnids(self) -> List[str]:
+    def train_wnids(self, listed: AbstractSet[str] = frozenset()) -> List[str]:
+        """The train classes (class folders or the archive's class tars), each checked to be an ImageNet class;
+        ``listed``: the classes the devkit lists, accepted beside the wnid pattern."""
         if self.train_dir is not None:
-            return _class_dirs(self.train_dir)
-        with tarfile.open(self.files[TRAIN_TAR]) as outer:
+            return _class_folders(self.train_dir, listed)
+        archive = self.files[TRAIN_TAR]
+        with tarfile.open(archive) as outer:
             names = [m.name for m in outer.getmembers() if m.isfile()]
-        for name in names:
-            _safe_member_name(name, self.files[TRAIN_TAR])
-        return sorted(PurePosixPath(n).name[: -len(".tar")] for n in names if n.endswith(".tar"))
+        bases = [_safe_member_name(name, archive) for name in names]  # unsafe paths first, as extraction reads them
+        fix = "remove it, or point prepare_cls.imagenet_root at the official archive"
+        return sorted(
+            _class_name(base[: -len(".tar")], listed, f"member {name!r} of {archive}", fix)
+            for name, base in zip(names, bases)
+            if base.endswith(".tar")
+        )
 
 
 # ----------------------------------------------------------------------------- metadata
@@ -312,6 +340,7 @@ class _Layout:
 class _Metadata:
     names: Dict[str, str] = field(default_factory=dict)  # wnid -> class name
     val_labels: Dict[str, str] = field(default_factory=dict)  # val image stem -> wnid
+    listed: AbstractSet[str] = frozenset()  # the classes (leaf synsets) of the devkit's meta.mat
 
     @classmethod
     def load(cls, layout: _Layout) -> "_Metadata":
@@ -320,6 +349,7 @@ class _Metadata:
         mat, ground_truth = _devkit_files(files)
         if mat is not None:
             id_to_wnid, meta.names = _parse_meta_mat(mat, files.get(DEVKIT_TAR) or files[META_MAT])
+            meta.listed = frozenset(meta.names)
             if ground_truth is not None:
                 where = files.get(DEVKIT_TAR) or files[GROUND_TRUTH]
                 ids = ground_truth.decode().split()
@@ -602,7 +632,7 @@ def _val_jobs(layout: _Layout, meta: _Metadata, train_wnids: set, label_of: Dict
         return wnid
 
     if layout.val_dir is not None and not layout.val_flat:
-        unknown = sorted(set(_class_dirs(layout.val_dir)) - train_wnids)
+        unknown = sorted(set(_class_folders(layout.val_dir, meta.listed)) - train_wnids)
         if unknown:
             raise BadInput(
                 f"{layout.val_dir} holds class folders absent from {layout.train_where} "
