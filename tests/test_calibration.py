@@ -10,6 +10,7 @@ sentence and exit status 2 with no output written.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from pathlib import Path
 
@@ -214,6 +215,25 @@ def test_a_file_whose_digest_is_not_the_published_one_is_refused(tmp_path, one_t
     ):
         check_digest(path, entry, "deit_tiny")
     assert len(check_digest(path, {**entry, "sha256": None}, "deit_tiny")) == 64
+
+
+def test_a_full_digest_is_checked_whole_and_a_prefix_only_with_a_warning_line(tmp_path, capsys):
+    from vcarepro.calibration import check_digest
+
+    path = tmp_path / "released.pth"
+    path.write_bytes(b"released weights")
+    digest = hashlib.sha256(b"released weights").hexdigest()
+    entry = {**PAPER["classifiers"]["deit_tiny"], "sha256": digest}
+    assert check_digest(path, entry, "deit_tiny") == digest and capsys.readouterr().err == ""  # full: silent
+    with pytest.raises(BadInput, match="has sha256 .* but the file released for calibration entry deit_tiny"):
+        check_digest(path, {**entry, "sha256": digest[:63] + ("0" if digest[63] != "0" else "1")}, "deit_tiny")
+    assert check_digest(path, {**entry, "sha256": digest[:8]}, "deit_tiny") == digest
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("warning: calibration entry deit_tiny checks only the first 8 hex digits of released.pth")
+    assert "(32 bits)" in line and "not against tampering" in line and digest in line
+    for bad in ("a131", "a1311bcg", digest + "0"):  # too short to mean anything, not hex, longer than a sha256
+        with pytest.raises(BadInput, match=f"calibration entry deit_tiny has sha256 '{bad}'; give the file's full"):
+            check_digest(path, {**entry, "sha256": bad}, "deit_tiny")
 
 
 def test_weights_found_under_another_container_than_the_released_one_are_not_judged():

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -123,14 +124,36 @@ def read_released(path: Path, keymap: KeyMap, *, trust_pickle: bool):
     return container, state
 
 
+FULL_DIGEST = 64  # hex digits of a sha256
+SHORTEST_PREFIX = 8  # torch hub's file names end in the digest's first 8
+
+
 def check_digest(path: Path, entry: Dict[str, Any], name: str) -> str:
-    """The file's sha256, refused when the entry records another (a prefix, as torch hub names files)."""
+    """The file's sha256, refused when the entry records another. The entry's ``sha256`` is the full digest, or
+    the prefix its publisher gives (torch hub's names end in the first 8 hex digits): a prefix is checked with a
+    warning line, since 32 bits catch a wrong or damaged download but not a file crafted to match them."""
     digest = sha256(path)
     expected = entry.get("sha256")
-    if expected and not digest.startswith(expected):
+    if not expected:
+        return digest
+    expected = str(expected).lower()
+    if not (SHORTEST_PREFIX <= len(expected) <= FULL_DIGEST and all(c in "0123456789abcdef" for c in expected)):
+        raise BadInput(
+            f"calibration entry {name} has sha256 {expected!r}; give the file's full sha256 ({FULL_DIGEST} hex "
+            f"digits) or the prefix its publisher gives ({SHORTEST_PREFIX} or more), or null."
+        )
+    if not digest.startswith(expected):
         raise BadInput(
             f"{path} has sha256 {digest[:16]}..., but the file released for calibration entry {name} "
             f"has {expected}...; download it again from {entry['where']}."
+        )
+    if len(expected) < FULL_DIGEST:
+        print(
+            f"warning: calibration entry {name} checks only the first {len(expected)} hex digits of {path.name}'s "
+            f"sha256 ({4 * len(expected)} bits): that guards against a wrong or damaged download, not against "
+            f"tampering; once you trust this file, put its full sha256 {digest} in the entry's sha256.",
+            file=sys.stderr,
+            flush=True,
         )
     return digest
 
