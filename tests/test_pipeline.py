@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Sequence, Tuple
 
 import pytest
 import yaml
@@ -95,12 +95,17 @@ def copied_project(repo: Path) -> Path:
     return repo
 
 
-def reproduced_repo(repo: Path, params: dict, targets: str = "") -> Path:
+def reproduced_repo(repo: Path, params: dict, targets: str = "", first: Sequence[Tuple[str, str]] = ()) -> Path:
     """This project's tracked files (no outputs) with ``params`` in a new git repository, after `dvc repro`
-    (of ``targets`` and what they depend on; every stage without)."""
+    (of ``targets`` and what they depend on; every stage without). ``first``: (target, path) pairs reproduced
+    one at a time before that, each followed by the removal of ``path`` (a run's resume checkpoints, which no
+    stage reads, so that they do not pile up on the disk)."""
     copied_project(repo)
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     sh("git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm micro", repo)
+    for target, removed in first:
+        sh(f"dvc repro {target}", repo)
+        shutil.rmtree(repo / removed)
     out = sh(f"dvc repro {targets}".strip(), repo).stdout
     (repo.parent / "repro.out").write_text(out)  # what `dvc repro` printed, beside the repository
     return repo

@@ -18,13 +18,16 @@ from vcarepro.params.config import compose
 
 @pytest.fixture(scope="module")
 def smoke_repo(tmp_path_factory):
-    """The smoke scale reproduced in a fresh repository; removed afterwards, as it holds about 15 GB (DiT-B's
-    checkpoints hold model, EMA and AdamW state, 2 GB each), which CI's kept pytest folders would pile up."""
+    """The smoke scale reproduced in a fresh repository; removed afterwards. Each generation run trains on its own
+    first and its resume checkpoint (DiT-B's holds model, EMA and AdamW state: 2 GB) is removed before the next
+    one: kept, they took 16 GB at once, and CI's slow tier once ran out of disk in the first DiT-B."""
     repo = tmp_path_factory.mktemp("smoke") / "repo"
     (repo / ".dvc").mkdir(parents=True)
     # links instead of copies between DVC's cache and the outputs (the repository's own config keeps copies)
     (repo / ".dvc" / "config.local").write_text("[cache]\n    type = hardlink,symlink,copy\n")
-    yield reproduced_repo(repo, compose(["scale=smoke"]))
+    params = compose(["scale=smoke"])
+    first = [(f"train_gen@{run}", f"checkpoints/gen/{run}") for run in params["gen_runs"]]
+    yield reproduced_repo(repo, params, first=first)
     shutil.rmtree(repo.parent, ignore_errors=True)
 
 
