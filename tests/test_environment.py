@@ -46,7 +46,8 @@ def test_the_fast_reading_of_the_installed_packages_is_importlib_metadatas():
     METADATA file. They must agree on every package and version."""
     slow = {}
     # not a package's vendored folder, which setuptools appends to sys.path once some test has imported it
-    for dist in metadata.distributions(path=[entry for entry in sys.path if not environment._vendored(entry)]):
+    roots = environment._site_roots()
+    for dist in metadata.distributions(path=[entry for entry in sys.path if not environment._vendored(entry, roots)]):
         key = environment.canonical(dist.metadata["Name"])
         if key not in slow and key != environment.OWN and key not in environment.INSTALLERS:
             slow[key] = dist.version

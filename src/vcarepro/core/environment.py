@@ -39,8 +39,9 @@ def installed(path: Optional[List[str]] = None) -> Dict[str, str]:
     packages, where importlib.metadata parses every METADATA file (0.18 s, at every stage's start). Two versions of
     one package in one folder (a broken install) read as both, ``2.3.5 or 2.4.6``, never as one of them."""
     found: Dict[str, str] = {}
+    roots = _site_roots()
     for entry in sys.path if path is None else path:
-        if _vendored(entry):
+        if _vendored(entry, roots):
             continue
         try:
             names = os.listdir(entry or ".")
@@ -63,13 +64,18 @@ def installed(path: Optional[List[str]] = None) -> Dict[str, str]:
     return dict(sorted(found.items()))
 
 
-def _vendored(entry: str) -> bool:
+def _site_roots() -> List[str]:
+    """The site-packages folders (absolute), read once per :func:`installed`."""
+    roots = [*site.getsitepackages(), site.getusersitepackages()] if hasattr(site, "getsitepackages") else []
+    return [os.path.abspath(root) for root in roots]
+
+
+def _vendored(entry: str, roots: List[str]) -> bool:
     """A folder inside an installed package that the package put on ``sys.path`` for its own copies of others
     (setuptools appends ``setuptools/_vendor`` when it is imported, under torch's extension builder among others):
     not what the environment installed, and present in one process but not the next."""
     here = os.path.abspath(entry or ".")
-    roots = [*site.getsitepackages(), site.getusersitepackages()] if hasattr(site, "getsitepackages") else []
-    return any(here != root and here.startswith(os.path.join(root, "")) for root in map(os.path.abspath, roots))
+    return any(here != root and here.startswith(os.path.join(root, "")) for root in roots)
 
 
 def _egg_version(folder: Path) -> str:
