@@ -518,3 +518,13 @@ def test_a_class_the_devkit_lists_is_accepted_whatever_its_name(tmp_path, layout
     train, val = read_manifest(tmp_path / "cls", "train"), read_manifest(tmp_path / "cls", "val")
     assert sorted(Path(p).name for p, label in train if label == 0) == sorted(mini.train["cats"])
     assert [Path(p).name for p, label in val if label == 0] == [cats_val]
+
+
+def test_a_devkit_listing_dots_or_a_slash_does_not_make_them_class_folders():
+    """A crafted meta.mat may list '..' as a class: the name would still leave the prepared layout."""
+    from vcarepro.data.imagenet import _class_name
+
+    for name in ("..", ".", "a/b", "a\\b"):
+        with pytest.raises(BadInput, match="is not an ImageNet class"):
+            _class_name(name, {name}, f"member {name!r}", "fix it")
+    assert _class_name("cats", {"cats"}, "member 'cats'", "fix it") == "cats"

@@ -308,3 +308,17 @@ def test_a_run_objective_outside_the_names_module_list_fails(scales):
     params["gen_runs"]["dit_s2-vca"]["objective"] = "gan"
     with pytest.raises(ParamsError, match=f"objective must be {' or '.join(OBJECTIVES)}, got 'gan'"):
         validate(params)
+
+
+def test_a_calibration_digest_is_a_full_sha256_or_a_publishers_prefix_of_8_or_more_hex_digits():
+    """The lengths calibration.check_digest takes: caught when params are read, not when the stage reaches it."""
+    from vcarepro.params.config import compose
+
+    params = compose([])
+    for good in ("a1311bcf", "a" * 64, None):
+        params["calibrate"]["classifiers"]["deit_tiny"]["sha256"] = good
+        validate(params)
+    for bad in ("a131", "a" * 65, "A1311BCF", "a1311bcg"):
+        params["calibrate"]["classifiers"]["deit_tiny"]["sha256"] = bad
+        with pytest.raises(ParamsError, match="sha256 must be null or a hexadecimal sha256 \\(64 digits\\)"):
+            validate(params)

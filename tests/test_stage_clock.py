@@ -94,3 +94,26 @@ def test_a_stage_whose_clock_finds_the_disk_full_keeps_its_own_status(small_disk
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("note: the stage's wall time was not recorded (no space is left")
     assert not small_disk.files()
+
+
+def test_the_recorded_status_follows_the_stages_exit(tmp_path, monkeypatch):
+    from vcarepro.core import stage
+
+    monkeypatch.setenv("DVC_STAGE", "prepare")
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    for stop, status in (
+        (None, "ok"),
+        (0, "ok"),
+        (2, "error: exit 2"),
+        (130, "interrupted: exit 130"),
+        ("no", "exit 1"),
+    ):
+        monkeypatch.setenv(stage_clock.STARTED, json.dumps({"started": 10.0}))
+
+        def ends(main, what=None, stop=stop):
+            raise SystemExit(stop)
+
+        monkeypatch.setattr(stage.errors, "run_stage", ends)
+        with pytest.raises(SystemExit):
+            stage.run_stage(lambda: None)
+        assert json.loads((tmp_path / "timings" / "stages" / "prepare.json").read_text())["status"] == status, stop

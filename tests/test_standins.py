@@ -354,10 +354,12 @@ def test_a_rerun_keeps_the_same_stand_ins_and_rebuilds_damaged_or_other_ones(tmp
     assert second.keys() == first.keys() and second["inception.pth"] != first["inception.pth"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["standins"]
 
-    (out / "notes.txt").write_text("a user's file among the stand-ins")  # a rebuild would remove it: refused
-    with pytest.raises(BadInput, match="holds 'notes.txt', which vcarepro.tools.standins did not write"):
-        write_standins(out, seed=2, **small)
-    assert (out / "notes.txt").is_file() and file_bytes(out).keys() == {*second.keys(), "notes.txt"}
+    for mine in ("notes.txt", "imagenet/notes.txt"):  # a rebuild would remove it, at any depth: refused
+        (out / mine).write_text("a user's file among the stand-ins")
+        with pytest.raises(BadInput, match=f"holds '{mine}', which vcarepro.tools.standins did not write"):
+            write_standins(out, seed=2, **small)
+        assert file_bytes(out).keys() == {*second.keys(), mine}
+        (out / mine).unlink()
 
 
 @pytest.mark.slow

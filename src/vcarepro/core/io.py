@@ -44,8 +44,8 @@ def atomic_open(path: str | Path, needed: Optional[int] = None) -> Iterator[Bina
     with disk_full_names(path, needed):
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
-            os.fchmod(fd, 0o666 & ~_UMASK)
-            with os.fdopen(fd, "wb") as f:
+            with os.fdopen(fd, "wb") as f:  # owns fd from here: closed whatever happens next
+                os.fchmod(fd, 0o666 & ~_UMASK)
                 yield f
                 f.flush()
                 os.fsync(f.fileno())
@@ -63,7 +63,7 @@ def write_bytes(path: str | Path, data, digest: bool = False) -> Path:
     """
     path = Path(path)
     checksum = sha256_bytes(data) if digest else None
-    with atomic_open(path, len(data)) as f:
+    with atomic_open(path, memoryview(data).nbytes) as f:
         f.write(data)
         if checksum:
             f.flush()

@@ -29,8 +29,9 @@ def run_stage(main: Callable[[], object], *, stage_table: bool = False, what: Op
     try:
         errors.run_stage(main, what=what)
         status = "ok"
-    except SystemExit as stop:
-        status = STATUS.get(stop.code, f"exit {stop.code}")
+    except SystemExit as stop:  # None: 0; a message (SystemExit("...")): Python prints it and exits 1
+        code = 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
+        status = STATUS.get(code, f"exit {code}")
         raise
     finally:
         if started is not None:

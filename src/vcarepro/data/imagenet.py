@@ -241,7 +241,7 @@ def _class_name(wnid: str, listed: AbstractSet[str], named: str, fix: str) -> st
     ``...tar`` would be a class ``..``, its images ``images/train/../``), so it is a BadInput:
     ``named`` names the member or folder, ``fix`` says what to do.
     """
-    if WNID.fullmatch(wnid) or wnid in listed:
+    if WNID.fullmatch(wnid) or (wnid in listed and wnid not in (".", "..") and not set(wnid) & set("/\\")):
         return wnid
     raise BadInput(f"{named} is not an ImageNet class (a wnid: n and eight digits, or one the devkit lists); {fix}.")
 

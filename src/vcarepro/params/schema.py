@@ -293,9 +293,9 @@ CALIBRATION_FIELDS = {
         "optional": ("sampler", "sha256"),
     },
 }
-_HEX = (
-    "a hexadecimal sha256 or its prefix",
-    lambda v: isinstance(v, str) and v != "" and all(c in "0123456789abcdef" for c in v),
+_HEX = (  # the lengths calibration.check_digest takes: a publisher's prefix (8 hex digits) up to the whole 64
+    "a hexadecimal sha256 (64 digits) or its publisher's prefix (8 or more)",
+    lambda v: isinstance(v, str) and 8 <= len(v) <= 64 and all(c in "0123456789abcdef" for c in v),
 )
 CALIBRATION_RULES = {
     "layout": _STR,

@@ -7,7 +7,9 @@ writes one folder per (run, seed): ``config.json`` and ``model.safetensors`` by 
 preprocessing of its recipe), a model card ``README.md`` (architecture, recipe, metrics with the
 seeds' spread and the Welch interval of the gain over the run's baseline, the paper's reference
 numbers with their source marks, the scale) and the run's training curves as ``curves.png``; the card
-and the curves are the report package's (``vcarepro.report.card``), written from files as the report reads them.
+and the curves are the report package's (``vcarepro.report.card``), written from files as the report reads them;
+``SHA256SUMS`` of them last. ``--force`` replaces a previous export, nothing else: a folder holding any file
+that is not one of these, listed in its SHA256SUMS, is refused (so ``--out ~ --force`` removes nothing).
 Before the folder appears, the exported files are read back through timm and must give the
 trained model's outputs exactly. Pushing is the user's own step (``huggingface-cli login``, then
 ``huggingface_hub.upload_folder``); nothing here reaches the network.
@@ -33,6 +35,7 @@ from vcarepro.report.card import CURVES, REFERENCE, curves_png, model_card
 from vcarepro.report.collect import read_json
 
 WEIGHTS = "model.safetensors"
+EXPORTED_FILES = frozenset({"config.json", WEIGHTS, "README.md", CURVES})  # and SHA256SUMS, written last
 EXPORTS_DIR = Path("exports")
 PROBE_SEED = 0
 
@@ -118,21 +121,20 @@ def _drop_source_tag(config_path: Path) -> None:
 
 
 def not_an_export(out: Path) -> Optional[str]:
-    """None when ``out`` holds only a previous export's files (exactly those its SHA256SUMS lists), else the first
-    thing in it that is not one (``out`` itself when it is a file)."""
+    """None when ``out`` holds only a previous export: its own files, each listed in its SHA256SUMS (which no
+    export before SHA256SUMS has: such a folder is removed by hand). Else the first thing in it that is not one
+    (``out`` itself when it is a file). Reads the folder's top level only, lazily: ``--out ~`` stops at once."""
     if not out.is_dir():
         return "a file"
     try:
         listed = {line.split(None, 1)[1].strip().lstrip("*") for line in (out / MANIFEST).read_text().splitlines()}
     except (OSError, IndexError, UnicodeDecodeError):
         listed = set()
-    for entry in sorted(out.rglob("*")):
-        name = entry.relative_to(out).as_posix()
-        if entry.is_dir() and not entry.is_symlink():
-            continue
-        if name != MANIFEST and name not in listed or entry.is_symlink() or not listed:
-            return f"'{name}'"
-    return None
+    own = listed & EXPORTED_FILES  # a sha256sum listing of another folder names other files
+    for entry in out.iterdir():
+        if entry.name != MANIFEST and (entry.name not in own or entry.is_symlink() or not entry.is_file()):
+            return f"'{entry.name}'"
+    return None if own >= EXPORTED_FILES - {CURVES} else f"'{MANIFEST}'"  # curves.png only where there were curves
 
 
 def _shown(path: Path, root: Path) -> str:

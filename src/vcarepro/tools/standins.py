@@ -574,8 +574,7 @@ def write_standins(
             f"{out} exists and was not written by vcarepro.tools.standins (no {MANIFEST}); remove it or pass "
             f"another --out."
         )
-    ours = {path.name for _, path in layout} | {MANIFEST, RELEASED_DIR}
-    foreign = sorted(entry.name for entry in out.iterdir() if entry.name not in ours) if out.is_dir() else []
+    foreign = _not_written_here(out) if out.is_dir() else []
     if foreign:  # rebuilding replaces the whole folder: nothing but stand-ins may be in it
         raise BadInput(
             f"{out} holds {foreign[0]!r}, which vcarepro.tools.standins did not write; rebuilding replaces the whole "
@@ -614,6 +613,19 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def _not_written_here(out: Path) -> List[str]:
+    """The files under ``out`` (at any depth) that its standins.json does not list, in order."""
+    try:
+        listed = set(json.loads((out / MANIFEST).read_text()).get("files", {}))
+    except (OSError, ValueError, AttributeError):
+        listed = set()
+    return [
+        path.relative_to(out).as_posix()
+        for path in sorted(out.rglob("*"))
+        if not path.is_dir() and path.relative_to(out).as_posix() not in listed | {MANIFEST}
+    ]
 
 
 def _holds_standins(out: Path, settings: Dict[str, int]) -> bool:
