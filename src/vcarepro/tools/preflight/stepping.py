@@ -22,12 +22,14 @@ class Measured:
     static_bytes: Optional[int] = None
     out_of_memory_at: Optional[int] = None
     step_seconds: List[float] = field(default_factory=list)  # each timed step, in order
+    cpu_share: Optional[float] = None  # on the CPU: the process's CPU time over the steps' wall time x torch threads
 
 
 TIMED_STEPS = 3  # timed steps per run after the warm-up, by default (--steps)
 WARMUP_STEPS = 1  # steps run before timing: allocations, kernel selection, lazy initialisation
 
 clock = time.perf_counter  # what steps are timed with (a test gives it known durations)
+cpu_clock = time.process_time  # the CPU time all the process's threads got meanwhile
 
 
 def step_times(fn: Callable[[], Any], repeats: int) -> List[float]:
@@ -74,12 +76,16 @@ def measure_step(
                 step = make_step(batch)
                 for _ in range(WARMUP_STEPS):
                     step()
+                cpu_started = cpu_clock()
                 times = step_times(step, repeats)
+                cpu = cpu_clock() - cpu_started
                 peak = memory.peak()
             static = step.static_bytes()
             if after is not None:
                 after(step)
-            return Measured(batch, statistics.median(times), peak, static, out_of_memory_at, times)
+            on_cpu = device.type == "cpu" and sum(times) > 0
+            share = round(cpu / (sum(times) * torch.get_num_threads()), 3) if on_cpu else None
+            return Measured(batch, statistics.median(times), peak, static, out_of_memory_at, times, share)
         except Exception as err:  # noqa: BLE001 - only running out of memory is handled
             if not is_out_of_memory(err):
                 raise
