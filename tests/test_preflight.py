@@ -145,6 +145,7 @@ def test_every_run_of_the_embedded_scale_is_stepped_and_costed(embedded):
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # it times real steps: beside another test the preflight refuses to project them (MIN_CPU_SHARE)
 def test_paper_runs_at_batch_one_project_the_recipe_and_report_missing_inputs(tmp_path):
     missing = tmp_path / "no-imagenet"
     result = preflight(
