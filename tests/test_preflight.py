@@ -145,7 +145,7 @@ def test_every_run_of_the_embedded_scale_is_stepped_and_costed(embedded):
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # it times real steps: beside another test the preflight refuses to project them (MIN_CPU_SHARE)
+@pytest.mark.alone  # it times real steps: beside another test they wait for a CPU, and the preflight refuses them
 def test_paper_runs_at_batch_one_project_the_recipe_and_report_missing_inputs(tmp_path):
     missing = tmp_path / "no-imagenet"
     result = preflight(
@@ -389,8 +389,12 @@ def known_steps(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     monkeypatch.setattr(stepping, "clock", lambda: clock[0])
-    # the steps got FAKE_SHARE of the CPU time their threads could have had (1.0: nothing else ran)
-    monkeypatch.setattr(stepping, "cpu_clock", lambda: clock[0] * torch.get_num_threads() * FAKE_SHARE[0])
+    # the steps' threads waited FAKE_WAITED of their ready time for a CPU (0: nothing else ran)
+    monkeypatch.setattr(
+        stepping,
+        "scheduler_times",
+        lambda: (round(clock[0] * 1e9 * (1 - FAKE_WAITED[0])), round(clock[0] * 1e9 * FAKE_WAITED[0])),
+    )
     monkeypatch.setattr(machine, "device_memory", lambda device: memory)
     monkeypatch.setattr(loader, "loader_rates", lambda runs, **kw: {})
     monkeypatch.setattr(train_step, "classification_step", build)
@@ -406,7 +410,7 @@ def known_steps(monkeypatch, tmp_path):
 
 DURATIONS = {"deit_tiny-mhsa": [100.0, 1.5, 1.0, 1.25]}  # warm-up, then 3 timed steps: the median is 1.25 s
 TOO_BIG = {"deit_tiny-vca", "dit_s2-mhsa"}
-FAKE_SHARE = {0: 1.0}  # the share of their threads' CPU time the fake steps got
+FAKE_WAITED = {0: 0.0}  # the share of their ready time the fake steps' threads waited for a CPU
 PAPER_RUNS = ("--scale", "paper", "--runs", "deit_tiny-mhsa,deit_tiny-vca,dit_s2-mhsa", "--devices", "8")
 CLS_RUNS = ("--scale", "paper", "--runs", "deit_tiny-mhsa,deit_tiny-vca", "--devices", "8")  # no sampler to count
 
@@ -511,28 +515,28 @@ def test_steps_too_short_to_judge_are_projected_whatever_their_spread(known_step
     assert entry["step_seconds"] is not None and "disagree" not in out.getvalue()
 
 
-def test_steps_that_got_too_little_cpu_time_are_not_projected_however_alike(known_steps, tmp_path, monkeypatch):
+def test_steps_that_waited_for_a_cpu_are_not_projected_however_alike(known_steps, tmp_path, monkeypatch):
     """CI's alone tier: beside a torch process spinning on the same cores, DeiT-T's steps took 0.74-0.99 s against
-    0.17 s quiet, alike enough (1.3x) to pass the spread, and the preflight projected 5.3x. They got half the CPU
-    time of their threads (quiet: 0.99): one problem line, no time. The quiet share projects as before."""
-    from vcarepro.tools.preflight.cost import MIN_CPU_SHARE
+    0.17 s quiet, alike enough (1.3x) to pass the spread, and the preflight projected 5.3x. Their threads waited for
+    a CPU half the time they were ready to run: one problem line, no time. Steps that hardly waited project."""
+    from vcarepro.tools.preflight.cost import MAX_WAITED
 
     monkeypatch.setitem(DURATIONS, "deit_tiny-mhsa", [100.0, 0.87, 0.99, 0.74])
-    monkeypatch.setitem(FAKE_SHARE, 0, 0.5)
+    monkeypatch.setitem(FAKE_WAITED, 0, 0.5)
     main, out = known_steps
     assert main(*CLS_RUNS, "--batch", "2", "--json", "out.json") == USER_ERROR_STATUS
     entry = next(r for r in json.loads((tmp_path / "out.json").read_text())["runs"] if r["run"] == "deit_tiny-mhsa")
-    assert entry["cpu_share"] == 0.5 < MIN_CPU_SHARE and entry["step_seconds"] is None and entry["gpu_hours"] is None
+    assert entry["waited"] == 0.5 > MAX_WAITED and entry["step_seconds"] is None and entry["gpu_hours"] is None
     assert (
-        "error: deit_tiny-mhsa: its timed steps got 50% of the CPU time their threads could have had (under 75%: "
-        "another process took the rest), so the machine was busy and its time is not projected; run the preflight "
-        "again when nothing else runs here (uptime's load below the core count)." in out.getvalue().splitlines()
+        "error: deit_tiny-mhsa: its timed steps spent 50% of their ready time waiting for a CPU (over 25%: another "
+        "process had it), so the machine was busy and its time is not projected; run the preflight again when "
+        "nothing else runs here (uptime's load below the core count)." in out.getvalue().splitlines()
     )
-    monkeypatch.setitem(FAKE_SHARE, 0, 0.99)
+    monkeypatch.setitem(FAKE_WAITED, 0, 0.02)
     before = len(out.getvalue())
     main(*CLS_RUNS, "--batch", "2", "--json", "quiet.json")
     entry = next(r for r in json.loads((tmp_path / "quiet.json").read_text())["runs"] if r["run"] == "deit_tiny-mhsa")
-    assert entry["step_seconds"] is not None and "CPU time their threads" not in out.getvalue()[before:]
+    assert entry["step_seconds"] is not None and "waiting for a CPU" not in out.getvalue()[before:]
 
 
 def fmt_projection_of(seconds: float) -> str:
@@ -638,8 +642,12 @@ def fake_clock(monkeypatch):
 
     clock = [0.0]
     monkeypatch.setattr(stepping, "clock", lambda: clock[0])
-    # the steps got FAKE_SHARE of the CPU time their threads could have had (1.0: nothing else ran)
-    monkeypatch.setattr(stepping, "cpu_clock", lambda: clock[0] * torch.get_num_threads() * FAKE_SHARE[0])
+    # the steps' threads waited FAKE_WAITED of their ready time for a CPU (0: nothing else ran)
+    monkeypatch.setattr(
+        stepping,
+        "scheduler_times",
+        lambda: (round(clock[0] * 1e9 * (1 - FAKE_WAITED[0])), round(clock[0] * 1e9 * FAKE_WAITED[0])),
+    )
     return clock
 
 
@@ -794,7 +802,7 @@ def test_on_a_loaded_machine_the_projection_stays_within_3x_of_a_quiet_one_or_is
     assert quiet["step_seconds"] is not None, f"the machine was not quiet before the load started: {quiet}"
     if loaded["step_seconds"] is None:  # refused: its steps disagree, or they got too little CPU time
         assert "error: deit_tiny-vca: its 3 timed steps disagree" in stderr or (
-            "error: deit_tiny-vca: its timed steps got" in stderr
+            "error: deit_tiny-vca: its timed steps spent" in stderr
         )
     else:
         assert loaded["step_seconds"] / quiet["step_seconds"] <= 3.0, (quiet, loaded)

@@ -18,11 +18,11 @@ MAX_STEP_SPREAD = 2.0
 # beside it: an embedded DeiT-T's three steps took 0.0107 to 0.0276 s, 2.6x), and a projection from them is seconds;
 # the load the spread guards against moved DeiT-T's 0.13 s paper-scale step to 0.28-3.98 s, well above it.
 MIN_JUDGED_STEP_S = 0.05
-# On the CPU, the share of the CPU time the steps' threads could have had (process time over wall time x torch's
-# threads) below which another process took the rest. A steady load slows every step alike, so their spread misses
-# it: beside a torch process spinning OpenMP threads on the same 2 cores, DeiT-T's paper-scale steps took 0.74 to
-# 0.99 s (1.3x) against 0.17 s quiet, a 4.5-5.3x projection, with a share of 0.50 (quiet: 0.99).
-MIN_CPU_SHARE = 0.75
+# On the CPU, the share of the time the steps' threads were ready to run that they spent waiting for a CPU (Linux's
+# run delay, /proc/self/task/*/schedstat) above which another process took it. A steady load slows every step alike,
+# which their spread misses: beside a torch process spinning OpenMP threads on the same 2 cores, DeiT-T's paper-scale
+# steps took 0.74 to 0.99 s (1.3x apart) against 0.17 s quiet, and the projection was 5.3x the quiet one.
+MAX_WAITED = 0.25
 
 
 @dataclass
@@ -42,7 +42,7 @@ class RunCost:
     step_seconds: Optional[float] = None  # one optimizer step at the recipe's batch (accum micro-steps), median
     step_seconds_measured: List[float] = field(default_factory=list)  # each timed step at the batch run
     step_spread: Optional[float] = None  # the slowest timed step over the fastest (1.0: they agree)
-    cpu_share: Optional[float] = None  # on the CPU: the CPU time the steps got over what their threads could have
+    waited: Optional[float] = None  # on the CPU: the share of their ready time the steps waited for a CPU
     train_gpu_hours: Optional[float] = None
     sample_gpu_hours: float = 0.0
     gpu_hours: Optional[float] = None
@@ -70,7 +70,7 @@ def fill_costs(cost: RunCost, measured: Measured) -> None:
     cost.out_of_memory_at = measured.out_of_memory_at
     cost.peak_bytes_measured = measured.peak_bytes
     cost.step_seconds_measured = list(measured.step_seconds)
-    cost.cpu_share = measured.cpu_share
+    cost.waited = measured.waited
     fastest = min(measured.step_seconds, default=0.0)
     if fastest > 0:
         cost.step_spread = max(measured.step_seconds) / fastest
@@ -83,11 +83,11 @@ def fill_costs(cost: RunCost, measured: Measured) -> None:
             "projected; run the preflight again when nothing else runs here (uptime's load below the core count), "
             "or with more --steps."
         )
-    elif judged and measured.cpu_share is not None and measured.cpu_share < MIN_CPU_SHARE:
+    elif judged and measured.waited is not None and measured.waited > MAX_WAITED:
         cost.problems.append(
-            f"{cost.run}: its timed steps got {measured.cpu_share:.0%} of the CPU time their threads could have had "
-            f"(under {MIN_CPU_SHARE:.0%}: another process took the rest), so the machine was busy and its time is not "
-            "projected; run the preflight again when nothing else runs here (uptime's load below the core count)."
+            f"{cost.run}: its timed steps spent {measured.waited:.0%} of their ready time waiting for a CPU (over "
+            f"{MAX_WAITED:.0%}: another process had it), so the machine was busy and its time is not projected; run "
+            "the preflight again when nothing else runs here (uptime's load below the core count)."
         )
     elif measured.seconds is not None:
         micro = measured.seconds * cost.recipe_batch / measured.batch

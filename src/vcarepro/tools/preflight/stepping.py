@@ -4,10 +4,11 @@ memory they allocate, and on running out of memory the batch halved until a step
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
@@ -22,14 +23,34 @@ class Measured:
     static_bytes: Optional[int] = None
     out_of_memory_at: Optional[int] = None
     step_seconds: List[float] = field(default_factory=list)  # each timed step, in order
-    cpu_share: Optional[float] = None  # on the CPU: the process's CPU time over the steps' wall time x torch threads
+    waited: Optional[float] = (
+        None  # of the time the steps' threads were ready to run, the share spent waiting for a CPU
+    )
 
 
 TIMED_STEPS = 3  # timed steps per run after the warm-up, by default (--steps)
 WARMUP_STEPS = 1  # steps run before timing: allocations, kernel selection, lazy initialisation
 
 clock = time.perf_counter  # what steps are timed with (a test gives it known durations)
-cpu_clock = time.process_time  # the CPU time all the process's threads got meanwhile
+
+
+def scheduler_times() -> Optional[Tuple[int, int]]:
+    """(ns on a CPU, ns ready to run but waiting for one), summed over this process's threads, as Linux's scheduler
+    counts them (``/proc/self/task/*/schedstat``); None where it keeps no such counts. Waiting is what another
+    process takes: a thread that sleeps (an idle OpenMP worker at batch 1) is not ready, so it does not count."""
+    on_cpu = waiting = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/schedstat") as f:
+                fields = f.read().split()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        on_cpu, waiting = on_cpu + int(fields[0]), waiting + int(fields[1])
+    return on_cpu, waiting
 
 
 def step_times(fn: Callable[[], Any], repeats: int) -> List[float]:
@@ -76,16 +97,18 @@ def measure_step(
                 step = make_step(batch)
                 for _ in range(WARMUP_STEPS):
                     step()
-                cpu_started = cpu_clock()
+                before = scheduler_times()
                 times = step_times(step, repeats)
-                cpu = cpu_clock() - cpu_started
+                after_steps = scheduler_times()
                 peak = memory.peak()
             static = step.static_bytes()
             if after is not None:
                 after(step)
-            on_cpu = device.type == "cpu" and sum(times) > 0
-            share = round(cpu / (sum(times) * torch.get_num_threads()), 3) if on_cpu else None
-            return Measured(batch, statistics.median(times), peak, static, out_of_memory_at, times, share)
+            waited = None
+            if device.type == "cpu" and before is not None and after_steps is not None:
+                ran, wait = after_steps[0] - before[0], after_steps[1] - before[1]
+                waited = round(wait / (ran + wait), 3) if ran + wait > 0 else None
+            return Measured(batch, statistics.median(times), peak, static, out_of_memory_at, times, waited)
         except Exception as err:  # noqa: BLE001 - only running out of memory is handled
             if not is_out_of_memory(err):
                 raise
