@@ -23,9 +23,7 @@ class Measured:
     static_bytes: Optional[int] = None
     out_of_memory_at: Optional[int] = None
     step_seconds: List[float] = field(default_factory=list)  # each timed step, in order
-    waited: Optional[float] = (
-        None  # of the time the steps' threads were ready to run, the share spent waiting for a CPU
-    )
+    waited: Optional[float] = None  # of the threads' time ready to run, the share spent waiting for a CPU
 
 
 TIMED_STEPS = 3  # timed steps per run after the warm-up, by default (--steps)
@@ -46,10 +44,10 @@ def scheduler_times() -> Optional[Tuple[int, int]]:
     for task in tasks:
         try:
             with open(f"/proc/self/task/{task}/schedstat") as f:
-                fields = f.read().split()
-        except OSError:  # a thread that ended meanwhile
+                ran, waited = f.read().split()[:2]
+            on_cpu, waiting = on_cpu + int(ran), waiting + int(waited)
+        except (OSError, ValueError):  # a thread that ended meanwhile; a kernel without the counts
             continue
-        on_cpu, waiting = on_cpu + int(fields[0]), waiting + int(fields[1])
     return on_cpu, waiting
 
 
