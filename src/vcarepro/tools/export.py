@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 from vcarepro.core.errors import BadInput, MissingInput, run_stage
-from vcarepro.core.integrity import MANIFEST, intact_file
+from vcarepro.core.integrity import MANIFEST, expected_digest, intact_file
 from vcarepro.core.io import atomic_directory, write_text
 from vcarepro.params.config import compose, load_params
 from vcarepro.params.runs import CLS_DATA, ClsRun, cls_run
@@ -126,15 +126,18 @@ def not_an_export(out: Path) -> Optional[str]:
     (``out`` itself when it is a file). Reads the folder's top level only, lazily: ``--out ~`` stops at once."""
     if not out.is_dir():
         return "a file"
-    try:
-        listed = {line.split(None, 1)[1].strip().lstrip("*") for line in (out / MANIFEST).read_text().splitlines()}
-    except (OSError, IndexError, UnicodeDecodeError):
-        listed = set()
-    own = listed & EXPORTED_FILES  # a sha256sum listing of another folder names other files
+
+    def listed(name: str) -> bool:  # the manifest's own reading (core.integrity), as the stages check folders
+        digest, where = expected_digest(out / name)
+        return digest is not None and where == out / MANIFEST
+
     for entry in out.iterdir():
-        if entry.name != MANIFEST and (entry.name not in own or entry.is_symlink() or not entry.is_file()):
+        if entry.name == MANIFEST:
+            continue
+        if entry.name not in EXPORTED_FILES or entry.is_symlink() or not entry.is_file() or not listed(entry.name):
             return f"'{entry.name}'"
-    return None if own >= EXPORTED_FILES - {CURVES} else f"'{MANIFEST}'"  # curves.png only where there were curves
+    required = EXPORTED_FILES - {CURVES}  # curves.png only where there were curves
+    return None if all(listed(name) for name in required) else f"'{MANIFEST}'"
 
 
 def _shown(path: Path, root: Path) -> str:
