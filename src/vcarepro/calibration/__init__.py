@@ -31,6 +31,7 @@ import torch
 
 from vcarepro.calibration.keymaps import KeyMap
 from vcarepro.core.errors import BadInput, MissingInput, UnknownName
+from vcarepro.params.schema import FULL_DIGEST, SHORTEST_PREFIX, is_digest
 
 FLOOR = 5
 
@@ -124,10 +125,6 @@ def read_released(path: Path, keymap: KeyMap, *, trust_pickle: bool):
     return container, state
 
 
-FULL_DIGEST = 64  # hex digits of a sha256
-SHORTEST_PREFIX = 8  # torch hub's file names end in the digest's first 8
-
-
 def check_digest(path: Path, entry: Dict[str, Any], name: str) -> str:
     """The file's sha256, refused when the entry records another. The entry's ``sha256`` is the full digest, or
     the prefix its publisher gives (torch hub's names end in the first 8 hex digits): a prefix is checked with a
@@ -137,7 +134,7 @@ def check_digest(path: Path, entry: Dict[str, Any], name: str) -> str:
     if not expected:
         return digest
     expected = str(expected).lower()
-    if not (SHORTEST_PREFIX <= len(expected) <= FULL_DIGEST and all(c in "0123456789abcdef" for c in expected)):
+    if not is_digest(expected):
         raise BadInput(
             f"calibration entry {name} has sha256 {expected!r}; give the file's full sha256 ({FULL_DIGEST} hex "
             f"digits) or the prefix its publisher gives ({SHORTEST_PREFIX} or more), or null."

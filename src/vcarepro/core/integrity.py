@@ -77,6 +77,12 @@ def _parse(text: str) -> Dict[str, str]:
     return entries
 
 
+def listing(folder: str | Path) -> Optional[Dict[str, str]]:
+    """``folder``'s SHA256SUMS as {relative name: digest}, read once; None when it has none."""
+    manifest = Path(folder) / MANIFEST
+    return _parse(manifest.read_text()) if manifest.is_file() else None
+
+
 def expected_digest(path: str | Path) -> Tuple[Optional[str], Optional[Path]]:
     """The digest recorded for ``path`` and the file that records it: its sidecar, else the manifest above it."""
     path = Path(path)
@@ -121,12 +127,12 @@ def require_intact_directory(
     matches; else one sentence with ``fix``."""
     root = Path(root)
     manifest = root / MANIFEST
-    if not manifest.is_file():
+    entries = listing(root)
+    if entries is None:
         raise CorruptFile(
             f"{root} has no {MANIFEST}, so its files cannot be verified (it was written by an older "
             f"version or by hand); {fix}."
         )
-    entries = _parse(manifest.read_text())
     for name in sorted(entries) if names is None else names:
         if name.startswith(without):
             continue

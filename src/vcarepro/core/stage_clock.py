@@ -73,32 +73,23 @@ def record(root: Path, stage: str, start: dict, main_started: float, ended: floa
     not at all, by :mod:`vcarepro.core.io` (a full disk leaves the previous record and no temporary file)."""
     started = start["started"]
     path = root / RECORDS / f"{stage}.json"
-    _write(
+    from vcarepro.core.io import write_json  # torch-free; imported when a stage ends, not by stages/run.py
+
+    write_json(
         path,
-        json.dumps(
-            {
-                "stage": stage,
-                "started": round(started, 3),
-                "start_up_s": round(main_started - started, 3),
-                "work_s": round(ended - main_started, 3),
-                "wall_s": round(ended - started, 3),
-                "ended": round(ended, 3),
-                "status": status,
-                "dvc_pid": start.get("dvc_pid"),
-                "dvc_started": None if start.get("dvc_started") is None else round(start["dvc_started"], 3),
-            },
-            indent=2,
-            sort_keys=True,
-        )
-        + "\n",
+        {
+            "stage": stage,
+            "started": round(started, 3),
+            "start_up_s": round(main_started - started, 3),
+            "work_s": round(ended - main_started, 3),
+            "wall_s": round(ended - started, 3),
+            "ended": round(ended, 3),
+            "status": status,
+            "dvc_pid": start.get("dvc_pid"),
+            "dvc_started": None if start.get("dvc_started") is None else round(start["dvc_started"], 3),
+        },
     )
     return path
-
-
-def _write(path: Path, text: str) -> None:
-    from vcarepro.core.io import write_bytes  # torch-free; imported when a stage ends, not by stages/run.py
-
-    write_bytes(path, text.encode())
 
 
 def this_repro(root: Path, stage: str) -> List[dict]:
@@ -151,6 +142,8 @@ def write_table(root: Path, stage: str) -> Optional[str]:
     rows = this_repro(root, stage)
     if not rows:
         return None
+    from vcarepro.core.io import write_text
+
     text = table(rows)
-    _write(root / TABLE, text)
+    write_text(root / TABLE, text)
     return text

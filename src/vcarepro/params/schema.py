@@ -293,10 +293,21 @@ CALIBRATION_FIELDS = {
         "optional": ("sampler", "sha256"),
     },
 }
-_HEX = (  # the lengths calibration.check_digest takes: a publisher's prefix (8 hex digits) up to the whole 64
-    "a hexadecimal sha256 (64 digits) or its publisher's prefix (8 or more)",
-    lambda v: isinstance(v, str) and 8 <= len(v) <= 64 and all(c in "0123456789abcdef" for c in v),
-)
+FULL_DIGEST = 64  # hex digits of a sha256
+SHORTEST_PREFIX = 8  # torch hub's file names end in the digest's first 8
+
+
+def is_digest(value: Any) -> bool:
+    """A calibration entry's ``sha256``: the whole digest or its publisher's prefix, lowercase hex. The rule both
+    the params check and :func:`vcarepro.calibration.check_digest` (for its direct callers) apply."""
+    return (
+        isinstance(value, str)
+        and SHORTEST_PREFIX <= len(value) <= FULL_DIGEST
+        and all(c in "0123456789abcdef" for c in value)
+    )
+
+
+_HEX = (f"a hexadecimal sha256 ({FULL_DIGEST} digits) or its publisher's prefix ({SHORTEST_PREFIX} or more)", is_digest)
 CALIBRATION_RULES = {
     "layout": _STR,
     "arch": _STR,

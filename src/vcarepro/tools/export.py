@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 from vcarepro.core.errors import BadInput, MissingInput, run_stage
-from vcarepro.core.integrity import MANIFEST, expected_digest, intact_file
+from vcarepro.core.integrity import MANIFEST, intact_file, listing
 from vcarepro.core.io import atomic_directory, write_text
 from vcarepro.params.config import compose, load_params
 from vcarepro.params.runs import CLS_DATA, ClsRun, cls_run
@@ -127,17 +127,14 @@ def not_an_export(out: Path) -> Optional[str]:
     if not out.is_dir():
         return "a file"
 
-    def listed(name: str) -> bool:  # the manifest's own reading (core.integrity), as the stages check folders
-        digest, where = expected_digest(out / name)
-        return digest is not None and where == out / MANIFEST
-
+    listed = listing(out) or {}  # the manifest's own reading (core.integrity), as the stages check folders
     for entry in out.iterdir():
         if entry.name == MANIFEST:
             continue
-        if entry.name not in EXPORTED_FILES or entry.is_symlink() or not entry.is_file() or not listed(entry.name):
+        if entry.name not in EXPORTED_FILES or entry.is_symlink() or not entry.is_file() or entry.name not in listed:
             return f"'{entry.name}'"
     required = EXPORTED_FILES - {CURVES}  # curves.png only where there were curves
-    return None if all(listed(name) for name in required) else f"'{MANIFEST}'"
+    return None if required <= listed.keys() else f"'{MANIFEST}'"
 
 
 def _shown(path: Path, root: Path) -> str:
