@@ -3,6 +3,7 @@ pyproject.toml's ranges, dvc.lock.machine.json records the same packages, and a 
 one line, by a stage and by the lock check, before any hash."""
 
 import json
+import os
 import subprocess
 import sys
 import tomllib
@@ -210,6 +211,58 @@ def test_a_drift_step_past_its_bound_is_stopped_with_everything_it_started(tmp_p
     with pytest.raises(drift.StepFailed, match="the repro step ran past 1 s and was stopped"):
         drift._step("repro", ["bash", "-c", script], cwd=tmp_path, log=tmp_path / "log")
     grandchild = int(marker.read_text())
+    assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+
+
+DRIFT_DRIVER = """
+import sys
+from pathlib import Path
+from vcarepro.tools import drift
+
+def one_long_step(root, uv, locked, work, moves):  # the repro step: dvc repro and its stages, in a session of its own
+    drift._step("repro", ["bash", "-c", "sleep 60 & echo $! > " + sys.argv[1] + "; wait"], cwd=work)
+    return 0
+
+drift._run = one_long_step
+sys.exit(drift.run(Path(sys.argv[2])))
+"""
+
+
+@pytest.mark.parametrize("signum", [15, 1], ids=["SIGTERM", "SIGHUP"])
+def test_a_drift_check_ended_by_sigterm_stops_everything_it_started(tmp_path, signum):
+    """`timeout` or a scheduler's cancel sends SIGTERM to the drift check alone (a closed terminal, SIGHUP): its
+    step's session (dvc repro and the stages under it) must go too, with one line, exit status 128 + N."""
+    import signal
+    import time
+
+    import psutil
+
+    marker = tmp_path / "grandchild.pid"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIFT_DRIVER, str(marker), str(ROOT)],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    try:
+        for _ in range(300):
+            if marker.is_file() and marker.read_text().strip():
+                break
+            time.sleep(0.1)
+        grandchild = int(marker.read_text())
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    name = signal.Signals(signum).name
+    assert proc.returncode == 128 + signum, err
+    lines = err.splitlines()
+    assert (
+        lines[0]
+        == f"stopped: the drift check ended by {name}, with every process it started; run the same command again"
+    )
+    assert lines[1].startswith("drift: kept ") and len(lines) == 2, err
     assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
 
 

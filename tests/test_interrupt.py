@@ -21,9 +21,18 @@ STOP_WITHIN_S = 2.0
 
 
 def _interrupt(
-    argv, started, cwd=None, timeout: float = 120.0, delay: float = 8.0, sigint=signal.SIG_IGN, env=None, kin=None
+    argv,
+    started,
+    cwd=None,
+    timeout: float = 120.0,
+    delay: float = 8.0,
+    sigint=signal.SIG_IGN,
+    env=None,
+    kin=None,
+    signum=signal.SIGINT,
 ):
-    """Start argv, wait until stderr shows `started`, SIGINT its process group; return (status, stderr, seconds)."""
+    """Start argv, wait until stderr shows `started`, SIGINT its process group; return (status, stderr, seconds).
+    Another ``signum`` (SIGTERM: `timeout`, a scheduler) goes to the command's own process alone."""
     proc = subprocess.Popen(
         argv,
         stdout=subprocess.DEVNULL,
@@ -56,7 +65,10 @@ def _interrupt(
         if kin is not None:
             kin.extend(" ".join(_cmdline(p)) for p in family)  # read while they run
         sent = time.monotonic()
-        os.killpg(pgid, signal.SIGINT)
+        if signum == signal.SIGINT:
+            os.killpg(pgid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signum)
         status = proc.wait(timeout=30)
         took = time.monotonic() - sent
         reader.join(5)
@@ -157,6 +169,35 @@ def test_gpu_check_stops_on_ctrl_c_with_its_torchrun_rank(tmp_path):
     _check(status, err, took, "the same command")
     assert "the GPU check" in err
     assert any("torchrun" in line or "ddp_worker" in line for line in kin), kin  # they did run, and were stopped
+
+
+@pytest.mark.parametrize(
+    ("signum", "status", "line"),
+    [
+        (
+            signal.SIGTERM,
+            143,
+            "stopped: the GPU check ended by SIGTERM, with every process it started; run the same command again",
+        ),
+        (signal.SIGINT, 130, "interrupted: the GPU check stopped by Ctrl-C; resume with the same command"),
+    ],
+    ids=["sigterm", "ctrl-c"],
+)
+def test_gpu_check_stopped_while_its_ddp_part_waits_leaves_no_torchrun(tmp_path, signum, status, line):
+    """SIGTERM (`timeout`, scancel: to the command alone) or Ctrl-C while the DDP part waits in its thread for
+    torchrun. torchrun and its rank run in sessions of their own and the thread's ``finally`` never runs, so only
+    the command's own exit can stop them. One line, 143 or 130, nothing left."""
+    argv = [sys.executable, "-m", "vcarepro.tools.gpu_check", "--tiny", "--no-compile", "--parts", "ddp"]
+    kin = []
+    got, err, took = _interrupt(
+        argv + ["--out", str(tmp_path / "gc")], started="gpu-check: ddp: one DDP step", kin=kin, signum=signum
+    )
+    print(f"stopped {took:.2f} s after {signal.Signals(signum).name}")
+    assert got == status, err
+    assert took < STOP_WITHIN_S, f"took {took:.2f} s\n{err}"
+    assert "Traceback" not in err, err
+    assert [x for x in err.splitlines() if x.startswith(("stopped:", "interrupted:"))] == [line], err
+    assert any("torchrun" in x or "ddp_worker" in x for x in kin), kin  # they did run, and were stopped
 
 
 def _cmdline(process):

@@ -8,7 +8,9 @@ SLURM job's stage, the warm server's stage) and pass on the signals their parent
   the targets again; it returns each target's return code and whether the grace ran out;
 * :func:`forwarding` turns the signals that reach this process (SIGINT, SIGTERM, SIGHUP) into calls of a
   function for the duration, which passes them on (:func:`send`) or notes them;
-* :func:`exit_status` is the status a shell gives a child's return code (128 + N for signal N).
+* :func:`exit_status` is the status a shell gives a child's return code (128 + N for signal N);
+* :func:`terminated_raises` makes SIGTERM and SIGHUP raise :class:`Terminated` for the duration, as SIGINT raises
+  KeyboardInterrupt, so that a tool whose children run in sessions of their own stops them on its way out.
 
 A target is a :class:`subprocess.Popen`, a :class:`multiprocessing.Process`, an object with
 ``send_signal`` (a ``psutil.Process``: signalled only, never waited for), or a pid of this process's own
@@ -186,6 +188,33 @@ def stop(
     if kill is not None and killed_at is None:  # the targets ended in time: what is left of the tree goes
         send(kill, signal.SIGKILL, group=group, gone=gone)
     return Stopped([child.code for child in children], killed_at is not None)
+
+
+class Terminated(Exception):
+    """SIGTERM or SIGHUP reached a tool inside :func:`terminated_raises`: a `timeout`, a scheduler cancelling
+    the job, a closed terminal. ``status`` is the shell's 128 + N."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.status = 128 + signum
+
+    def line(self, what: str) -> str:
+        """The one line the tool ends with."""
+        return f"stopped: {what} ended by {self}, with every process it started; run the same command again"
+
+
+@contextmanager
+def terminated_raises() -> Iterator[None]:
+    """For the duration, SIGTERM and SIGHUP raise :class:`Terminated` in the main thread (elsewhere they keep their
+    action). Their default ends the process at once, its ``finally`` blocks unrun: a child in a session of its own
+    (the drift check's ``dvc repro``, the GPU check's torchrun) would then run on, orphaned."""
+
+    def _raise(signum: int) -> None:
+        raise Terminated(signum)
+
+    with forwarding(_raise, (signal.SIGTERM, signal.SIGHUP)):
+        yield
 
 
 @contextmanager

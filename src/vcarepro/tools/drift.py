@@ -11,7 +11,8 @@ Run by hand, not in CI (about as long as README command 1). In a temporary folde
    ``lockcheck verify``, which names the packages again and then every output whose hash moved.
 
 Exit status 0 when nothing moved; 1 when an output moved, or when a step failed or ran past its bound (its
-folder is kept and named); 2 on bad use; 130 on Ctrl-C, which stops every process a step started.
+folder is kept and named); 2 on bad use; 130 on Ctrl-C and 143 / 129 on SIGTERM / SIGHUP, each of which stops
+every process a step started.
 docs/reproducibility.md#drift. uv is the resolver and installer because README command 1 installs with it.
 """
 
@@ -97,9 +98,9 @@ def _step(what: str, argv: Sequence[str], *, cwd: Path, env: Optional[dict] = No
             out.close()
     try:
         stdout, _ = started.communicate(timeout=STEP_S[what])
-    except (subprocess.TimeoutExpired, KeyboardInterrupt) as err:
+    except (subprocess.TimeoutExpired, KeyboardInterrupt, supervise.Terminated) as err:
         supervise.stop(started, 10, group=True, reap_s=30)
-        if isinstance(err, KeyboardInterrupt):
+        if not isinstance(err, subprocess.TimeoutExpired):
             raise
         raise StepFailed(
             f"the {what} step ran past {STEP_S[what]} s and was stopped: {' '.join(argv[:4])} ..."
@@ -119,7 +120,8 @@ def run(root: Path, moves: Sequence[str] = (), keep: bool = False) -> int:
     locked = environment.pins(lock_file.read_text())
     work = Path(tempfile.mkdtemp(prefix="vcarepro-drift-"))  # about 6 GB of venv and the pipeline: TMPDIR places it
     try:
-        return _run(root, uv, locked, work, moves)
+        with supervise.terminated_raises():
+            return _run(root, uv, locked, work, moves)
     except StepFailed as err:
         keep = True
         print(f"drift: {err}", file=sys.stderr)
@@ -128,6 +130,10 @@ def run(root: Path, moves: Sequence[str] = (), keep: bool = False) -> int:
         keep = True
         print(errors.interrupted_line("the drift check", "the same command"), file=sys.stderr)
         return errors.INTERRUPTED_STATUS
+    except supervise.Terminated as err:  # `timeout`, a scheduler's cancel: the step's session goes too
+        keep = True
+        print(err.line("the drift check"), file=sys.stderr)
+        return err.status
     finally:
         if keep:
             print(f"drift: kept {work}", file=sys.stderr)

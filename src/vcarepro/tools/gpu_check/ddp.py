@@ -103,7 +103,9 @@ def launch(check: Check, timeout_s: float) -> Launched:
     check.log(f"ddp: {row['command']}")
     with open(folder / "output.txt", "w") as output:
         process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
-    return Launched(process, folder, spec, row)
+    launched = Launched(process, folder, spec, row)
+    RUNNING.append(launched)
+    return launched
 
 
 def ddp_part(check: Check, outcome: Outcome) -> None:
@@ -113,6 +115,17 @@ def ddp_part(check: Check, outcome: Outcome) -> None:
         finish(launched, check, outcome)
     finally:
         stop(launched)  # interrupted (Ctrl-C) while it waited: torchrun and its rank go too
+        shutil.rmtree(launched.folder, ignore_errors=True)
+
+
+RUNNING: List[Launched] = []  # every torchrun started and not yet stopped, whichever thread waits for it
+
+
+def stop_all() -> None:
+    """Every torchrun still running, with its ranks: the command's last act when it leaves a part's thread behind
+    (Ctrl-C, SIGTERM, an abandoned part), since that thread's own ``finally`` never runs then."""
+    for launched in list(RUNNING):
+        stop(launched)
         shutil.rmtree(launched.folder, ignore_errors=True)
 
 
@@ -127,6 +140,8 @@ def stop(launched: Launched) -> None:
     from vcarepro.core import supervise
 
     process = launched.process
+    if launched in RUNNING:
+        RUNNING.remove(launched)
     if process.poll() is not None:
         return
     try:
