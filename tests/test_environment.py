@@ -220,7 +220,8 @@ from pathlib import Path
 from vcarepro.tools import drift
 
 def one_long_step(root, uv, locked, work, moves):  # the repro step: dvc repro and its stages, in a session of its own
-    drift._step("repro", ["bash", "-c", "sleep 60 & echo $! > " + sys.argv[1] + "; wait"], cwd=work)
+    stubborn = "trap '' TERM; " if sys.argv[3] == "stubborn" else ""  # a stage that takes SIGTERM as a preemption
+    drift._step("repro", ["bash", "-c", stubborn + "sleep 60 & echo $! > " + sys.argv[1] + "; wait"], cwd=work)
     return 0
 
 drift._run = one_long_step
@@ -228,10 +229,15 @@ sys.exit(drift.run(Path(sys.argv[2])))
 """
 
 
-@pytest.mark.parametrize("signum", [15, 1], ids=["SIGTERM", "SIGHUP"])
-def test_a_drift_check_ended_by_sigterm_stops_everything_it_started(tmp_path, signum):
+@pytest.mark.parametrize(
+    ("signum", "stubborn"),
+    [(15, False), (1, False), pytest.param(15, True, marks=pytest.mark.slow)],
+    ids=["SIGTERM", "SIGHUP", "SIGTERM-twice-to-a-step-that-ignores-it"],
+)
+def test_a_drift_check_ended_by_sigterm_stops_everything_it_started(tmp_path, signum, stubborn):
     """`timeout` or a scheduler's cancel sends SIGTERM to the drift check alone (a closed terminal, SIGHUP): its
-    step's session (dvc repro and the stages under it) must go too, with one line, exit status 128 + N."""
+    step's session (dvc repro and the stages under it) must go too, with one line, exit status 128 + N. A step that
+    ignores SIGTERM gets SIGKILL after the grace, even when a second SIGTERM comes while the check waits for it."""
     import signal
     import time
 
@@ -239,7 +245,7 @@ def test_a_drift_check_ended_by_sigterm_stops_everything_it_started(tmp_path, si
 
     marker = tmp_path / "grandchild.pid"
     proc = subprocess.Popen(
-        [sys.executable, "-c", DRIFT_DRIVER, str(marker), str(ROOT)],
+        [sys.executable, "-c", DRIFT_DRIVER, str(marker), str(ROOT), "stubborn" if stubborn else "plain"],
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "TMPDIR": str(tmp_path)},
@@ -251,6 +257,9 @@ def test_a_drift_check_ended_by_sigterm_stops_everything_it_started(tmp_path, si
             time.sleep(0.1)
         grandchild = int(marker.read_text())
         proc.send_signal(signum)
+        if stubborn:
+            time.sleep(2)  # inside the stop's grace (10 s): the first SIGTERM reached the step, which ignores it
+            proc.send_signal(signum)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:

@@ -179,9 +179,14 @@ def test_gpu_check_stops_on_ctrl_c_with_its_torchrun_rank(tmp_path):
             143,
             "stopped: the GPU check ended by SIGTERM, with every process it started; run the same command again",
         ),
+        (
+            signal.SIGHUP,
+            129,
+            "stopped: the GPU check ended by SIGHUP, with every process it started; run the same command again",
+        ),
         (signal.SIGINT, 130, "interrupted: the GPU check stopped by Ctrl-C; resume with the same command"),
     ],
-    ids=["sigterm", "ctrl-c"],
+    ids=["sigterm", "sighup", "ctrl-c"],
 )
 def test_gpu_check_stopped_while_its_ddp_part_waits_leaves_no_torchrun(tmp_path, signum, status, line):
     """SIGTERM (`timeout`, scancel: to the command alone) or Ctrl-C while the DDP part waits in its thread for

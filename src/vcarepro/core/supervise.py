@@ -190,9 +190,10 @@ def stop(
     return Stopped([child.code for child in children], killed_at is not None)
 
 
-class Terminated(Exception):
+class Terminated(BaseException):
     """SIGTERM or SIGHUP reached a tool inside :func:`terminated_raises`: a `timeout`, a scheduler cancelling
-    the job, a closed terminal. ``status`` is the shell's 128 + N."""
+    the job, a closed terminal. ``status`` is the shell's 128 + N. A BaseException, as KeyboardInterrupt is, so that
+    no ``except Exception`` on the way (a part's own error report, a library's) takes it for a failure and goes on."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)

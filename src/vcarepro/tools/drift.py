@@ -87,19 +87,22 @@ def _step(what: str, argv: Sequence[str], *, cwd: Path, env: Optional[dict] = No
     """One bounded step in a session of its own, so that a timeout or Ctrl-C stops everything it started (DVC's
     stages too, not only ``dvc``); its output goes to ``log`` when given, else is kept for the failure's line."""
     out = open(log, "w") if log else subprocess.PIPE  # noqa: SIM115  (a log stream, closed below)
-    try:
-        started = subprocess.Popen(
-            list(argv), cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True
-        )
-    except OSError as err:
-        raise StepFailed(f"could not start {argv[0]} for the {what} step: {err.strerror or err}") from None
-    finally:
-        if log:
-            out.close()
-    try:
+    started = None
+    try:  # one block from the start: a signal that comes as soon as the step runs still stops it
+        try:
+            started = subprocess.Popen(
+                list(argv), cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True
+            )
+        except OSError as err:
+            raise StepFailed(f"could not start {argv[0]} for the {what} step: {err.strerror or err}") from None
+        finally:
+            if log:
+                out.close()
         stdout, _ = started.communicate(timeout=STEP_S[what])
     except (subprocess.TimeoutExpired, KeyboardInterrupt, supervise.Terminated) as err:
-        supervise.stop(started, 10, group=True, reap_s=30)
+        if started is not None:
+            with supervise.forwarding(lambda signum: None):  # a second signal must not cut the stop short
+                supervise.stop(started, 10, group=True, reap_s=30)
         if not isinstance(err, subprocess.TimeoutExpired):
             raise
         raise StepFailed(

@@ -127,14 +127,20 @@ def not_an_export(out: Path) -> Optional[str]:
     if not out.is_dir():
         return "a file"
 
-    listed = listing(out) or {}  # the manifest's own reading (core.integrity), as the stages check folders
+    manifest: List[Dict[str, str]] = []  # read once, and only when an entry needs it
+
+    def listed(name: str) -> bool:  # the manifest's own reading (core.integrity), as the stages check folders
+        if not manifest:
+            manifest.append(listing(out) or {})
+        return name in manifest[0]
+
     for entry in out.iterdir():
         if entry.name == MANIFEST:
             continue
-        if entry.name not in EXPORTED_FILES or entry.is_symlink() or not entry.is_file() or entry.name not in listed:
+        if entry.name not in EXPORTED_FILES or entry.is_symlink() or not entry.is_file() or not listed(entry.name):
             return f"'{entry.name}'"
     required = EXPORTED_FILES - {CURVES}  # curves.png only where there were curves
-    return None if required <= listed.keys() else f"'{MANIFEST}'"
+    return None if all(listed(name) for name in required) else f"'{MANIFEST}'"
 
 
 def _shown(path: Path, root: Path) -> str:

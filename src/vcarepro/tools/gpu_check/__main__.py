@@ -4,7 +4,7 @@ stage runs, a problem the user can fix one ``error:`` line and exit status 2."""
 import os
 import sys
 
-from vcarepro.core.errors import INTERRUPTED_STATUS, run_stage
+from vcarepro.core.errors import run_stage
 from vcarepro.core.supervise import Terminated, terminated_raises
 from vcarepro.tools.gpu_check.cli import main
 
@@ -28,7 +28,7 @@ if __name__ == "__main__":
     # a part that never returned, or that Ctrl-C left running, still holds its thread (and perhaps the GPU): do not
     # wait for it. After Ctrl-C the interpreter's own shutdown under torch's threads ended in SIGSEGV or in
     # "terminate called without an active exception" (SIGABRT), measured: it is skipped, what was written is whole.
-    if abandoned() or status[0] >= INTERRUPTED_STATUS - 2:  # 128 + N: a signal ended it (SIGHUP is 1)
+    if abandoned() or status[0] > 128:  # 128 + N: a signal ended it (Ctrl-C 130, SIGTERM 143, SIGHUP 129)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status[0])

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List
@@ -77,7 +78,7 @@ def ddp_spec(check: Check) -> Dict[str, Any]:
     }
 
 
-@dataclass
+@dataclass(eq=False)  # one launch is itself, not any with equal fields
 class Launched:
     """torchrun, started: its process, where its rank writes, the row it will fill."""
 
@@ -103,8 +104,9 @@ def launch(check: Check, timeout_s: float) -> Launched:
     check.log(f"ddp: {row['command']}")
     with open(folder / "output.txt", "w") as output:
         process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
-    launched = Launched(process, folder, spec, row)
-    RUNNING.append(launched)
+        launched = Launched(process, folder, spec, row)
+        with _RUNNING_LOCK:
+            RUNNING.append(launched)
     return launched
 
 
@@ -119,12 +121,15 @@ def ddp_part(check: Check, outcome: Outcome) -> None:
 
 
 RUNNING: List[Launched] = []  # every torchrun started and not yet stopped, whichever thread waits for it
+_RUNNING_LOCK = threading.Lock()
 
 
 def stop_all() -> None:
     """Every torchrun still running, with its ranks: the command's last act when it leaves a part's thread behind
     (Ctrl-C, SIGTERM, an abandoned part), since that thread's own ``finally`` never runs then."""
-    for launched in list(RUNNING):
+    with _RUNNING_LOCK:
+        left = list(RUNNING)
+    for launched in left:
         stop(launched)
         shutil.rmtree(launched.folder, ignore_errors=True)
 
@@ -140,17 +145,19 @@ def stop(launched: Launched) -> None:
     from vcarepro.core import supervise
 
     process = launched.process
-    if launched in RUNNING:
-        RUNNING.remove(launched)
-    if process.poll() is not None:
-        return
-    try:
-        tree = psutil.Process(process.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        tree = []
-    supervise.send(process, signal.SIGKILL, group=True)
-    supervise.send(tree, signal.SIGKILL, gone=(psutil.NoSuchProcess,))
-    process.wait()
+    # a second Ctrl-C or SIGTERM must not cut this short (main thread only; elsewhere signals are left alone)
+    with supervise.forwarding(lambda signum: None):
+        if process.poll() is None:
+            try:
+                tree = psutil.Process(process.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                tree = []
+            supervise.send(process, signal.SIGKILL, group=True)
+            supervise.send(tree, signal.SIGKILL, gone=(psutil.NoSuchProcess,))
+            process.wait()
+        with _RUNNING_LOCK:  # only once it has ended: stop_all must still see one whose stop was cut short
+            if launched in RUNNING:
+                RUNNING.remove(launched)
 
 
 def finish(launched: Launched, check: Check, outcome: Outcome) -> None:
