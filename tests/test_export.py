@@ -215,6 +215,12 @@ def test_force_replaces_only_a_previous_export_and_a_failed_export_leaves_nothin
     with pytest.raises(BadInput, match="holds 'data.bin', which no export"):
         export_run(RUN, root=root, out=mirror, force=True)
     assert sorted(p.name for p in mirror.iterdir()) == ["SHA256SUMS", "data.bin"]
+    # nor is one whose SHA256SUMS is not text: refused in the same sentence, not a UnicodeDecodeError
+    (mirror / "data.bin").rename(mirror / "config.json")
+    (mirror / "SHA256SUMS").write_bytes(b"\xff\xfe binary")
+    with pytest.raises(BadInput, match="holds 'config.json', which no export"):
+        export_run(RUN, root=root, out=mirror, force=True)
+    assert sorted(p.name for p in mirror.iterdir()) == ["SHA256SUMS", "config.json"]
 
 
 def test_the_command_prints_one_line_errors(project, monkeypatch, capsys):

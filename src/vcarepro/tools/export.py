@@ -126,21 +126,17 @@ def not_an_export(out: Path) -> Optional[str]:
     (``out`` itself when it is a file). Reads the folder's top level only, lazily: ``--out ~`` stops at once."""
     if not out.is_dir():
         return "a file"
-
-    manifest: List[Dict[str, str]] = []  # read once, and only when an entry needs it
-
-    def listed(name: str) -> bool:  # the manifest's own reading (core.integrity), as the stages check folders
-        if not manifest:
-            manifest.append(listing(out) or {})
-        return name in manifest[0]
-
+    try:  # the manifest's own reading (core.integrity), as the stages check folders
+        listed = listing(out) or {}
+    except (OSError, UnicodeDecodeError):  # a SHA256SUMS no export wrote
+        listed = {}
     for entry in out.iterdir():
         if entry.name == MANIFEST:
             continue
-        if entry.name not in EXPORTED_FILES or entry.is_symlink() or not entry.is_file() or not listed(entry.name):
+        if entry.name not in EXPORTED_FILES or entry.is_symlink() or not entry.is_file() or entry.name not in listed:
             return f"'{entry.name}'"
     required = EXPORTED_FILES - {CURVES}  # curves.png only where there were curves
-    return None if all(listed(name) for name in required) else f"'{MANIFEST}'"
+    return None if required <= listed.keys() else f"'{MANIFEST}'"
 
 
 def _shown(path: Path, root: Path) -> str:
