@@ -1,0 +1,84 @@
+"""A box of an image file, decoded as few pixels as the crop allows: the CPU's whole share of the fast input path.
+
+A JPEG is decoded by libjpeg-turbo (simplejpeg) at the smallest DCT scale of 1/2, 1/4 or 1/8 that keeps the box at
+least twice ``out`` on each side, and only the box's rows and columns are kept: the resize's bicubic filter, not the
+DCT, then does the last 2x of the shrink (with 1x, a box shrunk 4x by the DCT differed from Pillow's resize by 2.6
+levels on average; with 2x by 0.5). The other scales libjpeg-turbo offers (3/8, 5/8, ...) have no SIMD code and
+decode slower than the full size. Anything else (PNG, CMYK or YCCK
+JPEGs, as a few of ImageNet's are), and any JPEG libjpeg-turbo refuses in its strict mode, is decoded by Pillow as the
+PIL path decodes it, so a file decodes to Pillow's pixels or fails with Pillow's reason.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Tuple
+
+import numpy as np
+import simplejpeg
+
+from vcarepro.data.folders import decoded_image, unreadable_image
+
+JPEG_MAGIC = b"\xff\xd8"
+TURBO_COLORSPACES = ("YCbCr", "Gray", "RGB")  # what libjpeg-turbo converts to RGB as Pillow does
+SCALES = (8, 4, 2)  # DCT reductions with SIMD code in libjpeg-turbo
+OVERSAMPLE = 2  # a scaled box keeps at least this many times the output's pixels a side
+
+
+def image_size(data: bytes, path: Path) -> Tuple[int, int, bool]:
+    """(width, height, whether libjpeg-turbo decodes it) of an image file's bytes, read from its header."""
+    if data[:2] == JPEG_MAGIC:
+        try:
+            height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+            if colorspace in TURBO_COLORSPACES:
+                return width, height, True
+        except ValueError:
+            pass  # Pillow decides, and names the fault if there is one
+    with decoded_image(path) as img:
+        return img.width, img.height, False
+
+
+def decode_box(data: bytes, path: Path, size: Tuple[int, int, bool], box: Tuple[int, int, int, int], out: int):
+    """The pixels around ``box`` (top, left, height, width) of an image of ``size`` (:func:`image_size`) as uint8
+    HxWx3, and the box within them as (x0, y0, x1, y1) in those pixels' units (fractional where a DCT scale applied),
+    decoded at the smallest scale that keeps the box at least ``OVERSAMPLE * out`` pixels a side."""
+    full_w, full_h, turbo = size
+    top, left, height, width = box
+    if turbo:
+        factor = next((f for f in SCALES if min(height, width) >= f * OVERSAMPLE * out), 1)
+        try:
+            pixels = simplejpeg.decode_jpeg(
+                data, "RGB", min_height=math.ceil(full_h / factor), min_width=math.ceil(full_w / factor),
+                min_factor=factor,
+            )  # fmt: skip
+        except ValueError:
+            pixels = None  # a JPEG libjpeg-turbo calls faulty: Pillow's verdict, as the PIL path would give
+        if pixels is not None:
+            y0, x0 = top // factor, left // factor
+            y1, x1 = math.ceil((top + height) / factor), math.ceil((left + width) / factor)
+            crop = np.ascontiguousarray(pixels[y0:y1, x0:x1])  # frees the whole image now, for the next decode
+            scaled = (left / factor - x0, top / factor - y0, (left + width) / factor - x0, (top + height) / factor - y0)
+            return crop, scaled
+    with decoded_image(path) as img:
+        pixels = np.asarray(img.convert("RGB"))
+    return np.ascontiguousarray(pixels[top : top + height, left : left + width]), (
+        0.0,
+        0.0,
+        float(width),
+        float(height),
+    )
+
+
+def read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise unreadable_image(path, err) from None
+
+
+def decode_full(path: Path) -> np.ndarray:
+    """A whole image as uint8 HxWx3, as the fast path decodes it at full scale."""
+    data = read_bytes(path)
+    size = image_size(data, path)
+    return decode_box(data, path, size, (0, 0, size[1], size[0]), max(size[:2]) + 1)[0]
