@@ -10,6 +10,7 @@ import torch
 from timm.data.distributed_sampler import RepeatAugSampler
 
 from vcarepro.attention import VisualContrastAttention
+from vcarepro.core.choices import input_path
 from vcarepro.core.errors import BadInput
 from vcarepro.data.embedded import export_digits
 from vcarepro.models import create_classifier
@@ -285,12 +286,14 @@ def test_the_knobs_explain_leaves_out_change_nothing_the_training_builds(paper):
     mixup and cutmix at 0 no mixing is built whatever mixup_switch_prob holds; switched on, they are read."""
     plain = {**cls_run(paper, "deit_tiny-vca").recipe, "train_augment": False, "mixup": 0.0, "cutmix": 0.0}
     other = {"auto_augment": "rand-m1", "color_jitter": 0.3, "train_interpolation": "bilinear", "scale": [0.5, 1.0]}
-    other.update({"hflip": 0.0, "reprob": 0.9, "mixup_switch_prob": 0.9})
+    other.update({"hflip": 0.0, "reprob": 0.9, "mixup_switch_prob": 0.9, "input_path": "pil"})
     assert set(other) == set(unapplied(plain))
     assert repr(build_transforms(plain, training=True)) == repr(build_transforms({**plain, **other}, training=True))
+    assert input_path(plain) == input_path({**plain, **other}) == "pil" != input_path({**plain, "train_augment": True})
     assert build_criterion({**plain, **other}, 10)[0] is None
     augmenting = {**plain, "train_augment": True, "cache_images": True}
     assert "auto_augment" not in unapplied(augmenting) and unapplied(augmenting)["cache_images"]
+    assert "input_path" not in unapplied(augmenting)
     for knob in ("auto_augment", "train_interpolation", "scale", "hflip", "reprob"):  # jitter: skipped under RA
         changed = {**augmenting, knob: other[knob]}
         assert repr(build_transforms(changed, training=True)) != repr(build_transforms(augmenting, True)), knob

@@ -71,10 +71,14 @@ def test_precision_names_are_checked_and_only_fp16_scales_the_loss():
         assert torch.ones(2, 2).mm(torch.ones(2, 2)).dtype == torch.float32
 
 
+@pytest.mark.parametrize("path", ["pil", "fast"])
 @pytest.mark.parametrize("workers", [0, 2])
-def test_an_interrupted_classifier_resumes_to_the_same_weights(tmp_path, digits, embedded, one_torch_thread, workers):
-    # with augmentation on, so that the augmentation stream, not only the data order, must resume
-    spec, recipe = tiny_cls(embedded, workers=workers, color_jitter=0.4, hflip=0.5, reprob=0.25)
+def test_an_interrupted_classifier_resumes_to_the_same_weights(
+    tmp_path, digits, embedded, one_torch_thread, workers, path
+):
+    # with augmentation on, so that the augmentation streams (in the workers, and the fast path's erasing and mixing
+    # in this process), not only the data order, must resume
+    spec, recipe = tiny_cls(embedded, workers=workers, train_augment=True, input_path=path, hflip=0.5, reprob=0.25)
     straight = train_cls(spec, recipe, digits, tmp_path / "a")
     # the first run stops at the end of epoch 1, the second resumes from its checkpoint
     train_cls(spec, recipe, digits, tmp_path / "b", max_steps=UPDATES_PER_EPOCH)

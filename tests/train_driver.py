@@ -42,8 +42,9 @@ def main(branch: str, workdir: Path, seed: int = 0) -> None:
             hflip=0.5,
             reprob=0.25,
             train_augment=True,
+            input_path="fast",
             cache_images=False,
-        )  # augmented: its streams must resume
+        )  # augmented on the fast path: the workers' draws and the device side's erasing must resume
         figures = train_classifier(spec=spec, recipe=recipe, data_root=data, **common)
     else:
         from safetensors.torch import save_file

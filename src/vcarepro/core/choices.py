@@ -1,5 +1,5 @@
-"""Names of the attention layers and the choices of generation, importable without torch (the report and
-the params code use them; every check of a choice reads its list here).
+"""Names of the attention layers, the training input paths and the choices of generation, importable without torch
+(the report and the params code use them; every check of a choice reads its list here).
 
 The layers themselves are in :mod:`vcarepro.attention`; :func:`model_options` says what a run's
 attention is built with, for the model factories and for the report that describes them.
@@ -20,6 +20,17 @@ BENCH_LAYERS = (*ATTENTIONS, *(c for c in CONTROLS if c not in ATTENTIONS))
 # The option that sets how many pooled tokens a layer uses, for the layers that pool: a scale's
 # shape override ``contrast_tokens`` (e.g. 4 on the embedded 4x4 grid) sets it for any of them.
 POOLED_TOKEN_OPTION = {"vca": "contrast_tokens", "agent": "agent_tokens"}
+
+# The training input paths (a classification recipe's input_path): timm's PIL transform in the loader workers, or
+# the fast path (vcarepro.data.fast): workers decode and crop, the device does the per-pixel augmentation.
+INPUT_PATHS = ("pil", "fast")
+
+
+def input_path(recipe: Dict[str, Any]) -> str:
+    """The path that feeds a recipe's training images: its input_path where it augments; without augmentation the
+    images take the evaluation transform, on the PIL path."""
+    return recipe["input_path"] if recipe["train_augment"] else "pil"
+
 
 # The choices of generation, for the schema and for the code that acts on them (train/generation.py,
 # train/flow.py, vcarepro.metrics.protocol): a run's objective (DiT's DDPM, SiT's flow matching), a flow

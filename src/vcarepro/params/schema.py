@@ -26,6 +26,7 @@ from vcarepro.core.choices import (
     FLOW_ODE_METHODS,
     FLOW_PATHS,
     FLOW_SAMPLERS,
+    INPUT_PATHS,
     LABEL_MODES,
     OBJECTIVES,
 )
@@ -128,6 +129,7 @@ CLS_RECIPE_RULES: Dict[str, Rule] = {
     "eval_every": _int(1),
     "train_augment": _BOOL,
     "cache_images": _BOOL,
+    "input_path": _choice(*INPUT_PATHS),
 }
 
 RULES: Dict[str, Rule] = {

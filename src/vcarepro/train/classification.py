@@ -29,10 +29,12 @@ from timm.utils import ModelEmaV3
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
+from vcarepro.core.choices import input_path
 from vcarepro.core.errors import BadInput, MissingInput, UserError
 from vcarepro.core.integrity import intact_file
 from vcarepro.core.io import save_tensors, write_json
 from vcarepro.core.progress import Progress
+from vcarepro.data import fast
 from vcarepro.data.augment import pillow_safe
 from vcarepro.data.folders import ManifestDataset, read_classes
 from vcarepro.models import ModelSpec, create_classifier
@@ -72,6 +74,7 @@ def unapplied(recipe: Dict[str, Any]) -> Dict[str, str]:
     skipped = {}
     if not recipe["train_augment"]:
         skipped.update(dict.fromkeys(AUGMENT_KNOBS, "train_augment is false: training images get the eval transform"))
+        skipped["input_path"] = "train_augment is false: training images get the eval transform, on the PIL path"
     elif recipe["cache_images"]:
         skipped["cache_images"] = "train_augment is true: augmented images are never cached"
     if not (recipe["mixup"] > 0 or recipe["cutmix"] > 0):
@@ -111,6 +114,27 @@ def build_transforms(recipe: Dict[str, Any], training: bool):
     )
 
 
+def training_split(recipe: Dict[str, Any], data_root: str | Path):
+    """(the training split as the recipe's input path reads it, the fast path's draws or None).
+
+    The PIL path's items are transformed images; the fast path's are crops with their draws
+    (:mod:`vcarepro.data.fast`), augmented on the device by :func:`device_batches`. Only deterministic transforms
+    are cached: a cached augmentation would repeat every epoch.
+    """
+    transform = build_transforms(recipe, training=True)
+    if input_path(recipe) == "fast":
+        draws = fast.Draws(transform)
+        return fast.CropSet(data_root, "train", draws), draws
+    cache = recipe["cache_images"] and not recipe["train_augment"]
+    return ManifestDataset(data_root, "train", transform, cache=cache), None
+
+
+def device_batches(loader: DataLoader, draws: Optional[fast.Draws], device: torch.device):
+    """What the training loop iterates: the loader itself on the PIL path; on the fast path its crops, augmented,
+    normalized and erased on ``device``."""
+    return loader if draws is None else fast.on_device(loader, draws, device)
+
+
 def make_loader(dataset, recipe: Dict[str, Any], info: DistInfo, training: bool, seed: int) -> DataLoader:
     per_rank = recipe["batch_size"] // (info.world_size * recipe["accum_steps"])
     if per_rank < 1:
@@ -137,6 +161,7 @@ def make_loader(dataset, recipe: Dict[str, Any], info: DistInfo, training: bool,
         persistent_workers=False,
         generator=generator,
         worker_init_fn=_ignore_sigterm,
+        collate_fn=fast.collate if isinstance(dataset, fast.CropSet) else None,
     )
 
 
@@ -235,13 +260,7 @@ def train_classifier(
     """
     device = info.device
     classes = read_classes(data_root)
-    # only deterministic transforms may be cached: a cached augmentation would repeat every epoch
-    train_set = ManifestDataset(
-        data_root,
-        "train",
-        build_transforms(recipe, training=True),
-        cache=recipe["cache_images"] and not recipe["train_augment"],
-    )
+    train_set, draws = training_split(recipe, data_root)
     val_set = ManifestDataset(data_root, "val", build_transforms(recipe, training=False), cache=recipe["cache_images"])
     train_loader = make_loader(train_set, recipe, info, training=True, seed=seed)
     val_loader = make_loader(val_set, recipe, info, training=False, seed=seed)
@@ -325,7 +344,7 @@ def train_classifier(
             ddp.train()
             loss_sum, batches = 0.0, 0
             optimizer.zero_grad(set_to_none=True)
-            for i, (images, targets) in enumerate(train_loader):
+            for i, (images, targets) in enumerate(device_batches(train_loader, draws, device)):
                 images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
                 if mixup is not None:
                     images, targets = mixup(images, targets)
