@@ -1,6 +1,7 @@
 """python -m vcarepro.tools.bench [all] [--quick] [--json bench.json]   every benchmark, one table each
 python -m vcarepro.tools.bench attention [--batch 8] [--layers vca agent ...] [--no-compile] [--json out.json]
-python -m vcarepro.tools.bench train-step --run dit_s2-vca [--batch 32] [--device cuda] [--precision bf16]"""
+python -m vcarepro.tools.bench train-step --run dit_s2-vca [--batch 32] [--device cuda] [--precision bf16]
+python -m vcarepro.tools.bench loader [--root DIR] [--recipe lab_deit_tiny] [--device cuda] [--json out.json]"""
 
 from __future__ import annotations
 
@@ -62,8 +63,25 @@ def main(argv=None) -> None:
     step.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
     step.add_argument("--min-run-time", type=float, default=2.0)
     step.add_argument("--json", help="also write the figures and the machine to this JSON file")
+    load = sub.add_parser(
+        "loader",
+        help="the training input path per image: the PIL path and the fast path's CPU side per core, its device side, "
+        "and the decode-only ceiling, on the same files",
+    )
+    load.add_argument("--root", help="a prepared layout or any folder of images (default: generated photographs)")
+    load.add_argument("--images", type=int, default=64, help="images generated, or taken from --root")
+    load.add_argument("--recipe", default="lab_deit_tiny", help="the paper-scale classification recipe")
+    load.add_argument("--seconds", type=float, default=6.0, help="seconds of timing per path")
+    load.add_argument("--device", help="where the device side runs (default: cuda if visible, else cpu)")
+    load.add_argument(
+        "--batch", type=int, help="the device side's batch (default: the recipe's per-GPU batch on 8 GPUs)"
+    )
+    load.add_argument(
+        "--workers", type=int, help="DataLoader workers for the through-the-loader figures (default: cores)"
+    )
+    load.add_argument("--json", help="also write the figures and the machine to this JSON file")
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] not in ("all", "attention", "train-step", "-h", "--help"):
+    if not argv or argv[0] not in ("all", "attention", "train-step", "loader", "-h", "--help"):
         argv = ["all", *argv]  # the whole suite is the default
     args = parser.parse_args(argv)
 
@@ -72,6 +90,24 @@ def main(argv=None) -> None:
         from vcarepro.tools.bench.run_all import run_all
 
         run_all(machine, quick=args.quick, json_path=args.json)
+        return
+    if args.suite == "loader":
+        from vcarepro.tools.bench.loader import bench_loader, loader_table
+
+        print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
+        figures = bench_loader(
+            root=args.root,
+            recipe_name=args.recipe,
+            seconds=args.seconds,
+            device=args.device,
+            batch=args.batch,
+            workers=args.workers,
+            images=args.images,
+        )
+        print(f"{figures['recipe']}'s augmentation at 224 px, on {figures['files']} files: {figures['source']}")
+        print(loader_table(figures))
+        if args.json:
+            write_json(args.json, {"machine": machine, "loader": figures}, sort_keys=False, end="")
         return
     if args.suite == "train-step":
         from vcarepro.tools.bench.train_step import bench_train_step

@@ -1,55 +1,206 @@
-"""Data-loader throughput: images/s through a recipe's training transform at its number of workers.
+"""The training input path's cost per image, both paths side by side on the same files, in one run.
 
-:func:`loader_throughput` draws images (with replacement, so a small set never runs dry) from a
-prepared classification set or from :func:`write_imagenet_like_jpegs`, decodes and augments them in
-``workers`` processes as the training loader does, and counts what arrives after the first batch
-(worker start-up and the first decodes are not throughput).
+* the PIL path per CPU core: timm's transform of the recipe on each decoded image (what today's workers run);
+* the fast path's CPU side per core: read, decode, crop and collate (:mod:`vcarepro.data.fast`);
+* the fast path's device side per image, on the device at hand: resize, flip, RandAugment, normalize, erase;
+* the decode-only ceiling: libjpeg-turbo decoding every whole image, nothing else (Pillow where it cannot).
+
+Per core means in this process on one thread; the DataLoader figures run the same through ``workers`` processes.
+The images are a prepared layout, any folder of images (``--root``), or JPEGs generated from the photographs that
+scikit-learn and matplotlib install, cut and resized to ImageNet's size (longer side 500 px, quality 90).
 """
 
 from __future__ import annotations
 
+import random
+import statistics
+import tempfile
 import time
 from pathlib import Path
-from typing import Dict
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
-# ImageNet-1K train's most common size (its mean is about 400 x 350); quality 90 as camera JPEGs
-IMAGENET_LIKE_SIZE = (500, 375)
+from vcarepro.core.errors import MissingInput
+
+LONGER_SIDE = 500  # ImageNet-1K train's most common longer side (its mean image is about 400 x 350)
+IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
+# The issue's goal for the fast path's CPU side, judged within one run: per core, 3x the PIL path and 70% of the
+# decode-only ceiling.
+GOAL_OVER_PIL, GOAL_OF_CEILING = 3.0, 0.7
 
 
-def write_imagenet_like_jpegs(root: str | Path, count: int = 64, size=IMAGENET_LIKE_SIZE, seed: int = 0) -> Path:
-    """``count`` JPEGs of ImageNet's size in the prepared layout (one class), smooth like photographs.
+def photographs() -> List[Path]:
+    """Photographs the installed packages ship: scikit-learn's two sample images and matplotlib's Grace Hopper."""
+    import matplotlib
+    import sklearn.datasets
 
-    White noise compresses and decodes unlike photographs; low-frequency colour fields with a little
-    grain come closer to ImageNet's file sizes (about 110 KB at this size).
-    """
-    import numpy as np
+    images = Path(sklearn.datasets.__file__).parent / "images"
+    return [
+        images / "china.jpg",
+        images / "flower.jpg",
+        Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg",
+    ]
+
+
+def write_imagenet_like_jpegs(root: str | Path, count: int = 64, seed: int = 0) -> Path:
+    """``count`` photographs in the prepared layout (one class): each a random part (60-100% of each side) of one of
+    :func:`photographs`, maybe mirrored, resized to a longer side of 500 px and saved at JPEG quality 90."""
     from PIL import Image
 
-    from vcarepro.data.folders import write_manifest
+    from vcarepro.core.io import write_json
+    from vcarepro.data.folders import CLASSES, write_manifest
 
     root = Path(root)
-    rng = np.random.default_rng(seed)
     (root / "train" / "n0").mkdir(parents=True, exist_ok=True)
-    width, height = size
+    rng = random.Random(seed)
+    sources = [Image.open(path).convert("RGB") for path in photographs()]
     rows = []
     for i in range(count):
-        coarse = Image.fromarray(rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)).resize(
-            (width, height), Image.BICUBIC
-        )
-        pixels = np.asarray(coarse, dtype=np.int16) + rng.integers(-12, 13, (height, width, 3))
-        path = root / "train" / "n0" / f"{i}.JPEG"
-        Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(path, quality=90)
-        rows.append(("train", str(path.relative_to(root)), 0))
+        photo = sources[i % len(sources)]
+        w, h = int(photo.width * rng.uniform(0.6, 1.0)), int(photo.height * rng.uniform(0.6, 1.0))
+        x, y = rng.randint(0, photo.width - w), rng.randint(0, photo.height - h)
+        part = photo.crop((x, y, x + w, y + h))
+        if rng.random() < 0.5:
+            part = part.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        scale = LONGER_SIDE / max(part.size)
+        part = part.resize((round(part.width * scale), round(part.height * scale)), Image.Resampling.BICUBIC)
+        part.save(root / "train" / "n0" / f"{i}.JPEG", quality=90)
+        rows.append(("train", f"train/n0/{i}.JPEG", 0))
     write_manifest(root, rows)
-    (root / "classes.json").write_text('[{"index": 0, "wnid": "n0", "name": "generated"}]')
+    write_json(root / CLASSES, [{"index": 0, "wnid": "n0", "name": "photographs"}])
     return root
 
 
+def as_prepared(root: str | Path, scratch: Path, limit: int) -> Path:
+    """``root`` itself where it is a prepared layout, else a layout in ``scratch`` listing up to ``limit`` of the
+    images under it (sorted paths, every ``len // limit``-th)."""
+    from vcarepro.core.io import write_json
+    from vcarepro.data.folders import CLASSES, MANIFEST, write_manifest
+
+    root = Path(root)
+    if (root / MANIFEST).is_file():
+        return root
+    found = sorted(p.resolve() for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    if not found:
+        raise MissingInput(f"no .JPEG, .jpg or .png files under {root}; point --root at a folder of images.")
+    found = found[:: max(1, len(found) // limit)][:limit]
+    write_manifest(scratch, [("train", str(p), 0) for p in found])
+    write_json(scratch / CLASSES, [{"index": 0, "wnid": "n0", "name": str(root)}])
+    return scratch
+
+
+def _rate(step: Callable[[int], int], seconds: float) -> Dict[str, float]:
+    """Images/s of ``step(i)`` (which handles some images and returns how many) on this thread, and the share of a
+    core the thread had meanwhile (below 0.9 another process took part of it)."""
+    images, i = 0, 0
+    wall, cpu = time.perf_counter(), time.thread_time()
+    while time.perf_counter() - wall < seconds or i < 2:
+        images += step(i)
+        i += 1
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    return {"images_per_s": images / wall, "share": min(cpu / wall, 1.0)}
+
+
+def cpu_rates(root: Path, recipe: Dict[str, Any], *, seconds: float, rounds: int = 3, batch: int = 32):
+    """Images/s on one core of the PIL path, the fast path's CPU side and the decode-only ceiling: ``rounds`` rounds,
+    the three paths in turn in each, the median round of each (so a slow spell of the machine touches all three)."""
+    from vcarepro.data import fast
+    from vcarepro.data.folders import ManifestDataset
+    from vcarepro.data.jpeg import decode_full
+    from vcarepro.train.classification import build_transforms
+
+    transform = build_transforms(recipe, training=True)
+    pil = ManifestDataset(root, "train", transform)
+    crops = fast.CropSet(root, "train", fast.Draws(transform))
+    paths = [root / rel for rel, _ in pil.samples]
+    n = len(paths)
+
+    def pil_step(i: int) -> int:
+        pil[i % n]
+        return 1
+
+    def fast_step(i: int) -> int:
+        fast.collate([crops[(i * batch + k) % n] for k in range(batch)])
+        return batch
+
+    def decode_step(i: int) -> int:
+        decode_full(paths[i % n])
+        return 1
+
+    runs: Dict[str, List[Dict[str, float]]] = {"pil": [], "fast_cpu": [], "decode": []}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in range(rounds):
+            for name, step in (("pil", pil_step), ("fast_cpu", fast_step), ("decode", decode_step)):
+                runs[name].append(_rate(step, seconds / rounds))
+    finally:
+        torch.set_num_threads(threads)
+    return {
+        name: {
+            "images_per_s": statistics.median(r["images_per_s"] for r in measured),
+            "rounds": [round(r["images_per_s"], 1) for r in measured],
+            "share": min(r["share"] for r in measured),
+        }
+        for name, measured in runs.items()
+    }
+
+
+def device_side(root: Path, recipe: Dict[str, Any], *, batch: int, device: torch.device, repeats: int = 3):
+    """Milliseconds per image of the fast path's device side (:class:`~vcarepro.data.fast.DeviceAugment`, then
+    timm's normalization and erasing as its ``PrefetchLoader`` runs them) on one batch of ``batch`` crops."""
+    from timm.data.random_erasing import RandomErasing
+
+    from vcarepro.data import fast
+    from vcarepro.train.classification import build_transforms
+
+    draws = fast.Draws(build_transforms(recipe, training=True))
+    crops = fast.CropSet(root, "train", draws)
+    batch_cpu, _ = fast.collate([crops[i % len(crops)] for i in range(batch)])
+    augment = fast.DeviceAugment(draws)
+    mean = torch.tensor([255 * m for m in draws.mean], device=device).view(1, 3, 1, 1)
+    std = torch.tensor([255 * s for s in draws.std], device=device).view(1, 3, 1, 1)
+    erasing = draws.erasing
+    if erasing is not None:
+        erasing = RandomErasing(erasing.probability, mode=erasing.mode, max_count=erasing.max_count, device=device)
+
+    def once() -> None:
+        images = augment(batch_cpu.to(device)).sub_(mean).div_(std)
+        if erasing is not None:
+            erasing(images)
+
+    times = []
+    for _ in range(repeats + 1):  # the first is a warm-up
+        _sync(device)
+        started = time.perf_counter()
+        once()
+        _sync(device)
+        times.append(time.perf_counter() - started)
+    return {"ms_per_image": statistics.median(times[1:]) * 1e3 / batch, "batch": batch, "device": _device_name(device)}
+
+
+def worker_rates(root: Path, recipe: Dict[str, Any], *, workers: int, seconds: float, batch: int = 32):
+    """Images/s per worker process of both paths through the DataLoader with ``workers`` processes (the fast path
+    ships uint8 crops, the PIL path float32 images)."""
+    from vcarepro.data import fast
+    from vcarepro.data.folders import ManifestDataset
+    from vcarepro.train.classification import build_transforms
+
+    transform = build_transforms(recipe, training=True)
+    sets = {
+        "pil": (ManifestDataset(root, "train", transform), None),
+        "fast_cpu": (fast.CropSet(root, "train", fast.Draws(transform)), fast.collate),
+    }
+    return {
+        name: loader_throughput(data, workers=workers, seconds=seconds, batch=batch, collate_fn=collate)
+        for name, (data, collate) in sets.items()
+    }
+
+
 def loader_throughput(
-    dataset, *, workers: int, batch: int = 16, seconds: float = 4.0, min_batches: int = 0
+    dataset, *, workers: int, batch: int = 16, seconds: float = 4.0, min_batches: int = 0, collate_fn=None
 ) -> Dict[str, float]:
     """Images/s of a ``DataLoader`` over ``dataset`` with ``workers`` processes, measured for ``seconds``.
 
@@ -59,21 +210,113 @@ def loader_throughput(
     if len(dataset) == 0:
         raise ValueError("the dataset is empty")
     sampler = RandomSampler(dataset, replacement=True, num_samples=10**9, generator=torch.Generator().manual_seed(0))
-    loader = DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers)
+    loader = DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers, collate_fn=collate_fn)
     images = batches = 0
     started = None
     iterator = iter(loader)
     try:
         while True:
-            images_batch, _ = next(iterator)
+            _, labels = next(iterator)
             if started is None:
                 started = time.perf_counter()
                 continue
-            images += len(images_batch)
+            images += len(labels)
             batches += 1
             if batches >= max(2, min_batches) and time.perf_counter() - started >= seconds:
                 break
     finally:
         del iterator  # shuts the workers down
     elapsed = time.perf_counter() - started
-    return {"images_per_s": images / elapsed, "images": images, "seconds": elapsed, "workers": workers, "batch": batch}
+    rate = images / elapsed
+    return {"images_per_s": rate, "per_worker": rate / max(workers, 1), "workers": workers, "batch": batch}
+
+
+def bench_loader(
+    *,
+    root: Optional[str | Path] = None,
+    recipe_name: str = "lab_deit_tiny",
+    seconds: float = 6.0,
+    device: Optional[str] = None,
+    batch: Optional[int] = None,
+    workers: Optional[int] = None,
+    images: int = 64,
+) -> Dict[str, Any]:
+    """Every figure of the input path for a paper-scale recipe (its augmentation at 224 px), in one run."""
+    import os
+
+    from vcarepro.params.config import compose
+    from vcarepro.params.runs import cls_recipe
+
+    recipe = dict(cls_recipe(compose(["scale=paper"]), recipe_name), input_path="fast")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    per_device = recipe["batch_size"] // 8  # the recipe's batch on each of a node's 8 GPUs
+    batch = batch or (per_device if device.type == "cuda" else 32)
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    with tempfile.TemporaryDirectory(prefix="bench-loader-") as tmp:
+        if root is None:
+            data, source = (
+                write_imagenet_like_jpegs(Path(tmp), count=images),
+                f"{images} photographs cut to ImageNet's size",
+            )
+        else:
+            data, source = as_prepared(root, Path(tmp), images), str(root)
+        from vcarepro.data.folders import read_manifest
+
+        files = len(read_manifest(data, "train"))
+        figures: Dict[str, Any] = {"recipe": recipe_name, "source": source, "files": files}
+        figures["per_core"] = cpu_rates(data, recipe, seconds=seconds)
+        figures["device_side"] = device_side(data, recipe, batch=batch, device=device)
+        if workers > 0:
+            figures["workers"] = worker_rates(data, recipe, workers=workers, seconds=seconds / 3)
+    figures["goal"] = goal(figures["per_core"])
+    return figures
+
+
+def goal(per_core: Dict[str, Dict[str, float]]) -> Dict[str, Any]:
+    fast, pil, ceiling = (per_core[k]["images_per_s"] for k in ("fast_cpu", "pil", "decode"))
+    over_pil, of_ceiling = fast / pil, fast / ceiling
+    loaded = min(r["share"] for r in per_core.values()) < 0.9
+    return {
+        "over_pil": over_pil,
+        "of_ceiling": of_ceiling,
+        "met": over_pil >= GOAL_OVER_PIL and of_ceiling >= GOAL_OF_CEILING,
+        "loaded": loaded,
+    }
+
+
+def loader_table(figures: Dict[str, Any]) -> str:
+    """The figures as a Markdown table and the goal's verdict, for the terminal and docs/performance.md."""
+    core, dev = figures["per_core"], figures["device_side"]
+    rows = [
+        ("PIL path (timm's transform)", core["pil"]),
+        ("fast path, CPU side (read, decode, crop, collate)", core["fast_cpu"]),
+        ("decode only (libjpeg-turbo, whole image)", core["decode"]),
+    ]
+    workers = figures.get("workers")
+    head = "| per CPU core | images/s | rounds |" + (
+        f" through the DataLoader, {workers['pil']['workers']} workers, per worker |" if workers else ""
+    )
+    lines = [head, "|---|---:|---|" + ("---:|" if workers else "")]
+    for (label, r), key in zip(rows, ("pil", "fast_cpu", "decode")):
+        through = f" {workers[key]['per_worker']:.0f} |" if workers and key in workers else (" - |" if workers else "")
+        lines.append(f"| {label} | {r['images_per_s']:.0f} | {', '.join(f'{x:.0f}' for x in r['rounds'])} |{through}")
+    g = figures["goal"]
+    verdict = "met" if g["met"] else "missed"
+    if g["loaded"]:
+        verdict = "not judged: another process held the core while it was timed; run it on a quiet machine"
+    lines += [
+        "",
+        f"fast path's device side on {dev['device']}: {dev['ms_per_image']:.3f} ms per image (batch {dev['batch']})",
+        f"goal (CPU side >= {GOAL_OVER_PIL:g}x the PIL path and >= {GOAL_OF_CEILING:.0%} of the decode-only "
+        f"ceiling, per core): {verdict}: {g['over_pil']:.2f}x the PIL path, {g['of_ceiling']:.0%} of the ceiling",
+    ]
+    return "\n".join(lines)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU (not a GPU measurement)"
