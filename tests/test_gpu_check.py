@@ -126,6 +126,19 @@ def test_the_steps_are_the_smoke_scales_distinct_runs_each_in_its_recipes_precis
 
 
 @pytest.mark.slow
+def test_the_loader_part_times_the_fast_paths_device_side_and_a_step_it_feeds(tiny):
+    """The lab DeiT-T recipe's fast path on the device: its device side at the per-device batch (tiny: 4 crops at the
+    tiny model's 32 px), the same training step fed by it and on a ready batch, and the cores it would take here."""
+    _, result, _, _, _ = tiny
+    device, fed = part(result, "loader")["rows"]
+    assert device["id"] == "device side" and (device["batch"], device["img_size"]) == (4, 32)
+    assert positive(device["ms_per_image"]) and device["ms"] == pytest.approx(device["ms_per_image"] * 4)
+    assert fed["id"] == "deit_tiny-vca step fed by it" and fed["precision"] == "tf32"
+    assert positive(fed["fed_step_ms"]) and positive(fed["plain_step_ms"]) and positive(fed["cpu_core_images_per_s"])
+    assert fed["cores_needed"] == pytest.approx(fed["images_per_s"] / fed["cpu_core_images_per_s"])
+
+
+@pytest.mark.slow
 def test_the_cost_rows_are_the_proxy_runs_at_both_scales_at_their_recipes_batch_and_precision(tiny):
     _, result, _, _, _ = tiny
     proxy, paper = compose(["scale=proxy"]), compose(["scale=paper"])

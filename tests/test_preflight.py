@@ -133,7 +133,12 @@ def test_every_run_of_the_embedded_scale_is_stepped_and_costed(embedded):
     sampling = next(r["sampling"] for r in report["runs"] if r["run"] == "dit_s2-vca")
     assert (sampling["passes_per_batch"], sampling["batches"]) == (params["sampling"]["ddpm_steps"], 1)
     assert "no file from outside the repository is needed" in result.stdout
-    assert "generated 500 x 375 JPEGs" in result.stdout  # no data/cls in this directory, and it says so
+    assert "photographs cut to ImageNet's size (no dataset prepared)" in result.stdout  # no data/cls here: it says so
+    # the digits take the evaluation transform (train_augment false): the PIL path, and a line per run on what bounds it
+    section = result.stdout.split("what bounds each classification step")[1].split("\ninputs")[0]
+    bounds = [line.strip() for line in section.strip().splitlines()[1:]]
+    assert [line.split(" (")[0] for line in bounds] == list(params["cls_runs"])
+    assert all("(PIL path): GPU-bound (against this CPU's projected step, not a GPU's)" in line for line in bounds)
     assert "step s: the median of 3 timed optimizer steps after 1 warm-up step" in result.stdout
     # stderr is a pipe, not a terminal: progress lines of vcarepro.core.progress (a start, one per interval, the end),
     # nothing else (not torch's CUDA_HOME note on a GPU-less machine), and none of it in the table on stdout
@@ -189,6 +194,11 @@ def test_paper_runs_at_batch_one_project_the_recipe_and_report_missing_inputs(tm
         assert " not found " in line and "; fix: " in line and line.endswith("."), line
     assert lines.index(line) < 4  # the four missing inputs lead
     assert f"ImageNet root (prepare_cls.imagenet_root = {missing}): MISSING" in result.stdout
+    # the paper recipe trains on the fast path; on this CPU its projected step is far slower than 2 cores feed it
+    assert (
+        "  deit_tiny-mhsa (fast path): GPU-bound (against this CPU's projected step, not a GPU's): 2 cores feed "
+        in (result.stdout)
+    )
     assert "SD-VAE (prepare_gen.vae and sampling.vae_decoder = stabilityai/sd-vae-ft-ema): MISSING" in result.stdout
 
 
@@ -543,6 +553,61 @@ def fmt_projection_of(seconds: float) -> str:
     from vcarepro.tools.preflight.table import fmt
 
     return fmt(seconds * 128 / 2)
+
+
+def test_every_classification_run_of_the_paper_scale_gets_a_line_on_what_bounds_its_step(known_steps, monkeypatch):
+    """With one core's rate fixed at 10 images/s, every classification run of the paper scale, and no generation run,
+    gets one line; a step that takes 200 images/s (0.01 s for 2 images), more than 14 cores feed, says by how much
+    and what would fix it."""
+    from vcarepro.core.choices import input_path
+    from vcarepro.tools.preflight import loader
+
+    def rates(runs, **_):
+        fed = {"images_per_s": 10.0, "share": 1.0, "recipes": ["lab"], "source": "nothing"}
+        return {run.name: {**fed, "input_path": input_path(run.recipe)} for run in runs}
+
+    monkeypatch.setattr(loader, "loader_rates", rates)
+    main, out = known_steps
+    main("--scale", "paper", "--devices", "8", "--cores-per-device", "14")
+    section = out.getvalue().split(
+        "what bounds each classification step, at 14 CPU cores per device (--cores-per-device)"
+    )
+    lines = [line.strip() for line in section[1].split("\ninputs")[0].strip().splitlines()]
+    assert sorted(line.split(" (")[0] for line in lines) == sorted(compose(["scale=paper"])["cls_runs"])
+    expected = (
+        " (fast path): loader-bound (against this CPU's projected step, not a GPU's): the device would wait 30% of "
+        "each step; it needs 20 cores per device"
+    )
+    assert all(line.endswith(expected) for line in lines if not line.startswith("deit_tiny-mhsa ")), lines
+    (slow,) = [line for line in lines if line.startswith("deit_tiny-mhsa ")]  # DURATIONS: 1.25 s for 2 images
+    assert slow.endswith("GPU-bound (against this CPU's projected step, not a GPU's): 14 cores feed 140 images/s, the "
+                         "step takes 1.60")  # fmt: skip
+
+
+def test_the_loader_bounds_a_step_when_a_devices_cores_feed_fewer_images_than_the_step_takes():
+    """128 images a step in 0.1 s take 1,280 images/s: 14 cores of the PIL path at 180 feed 2,520 (GPU-bound), 4 feed
+    720 (the device waits 44% of each step, 8 cores would do, or the fast path). The fast path's device side counts
+    in the step; a loader timed under load is not judged."""
+    from vcarepro.tools.preflight.cost import RunCost
+    from vcarepro.tools.preflight.loader import what_bounds
+
+    cost = RunCost("r", "cls", "deit_tiny/vca", "lab", "bf16", 1, 8, 1, 1024, 128, step_seconds=0.1)
+    pil = {"input_path": "pil", "images_per_s": 180.0, "share": 1.0}
+    assert (
+        what_bounds(cost, pil, 14, cpu=False)
+        == "r (PIL path): GPU-bound: 14 cores feed 2520 images/s, the step takes 1280"
+    )
+    assert what_bounds(cost, pil, 4, cpu=False) == (
+        "r (PIL path): loader-bound: the device would wait 44% of each step; it needs 8 cores per device, "
+        "or the fast path (input_path: fast)"
+    )
+    fast = {"input_path": "fast", "images_per_s": 600.0, "share": 1.0, "device_ms_per_image": 0.25}
+    assert what_bounds(cost, fast, 1, cpu=True) == (  # 0.1 s + 128 x 0.25 ms: 970 images/s
+        "r (fast path): loader-bound (against this CPU's projected step, not a GPU's): the device would wait 38% of "
+        "each step; it needs 2 cores per device"
+    )
+    assert "not judged" in what_bounds(cost, {**fast, "share": 0.5}, 14, cpu=False)
+    assert what_bounds(RunCost("g", "gen", "dit", "ddpm", "bf16", 1, 8, 1, 256, 32), fast, 14, cpu=False) is None
 
 
 def test_verbose_prints_a_line_per_run(known_steps):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
+from vcarepro.core.choices import input_path
 from vcarepro.core.io import write_json
 from vcarepro.params.config import flatten
 from vcarepro.params.runs import cls_run, gen_run, run_paths
@@ -31,13 +32,13 @@ def run_provenance(params: Dict[str, Any], branch: str, name: str) -> Dict[str, 
     """Everything in params that defines run ``name``'s numbers, as JSON values.
 
     Scale, run, model (name and spec), recipe (the named classification recipe with the scale's
-    overrides, or the generation recipe with the run's, plus sampling and the evaluation settings),
-    seeds and shape.
+    overrides and the input path it trains through, or the generation recipe with the run's, plus
+    sampling and the evaluation settings), seeds and shape.
     """
     entry = params[f"{branch}_runs"][name]
     if branch == "cls":
         run = cls_run(params, name)
-        defines = {"recipe_name": run.recipe_name, "recipe": run.recipe}
+        defines = {"recipe_name": run.recipe_name, "recipe": run.recipe, "input_path": input_path(run.recipe)}
     elif branch == "gen":
         run = gen_run(params, name)
         defines = {

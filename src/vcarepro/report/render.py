@@ -10,7 +10,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from vcarepro.core import environment as software
 from vcarepro.core import numerics
-from vcarepro.core.choices import model_options
+from vcarepro.core.choices import input_path, model_options
 from vcarepro.core.environment import MACHINE_RECORD
 from vcarepro.core.io import write_bytes, write_json
 from vcarepro.metrics.protocol import describe as describe_protocol
@@ -335,6 +335,9 @@ def build_context(root: Path) -> Dict[str, Any]:
     summary_rows = summary(ws, gains, ablation_gains, claims)
     used = {status_key(r["status"]) for r in summary_rows}
     cls_frame = runs_frame(cls, params["cls_runs"], params["models"], cls_keys, params["cls_shape"])
+    if len(cls_frame):  # which path fed each run's training images: timm's PIL transform, or the fast path
+        paths = [input_path(cls_run(params, run).recipe) for run in cls_frame["run"]]
+        cls_frame.insert(int(cls_frame.columns.get_loc("seeds")), "input path", paths)
     gen_frame = runs_frame(gen, params["gen_runs"], params["models"], gen_keys, params["gen_shape"])
     for frame, branch in ((cls_frame, "cls"), (gen_frame, "gen")):
         if len(frame):

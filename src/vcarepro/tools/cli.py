@@ -386,6 +386,7 @@ def explain(run: str, overrides: Sequence[str] = (), project: Path = REPO_ROOT) 
     The knobs are what the run's own stages (train_cls@run, eval_cls@run; train_gen, sample_gen, eval_gen)
     declare as params in dvc.yaml, with the recipe resolved as :mod:`vcarepro.params.runs` resolves it.
     """
+    from vcarepro.core.choices import input_path
     from vcarepro.core.errors import UnknownName
     from vcarepro.params import config, runs
 
@@ -479,6 +480,7 @@ def explain(run: str, overrides: Sequence[str] = (), project: Path = REPO_ROOT) 
             {"group": name, "title": g["title"], "knobs": g["knobs"]} for name, g in groups.items() if g["knobs"]
         ],
         "unapplied": skipped,
+        "input_path": input_path(resolved.recipe) if branch == "cls" else None,
     }
 
 
@@ -591,9 +593,11 @@ def render(result: Dict[str, Any]) -> str:
         if result["overrides"]
         else "as it is (the default composition, which params.yaml holds)"
     )
+    path = {"pil": "PIL", "fast": "fast"}.get(result["input_path"])
+    trains = f"; its training images come through the {path} input path" if path else ""
     lines = textwrap.wrap(
         f"{result['run']}: a {result['kind']} run at scale {result['scale']}, conf/ {how}; "
-        f"its stages: {', '.join(result['stages'])}",
+        f"its stages: {', '.join(result['stages'])}{trains}",
         WIDTH,
         subsequent_indent="  ",
     )

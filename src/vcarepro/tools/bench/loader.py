@@ -103,9 +103,9 @@ def _rate(step: Callable[[int], int], seconds: float) -> Dict[str, float]:
     return {"images_per_s": images / wall, "share": min(cpu / wall, 1.0)}
 
 
-def cpu_rates(root: Path, recipe: Dict[str, Any], *, seconds: float, rounds: int = 3, batch: int = 32):
-    """Images/s on one core of the PIL path, the fast path's CPU side and the decode-only ceiling: ``rounds`` rounds,
-    the three paths in turn in each, the median round of each (so a slow spell of the machine touches all three)."""
+def path_step(root: Path, recipe: Dict[str, Any], path: str, batch: int = 32) -> Callable[[int], int]:
+    """One step of what is timed per core, returning its image count: ``pil``, the recipe's PIL transform on one image;
+    ``fast``, the fast path's CPU side on a batch (read, decode, crop, collate); ``decode``, one whole image decoded."""
     from vcarepro.data import fast
     from vcarepro.data.folders import ManifestDataset
     from vcarepro.data.jpeg import decode_full
@@ -113,29 +113,27 @@ def cpu_rates(root: Path, recipe: Dict[str, Any], *, seconds: float, rounds: int
 
     transform = build_transforms(recipe, training=True)
     pil = ManifestDataset(root, "train", transform)
-    crops = fast.CropSet(root, "train", fast.Draws(transform))
-    paths = [root / rel for rel, _ in pil.samples]
-    n = len(paths)
+    n = len(pil)
+    if path == "fast":
+        crops = fast.CropSet(root, "train", fast.Draws(transform))
+        return lambda i: len(fast.collate([crops[(i * batch + k) % n] for k in range(batch)])[1])
+    if path == "decode":
+        paths = [root / rel for rel, _ in pil.samples]
+        return lambda i: decode_full(paths[i % n]) is not None
+    return lambda i: pil[i % n] is not None
 
-    def pil_step(i: int) -> int:
-        pil[i % n]
-        return 1
 
-    def fast_step(i: int) -> int:
-        fast.collate([crops[(i * batch + k) % n] for k in range(batch)])
-        return batch
-
-    def decode_step(i: int) -> int:
-        decode_full(paths[i % n])
-        return 1
-
-    runs: Dict[str, List[Dict[str, float]]] = {"pil": [], "fast_cpu": [], "decode": []}
+def cpu_rates(root: Path, recipe: Dict[str, Any], *, seconds: float, rounds: int = 3, paths=("pil", "fast", "decode")):
+    """Images/s on one core of ``paths`` (:func:`path_step`): ``rounds`` rounds, the paths in turn in each, the
+    median round of each (so a slow spell of the machine touches all of them alike)."""
+    steps = {name: path_step(root, recipe, name) for name in paths}
+    runs: Dict[str, List[Dict[str, float]]] = {name: [] for name in paths}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for _ in range(rounds):
-            for name, step in (("pil", pil_step), ("fast_cpu", fast_step), ("decode", decode_step)):
-                runs[name].append(_rate(step, seconds / rounds))
+            for name in paths:
+                runs[name].append(_rate(steps[name], seconds / rounds))
     finally:
         torch.set_num_threads(threads)
     return {
@@ -191,7 +189,7 @@ def worker_rates(root: Path, recipe: Dict[str, Any], *, workers: int, seconds: f
     transform = build_transforms(recipe, training=True)
     sets = {
         "pil": (ManifestDataset(root, "train", transform), None),
-        "fast_cpu": (fast.CropSet(root, "train", fast.Draws(transform)), fast.collate),
+        "fast": (fast.CropSet(root, "train", fast.Draws(transform)), fast.collate),
     }
     return {
         name: loader_throughput(data, workers=workers, seconds=seconds, batch=batch, collate_fn=collate)
@@ -273,7 +271,7 @@ def bench_loader(
 
 
 def goal(per_core: Dict[str, Dict[str, float]]) -> Dict[str, Any]:
-    fast, pil, ceiling = (per_core[k]["images_per_s"] for k in ("fast_cpu", "pil", "decode"))
+    fast, pil, ceiling = (per_core[k]["images_per_s"] for k in ("fast", "pil", "decode"))
     over_pil, of_ceiling = fast / pil, fast / ceiling
     loaded = min(r["share"] for r in per_core.values()) < 0.9
     return {
@@ -289,7 +287,7 @@ def loader_table(figures: Dict[str, Any]) -> str:
     core, dev = figures["per_core"], figures["device_side"]
     rows = [
         ("PIL path (timm's transform)", core["pil"]),
-        ("fast path, CPU side (read, decode, crop, collate)", core["fast_cpu"]),
+        ("fast path, CPU side (read, decode, crop, collate)", core["fast"]),
         ("decode only (libjpeg-turbo, whole image)", core["decode"]),
     ]
     workers = figures.get("workers")
@@ -297,7 +295,7 @@ def loader_table(figures: Dict[str, Any]) -> str:
         f" through the DataLoader, {workers['pil']['workers']} workers, per worker |" if workers else ""
     )
     lines = [head, "|---|---:|---|" + ("---:|" if workers else "")]
-    for (label, r), key in zip(rows, ("pil", "fast_cpu", "decode")):
+    for (label, r), key in zip(rows, ("pil", "fast", "decode")):
         through = f" {workers[key]['per_worker']:.0f} |" if workers and key in workers else (" - |" if workers else "")
         lines.append(f"| {label} | {r['images_per_s']:.0f} | {', '.join(f'{x:.0f}' for x in r['rounds'])} |{through}")
     g = figures["goal"]

@@ -10,7 +10,6 @@ from vcarepro.tools.bench.attention_cost import attention_table, bench_attention
 from vcarepro.tools.bench.suite import (
     bench_attention_memory,
     bench_dvc_noop,
-    bench_jpeg_decode,
     bench_models,
     bench_train_loop,
 )
@@ -55,12 +54,12 @@ def run_all(machine: Dict[str, object], *, quick: bool = False, json_path: str =
         f"plain timm loop {loop['plain_images_per_s']:.0f} images/s, overhead {loop['overhead'] * 100:+.1f}%"
     )
 
-    decode = bench_jpeg_decode(images=32 if quick else 128)
-    out["jpeg_decode"] = decode
-    print(
-        "\n5. JPEG decode + DeiT train transform (500x666 px JPEGs), images/s: "
-        + ", ".join(f"{r['workers']} workers {r['images_per_s']:.0f}" for r in decode)
-    )
+    from vcarepro.tools.bench.loader import bench_loader, loader_table
+
+    loader = bench_loader(seconds=1.5 if quick else 6.0, images=16 if quick else 64)
+    out["loader"] = loader
+    print(f"\n5. The training input path, {loader['recipe']}'s augmentation at 224 px on {loader['source']}")
+    print(loader_table(loader))
 
     noop = bench_dvc_noop()
     out["dvc_noop"] = noop

@@ -1,5 +1,5 @@
-"""The benchmarks beyond one attention layer: whole models, activation memory, training-loop
-overhead, JPEG decoding and DVC's no-op time. Each returns plain rows; ``__main__`` prints
+"""The benchmarks beyond one attention layer and the input path (:mod:`vcarepro.tools.bench.loader`): whole
+models, activation memory, training-loop overhead and DVC's no-op time. Each returns plain rows; ``__main__`` prints
 them and writes one JSON. Ratios are taken within one run: these machines are noisy.
 """
 
@@ -160,39 +160,6 @@ def bench_train_loop(steps: int = 20, batch: int = 64) -> Dict[str, float]:
         "plain_images_per_s": steps * batch / plain,
         "overhead": ours / plain - 1.0,
     }
-
-
-def bench_jpeg_decode(workers: Sequence[int] = (0, 2), images: int = 64, side: int = 500) -> List[Dict[str, float]]:
-    """ImageNet-sized JPEG decode + the DeiT training transform, images/s, through the DataLoader."""
-    import numpy as np
-    from PIL import Image
-
-    from vcarepro.data.folders import ManifestDataset, write_manifest
-    from vcarepro.params.config import compose
-    from vcarepro.params.runs import cls_run
-    from vcarepro.train.classification import build_transforms
-
-    recipe = cls_run(compose(["scale=paper"]), "deit_tiny-mhsa").recipe
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        rng = np.random.default_rng(0)
-        (root / "train" / "n0").mkdir(parents=True)
-        manifest = []
-        for i in range(images):
-            path = root / "train" / "n0" / f"{i}.JPEG"
-            Image.fromarray(rng.integers(0, 256, (side, side * 4 // 3, 3), dtype=np.uint8)).save(path, quality=90)
-            manifest.append(("train", str(path.relative_to(root)), 0))
-        write_manifest(root, manifest)
-        (root / "classes.json").write_text('[{"index": 0, "wnid": "n0", "name": "noise"}]')
-        dataset = ManifestDataset(root, "train", build_transforms(recipe, training=True))
-        for n in workers:
-            loader = torch.utils.data.DataLoader(dataset, batch_size=16, num_workers=n)
-            started = time.perf_counter()
-            for _ in loader:
-                pass
-            rows.append({"workers": n, "images_per_s": images / (time.perf_counter() - started)})
-    return rows
 
 
 def bench_dvc_noop(repo: str | Path = ".") -> Dict[str, float]:

@@ -88,14 +88,21 @@ class TrainStep:
 
 
 def classification_step(
-    run, *, batch: int, device: str = "cpu", precision: Optional[str] = None, num_classes: int = 1000
+    run,
+    *,
+    batch: int,
+    device: str = "cpu",
+    precision: Optional[str] = None,
+    num_classes: int = 1000,
+    feed: Optional[Callable[[], Tuple[torch.Tensor, torch.Tensor]]] = None,
 ) -> TrainStep:
     """The training step of a ``cls_runs`` entry (``params.runs.ClsRun``) at ``batch`` images per device.
 
     As ``train.classification.train_classifier`` builds it: the model with the recipe's drop path, timm's
     optimizer with the scaled lr, the EMA, Mixup / CutMix and the criterion they imply, clipping, and the
     recipe's precision (``precision`` replaces it). An odd batch cannot be mixed (timm's Mixup needs pairs):
-    there the targets are the smoothed one-hot ones, at the same cost.
+    there the targets are the smoothed one-hot ones, at the same cost. ``feed`` gives each step its (images,
+    targets) on the device (the fast input path's device side, say); else one random batch serves every step.
     """
     recipe = run.recipe
     dev = torch.device(device)
@@ -113,12 +120,12 @@ def classification_step(
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        images, targets = x, y
+        images, targets = (x, y) if feed is None else feed()
         if mixup is not None:
             if batch % 2 == 0:
-                images, targets = mixup(x, y)
+                images, targets = mixup(images, targets)
             else:
-                targets = mixup_target(y, num_classes, smoothing=recipe["smoothing"])
+                targets = mixup_target(targets, num_classes, smoothing=recipe["smoothing"])
         with amp.autocast():
             loss = criterion(forward(images), targets)
         amp.scaler.scale(loss / recipe["accum_steps"]).backward()

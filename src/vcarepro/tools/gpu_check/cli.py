@@ -13,6 +13,8 @@ The parts, in order, each given a share of ``--budget-s`` (what one leaves goes 
   ddp        one DistributedDataParallel step through torchrun (the launcher's command), one process, NCCL
   fid        the SD-VAE-shaped stand-in's encode and decode, and FID through the project's evaluator, Inception on
              the device (stand-in weights: the number means nothing)
+  loader     the fast input path's device side at the lab DeiT-T recipe's per-device batch, a training step fed by
+             it beside the same step on a ready batch, and the images/s one of this machine's cores feeds
   cost       the preflight's step time (median of the timed steps after a warm-up) and peak memory
              (torch.cuda.max_memory_allocated) of the proxy runs (one GPU) and the same runs at the paper scale
              (--paper-devices per node), at the recipe's own per-device batch, nothing scaled
@@ -53,19 +55,20 @@ PACKAGES = ("torch", "timm", "triton", "diffusers", "torch-fidelity", "hydra-cor
 
 
 def _parts() -> Dict[str, Part]:
-    from vcarepro.tools.gpu_check import attention, ddp, fid, steps
+    from vcarepro.tools.gpu_check import attention, ddp, fid, loader, steps
 
     return {
         part.name: part
         for part in (
-            Part("steps", "the smoke matrix at paper shape, in each recipe's precision", 0.30, steps.steps_part),
+            Part("steps", "the smoke matrix at paper shape, in each recipe's precision", 0.28, steps.steps_part),
             Part("ddp", "one DDP step through torchrun", 0.10, ddp.ddp_part),
             Part("fid", "the SD-VAE stand-in and FID on the device", 0.10, fid.fid_part),
-            Part("cost", "the preflight's step time and peak memory at the recipe's batch", 0.25, steps.cost_part),
+            Part("loader", "the fast input path's device side, and a step it feeds", 0.07, loader.loader_part),
+            Part("cost", "the preflight's step time and peak memory at the recipe's batch", 0.22, steps.cost_part),
             Part(
                 "attention",
                 "one layer of each family member vs timm's fused MHSA, bf16",
-                0.20,
+                0.18,
                 attention.attention_part,
             ),
             Part("profile", "torch.profiler: VCA and MHSA at the largest N", 0.05, attention.profile_part),
@@ -73,7 +76,7 @@ def _parts() -> Dict[str, Part]:
     }
 
 
-PART_NAMES = ("steps", "ddp", "fid", "cost", "attention", "profile")
+PART_NAMES = ("steps", "ddp", "fid", "loader", "cost", "attention", "profile")
 PARTS: Dict[str, Part] = {}  # filled on first use (importing the parts imports torch); a test may replace one
 
 

@@ -62,6 +62,16 @@ COLUMNS: Dict[str, List[Column]] = {
         ("FID", "fid", _num(3)),
         ("FID s", "fid_seconds", _num(2)),
     ],
+    "loader": [
+        ("batch", "batch", _text),
+        ("device side ms", "ms", _num(2)),
+        ("ms / image", "ms_per_image", _num(4)),
+        ("step ms, ready batch", "plain_step_ms", _num(1)),
+        ("step ms, fed", "fed_step_ms", _num(1)),
+        ("images/s fed", "images_per_s", _num(0)),
+        ("images/s a CPU core", "cpu_core_images_per_s", _num(0)),
+        ("cores needed", "cores_needed", _num(1)),
+    ],
     "cost": [
         ("recipe", "recipe", _text),
         ("precision", "precision", _text),

@@ -1,7 +1,8 @@
 """What every run of a scale will cost on the machine at hand, and what would stop it, before it starts.
 
     python -m vcarepro.tools.preflight [--scale paper] [--runs NAME,...] [--batch N] [--devices K] [--steps N]
-                                 [--device cuda] [--json PATH] [--loader-seconds S] [--verbose] [KEY=VALUE ...]
+                                 [--device cuda] [--cores-per-device K] [--json PATH] [--loader-seconds S]
+                                 [--verbose] [KEY=VALUE ...]
 
 For every ``cls_runs`` and ``gen_runs`` entry of the scale (params composed with ``scale=<scale>`` and
 any Hydra overrides given, e.g. ``prepare_cls.imagenet_root=/data/imagenet``; params.yaml is not touched)
@@ -11,9 +12,11 @@ median is reported) at the recipe's per-device batch (global batch / (devices x 
 ``--batch`` if that is smaller, the time then scaled linearly to the recipe's batch. It records the peak
 memory of those steps (``torch.cuda.max_memory_allocated`` on a GPU, the growth of the process's peak RSS
 on a CPU) and, where the batch was capped, projects it to the recipe's batch (what lives between steps
-stays, the rest grows with the batch). It measures the training transform's throughput at the recipe's
-workers, the cost of sampling (forward passes at the sampling batch, counted by running the real sampler
-on a stand-in model), and checks the files the scale needs. Inputs that are missing do not stop the
+stays, the rest grows with the batch). It times what one CPU core feeds on each classification run's input
+path (and the fast path's device side) and says, per run, whether a node's ``--cores-per-device`` cores would
+keep its device busy ("GPU-bound") or not ("loader-bound"). It measures the cost of sampling (forward passes at
+the sampling batch, counted by running the real sampler on a stand-in model), and checks the files the scale
+needs. Inputs that are missing do not stop the
 measurement: the models run on random tensors of the right shape.
 
 What it prints leads with what to fix: first one ``error:`` sentence per missing input (an input several
@@ -112,7 +115,13 @@ def parse_args(argv):
         "--loader-seconds",
         type=float,
         default=3.0,
-        help="seconds of data-loader timing per distinct training transform",
+        help="seconds of timing one core's loader per distinct training input",
+    )
+    parser.add_argument(
+        "--cores-per-device",
+        type=float,
+        help="CPU cores a training node has per device, which its loader workers run on "
+        "(default: this machine's cores over its GPUs, or all its cores without one)",
     )
     parser.add_argument("--json", help="also write everything to this JSON file")
     parser.add_argument(
@@ -164,8 +173,8 @@ def selected(params: Dict[str, Any], scale: str, runs: Sequence[str]) -> List[st
     return chosen
 
 
-def hardware(args) -> Tuple[torch.device, int, Optional[int]]:
-    """(where to step, the devices to project for, the cap on the per-device batch run)."""
+def hardware(args) -> Tuple[torch.device, int, Optional[int], float]:
+    """(where to step, the devices to project for, the cap on the per-device batch run, CPU cores per device)."""
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise BadInput("--device cuda was asked for but no GPU is visible; drop --device or use --device cpu.")
@@ -175,7 +184,10 @@ def hardware(args) -> Tuple[torch.device, int, Optional[int]]:
     cap = args.batch if args.batch is not None else (DEFAULT_CPU_BATCH if device.type == "cpu" else None)
     if cap is not None and cap < 1:
         raise BadInput(f"--batch {cap}: give a positive per-device batch.")
-    return device, devices, cap
+    cores = args.cores_per_device or (os.cpu_count() or 1) / max(torch.cuda.device_count(), 1)
+    if not cores > 0:
+        raise BadInput(f"--cores-per-device {args.cores_per_device}: give a positive number of cores.")
+    return device, devices, cap, cores
 
 
 def step_every_run(
@@ -215,13 +227,18 @@ def print_findings(
     inputs: Sequence[Input],
     loaders: Dict[str, Dict[str, Any]],
     costs: Sequence[RunCost],
+    cores: float,
+    bounds: Dict[str, str],
 ) -> None:
-    """The header, the table and its legend, and the inputs, on stdout."""
+    """The header, the table and its legend, what bounds each classification step, and the inputs, on stdout."""
     cpu = device.type == "cpu"
     where = f"{device.type}" + (f" ({torch.cuda.get_device_name(device)})" if not cpu else f" ({described['cpu']})")
     print(header(scale, len(costs), where, devices, memory, cpu, load, os.cpu_count() or 1))
     print(table(costs, cpu))
-    print(legend(steps, cpu, PeakMemory(device).method, memory))
+    print(legend(steps, cpu, PeakMemory(device).method, memory, cores))
+    if bounds:
+        print(f"\nwhat bounds each classification step, at {cores:g} CPU cores per device (--cores-per-device)")
+        print("\n".join(f"  {line}" for line in bounds.values()))
     print(inputs_section(branches, loader.distinct(loaders), inputs))
     sys.stdout.flush()  # the table before the sentences below, where stdout and stderr go to one place
 
@@ -242,6 +259,8 @@ def write_findings(
     missing: List[str],
     loaders: Dict[str, Dict[str, Any]],
     costs: Sequence[RunCost],
+    cores: float,
+    bounds: Dict[str, str],
     problems: List[str],
     failures: List[str],
 ) -> None:
@@ -265,6 +284,8 @@ def write_findings(
             "inputs": [asdict(i) for i in inputs],
             "missing_inputs": missing,
             "loaders": [dict(entry) for entry in loader.distinct(loaders)],
+            "cores_per_device": cores,
+            "bounds": bounds,
             "runs": [dict(asdict(c), scaled=c.scaled) for c in costs],
             "total": {
                 k: sum(getattr(c, k) or 0.0 for c in costs)
@@ -311,7 +332,7 @@ def main(argv=None) -> int:
         raise BadInput(f"--steps {args.steps}: time at least one step.")
     cls_runs = [cls_run(params, name) for name in names if name in params["cls_runs"]]
     gen_runs = [gen_run(params, name) for name in names if name in params["gen_runs"]]
-    device, devices, cap = hardware(args)
+    device, devices, cap, cores = hardware(args)
 
     load_before = os.getloadavg()[0]
     branches = (
@@ -333,12 +354,17 @@ def main(argv=None) -> int:
             branches, progress, doing, devices=devices, cap=cap, device=device, memory=memory, repeats=args.steps
         )
         loaders = (
-            loader.loader_rates(cls_runs, dataset=branches[0].dataset, seconds=args.loader_seconds, log=doing)
+            loader.loader_rates(
+                cls_runs, dataset=branches[0].dataset, seconds=args.loader_seconds, device=device, log=doing
+            )
             if cls_runs
             else {}
         )
     for cost in costs:
-        cost.loader_images_per_s = loaders.get(cost.run, {}).get("images_per_s")
+        per_core = loaders.get(cost.run, {}).get("images_per_s")
+        cost.loader_images_per_s = None if per_core is None else per_core * cores
+    cpu = device.type == "cpu"
+    bounds = {c.run: line for c in costs if (line := loader.what_bounds(c, loaders.get(c.run), cores, cpu))}
     run_problems += [p for c in costs for p in c.problems]
     run_problems += sorted({e["error"] for e in loaders.values() if "error" in e})
     summary = fit_summary(costs, memory, device.type == "cpu")
@@ -358,6 +384,8 @@ def main(argv=None) -> int:
         inputs=inputs,
         loaders=loaders,
         costs=costs,
+        cores=cores,
+        bounds=bounds,
     )
     print_findings(**found)
     if args.json:

@@ -122,7 +122,7 @@ def fit_summary(costs: Sequence[RunCost], memory: int, cpu: bool) -> Optional[st
     )
 
 
-def legend(steps: int, cpu: bool, peak_method: str, memory: int) -> str:
+def legend(steps: int, cpu: bool, peak_method: str, memory: int, cores: float) -> str:
     """What the table's columns hold and how the hours are computed, printed under it."""
     return (
         f"step s: the median of {steps} timed optimizer step{'s' if steps != 1 else ''} after "
@@ -132,8 +132,8 @@ def legend(steps: int, cpu: bool, peak_method: str, memory: int) -> str:
         f"(seeds x sampling batches x sampler passes x one pass at the sampling batch / 3600, one device, "
         f"VAE decoding not included). Peak memory: "
         f"{peak_method}; ~ projected to the recipe's batch; fits: that peak is within the "
-        f"{fmt(memory / GIB, 3)} GiB of this device. Loader: images/s of one training "
-        f"process's loader at the recipe's workers."
+        f"{fmt(memory / GIB, 3)} GiB of this device. Loader: the images/s {cores:g} CPU cores feed a device on the "
+        f"run's input path (one core's rate, timed here, x --cores-per-device)."
     )
 
 
@@ -142,8 +142,10 @@ def inputs_section(branches: Sequence[Any], loaders: Sequence[Dict[str, Any]], i
     lines = ["", "inputs"]
     lines += [f"  {b.title} data: {b.dataset.source}" if b.runs else f"  {b.title}: no run selected" for b in branches]
     for entry in loaders:
-        rate = f"{fmt(entry['images_per_s'], 3)} images/s" if "images_per_s" in entry else "FAILED"
-        timed = f"{', '.join(entry['recipes'])}; {entry['workers']} workers"
+        rate = f"{fmt(entry['images_per_s'], 3)} images/s a core" if "images_per_s" in entry else "FAILED"
+        if "device_ms_per_image" in entry:
+            rate += f", device side {fmt(entry['device_ms_per_image'], 3)} ms an image on {entry['device_name']}"
+        timed = f"{', '.join(entry['recipes'])}; {'PIL' if entry['input_path'] == 'pil' else 'fast'} path"
         lines.append(f"  loader ({timed}) on {entry['source']}: {rate}")
     lines += [f"  {input_line(group)}" for group in group_inputs(inputs)]
     if not inputs:

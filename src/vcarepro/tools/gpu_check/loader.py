@@ -1,0 +1,109 @@
+"""The fast input path on the device (part ``loader``): its device side at the recipe's per-device batch, a training
+step fed by it beside the same step on a batch already there, and what one of this machine's CPU cores feeds.
+
+The crops are photographs cut to ImageNet's size (:func:`vcarepro.tools.bench.loader.write_imagenet_like_jpegs`),
+decoded and collated once on the CPU; each fed step moves that batch to the device, then augments, normalizes and
+erases it there as training's ``PrefetchLoader`` does, so the step's time includes all the device does for its input.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from vcarepro.tools.gpu_check.parts import FAIL, PASS, Check, Outcome, one_line
+
+RUN = "deit_tiny-vca"  # the lab's DeiT-T recipe: RandAugment, erasing, Mixup / CutMix; 512 images per GPU on 8
+TINY_CROPS = 4
+
+
+def loader_part(check: Check, outcome: Outcome) -> None:
+    import torch
+
+    from vcarepro.data import fast
+    from vcarepro.params.runs import cls_run
+    from vcarepro.tools.bench.loader import cpu_rates, write_imagenet_like_jpegs
+    from vcarepro.tools.bench.train_step import classification_step
+    from vcarepro.tools.gpu_check.steps import TINY_CLASSES, composed, tiny
+    from vcarepro.tools.preflight.machine import release_memory
+    from vcarepro.tools.preflight.stepping import step_times
+    from vcarepro.train.classification import build_transforms
+
+    device = check.device
+    run = cls_run(composed("paper"), RUN)
+    batch = run.recipe["batch_size"] // (check.options.get("paper_devices") or 8)
+    if check.tiny:
+        run, batch = tiny(run, "cls"), TINY_CROPS
+    classes = TINY_CLASSES if check.tiny else 1000
+    draws = fast.Draws(build_transforms(run.recipe, training=True))
+    with tempfile.TemporaryDirectory(prefix="gpu-check-photos-") as tmp:
+        root = write_imagenet_like_jpegs(Path(tmp), count=8 if check.tiny else 64)
+        crops = fast.CropSet(root, "train", draws)
+        host, labels = fast.collate([crops[i % len(crops)] for i in range(batch)])
+        per_core = cpu_rates(root, run.recipe, seconds=0.5 if check.tiny else 4.0, rounds=1, paths=("fast",))
+    if device.type == "cuda":
+        host = fast.CropBatch(*(t.pin_memory() for t in host))
+    augment, prefetch = fast.DeviceAugment(draws), fast.on_device([], draws, device)
+
+    def feed():
+        images = augment(host.to(device, non_blocking=True)).sub_(prefetch.mean).div_(prefetch.std)
+        if prefetch.random_erasing is not None:
+            images = prefetch.random_erasing(images)
+        return images, labels.to(device, non_blocking=True)
+
+    def timed(fn, repeats):
+        times = []
+        for _ in range(repeats):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            started = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - started)
+        return statistics.median(times)
+
+    repeats = 1 if check.tiny else 5
+    row = {"id": "device side", "batch": batch, "img_size": draws.size}
+    try:
+        images, _ = feed()  # the warm-up, and the check that it gives the model's input
+        ok = tuple(images.shape) == (batch, 3, draws.size, draws.size) and bool(torch.isfinite(images).all())
+        seconds = timed(feed, repeats)
+        row.update(ms=1e3 * seconds, ms_per_image=1e3 * seconds / batch)
+        row["status"], row["reason"] = (PASS, f"{row['ms_per_image']:.3f} ms an image") if ok else (FAIL, "bad output")
+    except Exception as err:  # noqa: BLE001 - the part's rows say what failed
+        row["status"], row["reason"] = FAIL, one_line(err)
+    outcome.rows.append(row)
+    if check.out_of_time(outcome, 1, 2, "rows"):
+        return
+    row = {"id": f"{RUN} step fed by it", "batch": batch, "precision": run.recipe["precision"]}
+    try:
+        for name, step_feed in (("plain_step_ms", None), ("fed_step_ms", feed)):
+            step = classification_step(run, batch=batch, device=str(device), num_classes=classes, feed=step_feed)
+            if not check.tiny:
+                step_times(step, 1)  # the warm-up
+            row[name] = 1e3 * statistics.median(step_times(step, repeats))
+            finite = all(bool(torch.isfinite(p).all()) for p in step.model.parameters())
+            del step
+            release_memory(device)
+        fed_per_s = batch / row["fed_step_ms"] * 1e3
+        core = per_core["fast"]["images_per_s"]
+        row.update(
+            device_side_share=1 - row["plain_step_ms"] / row["fed_step_ms"],
+            images_per_s=fed_per_s,
+            cpu_core_images_per_s=core,
+            cores_needed=fed_per_s / core,
+        )
+        row["status"] = PASS if finite else FAIL
+        row["reason"] = (
+            f"{row['fed_step_ms']:.1f} ms a step fed, {row['plain_step_ms']:.1f} ms on a ready batch; "
+            f"{fed_per_s:.0f} images/s take {row['cores_needed']:.1f} of this machine's cores at {core:.0f} a core"
+            if finite
+            else "a parameter is not finite after the fed steps"
+        )
+    except Exception as err:  # noqa: BLE001
+        row["status"], row["reason"] = FAIL, one_line(err)
+    outcome.rows.append(row)
+    outcome.summary = "; ".join(r["reason"] for r in outcome.rows)
