@@ -214,6 +214,10 @@ def test_explain_at_paper_scale_gives_the_paper_recipe_and_its_file(paper):
     assert yaml.safe_load((ROOT / lr["set_by"]).read_text())["lr"] == expected  # that file does say it
     assert "train_cls@deit_tiny-vca" in lr["read_by"]
     assert lr["set_by"] in row(cli.render(paper), "lr")
+    # which path feeds its training images, in the first lines: the fast path the paper recipes augment on
+    assert paper["input_path"] == "fast" and "its training images come through the fast input path" in " ".join(
+        cli.render(paper).split("\n\n")[0].split()
+    )
 
 
 @pytest.mark.parametrize("which", ["embedded", "paper"])
@@ -256,6 +260,7 @@ def test_explain_gives_the_reason_beside_a_value_and_leaves_out_what_the_run_nev
     assert "why: " + lr["why"][:30] in " ".join(text.split())
     assert not [line for line in text.splitlines() if line.startswith("  auto_augment ")]
     assert "not applied by this run (train_augment is false" in text and "auto_augment" in text.split("not applied")[1]
+    assert embedded["input_path"] == "pil" and "through the PIL input path" in " ".join(text.split("\n\n")[0].split())
     # a command-line override has no reason of its own: the file's is not shown for it
     assert "why" not in knob(cli.explain("deit_tiny-vca", ["cls_recipe_overrides.lr=0.1"], ROOT), "recipe", "lr")
 

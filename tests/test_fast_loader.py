@@ -156,17 +156,22 @@ def test_the_crop_and_resize_match_pillows_within_a_level(resample):
     assert worst <= 1 and share <= 0.005
 
 
-def test_a_box_decoded_at_a_reduced_dct_scale_stays_within_half_a_level_of_pillows(tmp_path):
-    """A large photograph's crop that is at least 4x the output a side decodes at 1/2 scale or less (fewer pixels:
-    the point), and the resize from there differs from Pillow's full-size resize by at most 0.6 levels on average."""
+def test_a_box_decoded_at_a_reduced_dct_scale_stays_within_a_level_of_pillows(tmp_path):
+    """Crops of a large photograph that are at least 3x the output a side decode at 1/2 scale or less (fewer pixels:
+    the point), and the resize from there differs from Pillow's full-size resize by at most 1.1 levels on average."""
     path = tmp_path / "large.JPEG"
     Image.open(photographs()[0]).convert("RGB").resize((1600, 1068), Image.Resampling.BICUBIC).save(path, quality=90)
     data = path.read_bytes()
     size = image_size(data, path)
     full = np.asarray(Image.open(path).convert("RGB"))
-    for top, left, h, w in ((20, 40, 1000, 960), (100, 300, 900, 1100), (0, 0, 1068, 1600)):
+    rng = random.Random(0)
+    scaled = []
+    for _ in range(24):
+        h = rng.randint(672, 1068)
+        w = min(1600, max(672, int(h * rng.uniform(0.75, 1.33))))
+        top, left = rng.randint(0, 1068 - h), rng.randint(0, 1600 - w)
         crop, box = decode_box(data, path, size, (top, left, h, w), 224)
-        assert crop.shape[0] < h / 1.9 and crop.shape[1] < w / 1.9  # decoded at 1/2 or less
+        assert crop.shape[0] <= h / 2 + 1 and crop.shape[1] <= w / 2 + 1  # decoded at 1/2 or less
         got = device_ops.resize_crops(
             torch.from_numpy(crop).reshape(-1),
             torch.tensor([crop.shape[:2]]),
@@ -175,7 +180,8 @@ def test_a_box_decoded_at_a_reduced_dct_scale_stays_within_half_a_level_of_pillo
             224,
         )
         expected = as_batch([Image.fromarray(full[top : top + h, left : left + w]).resize((224, 224), 3)])
-        assert (got - expected).abs().mean().item() <= 0.6
+        scaled.append((got - expected).abs().mean().item())
+    assert max(scaled) <= 1.1, scaled
 
 
 def test_the_flip_and_the_normalization_are_the_pil_paths_and_the_erasing_is_timms(transform):

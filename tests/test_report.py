@@ -403,6 +403,7 @@ def test_report_shows_each_runs_options_and_the_environment(project):
     # the attention options the run used (the scale's contrast-token count), with its model and seeds
     contrast = compose([])["cls_shape"]["contrast_tokens"]
     assert f"vca (contrast_tokens={contrast})" in row and "seeds 0, 1, 2" in row
+    assert "training images through the PIL input path" in row  # the digits are not augmented
     assert "<details><summary>params.yaml" in html  # the raw params are there, collapsed
     env = html[html.index("<h2>Environment</h2>") :]
     import torch

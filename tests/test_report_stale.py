@@ -191,6 +191,16 @@ def test_the_record_holds_what_defines_a_run_and_survives_json():
         [0, 1, 2],
     )
     assert record["recipe"]["epochs"] == params["cls_recipe_overrides"]["epochs"]  # the effective recipe
+    # the path that fed its training images: the digits are not augmented, so the PIL path whatever input_path says
+    assert record["recipe"]["input_path"] == "fast" and record["input_path"] == "pil"
+    augmented = run_provenance(compose(["scale=paper"]), "cls", "deit_tiny-vca")
+    assert (
+        augmented["input_path"]
+        == "fast"
+        != run_provenance(compose(["scale=paper", "cls_recipe_overrides.input_path=pil"]), "cls", "deit_tiny-vca")[
+            "input_path"
+        ]
+    )
     assert record["shape"] == params["cls_shape"] and record["model"] == params["models"]["deit_tiny-vca"]
     gen = run_provenance(params, "gen", "dit_s2-vca")
     assert gen["sampling"] == params["sampling"] and gen["recipe"]["steps"] == params["gen_recipe"]["steps"]

@@ -41,7 +41,6 @@ ALLOWED: Dict[Tuple[str, str, str], str] = {
         "checkpoint), inside write_standins' atomic folder"
     ),
     ("tools/bench/loader.py", "write_imagenet_like_jpegs", "save"): "benchmark input images, in its scratch folder",
-    ("tools/bench/loader.py", "write_imagenet_like_jpegs", "write_text"): "benchmark input, in its scratch folder",
 }
 
 SAFE_FOLDERS = {"atomic_directory", "TemporaryDirectory", "mkdtemp"}  # what is built from their name is scratch

@@ -1,9 +1,10 @@
 """A box of an image file, decoded as few pixels as the crop allows: the CPU's whole share of the fast input path.
 
 A JPEG is decoded by libjpeg-turbo (simplejpeg) at the smallest DCT scale of 1/2, 1/4 or 1/8 that keeps the box at
-least twice ``out`` on each side, and only the box's rows and columns are kept: the resize's bicubic filter, not the
-DCT, then does the last 2x of the shrink (with 1x, a box shrunk 4x by the DCT differed from Pillow's resize by 2.6
-levels on average; with 2x by 0.5). The other scales libjpeg-turbo offers (3/8, 5/8, ...) have no SIMD code and
+least 1.5x ``out`` on each side, and only the box's rows and columns are kept: the resize's bicubic filter, not the
+DCT, then does the last 1.5x of the shrink (with 1x, a box shrunk 4x by the DCT differed from Pillow's resize by 2.6
+levels on average; with 1.5x by 0.56, and 1.05 at worst, over 93 crops of a 1600 px photograph; with 2x by 0.43,
+but a third as many crops decode smaller). The other scales libjpeg-turbo offers (3/8, 5/8, ...) have no SIMD code and
 decode slower than the full size. Anything else (PNG, CMYK or YCCK
 JPEGs, as a few of ImageNet's are), and any JPEG libjpeg-turbo refuses in its strict mode, is decoded by Pillow as the
 PIL path decodes it, so a file decodes to Pillow's pixels or fails with Pillow's reason.
@@ -16,18 +17,19 @@ from pathlib import Path
 from typing import Tuple
 
 import numpy as np
-import simplejpeg
 
 from vcarepro.data.folders import decoded_image, unreadable_image
 
 JPEG_MAGIC = b"\xff\xd8"
 TURBO_COLORSPACES = ("YCbCr", "Gray", "RGB")  # what libjpeg-turbo converts to RGB as Pillow does
 SCALES = (8, 4, 2)  # DCT reductions with SIMD code in libjpeg-turbo
-OVERSAMPLE = 2  # a scaled box keeps at least this many times the output's pixels a side
+OVERSAMPLE = 1.5  # a scaled box keeps at least this many times the output's pixels a side
 
 
 def image_size(data: bytes, path: Path) -> Tuple[int, int, bool]:
     """(width, height, whether libjpeg-turbo decodes it) of an image file's bytes, read from its header."""
+    import simplejpeg  # here, not at import: a GPU node that trains on the PIL path needs no simplejpeg wheel
+
     if data[:2] == JPEG_MAGIC:
         try:
             height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
@@ -46,6 +48,8 @@ def decode_box(data: bytes, path: Path, size: Tuple[int, int, bool], box: Tuple[
     full_w, full_h, turbo = size
     top, left, height, width = box
     if turbo:
+        import simplejpeg
+
         factor = next((f for f in SCALES if min(height, width) >= f * OVERSAMPLE * out), 1)
         try:
             pixels = simplejpeg.decode_jpeg(

@@ -336,7 +336,7 @@ def build_context(root: Path) -> Dict[str, Any]:
     used = {status_key(r["status"]) for r in summary_rows}
     cls_frame = runs_frame(cls, params["cls_runs"], params["models"], cls_keys, params["cls_shape"])
     if len(cls_frame):  # which path fed each run's training images: timm's PIL transform, or the fast path
-        paths = [input_path(cls_run(params, run).recipe) for run in cls_frame["run"]]
+        paths = [{"pil": "PIL"}.get(p, p) for p in (input_path(cls_run(params, r).recipe) for r in cls_frame["run"])]
         cls_frame.insert(int(cls_frame.columns.get_loc("seeds")), "input path", paths)
     gen_frame = runs_frame(gen, params["gen_runs"], params["models"], gen_keys, params["gen_shape"])
     for frame, branch in ((cls_frame, "cls"), (gen_frame, "gen")):
