@@ -17,16 +17,16 @@ import copy
 import math
 import random
 from pathlib import Path
-from typing import Iterator, List, NamedTuple, Tuple
+from typing import Iterator, NamedTuple, Tuple
 
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import get_worker_info
 
 from vcarepro.core.errors import BadInput
 from vcarepro.data import device_ops
-from vcarepro.data.folders import read_classes, read_manifest
+from vcarepro.data.folders import ManifestDataset
 from vcarepro.data.jpeg import decode_box, image_size, read_bytes
 
 PATHS = ("pil", "fast")
@@ -188,25 +188,14 @@ class CropBatch(NamedTuple):
         return CropBatch(*(t.to(device, non_blocking=non_blocking) for t in self))
 
 
-class CropSet(Dataset):
+class CropSet(ManifestDataset):
     """A split of the prepared layout, each item one image's crop and draws (:class:`Draws`), decoded in the worker."""
 
     def __init__(self, root: str | Path, split: str, draws: Draws) -> None:
-        self.root = Path(root)
-        self.samples = read_manifest(self.root, split)
-        self.classes = read_classes(self.root)
+        super().__init__(root, split)
         self.draws = draws
-        if not self.samples:
-            raise BadInput(f"the {split} split of {self.root} is empty; re-run prepare_cls.")
 
-    @property
-    def targets(self) -> List[int]:
-        return [label for _, label in self.samples]
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, index: int):
+    def _read(self, index: int):
         rel, label = self.samples[index]
         path = self.root / rel
         data = read_bytes(path)
