@@ -124,7 +124,7 @@ def test_each_randaugment_op_gives_timms_pil_pixels_at_every_level(op, squares):
             )
             if op in device_ops.GEOMETRIC:
                 matrix = torch.tensor([fast._affine_matrix(op, arg, 224)] * n, dtype=torch.float64)
-                got = device_ops.affine(batch, matrix, torch.full((n,), code), FILL)
+                got = device_ops.affine(batch, matrix, torch.full((n,), code), torch.tensor(FILL))
             else:
                 got = device_ops.PIXEL_OPS[op](batch, torch.full((n,), 0.0 if arg is None else float(arg)))
             assert differing(got, expected) == (0, 0), (op, arg, resample)
@@ -186,30 +186,24 @@ def test_a_box_decoded_at_a_reduced_dct_scale_stays_within_a_level_of_pillows(tm
 
 def test_the_flip_and_the_normalization_are_the_pil_paths_and_the_erasing_is_timms(transform):
     """A 224 px crop that the plan flips and augments no further comes back mirrored as Pillow mirrors it; the
-    normalization is ToTensor's and Normalize's to within float32 rounding; the erasing is timm's RandomErasing with
-    the transform's own settings."""
+    normalization is ToTensor's and Normalize's to within float32 rounding; the erasing is the transform's own
+    RandomErasing, drawing on the device."""
     img = Image.open(photographs()[2]).convert("RGB").resize((224, 224))
-    batch = fast.CropBatch(
-        torch.from_numpy(np.array(img)).reshape(-1),
-        torch.tensor([[224, 224]]),
-        torch.tensor([[0.0, 0.0, 224.0, 224.0]], dtype=torch.float64),
-        torch.tensor([device_ops.BICUBIC], dtype=torch.int8),
-        torch.tensor([True]),
-        torch.full((1, 2), fast.SKIPPED, dtype=torch.int8),
-        torch.zeros(1, 2, 6, dtype=torch.float64),
-        torch.zeros(1, 2, dtype=torch.int8),
-    )
+    plan = fast.Plan(2)  # no RandAugment op applied
+    item = (np.asarray(img), (0.0, 0.0, 224.0, 224.0), device_ops.BICUBIC, True, plan, 0)
+    batch, _ = fast.collate([item], 224)
     draws = fast.Draws(transform)
-    flipped = fast.DeviceAugment(draws)(batch)
+    prefetcher = fast.DevicePrefetcher([], draws, torch.device("cpu"))  # as training builds it
+    flipped = prefetcher.augment(batch)
     assert torch.equal(flipped, as_batch([img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)]))
-    loader = fast.on_device([], draws, torch.device("cpu"))  # timm's PrefetchLoader, as training builds it
     normalize = next(t for t in transform.transforms if type(t).__name__ == "Normalize")
-    ours = flipped.clone().sub_(loader.mean).div_(loader.std)
+    ours = flipped.clone().sub_(prefetcher.mean).div_(prefetcher.std)
     assert (ours - normalize(flipped / 255.0)).abs().max().item() < 1e-5
     erasing = next(t for t in transform.transforms if type(t).__name__ == "RandomErasing")
-    assert type(loader.random_erasing) is type(erasing)
-    for field in ("probability", "min_area", "max_area", "log_aspect_ratio", "min_count", "max_count", "mode"):
-        assert getattr(loader.random_erasing, field) == getattr(erasing, field), field
+    assert type(prefetcher.erasing) is type(erasing) and prefetcher.erasing.device == torch.device("cpu")
+    assert {k: v for k, v in vars(prefetcher.erasing).items() if k != "device"} == {
+        k: v for k, v in vars(erasing).items() if k != "device"
+    }
 
 
 class Recorded:
@@ -307,13 +301,13 @@ def test_a_whole_images_augmentation_is_the_pil_paths_drawn_with_the_same_seeds(
     same seeds: at most 0.2% of an image's pixels differ (a resize's one-level difference, carried through)."""
     head = type(transform)(transform.transforms[:3])  # RandomResizedCrop, flip, RandAugment: the uint8 part
     crops = fast.CropSet(photos, "train", fast.Draws(transform))
-    augment = fast.DeviceAugment(crops.draws)
+    augment = fast.DeviceAugment(crops.draws, torch.device("cpu"))
     for i in range(24):
         path = photos / crops.samples[i % len(crops)][0]
         random.seed(i), np.random.seed(i), torch.manual_seed(i)
         expected = as_batch([head(Image.open(path).convert("RGB"))])
         random.seed(i), np.random.seed(i), torch.manual_seed(i)
-        batch, _ = fast.collate([crops[i % len(crops)]])
+        batch, _ = crops.collate([crops[i % len(crops)]])
         assert differing(augment(batch), expected)[1] <= 0.002
 
 
@@ -344,8 +338,8 @@ def test_imagenets_odd_files_decode_to_pillows_pixels(odd_files, transform):
     for rel, _ in crops.samples:
         path = odd_files / rel
         assert np.array_equal(decode_full(path), np.asarray(Image.open(path).convert("RGB"))), rel
-    batch, labels = fast.collate([crops[i] for i in range(len(crops))])
-    assert fast.DeviceAugment(crops.draws)(batch).shape == (len(crops), 3, 224, 224)
+    batch, labels = crops.collate([crops[i] for i in range(len(crops))])
+    assert fast.DeviceAugment(crops.draws, torch.device("cpu"))(batch).shape == (len(crops), 3, 224, 224)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
@@ -379,13 +373,30 @@ def test_what_the_fast_path_does_not_implement_is_refused_in_one_sentence(recipe
         fast.Draws(build_transforms({**recipe, **change}, training=True))
 
 
-def test_a_batch_travels_as_uint8_crops_and_comes_back_whole(photos, transform):
-    """The worker ships uint8 crops (smaller than the PIL path's float32 images for all but upscaled crops) and the
-    draws; the device side gives 8-bit values at the recipe's size."""
+def test_a_batch_travels_as_uint8_crops_with_a_schedule_the_device_never_reads_back(photos, transform):
+    """The worker ships uint8 crops and the draws, and works out on the host what the device side will do: the resize
+    chunks (each crop in one, of one pass order) and, per RandAugment layer, the images each op takes (each image
+    once per layer, in no group where the layer applied nothing). The draws pickle, so spawned workers get them."""
+    import pickle
+
     crops = fast.CropSet(photos, "train", fast.Draws(transform))
-    batch, labels = fast.collate([crops[i] for i in range(8)])
+    pickle.loads(pickle.dumps(crops)).draws(500, 375)  # what a spawned worker receives, and uses
+    batch, labels = crops.collate([crops[i] for i in range(12)])
     assert batch.pixels.dtype == torch.uint8 and batch.pixels.numel() == int((batch.sizes.prod(1) * 3).sum())
-    assert labels.tolist() == [0] * 8 and batch.codes.shape == (8, 2) and batch.params.shape == (8, 2, 6)
-    images = fast.DeviceAugment(crops.draws)(batch)
-    assert images.shape == (8, 3, 224, 224) and torch.equal(images, images.round()) and 0 <= images.min()
+    assert labels.tolist() == [0] * 12 and batch.params.shape == (12, 2, 6)
+    order = batch.order.tolist()
+    assert (
+        sorted(order[:12]) == list(range(12))
+        and [c[0] for c in batch.chunks] == [0, *(c[1] for c in batch.chunks)][:-1]
+    )
+    assert batch.chunks[-1][1] == 12
+    for first, last, height, width, tall in batch.chunks:  # every crop of a chunk fits its padded size
+        for i in order[first:last]:
+            rows, cols = batch.sizes[i].tolist()[:: -1 if tall else 1]
+            assert rows <= height and cols <= width
+    for layer in range(2):
+        taken = [i for lay, _, first, last, *_ in batch.groups if lay == layer for i in order[12 + first : 12 + last]]
+        assert len(taken) == len(set(taken)) <= 12
+    images = fast.DeviceAugment(crops.draws, torch.device("cpu"))(batch)
+    assert images.shape == (12, 3, 224, 224) and torch.equal(images, images.round()) and 0 <= images.min()
     assert images.max() <= 255

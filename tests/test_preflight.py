@@ -194,9 +194,9 @@ def test_paper_runs_at_batch_one_project_the_recipe_and_report_missing_inputs(tm
         assert " not found " in line and "; fix: " in line and line.endswith("."), line
     assert lines.index(line) < 4  # the four missing inputs lead
     assert f"ImageNet root (prepare_cls.imagenet_root = {missing}): MISSING" in result.stdout
-    # the paper recipe trains on the fast path; on this CPU its projected step is far slower than 2 cores feed it
+    # the paper recipe trains on the fast path; on this CPU its projected step is far slower than its loader feeds it
     assert (
-        "  deit_tiny-mhsa (fast path): GPU-bound (against this CPU's projected step, not a GPU's): 2 cores feed "
+        "  deit_tiny-mhsa (fast path): GPU-bound (against this CPU's projected step, not a GPU's): the loader feeds "
         in (result.stdout)
     )
     assert "SD-VAE (prepare_gen.vae and sampling.vae_decoder = stabilityai/sd-vae-ft-ema): MISSING" in result.stdout
@@ -557,8 +557,8 @@ def fmt_projection_of(seconds: float) -> str:
 
 def test_every_classification_run_of_the_paper_scale_gets_a_line_on_what_bounds_its_step(known_steps, monkeypatch):
     """With one core's rate fixed at 10 images/s, every classification run of the paper scale, and no generation run,
-    gets one line; a step that takes 200 images/s (0.01 s for 2 images), more than 14 cores feed, says by how much
-    and what would fix it."""
+    gets one line; a step that takes 200 images/s (0.01 s for 2 images), more than the recipe's 10 workers feed on a
+    14-core node, says by how much and what would fix it."""
     from vcarepro.core.choices import input_path
     from vcarepro.tools.preflight import loader
 
@@ -575,39 +575,40 @@ def test_every_classification_run_of_the_paper_scale_gets_a_line_on_what_bounds_
     lines = [line.strip() for line in section[1].split("\ninputs")[0].strip().splitlines()]
     assert sorted(line.split(" (")[0] for line in lines) == sorted(compose(["scale=paper"])["cls_runs"])
     expected = (
-        " (fast path): loader-bound (against this CPU's projected step, not a GPU's): the device would wait 30% of "
-        "each step; it needs 20 cores per device"
+        " (fast path): loader-bound (against this CPU's projected step, not a GPU's): the device would wait 50% of "
+        "each step; it needs 20 loader workers on a core each (the recipe has 10, the node 14.0 cores a device)"
     )
     assert all(line.endswith(expected) for line in lines if not line.startswith("deit_tiny-mhsa ")), lines
     (slow,) = [line for line in lines if line.startswith("deit_tiny-mhsa ")]  # DURATIONS: 1.25 s for 2 images
-    assert slow.endswith("GPU-bound (against this CPU's projected step, not a GPU's): 14 cores feed 140 images/s, the "
-                         "step takes 1.60")  # fmt: skip
+    assert slow.endswith("GPU-bound (against this CPU's projected step, not a GPU's): the loader feeds 100 images/s "
+                         "(10 x 10.0 a core), the step takes 1.60")  # fmt: skip
 
 
-def test_the_loader_bounds_a_step_when_a_devices_cores_feed_fewer_images_than_the_step_takes():
-    """128 images a step in 0.1 s take 1,280 images/s: 14 cores of the PIL path at 180 feed 2,520 (GPU-bound), 4 feed
-    720 (the device waits 44% of each step, 8 cores would do, or the fast path). The fast path's device side counts
-    in the step; a loader timed under load is not judged."""
+def test_the_loader_bounds_a_step_when_its_workers_feed_fewer_images_than_the_step_takes():
+    """128 images a step in 0.1 s take 1,280 images/s. The recipe's 10 workers, each on a core of a 14-core node
+    (one core is the training process's), feed 10 x 180 = 1,800 on the PIL path (GPU-bound); on 4 cores only 3 feed
+    (the device waits 58% of each step; 8 workers would do, or the fast path). The fast path's device side counts in
+    the step, at the batch it was timed at; a loader timed under load is not judged."""
     from vcarepro.tools.preflight.cost import RunCost
     from vcarepro.tools.preflight.loader import what_bounds
 
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
     cost = RunCost("r", "cls", "deit_tiny/vca", "lab", "bf16", 1, 8, 1, 1024, 128, step_seconds=0.1)
     pil = {"input_path": "pil", "images_per_s": 180.0, "share": 1.0}
-    assert (
-        what_bounds(cost, pil, 14, cpu=False)
-        == "r (PIL path): GPU-bound: 14 cores feed 2520 images/s, the step takes 1280"
+    assert what_bounds(cost, pil, 14, 10, gpu) == (
+        "r (PIL path): GPU-bound: the loader feeds 1800 images/s (10 x 180 a core), the step takes 1280"
     )
-    assert what_bounds(cost, pil, 4, cpu=False) == (
-        "r (PIL path): loader-bound: the device would wait 44% of each step; it needs 8 cores per device, "
-        "or the fast path (input_path: fast)"
+    assert what_bounds(cost, pil, 4, 10, gpu) == (
+        "r (PIL path): loader-bound: the device would wait 58% of each step; it needs 8 loader workers on a core each "
+        "(the recipe has 10, the node 4.00 cores a device), or the fast path (input_path: fast)"
     )
-    fast = {"input_path": "fast", "images_per_s": 600.0, "share": 1.0, "device_ms_per_image": 0.25}
-    assert what_bounds(cost, fast, 1, cpu=True) == (  # 0.1 s + 128 x 0.25 ms: 970 images/s
+    fast = {"input_path": "fast", "images_per_s": 600.0, "share": 1.0, "device_side": {"32": 0.25}}
+    assert what_bounds(cost, fast, 2, 10, cpu) == (  # 0.1 s + 128 x 0.25 ms: 970 images/s, timed at batch 32 here
         "r (fast path): loader-bound (against this CPU's projected step, not a GPU's): the device would wait 38% of "
-        "each step; it needs 2 cores per device"
+        "each step; it needs 2 loader workers on a core each (the recipe has 10, the node 2.00 cores a device)"
     )
-    assert "not judged" in what_bounds(cost, {**fast, "share": 0.5}, 14, cpu=False)
-    assert what_bounds(RunCost("g", "gen", "dit", "ddpm", "bf16", 1, 8, 1, 256, 32), fast, 14, cpu=False) is None
+    assert "not judged" in what_bounds(cost, {**fast, "share": 0.5}, 14, 10, gpu)
+    assert what_bounds(RunCost("g", "gen", "dit", "ddpm", "bf16", 1, 8, 1, 256, 32), fast, 14, 10, gpu) is None
 
 
 def test_verbose_prints_a_line_per_run(known_steps):

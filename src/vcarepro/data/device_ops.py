@@ -10,7 +10,8 @@ do not: their bicubic resize and affine kernels differ from Pillow's, and they t
 
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from contextlib import contextmanager
+from typing import Dict, Iterator, List, Tuple
 
 import torch
 
@@ -53,55 +54,86 @@ def _round8(x: torch.Tensor) -> torch.Tensor:
     return (x + 0.5).floor_().clamp_(0, 255)
 
 
-def _fp32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` in full float32 also where the run allows TF32 (its 10-bit mantissa would move pixels by a level)."""
-    if a.device.type != "cuda":
-        return a @ b
-    allowed = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
+@contextmanager
+def _full_fp32(device: torch.device) -> Iterator[None]:
+    """Float32 matmuls in full float32 for the block, also where the run allows TF32 (its 10-bit mantissa would move
+    pixels by a level), through whichever of PyTorch's two switches is in use."""
+    matmul = torch.backends.cuda.matmul
+    if device.type != "cuda":
+        yield
+        return
     try:
-        return a @ b
+        before = matmul.allow_tf32
+        matmul.allow_tf32 = False
+    except RuntimeError:  # the newer fp32_precision API was set, after which the old switch may not be read
+        before = matmul.fp32_precision
+        matmul.fp32_precision = "ieee"
+    try:
+        yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = allowed
+        if isinstance(before, bool):
+            matmul.allow_tf32 = before
+        else:
+            matmul.fp32_precision = before
+
+
+def resize_plan(sizes: torch.Tensor, boxes: torch.Tensor, out: int) -> Tuple[List[int], List[Tuple[int, ...]]]:
+    """On the host: the order the crops are resized in, and its chunks (first, last, padded height and width, whether
+    the first pass runs down), so that the device side never waits for a value of its own.
+
+    Pillow resizes in two passes, rounding to 8 bits between them: along the width first, unless the height shrinks
+    by more than twice what the width does (Pillow 13, python-pillow/Pillow#9549; judged here on the box, which a DCT
+    scale shrinks in both directions alike). A chunk holds crops of one pass order and similar areas.
+    """
+    heights, widths = sizes[:, 0].tolist(), sizes[:, 1].tolist()
+    shrink = (boxes[:, 2:] - boxes[:, :2] - out).tolist()
+    tall = [lost_h > 0 and lost_h > 2 * lost_w for lost_w, lost_h in shrink]
+    order = sorted(range(len(heights)), key=lambda i: (tall[i], heights[i] * widths[i]))
+    chunks, first = [], 0
+    while first < len(order):
+        last, height, width = first, 0, 0
+        while last < len(order) and tall[order[last]] == tall[order[first]]:
+            i = order[last]
+            rows, cols = (widths[i], heights[i]) if tall[i] else (heights[i], widths[i])
+            if last > first and (last + 1 - first) * max(height, rows) * max(width, cols) > CHUNK_PIXELS:
+                break
+            height, width, last = max(height, rows), max(width, cols), last + 1
+        chunks.append((first, last, height, width, tall[order[first]]))
+        first = last
+    return order, chunks
 
 
 def resize_crops(
-    pixels: torch.Tensor, sizes: torch.Tensor, boxes: torch.Tensor, kinds: torch.Tensor, out: int
+    pixels: torch.Tensor, sizes: torch.Tensor, boxes: torch.Tensor, kinds: torch.Tensor, out: int, plan=None
 ) -> torch.Tensor:
     """Each crop resized to ``out`` x ``out`` as Pillow's ``resize(box=...)``: ``(N, 3, out, out)`` float.
 
     ``pixels``: every crop's uint8 HxWx3 bytes, one after another; ``sizes`` (N, 2) their (H, W); ``boxes`` (N, 4)
-    the (x0, y0, x1, y1) each reads; ``kinds`` (N,) BILINEAR or BICUBIC. Pillow resizes in two passes, rounding to 8
-    bits between them: along the width first, unless the height shrinks by more than twice what the width does
-    (Pillow 13, python-pillow/Pillow#9549). Here each pass is a batched matrix product over crops padded to a common
-    size, in chunks of similar sizes.
+    the (x0, y0, x1, y1) each reads; ``kinds`` (N,) BILINEAR or BICUBIC. ``plan``: (the order, on the device; the
+    chunks) of :func:`resize_plan`, made on the host from a host copy of ``sizes`` and ``boxes``; without it this
+    function makes it (reading them back where they are on a GPU). Each pass is a batched matrix product with
+    Pillow's fixed-point filter weights over a chunk of crops padded to one size.
     """
-    n = sizes.shape[0]
-    result = torch.empty(n, 3, out, out, device=pixels.device)
+    if plan is None:
+        order, chunks = resize_plan(sizes.cpu(), boxes.cpu(), out)
+        plan = torch.tensor(order, device=pixels.device), chunks
+    order, chunks = plan
     counts = sizes[:, 0] * sizes[:, 1]
     starts = torch.cumsum(counts, 0) - counts
-    shrink = boxes[:, 2:] - boxes[:, :2] - out  # (width, height) lost
-    tall = (shrink[:, 1] > 0) & (shrink[:, 1] > 2 * shrink[:, 0])
-    order = torch.argsort(counts + tall * counts.max(), stable=True)  # the wide crops, then the tall, each by area
-    areas, talls = counts[order].tolist(), tall[order].tolist()
-    first = 0
-    while first < n:
-        last = first + 1
-        while last < n and talls[last] == talls[first] and (last + 1 - first) * areas[last] <= CHUNK_PIXELS:
-            last += 1
+    result = torch.empty(sizes.shape[0], 3, out, out, device=pixels.device)
+    for first, last, height, width, tall in chunks:
         idx = order[first:last]
-        result[idx] = _resize_chunk(pixels, starts[idx], sizes[idx], boxes[idx], kinds[idx], out, talls[first])
-        first = last
+        result[idx] = _resize_chunk(pixels, starts[idx], sizes[idx], boxes[idx], kinds[idx], out, height, width, tall)
     return result
 
 
-def _resize_chunk(pixels, starts, sizes, boxes, kinds, out, tall):
-    """A chunk of crops resized, its pixels read transposed where ``tall`` so that the first pass runs down."""
+def _resize_chunk(pixels, starts, sizes, boxes, kinds, out, height, width, tall):
+    """A chunk of crops resized; read transposed where ``tall``, so that the first pass runs down the crop."""
     m = sizes.shape[0]
     rows, cols = sizes[:, 0, None, None], sizes[:, 1, None, None]
     if tall:  # the transposed crop: its rows are the crop's columns
-        sizes, boxes = sizes.flip(1), boxes[:, [1, 0, 3, 2]]
-    height, width = (int(v) for v in sizes.max(0).values.tolist())
+        sizes = sizes.flip(1)
+        boxes = torch.stack([boxes[:, 1], boxes[:, 0], boxes[:, 3], boxes[:, 2]], 1)
     # each pixel of the chunk padded to (m, height, width); the padding reads pixel 0, which zero weights ignore
     y = torch.arange(height, device=pixels.device)[None, :, None]
     x = torch.arange(width, device=pixels.device)[None, None, :]
@@ -110,9 +142,10 @@ def _resize_chunk(pixels, starts, sizes, boxes, kinds, out, tall):
     padded = pixels.view(-1, 3)[source.view(-1)].view(m, height, width, 3).permute(0, 3, 1, 2).float()
     wx = resample_weights(boxes[:, 0], boxes[:, 2], sizes[:, 1], kinds, out, width)  # (m, out, width)
     wy = resample_weights(boxes[:, 1], boxes[:, 3], sizes[:, 0], kinds, out, height)  # (m, out, height)
-    across = _round8(_fp32_matmul(padded.reshape(m, 3 * height, width), wx.transpose(1, 2)))  # (m, 3*height, out)
-    across = across.view(m, 3, height, out).permute(0, 2, 1, 3).reshape(m, height, 3 * out)
-    down = _round8(_fp32_matmul(wy, across)).view(m, out, 3, out)  # (m, out rows, 3, out columns)
+    with _full_fp32(pixels.device):
+        across = _round8(padded.reshape(m, 3 * height, width) @ wx.transpose(1, 2))  # (m, 3*height, out)
+        across = across.view(m, 3, height, out).permute(0, 2, 1, 3).reshape(m, height, 3 * out)
+        down = _round8(wy @ across).view(m, out, 3, out)  # (m, out rows, 3, out columns)
     return down.permute(0, 2, 3, 1) if tall else down.permute(0, 2, 1, 3)
 
 
@@ -132,10 +165,12 @@ def _levels(images: torch.Tensor) -> torch.Tensor:
 
 
 def _histogram(images: torch.Tensor) -> torch.Tensor:
-    """(N, C, 256) pixel counts of each image's channels."""
+    """(N, C, 256) pixel counts of each image's channels (a scatter, not ``bincount``: that reads its input's maximum
+    back from the device)."""
     n, c = images.shape[:2]
-    bins = torch.arange(n * c, device=images.device)[:, None] * 256 + images.long().view(n * c, -1)
-    return torch.bincount(bins.view(-1), minlength=n * c * 256).view(n, c, 256)
+    bins = (torch.arange(n * c, device=images.device)[:, None] * 256 + images.long().view(n * c, -1)).view(-1)
+    counts = torch.zeros(n * c * 256, dtype=torch.long, device=images.device)
+    return counts.scatter_add_(0, bins, torch.ones_like(bins)).view(n, c, 256)
 
 
 def auto_contrast(images: torch.Tensor, _args: torch.Tensor) -> torch.Tensor:
@@ -210,10 +245,9 @@ def brightness(images: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
 
 def sharpness(images: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
     """``ImageEnhance.Sharpness``: a blend with ``ImageFilter.SMOOTH``, whose float32 sums run in Pillow's order."""
-    side = torch.tensor(1 / 13, dtype=torch.float32, device=images.device)
-    middle = torch.tensor(5 / 13, dtype=torch.float32, device=images.device)
+    side, middle = 1 / 13, 5 / 13  # multiplied into float32 tensors as float32, as Pillow stores its kernel
 
-    def row(r: torch.Tensor, k: torch.Tensor) -> torch.Tensor:  # KERNEL1x3 of Filter.c
+    def row(r: torch.Tensor, k: float) -> torch.Tensor:  # KERNEL1x3 of Filter.c
         return r[..., :-2] * side + r[..., 1:-1] * k + r[..., 2:] * side
 
     smooth = images.clone()
@@ -235,10 +269,13 @@ def _bicubic(v1, v2, v3, v4, d):
     return v2 + d * (p2 + d * (p3 + d * p4))
 
 
-def affine(images: torch.Tensor, matrices: torch.Tensor, kinds: torch.Tensor, fill: Sequence[int]) -> torch.Tensor:
+def affine(
+    images: torch.Tensor, matrices: torch.Tensor, kinds: torch.Tensor, fill: torch.Tensor, interpolations=(True, True)
+) -> torch.Tensor:
     """``Image.transform(size, AFFINE, matrix, resample, fillcolor=fill)`` per image: output pixel (x, y) reads the
     input at ``matrix @ (x + 0.5, y + 0.5, 1)``, bilinear or bicubic (a = -1) with edge-clamped taps, truncated;
-    a point outside the input takes ``fill``."""
+    a point outside the input takes ``fill`` (C,). ``interpolations``: whether any image is bilinear, and any
+    bicubic, as the host knows it (the kernels of the other are then not run)."""
     n, c, h, w = images.shape
     dev = images.device
     a, b, off_x, d, e, off_y = (m.double().view(n, 1, 1) for m in matrices.unbind(1))
@@ -256,17 +293,15 @@ def affine(images: torch.Tensor, matrices: torch.Tensor, kinds: torch.Tensor, fi
         index = (row.clamp(0, h - 1) * w + col.clamp(0, w - 1)).long().view(n, 1, -1).expand(n, c, -1)
         return torch.gather(flat, 2, index).view(n, c, h, w)
 
-    bicubic = kinds.view(n, 1, 1, 1) == BICUBIC
-    if bool(bicubic.all()):
-        values = 0.0
-    else:
+    any_bilinear, any_bicubic = interpolations
+    values = 0.0
+    if any_bilinear:
         rows = [tap(y0 + k, x0) + (tap(y0 + k, x0 + 1) - tap(y0 + k, x0)) * dx for k in (0, 1)]
         values = rows[0] + (rows[1] - rows[0]) * dy
-    if bool(bicubic.any()):
+    if any_bicubic:
         rows = [_bicubic(*(tap(y0 + k, x0 + j) for j in (-1, 0, 1, 2)), dx) for k in (-1, 0, 1, 2)]
-        values = torch.where(bicubic, _bicubic(*rows, dy), values)
-    filled = torch.tensor(list(fill), dtype=torch.float64, device=dev).view(1, c, 1, 1)
-    out = torch.where(inside[:, None], values.clamp(0, 255).trunc(), filled)
+        values = torch.where(kinds.view(n, 1, 1, 1) == BICUBIC, _bicubic(*rows, dy), values)
+    out = torch.where(inside[:, None], values.clamp(0, 255).trunc(), fill.to(torch.float64).view(1, c, 1, 1))
     return out.to(images.dtype)
 
 

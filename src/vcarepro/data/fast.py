@@ -5,10 +5,10 @@ taken apart. In each worker, the draws come from that transform's own objects in
 timm's ``RandomResizedCropAndInterpolation.get_params``, the flip as torchvision's ``RandomHorizontalFlip`` draws it,
 and the RandAugment ops, levels, signs and interpolations from timm's ``RandAugment`` and ``AugmentOp``, whose
 PIL functions are swapped for recorders. The worker then decodes only the box (:mod:`vcarepro.data.jpeg`) and ships
-the crop as uint8 with its plan. On the device, :class:`DeviceAugment` resizes, flips and applies the plan
-(:mod:`vcarepro.data.device_ops`), and timm's ``PrefetchLoader`` normalizes and erases with timm's
-``RandomErasing``. Mixup / CutMix and repeated augmentation stay where they are on the PIL path (the training loop,
-the sampler).
+the crop as uint8 with its plan and the device side's schedule. On the device, :class:`DeviceAugment` resizes, flips
+and applies the plan (:mod:`vcarepro.data.device_ops`), and :class:`DevicePrefetcher` (timm's ``PrefetchLoader``,
+with the augmentation inside its side stream) normalizes and erases with the transform's own ``RandomErasing``.
+Mixup / CutMix and repeated augmentation stay where they are on the PIL path (the training loop, the sampler).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import copy
 import math
 import random
 from pathlib import Path
-from typing import Iterator, NamedTuple, Tuple
+from typing import Iterator, List, NamedTuple, Tuple
 
 import numpy as np
 import torch
@@ -94,24 +94,24 @@ class _Layer:
         return self.op(plan)
 
 
-def _recorder(name: str, size: int):
+class _Recorder:
     """Stands in for timm's PIL function ``name``: records what it would be called with, drawing the interpolation as
-    timm's own ``_check_args_tf`` does."""
-    from timm.data import auto_augment
+    timm's own ``_check_args_tf`` does. (A class, not a closure: the draws travel to spawned loader workers.)"""
 
-    code = OPS.index(name)
+    def __init__(self, name: str, size: int) -> None:
+        self.name, self.size, self.code = name, size, OPS.index(name)
 
-    def record(plan: Plan, *level, **kwargs) -> Plan:
-        plan.codes[plan.layer] = code
-        if name in device_ops.GEOMETRIC:
+    def __call__(self, plan: Plan, *level, **kwargs) -> Plan:
+        from timm.data import auto_augment
+
+        plan.codes[plan.layer] = self.code
+        if self.name in device_ops.GEOMETRIC:
             auto_augment._check_args_tf(kwargs)
-            plan.params[plan.layer] = _affine_matrix(name, level[0], size)
+            plan.params[plan.layer] = _affine_matrix(self.name, level[0], self.size)
             plan.kinds[plan.layer] = _interpolation_code(kwargs["resample"])
         elif level:
             plan.params[plan.layer] = (level[0], 0.0, 0.0, 0.0, 0.0, 0.0)
         return plan
-
-    return record
 
 
 class Draws:
@@ -155,7 +155,7 @@ class Draws:
                     raise BadInput(
                         f"the fast input path has no device version of RandAugment's {op.name}; set input_path: pil."
                     )
-                op.aug_fn = _recorder(name, self.size)
+                op.aug_fn = _Recorder(name, self.size)
             self.augment.ops = np.array(
                 [_Layer(op) for op in self.augment.ops], dtype=object
             )  # as np.random.choice takes it
@@ -173,19 +173,41 @@ class Draws:
 
 
 class CropBatch(NamedTuple):
-    """A batch of crops as the workers ship them (``pin_memory`` and ``.to`` go field by field)."""
+    """A batch of crops as the workers ship it: the tensors (pinned and moved to the device field by field), and the
+    device side's schedule, worked out on the host so that the device never waits for the host to read it back."""
 
     pixels: torch.Tensor  # uint8: every crop's HxWx3 bytes, one after another
     sizes: torch.Tensor  # (N, 2) each crop's (H, W)
     boxes: torch.Tensor  # (N, 4) float64: the box each crop is resized from, (x0, y0, x1, y1)
     kinds: torch.Tensor  # (N,) its interpolation
     flips: torch.Tensor  # (N,) bool
-    codes: torch.Tensor  # (N, layers) RandAugment op codes, SKIPPED where a layer applied nothing
-    params: torch.Tensor  # (N, layers, 6) float64
+    params: torch.Tensor  # (N, layers, 6) float64: each RandAugment layer's op parameters
     op_kinds: torch.Tensor  # (N, layers) each op's interpolation
+    order: torch.Tensor  # the crops in resize order, then, per layer, the images each op takes
+    chunks: Tuple[Tuple[int, ...], ...]  # resize chunks into order[:N] (device_ops.resize_plan)
+    groups: Tuple[Tuple[int, ...], ...]  # (layer, op code, first, last, any bilinear, any bicubic) into order[N:]
 
     def to(self, device, non_blocking: bool = False) -> "CropBatch":
-        return CropBatch(*(t.to(device, non_blocking=non_blocking) for t in self))
+        return CropBatch(*(t.to(device, non_blocking=non_blocking) if torch.is_tensor(t) else t for t in self))
+
+    def pin_memory(self) -> "CropBatch":
+        return CropBatch(*(t.pin_memory() if torch.is_tensor(t) else t for t in self))
+
+
+def op_groups(codes: np.ndarray, kinds: np.ndarray) -> Tuple[List[int], List[Tuple[int, ...]]]:
+    """Per RandAugment layer, the images each op code takes: (their indices, one after another; (layer, code, first,
+    last, any bilinear, any bicubic) for each op a layer applies)."""
+    order: List[int] = []
+    groups = []
+    for layer in range(codes.shape[1]):
+        for code in np.unique(codes[:, layer]).tolist():
+            if code != SKIPPED:
+                members = np.flatnonzero(codes[:, layer] == code)
+                bicubic = kinds[members, layer] == device_ops.BICUBIC
+                interpolations = (not bicubic.all(), bool(bicubic.any()))
+                groups.append((layer, code, len(order), len(order) + len(members), *interpolations))
+                order += members.tolist()
+    return order, groups
 
 
 class CropSet(ManifestDataset):
@@ -204,10 +226,14 @@ class CropSet(ManifestDataset):
         pixels, scaled = decode_box(data, path, size, box, self.draws.size)
         return pixels, scaled, kind, flip, plan, label
 
+    def collate(self, items) -> Tuple[CropBatch, torch.Tensor]:
+        """The loader's ``collate_fn``: :func:`collate` at this split's output size."""
+        return collate(items, self.draws.size)
 
-def collate(items) -> Tuple[CropBatch, torch.Tensor]:
+
+def collate(items, out: int) -> Tuple[CropBatch, torch.Tensor]:
     """The crops of a batch copied into one uint8 buffer (in shared memory inside a worker, as torch's own collate
-    does), their draws as small tensors, and the labels."""
+    does), their draws as small tensors, the device side's schedule for crops resized to ``out``, and the labels."""
     counts = [item[0].size for item in items]
     pixels = torch.empty(0, dtype=torch.uint8)
     if get_worker_info() is not None:
@@ -218,83 +244,96 @@ def collate(items) -> Tuple[CropBatch, torch.Tensor]:
         flat[start : start + count].reshape(item[0].shape)[...] = item[0]
         start += count
     plans = [item[4] for item in items]
+    sizes = torch.tensor([item[0].shape[:2] for item in items], dtype=torch.int64)
+    boxes = torch.tensor([item[1] for item in items], dtype=torch.float64)
+    op_kinds = np.array([p.kinds for p in plans], dtype=np.int8).reshape(len(items), -1)
+    resize_order, chunks = device_ops.resize_plan(sizes, boxes, out)
+    ops_order, groups = op_groups(np.array([p.codes for p in plans], dtype=np.int8).reshape(len(items), -1), op_kinds)
     batch = CropBatch(
         pixels,
-        torch.tensor([item[0].shape[:2] for item in items], dtype=torch.int64),
-        torch.tensor([item[1] for item in items], dtype=torch.float64),
+        sizes,
+        boxes,
         torch.tensor([item[2] for item in items], dtype=torch.int8),
         torch.tensor([item[3] for item in items], dtype=torch.bool),
-        torch.tensor([p.codes for p in plans], dtype=torch.int8),
-        torch.tensor([p.params for p in plans], dtype=torch.float64),
-        torch.tensor([p.kinds for p in plans], dtype=torch.int8),
+        torch.tensor([p.params for p in plans], dtype=torch.float64).view(len(items), -1, 6),
+        torch.from_numpy(op_kinds),
+        torch.tensor(resize_order + ops_order, dtype=torch.int64),
+        tuple(chunks),
+        tuple(groups),
     )
     return batch, torch.tensor([item[5] for item in items], dtype=torch.int64)
 
 
 class DeviceAugment:
-    """The per-pixel half of the recipe's augmentation, on whatever device the batch is on: resize, flip, RandAugment.
+    """The per-pixel half of the recipe's augmentation on ``device``: resize, flip, RandAugment.
 
-    Returns (N, 3, S, S) float32 holding 8-bit values, ready for timm's ``PrefetchLoader`` to normalize and erase.
+    Takes a :class:`CropBatch` where the workers left it (on the host) and returns (N, 3, S, S) float32 holding 8-bit
+    values on ``device``. It copies the batch without waiting, and every decision is read from the batch's schedule,
+    never from the device: nothing in it waits for the device to catch up.
     """
 
-    def __init__(self, draws: Draws) -> None:
-        self.size = draws.size
-        self.fill = getattr(draws, "fill", (0, 0, 0))
+    def __init__(self, draws: Draws, device: torch.device) -> None:
+        self.size, self.device = draws.size, torch.device(device)
+        self.fill = torch.tensor(getattr(draws, "fill", (0, 0, 0)), device=self.device)
 
     def __call__(self, batch: CropBatch) -> torch.Tensor:
-        images = device_ops.resize_crops(batch.pixels, batch.sizes, batch.boxes, batch.kinds.long(), self.size)
-        images = torch.where(batch.flips.view(-1, 1, 1, 1), images.flip(-1), images)
-        codes = batch.codes.cpu()  # which images each op takes: decided on the host, with no device sync
-        for layer in range(codes.shape[1]):
-            for code in torch.unique(codes[:, layer]).tolist():
-                if code == SKIPPED:
-                    continue
-                idx = torch.nonzero(codes[:, layer] == code).view(-1).to(images.device)
-                images[idx] = self.op(OPS[code], images[idx], batch.params[idx, layer], batch.op_kinds[idx, layer])
+        n = batch.sizes.shape[0]
+        on = batch.to(self.device, non_blocking=True)
+        plan = on.order[:n], on.chunks
+        images = device_ops.resize_crops(on.pixels, on.sizes, on.boxes, on.kinds.long(), self.size, plan)
+        images = torch.where(on.flips.view(-1, 1, 1, 1), images.flip(-1), images)
+        for layer, code, first, last, any_bilinear, any_bicubic in on.groups:
+            idx = on.order[n + first : n + last]
+            params, kinds, name = on.params[idx, layer], on.op_kinds[idx, layer].long(), OPS[code]
+            if name in device_ops.GEOMETRIC:
+                images[idx] = device_ops.affine(images[idx], params, kinds, self.fill, (any_bilinear, any_bicubic))
+            else:
+                images[idx] = device_ops.PIXEL_OPS[name](images[idx], params[:, 0])
         return images
 
-    def op(self, name: str, images: torch.Tensor, params: torch.Tensor, kinds: torch.Tensor) -> torch.Tensor:
-        if name in device_ops.GEOMETRIC:
-            return device_ops.affine(images, params, kinds.long(), self.fill)
-        return device_ops.PIXEL_OPS[name](images, params[:, 0])
 
+class DevicePrefetcher:
+    """A crop loader's batches, augmented, normalized and erased on ``device``: what the training loop iterates.
 
-class DeviceBatches:
-    """Batches of a crop loader, augmented on ``device``: what timm's ``PrefetchLoader`` wraps."""
+    timm's ``PrefetchLoader``, with the fast path's device side inside its stream: it normalizes and erases the next
+    batch (with timm's ``RandomErasing``) on a side stream while the current one trains, but runs what its inner
+    loader does on the training stream, which would put the resize and RandAugment in every step's way. Build it once
+    for a run: a new CUDA stream each epoch would leave the caching allocator's blocks of the old one unusable.
+    """
 
-    def __init__(self, loader, augment: DeviceAugment, device: torch.device) -> None:
-        self.loader, self.augment, self.device = loader, augment, device
-
-    @property
-    def sampler(self):
-        return self.loader.sampler
-
-    @property
-    def dataset(self):
-        return self.loader.dataset
+    def __init__(self, loader, draws: Draws, device: torch.device) -> None:
+        self.loader, self.device = loader, torch.device(device)
+        self.augment = DeviceAugment(draws, self.device)
+        self.mean = torch.tensor([255 * m for m in draws.mean], device=self.device).view(1, 3, 1, 1)
+        self.std = torch.tensor([255 * s for s in draws.std], device=self.device).view(1, 3, 1, 1)
+        self.erasing = copy.copy(draws.erasing)  # the transform's own RandomErasing, drawing on the device
+        if self.erasing is not None:
+            self.erasing.device = self.device
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def __len__(self) -> int:
         return len(self.loader)
 
+    def prepare(self, batch: CropBatch, targets: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        images = self.augment(batch).sub_(self.mean).div_(self.std)
+        if self.erasing is not None:
+            images = self.erasing(images)
+        return images, targets.to(self.device, non_blocking=True)
+
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        for batch, targets in self.loader:
-            batch = batch.to(self.device, non_blocking=True)
-            yield self.augment(batch), targets.to(self.device, non_blocking=True)
-
-
-def on_device(loader, draws: Draws, device: torch.device):
-    """``loader`` (of a :class:`CropSet`, collated by :func:`collate`) as normalized, erased image batches on
-    ``device``: the fast path's equivalent of iterating the PIL path's loader."""
-    from timm.data.loader import PrefetchLoader
-
-    erasing = draws.erasing
-    return PrefetchLoader(
-        DeviceBatches(loader, DeviceAugment(draws), device),
-        mean=draws.mean,
-        std=draws.std,
-        device=device,
-        re_prob=erasing.probability if erasing is not None else 0.0,
-        re_mode=erasing.mode if erasing is not None else "const",
-        re_count=erasing.max_count if erasing is not None else 1,
-        re_num_splits=erasing.num_splits if erasing is not None else 0,
-    )
+        if self.stream is None:
+            yield from (self.prepare(*batch) for batch in self.loader)
+            return
+        consumer, ready = torch.cuda.current_stream(self.device), None
+        for batch in self.loader:
+            # the blocks the training step freed may be handed to this batch: let the step finish with them first
+            self.stream.wait_stream(consumer)
+            with torch.cuda.stream(self.stream):
+                upcoming = self.prepare(*batch)
+            if ready is not None:
+                yield ready
+            consumer = torch.cuda.current_stream(self.device)
+            consumer.wait_stream(self.stream)
+            ready = upcoming
+        if ready is not None:
+            yield ready

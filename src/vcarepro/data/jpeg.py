@@ -51,11 +51,13 @@ def decode_box(data: bytes, path: Path, size: Tuple[int, int, bool], box: Tuple[
         import simplejpeg
 
         factor = next((f for f in SCALES if min(height, width) >= f * OVERSAMPLE * out), 1)
+        scaled_size = (math.ceil(full_h / factor), math.ceil(full_w / factor))
         try:
             pixels = simplejpeg.decode_jpeg(
-                data, "RGB", min_height=math.ceil(full_h / factor), min_width=math.ceil(full_w / factor),
-                min_factor=factor,
-            )  # fmt: skip
+                data, "RGB", min_height=scaled_size[0], min_width=scaled_size[1], min_factor=factor
+            )
+            if pixels.shape[:2] != scaled_size:  # not the scale asked for: the box would not map onto it
+                factor, pixels = 1, simplejpeg.decode_jpeg(data, "RGB")
         except ValueError:
             pixels = None  # a JPEG libjpeg-turbo calls faulty: Pillow's verdict, as the PIL path would give
         if pixels is not None:

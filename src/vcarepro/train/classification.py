@@ -130,9 +130,9 @@ def training_split(recipe: Dict[str, Any], data_root: str | Path):
 
 
 def device_batches(loader: DataLoader, draws: Optional[fast.Draws], device: torch.device):
-    """What the training loop iterates: the loader itself on the PIL path; on the fast path its crops, augmented,
-    normalized and erased on ``device``."""
-    return loader if draws is None else fast.on_device(loader, draws, device)
+    """What the training loop iterates each epoch: the loader itself on the PIL path; on the fast path its crops,
+    augmented, normalized and erased on ``device`` (:class:`~vcarepro.data.fast.DevicePrefetcher`)."""
+    return loader if draws is None else fast.DevicePrefetcher(loader, draws, device)
 
 
 def make_loader(dataset, recipe: Dict[str, Any], info: DistInfo, training: bool, seed: int) -> DataLoader:
@@ -161,7 +161,7 @@ def make_loader(dataset, recipe: Dict[str, Any], info: DistInfo, training: bool,
         persistent_workers=False,
         generator=generator,
         worker_init_fn=_ignore_sigterm,
-        collate_fn=fast.collate if isinstance(dataset, fast.CropSet) else None,
+        collate_fn=dataset.collate if isinstance(dataset, fast.CropSet) else None,
     )
 
 
@@ -330,6 +330,7 @@ def train_classifier(
             "lr": optimizer.param_groups[0]["lr"],
         },
     )
+    feed = device_batches(train_loader, draws, device)
     with progress, stop_on_sigterm() as stop:
         for epoch in range(start_epoch, total_epochs):
             # Every random stream of the epoch (data order, loader workers' augmentation, mixup,
@@ -344,7 +345,7 @@ def train_classifier(
             ddp.train()
             loss_sum, batches = 0.0, 0
             optimizer.zero_grad(set_to_none=True)
-            for i, (images, targets) in enumerate(device_batches(train_loader, draws, device)):
+            for i, (images, targets) in enumerate(feed):
                 images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
                 if mixup is not None:
                     images, targets = mixup(images, targets)

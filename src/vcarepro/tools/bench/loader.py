@@ -116,7 +116,7 @@ def path_step(root: Path, recipe: Dict[str, Any], path: str, batch: int = 32) ->
     n = len(pil)
     if path == "fast":
         crops = fast.CropSet(root, "train", fast.Draws(transform))
-        return lambda i: len(fast.collate([crops[(i * batch + k) % n] for k in range(batch)])[1])
+        return lambda i: len(crops.collate([crops[(i * batch + k) % n] for k in range(batch)])[1])
     if path == "decode":
         paths = [root / rel for rel, _ in pil.samples]
         return lambda i: decode_full(paths[i % n]) is not None
@@ -147,33 +147,22 @@ def cpu_rates(root: Path, recipe: Dict[str, Any], *, seconds: float, rounds: int
 
 
 def device_side(root: Path, recipe: Dict[str, Any], *, batch: int, device: torch.device, repeats: int = 3):
-    """Milliseconds per image of the fast path's device side (:class:`~vcarepro.data.fast.DeviceAugment`, then
-    timm's normalization and erasing as its ``PrefetchLoader`` runs them) on one batch of ``batch`` crops."""
-    from timm.data.random_erasing import RandomErasing
-
+    """Milliseconds per image of the fast path's device side (resize, flip, RandAugment, normalization, erasing, as
+    training's :class:`~vcarepro.data.fast.DevicePrefetcher` runs it) on one batch of ``batch`` crops."""
     from vcarepro.data import fast
     from vcarepro.train.classification import build_transforms
 
     draws = fast.Draws(build_transforms(recipe, training=True))
     crops = fast.CropSet(root, "train", draws)
-    batch_cpu, _ = fast.collate([crops[i % len(crops)] for i in range(batch)])
-    augment = fast.DeviceAugment(draws)
-    mean = torch.tensor([255 * m for m in draws.mean], device=device).view(1, 3, 1, 1)
-    std = torch.tensor([255 * s for s in draws.std], device=device).view(1, 3, 1, 1)
-    erasing = draws.erasing
-    if erasing is not None:
-        erasing = RandomErasing(erasing.probability, mode=erasing.mode, max_count=erasing.max_count, device=device)
-
-    def once() -> None:
-        images = augment(batch_cpu.to(device)).sub_(mean).div_(std)
-        if erasing is not None:
-            erasing(images)
-
+    host, labels = crops.collate([crops[i % len(crops)] for i in range(batch)])
+    if device.type == "cuda":
+        host = host.pin_memory()
+    prefetcher = fast.DevicePrefetcher([], draws, device)
     times = []
     for _ in range(repeats + 1):  # the first is a warm-up
         _sync(device)
         started = time.perf_counter()
-        once()
+        prefetcher.prepare(host, labels)
         _sync(device)
         times.append(time.perf_counter() - started)
     return {"ms_per_image": statistics.median(times[1:]) * 1e3 / batch, "batch": batch, "device": _device_name(device)}
@@ -187,10 +176,8 @@ def worker_rates(root: Path, recipe: Dict[str, Any], *, workers: int, seconds: f
     from vcarepro.train.classification import build_transforms
 
     transform = build_transforms(recipe, training=True)
-    sets = {
-        "pil": (ManifestDataset(root, "train", transform), None),
-        "fast": (fast.CropSet(root, "train", fast.Draws(transform)), fast.collate),
-    }
+    crops = fast.CropSet(root, "train", fast.Draws(transform))
+    sets = {"pil": (ManifestDataset(root, "train", transform), None), "fast": (crops, crops.collate)}
     return {
         name: loader_throughput(data, workers=workers, seconds=seconds, batch=batch, collate_fn=collate)
         for name, (data, collate) in sets.items()

@@ -3,7 +3,8 @@ step fed by it beside the same step on a batch already there, and what one of th
 
 The crops are photographs cut to ImageNet's size (:func:`vcarepro.tools.bench.loader.write_imagenet_like_jpegs`),
 decoded and collated once on the CPU; each fed step moves that batch to the device, then augments, normalizes and
-erases it there as training's ``PrefetchLoader`` does, so the step's time includes all the device does for its input.
+erases it there as training's ``DevicePrefetcher`` does, but on the training stream, so the step's time includes
+everything the device does for its input (training overlaps it with the previous step).
 """
 
 from __future__ import annotations
@@ -41,17 +42,14 @@ def loader_part(check: Check, outcome: Outcome) -> None:
     with tempfile.TemporaryDirectory(prefix="gpu-check-photos-") as tmp:
         root = write_imagenet_like_jpegs(Path(tmp), count=8 if check.tiny else 64)
         crops = fast.CropSet(root, "train", draws)
-        host, labels = fast.collate([crops[i % len(crops)] for i in range(batch)])
+        host, labels = crops.collate([crops[i % len(crops)] for i in range(batch)])
         per_core = cpu_rates(root, run.recipe, seconds=0.5 if check.tiny else 4.0, rounds=1, paths=("fast",))
     if device.type == "cuda":
-        host = fast.CropBatch(*(t.pin_memory() for t in host))
-    augment, prefetch = fast.DeviceAugment(draws), fast.on_device([], draws, device)
+        host, labels = host.pin_memory(), labels.pin_memory()
+    prefetcher = fast.DevicePrefetcher([], draws, device)
 
-    def feed():
-        images = augment(host.to(device, non_blocking=True)).sub_(prefetch.mean).div_(prefetch.std)
-        if prefetch.random_erasing is not None:
-            images = prefetch.random_erasing(images)
-        return images, labels.to(device, non_blocking=True)
+    def feed():  # on the training stream here: the step's time holds all the device does for its input
+        return prefetcher.prepare(host, labels)
 
     def timed(fn, repeats):
         times = []

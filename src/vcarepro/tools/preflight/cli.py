@@ -120,8 +120,8 @@ def parse_args(argv):
     parser.add_argument(
         "--cores-per-device",
         type=float,
-        help="CPU cores a training node has per device, which its loader workers run on "
-        "(default: this machine's cores over its GPUs, or all its cores without one)",
+        help="CPU cores a training node has per device, which its loader workers run on (default: the cores this "
+        "process may use over this machine's GPUs, or all of them without one; give the node's own elsewhere)",
     )
     parser.add_argument("--json", help="also write everything to this JSON file")
     parser.add_argument(
@@ -184,7 +184,9 @@ def hardware(args) -> Tuple[torch.device, int, Optional[int], float]:
     cap = args.batch if args.batch is not None else (DEFAULT_CPU_BATCH if device.type == "cpu" else None)
     if cap is not None and cap < 1:
         raise BadInput(f"--batch {cap}: give a positive per-device batch.")
-    cores = args.cores_per_device or (os.cpu_count() or 1) / max(torch.cuda.device_count(), 1)
+    cores = args.cores_per_device
+    if cores is None:  # this machine's cores (those this process may use) over its GPUs
+        cores = len(os.sched_getaffinity(0)) / max(torch.cuda.device_count(), 1)
     if not cores > 0:
         raise BadInput(f"--cores-per-device {args.cores_per_device}: give a positive number of cores.")
     return device, devices, cap, cores
@@ -355,16 +357,26 @@ def main(argv=None) -> int:
         )
         loaders = (
             loader.loader_rates(
-                cls_runs, dataset=branches[0].dataset, seconds=args.loader_seconds, device=device, log=doing
+                cls_runs,
+                dataset=branches[0].dataset,
+                seconds=args.loader_seconds,
+                device=device,
+                batches={c.run: c.recipe_batch for c in costs},
+                log=doing,
             )
             if cls_runs
             else {}
         )
+    workers = {run.name: run.recipe["workers"] for run in cls_runs}
     for cost in costs:
         per_core = loaders.get(cost.run, {}).get("images_per_s")
-        cost.loader_images_per_s = None if per_core is None else per_core * cores
-    cpu = device.type == "cpu"
-    bounds = {c.run: line for c in costs if (line := loader.what_bounds(c, loaders.get(c.run), cores, cpu))}
+        if per_core is not None:
+            cost.loader_images_per_s = per_core * loader.feeding_workers(cores, workers[cost.run])
+    bounds = {
+        c.run: line
+        for c in costs
+        if (line := loader.what_bounds(c, loaders.get(c.run), cores, workers.get(c.run, 0), device))
+    }
     run_problems += [p for c in costs for p in c.problems]
     run_problems += sorted({e["error"] for e in loaders.values() if "error" in e})
     summary = fit_summary(costs, memory, device.type == "cpu")

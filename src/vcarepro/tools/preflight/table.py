@@ -132,8 +132,9 @@ def legend(steps: int, cpu: bool, peak_method: str, memory: int, cores: float) -
         f"(seeds x sampling batches x sampler passes x one pass at the sampling batch / 3600, one device, "
         f"VAE decoding not included). Peak memory: "
         f"{peak_method}; ~ projected to the recipe's batch; fits: that peak is within the "
-        f"{fmt(memory / GIB, 3)} GiB of this device. Loader: the images/s {cores:g} CPU cores feed a device on the "
-        f"run's input path (one core's rate, timed here, x --cores-per-device)."
+        f"{fmt(memory / GIB, 3)} GiB of this device. Loader: the images/s the recipe's loader workers feed a device "
+        f"on the run's input path (one core's rate, timed here, x its workers, at most --cores-per-device {cores:g} "
+        f"less one for the training process)."
     )
 
 
@@ -143,8 +144,8 @@ def inputs_section(branches: Sequence[Any], loaders: Sequence[Dict[str, Any]], i
     lines += [f"  {b.title} data: {b.dataset.source}" if b.runs else f"  {b.title}: no run selected" for b in branches]
     for entry in loaders:
         rate = f"{fmt(entry['images_per_s'], 3)} images/s a core" if "images_per_s" in entry else "FAILED"
-        if "device_ms_per_image" in entry:
-            rate += f", device side {fmt(entry['device_ms_per_image'], 3)} ms an image on {entry['device_name']}"
+        for batch, ms in entry.get("device_side", {}).items():
+            rate += f", device side {fmt(ms, 3)} ms an image at batch {batch} on {entry['device_name']}"
         timed = f"{', '.join(entry['recipes'])}; {'PIL' if entry['input_path'] == 'pil' else 'fast'} path"
         lines.append(f"  loader ({timed}) on {entry['source']}: {rate}")
     lines += [f"  {input_line(group)}" for group in group_inputs(inputs)]
