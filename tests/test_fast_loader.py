@@ -354,9 +354,11 @@ def test_a_damaged_file_is_refused_in_the_pil_paths_one_sentence(odd_files, tran
     (root / "classes.json").write_text('[{"index": 0, "wnid": "n0", "name": "bad"}]')
     with pytest.raises(UnreadableImage) as pil:
         ManifestDataset(root, "train", transform)[0]
-    with pytest.raises(UnreadableImage) as ours:
-        fast.CropSet(root, "train", fast.Draws(transform))[0]
-    assert str(ours.value) == str(pil.value) and str(root / "train" / "n0" / "bad.JPEG") in str(ours.value)
+    crops = fast.CropSet(root, "train", fast.Draws(transform))
+    for fetch in (lambda: crops[0], lambda: crops.__getitems__([0])):  # one image, and a batch as workers fetch it
+        with pytest.raises(UnreadableImage) as ours:
+            fetch()
+        assert str(ours.value) == str(pil.value) and str(root / "train" / "n0" / "bad.JPEG") in str(ours.value)
 
 
 @pytest.mark.parametrize(
@@ -376,12 +378,22 @@ def test_what_the_fast_path_does_not_implement_is_refused_in_one_sentence(recipe
 def test_a_batch_travels_as_uint8_crops_with_a_schedule_the_device_never_reads_back(photos, transform):
     """The worker ships uint8 crops and the draws, and works out on the host what the device side will do: the resize
     chunks (each crop in one, of one pass order) and, per RandAugment layer, the images each op takes (each image
-    once per layer, in no group where the layer applied nothing). The draws pickle, so spawned workers get them."""
+    once per layer, in no group where the layer applied nothing). A batch fetched whole (each crop copied straight
+    into it) is the batch fetched image by image. The draws pickle, so spawned workers get them."""
     import pickle
 
     crops = fast.CropSet(photos, "train", fast.Draws(transform))
     pickle.loads(pickle.dumps(crops)).draws(500, 375)  # what a spawned worker receives, and uses
-    batch, labels = crops.collate([crops[i] for i in range(12)])
+    random.seed(0), np.random.seed(0), torch.manual_seed(0)
+    batch, labels = crops.collate(crops.__getitems__(list(range(12))))  # as a loader worker fetches a batch
+    random.seed(0), np.random.seed(0), torch.manual_seed(0)
+    one_by_one, _ = crops.collate([crops[i] for i in range(12)])  # the same draws, each crop copied twice
+    for field, value in zip(batch._fields, batch):
+        assert (
+            torch.equal(value, getattr(one_by_one, field))
+            if torch.is_tensor(value)
+            else value == getattr(one_by_one, field)
+        ), field
     assert batch.pixels.dtype == torch.uint8 and batch.pixels.numel() == int((batch.sizes.prod(1) * 3).sum())
     assert labels.tolist() == [0] * 12 and batch.params.shape == (12, 2, 6)
     order = batch.order.tolist()

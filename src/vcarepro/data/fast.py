@@ -217,51 +217,90 @@ class CropSet(ManifestDataset):
         super().__init__(root, split)
         self.draws = draws
 
-    def _read(self, index: int):
+    def _head(self, index: int):
+        """(path, bytes, size, label, draws) of an image: all that is known before its pixels are decoded."""
         rel, label = self.samples[index]
         path = self.root / rel
         data = read_bytes(path)
         size = image_size(data, path)
-        box, kind, flip, plan = self.draws(*size[:2])
+        return path, data, size, label, self.draws(*size[:2])
+
+    def _read(self, index: int):
+        path, data, size, label, (box, kind, flip, plan) = self._head(index)
         pixels, scaled = decode_box(data, path, size, box, self.draws.size)
         return pixels, scaled, kind, flip, plan, label
+
+    def __getitems__(self, indices: List[int]) -> "Fetched":
+        """A whole batch, as torch's loader fetches one: every image's draws first, then each image decoded and its
+        crop copied once, into the batch's buffer (the draws run faster together than between decodes, and a crop
+        copied straight into the batch is not copied twice)."""
+        heads = [self._head(index) for index in indices]
+        bound = sum(3 * box[2] * box[3] for *_, (box, _, _, _) in heads)  # a reduced scale only makes a crop smaller
+        pixels = _bytes_for_a_batch(bound)
+        flat, start, shapes, scaled = pixels.numpy(), 0, [], []
+        for path, data, size, _, (box, *_) in heads:
+            crop, where = decode_box(data, path, size, box, self.draws.size, copy=False)
+            flat[start : start + crop.size].reshape(crop.shape)[...] = crop
+            start += crop.size
+            shapes.append(crop.shape[:2])
+            scaled.append(where)
+        draws = [(where, kind, flip, plan, label) for where, (*_, label, (_, kind, flip, plan)) in zip(scaled, heads)]
+        return Fetched(pixels[:start], shapes, draws)
 
     def collate(self, items) -> Tuple[CropBatch, torch.Tensor]:
         """The loader's ``collate_fn``: :func:`collate` at this split's output size."""
         return collate(items, self.draws.size)
 
 
-def collate(items, out: int) -> Tuple[CropBatch, torch.Tensor]:
-    """The crops of a batch copied into one uint8 buffer (in shared memory inside a worker, as torch's own collate
-    does), their draws as small tensors, the device side's schedule for crops resized to ``out``, and the labels."""
-    counts = [item[0].size for item in items]
+class Fetched(NamedTuple):
+    """A batch as :meth:`CropSet.__getitems__` reads it: its crops already in one buffer, and each one's draws."""
+
+    pixels: torch.Tensor
+    shapes: List[Tuple[int, int]]
+    draws: List[tuple]  # (box within the crop, interpolation, flip, plan, label)
+
+
+def _bytes_for_a_batch(count: int) -> torch.Tensor:
+    """A uint8 buffer for a batch's crops: in shared memory inside a loader worker, as torch's own collate allocates
+    its batches, so that the batch reaches the training process without a copy."""
     pixels = torch.empty(0, dtype=torch.uint8)
     if get_worker_info() is not None:
-        pixels = pixels.new(pixels._typed_storage()._new_shared(sum(counts)))
-    flat = pixels.resize_(sum(counts)).numpy()
-    start = 0
-    for item, count in zip(items, counts):
-        flat[start : start + count].reshape(item[0].shape)[...] = item[0]
-        start += count
-    plans = [item[4] for item in items]
-    sizes = torch.tensor([item[0].shape[:2] for item in items], dtype=torch.int64)
-    boxes = torch.tensor([item[1] for item in items], dtype=torch.float64)
-    op_kinds = np.array([p.kinds for p in plans], dtype=np.int8).reshape(len(items), -1)
+        pixels = pixels.new(pixels._typed_storage()._new_shared(count))
+    return pixels.resize_(count)
+
+
+def collate(items, out: int) -> Tuple[CropBatch, torch.Tensor]:
+    """A batch (a :class:`Fetched`, or a list of :meth:`CropSet.__getitem__`'s items, whose crops are then copied into
+    one buffer) as a :class:`CropBatch`: the crops, their draws as small tensors, the device side's schedule for crops
+    resized to ``out``; and the labels."""
+    if isinstance(items, Fetched):
+        pixels, shapes, draws = items
+    else:
+        pixels = _bytes_for_a_batch(sum(item[0].size for item in items))
+        flat, start = pixels.numpy(), 0
+        for item in items:
+            flat[start : start + item[0].size].reshape(item[0].shape)[...] = item[0]
+            start += item[0].size
+        shapes, draws = [item[0].shape[:2] for item in items], [item[1:] for item in items]
+    plans = [d[3] for d in draws]
+    sizes = torch.tensor(shapes, dtype=torch.int64)
+    boxes = torch.tensor([d[0] for d in draws], dtype=torch.float64)
+    op_kinds = np.array([p.kinds for p in plans], dtype=np.int8).reshape(len(draws), -1)
     resize_order, chunks = device_ops.resize_plan(sizes, boxes, out)
-    ops_order, groups = op_groups(np.array([p.codes for p in plans], dtype=np.int8).reshape(len(items), -1), op_kinds)
+    ops_order, groups = op_groups(np.array([p.codes for p in plans], dtype=np.int8).reshape(len(draws), -1), op_kinds)
     batch = CropBatch(
         pixels,
         sizes,
         boxes,
-        torch.tensor([item[2] for item in items], dtype=torch.int8),
-        torch.tensor([item[3] for item in items], dtype=torch.bool),
-        torch.tensor([p.params for p in plans], dtype=torch.float64).view(len(items), -1, 6),
+        torch.tensor([d[1] for d in draws], dtype=torch.int8),
+        torch.tensor([d[2] for d in draws], dtype=torch.bool),
+        torch.tensor([p.params for p in plans], dtype=torch.float64).view(len(draws), -1, 6),
         torch.from_numpy(op_kinds),
         torch.tensor(resize_order + ops_order, dtype=torch.int64),
         tuple(chunks),
         tuple(groups),
     )
-    return batch, torch.tensor([item[5] for item in items], dtype=torch.int64)
+    return batch, torch.tensor([d[4] for d in draws], dtype=torch.int64)
 
 
 class DeviceAugment:

@@ -41,10 +41,13 @@ def image_size(data: bytes, path: Path) -> Tuple[int, int, bool]:
         return img.width, img.height, False
 
 
-def decode_box(data: bytes, path: Path, size: Tuple[int, int, bool], box: Tuple[int, int, int, int], out: int):
+def decode_box(
+    data: bytes, path: Path, size: Tuple[int, int, bool], box: Tuple[int, int, int, int], out: int, copy: bool = True
+):
     """The pixels around ``box`` (top, left, height, width) of an image of ``size`` (:func:`image_size`) as uint8
     HxWx3, and the box within them as (x0, y0, x1, y1) in those pixels' units (fractional where a DCT scale applied),
-    decoded at the smallest scale that keeps the box at least ``OVERSAMPLE * out`` pixels a side."""
+    decoded at the smallest scale that keeps the box at least ``OVERSAMPLE * out`` pixels a side. ``copy=False``
+    gives a view into the whole decoded image, for a caller that copies it at once."""
     full_w, full_h, turbo = size
     top, left, height, width = box
     if turbo:
@@ -63,17 +66,15 @@ def decode_box(data: bytes, path: Path, size: Tuple[int, int, bool], box: Tuple[
         if pixels is not None:
             y0, x0 = top // factor, left // factor
             y1, x1 = math.ceil((top + height) / factor), math.ceil((left + width) / factor)
-            crop = np.ascontiguousarray(pixels[y0:y1, x0:x1])  # frees the whole image now, for the next decode
+            crop = pixels[y0:y1, x0:x1]
+            if copy:
+                crop = np.ascontiguousarray(crop)  # frees the whole image now, for the next decode
             scaled = (left / factor - x0, top / factor - y0, (left + width) / factor - x0, (top + height) / factor - y0)
             return crop, scaled
     with decoded_image(path) as img:
         pixels = np.asarray(img.convert("RGB"))
-    return np.ascontiguousarray(pixels[top : top + height, left : left + width]), (
-        0.0,
-        0.0,
-        float(width),
-        float(height),
-    )
+    crop = pixels[top : top + height, left : left + width]
+    return np.ascontiguousarray(crop) if copy else crop, (0.0, 0.0, float(width), float(height))
 
 
 def read_bytes(path: Path) -> bytes:

@@ -105,7 +105,8 @@ def _rate(step: Callable[[int], int], seconds: float) -> Dict[str, float]:
 
 def path_step(root: Path, recipe: Dict[str, Any], path: str, batch: int = 32) -> Callable[[int], int]:
     """One step of what is timed per core, returning its image count: ``pil``, the recipe's PIL transform on one image;
-    ``fast``, the fast path's CPU side on a batch (read, decode, crop, collate); ``decode``, one whole image decoded."""
+    ``fast``, the fast path's CPU side on a batch as a loader worker fetches it (read, decode, crop, collate);
+    ``decode``, one whole image decoded."""
     from vcarepro.data import fast
     from vcarepro.data.folders import ManifestDataset
     from vcarepro.data.jpeg import decode_full
@@ -116,7 +117,7 @@ def path_step(root: Path, recipe: Dict[str, Any], path: str, batch: int = 32) ->
     n = len(pil)
     if path == "fast":
         crops = fast.CropSet(root, "train", fast.Draws(transform))
-        return lambda i: len(crops.collate([crops[(i * batch + k) % n] for k in range(batch)])[1])
+        return lambda i: len(crops.collate(crops.__getitems__([(i * batch + k) % n for k in range(batch)]))[1])
     if path == "decode":
         paths = [root / rel for rel, _ in pil.samples]
         return lambda i: decode_full(paths[i % n]) is not None
