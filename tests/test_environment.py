@@ -2,6 +2,7 @@
 pyproject.toml's ranges, dvc.lock.machine.json records the same packages, and a version that differs is named in
 one line, by a stage and by the lock check, before any hash."""
 
+import hashlib
 import json
 import os
 import subprocess
@@ -130,37 +131,88 @@ def test_a_stage_under_the_recorded_versions_or_without_a_record_says_nothing(tm
 
 @pytest.fixture
 def committed(tmp_path, monkeypatch):
-    """A git repository whose committed dvc.lock has one output, and this machine described without a subprocess."""
+    """A git repository whose committed dvc.lock has one output, on disk as the lock names it, and this machine
+    described without a subprocess."""
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "results.json").write_text("{}\n")
     lock = "schema: '2.0'\nstages:\n  report:\n    outs:\n    - path: reports/results.json\n      md5: {}\n"
-    (tmp_path / "dvc.lock").write_text(lock.format("a" * 32))
-    for argv in (
-        ["init", "-q"],
-        ["add", "dvc.lock"],
-        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "l"],
-    ):
-        subprocess.run(["git", *argv], cwd=tmp_path, check=True, timeout=60)
+    (tmp_path / "dvc.lock").write_text(lock.format(hashlib.md5(b"{}\n").hexdigest()))
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", "dvc.lock")
+    _git(tmp_path, "commit", "-qm", "l")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(lockcheck, "this_machine", lambda root: {"cpu": "here"})
-    return tmp_path, lock
+    return tmp_path
+
+
+def _git(root: Path, *argv: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *argv], cwd=root, check=True, timeout=60)
 
 
 def test_lockcheck_verify_names_the_package_before_any_hash(committed, capsys):
-    root, lock = committed
-    _record(root, **{"scikit-learn": "1.8.0"})
-    (root / "dvc.lock").write_text(lock.format("b" * 32))
+    _record(committed, **{"scikit-learn": "1.8.0"})
+    (committed / "reports" / "results.json").write_text("[]\n")
     assert lockcheck.main(["verify"]) == 1
     err = capsys.readouterr().err.splitlines()
     here = environment.installed()["scikit-learn"]
     assert err[0].startswith("lockcheck: 1 package(s) differ") and f"scikit-learn {here} (recorded 1.8.0)" in err[0]
-    assert "does not reproduce the committed dvc.lock" in err[1] and "reports/results.json" in err[2]
+    assert "outputs on disk differ from the committed dvc.lock" in err[1] and "reports/results.json" in err[2]
 
 
 def test_lockcheck_verify_under_the_recorded_versions_names_no_package(committed, capsys):
-    root, _ = committed
-    _record(root)
+    _record(committed)
     assert lockcheck.main(["verify"]) == 0
     out = capsys.readouterr()
-    assert "package" not in out.err and "all 1 outputs hash as in the committed dvc.lock" in out.out
+    assert "package" not in out.err
+    assert "all 1 outputs on disk hash as in the committed dvc.lock (1 files, 0.0 MB hashed" in out.out
+
+
+def test_lockcheck_verify_hashes_the_bytes_a_pull_from_a_damaged_remote_left(tmp_path, monkeypatch, capsys):
+    """After `dvc pull` the workspace's dvc.lock is the committed one whatever the remote held: only hashing the
+    files finds the damage, and names the file inside the directory output."""
+    repo, remote = tmp_path / "repo", tmp_path / "remote"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    dvc = [sys.executable, "-m", "dvc"]
+
+    def run(*argv: str) -> str:
+        return subprocess.run([*dvc, *argv], cwd=repo, check=True, capture_output=True, text=True, timeout=120).stdout
+
+    run("init", "-q")
+    run("config", "core.analytics", "false")
+    run("remote", "add", "-d", "store", str(remote))
+    seed = "runs/cls/deit_tiny-mhsa/train/seed_0"
+    run(
+        "stage",
+        "add",
+        "-q",
+        "-n",
+        "train",
+        "-o",
+        "runs/cls/deit_tiny-mhsa/train",
+        f"mkdir -p {seed} && echo '[1, 2]' > {seed}/history.json && echo w > {seed}/weights",
+    )
+    run("repro", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "ran")
+    run("push", "-q")
+    monkeypatch.chdir(repo)
+    monkeypatch.setattr(lockcheck, "this_machine", lambda root: {"cpu": "here"})
+    assert lockcheck.main(["verify"]) == 0
+    damaged = (
+        remote / "files" / "md5" / hashlib.md5(b"[1, 2]\n").hexdigest()[:2] / hashlib.md5(b"[1, 2]\n").hexdigest()[2:]
+    )
+    damaged.chmod(0o644)
+    damaged.write_text("[9, 9]\n")
+    subprocess.run(["git", "clean", "-fdXq"], cwd=repo, check=True, timeout=60)  # a fresh clone: no outputs, no cache
+    run("pull", "-q")
+    assert json.loads(run("status", "--json") or "{}") == {}  # DVC trusts what it pulled
+    assert lockcheck.main(["compare-locks"]) == 0  # and the locks agree
+    capsys.readouterr()
+    assert lockcheck.main(["verify"]) == 1
+    err = capsys.readouterr().err
+    assert "runs/cls/deit_tiny-mhsa/train (train): " in err and "files: seed_0/history.json (differs)" in err
+    assert "(2 files, 0.0 MB hashed)" in err and "weights" not in err
 
 
 def test_drift_names_each_moved_package_and_refuses_a_move_that_is_no_release(capsys):

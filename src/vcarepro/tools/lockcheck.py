@@ -1,12 +1,16 @@
-"""Does this machine's `dvc repro` reproduce the committed dvc.lock bit for bit? (issue 25)
+"""Does this machine's `dvc repro` reproduce the committed dvc.lock bit for bit?
 
 ``python -m vcarepro.tools.lockcheck stale``
     before ``dvc repro``: fails when ``dvc status`` reports anything but missing outputs, i.e. when a
     git-tracked dependency, a parameter or a command changed after dvc.lock was recorded (a stale lock:
     it no longer describes what the code produces).
 ``python -m vcarepro.tools.lockcheck verify``
-    after ``dvc repro``: fails when any output's hash differs from the committed lock's (``git show
-    HEAD:dvc.lock``), naming the outputs, their stages, the machine that recorded the lock and this one.
+    after ``dvc repro`` or ``dvc pull``: hashes every output file on disk (DVC's md5; a directory output file by
+    file into its ``.dir`` hash) and fails when any differs from the committed lock (``git show HEAD:dvc.lock``),
+    naming the outputs, their files, the machine that recorded the lock and this one.
+``python -m vcarepro.tools.lockcheck compare-locks``
+    the workspace's dvc.lock against the committed one, hashing no file: a check of what ``dvc repro`` recorded,
+    not of the bytes on disk (after ``dvc pull`` the two locks are the same file).
 ``python -m vcarepro.tools.lockcheck record``
     writes dvc.lock.machine.json, the machine that recorded dvc.lock (CPU, ISA flags, libraries, numerics
     profile as a stage's process sees them, through ``stages/run.py -m vcarepro.core.numerics``); commit it
@@ -209,30 +213,97 @@ def cmd_stale(root: Path) -> int:
     return 0
 
 
+def _md5(path: Path) -> str:
+    from dvc_data.hashfile.hash import file_md5
+
+    return file_md5(str(path))
+
+
+def hash_on_disk(path: Path) -> Tuple[Optional[str], Optional[Dict[str, str]], int, int]:
+    """(DVC's md5 of ``path``, {file: md5} when it is a directory, files hashed, bytes hashed); no md5 when absent."""
+    if path.is_file():
+        return _md5(path), None, 1, path.stat().st_size
+    if not path.is_dir():
+        return None, None, 0, 0
+    from dvc_data.hashfile.hash_info import HashInfo
+    from dvc_data.hashfile.tree import Tree
+
+    files = sorted(f for f in path.rglob("*") if f.is_file())
+    listing = {f.relative_to(path).as_posix(): _md5(f) for f in files}
+    tree = Tree()
+    for name, digest in listing.items():
+        tree.add(tuple(name.split("/")), None, HashInfo("md5", digest))
+    tree.digest()
+    return tree.hash_info.value, listing, len(files), sum(f.stat().st_size for f in files)
+
+
+def disk_differences(root: Path, lock: dict, recorded_files: Dict[str, Dict[str, str]]) -> Tuple[List[str], int, int]:
+    """One line per output of ``lock`` whose bytes on disk hash otherwise, naming a directory's files; and how many
+    files and bytes were hashed."""
+    lines, files, size = [], 0, 0
+    for (stage, path), digest in sorted(lock_outputs(lock).items(), key=lambda item: item[0][1]):
+        here, listing, n, b = hash_on_disk(root / path)
+        files, size = files + n, size + b
+        if here is None:
+            lines.append(f"{path} ({stage}): in the committed lock, missing on disk")
+        elif here != digest:
+            recorded = _dir_listing(root, digest) or recorded_files.get(path)
+            lines.append(
+                f"{path} ({stage}): {here[:12]} on disk, {digest[:12]} in the committed lock"
+                + file_differences(recorded, listing)
+            )
+    return lines, files, size
+
+
+def _machine(root: Path) -> Optional[dict]:
+    return json.loads((root / MACHINE_RECORD).read_text()) if (root / MACHINE_RECORD).is_file() else None
+
+
 def cmd_verify(root: Path) -> int:
     software(root)
     recorded = committed_lock(root)
-    here = yaml.safe_load((root / LOCK).read_text()) or {}
-    lines = compare_locks(recorded, here)
-    machine = json.loads((root / MACHINE_RECORD).read_text()) if (root / MACHINE_RECORD).is_file() else None
+    machine = _machine(root)
+    lines, files, size = disk_differences(root, recorded, (machine or {}).get("files") or {})
+    hashed = f"{files} files, {size / 1e6:.1f} MB hashed"
     if lines:
-        recorded_files = (machine or {}).get("files") or {}
-        here_files = output_files(root, here)
-        for i, line in enumerate(lines):
-            path = line.split(" (", 1)[0]
-            lines[i] = line + file_differences(recorded_files.get(path), here_files.get(path))
         print(
-            f"dvc repro here does not reproduce the committed dvc.lock: {len(lines)} output(s) differ. "
-            f"Recorded on {describe(machine)}; this machine: {describe(this_machine(root))}. Compare "
-            "`python stages/run.py -m vcarepro.tools.lockcheck fingerprint` on both to find the op:",
+            f"the outputs on disk differ from the committed dvc.lock in {len(lines)} output(s) ({hashed}): if "
+            f"`dvc repro` wrote them, this machine does not reproduce the lock (recorded on {describe(machine)}; "
+            f"this machine: {describe(this_machine(root))}; compare `python stages/run.py -m vcarepro.tools.lockcheck "
+            "fingerprint` on both to find the op); if `dvc pull` fetched them, the remote holds other bytes than the "
+            "lock names (pull again after `dvc remote modify <remote> verify true`, which refuses them):",
             file=sys.stderr,
         )
         for line in lines:
             print(f"  {line}", file=sys.stderr)
         return 1
     print(
-        f"lockcheck: all {len(lock_outputs(here))} outputs hash as in the committed dvc.lock "
-        f"(recorded on {describe(machine)}; verified on {describe(this_machine(root))})"
+        f"lockcheck: all {len(lock_outputs(recorded))} outputs on disk hash as in the committed dvc.lock ({hashed}; "
+        f"recorded on {describe(machine)}; verified on {describe(this_machine(root))})"
+    )
+    return 0
+
+
+def cmd_compare_locks(root: Path) -> int:
+    software(root)
+    recorded = committed_lock(root)
+    here = yaml.safe_load((root / LOCK).read_text()) or {}
+    lines = compare_locks(recorded, here)
+    if lines:
+        recorded_files = (_machine(root) or {}).get("files") or {}
+        here_files = output_files(root, here)
+        print(
+            f"the workspace's dvc.lock names other hashes than the committed one for {len(lines)} output(s) (lock "
+            "against lock; `lockcheck verify` hashes the files):",
+            file=sys.stderr,
+        )
+        for line in lines:
+            path = line.split(" (", 1)[0]
+            print(f"  {line}{file_differences(recorded_files.get(path), here_files.get(path))}", file=sys.stderr)
+        return 1
+    print(
+        f"lockcheck: the workspace's dvc.lock names the committed hash of all {len(lock_outputs(here))} outputs "
+        "(lock against lock; no file hashed)"
     )
     return 0
 
@@ -412,7 +483,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vcarepro.tools.lockcheck", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("stale", help="before dvc repro: dvc status reports only missing outputs")
-    sub.add_parser("verify", help="after dvc repro: every output hashes as in the committed dvc.lock")
+    sub.add_parser("verify", help="after dvc repro or pull: every output file on disk hashes as the committed dvc.lock")
+    sub.add_parser("compare-locks", help="the workspace's dvc.lock against the committed one, no file hashed")
     sub.add_parser("record", help=f"write {MACHINE_RECORD} for this machine")
     drift = sub.add_parser(
         "drift", help="by hand: dvc repro under the newest releases pyproject.toml allows, against the committed lock"
@@ -437,7 +509,8 @@ def main(argv=None) -> int:
         except drift_check.DriftError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-    return {"stale": cmd_stale, "verify": cmd_verify, "record": cmd_record}[args.command](root)
+    commands = {"stale": cmd_stale, "verify": cmd_verify, "compare-locks": cmd_compare_locks, "record": cmd_record}
+    return commands[args.command](root)
 
 
 if __name__ == "__main__":
