@@ -57,6 +57,22 @@ REFUSED = {
         "the -S override `scale=paprr`: scale has no option 'paprr' (did you mean paper?); choose one of embedded, "
         "paper, proxy, smoke (conf/scale/*.yaml).",
     ),
+    "a scale outside conf/": (
+        ["scale=../../../evil_scale"],
+        "the -S override `scale=../../../evil_scale`: scale has no option '../../../evil_scale'; choose one of "
+        "embedded, paper, proxy, smoke (conf/scale/*.yaml).",
+    ),
+    "params.yaml as a scale": (
+        ["scale=../../params"],
+        "the -S override `scale=../../params`: scale has no option '../../params'; choose one of embedded, paper, "
+        "proxy, smoke (conf/scale/*.yaml).",
+    ),
+    "a recipe in a subfolder": (
+        ["cls_recipe@cls_recipes.deit=sub/deit"],
+        "the -S override `cls_recipe@cls_recipes.deit=sub/deit`: cls_recipe has no option 'sub/deit' (did you "
+        "mean deit?); choose one of cswin, deit, lab, lab_cswin_tiny, lab_deit_small, lab_deit_tiny, lab_pvt_tiny, lab_swin_tiny, pvt, swin "
+        "(conf/cls_recipe/*.yaml).",
+    ),
     "misspelt section": (
         ["prepare_cls.split_sed=3"],
         "the -S override `prepare_cls.split_sed=3`: prepare_cls.split_sed is not a key of the composition of conf/ "

@@ -71,6 +71,12 @@ CASES = {
         "error: the command-line override `scale=huge`: scale has no option 'huge'; choose one of embedded, "
         "paper, proxy, smoke (conf/scale/*.yaml).",
     ),
+    "outside conf/": (
+        None,
+        ["scale=../../params"],
+        "error: the command-line override `scale=../../params`: scale has no option '../../params'; choose one of "
+        "embedded, paper, proxy, smoke (conf/scale/*.yaml).",
+    ),
 }
 
 

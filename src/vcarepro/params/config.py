@@ -128,6 +128,7 @@ def _hydra_config(overrides: Sequence[str], config_dir: str | Path):
     from omegaconf.errors import OmegaConfBaseException
 
     config_dir = Path(config_dir).resolve()
+    check_group_choices(list(overrides), config_dir)
     try:
         with own_composition(), initialize_config_dir(str(config_dir), version_base=None):
             cfg = hydra_compose(config_name="config", overrides=list(overrides))
@@ -288,16 +289,10 @@ def _composition_error(
         )
     if isinstance(err, MissingConfigException) and err.options is not None and err.missing_cfg_file:
         group, _, option = err.missing_cfg_file.rpartition("/")
-        options = list(err.options)
         by = next((o.input_line for o in _parse(overrides) if o.key_or_group == group), None)
         parent = re.match(r"In '([^']+)'", str(err))
         where = f"{by_name} `{by}`" if by else f"{conf}/{parent.group(1)}.yaml" if parent else f"{conf}/"
-        close = difflib.get_close_matches(option, options, n=1)
-        return ParamsError(
-            f"{where}: {group} has no option {option!r}"
-            + (f" (did you mean {close[0]}?)" if close else "")
-            + f"; choose one of {', '.join(options)} ({conf}/{group}/*.yaml)."
-        )
+        return _no_option(where, group, option, list(err.options), conf)
     cause = err.__cause__
     full_key = getattr(cause, "full_key", None)
     if isinstance(err, ConfigCompositionException) and full_key and str(err).startswith("Could not override"):
@@ -313,6 +308,31 @@ def _composition_error(
     parent = re.match(r"In '([^']+)': (.*)", first_line)
     where, what = (f"{conf}/{parent.group(1)}.yaml", parent.group(2)) if parent else (f"{conf}/", first_line)
     return ParamsError(f"{where} cannot be composed: {what.rstrip('.')}; fix it and {rerun}.")
+
+
+def _no_option(where: str, group: str, option: str, options: List[str], conf: str) -> ParamsError:
+    close = difflib.get_close_matches(option, options, n=1)
+    return ParamsError(
+        f"{where}: {group} has no option {option!r}"
+        + (f" (did you mean {close[0]}?)" if close else "")
+        + f"; choose one of {', '.join(options)} ({conf}/{group}/*.yaml)."
+    )
+
+
+def check_group_choices(overrides: List[str], config_dir: Path, by_name: str = "the command-line override") -> None:
+    """Refuse an override that picks a config group's option by anything but one of its files' names: Hydra would
+    follow ``scale=../../params`` to a file outside conf/ and record it as the default."""
+    parsed = _parse(overrides) if all(_parses(o) for o in overrides) else []  # Hydra names a syntax error itself
+    for override in parsed:
+        folder = config_dir / override.key_or_group
+        value = override.value()
+        if override.is_delete() or not folder.is_dir() or value is None:
+            continue
+        options = sorted(f.stem for f in folder.glob("*.yaml"))
+        for option in value if isinstance(value, list) else [value]:
+            if str(option) not in options:
+                where = f"{by_name} `{override.input_line}`"
+                raise _no_option(where, override.key_or_group, str(option), options, config_dir.name)
 
 
 def _nearest_key(full_key: str, valid: List[str]) -> List[str]:

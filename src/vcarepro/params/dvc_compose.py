@@ -85,7 +85,10 @@ def checked(load, overrides: List[str], conf: Path):
     from vcarepro.params import config
 
     try:
+        config.check_group_choices(list(overrides), conf, by_name=DVC_OVERRIDE)
         cfg = load(list(overrides))
+    except config.ParamsError as err:
+        raise refusal(str(err)) from None
     except (HydraException, OmegaConfBaseException) as err:
         with _aside():
             error = config._composition_error(err, list(overrides), conf, rerun=DVC_RERUN, by_name=DVC_OVERRIDE)
