@@ -47,6 +47,11 @@ REFUSED = {
         "the -S override `cls_recipe_overrides.lr=-1`: cls_recipe_overrides.lr must be a number > 0, got -1; "
         + DVC_FIX,
     ),
+    "an infinite learning rate": (
+        ["cls_recipe_overrides.lr=1e309"],
+        "the -S override `cls_recipe_overrides.lr=1e309`: cls_recipe_overrides.lr must be a finite number, got inf; "
+        + DVC_FIX,
+    ),
     "unknown scale": (
         ["scale=nonexistent"],
         "the -S override `scale=nonexistent`: scale has no option 'nonexistent'; choose one of embedded, paper, "

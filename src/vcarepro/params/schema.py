@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import math
 import numbers
 import re
 import typing
@@ -57,7 +58,7 @@ def _num(lo: float = 0.0, hi: Optional[float] = None, open_lo: bool = False, ope
     hi_txt = "" if hi is None else f" and {'<' if open_hi else '<='} {hi:g}"
 
     def ok(v):
-        if not isinstance(v, numbers.Real) or isinstance(v, bool) or v != v:
+        if not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v):
             return False
         return (v > lo if open_lo else v >= lo) and (hi is None or (v < hi if open_hi else v <= hi))
 
@@ -355,6 +356,19 @@ def _at(source: Source, *path: Any) -> str:
     return source(tuple(path)) if callable(source) else source
 
 
+def _check_finite(tree: Any, path: Tuple[Any, ...], source: Source) -> None:
+    """NaN and infinities anywhere, free sections and lists too: no knob, whatever its rule, takes one."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            _check_finite(value, (*path, key), source)
+    elif isinstance(tree, (list, tuple)):
+        for value in tree:
+            _check_finite(value, path, source)
+    elif isinstance(tree, float) and not math.isfinite(tree):
+        key = ".".join(map(str, path))
+        raise ParamsError(f"{_at(source, *path)}: {key} must be a finite number, got {tree!r}; {FIX}.")
+
+
 def _close(key: Any, valid) -> str:
     """`` (did you mean X?)`` for the valid name nearest ``key``, or nothing where none is near."""
     close = difflib.get_close_matches(str(key), sorted(map(str, valid)), n=1)
@@ -459,6 +473,7 @@ def validate(params: Dict[str, Any], source: Source = "params.yaml", *, model_cl
     for section in NAMED_SECTIONS:
         for name in params.get(section) or {}:
             _check_name(section, name, source)
+    _check_finite(params, (), source)
     calibrate = dict(params.get("calibrate") or {})
     entries = {group: calibrate.pop(group, None) or {} for group in CALIBRATION_FIELDS}
     rest = {k: v for k, v in params.items() if k not in FREE_SECTIONS}
