@@ -89,3 +89,20 @@ def test_run_stage_prints_a_user_error_alone_and_lets_anything_else_through(caps
     with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
         run_stage(bug)
     assert not issubclass(ZeroDivisionError, UserError)
+
+
+def test_what_to_run_again_is_the_stage_under_dvc_and_the_command_itself_elsewhere(monkeypatch):
+    from vcarepro.core import errors
+
+    monkeypatch.delenv("DVC_STAGE", raising=False)
+    monkeypatch.setattr(sys, "argv", ["/x/src/vcarepro/tools/export.py", "--run", "deit_tiny-vca", "--out", "a b"])
+    monkeypatch.setattr(sys.modules["__main__"], "__spec__", type("Spec", (), {"name": "vcarepro.tools.export"}))
+    assert errors.rerun_advice() == "run `python -m vcarepro.tools.export --run deit_tiny-vca --out 'a b'` again"
+    monkeypatch.setattr(
+        sys.modules["__main__"], "__spec__", type("Spec", (), {"name": "vcarepro.tools.bench.__main__"})
+    )
+    assert errors.this_command().startswith("python -m vcarepro.tools.bench --run")
+    monkeypatch.setattr(errors, "COMMAND", "vcarepro gpu-check --parts loader")  # as the dispatcher types it
+    assert errors.rerun_advice() == "run `vcarepro gpu-check --parts loader` again"
+    monkeypatch.setenv("DVC_STAGE", "train_cls@deit_tiny-vca")
+    assert errors.rerun_advice() == "re-run `dvc repro`; DVC records nothing of this stage"

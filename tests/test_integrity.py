@@ -197,5 +197,23 @@ def test_memory_maps_on_a_full_disk_are_one_sentence_not_a_bus_error(tmp_path):
     assert result.stderr.splitlines() == [
         f"error: no space is left on the device while writing {small}/work/arr_0.npy (24,576,128 bytes were needed); "
         f"free space there (`df -h {small}/work`) or point that directory elsewhere (checkpoints/ and runs/ may be "
-        f"symbolic links to a larger disk), then re-run `dvc repro`; DVC records nothing of this stage."
+        f"symbolic links to a larger disk), then run `python {tmp_path / 'snippet.py'} {small}` again."
     ]
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux's unshare is needed for a private tmpfs")
+def test_a_full_disk_under_a_tool_names_that_command_to_run_again(tmp_path):
+    """Not a stage: no `dvc repro` to re-run, so the sentence gives back the command the user typed."""
+    from vcarepro.tools.bench.loader import write_imagenet_like_jpegs
+
+    folder = write_imagenet_like_jpegs(tmp_path / "images", count=2) / "train"
+    small = tmp_path / "small"
+    small.mkdir()
+    vcarepro = Path(sys.executable).parent / "vcarepro"
+    typed = f"vcarepro bench loader --root {folder} --seconds 0.05 --workers 0 --batch 2 --json {small}/out.json"
+    result = sh(in_small_tmpfs(str(small), 0, f"{vcarepro}{typed[8:]}"), tmp_path, check=False)
+    assert result.returncode == 2, result.stderr[-2000:]
+    line = result.stderr.splitlines()[-1]
+    assert line.startswith(f"error: no space is left on the device while writing {small}/out.json ("), line
+    assert line.endswith(f"(`df -h {small}`) or point that directory elsewhere (checkpoints/ and runs/ may be symbolic "
+                         f"links to a larger disk), then run `{typed}` again."), line  # fmt: skip

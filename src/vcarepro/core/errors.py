@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -81,8 +82,30 @@ def disk_full_error(err: BaseException, path: Optional[str | Path], needed: Opti
         f"{'the disk quota is exhausted' if quota else 'no space is left on the device'} while writing "
         f"{path if path is not None else 'an output of this stage'}{need}; free space there (`df -h "
         f"{where or '.'}`) or point that directory elsewhere (checkpoints/ and runs/ may be symbolic links to a "
-        f"larger disk), then re-run `dvc repro`; DVC records nothing of this stage."
+        f"larger disk), then {rerun_advice()}."
     )
+
+
+COMMAND: Optional[str] = None  # the command line as typed, where a dispatcher (`vcarepro export ...`) knows it
+
+
+def this_command() -> str:
+    """The command line this process runs, as its user would type it again (``python -m MODULE ARGS``)."""
+    if COMMAND:
+        return COMMAND
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec and spec.name:
+        head = f"python -m {spec.name.removesuffix('.__main__')}"
+    else:
+        head = f"python {shlex.quote(sys.argv[0])}" if sys.argv[0].endswith(".py") else Path(sys.argv[0]).name
+    return " ".join([head, *map(shlex.quote, sys.argv[1:])])
+
+
+def rerun_advice() -> str:
+    """What to run again after the problem is fixed: a stage's `dvc repro`, else the command itself."""
+    if os.environ.get("DVC_STAGE"):
+        return "re-run `dvc repro`; DVC records nothing of this stage"
+    return f"run `{this_command()}` again"
 
 
 def is_disk_full(err: BaseException) -> bool:
@@ -96,6 +119,15 @@ def is_disk_full(err: BaseException) -> bool:
         or "os error 28" in text
         or "os error 122" in text
     )
+
+
+def error_line(err: BaseException) -> Optional[str]:
+    """The one ``error:`` line for a user error or a full disk; None for anything else, which keeps its traceback."""
+    if isinstance(err, UserError):
+        return f"error: {err}"
+    if is_disk_full(err):
+        return f"error: {disk_full_error(err, _written_path(err))}"
+    return None
 
 
 def interrupted_line(what: Optional[str] = None, resume: Optional[str] = None) -> str:
@@ -144,19 +176,16 @@ def run_stage(main: Callable[[], object], *, what: Optional[str] = None) -> None
         except NumericsError as err:
             raise BadInput(str(err)) from None
         main()
-    except UserError as err:
-        _ending()
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        raise SystemExit(USER_ERROR_STATUS) from None
     except KeyboardInterrupt:  # Ctrl-C: one line, no traceback; what the stage wrote is not recorded by DVC
         _ending()
         print(interrupted_line(what), file=sys.stderr, flush=True)
         raise SystemExit(INTERRUPTED_STATUS) from None
     except Exception as err:
-        if not is_disk_full(err):
+        line = error_line(err)
+        if line is None:
             raise
         _ending()
-        print(f"error: {disk_full_error(err, _written_path(err))}", file=sys.stderr, flush=True)
+        print(line, file=sys.stderr, flush=True)
         raise SystemExit(USER_ERROR_STATUS) from None
 
 

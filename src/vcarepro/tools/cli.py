@@ -102,6 +102,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         print(f"vcarepro {__version__}")
         return 0
+    from vcarepro.core import errors
+
+    errors.COMMAND = " ".join(["vcarepro", *map(shlex.quote, argv)])  # what a sentence tells the user to run again
     if command in WRAPPED:
         if command == "config" and rest and rest[0] in ("-h", "--help"):
             print(_config_help())  # the module has no argparse: its docstring is its help

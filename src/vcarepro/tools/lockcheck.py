@@ -46,6 +46,7 @@ import yaml
 
 from vcarepro.core import environment
 from vcarepro.core.environment import MACHINE_RECORD
+from vcarepro.core.errors import USER_ERROR_STATUS, error_line
 from vcarepro.core.io import write_bytes
 
 LOCK = "dvc.lock"
@@ -498,7 +499,17 @@ def main(argv=None) -> int:
     fp.add_argument("--out")
     fp.add_argument("--compare")
     args = parser.parse_args(argv)
-    root = Path.cwd()
+    try:
+        return _run(args, Path.cwd())
+    except Exception as err:  # a full disk: one line
+        line = error_line(err)
+        if line is None:
+            raise
+        print(line, file=sys.stderr, flush=True)
+        return USER_ERROR_STATUS
+
+
+def _run(args, root: Path) -> int:
     if args.command == "fingerprint":
         return cmd_fingerprint(args)
     if args.command == "drift":
