@@ -75,3 +75,38 @@ def test_complexity_stage_measures_every_model(tmp_path):
     assert set(timing) == set(figures) and all(v > 0 for v in timing.values())
     assert not any("throughput_img_s" in f for f in figures.values())  # a wall time is in no DVC output
     assert not (tmp_path / "complexity.json.tmp").exists()
+
+
+def test_what_dvc_repro_removes_before_the_report_runs_is_what_faults_md_says(tmp_path):
+    """faults.md: under `dvc repro` a failed report stage leaves its outputs missing (DVC deleted them before the
+    command ran), the page and tables beside them whole, and `dvc checkout` restores the outputs byte-identical."""
+    report = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["report"]
+    declared = [o for kind in ("outs", "metrics", "plots") for o in report.get(kind) or []]  # each is an output
+    outs = [next(iter(o)) if isinstance(o, dict) else o for o in declared]
+    assert not any(isinstance(o, dict) and next(iter(o.values())).get("persist") for o in declared)
+    row = next(
+        line for line in (ROOT / "docs" / "faults.md").read_text().splitlines() if "the report, an export" in line
+    )
+    claim = row.split("Under `dvc repro`", 1)[1].split("|", 1)[0]
+    assert sorted(re.findall(r"`((?:reports|metrics)/[^`]+)`", claim)) == sorted(outs) and "`dvc checkout`" in claim
+    # DVC itself: an output is gone once its stage fails, a file beside it is not, and checkout restores the output
+    write = (
+        "import pathlib, sys; pathlib.Path('reports').mkdir(exist_ok=True); "
+        "pathlib.Path('reports/index.html').write_text(sys.argv[1]); "
+        "sys.exit(3) if pathlib.Path('full').exists() else pathlib.Path('reports/results.json').write_text(sys.argv[1])"
+    )
+    dvc = [sys.executable, "-m", "dvc"]
+    for argv in (["git", "init", "-q"], [*dvc, "init", "-q"]):
+        subprocess.run(argv, cwd=tmp_path, check=True, timeout=120)
+    (tmp_path / "write.py").write_text(write)
+    subprocess.run([*dvc, "stage", "add", "-q", "-n", "report", "-o", "reports/results.json",
+                    f"{sys.executable} write.py first"], cwd=tmp_path, check=True, timeout=120)  # fmt: skip
+    subprocess.run([*dvc, "repro", "-q"], cwd=tmp_path, check=True, timeout=120)
+    (tmp_path / "write.py").write_text(write.replace("sys.argv[1]", "'second'", 1))  # the page is rendered anew
+    (tmp_path / "full").touch()  # and then the disk is full
+    failed = subprocess.run([*dvc, "repro", "-q", "-f"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert failed.returncode != 0
+    assert not (tmp_path / "reports" / "results.json").exists()
+    assert (tmp_path / "reports" / "index.html").read_text() == "second"
+    subprocess.run([*dvc, "checkout", "-q"], cwd=tmp_path, check=True, timeout=120)
+    assert (tmp_path / "reports" / "results.json").read_text() == "first"
