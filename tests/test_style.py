@@ -1,4 +1,4 @@
-"""The field's habits, checked like the rest (issue 40): ruff lints and formats src/, stages/ and tests/ with the
+"""The field's habits, checked like the rest: ruff lints and formats src/, stages/ and tests/ with the
 settings of pyproject.toml, and deptry finds every third-party import declared (src/ and stages/ against the
 dependencies, tests/ against the dependencies and the test extra). Each test fails with the tool's own output.
 
@@ -75,3 +75,15 @@ def test_deptry_finds_every_import_of_the_tests_declared():
     done = deptry("tests", *excludes, "--ignore", "DEP002,DEP004")
     assert done.returncode == 0, said(done)
     assert done.scanned == len(python_files("tests")), said(done)
+
+
+def test_comments_in_the_code_explain_rather_than_narrate():
+    """The tracker's history stays in the tracker: no comment or docstring in src/ or stages/ cites one of this
+    project's issues (another repository's, as owner/name#N, is a citation)."""
+    cited = [
+        f"{path}:{number}: {line.strip()}"
+        for path in python_files(*PACKAGE)
+        for number, line in enumerate((ROOT / path).read_text().splitlines(), 1)
+        if re.search(r"\bissues? #?\d+", line, re.IGNORECASE)
+    ]
+    assert not cited, "\n".join(cited)

@@ -31,8 +31,8 @@ Efficient path: A V = Q (K^T V) / (Q K^T 1 + N eps), associated as
 Reference path: A materialised (N x N) and multiplied by V, the focusing power
 taken literally. Tests hold them equal.
 
-Numerical safety (fp16 overflow in the official code before e205a01, FLatten
-issues 15 and 18): the efficient path
+Numerical safety (fp16 overflow in the official code before e205a01,
+LeapLabTHU/FLatten-Transformer#15 and #18): the efficient path
   * scales K^T V and the key sum by 1/N (the official fix: K and V each times
     N^-1/2, the normaliser with mean(K)), so the sums do not grow with N;
   * raises a to the power p after dividing by its largest channel (phi is

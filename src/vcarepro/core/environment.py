@@ -1,4 +1,4 @@
-"""The software a result was computed with: every installed package and its version (issue 50).
+"""The software a result was computed with: every installed package and its version.
 
 README commands 1 and 2 install ``requirements/lock.txt``, every package pinned with its hashes, and
 ``python -m vcarepro.tools.lockcheck record`` keeps the packages installed when dvc.lock was recorded in

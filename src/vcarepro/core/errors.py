@@ -3,7 +3,7 @@
 Every error this project raises on purpose names the problem and the fix in one sentence. Stages
 print such an error as that one line, without a traceback, and exit with status 2
 (:func:`run_stage`); anything else (a bug, a library failure) keeps its full traceback. Each class
-is also the built-in exception it used to be, so ``except ValueError`` and the like still catch it.
+is also a built-in exception, so ``except ValueError`` and the like still catch it.
 """
 
 from __future__ import annotations

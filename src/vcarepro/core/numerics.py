@@ -6,7 +6,7 @@ AVX2 on another), oneMKL dispatches its GEMMs by vendor and ISA, oneDNN JIT-comp
 for the ISA it finds, numpy's OpenBLAS picks a kernel per CPU model (SkylakeX, Haswell, Zen) and numpy
 its own AVX-512 loops, and every threaded reduction splits its work by the thread count. So an Intel
 Xeon and an AMD EPYC of the same class compute different bits, and a DVC lock recorded on one does not
-reproduce on the other. Measured on this project (issue 25): the same commit's digit feature extractor,
+reproduce on the other. Measured on this project: the same commit's digit feature extractor,
 and everything generated after it, hashed differently on an AMD EPYC (Zen 4) and on an Intel Xeon, and
 on one machine changed with each of ``ATEN_CPU_CAPABILITY``, ``MKL_CBWR`` and ``ONEDNN_MAX_CPU_ISA``.
 
@@ -333,7 +333,7 @@ def describe_machine() -> Dict[str, object]:
         "python": platform.python_version(),
         "libc": " ".join(platform.libc_ver()),
         "libraries": versions,
-        "packages": environment.installed(),  # every package, as lockcheck compares them (issue 50)
+        "packages": environment.installed(),  # every package, as lockcheck compares them
         "mkl": torch.backends.mkl.is_available() and "oneMKL " + _build_line("Math Kernel Library"),
         "onednn": _build_line("MKL-DNN"),
         "profile": settings or {"cpu": "not applied (stage not started by stages/run.py)"},

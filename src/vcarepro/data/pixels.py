@@ -3,7 +3,7 @@
 Stored as ``train.safetensors`` with ``images`` (uint8, N x C x H x W: also the FID
 reference set, as DiT measures against training-set statistics), ``inputs`` (the
 same images in model space, float32 in [-1, 1]) and ``labels``. One channel for
-grayscale sources. Paper scale stores VAE latents in the same keys' place (issue 5).
+grayscale sources. Paper scale stores VAE latents in the same keys' place.
 """
 
 from __future__ import annotations

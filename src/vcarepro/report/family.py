@@ -1,4 +1,4 @@
-"""The attention family (issue 15): each member's published DeiT-T row, our counts and our runs beside MHSA and
+"""The attention family: each member's published DeiT-T row, our counts and our runs beside MHSA and
 VCA, and the decomposition of VCA's gain into its depthwise term and its contrast."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``vcarepro``: one command for the project's tools (issue 38).
+"""``vcarepro``: one command for the project's tools.
 
     vcarepro <command> [arguments...]        vcarepro --help lists the commands
 

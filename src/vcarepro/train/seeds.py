@@ -124,7 +124,7 @@ def _another_rank_said_why(info: DistInfo) -> bool:
         return False
 
 
-TIMINGS = Path("timings")  # wall times: beside the results, never in a DVC output (issue 25)
+TIMINGS = Path("timings")  # wall times: beside the results, never in a DVC output
 
 
 def timing_path(live_dir) -> Path:

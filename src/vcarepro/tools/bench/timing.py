@@ -18,7 +18,7 @@ TIMED_THREADS = 1
 
 # Below this share of a core for the timed thread (its CPU time over the wall time it was timed), a figure was
 # measured under load: another process held the core part of the time, so the figure is the machine's, not the
-# code's, and a target judged on it would be judged on the load (issue 49: N=784 timed 475.70 ms, N=3136 233.79 ms).
+# code's, and a target judged on it would be judged on the load.
 LOADED_SHARE = 0.9
 
 
