@@ -75,8 +75,8 @@ REFUSED = {
     "a recipe in a subfolder": (
         ["cls_recipe@cls_recipes.deit=sub/deit"],
         "the -S override `cls_recipe@cls_recipes.deit=sub/deit`: cls_recipe has no option 'sub/deit' (did you "
-        "mean deit?); choose one of cswin, deit, lab, lab_cswin_tiny, lab_deit_small, lab_deit_tiny, lab_pvt_tiny, lab_swin_tiny, pvt, swin "
-        "(conf/cls_recipe/*.yaml).",
+        "mean deit?); choose one of cswin, deit, lab, lab_cswin_tiny, lab_deit_small, lab_deit_tiny, lab_pvt_tiny, "
+        "lab_swin_tiny, pvt, swin (conf/cls_recipe/*.yaml).",
     ),
     "misspelt section": (
         ["prepare_cls.split_sed=3"],
