@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from test_vca import pooled_queries  # agents are pooled queries: adaptive average pooling written out
+from helpers import pooled_queries
 from vcarepro.attention.agent import AgentAttention
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -15,12 +15,12 @@ import pytest
 import torch
 import yaml
 
+from helpers import ROOT
 from vcarepro.core.errors import USER_ERROR_STATUS, BadInput, UserError, run_stage
 from vcarepro.data.embedded import export_digits
 from vcarepro.data.folders import ManifestDataset, UnreadableImage
 from vcarepro.params.config import compose
 
-ROOT = Path(__file__).resolve().parents[1]
 RUN = "deit_tiny-vca"
 FIX = "re-run prepare_cls (`dvc repro -f -s prepare_cls`) or restore it (`dvc checkout --force data/cls`)"
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from helpers import ROOT
 from vcarepro.attention import VisualContrastAttention
 from vcarepro.report.figures import attention_cost_png
 from vcarepro.tools.bench import (
@@ -237,11 +238,10 @@ def test_the_attention_cost_stage_prints_one_summary_line_and_no_verdict(tmp_pat
     import json
     import subprocess
     import sys
-    from pathlib import Path
 
     import yaml
 
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["attention_cost"].update(sides=[7, 14], min_run_time=0.01, layers=["mhsa", "vca"])
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
@@ -270,7 +270,6 @@ def test_the_loader_benchmark_times_both_paths_the_device_side_and_the_ceiling_i
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     from vcarepro.tools.bench.loader import (
         GOAL_OF_CEILING,
@@ -297,7 +296,7 @@ def test_the_loader_benchmark_times_both_paths_the_device_side_and_the_ceiling_i
     assert goal["met"] == (fast >= GOAL_OVER_PIL * pil and fast >= GOAL_OF_CEILING * ceiling)
     table = loader_table(figures)
     assert "| fast path, CPU side (read, decode, crop, collate) |" in table and "ms per image (batch 2)" in table
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     empty = subprocess.run(
         [sys.executable, "-m", "vcarepro.tools.bench", "loader", "--root", str(tmp_path / "a" / "b")],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root / "src")},

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_errors import one_error_line, stage
-from test_paper_road import prepared, smoke_params  # noqa: F401  (the fixture: ImageNet prepared by prepare_cls)
+from helpers import one_error_line, prepared, smoke_params, stage  # noqa: F401  (prepared: fixtures)
 from vcarepro.calibration import entries, keymap_for, keymaps, load_strict, read_released, verdict
 from vcarepro.calibration.run import ImageNetLabels
 from vcarepro.core.errors import USER_ERROR_STATUS, BadInput

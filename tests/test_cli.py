@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -19,12 +18,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers import ROOT, conf_copy
 from vcarepro.params.config import compose
 from vcarepro.params.runs import cls_recipe, cls_run, gen_run
 from vcarepro.params.stage_facts import stage_definition
 from vcarepro.tools import cli
 
-ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src")}  # this checkout's code, whatever the venv's install points at
 SCRIPT = Path(sys.executable).parent / "vcarepro"
 COMMANDS = {
@@ -46,14 +45,6 @@ HUGE = (
 )
 
 
-def project(where: Path) -> Path:
-    """A copy of conf/ and of the committed params.yaml (as tests/test_params_refusal.py makes one)."""
-    where.mkdir(parents=True)
-    shutil.copytree(ROOT / "conf", where / "conf")
-    shutil.copyfile(ROOT / "params.yaml", where / "params.yaml")
-    return where
-
-
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory):
     """Each case through the installed `vcarepro` (and one `python -m` twin), all at once: name -> (cwd, result)."""
@@ -65,8 +56,8 @@ def ran(tmp_path_factory):
     base = tmp_path_factory.mktemp("cli")
     cases = {
         "help": ([str(SCRIPT), "--help"], ROOT),
-        "huge": ([str(SCRIPT), "config", "scale=huge"], project(base / "huge")),
-        "compose": ([str(SCRIPT), "config"], project(base / "compose")),
+        "huge": ([str(SCRIPT), "config", "scale=huge"], conf_copy(base / "huge")),
+        "compose": ([str(SCRIPT), "config"], conf_copy(base / "compose")),
         "missing_page": ([str(SCRIPT), "report-check", "nowhere/index.html"], base),
         "missing_page_m": ([sys.executable, "-m", "vcarepro.report.browser", "nowhere/index.html"], base),
     }

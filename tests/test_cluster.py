@@ -24,7 +24,7 @@ import psutil
 import pytest
 import yaml
 
-from test_pipeline import ROOT, micro_params, reproduced_repo, sh
+from helpers import ROOT, micro_params, reproduced_repo, sh
 from vcarepro.params.config import compose
 from vcarepro.tools import cluster
 

@@ -8,6 +8,7 @@ import torch
 from timm.layers import Attention
 
 import vcarepro.models  # noqa: F401  (registers the models)
+from helpers import ROOT
 from vcarepro.attention import VisualContrastAttention
 from vcarepro.metrics.complexity import count_flops, model_flops
 
@@ -70,7 +71,6 @@ def test_vca_adds_no_flops_to_deit_tiny_at_224():
 @pytest.mark.slow
 def test_every_table1_complexity_cell_of_the_lab_layouts_matches_the_paper():
     """The +VCA rows at paper shape (what `dvc repro complexity` writes), within the report's tolerance."""
-    from pathlib import Path
 
     import yaml
 
@@ -80,7 +80,7 @@ def test_every_table1_complexity_cell_of_the_lab_layouts_matches_the_paper():
     from vcarepro.report.verdicts import MATCHES, exact_verdict
 
     paper = compose(["scale=paper"])
-    reference = yaml.safe_load((Path(__file__).resolve().parents[1] / "data" / "paper_reference.yaml").read_text())
+    reference = yaml.safe_load((ROOT / "data" / "paper_reference.yaml").read_text())
     settings = dict(paper["complexity"], throughput_batch=0)
     tolerance = paper["report"]["complexity_tolerance"]
     checked = {}

@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers import ROOT
 from vcarepro.params.config import compose, write_params
 from vcarepro.params.runs import cls_recipe, cls_run, gen_run
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Dict, List, Set, Tuple
 from urllib.parse import unquote
 
-from test_imports import read_floors
+from helpers import ROOT, read_floors
 
-ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 CI = ROOT / ".ci" / "run"

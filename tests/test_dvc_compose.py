@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
+
 DVC_FIX = "correct the -S override (or the conf/ file named) and run `dvc exp run` again."
 ENV = {**os.environ, "DVC_NO_ANALYTICS": "1"}
 

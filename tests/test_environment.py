@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from helpers import ROOT
 from vcarepro.core import environment
 from vcarepro.tools import drift, lockcheck
 
-ROOT = Path(__file__).resolve().parents[1]
 LOCK = environment.pins((ROOT / environment.LOCK_FILE).read_text())
 GPU = environment.pins((ROOT / environment.GPU_LOCK_FILE).read_text())
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

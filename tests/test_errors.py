@@ -3,39 +3,13 @@ anything unexpected keeps its traceback."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-import yaml
 
+from helpers import one_error_line, stage
 from vcarepro.core.errors import USER_ERROR_STATUS, BadInput, MissingInput, UnknownName, UserError, run_stage
 from vcarepro.params.config import compose
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def stage(tmp_path, script, *args, params=None):
-    """Run ``stages/<script>`` with ``params`` as params.yaml in an empty project directory."""
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params or compose([])))
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run(
-        [sys.executable, str(ROOT / "stages" / script), *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-def one_error_line(result) -> str:
-    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.startswith("error:") or "params.yaml:" in line]
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 @pytest.mark.slow

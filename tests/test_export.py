@@ -16,6 +16,7 @@ import torch
 import yaml
 from timm.models import load_checkpoint
 
+from helpers import ROOT
 from vcarepro.core.errors import BadInput, MissingInput, UnknownName, run_stage
 from vcarepro.core.io import save_tensors
 from vcarepro.params.config import load_params
@@ -23,7 +24,6 @@ from vcarepro.params.runs import cls_run
 from vcarepro.tools.export import CURVES, WEIGHTS, export_run, main
 from vcarepro.train.classification import ClassifierSpec
 
-ROOT = Path(__file__).resolve().parents[1]
 RUN, BASELINE = "deit_tiny-vca", "deit_tiny-mhsa"
 NUM_CLASSES = 10
 

@@ -8,8 +8,6 @@ every attention trained one step in DeiT and DiT (fp32 and bf16), the errors, an
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import timm
 import torch
@@ -19,6 +17,7 @@ import yaml
 from timm.layers import Attention
 from timm.models.vision_transformer import Block
 
+from helpers import ROOT
 from vcarepro.attention import ATTENTIONS, build_attention
 from vcarepro.attention.controls import MhsaLocalConv
 from vcarepro.core.errors import BadInput
@@ -28,8 +27,7 @@ from vcarepro.models import family as family_models
 from vcarepro.models.dit import create_dit
 from vcarepro.models.family import ConvPositionBlock
 
-REPO = Path(__file__).resolve().parents[1]
-FAMILY_REF = yaml.safe_load((REPO / "data" / "paper_reference.yaml").read_text())["family"]
+FAMILY_REF = yaml.safe_load((ROOT / "data" / "paper_reference.yaml").read_text())["family"]
 # |ours - published| within one unit of the published precision (report.complexity_tolerance)
 TOLERANCE = 0.1
 

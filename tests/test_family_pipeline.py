@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from test_pipeline import micro_params, reproduced_repo
+from helpers import micro_params, reproduced_repo
 from vcarepro.core.choices import FAMILY
 
 MEMBERS = [*FAMILY, "mhsa_dwc", "vca-no_dwc"]

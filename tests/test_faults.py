@@ -31,11 +31,10 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from test_pipeline import micro_params, reproduced_repo, sh
+from helpers import ROOT, micro_params, reproduced_repo, sh
 from vcarepro.params.config import compose
 from vcarepro.train.checkpoint import load_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
 MARK = "VCAREPRO_FAULTS_TEST"  # in the environment of every process a test here starts
 
 

@@ -3,8 +3,6 @@ wiring."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -13,6 +11,7 @@ from scipy import linalg
 from scipy.spatial.distance import cdist
 from torch_fidelity.metric_kid import KEY_METRIC_KID_MEAN, KEY_METRIC_KID_STD, kid_features_to_metric
 
+from helpers import ROOT
 from vcarepro.metrics.evaluator import evaluate_samples
 from vcarepro.metrics.feature_stats import FeatureReservoir, FeatureStats, StatsAccumulator, frechet_distance
 from vcarepro.metrics.fid_reference import (
@@ -638,7 +637,7 @@ def test_a_missing_adm_batch_is_one_sentence_with_where_to_get_it_and_no_output(
 
     params = compose(["scale=paper"])
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     result = subprocess.run(
         [sys.executable, str(root / "stages" / "fid_reference.py")], cwd=tmp_path, capture_output=True, text=True
     )

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from helpers import load_stage
 from vcarepro.data.embedded import export_digits
 from vcarepro.data.latents import decode_to_uint8, load_vae
 from vcarepro.params.config import compose
@@ -16,15 +16,7 @@ from vcarepro.tools.standins import write_random_vae
 from vcarepro.train.distributed import DistInfo
 from vcarepro.train.generation import GeneratorSpec, generate_batches, load_generator, train_generator
 
-ROOT = Path(__file__).resolve().parents[1]
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
-
-
-def load_stage(name):
-    spec = importlib.util.spec_from_file_location(f"stage_{name}", ROOT / "stages" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

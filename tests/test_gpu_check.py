@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers import ROOT
 from vcarepro.core.choices import BENCH_LAYERS
 from vcarepro.params.config import compose
 from vcarepro.tools.gpu_check import cli, parts, steps
 from vcarepro.tools.gpu_check.report import CPU_NOTE
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY_TOKENS = {16, 36, 64}  # the tiny sides 4, 6 and 8
 BLOCKER = """
 import importlib.abc, os, sys

@@ -7,19 +7,19 @@ every layer: one place for the helpers, and a preamble that is timm's ``Attentio
 from __future__ import annotations
 
 import ast
-import pathlib
 
 import pytest
 import torch
 import torch.nn as nn
 
+from helpers import ROOT
 from vcarepro.attention import build_attention
 from vcarepro.attention.grid import GridAttention, token_grid, value_grid
 from vcarepro.core.errors import BadInput
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "vcarepro"
+SRC = ROOT / "src" / "vcarepro"
 DIM, HEADS, GRID = 24, 2, (3, 4)
 # the head-split layers: every grid-aware one but circulant, which splits no heads (one kernel per channel)
 HEAD_SPLIT = {"vca": {"contrast_tokens": 4}, "agent": {"agent_tokens": 4}, "flatten": {}, "inline": {}, "mhsa+dwc": {}}

@@ -6,7 +6,7 @@ import json
 
 import yaml
 
-from test_pipeline import ROOT
+from helpers import ROOT
 from vcarepro.report.headline import HEADLINE, headline, headline_files, shared_prefix, write_headlines
 
 

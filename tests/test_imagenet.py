@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from helpers import ROOT
 from vcarepro.core.errors import BadInput
 from vcarepro.data.folders import ManifestDataset, read_classes, read_manifest
 from vcarepro.data.imagenet import TRAIN_TAR, prepare_imagenet
@@ -385,7 +386,7 @@ def prepare_cls_stage(project: Path, root: Path, **settings):
     params["prepare_cls"].update(source="imagenet", imagenet_root=str(root), expect_full=False, workers=1, **settings)
     project.mkdir()
     (project / "params.yaml").write_text(yaml.safe_dump(params))
-    repo = Path(__file__).resolve().parents[1]
+    repo = ROOT
     result = subprocess.run(
         [sys.executable, str(repo / "stages" / "prepare_cls.py")],
         cwd=project,

@@ -14,22 +14,9 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+from helpers import ROOT, read_floors
 
-
-def read_floors(src: Path, package: str) -> Dict[str, Optional[int]]:
-    """Each folder of ``package`` -> the ``FLOOR = N`` its ``__init__.py`` declares (None: none), read with ast."""
-    floors: Dict[str, Optional[int]] = {}
-    for init in sorted((src / package).glob("*/__init__.py")):
-        values = [
-            node.value.value
-            for node in ast.parse(init.read_text()).body
-            if isinstance(node, ast.Assign)
-            and isinstance(node.value, ast.Constant)
-            and any(isinstance(t, ast.Name) and t.id == "FLOOR" for t in node.targets)
-        ]
-        floors[f"{package}.{init.parent.name}"] = values[0] if values else None
-    return floors
+SRC = ROOT / "src"
 
 
 # The floors, lowest first, read from the folders (src/vcarepro/*/__init__.py: FLOOR = N). A module stands on the

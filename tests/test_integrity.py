@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_pipeline import micro_params, reproduced_repo, sh
+from helpers import micro_params, reproduced_repo, sh
 from vcarepro.core.integrity import MANIFEST, check, sha256_file
 from vcarepro.data.samples import NpzSampleWriter
 

@@ -22,9 +22,8 @@ import psutil
 import pytest
 import yaml
 
-from test_pipeline import sh
+from helpers import ROOT, sh
 
-ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = 'MARKER = "committed"\n'
 
 

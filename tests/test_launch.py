@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers import ROOT
 from vcarepro.params.config import compose
 from vcarepro.train.launch import RELAYED, LaunchError, main, parse, resolve, srun_command, torchrun_command
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def launch_args(*argv, env=None, gpus=0, hosts=("gpu-a01", "gpu-a02")):

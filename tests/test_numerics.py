@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers import ROOT
 from vcarepro.core import numerics
 from vcarepro.tools import lockcheck
 
-ROOT = Path(__file__).resolve().parents[1]
 RUN = str(ROOT / "stages" / "run.py")
 HAS_AVX512 = "avx512f" in numerics.cpu_flags()
 

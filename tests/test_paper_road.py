@@ -9,46 +9,15 @@ import random
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 from PIL import Image
 
-from test_errors import one_error_line, stage
+from helpers import ROOT, one_error_line, prepared, smoke_params, stage  # noqa: F401  (prepared: fixtures)
 from vcarepro.core.errors import USER_ERROR_STATUS
 from vcarepro.params.config import compose
-
-ROOT = Path(__file__).resolve().parents[1]
-# DeiT's layout at 32 px (patch 16 -> a 2x2 grid), so that a stage trains in seconds
-TINY_DEIT = {"img_size": 32, "depth": 1, "embed_dim": 32, "num_heads": 2, "contrast_tokens": 1}
-
-
-def smoke_params(**overrides):
-    """The smoke scale's params, every classification run trained by tiny DeiT-T models at 32 px."""
-    params = compose(["scale=smoke"])
-    params["cls_shape"] = dict(TINY_DEIT)
-    # the DeiT runs alone: cls_shape goes to every run's constructor, and the hierarchical ones take no depth
-    params["cls_runs"] = {
-        k: v for k, v in params["cls_runs"].items() if params["models"][v["model"]]["arch"].startswith("deit")
-    }
-    params["cls_recipe_overrides"].update({"img_size": 32, "workers": 0, **overrides})
-    return params
-
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    """data/cls prepared by the real prepare_cls stage from a miniature in the official archive layout."""
-    from vcarepro.tools.standins import write_mini_imagenet
-
-    work = tmp_path_factory.mktemp("road")
-    write_mini_imagenet(work / "ilsvrc", classes=4, train_per_class=4, val_per_class=2, seed=0)
-    params = smoke_params()
-    params["prepare_cls"].update(imagenet_root=str(work / "ilsvrc"), workers=1)
-    result = stage(work, "prepare_cls.py", params=params)
-    assert result.returncode == 0, result.stderr
-    return work
 
 
 def project(tmp_path, prepared):

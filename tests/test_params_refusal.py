@@ -14,32 +14,17 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
+from helpers import ROOT, conf_copy
 from vcarepro.core.errors import USER_ERROR_STATUS
 from vcarepro.params.config import compose, main
 
-ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-
-
-def project(where: Path, edit=None) -> Path:
-    """A copy of conf/ and of the committed params.yaml in ``where``; ``edit(text of a conf file) -> text``."""
-    where.mkdir(parents=True)
-    shutil.copytree(ROOT / "conf", where / "conf")
-    shutil.copyfile(ROOT / "params.yaml", where / "params.yaml")
-    if edit:
-        path, old, new = edit
-        text = (where / path).read_text()
-        assert text.count(old) == 1, old
-        (where / path).write_text(text.replace(old, new))
-    return where
 
 
 # (an edit of conf/, the overrides, the one line expected on stderr)
@@ -86,7 +71,7 @@ def refused(tmp_path_factory):
     base = tmp_path_factory.mktemp("refusal")
     running = {}
     for name, (edit, overrides, _) in CASES.items():
-        where = project(base / name, edit)
+        where = conf_copy(base / name, edit)
         running[name] = (
             where,
             subprocess.Popen(
@@ -227,7 +212,7 @@ def test_a_stage_refuses_the_misspelt_key_dvc_exp_run_could_compose_before_writi
 def test_each_refusal_names_the_key_its_source_and_the_nearest_valid_key(
     tmp_path, monkeypatch, capsys, edit, overrides, line
 ):
-    where = project(tmp_path / "project", edit)
+    where = conf_copy(tmp_path / "project", edit)
     monkeypatch.chdir(where)
     assert main(overrides) == USER_ERROR_STATUS
     err = capsys.readouterr().err

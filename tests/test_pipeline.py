@@ -5,110 +5,15 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Sequence, Tuple
 
 import pytest
 import yaml
 
-from vcarepro.params.config import compose
-
-ROOT = Path(__file__).resolve().parents[1]
-CLS_RUNS = ["deit_tiny-mhsa", "deit_tiny-vca"]
-GEN_RUNS = ["dit_s2-vca", "sit_s2-mhsa"]
-
-
-def micro_params(
-    overrides: Sequence[str] = (), cls_runs: Sequence[str] = CLS_RUNS, gen_runs: Sequence[str] = GEN_RUNS
-) -> dict:
-    """The embedded scale (with ``overrides``), shrunk to seconds: the given runs, one seed, a handful of steps."""
-    p = compose(list(overrides))
-    p["cls_runs"] = {k: {**p["cls_runs"][k], "seeds": [0]} for k in cls_runs}
-    p["gen_runs"] = {k: {**p["gen_runs"][k], "seeds": [0]} for k in gen_runs}
-    used = {r["model"] for r in [*p["cls_runs"].values(), *p["gen_runs"].values()]}
-    # a published variant (models/family.py) goes with its drop-in run
-    p["models"] = {k: v for k, v in p["models"].items() if k in used or k.removesuffix("-published") in used}
-    p["complexity"]["throughput_batch"] = 0  # FLOPs stay at paper shape, they are cheap
-    p["cls_shape"].update(depth=1, embed_dim=32)
-    p["cls_recipe_overrides"].update(epochs=1, batch_size=256)
-    p["gen_shape"].update(depth=1, hidden_size=32)
-    p["gen_recipe"].update(steps=4, log_every=2, ckpt_every=2)
-    p["sampling"].update(num_samples=70, batch_size=70, ddpm_steps=3, flow_steps=3)
-    p["prepare_gen"]["extractor_epochs"] = 1
-    p["attention_cost"].update(sides=[7, 14], min_run_time=0.05)
-    return p
-
-
-def sh(cmd, cwd, check=True, env=None):
-    env = {
-        **os.environ,
-        "DVC_NO_ANALYTICS": "1",
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-        **(env or {}),
-    }
-    result = subprocess.run(cmd, cwd=cwd, shell=True, capture_output=True, text=True, env=env)
-    if check and result.returncode != 0:
-        raise AssertionError(f"{cmd} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-    return result
-
-
-def stage_names(params: dict) -> set:
-    names = {
-        "smoke_inputs",
-        "prepare_cls",
-        "prepare_gen",
-        "fid_reference",
-        "complexity",
-        "attention_cost",
-        "cls_reference",
-        "calibrate_cls",
-        "calibrate_gen",
-        "report",
-    }
-    names |= {f"{s}@{r}" for s in ("train_cls", "eval_cls") for r in params["cls_runs"]}
-    names |= {f"{s}@{r}" for s in ("train_gen", "sample_gen", "eval_gen") for r in params["gen_runs"]}
-    return names
-
-
-def copied_project(repo: Path) -> Path:
-    """This project's tracked files (no outputs) in ``repo``."""
-    tracked = sh("git ls-files --cached --others --exclude-standard", ROOT).stdout.split()
-    outputs = (
-        "runs/",
-        "reports/",
-        "metrics/",
-        "checkpoints/",
-        "data/cls",
-        "data/gen",
-        "data/fid_reference",
-        "data/smoke",
-        "dvc.lock",
-    )
-    for rel in tracked:
-        if (ROOT / rel).is_file() and not rel.startswith(outputs):
-            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, repo / rel)
-    return repo
-
-
-def reproduced_repo(repo: Path, params: dict, targets: str = "", first: Sequence[Tuple[str, str]] = ()) -> Path:
-    """This project's tracked files (no outputs) with ``params`` in a new git repository, after `dvc repro`
-    (of ``targets`` and what they depend on; every stage without). ``first``: (target, path) pairs reproduced
-    one at a time before that, each followed by the removal of ``path`` (a run's resume checkpoints, which no
-    stage reads, so that they do not pile up on the disk)."""
-    copied_project(repo)
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    sh("git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm micro", repo)
-    for target, removed in first:
-        sh(f"dvc repro {target}", repo)
-        shutil.rmtree(repo / removed)
-    out = sh(f"dvc repro {targets}".strip(), repo).stdout
-    (repo.parent / "repro.out").write_text(out)  # what `dvc repro` printed, beside the repository
-    return repo
+from helpers import CLS_RUNS, GEN_RUNS, ROOT, micro_params, reproduced_repo, sh, stage_names
 
 
 @pytest.fixture(scope="module")

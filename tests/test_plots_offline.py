@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
+
 PLOTS = ROOT / "plots"
 TEMPLATE = PLOTS / "offline.html"
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import ROOT
 from vcarepro.core.errors import USER_ERROR_STATUS
 from vcarepro.params.config import compose
 from vcarepro.params.runs import cls_run, gen_run
 
-ROOT = Path(__file__).resolve().parents[1]
 HOURS = ("train CPU-h", "sample CPU-h", "CPU-h")
 
 

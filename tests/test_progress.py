@@ -24,7 +24,7 @@ from typing import Dict, List
 import pytest
 import yaml
 
-from test_pipeline import ROOT, micro_params
+from helpers import ROOT, load_stage, micro_params
 from vcarepro.core import progress
 from vcarepro.core.progress import Progress, parse_line
 from vcarepro.tools.cluster import log_progress, status_lines
@@ -173,7 +173,6 @@ def test_cluster_status_shows_each_running_loops_step_of_total_and_eta(tmp_path)
 
 
 def test_the_vae_encoding_of_prepare_gen_reports_images_of_the_total(tmp_path, monkeypatch, capsys, one_torch_thread):
-    from test_gen_latents import load_stage
     from vcarepro.data.embedded import export_digits
     from vcarepro.params.config import compose
     from vcarepro.tools.standins import write_random_vae

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
+from helpers import ROOT
 from vcarepro.core.errors import MissingInput
 from vcarepro.metrics.protocol import (
     PIXELS_DECODER,
@@ -21,7 +21,6 @@ from vcarepro.metrics.protocol import (
 )
 from vcarepro.report.reference import load_reference
 
-ROOT = Path(__file__).resolve().parents[1]
 SAMPLING = {
     "num_samples": 6,
     "batch_size": 3,

@@ -7,12 +7,11 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 
 def readme_commands():

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers import ROOT, add_vca_and_baseline, project, vouch, write_seeds  # noqa: F401  (project: fixtures)
 from vcarepro.params.config import compose
-from vcarepro.params.provenance import write_provenance
 from vcarepro.report.reference import PaperValue, load_reference, paper_value
 from vcarepro.report.render import render_report
 from vcarepro.report.verdicts import (
@@ -28,14 +28,6 @@ from vcarepro.report.verdicts import (
     exact_verdict,
     verdict,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def vouch(project, branch, run):
-    """The run's provenance.json as its evaluation stage writes it: produced by the project's params."""
-    params = yaml.safe_load((project / "params.yaml").read_text())
-    write_provenance(params, branch, run, project / "runs" / branch / run)
 
 
 def ours(mean, n=1):
@@ -89,52 +81,6 @@ def test_reference_data_is_valid_and_holds_the_conflict():
         paper_value([1.0, "X"], ref["sources"])
     with pytest.raises(ValueError, match="both a value and a source"):
         paper_value([1.0, None], ref["sources"])
-
-
-@pytest.fixture
-def project(tmp_path):
-    """A project tree with embedded params, a few run results and one hostile string in the params."""
-    for rel in ("conf", "data/paper_reference.yaml"):
-        src = ROOT / rel
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / rel)
-    params = compose([])
-    # run names are a safe alphabet now (the schema), but other strings reach the page: the report escapes them
-    params["prepare_cls"]["imagenet_root"] = "<script>alert(1)</script>"
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    (tmp_path / "metrics").mkdir()
-    (tmp_path / "metrics" / "complexity.json").write_text(
-        json.dumps(
-            {
-                "deit_tiny-mhsa": {"params_m": 5.717, "gmacs": 1.254},
-                "deit_tiny-vca": {"params_m": 5.974, "gmacs": 1.257},
-            }
-        )
-    )
-    run = tmp_path / "runs" / "cls" / "deit_tiny-vca"
-    (run / "live" / "plots" / "metrics" / "seed_0" / "train").mkdir(parents=True)
-    (run / "live" / "plots" / "metrics" / "seed_0" / "train" / "loss.tsv").write_text(
-        "timestamp\tstep\tloss\n0\t1\t2.0\n0\t2\t1.5\n"
-    )
-    (run / "metrics.json").write_text(
-        json.dumps(
-            {
-                "top1": 88.25,
-                "top1_std": 1.5,
-                "top1_seed0": 87.2,
-                "top1_seed1": 89.3,
-                "n_seeds": 2,
-                "top5": 99.0,
-                "top5_std": 0.1,
-                "loss": 0.4,
-                "loss_std": 0.01,
-                "top1_best": 90.5,
-                "top1_best_std": 0.5,
-            }
-        )
-    )
-    vouch(tmp_path, "cls", "deit_tiny-vca")
-    return tmp_path
 
 
 def accuracy_row(html, model, attention):
@@ -202,41 +148,6 @@ def test_report_lists_the_knobs_that_differ_from_the_papers_recipe_in_one_table(
     assert "options." not in cls  # attention options belong to the model (the runs table)
     gen = section[section.index("<h3>Generation</h3>") :]
     assert ">paper: gen_recipe (" in gen and "<code>sampling.num_samples</code></td><td>50000</td>" in gen
-
-
-def add_vca_and_baseline(project, base_top1=60.0, vca_top1=(62.0, 66.0)):
-    """DeiT-T baseline (two seeds, 58 and 62) beside the VCA run of the fixture, and an attention_cost file."""
-    run = project / "runs" / "cls" / "deit_tiny-mhsa"
-    run.mkdir(parents=True)
-    (run / "metrics.json").write_text(
-        json.dumps(
-            {
-                "top1": base_top1,
-                "top1_std": 2.83,
-                "top1_seed0": base_top1 - 2,
-                "top1_seed1": base_top1 + 2,
-                "n_seeds": 2,
-            }
-        )
-    )
-    vouch(project, "cls", "deit_tiny-mhsa")
-    rows = [
-        {"tokens": n, "layer": layer, "forward_ms": 1.0, "forward_backward_ms": t, "macs": m}
-        for n, layer, t, m in [
-            (196, "mhsa", 1.0, 100),
-            (3136, "mhsa", 300.0, 25600),
-            (196, "vca", 1.0, 100),
-            (3136, "vca", 16.0, 1600),
-        ]
-    ]
-    # the stage's output (exact MACs) and, outside every DVC output, the times measured with it
-    (project / "metrics" / "attention_macs.json").write_text(
-        json.dumps({"config": {}, "rows": [{k: r[k] for k in ("layer", "tokens", "macs")} for r in rows]})
-    )
-    (project / "timings").mkdir(exist_ok=True)
-    (project / "timings" / "attention_cost.json").write_text(
-        json.dumps({"machine": {"cpu": "Test CPU"}, "config": {}, "rows": rows})
-    )
 
 
 def test_attention_times_from_another_configuration_or_none_are_not_shown(project):
@@ -499,22 +410,6 @@ def test_changes_since_head_is_one_line_when_heads_metrics_are_not_in_the_cache(
         ("deit_tiny-vca", "60", "70"),
     ]
     assert out["note"].startswith("1 run(s) have no metrics at HEAD") and "deit_tiny-mhsa" in out["note"]
-
-
-def write_seeds(project, branch, run, metric, seeds):
-    path = project / "runs" / branch / run
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "metrics.json").write_text(
-        json.dumps(
-            {
-                metric: statistics.fmean(seeds),
-                f"{metric}_std": statistics.stdev(seeds) if len(seeds) > 1 else 0.0,
-                "n_seeds": len(seeds),
-                **{f"{metric}_seed{i}": v for i, v in enumerate(seeds)},
-            }
-        )
-    )
-    vouch(project, branch, run)
 
 
 def family_section(html):

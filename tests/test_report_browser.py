@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_report import ROOT, add_vca_and_baseline, project, vouch, write_seeds  # noqa: F401  (project: a fixture)
+from helpers import ROOT, add_vca_and_baseline, project, vouch, write_seeds  # noqa: F401  (project: fixtures)
 from vcarepro.report.browser import check_page
 from vcarepro.report.render import render_report
 

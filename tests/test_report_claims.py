@@ -4,10 +4,10 @@ Holm's correction over a table's rows."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 
+from helpers import ROOT
 from vcarepro.metrics.intervals import welch
 from vcarepro.report.claims import (
     ADDED_BELOW,
@@ -26,7 +26,6 @@ from vcarepro.report.holm import SIGN, UNJUDGED, Comparison, Judgement, judge
 from vcarepro.report.reference import PaperValue, load_reference
 from vcarepro.report.verdicts import Cell, Measured
 
-ROOT = Path(__file__).resolve().parents[1]
 PARAMS = {"claim": "VCA adds fewer than 0.3M parameters to DeiT-T", "source": "A", "paper": "< +0.3M"}
 FLOPS = {"claim": "VCA adds no FLOPs", "source": "A", "paper": "+0 GMACs"}
 LINEAR = {"claim": "complexity O(N n C) with n << N", "source": "A", "paper": "linear in N"}

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from helpers import ROOT
 from vcarepro.params.config import compose
 from vcarepro.report.card import run_rows
 from vcarepro.report.reference import load_reference
 from vcarepro.report.rows import STATISTICS, answering_run, paper_rows, seed_values
 from vcarepro.report.workspace import Workspace
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,7 @@ import pytest
 import yaml
 from markupsafe import escape
 
-from test_pipeline import micro_params, reproduced_repo, sh
-from test_report import project, vouch  # noqa: F401  (project: the report's fixture tree)
+from helpers import micro_params, project, reproduced_repo, sh, vouch  # noqa: F401  (project: fixtures)
 from vcarepro.params.config import compose
 from vcarepro.params.provenance import PROVENANCE_FILE, check, run_provenance, write_provenance
 from vcarepro.report.changes import metrics_changes

@@ -8,7 +8,7 @@ import re
 
 import yaml
 
-from test_report import add_vca_and_baseline, project, vouch, write_seeds  # noqa: F401  (project: a fixture)
+from helpers import add_vca_and_baseline, project, vouch, write_seeds  # noqa: F401  (project: fixtures)
 from vcarepro.params.config import compose
 from vcarepro.report.figures import gains_png
 from vcarepro.report.render import render_report

@@ -12,7 +12,7 @@ from html.parser import HTMLParser
 import pytest
 import yaml
 
-from test_report import ROOT, project, write_seeds  # noqa: F401  (project: a fixture)
+from helpers import ROOT, project, write_seeds  # noqa: F401  (project: fixtures)
 from vcarepro.params.config import compose
 from vcarepro.report.howto import scale_matrices
 from vcarepro.report.reference import load_reference

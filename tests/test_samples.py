@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import ROOT
 from vcarepro.data.samples import NpzSampleWriter, discard_work, read_samples
 
 IMAGES = torch.randint(0, 256, (10, 3, 4, 5), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
@@ -187,7 +188,7 @@ def test_npz_outputs_are_the_same_bytes_under_every_python_here(tmp_path):
         "write_npz(sys.argv[1], {'mu': np.arange(4.0), 'sigma': np.eye(4), 'num': np.int64(7)}); "
         "f = open(sys.argv[2], 'wb'); write_npz_to(f, {'arr_0': sys.argv[3], 'arr_1': np.arange(3)}); f.close()"
     )
-    path = f"{Path(__file__).resolve().parents[1] / 'src'}:{sysconfig.get_paths()['purelib']}"
+    path = f"{ROOT / 'src'}:{sysconfig.get_paths()['purelib']}"
     outputs = {}
     for version, python in pythons.items():
         stats, samples = tmp_path / f"stats-{version}.npz", tmp_path / f"samples-{version}.npz"

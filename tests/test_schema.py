@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers import ROOT
 from vcarepro.params.config import compose
 from vcarepro.params.schema import ParamsError, validate
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

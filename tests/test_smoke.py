@@ -12,7 +12,7 @@ import shutil
 import pytest
 import yaml
 
-from test_pipeline import reproduced_repo, sh, stage_names
+from helpers import ROOT, reproduced_repo, sh, stage_names
 from vcarepro.params.config import compose
 
 
@@ -126,7 +126,6 @@ def test_too_few_samples_for_the_full_inception_space_is_one_sentence_and_exit_2
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     params_path = smoke_repo / "params.yaml"
     saved = params_path.read_text()
@@ -136,7 +135,7 @@ def test_too_few_samples_for_the_full_inception_space_is_one_sentence_and_exit_2
     metrics = smoke_repo / "runs" / "gen" / "dit_s2-mhsa" / "metrics.json"
     before = metrics.read_bytes()
     try:
-        src = Path(__file__).resolve().parents[1] / "src"
+        src = ROOT / "src"
         result = subprocess.run(
             [sys.executable, "stages/eval_gen.py", "--run", "dit_s2-mhsa"],
             cwd=smoke_repo,

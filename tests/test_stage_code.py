@@ -15,7 +15,8 @@ from typing import Iterator, List, Set
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
+
 SRC = ROOT / "src"
 PACKAGE = SRC / "vcarepro"
 

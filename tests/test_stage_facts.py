@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from test_pipeline import ROOT, copied_project, sh
+from helpers import ROOT, copied_project, sh
 from vcarepro.params.stage_facts import stage_definition, stage_facts
 from vcarepro.train.checkpoint import resumable_checkpoint, save_checkpoint, what_changed
 

@@ -25,6 +25,7 @@ import torch_fidelity.feature_extractor_inceptionv3 as tf_inception
 import yaml
 from PIL import Image
 
+from helpers import ROOT
 from vcarepro.core.errors import BadInput
 from vcarepro.data.folders import ManifestDataset, read_classes, read_manifest
 from vcarepro.data.imagenet import prepare_imagenet
@@ -47,7 +48,6 @@ from vcarepro.tools.standins import (
     write_standins,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
 SMALL = dict(classes=3, train_per_class=6, val_per_class=3)
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -7,13 +7,15 @@ ruff and deptry come with the test extra; they run as ``sys.executable -m ...`` 
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import List
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
+
 LINTED = ("src", "stages", "tests", "hydra_plugins")  # pyproject.toml's [tool.ruff] src, and the Hydra plugin DVC loads
 PACKAGE = ("src", "stages")  # what the pipeline runs: its imports are the [project] dependencies
 # deptry leaves out a folder named tests by default; the tests pass over tests/ names its own exclusions
@@ -87,3 +89,17 @@ def test_comments_in_the_code_explain_rather_than_narrate():
         if re.search(r"\bissues? #?\d+", line, re.IGNORECASE)
     ]
     assert not cited, "\n".join(cited)
+
+
+def test_no_test_file_imports_another():
+    """What the tests share lives in tests/helpers.py (and conftest.py's fixtures), so a test file can be read,
+    moved or deleted on its own."""
+    tests = {p.stem for p in (ROOT / "tests").glob("*.py")} - {"helpers", "conftest"}
+    found = []
+    for path in python_files("tests"):
+        for node in ast.walk(ast.parse((ROOT / path).read_text())):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                modules = [node.module]
+            found += [f"{path}:{node.lineno} imports {m}" for m in modules if m and m.split(".")[0] in tests]
+    assert not found, "\n".join(found)

@@ -19,26 +19,12 @@ from timm.models import FeatureGraphNet, create_feature_extractor
 from torchvision.models.feature_extraction import create_feature_extractor as torchvision_feature_extractor
 
 import vcarepro.models  # noqa: F401  (registers the models)
+from helpers import CSWIN, PVT, SMALL, SMALL_TOKENS, SWIN
 from vcarepro.core.errors import BadInput
 from vcarepro.models.placement import LAB_MODEL_ATTENTIONS
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-PVT, SWIN, CSWIN = dict(depths=(1, 1, 1, 1)), dict(depths=(1, 1, 2, 1), window_size=2), dict(depths=(1, 1, 1, 1))
-SMALL_TOKENS = (9, 16, 4, 1)  # contrast / agent tokens that fit the 16/8/4/2 stage grids
-# every registered hierarchical model of this project, at its small shape (lab_* with its default attention)
-SMALL = {
-    "pvt_tiny": PVT,
-    "pvt_tiny_gap": PVT,
-    "vca_pvt_tiny": dict(**PVT, contrast_tokens=SMALL_TOKENS),
-    "lab_pvt_tiny": dict(**PVT, contrast_tokens=SMALL_TOKENS),
-    "vca_swin_tiny_patch4_window7_224": dict(**SWIN, contrast_tokens=SMALL_TOKENS),
-    "lab_swin_tiny_patch4_window7_224": dict(**SWIN, contrast_tokens=SMALL_TOKENS),
-    "cswin_tiny_224": CSWIN,
-    "cswin_tiny_2418_224": CSWIN,
-    "vca_cswin_tiny_224": dict(**CSWIN, contrast_tokens=SMALL_TOKENS),
-    "lab_cswin_tiny_224": dict(**CSWIN, contrast_tokens=SMALL_TOKENS),
-}
 OWN_ATTENTION = ["pvt_tiny", "pvt_tiny_gap", "cswin_tiny_224", "cswin_tiny_2418_224"]
 LAB = {"lab_pvt_tiny": PVT, "lab_swin_tiny_patch4_window7_224": SWIN, "lab_cswin_tiny_224": CSWIN}
 CHANNELS = {"pvt": (64, 128, 320, 512), "swin": (96, 192, 384, 768), "cswin": (64, 128, 256, 512)}

@@ -16,6 +16,7 @@ from timm.data import create_transform, resolve_model_data_config
 from timm.models import FeatureGraphNet, create_feature_extractor
 
 import vcarepro.models  # noqa: F401  (registers the models)
+from helpers import SMALL as HIERARCHICAL_SMALL
 from vcarepro.attention import ATTENTIONS
 from vcarepro.core.errors import BadInput
 from vcarepro.train.classification import build_optimizer
@@ -345,10 +346,8 @@ def test_pretrained_true_without_a_source_is_one_clear_error():
 def test_every_registered_model_is_checked_here_or_in_test_timm_hierarchical():
     from timm.models._registry import _model_entrypoints
 
-    from test_timm_hierarchical import SMALL as HIERARCHICAL
-
     ours = {n for n, fn in _model_entrypoints.items() if fn.__module__.startswith("vcarepro.")}
-    assert ours == set(ONE_PER_NAME) | set(HIERARCHICAL)
+    assert ours == set(ONE_PER_NAME) | set(HIERARCHICAL_SMALL)
 
 
 def test_a_dropin_without_attention_is_deit_itself():

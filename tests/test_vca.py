@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import pooled_queries
 from vcarepro.attention import VisualContrastAttention, lambda_init_for_layer
 
 DIM, HEADS = 48, 3  # head_dim 16: small, even (the diff ablation halves it)
@@ -57,20 +58,6 @@ def tokens(prefix: int = 1, batch: int = 2, seed: int = 1, grid=GRID) -> torch.T
 
 def rms(x, weight, eps=1e-5):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-
-
-def pooled_queries(q_patches: torch.Tensor, grid, contrast) -> torch.Tensor:
-    """Adaptive average pooling written out: token (i, j) is the mean of rows floor(iH/h)..ceil((i+1)H/h)-1
-    and columns floor(jW/w)..ceil((j+1)W/w)-1 of the row-major patch grid."""
-    (H, W), (h, w) = grid, contrast
-    cells = q_patches.reshape(q_patches.shape[0], H, W, -1)
-    out = []
-    for i in range(h):
-        rows = slice(math.floor(i * H / h), math.ceil((i + 1) * H / h))
-        for j in range(w):
-            cols = slice(math.floor(j * W / w), math.ceil((j + 1) * W / w))
-            out.append(cells[:, rows, cols].mean(dim=(1, 2)))
-    return torch.stack(out, dim=1)
 
 
 def vca_from_equations(m: VisualContrastAttention, x: torch.Tensor) -> torch.Tensor:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers import ROOT
 from stages import warm  # the launcher beside stages/run.py (pytest puts the repository root on sys.path)
 
-ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "stages" / "run.py"
 ENV = {**os.environ, "VCAREPRO_WARM_IDLE": "20"}
 

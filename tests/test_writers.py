@@ -12,10 +12,10 @@ full disk into one sentence.
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
+
 SRC = ROOT / "src" / "vcarepro"
 STAGES = ROOT / "stages"
 
