@@ -382,11 +382,6 @@ def test_inside_a_timm_vision_transformer_with_its_init():
 # -- clear errors ---------------------------------------------------------------------------------
 
 
-def test_token_count_that_is_not_prefix_plus_grid_is_refused():
-    with pytest.raises(ValueError, match=r"got 37 tokens but expects 1 prefix \+ 5x7 grid = 36"):
-        make_flatten()(torch.randn(1, 37, DIM, dtype=torch.float64))
-
-
 @pytest.mark.parametrize(
     "kw, pattern",
     [
@@ -409,9 +404,3 @@ def test_bad_knobs_are_refused(kw, pattern):
 def test_dim_not_divisible_by_heads_is_refused():
     with pytest.raises(ValueError, match="dim=50 is not divisible by num_heads=3"):
         FocusedLinearAttention(50, 3, grid_size=GRID)
-
-
-@pytest.mark.parametrize("kw", [dict(attn_mask=torch.zeros(1)), dict(is_causal=True)])
-def test_masks_are_refused(kw):
-    with pytest.raises(ValueError, match="does not support attention masks"):
-        make_flatten()(tokens(), **kw)
