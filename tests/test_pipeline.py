@@ -225,7 +225,7 @@ def test_a_clean_repro_reproduces_every_hash_of_the_committed_lock(repo):
     sh("dvc repro", repo)
     assert sh("git status --porcelain dvc.lock", repo).stdout == ""
     verified = sh(f"{sys.executable} -m vcarepro.tools.lockcheck verify", repo)
-    assert "outputs hash as in the committed dvc.lock" in verified.stdout
+    assert "outputs on disk hash as in the committed dvc.lock" in verified.stdout
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
     assert {o["path"] for o in lock["stages"]["report"]["outs"]} == {
         "reports/results.json",
