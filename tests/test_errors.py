@@ -69,6 +69,7 @@ def test_what_to_run_again_is_the_stage_under_dvc_and_the_command_itself_elsewhe
     from vcarepro.core import errors
 
     monkeypatch.delenv("DVC_STAGE", raising=False)
+    monkeypatch.setattr(errors, "COMMAND", None)  # no dispatcher in this process
     monkeypatch.setattr(sys, "argv", ["/x/src/vcarepro/tools/export.py", "--run", "deit_tiny-vca", "--out", "a b"])
     monkeypatch.setattr(sys.modules["__main__"], "__spec__", type("Spec", (), {"name": "vcarepro.tools.export"}))
     assert errors.rerun_advice() == "run `python -m vcarepro.tools.export --run deit_tiny-vca --out 'a b'` again"
