@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from helpers import ROOT, conf_copy
+from vcarepro.params import explain
 from vcarepro.params.config import compose
 from vcarepro.params.runs import cls_recipe, cls_run, gen_run
 from vcarepro.params.stage_facts import stage_definition
@@ -150,12 +151,12 @@ def test_every_wrapped_module_runs_as_main():
 
 @pytest.fixture(scope="module")
 def embedded():
-    return cli.explain("deit_tiny-vca", [], ROOT)
+    return explain.explain("deit_tiny-vca", [], ROOT)
 
 
 @pytest.fixture(scope="module")
 def paper():
-    return cli.explain("deit_tiny-vca", ["scale=paper"], ROOT)
+    return explain.explain("deit_tiny-vca", ["scale=paper"], ROOT)
 
 
 def knob(result, group, name):
@@ -186,13 +187,13 @@ def test_explain_gives_the_lr_the_run_trains_with_and_the_file_that_set_it(embed
     assert {"train_cls@deit_tiny-vca", "eval_cls@deit_tiny-vca"} <= set(lr["read_by"])
     assert "train_gen@dit_s2-vca" not in lr["read_by"]
 
-    text = cli.render(embedded)
+    text = explain.render(embedded)
     line = row(text, "lr")
     assert line.split()[1] == str(expected) and "conf/scale/embedded.yaml" in line
     assert f"overrides lab_deit_tiny's {params['cls_recipes']['lab_deit_tiny']['lr']}" in line
     header = text[: text.index(line)].rsplit("\n\n", 1)[1]  # the recipe group's head names its readers
     assert "train_cls@deit_tiny-vca" in header.replace("\n    ", " ")
-    assert max(len(line) for line in text.splitlines()) <= cli.WIDTH
+    assert max(len(line) for line in text.splitlines()) <= explain.WIDTH
 
 
 def test_explain_at_paper_scale_gives_the_paper_recipe_and_its_file(paper):
@@ -204,10 +205,10 @@ def test_explain_at_paper_scale_gives_the_paper_recipe_and_its_file(paper):
     assert re.fullmatch(r"conf/cls_recipe/\w+\.yaml", lr["set_by"])
     assert yaml.safe_load((ROOT / lr["set_by"]).read_text())["lr"] == expected  # that file does say it
     assert "train_cls@deit_tiny-vca" in lr["read_by"]
-    assert lr["set_by"] in row(cli.render(paper), "lr")
+    assert lr["set_by"] in row(explain.render(paper), "lr")
     # which path feeds its training images, in the first lines: the fast path the paper recipes augment on
     assert paper["input_path"] == "fast" and "its training images come through the fast input path" in " ".join(
-        cli.render(paper).split("\n\n")[0].split()
+        explain.render(paper).split("\n\n")[0].split()
     )
 
 
@@ -247,13 +248,13 @@ def test_explain_gives_the_reason_beside_a_value_and_leaves_out_what_the_run_nev
     assert "why" not in knob(embedded, "recipe", "opt")  # the lab's own value: nothing to explain
     assert "auto_augment" not in {k["knob"] for k in knob_group(embedded, "recipe")}
     assert embedded["unapplied"]["auto_augment"].startswith("train_augment is false")
-    text = cli.render(embedded)
+    text = explain.render(embedded)
     assert "why: " + lr["why"][:30] in " ".join(text.split())
     assert not [line for line in text.splitlines() if line.startswith("  auto_augment ")]
     assert "not applied by this run (train_augment is false" in text and "auto_augment" in text.split("not applied")[1]
     assert embedded["input_path"] == "pil" and "through the PIL input path" in " ".join(text.split("\n\n")[0].split())
     # a command-line override has no reason of its own: the file's is not shown for it
-    assert "why" not in knob(cli.explain("deit_tiny-vca", ["cls_recipe_overrides.lr=0.1"], ROOT), "recipe", "lr")
+    assert "why" not in knob(explain.explain("deit_tiny-vca", ["cls_recipe_overrides.lr=0.1"], ROOT), "recipe", "lr")
 
 
 @pytest.mark.slow
@@ -267,7 +268,7 @@ def test_every_recipe_knob_a_scale_changes_carries_its_reason(scale):
         cls.setdefault(entry["recipe"], name)  # one run per recipe: the knobs are the recipe's
     missing = []
     for name in [*cls.values(), next(iter(params["gen_runs"]))]:
-        result = cli.explain(name, [f"scale={scale}"], ROOT)
+        result = explain.explain(name, [f"scale={scale}"], ROOT)
         for k in knob_group(result, "recipe"):
             if result["branch"] == "cls":  # departs from the named recipe (a recipe's own values are the recipe)
                 departs = k.get("replaces") and k["replaces"]["value"] != k["value"]
@@ -313,7 +314,7 @@ def test_params_yaml_holds_no_reason():
 
 
 def test_explain_names_a_command_line_override():
-    result = cli.explain("deit_tiny-vca", ["cls_recipe_overrides.lr=0.1"], ROOT)
+    result = explain.explain("deit_tiny-vca", ["cls_recipe_overrides.lr=0.1"], ROOT)
     lr = knob(result, "recipe", "lr")
     assert lr["value"] == 0.1 and lr["override"] == "cls_recipe_overrides.lr=0.1"
     assert lr["set_by"] == "command line `cls_recipe_overrides.lr=0.1`"
@@ -322,7 +323,7 @@ def test_explain_names_a_command_line_override():
 
 def test_explain_a_generation_run():
     params = compose([])
-    result = cli.explain("dit_s2-vca", [], ROOT)
+    result = explain.explain("dit_s2-vca", [], ROOT)
     run = gen_run(params, "dit_s2-vca")
     assert {k["knob"]: k["value"] for k in knob_group(result, "recipe")} == run.recipe
     assert knob(result, "model", "options.contrast_tokens")["value"] == run.model["options"]["contrast_tokens"]
@@ -339,15 +340,15 @@ def test_explain_main_prints_json_and_refuses_an_unknown_run_in_one_sentence(mon
     import json
 
     monkeypatch.chdir(ROOT)
-    assert cli.main(["explain", "deit_tiny-vca", "--json"]) == 0
+    assert explain.main(["deit_tiny-vca", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["run"] == "deit_tiny-vca" and printed["scale"] == "embedded"
-    assert cli.main(["explain", "deit_tiny-vcx"]) == 2
+    assert explain.main(["deit_tiny-vcx"]) == 2
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert out == "" and len(lines) == 1 and lines[0].startswith("error: no run 'deit_tiny-vcx'"), err
     assert "did you mean deit_tiny-vca" in lines[0]
-    assert cli.main(["explain", "deit_small-vca"]) == 2  # a run of the paper scale only
+    assert explain.main(["deit_small-vca"]) == 2  # a run of the paper scale only
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "add scale=paper" in err[0]
 
@@ -365,3 +366,15 @@ def test_calibrate_composes_the_selection_and_runs_the_stages_it_needs(monkeypat
     assert cli.main(["calibrate", "--dry-run", "deit_tny"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'deit_tny'" in err[0] and "deit_tiny" in err[0]
+
+
+def test_config_help_is_its_own_usage_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    from vcarepro.params import config
+
+    monkeypatch.chdir(tmp_path)
+    assert config.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(
+        "usage: vcarepro config [KEY=VALUE | +KEY=VALUE | GROUP=OPTION ...]\n\n``conf/`` is the source"
+    )
+    assert not (tmp_path / "params.yaml").exists()

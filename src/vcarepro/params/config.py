@@ -363,9 +363,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     Run from the repository root, as DVC composes: the conf/ there (the package's own where there is none).
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-h"], ["--help"]):
+        print("usage: vcarepro config [KEY=VALUE | +KEY=VALUE | GROUP=OPTION ...]\n\n" + __doc__.split("\n\n", 1)[1])
+        return 0
     here = Path("conf")
     try:
-        write_params(sys.argv[1:] if argv is None else argv, config_dir=here if here.is_dir() else REPO_ROOT / "conf")
+        write_params(argv, config_dir=here if here.is_dir() else REPO_ROOT / "conf")
     except UserError as err:  # the stages' convention (vcarepro.core.errors.run_stage)
         print(f"error: {err}", file=sys.stderr, flush=True)
         return USER_ERROR_STATUS

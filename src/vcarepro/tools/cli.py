@@ -4,12 +4,9 @@
 
 Each wrapped command runs its module exactly as ``python -m vcarepro.<module>`` does (as ``__main__``, with the
 remaining arguments unchanged), so its help, output and exit status are the module's own: 2 for a user error,
-with one ``error:`` line. The ``python -m`` forms stay. Two commands are this module's own:
-
-- ``vcarepro calibrate ENTRY...`` selects released checkpoints and runs their calibration stages, the README's
-  ``python -m vcarepro.params.config scale=paper 'calibrate.checkpoints=[...]' && dvc repro calibrate_cls`` in one step;
-- ``vcarepro explain RUN [overrides...]`` prints every resolved knob of a run: its value, the conf/ file (or
-  command-line override) that set it, and the stages that declare it in dvc.yaml.
+with one ``error:`` line. The ``python -m`` forms stay. One command is this module's own: ``vcarepro calibrate
+ENTRY...`` selects released checkpoints and runs their calibration stages, the README's ``python -m
+vcarepro.params.config scale=paper 'calibrate.checkpoints=[...]' && dvc repro calibrate_cls`` in one step.
 
 Nothing of the package is imported here until a command runs (importing ``vcarepro.tools.cli`` still runs
 ``vcarepro/__init__.py``, which registers the models with timm: that is the package's doing).
@@ -19,17 +16,13 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import os
-import re
 import runpy
 import shlex
 import subprocess
 import sys
-import tempfile
-import textwrap
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 REPO_ROOT = Path(__file__).resolve().parents[3]  # the checkout this code runs from (src/vcarepro/<folder>/../..)
 USER_ERROR_STATUS = 2  # vcarepro.core.errors' convention, repeated here so that --help imports nothing
@@ -52,9 +45,12 @@ WRAPPED: Dict[str, Tuple[str, str]] = {
     "export": ("vcarepro.tools.export", "a trained classification run's weights for timm and the Hugging Face Hub"),
     "standins": ("vcarepro.tools.standins", "write the smoke scale's generated stand-ins for the external inputs"),
     "report-check": ("vcarepro.report.browser", "read the rendered report in Chromium and list its problems"),
+    "explain": (
+        "vcarepro.params.explain",
+        "every resolved knob of a run: value, the conf/ file that set it, the stages that read it",
+    ),
 }
 OWN: Dict[str, str] = {
-    "explain": "every resolved knob of a run: value, the conf/ file that set it, the stages that read it",
     "calibrate": "released checkpoints through our evaluation: select them, then dvc repro calibrate_cls/gen",
 }
 ORDER = (
@@ -106,15 +102,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     errors.COMMAND = " ".join(["vcarepro", *map(shlex.quote, argv)])  # what a sentence tells the user to run again
     if command in WRAPPED:
-        if command == "config" and rest and rest[0] in ("-h", "--help"):
-            print(_config_help())  # the module has no argparse: its docstring is its help
-            return 0
         return run_module(WRAPPED[command][0], rest)
     if command in OWN:
         from vcarepro.core.errors import UserError
 
         try:
-            return {"explain": explain_main, "calibrate": calibrate_main}[command](rest)
+            return calibrate_main(rest)
         except UserError as err:  # the stages' convention (vcarepro.core.errors.run_stage)
             print(f"error: {err}", file=sys.stderr, flush=True)
             return USER_ERROR_STATUS
@@ -139,23 +132,6 @@ def run_module(module: str, args: Sequence[str]) -> int:
         sys.path.insert(0, os.getcwd())
     runpy.run_module(module, run_name="__main__", alter_sys=True)
     return 0
-
-
-def _config_help() -> str:
-    import ast
-    import importlib.util
-
-    origin = importlib.util.find_spec(
-        "vcarepro.params.config"
-    ).origin  # read, not imported: run_module imports it fresh
-    tree = ast.parse(Path(origin).read_text())
-    intro = (ast.get_docstring(tree) or "").split("\n\n")
-    main_doc = next(
-        (ast.get_docstring(node) for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main"), ""
-    )
-    return "\n\n".join(
-        ["usage: vcarepro config [KEY=VALUE | +KEY=VALUE | GROUP=OPTION ...]", *intro[1:3], main_doc or ""]
-    ).rstrip()
 
 
 def _project() -> Path:
@@ -224,417 +200,3 @@ def calibrate_main(argv: Sequence[str]) -> int:
     config.write_params(hydra, out=project / "params.yaml", config_dir=conf)
     print(f"calibrate: params.yaml composed ({' '.join(hydra)}); running {shlex.join(repro_cmd)}", flush=True)
     return subprocess.call([sys.executable, "-m", "dvc", "repro", *stages], cwd=project)
-
-
-# ----------------------------------------------------------------------------- explain
-
-
-def explain_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="vcarepro explain",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Every resolved knob of a run (an entry of cls_runs or gen_runs): its value, the conf/ file "
-        "(or command-line override) that set it, and the stages whose dvc.yaml params declare it.\n\n"
-        "  vcarepro explain deit_tiny-vca                # conf/ as it is (what params.yaml holds)\n"
-        "  vcarepro explain deit_tiny-vca scale=paper    # Hydra overrides, as vcarepro config takes them",
-    )
-    parser.add_argument("run", help="a key of cls_runs or gen_runs")
-    parser.add_argument(
-        "overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides of conf/ (nothing is written)"
-    )
-    parser.add_argument("--json", action="store_true", help="print the knobs as JSON")
-    args = parser.parse_intermixed_args(argv)
-    result = explain(args.run, args.overrides, _project())
-    print(json.dumps(result, indent=1) if args.json else render(result))
-    return 0
-
-
-_ABSENT = object()
-
-
-def _get(tree: Any, path: Sequence[Any]) -> Any:
-    for key in path:
-        if not isinstance(tree, dict) or key not in tree:
-            return _ABSENT
-        tree = tree[key]
-    return tree
-
-
-def _leaves(value: Any, path: Tuple[str, ...]) -> List[Tuple[Tuple[str, ...], Any]]:
-    """(path, value) of every leaf under ``path``; an empty mapping is a leaf of its own (cls_shape: {})."""
-    if isinstance(value, dict) and value:
-        return [leaf for key, sub in value.items() for leaf in _leaves(sub, (*path, str(key)))]
-    return [(path, value)]
-
-
-def _covers(declared: str, key: str) -> bool:
-    """A stage that declares ``declared`` reads ``key`` (or part of it)."""
-    return key == declared or key.startswith(declared + ".") or declared.startswith(key + ".")
-
-
-class _Sources:
-    """Which conf/ file, or command-line override, set a key: vcarepro.params.config's own finder (the one its refusals
-    use), with Hydra's defaults list computed once for every key."""
-
-    def __init__(self, overrides: Sequence[str], conf: Path, params: Dict[str, Any]):
-        from vcarepro.params import config
-
-        self.config = config
-        self.conf = conf
-        self.overrides = [
-            o for o in config._parse(list(overrides)) if not o.is_delete() and not config._is_group(o, conf)
-        ]
-        self.files = config._conf_files(list(overrides), conf)
-        self.params = params
-
-    def override(self, path: Tuple[Any, ...]) -> Optional[str]:
-        for override in reversed(self.overrides):
-            keys = tuple(override.key_or_group.split("."))
-            if keys == path[: len(keys)] or path == keys[: len(path)]:
-                return override.input_line
-        return None
-
-    def file(self, path: Tuple[Any, ...]) -> Tuple[Optional[str], Any]:
-        """The file that set ``path`` and the value it wrote there (an interpolation stays as written)."""
-        name = self.config._locate(self.files, path, self.params, same_value=False)
-        written = next(
-            (
-                held
-                for file, tree in reversed(self.files)
-                if file == name
-                for held in [_get(tree, path)]
-                if held is not _ABSENT
-            ),
-            _ABSENT,
-        )
-        return name, written
-
-    def earlier(self, path: Tuple[Any, ...], name: str) -> Optional[Dict[str, Any]]:
-        """The file before ``name`` in the composition that held another value at ``path`` (what ``name``
-        overrides: conf/config.yaml's paper value under a scale's), else None."""
-        order = [file for file, _ in self.files]
-        if name not in order:
-            return None
-        mine = _get(dict(self.files)[name], path)
-        for file, tree in reversed(self.files[: order.index(name)]):
-            held = _get(tree, path)
-            if held is not _ABSENT and held is not None and held != mine:
-                return {"file": file, "value": held}
-        return None
-
-    def sentence(self, path: Tuple[Any, ...]) -> str:
-        """For vcarepro.params.schema.validate, worded as vcarepro.params.config words it."""
-        by = self.override(path)
-        if by:
-            return f"the command-line override `{by}`"
-        return self.file(path)[0] or f"the composition of {self.conf.name}/"
-
-    def where(self, path: Tuple[Any, ...]) -> Dict[str, Any]:
-        by = self.override(path)
-        name, written = self.file(path)
-        found: Dict[str, Any] = {
-            "set_by": f"command line `{by}`" if by else name or f"the composition of {self.conf.name}/",
-            "file": name,
-            "override": by,
-        }
-        if by and name:
-            found["file_value"] = written
-        if name and not by:
-            why = next((self.config.reason(tree, path) for file, tree in reversed(self.files) if file == name), None)
-            if why:
-                found["why"] = why  # the `why:` beside the value in the file that set it
-            earlier = self.earlier(path, name)
-            if earlier:
-                found["over"] = earlier
-        if isinstance(written, str) and "${" in written:
-            found["written"] = written  # e.g. seeds: ${family_seeds}, and where that is set
-            whole = re.fullmatch(r"\$\{\s*([\w.-]+)\s*\}", written)
-            if whole:
-                found["written_from"] = self.where(tuple(whole.group(1).split(".")))["set_by"]
-        return found
-
-
-def _stages(
-    project: Path, params: Dict[str, Any], branch: str, run: str
-) -> Tuple[List[str], List[str], Dict[str, List[str]]]:
-    """The run's own stages (``train_cls@run``, ...), every stage without foreach, and what each declares under
-    ``params:``, as :func:`vcarepro.params.stage_facts.stage_definition` resolves dvc.yaml over these params."""
-    import yaml
-
-    from vcarepro.params.stage_facts import PARAMS, PIPELINE, _resolve, stage_definition
-
-    pipeline = project / PIPELINE if (project / PIPELINE).is_file() else REPO_ROOT / PIPELINE
-    stages = (yaml.safe_load(pipeline.read_text()) or {}).get("stages") or {}
-    own, shared = [], []
-    for group, definition in stages.items():
-        if "foreach" not in definition:
-            shared.append(group)
-        else:
-            items = _resolve(definition["foreach"], params)
-            if isinstance(items, dict) and run in items:
-                own.append(f"{group}@{run}")
-    declared = {}
-    with tempfile.TemporaryDirectory(prefix="vcarepro-explain-") as tmp:
-        # the resolver reads root/params.yaml and root/dvc.yaml: these params, that pipeline
-        (Path(tmp) / PARAMS).write_text(yaml.safe_dump(params, sort_keys=False))
-        (Path(tmp) / PIPELINE).write_text(pipeline.read_text())
-        for stage in own + shared:
-            declared[stage] = stage_definition(stage, tmp)[1]
-    return own, shared, declared
-
-
-def explain(run: str, overrides: Sequence[str] = (), project: Path = REPO_ROOT) -> Dict[str, Any]:
-    """Every knob ``run`` resolves to under ``overrides`` of ``project``/conf, as :func:`render` prints it.
-
-    The knobs are what the run's own stages (train_cls@run, eval_cls@run; train_gen, sample_gen, eval_gen)
-    declare as params in dvc.yaml, with the recipe resolved as :mod:`vcarepro.params.runs` resolves it.
-    """
-    from vcarepro.core.choices import input_path
-    from vcarepro.core.errors import UnknownName
-    from vcarepro.params import config, runs
-
-    overrides = list(overrides)
-    conf = project / "conf" if (project / "conf").is_dir() else REPO_ROOT / "conf"
-    params = config.compose(overrides, conf)
-    sources = _Sources(overrides, conf, params)
-    config.validate(params, sources.sentence)  # what `vcarepro config` would refuse is refused here too
-    scale = params.get("scale")
-    branch = next((b for b in ("cls", "gen") if run in (params.get(f"{b}_runs") or {})), None)
-    if branch is None:
-        raise UnknownName(_unknown_run(run, overrides, params, conf))
-    resolved = runs.cls_run(params, run) if branch == "cls" else runs.gen_run(params, run)
-    entry = params[f"{branch}_runs"][run]
-    model = entry["model"]
-    own, shared, declared = _stages(project, params, branch, run)
-    skipped: Dict[str, str] = {}  # knobs the run never applies: listed apart, each with its switch
-    if branch == "cls":
-        from vcarepro.train.classification import unapplied
-
-        skipped = unapplied(resolved.recipe)
-
-    # the groups, in order; a declared param not claimed by one of the first four joins its section's group
-    run_key, model_key, shape_key = f"{branch}_runs.{run}", f"models.{model}", f"{branch}_shape"
-    if branch == "cls":
-        recipe_keys = (f"cls_recipes.{entry['recipe']}", "cls_recipe_overrides")
-        recipe_title = f"cls_recipes.{entry['recipe']}, cls_recipe_overrides on top"
-    else:
-        recipe_keys = ("gen_recipe",)
-        recipe_title = "gen_recipe" + (f", {run_key}.recipe on top" if entry.get("recipe") else "")
-    groups: Dict[str, Dict[str, Any]] = {
-        "run": {"title": run_key, "prefix": run_key, "knobs": []},
-        "model": {"title": model_key, "prefix": model_key, "knobs": []},
-        "recipe": {"title": recipe_title, "prefix": "", "knobs": []},
-        "shape": {"title": shape_key, "prefix": shape_key, "knobs": []},
-        "numerics": {"title": "numerics", "prefix": "numerics", "knobs": []},
-    }
-    seen = set()
-
-    def add(group: str, path: Tuple[str, ...], value: Any, knob: Optional[str] = None, **extra: Any) -> None:
-        key = ".".join(path)
-        if key in seen:
-            return
-        seen.add(key)
-        groups.setdefault(group, {"title": group, "prefix": group, "knobs": []})
-        prefix = groups[group]["prefix"]
-        knob = knob or (key[len(prefix) + 1 :] if key.startswith(prefix + ".") else key)
-        readers = [s for s in own + shared if any(_covers(p, key) for p in declared[s])]
-        groups[group]["knobs"].append(
-            {
-                "group": group,
-                "knob": knob,
-                "key": key,
-                "value": value,
-                **sources.where(path),
-                **extra,
-                "read_by": readers,
-            }
-        )
-
-    for stage in own:
-        for param in declared[stage]:
-            path = tuple(param.split("."))
-            if param == run_key:
-                for leaf, value in _leaves(entry, path):
-                    if not (branch == "gen" and leaf[len(path)] == "recipe"):  # the recipe group shows those
-                        add("run", leaf, value)
-            elif param == model_key:
-                for leaf, value in _leaves(params["models"][model], path):
-                    add("model", leaf, value)
-            elif param in recipe_keys or param.startswith("gen_recipe."):
-                if not groups["recipe"]["knobs"]:
-                    _recipe_knobs(add, params, branch, run, entry, resolved.recipe, skipped)
-            elif param == shape_key:
-                for leaf, value in _leaves(params.get(shape_key) or {}, path):
-                    add("shape", leaf, value)
-            else:
-                value = _get(params, path)
-                for leaf, sub in _leaves(value, path) if value is not _ABSENT else []:
-                    add(path[0], leaf, sub)
-    return {
-        "run": run,
-        "kind": {"cls": "classification", "gen": "generation"}[branch],
-        "branch": branch,
-        "scale": scale,
-        "overrides": overrides,
-        "conf": str(conf),
-        "stages": own,
-        "every_stage": own + shared,
-        "groups": [
-            {"group": name, "title": g["title"], "knobs": g["knobs"]} for name, g in groups.items() if g["knobs"]
-        ],
-        "unapplied": skipped,
-        "input_path": input_path(resolved.recipe) if branch == "cls" else None,
-    }
-
-
-def _recipe_knobs(
-    add,
-    params: Dict[str, Any],
-    branch: str,
-    run: str,
-    entry: Dict[str, Any],
-    recipe: Dict[str, Any],
-    skipped: Dict[str, str],
-) -> None:
-    """The recipe the run trains with (params.runs.cls_run / gen_run resolved it), each knob where its value lives:
-    the override where one replaced the named recipe's value (which is kept beside it), else the recipe."""
-    if branch == "cls":
-        name = entry["recipe"]
-        over = {k: v for k, v in (params.get("cls_recipe_overrides") or {}).items() if v is not None}
-        base, base_path, over_path = params["cls_recipes"][name], ("cls_recipes", name), ("cls_recipe_overrides",)
-        from vcarepro.train.classification import scaled_lrs
-
-        at_optimizer = scaled_lrs(recipe)
-    else:
-        name = "gen_recipe"
-        over = entry.get("recipe") or {}
-        base, base_path, over_path = params["gen_recipe"], ("gen_recipe",), ("gen_runs", run, "recipe")
-        at_optimizer = {}
-    for knob, value in recipe.items():
-        if knob in skipped:
-            continue  # explain lists it apart, with the switch that leaves it out
-        extra: Dict[str, Any] = {}
-        if knob in at_optimizer and at_optimizer[knob] != value:
-            extra["at_optimizer"] = at_optimizer[knob]
-        if knob in over:
-            extra["replaces"] = {"key": ".".join((*base_path, knob)), "value": base.get(knob), "recipe": name}
-            add("recipe", (*over_path, knob), value, knob=knob, **extra)
-        else:
-            add("recipe", (*base_path, knob), value, knob=knob, **extra)
-
-
-def _unknown_run(run: str, overrides: List[str], params: Dict[str, Any], conf: Path) -> str:
-    from vcarepro.core.errors import UserError
-    from vcarepro.params import config
-
-    runs = [*(params.get("cls_runs") or {}), *(params.get("gen_runs") or {})]
-    close = difflib.get_close_matches(run, runs, n=3, cutoff=0.5)
-    where = f"scale {params.get('scale')}" + (f" with {' '.join(overrides)}" if overrides else "")
-    elsewhere = []
-    others = [o for o in overrides if not o.startswith("scale=")]
-    for scale in sorted(p.stem for p in (conf / "scale").glob("*.yaml")):
-        if scale == params.get("scale"):
-            continue
-        try:
-            other = config.compose([*others, f"scale={scale}"], conf)
-        except UserError:
-            continue
-        if run in (other.get("cls_runs") or {}) or run in (other.get("gen_runs") or {}):
-            elsewhere.append(scale)
-    hint = (
-        f"; it is a run of scale {', '.join(elsewhere)} (add scale={elsewhere[0]})"
-        if elsewhere
-        else f"; did you mean {', '.join(close)}?"
-        if close
-        else f"; choose one of {', '.join(runs)}."
-    )
-    return f"no run {run!r} in cls_runs or gen_runs at {where}{hint}" + ("" if hint.endswith((".", "?")) else ".")
-
-
-# ----------------------------------------------------------------------------- explain's table
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    return json.dumps(value)
-
-
-def _readers(stages: List[str], every: List[str]) -> str:
-    if stages and set(stages) == set(every):
-        return "every stage"
-    return ", ".join(stages) if stages else "no stage"
-
-
-def _note(knob: Dict[str, Any]) -> str:
-    notes = []
-    if knob.get("override") and knob.get("file"):
-        notes.append(f"over {knob['file']}'s {_show(knob.get('file_value'))}")
-    if knob.get("written"):
-        notes.append(
-            f"written {knob['written']}" + (f", set in {knob['written_from']}" if knob.get("written_from") else "")
-        )
-    if knob.get("replaces"):
-        was = knob["replaces"]
-        notes.append(
-            f"{was['recipe']}'s is the same"
-            if was["value"] == knob["value"]
-            else f"overrides {was['recipe']}'s {_show(was['value'])}"
-        )
-    if knob.get("over") and not knob.get("replaces"):
-        notes.append(f"over {knob['over']['file']}'s {_show(knob['over']['value'])}")
-    if "at_optimizer" in knob:
-        notes.append(f"x batch_size/512 = {knob['at_optimizer']:.6g} at the optimizer")
-    return f" ({'; '.join(notes)})" if notes else ""
-
-
-def render(result: Dict[str, Any]) -> str:
-    """explain's result as a plain table, grouped, each group headed by the stages that read all of its knobs."""
-    every = result["every_stage"]
-    how = (
-        f"with {' '.join(result['overrides'])}"
-        if result["overrides"]
-        else "as it is (the default composition, which params.yaml holds)"
-    )
-    path = {"pil": "PIL", "fast": "fast"}.get(result["input_path"])
-    trains = f"; its training images come through the {path} input path" if path else ""
-    lines = textwrap.wrap(
-        f"{result['run']}: a {result['kind']} run at scale {result['scale']}, conf/ {how}; "
-        f"its stages: {', '.join(result['stages'])}{trains}",
-        WIDTH,
-        subsequent_indent="  ",
-    )
-    knobs = [k for g in result["groups"] for k in g["knobs"]]
-    name_w = max(len(k["knob"]) for k in knobs)
-    value_w = min(max(len(_show(k["value"])) for k in knobs), 16)  # a longer value pushes its own row
-    lines += ["", f"  {'knob':<{name_w}}  {'value':<{value_w}}  set by (conf/ file or command-line override)"]
-    for group in result["groups"]:
-        common = [s for s in every if all(s in k["read_by"] for k in group["knobs"])]
-        title = group["group"] if group["title"] == group["group"] else f"{group['group']}: {group['title']}"
-        head = f"{title}  (read by {_readers(common, every)})"
-        lines += [""] + textwrap.wrap(head, WIDTH, subsequent_indent="    ", break_on_hyphens=False)
-        for knob in group["knobs"]:
-            also = [s for s in knob["read_by"] if s not in common]
-            text = knob["set_by"] + _note(knob) + (f" (also read by {', '.join(also)})" if also else "")
-            text += f": why: {knob['why']}" if knob.get("why") else ""
-            row = f"  {knob['knob']:<{name_w}}  {_show(knob['value']):<{value_w}}  "
-            # what does not fit continues under the set-by column
-            lines += textwrap.wrap(
-                text,
-                max(WIDTH, len(row) + 40),
-                initial_indent=row,
-                subsequent_indent=" " * (6 + name_w + value_w),
-                break_on_hyphens=False,
-            )
-    skipped: Dict[str, List[str]] = {}
-    for knob, why in (result.get("unapplied") or {}).items():
-        skipped.setdefault(why, []).append(knob)
-    for why, knobs in skipped.items():
-        lines += [""] + textwrap.wrap(
-            f"not applied by this run ({why}): {', '.join(knobs)}", WIDTH, subsequent_indent="    "
-        )
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
