@@ -264,6 +264,103 @@ def fold(
     return {"rows": shown, "howto": list(notes.values()), "n_not_run": sum(n["n"] for n in notes.values())}
 
 
+def _folded(
+    ws, reference, table1, table2, decomposition, gains, ablations, ablation_gains, family, family_decomposition
+) -> Dict[str, Any]:
+    """The paper's tables (1-4) whole at every scale, each row with a paper number in the tables derived from them;
+    what folds is our cells of a row not run, and rows with neither a paper number nor ours (:func:`fold`)."""
+    return {
+        "table1": fold(
+            table1, lambda r: measured_cell(r.top1), lambda r: r.model, lambda r: [r.run], ws, keep=lambda r: True
+        ),
+        "compute": fold(
+            [r for r in table1 if paper_row("params_m", "gmacs")(r)],
+            lambda r: r.params_m.ours is not None or r.gmacs.ours is not None,
+            lambda r: r.model,
+            lambda r: [r.run],
+            ws,
+            keep=lambda r: True,
+            command=COMPLEXITY_COMMAND,
+        ),
+        "decomposition": fold(
+            decomposition,
+            measured_row,
+            lambda r: r.model,
+            lambda r: r.runs.split(" − "),
+            ws,
+            keep=paper_row("paper"),
+        ),
+        "table2": fold(
+            table2, lambda r: measured_cell(r.fid), lambda r: r.model, lambda r: [r.run], ws, keep=lambda r: True
+        ),
+        "gains": fold(
+            gains,
+            measured_row,
+            lambda r: r.model,
+            lambda r: [
+                x["run"]
+                for t in ("table1", "table2")
+                for x in reference[t]["rows"]
+                if x["model"] == r.model and role(x) in ("baseline", "vca")
+            ],
+            ws,
+            keep=paper_row("paper"),
+        ),
+        # Tables 3 and 4: one table per branch, each cell its own run
+        **{
+            f"{k}_{metric}": fold(
+                ablations[k],
+                lambda r, cell=cell: measured_cell(cell(r)),
+                lambda r: r.variant,
+                run,
+                ws,
+                keep=lambda r: True,
+            )
+            for k in ablations
+            for metric, cell, run in (
+                ("top1", lambda r: r.top1, lambda r: [r.cls_run]),
+                ("fid", lambda r: r.fid, lambda r: [r.gen_run]),
+            )
+        },
+        **{
+            f"{k}_gains": fold(
+                ablation_gains[k],
+                measured_row,
+                lambda r: f"{r.model} ({'top-1' if r.metric == 'top1' else 'FID'})",
+                lambda r: r.runs.split(" − "),
+                ws,
+                keep=paper_row("paper"),
+            )
+            for k in ablation_gains
+        },
+        "family": fold(
+            family,
+            lambda r: any(m.value is not None or m.stale for m in (r.top1, r.fid)),
+            lambda r: r.label,
+            lambda r: [r.cls_run, r.gen_run],
+            ws,
+        ),
+        "family_decomposition": fold(
+            family_decomposition, measured_row, lambda r: f"{r.branch}: {r.part}", lambda r: r.runs.split(" − "), ws
+        ),
+    }
+
+
+def _run_frames(ws, params, cls, gen, cls_keys, gen_keys):
+    """The runs tables: each run's model, options, seeds, metrics and convergence; a classification run's input path."""
+    cls_frame = runs_frame(cls, params["cls_runs"], params["models"], cls_keys, params["cls_shape"])
+    if len(cls_frame):  # which path fed each run's training images: timm's PIL transform, or the fast path
+        paths = [{"pil": "PIL"}.get(p, p) for p in (input_path(cls_run(params, r).recipe) for r in cls_frame["run"])]
+        cls_frame.insert(int(cls_frame.columns.get_loc("seeds")), "input path", paths)
+    gen_frame = runs_frame(gen, params["gen_runs"], params["models"], gen_keys, params["gen_shape"])
+    for frame, branch in ((cls_frame, "cls"), (gen_frame, "gen")):
+        if len(frame):
+            frame["convergence"] = [
+                "; ".join(f.removeprefix(f"{run} ") for f in ws.convergence(branch, run)) or "—" for run in frame["run"]
+            ]
+    return cls_frame, gen_frame
+
+
 def build_context(root: Path) -> Dict[str, Any]:
     params = load_params(root / "params.yaml")
     reference = load_reference(root / "data" / "paper_reference.yaml")
@@ -334,16 +431,7 @@ def build_context(root: Path) -> Dict[str, Any]:
     ablations = {k: paper_tables.ablation(ws, k) for k in ("table3", "table4")}
     summary_rows = summary(ws, gains, ablation_gains, claims)
     used = {status_key(r["status"]) for r in summary_rows}
-    cls_frame = runs_frame(cls, params["cls_runs"], params["models"], cls_keys, params["cls_shape"])
-    if len(cls_frame):  # which path fed each run's training images: timm's PIL transform, or the fast path
-        paths = [{"pil": "PIL"}.get(p, p) for p in (input_path(cls_run(params, r).recipe) for r in cls_frame["run"])]
-        cls_frame.insert(int(cls_frame.columns.get_loc("seeds")), "input path", paths)
-    gen_frame = runs_frame(gen, params["gen_runs"], params["models"], gen_keys, params["gen_shape"])
-    for frame, branch in ((cls_frame, "cls"), (gen_frame, "gen")):
-        if len(frame):
-            frame["convergence"] = [
-                "; ".join(f.removeprefix(f"{run} ") for f in ws.convergence(branch, run)) or "—" for run in frame["run"]
-            ]
+    cls_frame, gen_frame = _run_frames(ws, params, cls, gen, cls_keys, gen_keys)
     environment = describe_environment(root)
     run_metrics = {"cls": {n: r.metrics for n, r in cls.items()}, "gen": {n: r.metrics for n, r in gen.items()}}
     return {
@@ -383,83 +471,9 @@ def build_context(root: Path) -> Dict[str, Any]:
         "flat_top1_points": FLAT_TOP1_POINTS,
         "flat_loss_fraction": FLAT_LOSS_FRACTION,
         "recipe_knobs": recipe_knobs(params, paper, knob_reasons(params, root / "conf")),
-        # the paper's tables (1-4) whole at every scale, each row with a paper number in the tables derived from
-        # them; what folds is our cells of a row not run, and rows with neither a paper number nor ours (fold)
-        "folded": {
-            "table1": fold(
-                table1, lambda r: measured_cell(r.top1), lambda r: r.model, lambda r: [r.run], ws, keep=lambda r: True
-            ),
-            "compute": fold(
-                [r for r in table1 if paper_row("params_m", "gmacs")(r)],
-                lambda r: r.params_m.ours is not None or r.gmacs.ours is not None,
-                lambda r: r.model,
-                lambda r: [r.run],
-                ws,
-                keep=lambda r: True,
-                command=COMPLEXITY_COMMAND,
-            ),
-            "decomposition": fold(
-                decomposition,
-                measured_row,
-                lambda r: r.model,
-                lambda r: r.runs.split(" − "),
-                ws,
-                keep=paper_row("paper"),
-            ),
-            "table2": fold(
-                table2, lambda r: measured_cell(r.fid), lambda r: r.model, lambda r: [r.run], ws, keep=lambda r: True
-            ),
-            "gains": fold(
-                gains,
-                measured_row,
-                lambda r: r.model,
-                lambda r: [
-                    x["run"]
-                    for t in ("table1", "table2")
-                    for x in reference[t]["rows"]
-                    if x["model"] == r.model and role(x) in ("baseline", "vca")
-                ],
-                ws,
-                keep=paper_row("paper"),
-            ),
-            # Tables 3 and 4: one table per branch, each cell its own run
-            **{
-                f"{k}_{metric}": fold(
-                    ablations[k],
-                    lambda r, cell=cell: measured_cell(cell(r)),
-                    lambda r: r.variant,
-                    run,
-                    ws,
-                    keep=lambda r: True,
-                )
-                for k in ablations
-                for metric, cell, run in (
-                    ("top1", lambda r: r.top1, lambda r: [r.cls_run]),
-                    ("fid", lambda r: r.fid, lambda r: [r.gen_run]),
-                )
-            },
-            **{
-                f"{k}_gains": fold(
-                    ablation_gains[k],
-                    measured_row,
-                    lambda r: f"{r.model} ({'top-1' if r.metric == 'top1' else 'FID'})",
-                    lambda r: r.runs.split(" − "),
-                    ws,
-                    keep=paper_row("paper"),
-                )
-                for k in ablation_gains
-            },
-            "family": fold(
-                family,
-                lambda r: any(m.value is not None or m.stale for m in (r.top1, r.fid)),
-                lambda r: r.label,
-                lambda r: [r.cls_run, r.gen_run],
-                ws,
-            ),
-            "family_decomposition": fold(
-                family_decomposition, measured_row, lambda r: f"{r.branch}: {r.part}", lambda r: r.runs.split(" − "), ws
-            ),
-        },
+        "folded": _folded(
+            ws, reference, table1, table2, decomposition, gains, ablations, ablation_gains, family, family_decomposition
+        ),
         "plans": ws.plans,  # each how-to-run text of the page (the summary's commands) -> its commands
         "calibration": {**calibration_section(root, params["scale"]), "dir": params["calibrate"]["dir"]},
         "table1": table1,
@@ -568,43 +582,29 @@ def package_row(recorded: Optional[Dict[str, str]], here: Dict[str, str]) -> Dic
     }
 
 
-# The tables whose every number follows from DVC-tracked results: reports/results.json, the report stage's DVC
-# output (its hash reproduces). The page, the CSV / Markdown and the claims (which quote wall times and name this
-# CPU) are the run's record, written beside it and kept out of dvc.lock.
-RESULT_TABLES = [
-    "summary",
-    "stale",
-    "table1",
-    "decomposition",
-    "table2",
-    "table3",
-    "table4",
-    "gains",
-    "table3_gains",
-    "table4_gains",
-    "family",
-    "family_decomposition",
-    "cls_runs",
-    "gen_runs",
-]
-EXPORTED_TABLES = [
-    "summary",
-    "stale",
-    "table1",
-    "decomposition",
-    "table2",
-    "table3",
-    "table4",
-    "gains",
-    "table3_gains",
-    "table4_gains",
-    "family",
-    "family_decomposition",
-    "claims",
-    "cls_runs",
-    "gen_runs",
-    "complexity",
-]
+# Every table goes out as CSV and Markdown (tables/); those whose every number follows from DVC-tracked results (True)
+# also go into reports/results.json, the report stage's DVC output (its hash reproduces). The page, the exports and
+# the claims (which quote wall times and name this CPU) are the run's record, written beside it and kept out of
+# dvc.lock.
+TABLES = {
+    "summary": True,
+    "stale": True,
+    "table1": True,
+    "decomposition": True,
+    "table2": True,
+    "table3": True,
+    "table4": True,
+    "gains": True,
+    "table3_gains": True,
+    "table4_gains": True,
+    "family": True,
+    "family_decomposition": True,
+    "claims": False,
+    "cls_runs": True,
+    "gen_runs": True,
+    "complexity": False,
+}
+RESULT_TABLES = [name for name, tracked in TABLES.items() if tracked]
 
 
 def render_report(root: str | Path = ".", out: str | Path = "reports/index.html") -> Path:
@@ -625,8 +625,8 @@ def render_report(root: str | Path = ".", out: str | Path = "reports/index.html"
     env.filters["status_class"] = lambda status: verdict_class(status_key(status))
     context = build_context(root)
     out.parent.mkdir(parents=True, exist_ok=True)
-    written = write_tables({name: records(context[name]) for name in EXPORTED_TABLES}, out.parent / "tables")
-    exported = sorted({path.stem for path in written}, key=EXPORTED_TABLES.index)
+    written = write_tables({name: records(context[name]) for name in TABLES}, out.parent / "tables")
+    exported = sorted({path.stem for path in written}, key=list(TABLES).index)
     html = env.get_template("report.html.j2").render(**context, exported=exported)
     write_bytes(out, html.encode("utf-8"))
     write_headlines(root, context["headlines"])  # the stage's DVC metrics (report/headline.py)
