@@ -282,12 +282,7 @@ def train_classifier(
     history: List[Dict[str, float]] = []  # every epoch's logged figures, kept in the checkpoint
     state = resumable_checkpoint(ckpt_dir, fingerprint, seed, lambda message: say(info, message))
     if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        if ema is not None:
-            ema.load_state_dict(state["ema"])
-        amp.load_state_dict(state["scaler"])
+        _restore(state, model, optimizer, scheduler, ema, amp)
         start_epoch = state["epoch"]
         history = list(state["history"])
         finished = start_epoch >= total_epochs
@@ -384,27 +379,13 @@ def train_classifier(
             figures = {"epoch": epoch + 1, "train_loss": train_loss, "train_lr": optimizer.param_groups[0]["lr"]}
             last = epoch + 1 == total_epochs or (max_steps is not None and step >= max_steps)
             if (epoch + 1) % recipe["eval_every"] == 0 or last:
-                val = evaluate(model, val_loader, device)
-                figures.update({f"val_{k}": all_reduce_mean(v, info) for k, v in val.items()})
-                if ema is not None:  # the EMA's every epoch too, for its best epoch (CSWin reports that)
-                    val = evaluate(ema.module, val_loader, device)
-                    figures.update({f"val_{k}_ema": all_reduce_mean(v, info) for k, v in val.items()})
+                figures.update(_validate(model, ema, val_loader, device, info))
             _log_epoch(live, info, figures, log_prefix)
             history.append(figures)
             progress.note(epoch_line(history, total_epochs))
             if info.is_main:
-                save_checkpoint(
-                    Path(ckpt_dir) / "last.pt",
-                    {
-                        "model": model.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(),
-                        "ema": ema.state_dict() if ema is not None else {},
-                        "scaler": amp.state_dict(),
-                        "epoch": epoch + 1,
-                        "history": history,
-                        "fingerprint": fingerprint,
-                    },
+                _checkpoint(
+                    Path(ckpt_dir) / "last.pt", model, optimizer, scheduler, ema, amp, epoch + 1, history, fingerprint
                 )
             if max_steps is not None and step >= max_steps:
                 break
@@ -414,14 +395,52 @@ def train_classifier(
     figures["train_seconds"] = time.perf_counter() - started
     figures["world_size"] = info.world_size
     if info.is_main:
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        save_tensors(out_dir / "model.safetensors", model.state_dict())  # with its digest, checked on load
-        if ema is not None:
-            save_tensors(out_dir / "model_ema.safetensors", ema.module.state_dict())
-        # every epoch's validation, for the best-epoch figures eval_cls reports (no wall times: it is a DVC output)
-        write_json(out_dir / HISTORY, history)
+        _save_trained(Path(out_dir), model, ema, history)
     return figures
+
+
+def _restore(state, model, optimizer, scheduler, ema, amp) -> None:
+    """A resumed run's weights, optimizer, schedule, EMA and loss scale, as the checkpoint holds them."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    if ema is not None:
+        ema.load_state_dict(state["ema"])
+    amp.load_state_dict(state["scaler"])
+
+
+def _validate(model, ema, val_loader, device, info: DistInfo) -> Dict[str, float]:
+    """The epoch's validation figures, averaged over ranks; the EMA's too (CSWin reports its best epoch)."""
+    figures = {f"val_{k}": all_reduce_mean(v, info) for k, v in evaluate(model, val_loader, device).items()}
+    if ema is not None:
+        val = evaluate(ema.module, val_loader, device)
+        figures.update({f"val_{k}_ema": all_reduce_mean(v, info) for k, v in val.items()})
+    return figures
+
+
+def _checkpoint(path: Path, model, optimizer, scheduler, ema, amp, epochs: int, history, fingerprint) -> None:
+    """Everything a resume needs after ``epochs`` finished epochs (``history`` holds every epoch's figures)."""
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "ema": ema.state_dict() if ema is not None else {},
+        "scaler": amp.state_dict(),
+        "epoch": epochs,
+        "history": history,
+        "fingerprint": fingerprint,
+    }
+    save_checkpoint(path, state)
+
+
+def _save_trained(out_dir: Path, model, ema, history) -> None:
+    """The trained weights (with their digest, checked on load), the EMA's, and every epoch's validation for the
+    best-epoch figures eval_cls reports (no wall times: it is a DVC output)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_tensors(out_dir / "model.safetensors", model.state_dict())
+    if ema is not None:
+        save_tensors(out_dir / "model_ema.safetensors", ema.module.state_dict())
+    write_json(out_dir / HISTORY, history)
 
 
 HISTORY = "history.json"
