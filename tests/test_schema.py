@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import os
 import re
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import ROOT
+from helpers import ROOT, stage
 from vcarepro.params.config import compose
 from vcarepro.params.schema import ParamsError, validate
 
@@ -159,24 +158,12 @@ def test_per_run_generation_overrides_are_checked_like_the_recipe(scales):
         validate(params)
 
 
-# ----------------------------------------------------------------------------- issue 23 (6, 7)
-
-
 def run_stage_on(project: Path, params: dict, script: str, *args: str):
-    """``stages/<script>`` run for real in ``project`` (an empty directory) with ``params`` as its params.yaml."""
+    """``stages/<script>`` run for real in ``project`` (an empty directory) with ``params`` as its params.yaml,
+    which it must leave as it was."""
     project.mkdir(parents=True, exist_ok=True)
-    (project / "params.yaml").write_text(yaml.safe_dump(params))
-    before = (project / "params.yaml").read_bytes()
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "stages" / script), *args],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert (project / "params.yaml").read_bytes() == before
+    result = stage(project, script, *args, params=params)
+    assert (project / "params.yaml").read_text() == yaml.safe_dump(params)
     return result
 
 
