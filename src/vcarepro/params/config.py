@@ -138,6 +138,12 @@ def _hydra_config(overrides: Sequence[str], config_dir: str | Path):
     return cfg
 
 
+def project_root() -> Path:
+    """Where conf/ and dvc.yaml are read: the working directory where it has conf/ (as DVC composes), else this
+    code's checkout."""
+    return Path.cwd() if Path("conf").is_dir() else REPO_ROOT
+
+
 def compose(overrides: Sequence[str] = (), config_dir: str | Path = REPO_ROOT / "conf") -> Dict[str, Any]:
     """The Hydra composition of ``conf/`` with ``overrides`` (e.g. ``["scale=paper"]``), as DVC makes it."""
     from omegaconf import OmegaConf
@@ -322,7 +328,12 @@ def _no_option(where: str, group: str, option: str, options: List[str], conf: st
 def check_group_choices(overrides: List[str], config_dir: Path, by_name: str = "the command-line override") -> None:
     """Refuse an override that picks a config group's option by anything but one of its files' names: Hydra would
     follow ``scale=../../params`` to a file outside conf/ and record it as the default."""
-    parsed = _parse(overrides) if all(_parses(o) for o in overrides) else []  # Hydra names a syntax error itself
+    from hydra.errors import OverrideParseException
+
+    try:
+        parsed = _parse(overrides)
+    except OverrideParseException:  # Hydra names a syntax error itself, in the composition that follows
+        return
     for override in parsed:
         folder = config_dir / override.key_or_group
         value = override.value()
@@ -367,9 +378,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv[:1] in (["-h"], ["--help"]):
         print("usage: vcarepro config [KEY=VALUE | +KEY=VALUE | GROUP=OPTION ...]\n\n" + __doc__.split("\n\n", 1)[1])
         return 0
-    here = Path("conf")
     try:
-        write_params(argv, config_dir=here if here.is_dir() else REPO_ROOT / "conf")
+        write_params(argv, config_dir=project_root() / "conf")
     except UserError as err:  # the stages' convention (vcarepro.core.errors.run_stage)
         print(f"error: {err}", file=sys.stderr, flush=True)
         return USER_ERROR_STATUS

@@ -17,15 +17,7 @@ from vcarepro.core.errors import USER_ERROR_STATUS, UserError
 from vcarepro.params import config, runs
 from vcarepro.params.stage_facts import PARAMS, PIPELINE, _resolve, stage_definition
 
-REPO_ROOT = Path(__file__).resolve().parents[3]  # the checkout this code runs from (src/vcarepro/<folder>/../..)
 WIDTH = 120  # the table fits this many columns (a long value may push its own row past it)
-
-
-def _project() -> Path:
-    """Where conf/ and dvc.yaml are read: the working directory where it has conf/ (as
-    `python -m vcarepro.params.config` composes), else this code's checkout."""
-    here = Path.cwd()
-    return here if (here / "conf").is_dir() else REPO_ROOT
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -44,7 +36,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the knobs as JSON")
     args = parser.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     try:
-        result = explain(args.run, args.overrides, _project())
+        result = explain(args.run, args.overrides, config.project_root())
     except UserError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return USER_ERROR_STATUS
@@ -162,7 +154,7 @@ def _stages(
     ``params:``, as :func:`vcarepro.params.stage_facts.stage_definition` resolves dvc.yaml over these params."""
     import yaml
 
-    pipeline = project / PIPELINE if (project / PIPELINE).is_file() else REPO_ROOT / PIPELINE
+    pipeline = project / PIPELINE if (project / PIPELINE).is_file() else config.REPO_ROOT / PIPELINE
     stages = (yaml.safe_load(pipeline.read_text()) or {}).get("stages") or {}
     own, shared = [], []
     for group, definition in stages.items():
@@ -182,7 +174,7 @@ def _stages(
     return own, shared, declared
 
 
-def explain(run: str, overrides: Sequence[str] = (), project: Path = REPO_ROOT) -> Dict[str, Any]:
+def explain(run: str, overrides: Sequence[str] = (), project: Path = config.REPO_ROOT) -> Dict[str, Any]:
     """Every knob ``run`` resolves to under ``overrides`` of ``project``/conf, as :func:`render` prints it.
 
     The knobs are what the run's own stages (train_cls@run, eval_cls@run; train_gen, sample_gen, eval_gen)
@@ -192,7 +184,7 @@ def explain(run: str, overrides: Sequence[str] = (), project: Path = REPO_ROOT) 
     from vcarepro.core.errors import UnknownName
 
     overrides = list(overrides)
-    conf = project / "conf" if (project / "conf").is_dir() else REPO_ROOT / "conf"
+    conf = project / "conf" if (project / "conf").is_dir() else config.REPO_ROOT / "conf"
     params = config.compose(overrides, conf)
     sources = _Sources(overrides, conf, params)
     config.validate(params, sources.sentence)  # what `vcarepro config` would refuse is refused here too

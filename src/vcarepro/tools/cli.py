@@ -134,13 +134,6 @@ def run_module(module: str, args: Sequence[str]) -> int:
     return 0
 
 
-def _project() -> Path:
-    """Where conf/ and dvc.yaml are read: the working directory where it has conf/ (as
-    `python -m vcarepro.params.config` composes), else this code's checkout."""
-    here = Path.cwd()
-    return here if (here / "conf").is_dir() else REPO_ROOT
-
-
 # ----------------------------------------------------------------------------- calibrate
 
 
@@ -185,7 +178,7 @@ def calibrate_main(argv: Sequence[str]) -> int:
     project = Path.cwd()
     if not args.dry_run and not (project / "dvc.yaml").is_file():
         raise MissingInput(f"{project} has no dvc.yaml; run `vcarepro calibrate` from the repository's root.")
-    conf = _project() / "conf"  # the cwd's conf/, else this checkout's (as vcarepro config)
+    conf = config.project_root() / "conf"  # the cwd's conf/, else this checkout's (as vcarepro config)
     hydra = [f"scale={args.scale}", *overrides, f"calibrate.checkpoints=[{','.join(names)}]"]
     params = config.compose(hydra, conf)
     config.validate(params, config._conf_source(hydra, conf))
