@@ -130,6 +130,15 @@ def error_line(err: BaseException) -> Optional[str]:
     return None
 
 
+def refused(err: Exception) -> int:
+    """A command's end for ``err``: its one ``error:`` line and exit status 2; anything without one (a bug) raises."""
+    line = error_line(err)
+    if line is None:
+        raise err
+    print(line, file=sys.stderr, flush=True)
+    return USER_ERROR_STATUS
+
+
 def interrupted_line(what: Optional[str] = None, resume: Optional[str] = None) -> str:
     """The one line a command prints when Ctrl-C stops it: what stopped and the command that resumes it (under DVC
     the stage, resumed by `dvc repro`, a training stage from its last checkpoint; elsewhere the same command)."""

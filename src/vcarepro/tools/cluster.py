@@ -57,7 +57,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set
 import submitit
 
 from vcarepro.core import supervise
-from vcarepro.core.errors import USER_ERROR_STATUS, UserError, error_line
+from vcarepro.core.errors import UserError, refused
 from vcarepro.core.io import write_json
 from vcarepro.core.progress import latest
 from vcarepro.params.config import section, stage_params
@@ -884,11 +884,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 )
                 return 130
     except Exception as err:  # a user error or a full disk: one line
-        line = error_line(err)
-        if line is None:
-            raise
-        print(line, file=sys.stderr, flush=True)
-        return USER_ERROR_STATUS
+        return refused(err)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ import yaml
 
 from vcarepro.core import environment
 from vcarepro.core.environment import MACHINE_RECORD
-from vcarepro.core.errors import USER_ERROR_STATUS, error_line
+from vcarepro.core.errors import refused
 from vcarepro.core.io import write_bytes
 
 LOCK = "dvc.lock"
@@ -501,12 +501,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return _run(args, Path.cwd())
-    except Exception as err:  # a full disk: one line
-        line = error_line(err)
-        if line is None:
-            raise
-        print(line, file=sys.stderr, flush=True)
-        return USER_ERROR_STATUS
+    except Exception as err:  # a user error or a full disk: one line
+        return refused(err)
 
 
 def _run(args, root: Path) -> int:
