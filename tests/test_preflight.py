@@ -266,8 +266,8 @@ class _FakeStep:
 
 
 def test_running_out_of_memory_halves_the_batch_and_records_where_it_failed():
+    from vcarepro.tools.bench.timing import measure_step
     from vcarepro.tools.preflight.cost import RunCost, fill_costs
-    from vcarepro.tools.preflight.stepping import measure_step
     from vcarepro.tools.preflight.table import fit_summary, table
 
     measured = measure_step(lambda b: _FakeStep(b, fits_up_to=3), 16, torch.device("cpu"))
@@ -303,7 +303,7 @@ def test_running_out_of_memory_halves_the_batch_and_records_where_it_failed():
 
 
 def test_anything_but_out_of_memory_is_not_swallowed():
-    from vcarepro.tools.preflight.stepping import measure_step
+    from vcarepro.tools.bench.timing import measure_step
 
     def broken(batch):
         raise RuntimeError("shape mismatch")
@@ -313,8 +313,8 @@ def test_anything_but_out_of_memory_is_not_swallowed():
 
 
 def test_a_projected_peak_keeps_the_static_part_and_scales_the_rest():
+    from vcarepro.tools.bench.timing import Measured
     from vcarepro.tools.preflight.cost import RunCost, fill_costs
-    from vcarepro.tools.preflight.stepping import Measured
 
     cost = RunCost(
         "r",
@@ -337,8 +337,8 @@ def test_a_projected_peak_keeps_the_static_part_and_scales_the_rest():
 
 
 def test_the_classification_step_counts_steps_from_the_dataset_and_the_recipe():
+    from vcarepro.tools.bench.timing import device_memory
     from vcarepro.tools.preflight.branches import classification, run_cost
-    from vcarepro.tools.preflight.machine import device_memory
     from vcarepro.tools.preflight.sizing import Dataset
 
     params = compose(["scale=embedded"])
@@ -379,16 +379,31 @@ class _ClockedStep:
 
 
 @pytest.fixture
-def known_steps(monkeypatch, tmp_path):
+def fake_clock(monkeypatch):
+    from vcarepro.tools.bench import timing
+
+    clock = [0.0]
+    monkeypatch.setattr(timing, "clock", lambda: clock[0])
+    # the steps' threads waited FAKE_WAITED of their ready time for a CPU (0: nothing else ran)
+    monkeypatch.setattr(
+        timing,
+        "scheduler_times",
+        lambda: (round(clock[0] * 1e9 * (1 - FAKE_WAITED[0])), round(clock[0] * 1e9 * FAKE_WAITED[0])),
+    )
+    return clock
+
+
+@pytest.fixture
+def known_steps(monkeypatch, tmp_path, fake_clock):
     """Steps of a run take DURATIONS (one warm-up, then the timed steps) on a fake clock; a run in TOO_BIG has a
     static size of twice the device's memory; no input exists (not even a cached SD-VAE); one stream for both
     stdout and stderr, so the order of what is printed can be read. Returns (main(*args) -> status, the output)."""
     import huggingface_hub.constants
 
     import vcarepro.tools.bench.train_step as train_step
-    from vcarepro.tools.preflight import cli, loader, machine, stepping
+    from vcarepro.tools.preflight import cli, loader
 
-    clock = [0.0]
+    clock = fake_clock
     memory = 64 * 2**30
 
     def build(run, *, batch, device, **_):
@@ -398,14 +413,7 @@ def known_steps(monkeypatch, tmp_path):
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-    monkeypatch.setattr(stepping, "clock", lambda: clock[0])
-    # the steps' threads waited FAKE_WAITED of their ready time for a CPU (0: nothing else ran)
-    monkeypatch.setattr(
-        stepping,
-        "scheduler_times",
-        lambda: (round(clock[0] * 1e9 * (1 - FAKE_WAITED[0])), round(clock[0] * 1e9 * FAKE_WAITED[0])),
-    )
-    monkeypatch.setattr(machine, "device_memory", lambda device: memory)
+    monkeypatch.setattr(cli, "device_memory", lambda device: memory)
     monkeypatch.setattr(loader, "loader_rates", lambda runs, **kw: {})
     monkeypatch.setattr(train_step, "classification_step", build)
     monkeypatch.setattr(train_step, "generation_step", build)
@@ -496,7 +504,7 @@ def test_the_step_time_is_the_median_of_the_timed_steps_after_the_warm_up(known_
 def test_steps_that_disagree_by_more_than_the_stated_factor_are_not_projected(known_steps, tmp_path, monkeypatch):
     """Issue 49: on a busy machine one DeiT-T step took 13 s against 0.14 s quiet, and the preflight projected
     696,695 CPU-hours from it. Steps of 5, 1 and 3 s (5x > MAX_STEP_SPREAD) give one problem line and no time."""
-    from vcarepro.tools.preflight.cost import MAX_STEP_SPREAD
+    from vcarepro.tools.bench.timing import MAX_STEP_SPREAD
 
     monkeypatch.setitem(DURATIONS, "deit_tiny-mhsa", [100.0, 5.0, 1.0, 3.0])
     main, out = known_steps
@@ -515,7 +523,7 @@ def test_steps_that_disagree_by_more_than_the_stated_factor_are_not_projected(kn
 def test_steps_too_short_to_judge_are_projected_whatever_their_spread(known_steps, tmp_path, monkeypatch):
     """CI's slow tier, another test on the other core: an embedded DeiT-T stepped in 0.0107, 0.0276 and 0.02 s. At
     tens of milliseconds the scheduler alone spreads steps 2-3x, and the projection is their median, not refused."""
-    from vcarepro.tools.preflight.cost import MAX_STEP_SPREAD, MIN_JUDGED_STEP_S
+    from vcarepro.tools.bench.timing import MAX_STEP_SPREAD, MIN_JUDGED_STEP_S
 
     monkeypatch.setitem(DURATIONS, "deit_tiny-mhsa", [1.0, 0.0107, 0.0276, 0.02])
     main, out = known_steps
@@ -529,7 +537,7 @@ def test_steps_that_waited_for_a_cpu_are_not_projected_however_alike(known_steps
     """CI's alone tier: beside a torch process spinning on the same cores, DeiT-T's steps took 0.74-0.99 s against
     0.17 s quiet, alike enough (1.3x) to pass the spread, and the preflight projected 5.3x. Their threads waited for
     a CPU half the time they were ready to run: one problem line, no time. Steps that hardly waited project."""
-    from vcarepro.tools.preflight.cost import MAX_WAITED
+    from vcarepro.tools.bench.timing import MAX_WAITED
 
     monkeypatch.setitem(DURATIONS, "deit_tiny-mhsa", [100.0, 0.87, 0.99, 0.74])
     monkeypatch.setitem(FAKE_WAITED, 0, 0.5)
@@ -703,21 +711,6 @@ class _TimedStubDiT(_StubDiT):
         return super().forward(x, t, y)
 
 
-@pytest.fixture
-def fake_clock(monkeypatch):
-    from vcarepro.tools.preflight import stepping
-
-    clock = [0.0]
-    monkeypatch.setattr(stepping, "clock", lambda: clock[0])
-    # the steps' threads waited FAKE_WAITED of their ready time for a CPU (0: nothing else ran)
-    monkeypatch.setattr(
-        stepping,
-        "scheduler_times",
-        lambda: (round(clock[0] * 1e9 * (1 - FAKE_WAITED[0])), round(clock[0] * 1e9 * FAKE_WAITED[0])),
-    )
-    return clock
-
-
 def test_one_path_steps_a_run_of_either_branch_and_only_a_generation_run_samples(fake_clock):
     from vcarepro.tools.preflight.branches import Branch, run_cost
     from vcarepro.tools.preflight.sizing import Dataset, size_cls_run, size_gen_run
@@ -818,11 +811,11 @@ def test_timed_steps_run_with_the_garbage_collector_off():
     after the timed steps."""
     import gc
 
-    from vcarepro.tools.preflight.stepping import step_times
+    from vcarepro.tools.bench.timing import call_times
 
     seen = []
     assert gc.isenabled()
-    step_times(lambda: seen.append(gc.isenabled()), 3)
+    call_times(lambda: seen.append(gc.isenabled()), 3)
     assert seen == [False, False, False] and gc.isenabled()
 
 

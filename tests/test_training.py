@@ -156,9 +156,9 @@ def test_generator_fp16_and_compile_paths_write_scaler_state(tmp_path, embedded,
 
 
 def test_the_train_step_benchmark_projects_a_full_run_from_its_step_time(one_torch_thread):
-    from vcarepro.tools.bench.train_step import bench_gen_step
+    from vcarepro.tools.bench.train_step import bench_train_step
 
-    row = bench_gen_step("sit_s8-vca", batch=2, device="cpu", precision="fp32", min_run_time=0.2)
+    row = bench_train_step("sit_s8-vca", batch=2, device="cpu", precision="fp32", min_run_time=0.2)
     assert (row["objective"], row["model"]["arch"], row["global_batch"], row["recipe_steps"]) == (
         "flow",
         "dit_s8",
@@ -170,8 +170,10 @@ def test_the_train_step_benchmark_projects_a_full_run_from_its_step_time(one_tor
 
 def test_the_proxy_classification_step_projects_epochs_of_imagenet_100(one_torch_thread, monkeypatch):
     from vcarepro.tools.bench import train_step
+    from vcarepro.tools.bench.timing import Measured
 
-    monkeypatch.setattr(train_step, "time_ms", lambda step, min_run_time: 250.0)  # a fixed step time
+    # a fixed step time
+    monkeypatch.setattr(train_step, "measure_step", lambda build, batch, device, **kw: Measured(batch, 0.25))
     row = train_step.bench_train_step("deit_tiny-vca", scale="proxy", batch=8, device="cpu", precision="fp32")
     # 100 epochs x floor(126,689 / 1024) = 123 updates, each 128 device steps of 8, at 0.25 s
     assert (row["objective"], row["global_batch"], row["recipe_steps"]) == ("classification", 1024, 100 * 123)

@@ -61,7 +61,7 @@ def main(argv=None) -> None:
     step.add_argument("--batch", type=int, default=32, help="images per device (DiT: 256 over 8 GPUs)")
     step.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     step.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
-    step.add_argument("--min-run-time", type=float, default=2.0)
+    step.add_argument("--min-run-time", type=float, default=2.0, help="seconds of timed steps, after one warm-up")
     step.add_argument("--json", help="also write the figures and the machine to this JSON file")
     load = sub.add_parser(
         "loader",
@@ -124,8 +124,12 @@ def main(argv=None) -> None:
         print(
             f"{row['run']} ({row['objective']}), {row['precision']} on {row['device']}, "
             f"batch {row['batch_per_device']}: "
-            f"{row['ms_per_step']:.1f} ms/step, {row['images_per_second']:.1f} images/s"
+            f"{row['ms_per_step']:.1f} ms/step, {row['images_per_second']:.1f} images/s, "
+            f"peak {row['peak_bytes'] / 2**30:.2f} GiB"
+            + (f" (out of memory at batch {row['out_of_memory_at']})" if row["out_of_memory_at"] else "")
         )
+        if row["under_load"]:
+            print(f"not a figure to trust: {row['under_load']}; run it again when nothing else runs here")
         print(
             f"projected: {row['recipe_steps']} steps at global batch {row['global_batch']} = "
             f"{row['projected_device_hours']:.1f} device-hours (compute only; an estimate, not a measurement "

@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler
 
 from vcarepro.core.errors import MissingInput
+from vcarepro.tools.bench.timing import timed
 
 LONGER_SIDE = 500  # ImageNet-1K train's most common longer side (its mean image is about 400 x 350)
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
@@ -159,14 +160,9 @@ def device_side(root: Path, recipe: Dict[str, Any], *, batch: int, device: torch
     if device.type == "cuda":
         host = host.pin_memory()
     prefetcher = fast.DevicePrefetcher([], draws, device)
-    times = []
-    for _ in range(repeats + 1):  # the first is a warm-up
-        _sync(device)
-        started = time.perf_counter()
-        prefetcher.prepare(host, labels)
-        _sync(device)
-        times.append(time.perf_counter() - started)
-    return {"ms_per_image": statistics.median(times[1:]) * 1e3 / batch, "batch": batch, "device": _device_name(device)}
+    prefetcher.prepare(host, labels)  # the warm-up
+    seconds = timed(lambda: prefetcher.prepare(host, labels), repeats, device=device)
+    return {"ms_per_image": seconds * 1e3 / batch, "batch": batch, "device": _device_name(device)}
 
 
 def worker_rates(root: Path, recipe: Dict[str, Any], *, workers: int, seconds: float, batch: int = 32):
@@ -297,11 +293,6 @@ def loader_table(figures: Dict[str, Any]) -> str:
         f"ceiling, per core): {verdict}: {g['over_pil']:.2f}x the PIL path, {g['of_ceiling']:.0%} of the ceiling",
     ]
     return "\n".join(lines)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _device_name(device: torch.device) -> str:

@@ -19,10 +19,10 @@ import torch
 from timm.data.mixup import mixup_target
 from timm.utils import ModelEmaV3
 
-from vcarepro.core.errors import UnknownName
+from vcarepro.core.errors import UnknownName, UserError
 from vcarepro.params.config import compose
 from vcarepro.params.runs import cls_run, gen_run
-from vcarepro.tools.bench.timing import time_ms
+from vcarepro.tools.bench.timing import measure_step
 from vcarepro.train.classification import ClassifierSpec, build_criterion, build_optimizer, recipe_steps
 from vcarepro.train.generation import GeneratorSpec, make_objective
 from vcarepro.train.precision import MixedPrecision, maybe_compile
@@ -33,18 +33,6 @@ LATENT_SHAPE = (4, 32, 32)  # 256 px through the SD VAE
 # Training images of the classification set at each scale, for the projection (ImageNet-1K's train
 # split; ImageNet-100 of CMC's list as commonly reported for it).
 TRAIN_IMAGES = {"paper": 1_281_167, "proxy": 126_689}
-
-
-def bench_train_step(run_name: str, *, scale: str = "paper", **kw) -> Dict[str, Any]:
-    """The step benchmark of a ``gen_runs`` or ``cls_runs`` entry of ``scale``."""
-    params = compose([f"scale={scale}"])
-    if run_name in params["gen_runs"]:
-        return bench_gen_step(run_name, params=params, **kw)
-    if run_name in params["cls_runs"]:
-        return bench_cls_step(run_name, params=params, train_images=TRAIN_IMAGES[scale], **kw)
-    raise UnknownName(
-        f"no run {run_name!r} at scale {scale}; choose one of {', '.join([*params['cls_runs'], *params['gen_runs']])}."
-    )
 
 
 class TrainStep:
@@ -195,66 +183,50 @@ def model_input_shape(model: torch.nn.Module) -> Tuple[int, ...]:
     return (model.in_channels, *size)
 
 
-def bench_cls_step(
+def bench_train_step(
     run_name: str,
     *,
-    params: Dict[str, Any],
-    train_images: int,
+    scale: str = "paper",
     batch: int,
     device: str = "cpu",
     precision: str = "bf16",
     min_run_time: float = 2.0,
 ) -> Dict[str, Any]:
-    run = cls_run(params, run_name)
-    recipe = run.recipe
-    step = classification_step(run, batch=batch, device=device, precision=precision)
-    step()  # warm-up: allocations, kernel selection
-    seconds = time_ms(step, min_run_time) / 1e3
-    global_batch = recipe["batch_size"]
-    steps = recipe_steps(recipe, train_images)
-    device_steps = steps * math.ceil(global_batch / batch)
+    """The step of a ``gen_runs`` or ``cls_runs`` entry of ``scale`` timed (:func:`~.timing.measure_step`) for at
+    least ``min_run_time`` seconds, and the device-hours of its recipe's steps at that time."""
+    params = compose([f"scale={scale}"])
+    if run_name in params["gen_runs"]:
+        run = gen_run(params, run_name)
+        build, objective, steps = generation_step, run.objective, run.recipe["steps"]
+    elif run_name in params["cls_runs"]:
+        run = cls_run(params, run_name)
+        build, objective, steps = classification_step, "classification", recipe_steps(run.recipe, TRAIN_IMAGES[scale])
+    else:
+        runs = ", ".join([*params["cls_runs"], *params["gen_runs"]])
+        raise UnknownName(f"no run {run_name!r} at scale {scale}; choose one of {runs}.")
+    measured = measure_step(
+        lambda b: build(run, batch=b, device=device, precision=precision),
+        batch,
+        torch.device(device),
+        min_seconds=min_run_time,
+    )
+    if measured.seconds is None:
+        raise UserError(f"{run_name} ran out of memory at batch 1 on {device}; run it on a device with more memory.")
+    global_batch = run.recipe["batch_size"]
     return {
         "run": run_name,
         "model": run.model,
-        "objective": "classification",
+        "objective": objective,
         "device": device,
         "precision": precision,
-        "batch_per_device": batch,
-        "ms_per_step": seconds * 1e3,
-        "images_per_second": batch / seconds,
+        "batch_per_device": measured.batch,
+        "out_of_memory_at": measured.out_of_memory_at,
+        "ms_per_step": measured.seconds * 1e3,
+        "step_spread": measured.spread,
+        "under_load": measured.under_load(),
+        "peak_bytes": measured.peak_bytes,
+        "images_per_second": measured.batch / measured.seconds,
         "recipe_steps": steps,
         "global_batch": global_batch,
-        "projected_device_hours": device_steps * seconds / 3600.0,
-    }
-
-
-def bench_gen_step(
-    run_name: str,
-    *,
-    params: Dict[str, Any] = None,
-    batch: int,
-    device: str = "cpu",
-    precision: str = "bf16",
-    min_run_time: float = 2.0,
-) -> Dict[str, Any]:
-    params = params or compose(["scale=paper"])
-    run = gen_run(params, run_name)
-    recipe = run.recipe
-    step = generation_step(run, batch=batch, device=device, precision=precision)
-    step()  # warm-up: allocations, kernel selection
-    seconds = time_ms(step, min_run_time) / 1e3
-    global_batch, steps = recipe["batch_size"], recipe["steps"]
-    device_steps = steps * math.ceil(global_batch / batch)
-    return {
-        "run": run_name,
-        "model": run.model,
-        "objective": run.objective,
-        "device": device,
-        "precision": precision,
-        "batch_per_device": batch,
-        "ms_per_step": seconds * 1e3,
-        "images_per_second": batch / seconds,
-        "recipe_steps": steps,
-        "global_batch": global_batch,
-        "projected_device_hours": device_steps * seconds / 3600.0,
+        "projected_device_hours": steps * math.ceil(global_batch / measured.batch) * measured.seconds / 3600.0,
     }

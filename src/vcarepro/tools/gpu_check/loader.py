@@ -9,9 +9,7 @@ everything the device does for its input (training overlaps it with the previous
 
 from __future__ import annotations
 
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 from vcarepro.tools.gpu_check.parts import FAIL, PASS, Check, Outcome, one_line
@@ -26,10 +24,9 @@ def loader_part(check: Check, outcome: Outcome) -> None:
     from vcarepro.data import fast
     from vcarepro.params.runs import cls_run
     from vcarepro.tools.bench.loader import cpu_rates, write_imagenet_like_jpegs
+    from vcarepro.tools.bench.timing import measure_step, timed
     from vcarepro.tools.bench.train_step import classification_step
     from vcarepro.tools.gpu_check.steps import TINY_CLASSES, composed, tiny
-    from vcarepro.tools.preflight.machine import release_memory
-    from vcarepro.tools.preflight.stepping import step_times
     from vcarepro.train.classification import build_transforms
 
     device = check.device
@@ -51,24 +48,12 @@ def loader_part(check: Check, outcome: Outcome) -> None:
     def feed():  # on the training stream here: the step's time holds all the device does for its input
         return prefetcher.prepare(host, labels)
 
-    def timed(fn, repeats):
-        times = []
-        for _ in range(repeats):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            started = time.perf_counter()
-            fn()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - started)
-        return statistics.median(times)
-
     repeats = 1 if check.tiny else 5
     row = {"id": "device side", "batch": batch, "img_size": draws.size}
     try:
         images, _ = feed()  # the warm-up, and the check that it gives the model's input
         ok = tuple(images.shape) == (batch, 3, draws.size, draws.size) and bool(torch.isfinite(images).all())
-        seconds = timed(feed, repeats)
+        seconds = timed(feed, repeats, device=device)
         row.update(ms=1e3 * seconds, ms_per_image=1e3 * seconds / batch)
         row["status"], row["reason"] = (PASS, f"{row['ms_per_image']:.3f} ms an image") if ok else (FAIL, "bad output")
     except Exception as err:  # noqa: BLE001 - the part's rows say what failed
@@ -78,14 +63,19 @@ def loader_part(check: Check, outcome: Outcome) -> None:
         return
     row = {"id": f"{RUN} step fed by it", "batch": batch, "precision": run.recipe["precision"]}
     try:
+        finite = []
         for name, step_feed in (("plain_step_ms", None), ("fed_step_ms", feed)):
-            step = classification_step(run, batch=batch, device=str(device), num_classes=classes, feed=step_feed)
-            if not check.tiny:
-                step_times(step, 1)  # the warm-up
-            row[name] = 1e3 * statistics.median(step_times(step, repeats))
-            finite = all(bool(torch.isfinite(p).all()) for p in step.model.parameters())
-            del step
-            release_memory(device)
+            measured = measure_step(
+                lambda b: classification_step(run, batch=b, device=str(device), num_classes=classes, feed=step_feed),
+                batch,
+                device,
+                repeats=repeats,
+                warmup=0 if check.tiny else 1,
+                after=lambda step: finite.append(all(bool(torch.isfinite(p).all()) for p in step.model.parameters())),
+            )
+            if measured.seconds is None:
+                raise MemoryError(f"out of memory at every batch down to 1 (from {batch})")
+            row[name] = 1e3 * measured.seconds
         fed_per_s = batch / row["fed_step_ms"] * 1e3
         core = per_core["fast"]["images_per_s"]
         row.update(
@@ -94,11 +84,11 @@ def loader_part(check: Check, outcome: Outcome) -> None:
             cpu_core_images_per_s=core,
             cores_needed=fed_per_s / core,
         )
-        row["status"] = PASS if finite else FAIL
+        row["status"] = PASS if all(finite) else FAIL
         row["reason"] = (
             f"{row['fed_step_ms']:.1f} ms a step fed, {row['plain_step_ms']:.1f} ms on a ready batch; "
             f"{fed_per_s:.0f} images/s take {row['cores_needed']:.1f} of this machine's cores at {core:.0f} a core"
-            if finite
+            if all(finite)
             else "a parameter is not finite after the fed steps"
         )
     except Exception as err:  # noqa: BLE001

@@ -108,8 +108,7 @@ def _first_linear(model: torch.nn.Module) -> Optional[torch.nn.Module]:
 
 def step_row(branch: str, run, check: Check, *, batch: int, repeats: int, backend: Optional[str], note: str):
     """One run stepped: its precision seen in the activations, its scaler, its compile, the median step time."""
-    from vcarepro.tools.preflight.machine import release_memory
-    from vcarepro.tools.preflight.stepping import step_times
+    from vcarepro.tools.bench.timing import measure_step
 
     precision = run.recipe["precision"]
     row: Dict[str, Any] = {
@@ -128,35 +127,42 @@ def step_row(branch: str, run, check: Check, *, batch: int, repeats: int, backen
         run = tiny(run, branch)
     run = dataclasses.replace(run, recipe={**run.recipe, "compile": backend})
     options = {"num_classes": TINY_CLASSES if check.tiny else 1000} if branch == "cls" else {}
-    step = None
-    try:
-        step = _builder(branch)(run, batch=batch, device=str(check.device), **options)
-        seen: List[torch.dtype] = []
+    seen: List[torch.dtype] = []
+
+    def build(b: int):
+        step = _builder(branch)(run, batch=b, device=str(check.device), **options)
         linear = _first_linear(step.model) if backend is None else None  # a hook would be traced into the graph
-        hook = linear.register_forward_hook(lambda m, i, o: seen.append(o.dtype)) if linear is not None else None
-        if not check.tiny:  # the warm-up: allocations, kernel selection, a compile where asked
-            row["first_step_s"] = step_times(step, 1)[0]
-        times = step_times(step, repeats)  # at tiny sizes the one step is timed: the path, not the figure
-        if hook is not None:
-            hook.remove()
-        amp = _closure(step._step).get("amp")
-        scaler = getattr(amp, "scaler", None)
+        if linear is not None:
+            linear.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+        return step
+
+    def read(step) -> None:
+        scaler = getattr(_closure(step._step).get("amp"), "scaler", None)
         row["autocast_dtype"] = str(seen[0]).replace("torch.", "") if seen else None
         row["grad_scaler"] = bool(scaler is not None and scaler.is_enabled())
         row["loss_scale"] = float(scaler.get_scale()) if row["grad_scaler"] else None
         row["tf32_matmul"] = tf32_matmuls() if check.device.type == "cuda" else None
-        row["step_ms"] = 1e3 * statistics.median(times)
         row["finite"] = all(bool(torch.isfinite(p).all()) for p in step.model.parameters())
+
+    try:
+        # the warm-up (allocations, kernel selection, a compile where asked) is timed apart; at tiny sizes there is
+        # none and the one step is timed: the path, not the figure
+        measured = measure_step(build, batch, check.device, repeats=repeats, warmup=0 if check.tiny else 1, after=read)
+        if measured.seconds is None:
+            raise MemoryError(f"out of memory at every batch down to 1 (from {batch})")
+        row["batch"] = measured.batch
+        if measured.warmup_seconds:
+            row["first_step_s"] = measured.warmup_seconds[0]
+        row["step_ms"] = 1e3 * measured.seconds
         problems = precision_problems(precision, row, check.device.type)
         if not row["finite"]:
             problems.append("a parameter is not finite after the steps")
+        if measured.out_of_memory_at is not None:
+            problems.append(f"out of memory at batch {measured.out_of_memory_at}; stepped at {measured.batch}")
         row["status"] = FAIL if problems else PASS
         row["reason"] = "; ".join(problems) if problems else f"{precision}, {note}"
     except Exception as err:  # noqa: BLE001 - this run's failure is its row's; the other runs still step
         row["status"], row["reason"] = FAIL, one_line(err)
-    finally:
-        del step
-        release_memory(check.device)
     return row
 
 
@@ -251,10 +257,9 @@ def cost_part(check: Check, outcome: Outcome) -> None:
     devices): the median of the timed steps after a warm-up and the peak memory, at the recipe's per-device batch,
     nothing scaled (a capped batch only at tiny sizes)."""
     from vcarepro.params.runs import cls_run, gen_run
+    from vcarepro.tools.bench.timing import GIB, device_memory, throw_away_step
     from vcarepro.tools.preflight.branches import classification, generation, run_cost
-    from vcarepro.tools.preflight.machine import GIB, device_memory
     from vcarepro.tools.preflight.sizing import dataset, expected_classes
-    from vcarepro.tools.preflight.stepping import throw_away_step
 
     proxy = composed("proxy")
     names = [*proxy["cls_runs"], *proxy["gen_runs"]]

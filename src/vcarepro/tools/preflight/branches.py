@@ -9,10 +9,10 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from vcarepro.tools.bench.timing import measure_step
 from vcarepro.tools.preflight.cost import RunCost, fill_costs
 from vcarepro.tools.preflight.sampling import sampling_cost
 from vcarepro.tools.preflight.sizing import Dataset, size_cls_run, size_gen_run
-from vcarepro.tools.preflight.stepping import measure_step
 
 
 @dataclass

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import logging
 import os
 import sys
 import traceback
@@ -48,34 +47,15 @@ import torch
 from vcarepro.core.errors import USER_ERROR_STATUS, BadInput, UnknownName, UserError
 from vcarepro.params.config import REPO_ROOT, compose, load_params
 from vcarepro.params.runs import cls_run, gen_run
-from vcarepro.tools.preflight import loader, machine
+from vcarepro.tools.bench.timing import TIMED_STEPS, WARMUP_STEPS, PeakMemory, device_memory, throw_away_step
+from vcarepro.tools.preflight import loader
 from vcarepro.tools.preflight.branches import Branch, classification, generation, run_cost
 from vcarepro.tools.preflight.cost import RunCost
 from vcarepro.tools.preflight.inputs import Input, check_inputs, missing_inputs
-from vcarepro.tools.preflight.machine import PeakMemory
 from vcarepro.tools.preflight.sizing import dataset, expected_classes
-from vcarepro.tools.preflight.stepping import TIMED_STEPS, WARMUP_STEPS, throw_away_step
 from vcarepro.tools.preflight.table import fit_summary, header, inputs_section, legend, table
 
 DEFAULT_CPU_BATCH = 2
-
-
-class _NoCudaRuntimeNote(logging.Filter):
-    """Drops torch's "No CUDA runtime is found, using CUDA_HOME=..." (logged by ``torch.utils.cpp_extension`` when
-    ``torch.utils.benchmark``, which :mod:`vcarepro.tools.bench` uses, imports it on a machine with a CUDA folder and no
-    GPU): a note for building CUDA extensions, which the preflight never does. Every other record passes."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("No CUDA runtime is found")
-
-
-def _quiet_cuda_note() -> None:
-    logger = logging.getLogger("torch.utils.cpp_extension")
-    if not any(isinstance(f, _NoCudaRuntimeNote) for f in logger.filters):
-        logger.addFilter(_NoCudaRuntimeNote())
-
-
-_quiet_cuda_note()  # before anything imports vcarepro.tools.bench
 
 
 def scales() -> List[str]:
@@ -350,7 +330,7 @@ def main(argv=None) -> int:
     for sentence in missing:
         print(f"error: {sentence}", file=sys.stderr, flush=True)
 
-    memory = machine.device_memory(device)
+    memory = device_memory(device)
     progress, doing = _stepping_progress(params, len(cls_runs) + len(gen_runs), args.verbose)
     # What lives across the runs (torch, timm, the composed params) is frozen out of the garbage collector, as the GPU
     # check does: release_memory's gc.collect() around each run would otherwise walk that whole heap (0.23 s a call).

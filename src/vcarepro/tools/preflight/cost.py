@@ -6,23 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from vcarepro.tools.preflight.machine import GIB
-from vcarepro.tools.preflight.stepping import Measured
-
-# The timed steps of one run may disagree by this factor (slowest over fastest) before its time is not projected:
-# on a quiet 2-core machine they agree within 1.15x (DeiT-T 0.129-0.138 s, DiT-S/2 0.449-0.512 s at batch 2), while
-# beside another torch process both spinning OpenMP threads a step took 0.28 to 3.98 s (14x). A projection from such
-# steps would be off by the same factor, so the run gets a problem line instead.
-MAX_STEP_SPREAD = 2.0
-# Steps shorter than this are not judged: a scheduler's time slices alone spread them (CI's slow tier, another test
-# beside it: an embedded DeiT-T's three steps took 0.0107 to 0.0276 s, 2.6x), and a projection from them is seconds;
-# the load the spread guards against moved DeiT-T's 0.13 s paper-scale step to 0.28-3.98 s, well above it.
-MIN_JUDGED_STEP_S = 0.05
-# On the CPU, the share of the time the steps' threads were ready to run that they spent waiting for a CPU (Linux's
-# run delay, /proc/self/task/*/schedstat) above which another process took it. A steady load slows every step alike,
-# which their spread misses: beside a torch process spinning OpenMP threads on the same 2 cores, DeiT-T's paper-scale
-# steps took 0.74 to 0.99 s (1.3x apart) against 0.17 s quiet, and the projection was 5.3x the quiet one.
-MAX_WAITED = 0.25
+from vcarepro.tools.bench.timing import GIB, MAX_STEP_SPREAD, Measured
 
 
 @dataclass
@@ -71,23 +55,13 @@ def fill_costs(cost: RunCost, measured: Measured) -> None:
     cost.peak_bytes_measured = measured.peak_bytes
     cost.step_seconds_measured = list(measured.step_seconds)
     cost.waited = measured.waited
-    fastest = min(measured.step_seconds, default=0.0)
-    if fastest > 0:
-        cost.step_spread = max(measured.step_seconds) / fastest
-    judged = max(measured.step_seconds, default=0.0) >= MIN_JUDGED_STEP_S
-    if judged and cost.step_spread is not None and cost.step_spread > MAX_STEP_SPREAD:
-        times = measured.step_seconds
+    cost.step_spread = measured.spread
+    load = measured.under_load()
+    if load:
         cost.problems.append(
-            f"{cost.run}: its {len(times)} timed steps disagree ({min(times):.3g} s to {max(times):.3g} s, "
-            f"{cost.step_spread:.1f}x, more than {MAX_STEP_SPREAD:g}x), so the machine was busy and its time is not "
-            "projected; run the preflight again when nothing else runs here (uptime's load below the core count), "
-            "or with more --steps."
-        )
-    elif judged and measured.waited is not None and measured.waited > MAX_WAITED:
-        cost.problems.append(
-            f"{cost.run}: its timed steps spent {measured.waited:.0%} of their ready time waiting for a CPU (over "
-            f"{MAX_WAITED:.0%}: another process had it), so the machine was busy and its time is not projected; run "
-            "the preflight again when nothing else runs here (uptime's load below the core count)."
+            f"{cost.run}: {load}, so the machine was busy and its time is not projected; run the preflight again "
+            "when nothing else runs here (uptime's load below the core count)"
+            + (", or with more --steps." if (measured.spread or 0) > MAX_STEP_SPREAD else ".")
         )
     elif measured.seconds is not None:
         micro = measured.seconds * cost.recipe_batch / measured.batch

@@ -20,6 +20,7 @@ import torch
 from vcarepro.core.choices import input_path
 from vcarepro.core.errors import UserError
 from vcarepro.params.runs import CLS_DATA
+from vcarepro.tools.bench.timing import LOADED_SHARE
 from vcarepro.tools.preflight.cost import RunCost
 from vcarepro.tools.preflight.sizing import Dataset
 from vcarepro.tools.preflight.table import fmt
@@ -105,8 +106,6 @@ def what_bounds(
     path = "PIL path" if entry["input_path"] == "pil" else "fast path"
     if "error" in entry or cost.step_seconds is None:
         return f"{cost.run} ({path}): not judged: its {'loader failed' if 'error' in entry else 'step was not timed'}"
-    from vcarepro.tools.bench.timing import LOADED_SHARE  # here: torch.utils.benchmark notes CUDA at import
-
     if entry["share"] < LOADED_SHARE:
         return (
             f"{cost.run} ({path}): not judged: the loader was timed while another process held the core "

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from vcarepro.tools.preflight.stepping import timed
+from vcarepro.tools.bench.timing import timed
 
 
 class _CountingModel(torch.nn.Module):

@@ -6,10 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, Optional, Sequence, Tuple
 
+from vcarepro.tools.bench.timing import GIB, WARMUP_STEPS
 from vcarepro.tools.preflight.cost import RunCost
 from vcarepro.tools.preflight.inputs import Input, group_inputs, input_line
-from vcarepro.tools.preflight.machine import GIB
-from vcarepro.tools.preflight.stepping import WARMUP_STEPS
 
 
 def fmt(x: Optional[float], digits: int = 4) -> str:
