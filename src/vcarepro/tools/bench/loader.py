@@ -148,9 +148,9 @@ def cpu_rates(root: Path, recipe: Dict[str, Any], *, seconds: float, rounds: int
     }
 
 
-def device_side(root: Path, recipe: Dict[str, Any], *, batch: int, device: torch.device, repeats: int = 3):
-    """Milliseconds per image of the fast path's device side (resize, flip, RandAugment, normalization, erasing, as
-    training's :class:`~vcarepro.data.fast.DevicePrefetcher` runs it) on one batch of ``batch`` crops."""
+def device_feed(root: Path, recipe: Dict[str, Any], *, batch: int, device: torch.device):
+    """(the recipe's draws, a ``feed()`` giving one batch of ``batch`` crops through the fast path's device side as
+    training's :class:`~vcarepro.data.fast.DevicePrefetcher` runs it: resize, flip, RandAugment, normalize, erase)."""
     from vcarepro.data import fast
     from vcarepro.train.classification import build_transforms
 
@@ -158,10 +158,16 @@ def device_side(root: Path, recipe: Dict[str, Any], *, batch: int, device: torch
     crops = fast.CropSet(root, "train", draws)
     host, labels = crops.collate([crops[i % len(crops)] for i in range(batch)])
     if device.type == "cuda":
-        host = host.pin_memory()
+        host, labels = host.pin_memory(), labels.pin_memory()
     prefetcher = fast.DevicePrefetcher([], draws, device)
-    prefetcher.prepare(host, labels)  # the warm-up
-    seconds = timed(lambda: prefetcher.prepare(host, labels), repeats, device=device)
+    return draws, lambda: prefetcher.prepare(host, labels)
+
+
+def device_side(root: Path, recipe: Dict[str, Any], *, batch: int, device: torch.device, repeats: int = 3):
+    """Milliseconds per image of the fast path's device side (:func:`device_feed`) after a warm-up."""
+    _, feed = device_feed(root, recipe, batch=batch, device=device)
+    feed()
+    seconds = timed(feed, repeats, device=device)
     return {"ms_per_image": seconds * 1e3 / batch, "batch": batch, "device": _device_name(device)}
 
 

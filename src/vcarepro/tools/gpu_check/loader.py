@@ -21,13 +21,11 @@ TINY_CROPS = 4
 def loader_part(check: Check, outcome: Outcome) -> None:
     import torch
 
-    from vcarepro.data import fast
     from vcarepro.params.runs import cls_run
-    from vcarepro.tools.bench.loader import cpu_rates, write_imagenet_like_jpegs
+    from vcarepro.tools.bench.loader import cpu_rates, device_feed, write_imagenet_like_jpegs
     from vcarepro.tools.bench.timing import measure_step, timed
     from vcarepro.tools.bench.train_step import classification_step
     from vcarepro.tools.gpu_check.steps import TINY_CLASSES, composed, tiny
-    from vcarepro.train.classification import build_transforms
 
     device = check.device
     run = cls_run(composed("paper"), RUN)
@@ -35,18 +33,11 @@ def loader_part(check: Check, outcome: Outcome) -> None:
     if check.tiny:
         run, batch = tiny(run, "cls"), TINY_CROPS
     classes = TINY_CLASSES if check.tiny else 1000
-    draws = fast.Draws(build_transforms(run.recipe, training=True))
     with tempfile.TemporaryDirectory(prefix="gpu-check-photos-") as tmp:
         root = write_imagenet_like_jpegs(Path(tmp), count=8 if check.tiny else 64)
-        crops = fast.CropSet(root, "train", draws)
-        host, labels = crops.collate([crops[i % len(crops)] for i in range(batch)])
+        # on the training stream here: the step's time holds all the device does for its input
+        draws, feed = device_feed(root, run.recipe, batch=batch, device=device)
         per_core = cpu_rates(root, run.recipe, seconds=0.5 if check.tiny else 4.0, rounds=1, paths=("fast",))
-    if device.type == "cuda":
-        host, labels = host.pin_memory(), labels.pin_memory()
-    prefetcher = fast.DevicePrefetcher([], draws, device)
-
-    def feed():  # on the training stream here: the step's time holds all the device does for its input
-        return prefetcher.prepare(host, labels)
 
     repeats = 1 if check.tiny else 5
     row = {"id": "device side", "batch": batch, "img_size": draws.size}
