@@ -31,7 +31,8 @@ LONGEST_FIRST = (
     "test_smoke.py",
     "test_family_pipeline.py",
     "test_lab.py",  # 4 min beside the family's pipeline: the lab's queues, remotes and servers
-    "test_interruption.py",
+    "test_signals.py",  # a training process killed and resumed: 4 min beside another test file
+    "test_training.py",  # and the driver's damaged checkpoints and same-seed runs: 4 min
     "test_preflight.py",
     "test_numerics.py",
     "test_stage_facts.py",

@@ -1,5 +1,6 @@
 """What the tests share: the repository root, the micro DVC repositories and their shell, the stage runner, the
-report's project tree and the smoke scale's prepared ImageNet. Test files import from here, never from each other."""
+tiny training driver, the report's project tree and the smoke scale's prepared ImageNet. Test files import from here,
+never from each other."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file
 
 from vcarepro.params.config import compose
 from vcarepro.params.provenance import write_provenance
@@ -63,6 +65,27 @@ def sh(cmd, cwd, check=True, env=None):
     if check and result.returncode != 0:
         raise AssertionError(f"{cmd} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result
+
+
+TRAIN_DRIVER = ROOT / "tests" / "train_driver.py"
+TRAINED = {"cls": "model.safetensors", "gen": "model_ema.safetensors"}  # what the driver writes in WORKDIR/out
+
+
+def train_tiny(branch: str, workdir: Path, seed: int = 0) -> str:
+    """tests/train_driver.py run to its end in its own process; what it printed."""
+    run = subprocess.run(
+        [sys.executable, str(TRAIN_DRIVER), branch, str(workdir), str(seed)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout
+
+
+def same_weights(path: Path, expected: dict) -> bool:
+    got = load_file(str(path))
+    return got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in expected)
 
 
 def stage_names(params: dict) -> set:

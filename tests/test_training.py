@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,13 +13,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save
 
+from helpers import TRAINED, same_weights, train_tiny
+from vcarepro.core.integrity import sha256_file
 from vcarepro.core.io import write_manifest
 from vcarepro.data.embedded import export_digits
 from vcarepro.params.config import compose
 from vcarepro.params.runs import cls_run
-from vcarepro.train.checkpoint import load_checkpoint
+from vcarepro.train.checkpoint import load_checkpoint, previous_path, save_checkpoint
 from vcarepro.train.classification import ClassifierSpec, train_classifier
 from vcarepro.train.distributed import DistInfo
 from vcarepro.train.generation import GeneratorSpec, train_generator
@@ -397,3 +400,97 @@ def test_a_diverging_generator_stops_at_once(tmp_path, embedded, one_torch_threa
             fingerprint="f",
         )
     assert not (tmp_path / "out").exists() and not (tmp_path / "ckpt" / "last.pt").exists()
+
+
+def test_a_truncated_checkpoint_falls_back_to_the_one_before(tmp_path):
+    path = tmp_path / "last.pt"
+    save_checkpoint(path, {"step": 1, "w": torch.ones(3)})
+    save_checkpoint(path, {"step": 2, "w": torch.ones(3)})
+    assert load_checkpoint(previous_path(path))["step"] == 1 and load_checkpoint(path)["step"] == 2
+    assert sha256_file(path) == (tmp_path / "last.pt.sha256").read_text().split()[0]  # sha256sum's format
+    assert (tmp_path / "last.pt.prev.sha256").read_text().split()[1] == "last.pt.prev"
+    path.write_bytes(path.read_bytes()[:100])  # a disk that lost the tail of the newest file
+    problems = []
+    state = load_checkpoint(path, problems)
+    assert state["step"] == 1 and state["_loaded_from"] == str(previous_path(path))
+    assert problems == [f"{path} fails its checksum"]
+    previous_path(path).write_bytes(b"")
+    assert load_checkpoint(path) is None  # nothing intact: start afresh rather than crash
+    assert not list(tmp_path.glob(".last.pt.*.tmp"))  # no stray temporary files
+
+
+def zero_tensor_records(path: Path) -> None:
+    """Zero the bytes of every tensor record of a torch zip, keeping every header: the zip stays well formed."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        spans = []
+        for info in archive.infolist():
+            if "/data/" in info.filename:
+                with open(path, "rb") as f:
+                    f.seek(info.header_offset)
+                    header = f.read(30)
+                name_len, extra_len = struct.unpack("<HH", header[26:30])
+                spans.append((info.header_offset + 30 + name_len + extra_len, info.compress_size))
+    with open(path, "r+b") as f:
+        for start, size in spans:
+            f.seek(start)
+            f.write(bytes(size))
+    assert torch.load(path, weights_only=True)["epoch"] > 0  # PyTorch itself loads it without a word
+
+
+def trained_with_two_checkpoints(workdir: Path):
+    """A finished run of the driver's classifier, its weights and figures read and its outputs removed: last.pt
+    (epoch 8) and last.pt.prev (epoch 7), both intact. (Killing a run instead could land between save_checkpoint's
+    renames, where last.pt is briefly absent.)"""
+    out = train_tiny("cls", workdir)
+    weights = load_file(str(workdir / "out" / TRAINED["cls"]))
+    shutil.rmtree(workdir / "out")
+    assert load_checkpoint(workdir / "ckpt" / "last.pt.prev")["epoch"] == 7
+    return weights, out.split("finished", 1)[1].split("'train_seconds'")[0]
+
+
+@pytest.mark.slow
+def test_a_damaged_checkpoint_is_passed_over_for_the_one_before_and_the_run_ends_bit_identical(tmp_path):
+    weights, figures = trained_with_two_checkpoints(tmp_path)
+    ckpt = tmp_path / "ckpt"
+    epoch_before = load_checkpoint(ckpt / "last.pt.prev")["epoch"]
+    zero_tensor_records(ckpt / "last.pt")  # a torn copy or bad sector: same size, headers intact
+    out = train_tiny("cls", tmp_path)
+    assert (
+        f"seed 0: checkpoint {ckpt / 'last.pt'} fails its checksum; resuming at epoch {epoch_before + 1} of 8 "
+        f"from {ckpt / 'last.pt.prev'}"
+    ) in out
+    assert same_weights(tmp_path / "out" / TRAINED["cls"], weights)
+    assert out.split("finished", 1)[1].split("'train_seconds'")[0] == figures
+    assert load_checkpoint(ckpt / "last.pt.prev")["epoch"] == 7  # the damaged file was not rotated into .prev
+
+
+@pytest.mark.slow
+def test_two_damaged_checkpoints_start_afresh_and_say_so(tmp_path):
+    weights, _ = trained_with_two_checkpoints(tmp_path)
+    ckpt = tmp_path / "ckpt"
+    zero_tensor_records(ckpt / "last.pt")
+    (ckpt / "last.pt.prev").write_bytes((ckpt / "last.pt.prev").read_bytes()[:-7])  # and a truncated one
+    out = train_tiny("cls", tmp_path)
+    assert (
+        f"seed 0: checkpoint {ckpt / 'last.pt'} fails its checksum and {ckpt / 'last.pt.prev'} fails its "
+        f"checksum; starting afresh"
+    ) in out
+    assert "weights_only" not in out and "resuming" not in out
+    assert same_weights(tmp_path / "out" / TRAINED["cls"], weights)
+
+
+@pytest.mark.slow
+def test_same_seed_in_a_fresh_process_gives_identical_bytes_and_another_seed_differs(tmp_path):
+    for name, seed in (("first", 0), ("again", 0), ("seed1", 1)):
+        train_tiny("gen", tmp_path / name, seed)
+    first = load_file(str(tmp_path / "first" / "out" / TRAINED["gen"]))
+    assert (tmp_path / "again" / "out" / TRAINED["gen"]).read_bytes() == save(first)
+    assert (tmp_path / "again" / "ckpt" / "last.pt").read_bytes() == (
+        tmp_path / "first" / "ckpt" / "last.pt"
+    ).read_bytes()
+    assert load_checkpoint(tmp_path / "first" / "ckpt" / "last.pt")["step"] == 600
+    other = load_file(str(tmp_path / "seed1" / "out" / TRAINED["gen"]))
+    assert any(not torch.equal(other[k], first[k]) for k in first)  # init, data order, noise all follow the seed

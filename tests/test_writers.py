@@ -6,15 +6,21 @@ into a scratch ``tempfile.TemporaryDirectory()``, or into an in-memory buffer (`
 on the short list below, each with its reason. A new ``path.write_text(...)``, ``frame.to_csv(path)`` or
 ``torch.save(obj, path)`` anywhere else fails here: use ``vcarepro.core.io.write_bytes`` / ``write_text`` /
 ``write_json`` / ``atomic_open``, which write a temporary file beside the target, fsync it, rename it, and turn a
-full disk into one sentence.
+full disk into one sentence. A writer killed inside ``atomic_directory`` leaves nothing a reader would take.
 """
 
 from __future__ import annotations
 
 import ast
+import signal
+import subprocess
+import sys
 from typing import Dict, List, Optional, Set, Tuple
 
+import pytest
+
 from helpers import ROOT
+from vcarepro.core.io import atomic_directory
 
 SRC = ROOT / "src" / "vcarepro"
 STAGES = ROOT / "stages"
@@ -279,3 +285,28 @@ def test_the_scanner_finds_each_kind_of_write_and_passes_the_safe_ones(tmp_path)
     )
     found = unsafe_writes(((package, ""),))
     assert [fn for _, _, fn, _ in found] == ["bad"] * 18, found
+
+
+KILLED_BUILD = """
+import os, signal, sys
+from vcarepro.core.io import atomic_directory
+with atomic_directory(sys.argv[1]) as tmp:
+    (tmp / "manifest.csv").write_text("half written")
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_preparation_killed_midway_leaves_nothing_a_later_stage_would_accept(tmp_path):
+    target = tmp_path / "data" / "cls"
+    killed = subprocess.run([sys.executable, "-c", KILLED_BUILD, str(target)], capture_output=True)
+    assert killed.returncode == -signal.SIGKILL
+    assert not target.exists() and len(list(target.parent.glob(".cls.*.tmp"))) == 1  # only the scratch copy
+    with atomic_directory(target) as tmp:
+        (tmp / "manifest.csv").write_text("complete")
+    assert (target / "manifest.csv").read_text() == "complete"
+    assert list(target.parent.iterdir()) == [target]  # the leftover was cleared
+    with pytest.raises(RuntimeError):
+        with atomic_directory(target) as tmp:
+            (tmp / "manifest.csv").write_text("broken")
+            raise RuntimeError("a failed rebuild")
+    assert (target / "manifest.csv").read_text() == "complete" and list(target.parent.iterdir()) == [target]
