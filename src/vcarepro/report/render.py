@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -264,104 +265,78 @@ def fold(
     return {"rows": shown, "howto": list(notes.values()), "n_not_run": sum(n["n"] for n in notes.values())}
 
 
-def _folded(
-    ws, reference, table1, table2, decomposition, gains, ablations, ablation_gains, family, family_decomposition
-) -> Dict[str, Any]:
+# The paper's ablation tables, each with its table of gains
+ABLATIONS = ("table3", "table4")
+# The metrics of each branch's runs table, in their columns' order
+RUN_KEYS = {
+    "cls": ["top1", "top5", "loss", "plateau_spread"],
+    "gen": ["fid", "kid_mean", "inception_score", "precision", "recall"],
+}
+
+
+def _folded(ws: Workspace, tables: Dict[str, Any]) -> Dict[str, Any]:
     """The paper's tables (1-4) whole at every scale, each row with a paper number in the tables derived from them;
     what folds is our cells of a row not run, and rows with neither a paper number nor ours (:func:`fold`)."""
+    model, paper, kept = attrgetter("model"), paper_row("paper"), lambda r: True
+    own_run, difference_runs = (lambda r: [r.run]), (lambda r: r.runs.split(" − "))
+
+    def vca_and_baseline(row) -> List[str]:
+        rows = [x for t in ("table1", "table2") for x in ws.ref[t]["rows"] if x["model"] == row.model]
+        return [x["run"] for x in rows if role(x) in ("baseline", "vca")]
+
+    computed = [r for r in tables["table1"] if paper_row("params_m", "gmacs")(r)]
     return {
-        "table1": fold(
-            table1, lambda r: measured_cell(r.top1), lambda r: r.model, lambda r: [r.run], ws, keep=lambda r: True
-        ),
+        "table1": fold(tables["table1"], lambda r: measured_cell(r.top1), model, own_run, ws, keep=kept),
         "compute": fold(
-            [r for r in table1 if paper_row("params_m", "gmacs")(r)],
+            computed,
             lambda r: r.params_m.ours is not None or r.gmacs.ours is not None,
-            lambda r: r.model,
-            lambda r: [r.run],
+            model,
+            own_run,
             ws,
-            keep=lambda r: True,
+            keep=kept,
             command=COMPLEXITY_COMMAND,
         ),
-        "decomposition": fold(
-            decomposition,
-            measured_row,
-            lambda r: r.model,
-            lambda r: r.runs.split(" − "),
-            ws,
-            keep=paper_row("paper"),
-        ),
-        "table2": fold(
-            table2, lambda r: measured_cell(r.fid), lambda r: r.model, lambda r: [r.run], ws, keep=lambda r: True
-        ),
-        "gains": fold(
-            gains,
-            measured_row,
-            lambda r: r.model,
-            lambda r: [
-                x["run"]
-                for t in ("table1", "table2")
-                for x in reference[t]["rows"]
-                if x["model"] == r.model and role(x) in ("baseline", "vca")
-            ],
-            ws,
-            keep=paper_row("paper"),
-        ),
+        "decomposition": fold(tables["decomposition"], measured_row, model, difference_runs, ws, keep=paper),
+        "table2": fold(tables["table2"], lambda r: measured_cell(r.fid), model, own_run, ws, keep=kept),
+        "gains": fold(tables["gains"], measured_row, model, vca_and_baseline, ws, keep=paper),
         # Tables 3 and 4: one table per branch, each cell its own run
         **{
             f"{k}_{metric}": fold(
-                ablations[k],
-                lambda r, cell=cell: measured_cell(cell(r)),
-                lambda r: r.variant,
-                run,
-                ws,
-                keep=lambda r: True,
+                tables[k], lambda r, cell=cell: measured_cell(cell(r)), attrgetter("variant"), run, ws, keep=kept
             )
-            for k in ablations
+            for k in ABLATIONS
             for metric, cell, run in (
-                ("top1", lambda r: r.top1, lambda r: [r.cls_run]),
-                ("fid", lambda r: r.fid, lambda r: [r.gen_run]),
+                ("top1", attrgetter("top1"), lambda r: [r.cls_run]),
+                ("fid", attrgetter("fid"), lambda r: [r.gen_run]),
             )
         },
         **{
             f"{k}_gains": fold(
-                ablation_gains[k],
+                tables[f"{k}_gains"],
                 measured_row,
                 lambda r: f"{r.model} ({'top-1' if r.metric == 'top1' else 'FID'})",
-                lambda r: r.runs.split(" − "),
+                difference_runs,
                 ws,
-                keep=paper_row("paper"),
+                keep=paper,
             )
-            for k in ablation_gains
+            for k in ABLATIONS
         },
         "family": fold(
-            family,
+            tables["family"],
             lambda r: any(m.value is not None or m.stale for m in (r.top1, r.fid)),
-            lambda r: r.label,
+            attrgetter("label"),
             lambda r: [r.cls_run, r.gen_run],
             ws,
         ),
         "family_decomposition": fold(
-            family_decomposition, measured_row, lambda r: f"{r.branch}: {r.part}", lambda r: r.runs.split(" − "), ws
+            tables["family_decomposition"], measured_row, lambda r: f"{r.branch}: {r.part}", difference_runs, ws
         ),
     }
 
 
-def _run_frames(ws, params, cls, gen, cls_keys, gen_keys):
-    """The runs tables: each run's model, options, seeds, metrics and convergence; a classification run's input path."""
-    cls_frame = runs_frame(cls, params["cls_runs"], params["models"], cls_keys, params["cls_shape"])
-    if len(cls_frame):  # which path fed each run's training images: timm's PIL transform, or the fast path
-        paths = [{"pil": "PIL"}.get(p, p) for p in (input_path(cls_run(params, r).recipe) for r in cls_frame["run"])]
-        cls_frame.insert(int(cls_frame.columns.get_loc("seeds")), "input path", paths)
-    gen_frame = runs_frame(gen, params["gen_runs"], params["models"], gen_keys, params["gen_shape"])
-    for frame, branch in ((cls_frame, "cls"), (gen_frame, "gen")):
-        if len(frame):
-            frame["convergence"] = [
-                "; ".join(f.removeprefix(f"{run} ") for f in ws.convergence(branch, run)) or "—" for run in frame["run"]
-            ]
-    return cls_frame, gen_frame
-
-
-def build_context(root: Path) -> Dict[str, Any]:
+def _workspace(root: Path, cls_reference: Optional[Dict[str, Any]]) -> Workspace:
+    """The run's files: params, the paper's numbers and params, every run's results and the measurements;
+    ``cls_reference``: the simple reference's figures where they were computed."""
     params = load_params(root / "params.yaml")
     reference = load_reference(root / "data" / "paper_reference.yaml")
     # every scale's run list, for the how-to-run lines of what this scale did not run (report/howto.py)
@@ -383,70 +358,127 @@ def build_context(root: Path) -> Dict[str, Any]:
         != [(r["layer"], r["tokens"], r["macs"]) for r in macs.get("rows", [])]
     ):
         attention_cost = None  # left from another configuration
-    cls_reference = read_json(root / "metrics" / "cls_reference.json")
-    reference_line = (
-        {"val/top1": (cls_reference["logreg_top1"], "logistic regression")}
-        if cls_reference and cls_reference.get("computed")
-        else {}
-    )
-    # a run whose numbers other params produced comes without them, marked stale (vcarepro.params.provenance)
-    cls = collect_runs(root / "runs", "cls", list(params["cls_runs"]), params)
-    gen = collect_runs(root / "runs", "gen", list(params["gen_runs"]), params)
-    stale = [
-        {"run": r.name, "branch": r.branch, "stage": r.stale.stage, "status": r.stale.text, "differs": r.stale.detail}
-        for r in [*cls.values(), *gen.values()]
-        if r.stale is not None
-    ]
     knobs = differing_knobs(params, paper)
-    cls_comparable = params["scale"] == "paper" and not any(
-        k["knob"].startswith(("prepare_cls", "cls_")) for k in knobs
-    )
-    gen_comparable = params["scale"] == "paper" and not any(
-        k["knob"].startswith(("prepare_gen", "gen_", "sampling")) for k in knobs
-    )
-    ws = Workspace(
+    # a run whose numbers other params produced comes without them, marked stale (vcarepro.params.provenance)
+    return Workspace(
         reference,
         params,
-        cls,
-        gen,
+        collect_runs(root / "runs", "cls", list(params["cls_runs"]), params),
+        collect_runs(root / "runs", "gen", list(params["gen_runs"]), params),
         complexity,
         attention_cost,
         attention_macs=macs,
-        cls_comparable=cls_comparable,
-        gen_comparable=gen_comparable,
+        cls_comparable=params["scale"] == "paper"
+        and not any(k["knob"].startswith(("prepare_cls", "cls_")) for k in knobs),
+        gen_comparable=params["scale"] == "paper"
+        and not any(k["knob"].startswith(("prepare_gen", "gen_", "sampling")) for k in knobs),
         paper_params=paper,
-        reference_top1=(cls_reference["logreg_top1"], "logistic-regression")
-        if cls_reference and cls_reference.get("computed")
-        else None,
+        reference_top1=(cls_reference["logreg_top1"], "logistic-regression") if cls_reference else None,
         matrices=matrices,
     )
-    cls_keys = ["top1", "top5", "loss", "plateau_spread"]
-    gen_keys = ["fid", "kid_mean", "inception_score", "precision", "recall"]
-    gains = gain_tables.gains(ws)
-    ablation_gains = {k: gain_tables.ablation_gains(ws, k) for k in ("table3", "table4")}
-    claims = claim_checks.claims(reference["claims"], claim_checks.Measurements(complexity, macs, attention_cost))
-    table1, table2 = paper_tables.table1(ws), paper_tables.table2(ws)
-    decomposition, family = gain_tables.decomposition(ws), family_tables.family(ws)
-    family_decomposition = family_tables.family_decomposition(ws)
-    ablations = {k: paper_tables.ablation(ws, k) for k in ("table3", "table4")}
-    summary_rows = summary(ws, gains, ablation_gains, claims)
-    used = {status_key(r["status"]) for r in summary_rows}
-    cls_frame, gen_frame = _run_frames(ws, params, cls, gen, cls_keys, gen_keys)
+
+
+def _tables(ws: Workspace) -> Dict[str, Any]:
+    """The rows of every table of the page but the runs tables, by the name each is exported under (``TABLES``)."""
+    tables = {"gains": gain_tables.gains(ws), **{f"{k}_gains": gain_tables.ablation_gains(ws, k) for k in ABLATIONS}}
+    measured = claim_checks.Measurements(ws.complexity, ws.attention_macs, ws.attention_cost)
+    tables["claims"] = claim_checks.claims(ws.ref["claims"], measured)
+    tables.update(
+        table1=paper_tables.table1(ws),
+        table2=paper_tables.table2(ws),
+        decomposition=gain_tables.decomposition(ws),
+        family=family_tables.family(ws),
+        family_decomposition=family_tables.family_decomposition(ws),
+        **{k: paper_tables.ablation(ws, k) for k in ABLATIONS},
+    )
+    ablation_gains = {k: tables[f"{k}_gains"] for k in ABLATIONS}
+    tables["summary"] = summary(ws, tables["gains"], ablation_gains, tables["claims"])
+    tables["stale"] = [
+        {"run": r.name, "branch": r.branch, "stage": r.stale.stage, "status": r.stale.text, "differs": r.stale.detail}
+        for r in [*ws.cls.values(), *ws.gen.values()]
+        if r.stale is not None
+    ]
+    return tables
+
+
+def _runs_tables(ws: Workspace) -> Dict[str, Any]:
+    """The runs tables: each run's model, options, seeds, metrics and convergence; a classification run's input path."""
+    params = ws.params
+    cls_frame = runs_frame(ws.cls, params["cls_runs"], params["models"], RUN_KEYS["cls"], params["cls_shape"])
+    if len(cls_frame):  # which path fed each run's training images: timm's PIL transform, or the fast path
+        paths = [{"pil": "PIL"}.get(p, p) for p in (input_path(cls_run(params, r).recipe) for r in cls_frame["run"])]
+        cls_frame.insert(int(cls_frame.columns.get_loc("seeds")), "input path", paths)
+    gen_frame = runs_frame(ws.gen, params["gen_runs"], params["models"], RUN_KEYS["gen"], params["gen_shape"])
+    for frame, branch in ((cls_frame, "cls"), (gen_frame, "gen")):
+        if len(frame):
+            frame["convergence"] = [
+                "; ".join(f.removeprefix(f"{run} ") for f in ws.convergence(branch, run)) or "—" for run in frame["run"]
+            ]
+    return {
+        "run_metrics": {branch: [RUN_COLUMNS[k] for k in keys] for branch, keys in RUN_KEYS.items()},
+        "cls_runs": cls_frame.rename(columns=RUN_COLUMNS).to_dict("records"),
+        "gen_runs": gen_frame.rename(columns=RUN_COLUMNS).to_dict("records"),
+    }
+
+
+def _environment(root: Path) -> Dict[str, Any]:
+    """The environment section: this machine and its software beside those that recorded dvc.lock."""
     environment = describe_environment(root)
-    run_metrics = {"cls": {n: r.metrics for n, r in cls.items()}, "gen": {n: r.metrics for n, r in gen.items()}}
     return {
         "generated": environment["date"],
         "environment": environment,
         "machines": machines(root),
         "cpu_guarantee": numerics.CPU_GUARANTEE,
         "gpu_guarantee": numerics.GPU_GUARANTEE,
-        "changes": changes_since(root, params, run_metrics, stale={r["run"]: r["status"] for r in stale}),
-        "headlines": headline_files(params, run_metrics),
-        "stale": stale,
-        "gains": gains,
-        "cls_reference": cls_reference,
+    }
+
+
+def _figures(root: Path, ws: Workspace, gains, cls_reference: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The page's figures: gains, attention cost, each run's curves (with the simple reference's line where it was
+    computed) and sample grids, the real images' grid."""
+    reference_line = {"val/top1": (cls_reference["logreg_top1"], "logistic regression")} if cls_reference else {}
+    return {
         "gains_png": gains_png(records(gains)),
-        "attention_cost_png": attention_cost_png(attention_cost),
+        "attention_cost_png": attention_cost_png(ws.attention_cost),
+        "cls_curves": [
+            (name, curves_png(name, r.curves, CLS_CURVES, xlabel="epoch", references=reference_line), r.stale)
+            for name, r in ws.cls.items()
+        ],
+        "gen_curves": [
+            (name, curves_png(name, r.curves, GEN_CURVES, xlabel="step"), r.stale) for name, r in ws.gen.items()
+        ],
+        "grids": [(name, sorted(r.grids.items()), r.stale) for name, r in ws.gen.items() if r.grids or r.stale],
+        "real_grid": real_grid(root / "data" / "gen"),
+    }
+
+
+def _summary_notes(ws: Workspace, summary_rows) -> Dict[str, Any]:
+    """What the summary and the glossary say beside the tables: the statuses used, the readout and the sources."""
+    used = {status_key(r["status"]) for r in summary_rows}
+    return {
+        "statuses": [{"status": k, "meaning": v, "used": k in used} for k, v in STATUSES.items()],
+        "readout_rule": ws.readout_rule,
+        "comparisons": ws.comparisons,
+        "sources": ws.ref["sources"],
+        "unverified": ws.ref["unverified"],
+        "flat_top1_points": FLAT_TOP1_POINTS,
+        "flat_loss_fraction": FLAT_LOSS_FRACTION,
+    }
+
+
+def _changes(root: Path, ws: Workspace, stale) -> Dict[str, Any]:
+    """What changed since the last commit, and the headline metrics files."""
+    run_metrics = {"cls": {n: r.metrics for n, r in ws.cls.items()}, "gen": {n: r.metrics for n, r in ws.gen.items()}}
+    return {
+        "changes": changes_since(root, ws.params, run_metrics, stale={r["run"]: r["status"] for r in stale}),
+        "headlines": headline_files(ws.params, run_metrics),
+    }
+
+
+def _recipes(root: Path, ws: Workspace) -> Dict[str, Any]:
+    """The scale, its knobs against the paper's, and the params that define the runs."""
+    params, paper = ws.params, ws.paper_params
+    return {
         "scale": params["scale"],
         # the smoke scale runs a distinct subset of the paper matrix; the preflight steps the rest
         "preflight_only": (
@@ -454,72 +486,78 @@ def build_context(root: Path) -> Dict[str, Any]:
             if params["scale"] == "smoke"
             else []
         ),
+        "cls_comparable": ws.cls_comparable,
+        "gen_comparable": ws.gen_comparable,
+        "recipe_knobs": recipe_knobs(params, paper, knob_reasons(params, root / "conf")),
+        "calibration": {**calibration_section(root, params["scale"]), "dir": params["calibrate"]["dir"]},
+        "recipes_collapse": recipes_collapse(params),
+        "params_yaml": yaml.safe_dump(
+            {k: params[k] for k in ["scale", *RECIPE_SECTIONS, "cls_runs", "gen_runs"] if k in params}, sort_keys=False
+        ),
+    }
+
+
+def _paper_notes(ws: Workspace) -> Dict[str, Any]:
+    """What the paper's tables say beside their rows: titles, protocols, references, the family's switch."""
+    params, reference = ws.params, ws.ref
+    return {
+        "titles": {k: reference[k]["title"] for k in ("table1", "table2", *ABLATIONS, "family")},
+        "complexity_tolerance": params["report"]["complexity_tolerance"],
         "fid_space": (
             f"the first {params['eval_gen']['feature_dims']} Inception coordinates"
             if params["eval_gen"].get("feature_dims")
             else "every Inception coordinate"
         ),
-        "cls_comparable": cls_comparable,
-        "gen_comparable": gen_comparable,
-        "sources": reference["sources"],
-        "unverified": reference["unverified"],
-        "claims": claims,
-        "summary": summary_rows,
-        "statuses": [{"status": k, "meaning": v, "used": k in used} for k, v in STATUSES.items()],
-        "readout_rule": ws.readout_rule,
-        "comparisons": ws.comparisons,
-        "flat_top1_points": FLAT_TOP1_POINTS,
-        "flat_loss_fraction": FLAT_LOSS_FRACTION,
-        "recipe_knobs": recipe_knobs(params, paper, knob_reasons(params, root / "conf")),
-        "folded": _folded(
-            ws, reference, table1, table2, decomposition, gains, ablations, ablation_gains, family, family_decomposition
-        ),
-        "plans": ws.plans,  # each how-to-run text of the page (the summary's commands) -> its commands
-        "calibration": {**calibration_section(root, params["scale"]), "dir": params["calibrate"]["dir"]},
-        "table1": table1,
-        "decomposition": decomposition,
-        "recipes_collapse": recipes_collapse(params),
-        "complexity_tolerance": params["report"]["complexity_tolerance"],
-        "table2": table2,
         "fid_protocol_text": describe_protocol(reference["fid_protocol"]),
+        "fid_extractor": params["prepare_gen"]["fid_extractor"],
+        "num_samples": params["sampling"]["num_samples"],
         "dit_original": [
             {"model": r["model"], "fid": r["fid"][0], "source": r["fid"][1]} for r in reference["dit_original"]
         ],
-        "table3": ablations["table3"],
-        "table4": ablations["table4"],
-        **{f"{k}_gains": v for k, v in ablation_gains.items()},
-        "ablation_reference": {k: ws.reference_row(k)["variant"] for k in ("table3", "table4")},
-        "titles": {k: reference[k]["title"] for k in ("table1", "table2", "table3", "table4", "family")},
-        "family": family,
-        "family_decomposition": family_decomposition,
+        "ablation_reference": {k: ws.reference_row(k)["variant"] for k in ABLATIONS},
         "family_on": any(
             r["cls_run"] in params["cls_runs"] or r["gen_run"] in params["gen_runs"]
             for r in reference["family"]["rows"]
         ),
         "family_seeds": params["family_seeds"],
-        "attention_cost_config": (attention_cost or {}).get("config") or params["attention_cost"],
-        "run_metrics": {"cls": [RUN_COLUMNS[k] for k in cls_keys], "gen": [RUN_COLUMNS[k] for k in gen_keys]},
-        "cls_runs": cls_frame.rename(columns=RUN_COLUMNS).to_dict("records"),
-        "gen_runs": gen_frame.rename(columns=RUN_COLUMNS).to_dict("records"),
-        "fid_extractor": params["prepare_gen"]["fid_extractor"],
-        "num_samples": params["sampling"]["num_samples"],
+        "attention_cost_config": (ws.attention_cost or {}).get("config") or params["attention_cost"],
         "complexity": [
             {"model": name, **{COMPLEXITY_COLUMNS.get(k, k): f"{v:.3f}" for k, v in fig.items()}}
-            for name, fig in complexity.items()
+            for name, fig in ws.complexity.items()
         ],
-        "cls_curves": [
-            (name, curves_png(name, r.curves, CLS_CURVES, xlabel="epoch", references=reference_line), r.stale)
-            for name, r in cls.items()
-        ],
-        "gen_curves": [
-            (name, curves_png(name, r.curves, GEN_CURVES, xlabel="step"), r.stale) for name, r in gen.items()
-        ],
-        "grids": [(name, sorted(r.grids.items()), r.stale) for name, r in gen.items() if r.grids or r.stale],
-        "real_grid": real_grid(root / "data" / "gen"),
-        "params_yaml": yaml.safe_dump(
-            {k: params[k] for k in ["scale", *RECIPE_SECTIONS, "cls_runs", "gen_runs"] if k in params}, sort_keys=False
-        ),
     }
+
+
+def build_context(root: Path) -> Dict[str, Any]:
+    """What the page's template renders, section by section, from the run's files (:func:`_workspace`)."""
+    cls_reference = read_json(root / "metrics" / "cls_reference.json")
+    computed = cls_reference if cls_reference and cls_reference.get("computed") else None
+    ws = _workspace(root, computed)
+    tables = _tables(ws)
+    return {
+        **tables,
+        **_runs_tables(ws),
+        **_environment(root),
+        **_changes(root, ws, tables["stale"]),
+        **_summary_notes(ws, tables["summary"]),
+        **_recipes(root, ws),
+        "folded": _folded(ws, tables),
+        "plans": ws.plans,  # each how-to-run text of the page (the summary's commands) -> its commands
+        **_paper_notes(ws),
+        "cls_reference": cls_reference,
+        **_figures(root, ws, tables["gains"], computed),
+    }
+
+
+MACHINE_FIELDS = "cpu vendor isa cores gpu python libc mkl onednn profile aten_capability threads libraries".split()
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in sorted(value.items()))
+    if isinstance(value, list):
+        return " ".join(value)
+    return "" if value is None else str(value)
 
 
 def machines(root: Path) -> List[Dict[str, str]]:
@@ -527,30 +565,9 @@ def machines(root: Path) -> List[Dict[str, str]]:
     recorded = read_json(root / MACHINE_RECORD) or {}
     here = numerics.describe_machine()
     rows = []
-    for key in (
-        "cpu",
-        "vendor",
-        "isa",
-        "cores",
-        "gpu",
-        "python",
-        "libc",
-        "mkl",
-        "onednn",
-        "profile",
-        "aten_capability",
-        "threads",
-        "libraries",
-    ):
-
-        def show(value):
-            if isinstance(value, dict):
-                return ", ".join(f"{k} {v}" for k, v in sorted(value.items()))
-            if isinstance(value, list):
-                return " ".join(value)
-            return "" if value is None else str(value)
-
-        ours, theirs = show(here.get(key)), show(recorded.get(key)) if recorded else "no record (dvc.lock.machine.json)"
+    for key in MACHINE_FIELDS:
+        ours = _shown(here.get(key))
+        theirs = _shown(recorded.get(key)) if recorded else "no record (dvc.lock.machine.json)"
         rows.append({"field": key, "recorded": theirs, "here": ours, "same": ours == theirs})
     rows.append(package_row(software.recorded_packages(root), here.get("packages") or {}))
     return rows

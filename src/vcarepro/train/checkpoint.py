@@ -122,6 +122,23 @@ def resumable_checkpoint(ckpt_dir: str | Path, fingerprint: Any, seed: int, say)
     return state
 
 
+def save_training(path: str | Path, parts: Dict[str, Any], **position: Any) -> None:
+    """A training checkpoint: the state dict of each of ``parts`` (model, optimizer, ...) under its key, {} for one
+    that is None (not in this run), then ``position`` (how far, the history, the fingerprint), in that order."""
+    heads = {name: part.state_dict() if part is not None else {} for name, part in parts.items()}
+    save_checkpoint(path, {**heads, **position})
+
+
+def resume_training(ckpt_dir: str | Path, fingerprint: Any, seed: int, say, parts: Dict[str, Any]):
+    """:func:`resumable_checkpoint`'s state, loaded into ``parts`` as :func:`save_training` saved them; or None."""
+    state = resumable_checkpoint(ckpt_dir, fingerprint, seed, say)
+    if state is not None:
+        for name, part in parts.items():
+            if part is not None:
+                part.load_state_dict(state[name])
+    return state
+
+
 def resume_message(seed: int, state: Dict[str, Any], position: str, finished: bool) -> str:
     """One sentence: what was passed over (a damaged newest checkpoint), the file loaded, and where it resumes.
 

@@ -25,7 +25,7 @@ from timm.data.distributed_sampler import RepeatAugSampler
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
-from timm.utils import ModelEmaV3
+from timm.utils import AverageMeter, ModelEmaV3
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -39,9 +39,9 @@ from vcarepro.data.augment import pillow_safe
 from vcarepro.data.folders import ManifestDataset, read_classes
 from vcarepro.models import ModelSpec, create_classifier
 from vcarepro.train.checkpoint import (
-    resumable_checkpoint,
     resume_message,
-    save_checkpoint,
+    resume_training,
+    save_training,
     seed_everything,
     stream_seed,
 )
@@ -271,32 +271,14 @@ def train_classifier(
     torch.manual_seed(seed)  # identical initial weights on every rank
     model = spec.create(num_classes=len(classes), drop_path=recipe["drop_path"]).to(device)
     ema = ModelEmaV3(model, decay=recipe["ema_decay"]) if recipe["ema_decay"] > 0 else None
-    accum = recipe["accum_steps"]
     optimizer = build_optimizer(model, recipe)
-    updates_per_epoch = max(1, len(train_loader) // accum)
+    updates_per_epoch = max(1, len(train_loader) // recipe["accum_steps"])
     scheduler, total_epochs = build_scheduler(optimizer, recipe, updates_per_epoch)
     mixup, criterion = build_criterion(recipe, len(classes))
-
     amp = MixedPrecision(recipe["precision"], device)
-    start_epoch = 0
-    history: List[Dict[str, float]] = []  # every epoch's logged figures, kept in the checkpoint
-    state = resumable_checkpoint(ckpt_dir, fingerprint, seed, lambda message: say(info, message))
-    if state is not None:
-        _restore(state, model, optimizer, scheduler, ema, amp)
-        start_epoch = state["epoch"]
-        history = list(state["history"])
-        finished = start_epoch >= total_epochs
-        say(
-            info,
-            resume_message(
-                seed,
-                state,
-                f"{total_epochs} of {total_epochs} epochs"
-                if finished
-                else f"epoch {start_epoch + 1} of {total_epochs}",
-                finished,
-            ),
-        )
+    # a checkpoint's state dicts, under these keys
+    parts = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "ema": ema, "scaler": amp}
+    start_epoch, history = _resume(ckpt_dir, fingerprint, seed, info, parts, total_epochs)
     # DVC deletes a stage's logs before re-running it: replay what the checkpoint saw
     for past in history:
         _log_epoch(live, info, past, log_prefix)
@@ -306,7 +288,7 @@ def train_classifier(
     step = start_epoch * updates_per_epoch
     started = time.perf_counter()
     figures: Dict[str, float] = {}
-    epoch, latest, loss_sum, batches = start_epoch, math.nan, 0.0, 0
+    epoch, losses = start_epoch, AverageMeter()  # the epoch's batch losses
     total_steps = (
         total_epochs * updates_per_epoch if max_steps is None else min(total_epochs * updates_per_epoch, max_steps)
     )
@@ -321,61 +303,33 @@ def train_classifier(
         enabled=info.is_main,
         figures=lambda: {
             "epoch": f"{epoch + 1}/{total_epochs}",
-            "loss": f"{latest:.4f} (avg {loss_sum / max(batches, 1):.4f})",
+            "loss": f"{losses.val:.4f} (avg {losses.avg:.4f})",
             "lr": optimizer.param_groups[0]["lr"],
         },
     )
     feed = device_batches(train_loader, draws, device)
     with progress, stop_on_sigterm() as stop:
         for epoch in range(start_epoch, total_epochs):
-            # Every random stream of the epoch (data order, loader workers' augmentation, mixup,
-            # drop path) restarts from (seed, rank, epoch): a resumed run cannot depend on how far
-            # an interrupted epoch had drawn, and ranks draw independently.
-            seed_everything(stream_seed(seed, info.rank, epoch))
-            train_loader.generator.manual_seed(stream_seed(seed, info.rank, epoch))
-            if isinstance(train_loader.sampler, DistributedSampler):
-                train_loader.sampler.set_epoch(epoch)  # it shuffles with seed + epoch
-            elif isinstance(train_loader.sampler, RepeatAugSampler):
-                train_loader.sampler.set_epoch(seed * 100_003 + epoch)  # timm's shuffles with the epoch alone
+            _seed_epoch(train_loader, seed, info.rank, epoch)
             ddp.train()
-            loss_sum, batches = 0.0, 0
-            optimizer.zero_grad(set_to_none=True)
-            for i, (images, targets) in enumerate(feed):
-                images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-                if mixup is not None:
-                    images, targets = mixup(images, targets)
-                with amp.autocast():
-                    loss = criterion(forward(images), targets)
-                latest = loss.item()
-                if not math.isfinite(latest):
-                    raise NonFiniteLossError(
-                        f"the training loss became {latest} at epoch {epoch}, batch {i}; lower the learning "
-                        f"rate or check the data. The last good checkpoint is {Path(ckpt_dir) / 'last.pt'}."
-                    )
-                amp.scaler.scale(loss / accum).backward()
-                loss_sum += latest
-                batches += 1
-                if (i + 1) % accum == 0:
-                    if recipe["clip_grad"]:
-                        amp.scaler.unscale_(optimizer)
-                        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe["clip_grad"])
-                    amp.scaler.step(optimizer)
-                    amp.scaler.update()
-                    optimizer.zero_grad(set_to_none=True)
-                    step += 1
-                    scheduler.step_update(num_updates=step)
-                    if ema is not None:
-                        ema.update(model, step=step)
-                    progress.update(step)
-                if max_steps is not None and step >= max_steps:
-                    break
-                if any_rank(stop.requested, info):  # the last finished epoch's checkpoint is the resume point
-                    raise Preempted(
-                        f"at epoch {epoch + 1}, batch {i + 1}; resuming repeats epoch {epoch + 1} "
-                        f"from its start, exactly"
-                    )
+            step = train_one_epoch(
+                epoch,
+                step,
+                feed=feed,
+                forward=forward,
+                parts=parts,
+                mixup=mixup,
+                criterion=criterion,
+                recipe=recipe,
+                losses=losses,
+                progress=progress,
+                stop=stop,
+                info=info,
+                max_steps=max_steps,
+                ckpt=Path(ckpt_dir) / "last.pt",
+            )
             scheduler.step(epoch + 1)
-            train_loss = all_reduce_mean(loss_sum / max(batches, 1), info)
+            train_loss = all_reduce_mean(losses.avg, info)
             figures = {"epoch": epoch + 1, "train_loss": train_loss, "train_lr": optimizer.param_groups[0]["lr"]}
             last = epoch + 1 == total_epochs or (max_steps is not None and step >= max_steps)
             if (epoch + 1) % recipe["eval_every"] == 0 or last:
@@ -384,8 +338,8 @@ def train_classifier(
             history.append(figures)
             progress.note(epoch_line(history, total_epochs))
             if info.is_main:
-                _checkpoint(
-                    Path(ckpt_dir) / "last.pt", model, optimizer, scheduler, ema, amp, epoch + 1, history, fingerprint
+                save_training(
+                    Path(ckpt_dir) / "last.pt", parts, epoch=epoch + 1, history=history, fingerprint=fingerprint
                 )
             if max_steps is not None and step >= max_steps:
                 break
@@ -399,14 +353,87 @@ def train_classifier(
     return figures
 
 
-def _restore(state, model, optimizer, scheduler, ema, amp) -> None:
-    """A resumed run's weights, optimizer, schedule, EMA and loss scale, as the checkpoint holds them."""
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    if ema is not None:
-        ema.load_state_dict(state["ema"])
-    amp.load_state_dict(state["scaler"])
+def _resume(ckpt_dir, fingerprint, seed: int, info: DistInfo, parts, total_epochs: int):
+    """(the epochs done, their history): those of the checkpoint to resume, loaded into ``parts``; else (0, [])."""
+    state = resume_training(ckpt_dir, fingerprint, seed, lambda message: say(info, message), parts)
+    if state is None:
+        return 0, []
+    done = state["epoch"]
+    finished = done >= total_epochs
+    position = f"{total_epochs} of {total_epochs} epochs" if finished else f"epoch {done + 1} of {total_epochs}"
+    say(info, resume_message(seed, state, position, finished))
+    return done, list(state["history"])
+
+
+def _seed_epoch(train_loader: DataLoader, seed: int, rank: int, epoch: int) -> None:
+    """Every random stream of the epoch (data order, loader workers' augmentation, mixup, drop path) restarts from
+    (seed, rank, epoch): a resumed run cannot depend on how far an interrupted epoch had drawn, and ranks draw
+    independently."""
+    seed_everything(stream_seed(seed, rank, epoch))
+    train_loader.generator.manual_seed(stream_seed(seed, rank, epoch))
+    if isinstance(train_loader.sampler, DistributedSampler):
+        train_loader.sampler.set_epoch(epoch)  # it shuffles with seed + epoch
+    elif isinstance(train_loader.sampler, RepeatAugSampler):
+        train_loader.sampler.set_epoch(seed * 100_003 + epoch)  # timm's shuffles with the epoch alone
+
+
+def train_one_epoch(
+    epoch: int,
+    step: int,
+    *,
+    feed,
+    forward,
+    parts: Dict[str, Any],
+    mixup,
+    criterion,
+    recipe: Dict[str, Any],
+    losses: AverageMeter,
+    progress: Progress,
+    stop,
+    info: DistInfo,
+    max_steps: Optional[int],
+    ckpt: Path,
+) -> int:
+    """One epoch's batches from optimizer step ``step`` (``losses`` gathers their losses); the step reached.
+
+    Stops after ``max_steps``; a SIGTERM (``stop``) raises :class:`Preempted` at a batch boundary."""
+    model, optimizer, scheduler, ema, amp = (parts[k] for k in ("model", "optimizer", "scheduler", "ema", "scaler"))
+    accum = recipe["accum_steps"]
+    losses.reset()
+    optimizer.zero_grad(set_to_none=True)
+    for i, (images, targets) in enumerate(feed):
+        images, targets = images.to(info.device, non_blocking=True), targets.to(info.device, non_blocking=True)
+        if mixup is not None:
+            images, targets = mixup(images, targets)
+        with amp.autocast():
+            loss = criterion(forward(images), targets)
+        latest = loss.item()
+        if not math.isfinite(latest):
+            raise NonFiniteLossError(
+                f"the training loss became {latest} at epoch {epoch}, batch {i}; lower the learning "
+                f"rate or check the data. The last good checkpoint is {ckpt}."
+            )
+        amp.scaler.scale(loss / accum).backward()
+        losses.update(latest)
+        if (i + 1) % accum == 0:
+            if recipe["clip_grad"]:
+                amp.scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), recipe["clip_grad"])
+            amp.scaler.step(optimizer)
+            amp.scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            scheduler.step_update(num_updates=step)
+            if ema is not None:
+                ema.update(model, step=step)
+            progress.update(step)
+        if max_steps is not None and step >= max_steps:
+            break
+        if any_rank(stop.requested, info):  # the last finished epoch's checkpoint is the resume point
+            raise Preempted(
+                f"at epoch {epoch + 1}, batch {i + 1}; resuming repeats epoch {epoch + 1} from its start, exactly"
+            )
+    return step
 
 
 def _validate(model, ema, val_loader, device, info: DistInfo) -> Dict[str, float]:
@@ -416,21 +443,6 @@ def _validate(model, ema, val_loader, device, info: DistInfo) -> Dict[str, float
         val = evaluate(ema.module, val_loader, device)
         figures.update({f"val_{k}_ema": all_reduce_mean(v, info) for k, v in val.items()})
     return figures
-
-
-def _checkpoint(path: Path, model, optimizer, scheduler, ema, amp, epochs: int, history, fingerprint) -> None:
-    """Everything a resume needs after ``epochs`` finished epochs (``history`` holds every epoch's figures)."""
-    state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "ema": ema.state_dict() if ema is not None else {},
-        "scaler": amp.state_dict(),
-        "epoch": epochs,
-        "history": history,
-        "fingerprint": fingerprint,
-    }
-    save_checkpoint(path, state)
 
 
 def _save_trained(out_dir: Path, model, ema, history) -> None:

@@ -32,9 +32,9 @@ from vcarepro.metrics.protocol import sampler_of
 from vcarepro.models import ModelSpec
 from vcarepro.models.dit import create_dit
 from vcarepro.train.checkpoint import (
-    resumable_checkpoint,
     resume_message,
-    save_checkpoint,
+    resume_training,
+    save_training,
     seed_everything,
     stream_seed,
 )
@@ -168,12 +168,10 @@ def train_generator(
     running, count = 0.0, 0  # the loss of the steps since the last log line
     history: List[Dict[str, float]] = []  # every logged (step, loss, lr), kept in the checkpoint
     total = recipe["steps"] if max_steps is None else min(recipe["steps"], max_steps)
-    state = resumable_checkpoint(ckpt_dir, fingerprint, seed, lambda message: say(info, message))
+    # a checkpoint's state dicts, under these keys
+    parts = {"model": model, "ema": ema, "optimizer": optimizer, "scaler": amp}
+    state = resume_training(ckpt_dir, fingerprint, seed, lambda message: say(info, message), parts)
     if state is not None:
-        model.load_state_dict(state["model"])
-        ema.load_state_dict(state["ema"])
-        optimizer.load_state_dict(state["optimizer"])
-        amp.load_state_dict(state["scaler"])
         step = state["step"]
         history = list(state["history"])
         running, count = state["running"], state["count"]
@@ -246,19 +244,14 @@ def train_generator(
                 history.append(logged)
             stopping = any_rank(stop.requested, info)  # a SIGTERM that reached any rank stops them all
             if info.is_main and (step % recipe["ckpt_every"] == 0 or step == total or stopping):
-                save_checkpoint(
+                save_training(
                     Path(ckpt_dir) / "last.pt",
-                    {
-                        "model": model.state_dict(),
-                        "ema": ema.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "scaler": amp.state_dict(),
-                        "step": step,
-                        "history": history,
-                        "running": running,
-                        "count": count,
-                        "fingerprint": fingerprint,
-                    },
+                    parts,
+                    step=step,
+                    history=history,
+                    running=running,
+                    count=count,
+                    fingerprint=fingerprint,
                 )
             if stopping:
                 raise Preempted(f"at step {step} of {total}")
