@@ -252,14 +252,9 @@ class AgentAttention(GridAttention):
 
     def agents(self, q: torch.Tensor, reference: bool = False) -> torch.Tensor:
         """The n agent tokens (B, heads, n, d): adaptive average pooling of the patch-grid queries."""
-        B = q.shape[0]
-        (H, W), (h, w) = self.grid_size, self.agent_grid
-        patches = q[:, :, self.num_prefix_tokens :]
         if reference:  # each agent the plain mean of its window
-            return self._pool_matrix.to(q) @ patches
-        grid = patches.transpose(-1, -2).reshape(B * self.num_heads, self.head_dim, H, W)
-        pooled = F.adaptive_avg_pool2d(grid, (h, w))
-        return pooled.reshape(B, self.num_heads, self.head_dim, h * w).transpose(-1, -2)
+            return self._pool_matrix.to(q) @ q[:, :, self.num_prefix_tokens :]
+        return self._pooled_queries(q, self.agent_grid)
 
     def _attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor], reference: bool

@@ -13,8 +13,8 @@ H x W patch grid. What they share lives here, once:
   VCA's and the mhsa+dwc control's) and :func:`value_grid` (v's patch part as an image);
 * :class:`GridAttention`, the base of every grid-aware layer: the constructor's shared arguments,
   checks and layers (qkv, q / k norm, proj), and the forwards' preamble (input checks, the head
-  split, the local term added to the patch tokens' outputs), as methods, so TorchScript compiles
-  them with the layer.
+  split, the pooled queries, the local term added to the patch outputs), as methods, so
+  TorchScript compiles them with the layer.
 """
 
 import math
@@ -22,6 +22,7 @@ from typing import List, Optional, Sequence, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from timm.layers import register_notrace_function
 
 from vcarepro.core.errors import BadInput
@@ -194,6 +195,12 @@ class GridAttention(nn.Module):
         """(B, L, C) -> (B, heads, L, d), channel c in head c // d as in the qkv layout."""
         B, L, _ = t.shape
         return t.reshape(B, L, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def _pooled_queries(self, q: torch.Tensor, pooled: Tuple[int, int]) -> torch.Tensor:
+        """Adaptive average pooling of the patch-grid queries (B, heads, N, d) to an h x w grid: (B, heads, h*w, d)."""
+        B, (H, W), (h, w) = q.shape[0], self.grid_size, pooled
+        grid = q[:, :, self.num_prefix_tokens :].transpose(-1, -2).reshape(B * self.num_heads, self.head_dim, H, W)
+        return F.adaptive_avg_pool2d(grid, (h, w)).reshape(B, self.num_heads, self.head_dim, h * w).transpose(-1, -2)
 
     def _qkv_heads(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v (B, heads, N, d) from tokens x (B, N, C), q and k normed: timm's ``Attention`` preamble."""

@@ -269,19 +269,13 @@ class VisualContrastAttention(GridAttention):
 
     def contrast_tokens(self, q: torch.Tensor, reference: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The n contrast tokens of each stream, (B, heads, n, d); t- is None when unused."""
-        B = q.shape[0]
-        H, W = self.grid_size
-        h, w = self.contrast_grid
         pooled: Optional[torch.Tensor] = None
         if self.pools:
-            patches = q[:, :, self.num_prefix_tokens :]
             pool_matrix = self._pool_matrix
             if reference and pool_matrix is not None:  # each token the plain mean of its window
-                pooled = pool_matrix.to(q.dtype) @ patches
+                pooled = pool_matrix.to(q.dtype) @ q[:, :, self.num_prefix_tokens :]
             else:
-                grid = patches.transpose(-1, -2).reshape(B * self.num_heads, self.head_dim, H, W)
-                pooled = F.adaptive_avg_pool2d(grid, (h, w))
-                pooled = pooled.reshape(B, self.num_heads, self.head_dim, h * w).transpose(-1, -2)
+                pooled = self._pooled_queries(q, self.contrast_grid)
         t_pos = self._stream(self.tokens_pos, self.embed_pos, pooled, q)
         assert t_pos is not None  # the positive stream always exists
         return t_pos, self._stream(self.tokens_neg, self.embed_neg, pooled, q)
