@@ -224,7 +224,7 @@ class CirculantAttention(GridAttention):
         """rho / sqrt(d): the factor on the plain cross-correlation sum."""
         M = self.grid_size[0] * self.grid_size[1]
         rho = M**-0.5 if self.logit_divisor == "sqrt_n" else 1.0 / M
-        return rho * self.head_dim**-0.5
+        return rho * self.scale
 
     @staticmethod
     def _work_dtype(x: torch.Tensor) -> torch.dtype:
@@ -235,13 +235,8 @@ class CirculantAttention(GridAttention):
         """Prefix queries over all N tokens, per group of d channels: (B, P, C)."""
         B, P, C = q_prefix.shape
         dropout_p = self.attn_drop_p if self.training else 0.0
-        out = F.scaled_dot_product_attention(
-            self._split_heads(q_prefix),
-            self._split_heads(k),
-            self._split_heads(v),
-            dropout_p=dropout_p,
-            scale=self.head_dim**-0.5,
-        )
+        q, k, v = self._split_heads(q_prefix), self._split_heads(k), self._split_heads(v)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=self.scale)
         return out.transpose(1, 2).reshape(B, P, C)
 
     def _finish(self, x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
@@ -320,7 +315,7 @@ class CirculantAttention(GridAttention):
         work = self._work_dtype(x)
         q, k, v = self.qkv(x).to(work).chunk(3, dim=-1)
         q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)  # (B, G, N, d)
-        scores = q @ k.transpose(-2, -1) * self.head_dim**-0.5  # plain logits (B, G, N, N)
+        scores = q @ k.transpose(-2, -1) * self.scale  # plain logits (B, G, N, N)
 
         shifts = shift_table((H, W)).to(x.device)  # [i, j] -> s = j - i
         patch_scores = scores[..., P:, P:]
