@@ -62,7 +62,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import trunc_normal_, use_fused_attn
 
-from vcarepro.attention.grid import GridAttention, patch_grid, pooling_matrix, token_grid
+from vcarepro.attention.grid import GridAttention, check_input, patch_grid, pooling_matrix, token_grid
 from vcarepro.core.errors import BadInput
 
 # Agent tokens per layer: ``AgentAttention(agent_num=49)`` in agent_deit.py, and
@@ -280,7 +280,7 @@ class AgentAttention(GridAttention):
         reference: Optional[bool] = None,
     ) -> torch.Tensor:
         """``reference=True`` materialises the maps, ``False`` fuses; the default follows ``use_fused_attn()``."""
-        self._check_input(x, attn_mask, is_causal, "Agent attention")
+        check_input(x, attn_mask, is_causal, self.num_prefix_tokens, self.grid_size, "Agent attention")
         B, N, C = x.shape
         use_reference = (not self.fused_attn) if reference is None else reference
 

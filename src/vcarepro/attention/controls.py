@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import use_fused_attn
 
-from vcarepro.attention.grid import GridAttention, local_conv_layer
+from vcarepro.attention.grid import GridAttention, check_input, local_conv_layer
 
 
 class MhsaLocalConv(GridAttention):
@@ -54,7 +54,7 @@ class MhsaLocalConv(GridAttention):
         reference: Optional[bool] = None,
     ) -> torch.Tensor:
         """``reference=True`` materialises the attention map; the default follows ``use_fused_attn()``."""
-        self._check_input(x, attn_mask, is_causal, "MHSA+DWC")
+        check_input(x, attn_mask, is_causal, self.num_prefix_tokens, self.grid_size, "MHSA+DWC")
         B, N, C = x.shape
         q, k, v = self._qkv_heads(x)
         use_reference = (not self.fused_attn) if reference is None else reference

@@ -68,7 +68,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_module
 
-from vcarepro.attention.grid import GridAttention, check_choice, patch_grid
+from vcarepro.attention.grid import GridAttention, check_choice, check_input, patch_grid
 from vcarepro.core.errors import BadInput
 
 PosEncoding = Literal["learned", "none"]
@@ -260,7 +260,7 @@ class FocusedLinearAttention(GridAttention):
         reference: Optional[bool] = None,
     ) -> torch.Tensor:
         """``reference=True`` materialises the N x N map; the default is the linear association."""
-        self._check_input(x, attn_mask, is_causal, "FocusedLinearAttention")
+        check_input(x, attn_mask, is_causal, self.num_prefix_tokens, self.grid_size, "FocusedLinearAttention")
         B, N, C = x.shape
 
         q, k, v = self._qkv_heads(x)

@@ -8,7 +8,7 @@ H x W patch grid. What they share lives here, once:
   (a square count or an (h, w) grid of pooled tokens), :func:`adaptive_windows` /
   :func:`pooling_matrix` (adaptive average pooling written out, for the reference paths);
 * checks: :func:`check_layer_args` (timm's ``Attention`` arguments), :func:`check_choice`,
-  and the no-trace :func:`check_token_count` / :func:`check_unmasked` for ``forward``;
+  and the no-trace :func:`check_input` (:func:`check_unmasked`, :func:`check_token_count`) for ``forward``;
 * the local term: :func:`local_conv_layer` (a 3x3 depthwise convolution of v on the patch grid,
   VCA's and the mhsa+dwc control's) and :func:`value_grid` (v's patch part as an image);
 * :class:`GridAttention`, the base of every grid-aware layer: the constructor's shared arguments,
@@ -100,6 +100,20 @@ def check_unmasked(attn_mask: Optional[torch.Tensor], is_causal: bool, layer: st
         raise BadInput(f"{layer} does not support attention masks or causal attention; call it with neither.")
 
 
+@register_notrace_function
+def check_input(
+    x: torch.Tensor,
+    attn_mask: Optional[torch.Tensor],
+    is_causal: bool,
+    num_prefix_tokens: int,
+    grid_size: Tuple[int, int],
+    layer: str,
+) -> None:
+    """The opening of each layer's ``forward``: :func:`check_unmasked`, then :func:`check_token_count` on ``x``."""
+    check_unmasked(attn_mask, is_causal, layer)
+    check_token_count(x.shape[1], num_prefix_tokens, grid_size, layer)
+
+
 def check_layer_args(
     dim: int, num_heads: int, num_prefix_tokens: int, qk_norm: bool, norm_layer: Optional[Type[nn.Module]]
 ) -> None:
@@ -139,7 +153,7 @@ class GridAttention(nn.Module):
     builds ``qkv`` / ``q_norm`` / ``k_norm`` with :meth:`_init_qkv` (timm's names, so state dicts keep timm's
     keys). The layer then builds its own parts and ends with :meth:`_init_proj`: the creation order fixes the
     seeded init draws and the state-dict key order. ``forward(x, attn_mask, is_causal, reference)`` takes
-    ``attn_mask`` / ``is_causal`` for timm's ``Block`` and refuses both (:meth:`_check_input`).
+    ``attn_mask`` / ``is_causal`` for timm's ``Block`` and refuses both (:func:`check_input`).
     """
 
     def __init__(
@@ -185,11 +199,6 @@ class GridAttention(nn.Module):
     def set_grid_size(self, grid_size: Union[int, Sequence[int]]) -> None:
         """Follow a change of input resolution (timm's ``set_input_size``)."""
         self.grid_size = patch_grid(grid_size)
-
-    def _check_input(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool, layer: str) -> None:
-        """No mask, and the prefix + grid token count; ``layer`` names the layer in the error."""
-        check_unmasked(attn_mask, is_causal, layer)
-        check_token_count(x.shape[1], self.num_prefix_tokens, self.grid_size, layer)
 
     def _split_heads(self, t: torch.Tensor) -> torch.Tensor:
         """(B, L, C) -> (B, heads, L, d), channel c in head c // d as in the qkv layout."""

@@ -62,7 +62,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from vcarepro.attention.grid import GridAttention, check_token_count, value_grid
+from vcarepro.attention.grid import GridAttention, check_input, check_token_count, value_grid
 from vcarepro.core.errors import BadInput
 
 # Kernel functions phi offered by the official code (models/inline_swin.py,
@@ -241,7 +241,7 @@ class InLineAttention(GridAttention):
         reference: Optional[bool] = None,
     ) -> torch.Tensor:
         """``reference=True`` materialises the N x N map; the default is the linear path."""
-        self._check_input(x, attn_mask, is_causal, "InLine")
+        check_input(x, attn_mask, is_causal, self.num_prefix_tokens, self.grid_size, "InLine")
         B, N, C = x.shape
         use_reference = False if reference is None else reference
         q, k, v = self._qkv(x)

@@ -89,6 +89,7 @@ from timm.layers import RmsNormFp32, trunc_normal_, use_fused_attn
 from vcarepro.attention.grid import (
     GridAttention,
     check_choice,
+    check_input,
     local_conv_layer,
     patch_grid,
     pooling_matrix,
@@ -394,7 +395,7 @@ class VisualContrastAttention(GridAttention):
         reference: Optional[bool] = None,
     ) -> torch.Tensor:
         """``reference=True`` materialises the maps, ``False`` fuses; the default follows ``use_fused_attn()``."""
-        self._check_input(x, attn_mask, is_causal, "VCA")
+        check_input(x, attn_mask, is_causal, self.num_prefix_tokens, self.grid_size, "VCA")
         B, N, C = x.shape
         use_reference = (not self.fused_attn) if reference is None else reference
 
