@@ -117,7 +117,7 @@ def test_pooling_is_pytorchs_adaptive_average_pooling_in_both_paths():
     fused, _ = m.contrast_tokens(q, reference=False)
     ref, _ = m.contrast_tokens(q, reference=True)
     expected = F.adaptive_avg_pool2d(q.transpose(-1, -2).reshape(2 * HEADS, -1, 56, 56), 3)
-    expected = expected.reshape(2, HEADS, -1, 9).transpose(-1, -2) + m._split_heads(m.embed_pos)
+    expected = expected.reshape(2, HEADS, -1, 9).transpose(-1, -2) + m._split_heads(m.embed_pos[None])
     torch.testing.assert_close(fused, expected)
     torch.testing.assert_close(ref, expected, rtol=1e-5, atol=1e-5)
     window = pooled_queries(q[0, 0:1], (56, 56), (3, 3))[0, 4]  # the centre token: rows and columns 18..37
@@ -176,7 +176,7 @@ def test_pooled_streams_without_embeddings_collapse_stage_one_to_a_scaled_attent
         t_pos, t_neg = m.contrast_tokens(q)
         torch.testing.assert_close(t_pos, t_neg)
         lam1 = m.lambdas()[0]
-        got = m._stage1(t_pos, t_neg, k, v, lam1, m._differential_reference)
+        got = m._global_contrast(t_pos, t_neg, k, v, lam1, reference=True)
         plain = F.scaled_dot_product_attention(t_pos, k, v)
         expected = (1 - m.lambda_init) * rms((1 - lam1) * plain, m.stage1_norm.weight)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
@@ -192,8 +192,8 @@ def test_separate_softmax_is_two_softmaxes_and_joint_is_one():
         v_hat = torch.randn(2, HEADS, t_pos.shape[2], DIM // HEADS)
         lam2 = torch.tensor(0.5)
         scale = m_joint.scale
-        sep = m_sep._stage2(q, t_pos, t_neg, v_hat, lam2, m_sep._differential_fused, reference=False)
-        joint = m_joint._stage2(q, t_pos, t_neg, v_hat, lam2, m_joint._differential_fused, reference=False)
+        sep = m_sep._patch_contrast(q, t_pos, t_neg, v_hat, lam2, reference=False)
+        joint = m_joint._patch_contrast(q, t_pos, t_neg, v_hat, lam2, reference=False)
         a_pos = torch.softmax(q @ t_pos.transpose(-1, -2) * scale, -1)
         a_neg = torch.softmax(q @ t_neg.transpose(-1, -2) * scale, -1)
         expected_sep = (1 - m_sep.lambda_init) * rms((a_pos - lam2 * a_neg) @ v_hat, m_sep.stage2_norm.weight)
@@ -213,7 +213,7 @@ def test_diff_stage_splits_each_head_into_halves_with_half_dim_scale():
         q, k, v = m.qkv(x).reshape(2, -1, 3, HEADS, DIM // HEADS).permute(2, 0, 3, 1, 4)
         t_pos, _ = m.contrast_tokens(q)
         lam1 = torch.tensor(0.3)
-        got = m._stage1(t_pos, None, k, v, lam1, m._differential_fused)
+        got = m._global_contrast(t_pos, None, k, v, lam1, reference=False)
         half = DIM // HEADS // 2
         a1 = torch.softmax(t_pos[..., :half] @ k[..., :half].transpose(-1, -2) / math.sqrt(half), -1)
         a2 = torch.softmax(t_pos[..., half:] @ k[..., half:].transpose(-1, -2) / math.sqrt(half), -1)

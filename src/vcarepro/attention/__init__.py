@@ -14,7 +14,7 @@ each is written here after its official module (the file is named in its docstri
 
 (VCA without its local term, the other control, is ``vca`` with ``local_conv=False``.)
 What the grid-aware layers and the hierarchical backbones share (the token-grid helpers and
-checks, the qkv / q-k-norm / local-term preamble) is in ``attention/grid.py``.
+checks, the layers' base class ``GridAttention``) is in ``attention/grid.py``.
 
 :func:`build_attention` makes any of them for block ``layer_index`` of a model whose tokens
 are ``num_prefix_tokens`` prefix tokens followed by a ``grid_size`` patch grid; the
@@ -59,29 +59,13 @@ def attention_class(name: str) -> Type[nn.Module]:
     return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
 
 
-_LAYOUT_AND_COMMON = (
-    "self",
-    "dim",
-    "num_heads",
-    "grid_size",
-    "num_prefix_tokens",
-    "layer_index",
-    "qkv_bias",
-    "qk_norm",
-    "proj_bias",
-    "attn_drop",
-    "proj_drop",
-    "norm_layer",
-)
-
-
 def attention_options(name: str) -> Tuple[str, ...]:
     """The layer's own knobs (``contrast_tokens``, ``agent_tokens``, ...): what ``options`` may hold."""
     if name in _TIMM_LAYERS:
         attention_class(name)  # unknown names fail the same way
         return ()
-    parameters = inspect.signature(attention_class(name).__init__).parameters
-    return tuple(p for p in parameters if p not in _LAYOUT_AND_COMMON)
+    parameters = inspect.signature(attention_class(name).__init__).parameters.values()
+    return tuple(p.name for p in parameters if p.kind is p.KEYWORD_ONLY)  # the layout and timm's come in **common
 
 
 def all_attention_options() -> frozenset:

@@ -55,22 +55,14 @@ N x n attention maps with the biases added to the logits, and pools with an
 explicit window-averaging matrix. Tests hold them equal.
 """
 
-from typing import Any, Dict, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import trunc_normal_, use_fused_attn
 
-from vcarepro.attention.grid import (
-    GridAttention,
-    check_layer_args,
-    check_token_count,
-    check_unmasked,
-    patch_grid,
-    pooling_matrix,
-    token_grid,
-)
+from vcarepro.attention.grid import GridAttention, check_input, patch_grid, pooling_matrix, token_grid
 from vcarepro.core.errors import BadInput
 
 # Agent tokens per layer: ``AgentAttention(agent_num=49)`` in agent_deit.py, and
@@ -132,22 +124,13 @@ class AgentAttention(GridAttention):
         dim: int,
         num_heads: int = 8,
         *,
-        grid_size: Union[int, Sequence[int]],
-        num_prefix_tokens: int = 1,
-        layer_index: int = 0,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        proj_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: Optional[Type[nn.Module]] = None,
         agent_tokens: Union[int, Sequence[int]] = AGENT_TOKENS,
         dwc_kernel: int = DWC_KERNEL,
         position_bias: bool = True,
         coarse_bias_side: int = COARSE_BIAS_SIDE,
+        **common: Any,
     ) -> None:
-        super().__init__()
-        check_layer_args(dim, num_heads, num_prefix_tokens, qk_norm, norm_layer)
+        super().__init__(dim, num_heads, **common)
         if dwc_kernel < 0 or (dwc_kernel and dwc_kernel % 2 == 0):
             raise BadInput(
                 f"dwc_kernel={dwc_kernel} must be 0 (no depthwise convolution) or odd such as 3, "
@@ -156,24 +139,16 @@ class AgentAttention(GridAttention):
         if coarse_bias_side < 1:
             raise BadInput(f"coarse_bias_side={coarse_bias_side} must be at least 1 (the official value is 7).")
 
-        self.dim = dim
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.scale = self.head_dim**-0.5
-        self.num_prefix_tokens = num_prefix_tokens
-        self.layer_index = layer_index  # accepted for the common interface; agent attention does not vary with depth
         self.agent_grid = token_grid(agent_tokens, "agent_tokens")
         self.num_agents = self.agent_grid[0] * self.agent_grid[1]
         self.dwc_kernel = dwc_kernel
-        self.attn_drop_p = attn_drop
         self.fused_attn = use_fused_attn()
-        self.grid_size = self._validated_grid(grid_size)
+        self.grid_size = self._validated_grid(self.grid_size)
 
-        self._init_qkv(dim, qkv_bias, qk_norm, norm_layer)
-        self.attn_drop = nn.Dropout(attn_drop)
+        self.attn_drop = nn.Dropout(self.attn_drop_p)
         self.local_conv = nn.Conv2d(dim, dim, dwc_kernel, padding=dwc_kernel // 2, groups=dim) if dwc_kernel else None
 
-        heads, n, P = num_heads, self.num_agents, num_prefix_tokens
+        heads, n, P = num_heads, self.num_agents, self.num_prefix_tokens
         (H, W), s = self.grid_size, coarse_bias_side
         self.position_bias = position_bias
         if position_bias:
@@ -186,8 +161,7 @@ class AgentAttention(GridAttention):
             self.agent_prefix_bias = nn.Parameter(torch.empty(1, heads, n, P)) if P else None
             self.prefix_agent_bias = nn.Parameter(torch.empty(1, heads, P, n)) if P else None
 
-        self.proj = nn.Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(proj_drop)
+        self._init_proj()
         self.init_weights()
 
     # -- construction helpers -------------------------------------------------
@@ -251,9 +225,6 @@ class AgentAttention(GridAttention):
 
     # -- pieces shared by both paths ------------------------------------------
 
-    def _check_tokens(self, N: int) -> None:
-        check_token_count(N, self.num_prefix_tokens, self.grid_size, "Agent attention")
-
     def position_biases(self) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         """(B_an, B_na): additive logits (float32 at least) of shape (1, heads, n, N) and (1, heads, N, n); None if off.
 
@@ -281,14 +252,9 @@ class AgentAttention(GridAttention):
 
     def agents(self, q: torch.Tensor, reference: bool = False) -> torch.Tensor:
         """The n agent tokens (B, heads, n, d): adaptive average pooling of the patch-grid queries."""
-        B = q.shape[0]
-        (H, W), (h, w) = self.grid_size, self.agent_grid
-        patches = q[:, :, self.num_prefix_tokens :]
         if reference:  # each agent the plain mean of its window
-            return self._pool_matrix.to(q) @ patches
-        grid = patches.transpose(-1, -2).reshape(B * self.num_heads, self.head_dim, H, W)
-        pooled = F.adaptive_avg_pool2d(grid, (h, w))
-        return pooled.reshape(B, self.num_heads, self.head_dim, h * w).transpose(-1, -2)
+            return self._pool_matrix.to(q) @ q[:, :, self.num_prefix_tokens :]
+        return self._pooled_queries(q, self.agent_grid)
 
     def _attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor], reference: bool
@@ -313,14 +279,9 @@ class AgentAttention(GridAttention):
         is_causal: bool = False,
         reference: Optional[bool] = None,
     ) -> torch.Tensor:
-        """``attn_mask`` / ``is_causal`` are accepted for timm's ``Block`` and must be unset.
-
-        ``reference=True`` forces the materialised-map path, ``False`` the fused one;
-        the default follows timm's ``use_fused_attn()``.
-        """
-        check_unmasked(attn_mask, is_causal, "Agent attention")
+        """``reference=True`` materialises the maps, ``False`` fuses; the default follows ``use_fused_attn()``."""
+        check_input(x, attn_mask, is_causal, self.num_prefix_tokens, self.grid_size, "Agent attention")
         B, N, C = x.shape
-        self._check_tokens(N)
         use_reference = (not self.fused_attn) if reference is None else reference
 
         q, k, v = self._qkv_heads(x)

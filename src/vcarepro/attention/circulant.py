@@ -76,14 +76,14 @@ it otherwise counts as zero.
 """
 
 import math
-from typing import Any, Callable, Dict, Literal, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Callable, Dict, Literal, Optional, Sequence, Tuple, Type
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_module
 
-from vcarepro.attention.grid import check_choice, check_token_count, check_unmasked, patch_grid
+from vcarepro.attention.grid import GridAttention, check_choice, check_token_count, check_unmasked
 from vcarepro.core.errors import BadInput
 
 LogitDivisor = Literal["sqrt_n", "n"]
@@ -163,7 +163,7 @@ def _shape_text(x: torch.Tensor) -> str:
 # A leaf for torch.fx (timm's notrace module): its checks and FFT path branch on the input's dtype and shape
 # (the working precision, the (B, N, C) check) and write the qkv bias into one frequency bin in place.
 @register_notrace_module
-class CirculantAttention(nn.Module):
+class CirculantAttention(GridAttention):
     """Circulant Attention, a drop-in replacement for timm's ``Attention`` (see the module docstring).
 
     ``num_heads`` is accepted and ignored (the method is one kernel per channel); ``channels_per_kernel`` is the
@@ -176,56 +176,33 @@ class CirculantAttention(nn.Module):
         dim: int,
         num_heads: int = 8,
         *,
-        grid_size: Union[int, Sequence[int]],
-        num_prefix_tokens: int = 1,
-        layer_index: int = 0,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        proj_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: Optional[Type[nn.Module]] = None,
         channels_per_kernel: int = HEAD_DIM,
         gate: bool = GATE,
         logit_divisor: LogitDivisor = LOGIT_DIVISOR,
         prefix_attention: PrefixAttention = PREFIX_ATTENTION,
+        **common: Any,
     ) -> None:
-        super().__init__()
         if not isinstance(channels_per_kernel, int) or channels_per_kernel < 1 or dim % channels_per_kernel:
             raise BadInput(
                 f"channels_per_kernel={channels_per_kernel} must be a positive divisor of dim={dim}; the method uses 1."
             )
-        if num_prefix_tokens < 0:
-            raise BadInput(f"num_prefix_tokens={num_prefix_tokens} must be >= 0.")
-        if qk_norm:
+        if common.get("qk_norm"):
             raise BadInput(
                 "circulant attention does not support qk_norm (with one channel per kernel a norm over "
                 "it makes every query and key constant); build it with qk_norm=False."
             )
+        # the kernels are the "heads" (head_dim = channels_per_kernel); the num_heads argument is ignored
+        super().__init__(dim, dim // channels_per_kernel, **common)
         check_choice("logit_divisor", logit_divisor, LOGIT_DIVISORS)
         check_choice("prefix_attention", prefix_attention, PREFIX_ATTENTIONS)
-
-        self.dim = dim
-        self.head_dim = channels_per_kernel
-        self.num_heads = dim // channels_per_kernel  # kernels, not the num_heads argument (ignored)
-        self.num_prefix_tokens = num_prefix_tokens
-        self.layer_index = layer_index  # accepted for the common interface; unused
         self.logit_divisor = logit_divisor
         self.prefix_attention = prefix_attention
-        self.attn_drop_p = attn_drop
-        self.grid_size = patch_grid(grid_size)
-
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.gate = nn.Sequential(nn.Linear(dim, dim), nn.SiLU()) if gate else None
-        self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(proj_drop)
+        self.attn_drop = nn.Dropout(self.attn_drop_p)
+        self._init_proj()
 
-    # -- construction helpers ---------------------------------------------------
-
-    def set_grid_size(self, grid_size: Union[int, Sequence[int]]) -> None:
-        """Follow a change of input resolution: nothing in the layer depends on the grid but the FFT sizes."""
-        self.grid_size = patch_grid(grid_size)
+    def _init_qkv(self, dim: int, qkv_bias: bool, qk_norm: bool, norm_layer: Optional[Type[nn.Module]]) -> None:
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)  # no q / k norms: qk_norm is refused
 
     def init_weights(self) -> None:
         """No parameters of its own: qkv, gate and proj are Linears, which timm's ViT init handles
@@ -247,25 +224,19 @@ class CirculantAttention(nn.Module):
         """rho / sqrt(d): the factor on the plain cross-correlation sum."""
         M = self.grid_size[0] * self.grid_size[1]
         rho = M**-0.5 if self.logit_divisor == "sqrt_n" else 1.0 / M
-        return rho * self.head_dim**-0.5
+        return rho * self.scale
 
     @staticmethod
     def _work_dtype(x: torch.Tensor) -> torch.dtype:
         # float32 for bf16 / fp16 / fp32 input, float64 for float64
         return torch.promote_types(x.dtype, torch.float32)
 
-    def _groups(self, t: torch.Tensor) -> torch.Tensor:
-        # (B, L, C) -> (B, kernels, L, d), channel c in kernel c // d
-        B, L, _ = t.shape
-        return t.reshape(B, L, self.num_heads, self.head_dim).transpose(1, 2)
-
     def _prefix_global(self, q_prefix: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Prefix queries over all N tokens, per group of d channels: (B, P, C)."""
         B, P, C = q_prefix.shape
         dropout_p = self.attn_drop_p if self.training else 0.0
-        out = F.scaled_dot_product_attention(
-            self._groups(q_prefix), self._groups(k), self._groups(v), dropout_p=dropout_p, scale=self.head_dim**-0.5
-        )
+        q, k, v = self._split_heads(q_prefix), self._split_heads(k), self._split_heads(v)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=self.scale)
         return out.transpose(1, 2).reshape(B, P, C)
 
     def _finish(self, x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
@@ -343,8 +314,8 @@ class CirculantAttention(nn.Module):
         M, P, G = H * W, self.num_prefix_tokens, self.num_heads
         work = self._work_dtype(x)
         q, k, v = self.qkv(x).to(work).chunk(3, dim=-1)
-        q, k, v = self._groups(q), self._groups(k), self._groups(v)  # (B, G, N, d)
-        scores = q @ k.transpose(-2, -1) * self.head_dim**-0.5  # plain logits (B, G, N, N)
+        q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)  # (B, G, N, d)
+        scores = q @ k.transpose(-2, -1) * self.scale  # plain logits (B, G, N, N)
 
         shifts = shift_table((H, W)).to(x.device)  # [i, j] -> s = j - i
         patch_scores = scores[..., P:, P:]

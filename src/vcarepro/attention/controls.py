@@ -13,21 +13,14 @@ MHSA -> MHSA+DWC -> VCA-DWC -> VCA then splits VCA's gain into the convolution's
 the contrast's.
 """
 
-from typing import Optional, Sequence, Type, Union
+from typing import Any, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import use_fused_attn
 
-from vcarepro.attention.grid import (
-    GridAttention,
-    check_layer_args,
-    check_token_count,
-    check_unmasked,
-    local_conv_layer,
-    patch_grid,
-)
+from vcarepro.attention.grid import GridAttention, check_input, local_conv_layer
 
 
 class MhsaLocalConv(GridAttention):
@@ -40,42 +33,12 @@ class MhsaLocalConv(GridAttention):
 
     fused_attn: bool
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int = 8,
-        *,
-        grid_size: Union[int, Sequence[int]],
-        num_prefix_tokens: int = 1,
-        layer_index: int = 0,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        proj_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: Optional[Type[nn.Module]] = None,
-    ) -> None:
-        super().__init__()
-        check_layer_args(dim, num_heads, num_prefix_tokens, qk_norm, norm_layer)
-        self.dim = dim
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.scale = self.head_dim**-0.5
-        self.num_prefix_tokens = num_prefix_tokens
-        self.layer_index = layer_index
-        self.grid_size = patch_grid(grid_size)
+    def __init__(self, dim: int, num_heads: int = 8, **common: Any) -> None:
+        super().__init__(dim, num_heads, **common)
         self.fused_attn = use_fused_attn()
-        self.attn_drop_p = attn_drop
-
-        self._init_qkv(dim, qkv_bias, qk_norm, norm_layer)
-        self.attn_drop = nn.Dropout(attn_drop)
+        self.attn_drop = nn.Dropout(self.attn_drop_p)
         self.local_conv = local_conv_layer(dim)  # exactly VCA's (attention/grid.py)
-        self.proj = nn.Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(proj_drop)
-
-    def set_grid_size(self, grid_size: Union[int, Sequence[int]]) -> None:
-        """Follow a change of input resolution (the convolution has no grid-sized parameter)."""
-        self.grid_size = patch_grid(grid_size)
+        self._init_proj()
 
     def init_weights(self) -> None:
         """Nothing beyond timm's init: the convolution keeps PyTorch's default, as VCA's does."""
@@ -91,9 +54,8 @@ class MhsaLocalConv(GridAttention):
         reference: Optional[bool] = None,
     ) -> torch.Tensor:
         """``reference=True`` materialises the attention map; the default follows ``use_fused_attn()``."""
-        check_unmasked(attn_mask, is_causal, "MHSA+DWC")
+        check_input(x, attn_mask, is_causal, self.num_prefix_tokens, self.grid_size, "MHSA+DWC")
         B, N, C = x.shape
-        check_token_count(N, self.num_prefix_tokens, self.grid_size, "MHSA+DWC")
         q, k, v = self._qkv_heads(x)
         use_reference = (not self.fused_attn) if reference is None else reference
         if use_reference:

@@ -61,21 +61,14 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from typing import Literal, Optional, Sequence, Type, Union
+from typing import Any, Literal, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_module
 
-from vcarepro.attention.grid import (
-    GridAttention,
-    check_choice,
-    check_layer_args,
-    check_token_count,
-    check_unmasked,
-    patch_grid,
-)
+from vcarepro.attention.grid import GridAttention, check_choice, check_input, patch_grid
 from vcarepro.core.errors import BadInput
 
 PosEncoding = Literal["learned", "none"]
@@ -128,15 +121,6 @@ class FocusedLinearAttention(GridAttention):
         dim: int,
         num_heads: int = 8,
         *,
-        grid_size: Union[int, Sequence[int]],
-        num_prefix_tokens: int = 1,
-        layer_index: int = 0,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        proj_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: Optional[Type[nn.Module]] = None,
         focusing_factor: float = FOCUSING_FACTOR,
         dwc_kernel: Optional[int] = DWC_KERNEL,
         pos_encoding: PosEncoding = "learned",
@@ -145,9 +129,10 @@ class FocusedLinearAttention(GridAttention):
         # official table would hold for a class token in the sequence, and what DeiT's
         # own position embedding gives it); False leaves prefix keys without one.
         prefix_pos_encoding: bool = True,
+        **common: Any,
     ) -> None:
-        super().__init__()
-        check_layer_args(dim, num_heads, num_prefix_tokens, qk_norm, norm_layer)
+        # q and k get timm's per-head norms straight after the projection (before E and the feature map)
+        super().__init__(dim, num_heads, **common)
         if not (isinstance(focusing_factor, (int, float)) and math.isfinite(focusing_factor) and focusing_factor > 0):
             raise BadInput(
                 f"focusing_factor={focusing_factor!r} must be a positive number (the paper uses 3; 1 is plain "
@@ -159,29 +144,21 @@ class FocusedLinearAttention(GridAttention):
                 f"the grid size, or None for no depthwise convolution."
             )
         check_choice("pos_encoding", pos_encoding, POS_ENCODINGS)
-        if attn_drop:
+        if self.attn_drop_p:
             raise BadInput(
-                f"attn_drop={attn_drop} has nothing to drop: focused linear attention never forms its attention map "
-                f"(the official layer defines attn_drop and never applies it); use attn_drop=0."
+                f"attn_drop={self.attn_drop_p} has nothing to drop: focused linear attention never forms its "
+                f"attention map (the official layer defines attn_drop and never applies it); use attn_drop=0."
             )
 
-        self.dim = dim
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.num_prefix_tokens = num_prefix_tokens
-        self.layer_index = layer_index
         self.focusing_factor = focusing_factor
         self.dwc_kernel = dwc_kernel
         self.pos_encoding_kind = pos_encoding
         self.prefix_pos_encoding = prefix_pos_encoding
-        self.grid_size = patch_grid(grid_size)
 
-        # timm's convention: a per-head norm of q and k straight after the projection (here
-        # before E is added and before the feature map).
-        self._init_qkv(dim, qkv_bias, qk_norm, norm_layer)
         # s and E keep the official 3-D shapes (1, 1, C) and (1, L, C): the official optimizer
         # (optimizer.py set_weight_decay_and_lr) and timm's both exempt only 1-D parameters and
-        # biases from weight decay, so both are decayed, as in the official training.
+        # biases from weight decay, so both are decayed, as in the official training. s replaces the
+        # base's float ``scale`` under the official name.
         self.scale = nn.Parameter(torch.empty(1, 1, dim))
         H, W = self.grid_size
         self.pos_encoding = (
@@ -192,8 +169,7 @@ class FocusedLinearAttention(GridAttention):
             if dwc_kernel is not None
             else None
         )
-        self.proj = nn.Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(proj_drop)
+        self._init_proj()
         self.init_weights()
 
     # -- construction helpers -------------------------------------------------
@@ -235,9 +211,6 @@ class FocusedLinearAttention(GridAttention):
 
     # -- pieces shared by both paths ------------------------------------------
 
-    def _check_tokens(self, N: int) -> None:
-        check_token_count(N, self.num_prefix_tokens, self.grid_size, "FocusedLinearAttention")
-
     def _key_encoding(self, dtype: torch.dtype) -> Optional[torch.Tensor]:
         """E as (1, N, C) with zero rows for prefix tokens that have none; None without E."""
         if self.pos_encoding is None:
@@ -255,10 +228,6 @@ class FocusedLinearAttention(GridAttention):
         q = (F.relu(q) + FEATURE_EPS) / s
         k = (F.relu(k) + FEATURE_EPS) / s
         return focus(q, self.focusing_factor, literal), focus(k, self.focusing_factor, literal)
-
-    def _split_heads(self, t: torch.Tensor) -> torch.Tensor:
-        B, N, _ = t.shape
-        return t.reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
 
     def _local(self, v: torch.Tensor) -> torch.Tensor:
         """Depthwise conv of the grid values, one kernel shared by the heads: (B, heads, N, d) -> (B, H*W, C)."""
@@ -290,13 +259,9 @@ class FocusedLinearAttention(GridAttention):
         is_causal: bool = False,
         reference: Optional[bool] = None,
     ) -> torch.Tensor:
-        """``attn_mask`` / ``is_causal`` are accepted for timm's ``Block`` and must be unset.
-
-        ``reference=True`` materialises the N x N map; the default is the linear association.
-        """
-        check_unmasked(attn_mask, is_causal, "FocusedLinearAttention")
+        """``reference=True`` materialises the N x N map; the default is the linear association."""
+        check_input(x, attn_mask, is_causal, self.num_prefix_tokens, self.grid_size, "FocusedLinearAttention")
         B, N, C = x.shape
-        self._check_tokens(N)
 
         q, k, v = self._qkv_heads(x)
         # the feature maps mix all heads' channels, so they work on (B, N, C)

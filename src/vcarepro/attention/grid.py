@@ -8,12 +8,13 @@ H x W patch grid. What they share lives here, once:
   (a square count or an (h, w) grid of pooled tokens), :func:`adaptive_windows` /
   :func:`pooling_matrix` (adaptive average pooling written out, for the reference paths);
 * checks: :func:`check_layer_args` (timm's ``Attention`` arguments), :func:`check_choice`,
-  and the no-trace :func:`check_token_count` / :func:`check_unmasked` for ``forward``;
+  and the no-trace :func:`check_input` (:func:`check_unmasked`, :func:`check_token_count`) for ``forward``;
 * the local term: :func:`local_conv_layer` (a 3x3 depthwise convolution of v on the patch grid,
   VCA's and the mhsa+dwc control's) and :func:`value_grid` (v's patch part as an image);
-* :class:`GridAttention`, the base of the head-split layers: the preamble their constructors
-  and forwards repeat (the qkv projection split into q, k, v heads, the q / k norm, the local
-  term added to the patch tokens' outputs), as methods, so TorchScript compiles them with the layer.
+* :class:`GridAttention`, the base of every grid-aware layer: the constructor's shared arguments,
+  checks and layers (qkv, q / k norm, proj), and the forwards' preamble (input checks, the head
+  split, the pooled queries, the local term added to the patch outputs), as methods, so
+  TorchScript compiles them with the layer.
 """
 
 import math
@@ -21,6 +22,7 @@ from typing import List, Optional, Sequence, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from timm.layers import register_notrace_function
 
 from vcarepro.core.errors import BadInput
@@ -98,6 +100,20 @@ def check_unmasked(attn_mask: Optional[torch.Tensor], is_causal: bool, layer: st
         raise BadInput(f"{layer} does not support attention masks or causal attention; call it with neither.")
 
 
+@register_notrace_function
+def check_input(
+    x: torch.Tensor,
+    attn_mask: Optional[torch.Tensor],
+    is_causal: bool,
+    num_prefix_tokens: int,
+    grid_size: Tuple[int, int],
+    layer: str,
+) -> None:
+    """The opening of each layer's ``forward``: :func:`check_unmasked`, then :func:`check_token_count` on ``x``."""
+    check_unmasked(attn_mask, is_causal, layer)
+    check_token_count(x.shape[1], num_prefix_tokens, grid_size, layer)
+
+
 def check_layer_args(
     dim: int, num_heads: int, num_prefix_tokens: int, qk_norm: bool, norm_layer: Optional[Type[nn.Module]]
 ) -> None:
@@ -129,18 +145,71 @@ def value_grid(v: torch.Tensor, grid_size: Tuple[int, int], num_prefix_tokens: i
 
 
 class GridAttention(nn.Module):
-    """Base of the head-split attention layers on a prefix + patch-grid token layout: their shared preamble.
+    """Base of the attention layers on a prefix + patch-grid token layout: the preamble they share.
 
-    A subclass sets ``dim``, ``num_heads``, ``head_dim``, ``num_prefix_tokens`` and ``grid_size``, builds
-    ``qkv`` / ``q_norm`` / ``k_norm`` with :meth:`_init_qkv` (timm's ``Attention`` names, so state dicts keep
-    timm's keys) and, if it has the depthwise local term, ``local_conv``. No parameters of its own.
+    The constructor takes timm's ``Attention`` arguments and the token layout (a layer's own ``__init__``
+    takes its own options and passes the rest, ``**common``, on), checks them, sets ``dim``, ``num_heads``,
+    ``head_dim``, ``scale``, ``num_prefix_tokens``, ``layer_index``, ``grid_size`` and ``attn_drop_p``, and
+    builds ``qkv`` / ``q_norm`` / ``k_norm`` with :meth:`_init_qkv` (timm's names, so state dicts keep timm's
+    keys). The layer then builds its own parts and ends with :meth:`_init_proj`: the creation order fixes the
+    seeded init draws and the state-dict key order. ``forward(x, attn_mask, is_causal, reference)`` takes
+    ``attn_mask`` / ``is_causal`` for timm's ``Block`` and refuses both (:func:`check_input`).
     """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *,
+        grid_size: Union[int, Sequence[int]],
+        num_prefix_tokens: int = 1,
+        layer_index: int = 0,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: Optional[Type[nn.Module]] = None,
+    ) -> None:
+        super().__init__()
+        check_layer_args(dim, num_heads, num_prefix_tokens, qk_norm, norm_layer)
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.num_prefix_tokens = num_prefix_tokens
+        self.layer_index = layer_index  # the common interface's; only VCA varies with depth
+        self.grid_size = patch_grid(grid_size)
+        self.attn_drop_p = attn_drop
+        self._proj_args = (proj_bias, proj_drop)
+        self._init_qkv(dim, qkv_bias, qk_norm, norm_layer)
 
     def _init_qkv(self, dim: int, qkv_bias: bool, qk_norm: bool, norm_layer: Optional[Type[nn.Module]]) -> None:
         """The qkv projection and the per-head q / k norms, as timm's ``Attention`` builds them."""
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+
+    def _init_proj(self) -> None:
+        """The output projection and its dropout, built last."""
+        proj_bias, proj_drop = self._proj_args
+        self.proj = nn.Linear(self.dim, self.dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def set_grid_size(self, grid_size: Union[int, Sequence[int]]) -> None:
+        """Follow a change of input resolution (timm's ``set_input_size``)."""
+        self.grid_size = patch_grid(grid_size)
+
+    def _split_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, L, C) -> (B, heads, L, d), channel c in head c // d as in the qkv layout."""
+        B, L, _ = t.shape
+        return t.reshape(B, L, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def _pooled_queries(self, q: torch.Tensor, pooled: Tuple[int, int]) -> torch.Tensor:
+        """Adaptive average pooling of the patch-grid queries (B, heads, N, d) to an h x w grid: (B, heads, h*w, d)."""
+        B, (H, W), (h, w) = q.shape[0], self.grid_size, pooled
+        grid = q[:, :, self.num_prefix_tokens :].transpose(-1, -2).reshape(B * self.num_heads, self.head_dim, H, W)
+        return F.adaptive_avg_pool2d(grid, (h, w)).reshape(B, self.num_heads, self.head_dim, h * w).transpose(-1, -2)
 
     def _qkv_heads(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v (B, heads, N, d) from tokens x (B, N, C), q and k normed: timm's ``Attention`` preamble."""

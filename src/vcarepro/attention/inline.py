@@ -56,20 +56,13 @@ are the official ones, so a released InLine-DeiT checkpoint's attention
 weights load into this layer.
 """
 
-from typing import Callable, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from vcarepro.attention.grid import (
-    GridAttention,
-    check_layer_args,
-    check_token_count,
-    check_unmasked,
-    patch_grid,
-    value_grid,
-)
+from vcarepro.attention.grid import GridAttention, check_input, check_token_count, value_grid
 from vcarepro.core.errors import BadInput
 
 # Kernel functions phi offered by the official code (models/inline_swin.py,
@@ -114,39 +107,21 @@ class InLineAttention(GridAttention):
         dim: int,
         num_heads: int = 8,
         *,
-        grid_size: Union[int, Sequence[int]],
-        num_prefix_tokens: int = 1,
-        layer_index: int = 0,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        proj_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: Optional[Type[nn.Module]] = None,
         kernel: str = DEFAULT_KERNEL,
         local_residual: bool = DEFAULT_LOCAL_RESIDUAL,
+        **common: Any,
     ) -> None:
-        super().__init__()
-        check_layer_args(dim, num_heads, num_prefix_tokens, qk_norm, norm_layer)
-        if attn_drop:
+        super().__init__(dim, num_heads, **common)
+        if self.attn_drop_p:
             raise BadInput(
-                f"attn_drop={attn_drop}: InLine never forms the attention map on its linear path (the official "
-                f"code ignores attn_drop too); set attn_drop=0 and use proj_drop or drop_path instead."
+                f"attn_drop={self.attn_drop_p}: InLine never forms the attention map on its linear path (the "
+                f"official code ignores attn_drop too); set attn_drop=0 and use proj_drop or drop_path instead."
             )
         self.phi = kernel_function(kernel)
         self.kernel = kernel
         self.exp_temperature = EXP_KERNEL_TEMPERATURE
         self.local_kernel_size = LOCAL_KERNEL_SIZE  # an attribute, which TorchScript reads (a global it does not)
 
-        self.dim = dim
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.scale = self.head_dim**-0.5
-        self.num_prefix_tokens = num_prefix_tokens
-        self.layer_index = layer_index  # accepted for the common interface; InLine does not vary with depth
-        self.grid_size = patch_grid(grid_size)
-
-        self._init_qkv(dim, qkv_bias, qk_norm, norm_layer)
         # Predicts the local kernels from the mean token: two 1x1 convolutions grouped by
         # head with a GELU between, dim -> dim -> 9 * dim (models/inline_deit.py,
         # InLineAttention.residual). Conv1d, not Linear, so official checkpoints load.
@@ -160,15 +135,10 @@ class InLineAttention(GridAttention):
             if local_residual
             else None
         )
-        self.proj = nn.Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(proj_drop)
+        self._init_proj()
         self.init_weights()
 
     # -- construction helpers -------------------------------------------------
-
-    def set_grid_size(self, grid_size: Union[int, Sequence[int]]) -> None:
-        """Follow a change of input resolution; nothing in InLine is tied to the grid but the token check."""
-        self.grid_size = patch_grid(grid_size)
 
     def init_weights(self) -> None:
         """PyTorch's default init for the local-kernel predictor, as in the official models (timm's ViT
@@ -185,9 +155,6 @@ class InLineAttention(GridAttention):
         )
 
     # -- pieces shared by both paths ------------------------------------------
-
-    def _check_tokens(self, N: int) -> None:
-        check_token_count(N, self.num_prefix_tokens, self.grid_size, "InLine")
 
     def _qkv(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """phi(q), phi(k), v, each (B, heads, N, d)."""
@@ -235,7 +202,7 @@ class InLineAttention(GridAttention):
 
     def attention_map(self, x: torch.Tensor) -> torch.Tensor:
         """The map A (B, heads, N, N) that the layer applies to the values of tokens ``x``."""
-        self._check_tokens(x.shape[1])
+        check_token_count(x.shape[1], self.num_prefix_tokens, self.grid_size, "InLine")
         q, k, _ = self._qkv(x)
         return self.attention_scores(q, k)
 
@@ -273,13 +240,9 @@ class InLineAttention(GridAttention):
         is_causal: bool = False,
         reference: Optional[bool] = None,
     ) -> torch.Tensor:
-        """``attn_mask`` / ``is_causal`` are accepted for timm's ``Block`` and must be unset.
-
-        ``reference=True`` materialises the N x N map; the default is the linear path.
-        """
-        check_unmasked(attn_mask, is_causal, "InLine")
+        """``reference=True`` materialises the N x N map; the default is the linear path."""
+        check_input(x, attn_mask, is_causal, self.num_prefix_tokens, self.grid_size, "InLine")
         B, N, C = x.shape
-        self._check_tokens(N)
         use_reference = False if reference is None else reference
         q, k, v = self._qkv(x)
         if use_reference:

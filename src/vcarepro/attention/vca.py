@@ -79,7 +79,7 @@ shares with the other layers of the family are in ``attention/grid.py``.
 """
 
 import math
-from typing import Literal, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Literal, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -89,9 +89,7 @@ from timm.layers import RmsNormFp32, trunc_normal_, use_fused_attn
 from vcarepro.attention.grid import (
     GridAttention,
     check_choice,
-    check_layer_args,
-    check_token_count,
-    check_unmasked,
+    check_input,
     local_conv_layer,
     patch_grid,
     pooling_matrix,
@@ -163,10 +161,7 @@ class VisualContrastAttention(GridAttention):
         dim: int,
         num_heads: int = 8,
         *,
-        grid_size: Union[int, Sequence[int]],
-        num_prefix_tokens: int = 1,
         contrast_tokens: Union[int, Sequence[int]] = 49,
-        layer_index: int = 0,
         stage1: StageKind = "vca",
         stage2: StageKind = "vca",
         tokens_pos: TokenKind = "pool+emb",
@@ -175,32 +170,20 @@ class VisualContrastAttention(GridAttention):
         local_conv: bool = True,
         contrast_embed_init: str = "normal",
         apply_attn_drop: bool = False,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        proj_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: Optional[Type[nn.Module]] = None,
+        **common: Any,
     ) -> None:
-        super().__init__()
-        check_layer_args(dim, num_heads, num_prefix_tokens, qk_norm, norm_layer)
+        super().__init__(dim, num_heads, **common)
         check_choice("stage1", stage1, STAGE_KINDS)
         check_choice("stage2", stage2, STAGE_KINDS)
         check_choice("tokens_pos", tokens_pos, TOKEN_KINDS)
         check_choice("tokens_neg", tokens_neg, TOKEN_KINDS)
         check_choice("stage2_softmax", stage2_softmax, SOFTMAX_KINDS)
         check_choice("contrast_embed_init", contrast_embed_init, tuple(CONTRAST_EMBED_INITS))
-
-        self.dim = dim
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
         if "diff" in (stage1, stage2) and self.head_dim % 2:
             raise BadInput(
                 f"a 'diff' stage splits each head in two halves, but head_dim={self.head_dim} is odd; "
                 f"use an even head dimension."
             )
-        self.scale = self.head_dim**-0.5
-        self.num_prefix_tokens = num_prefix_tokens
         self.contrast_grid = token_grid(contrast_tokens, "contrast_tokens")
         self.num_contrast_tokens = self.contrast_grid[0] * self.contrast_grid[1]
         self.stage1 = stage1
@@ -211,8 +194,7 @@ class VisualContrastAttention(GridAttention):
         # whether any stream's contrast tokens come from pooling the queries
         self.pools = any(s is not None and "pool" in s for s in (self.tokens_pos, self.tokens_neg))
         self.stage2_softmax = stage2_softmax
-        self.layer_index = layer_index
-        self.lambda_init = lambda_init_for_layer(layer_index)
+        self.lambda_init = lambda_init_for_layer(self.layer_index)
         self.contrast_embed_init = contrast_embed_init
         # Whether attn_drop is applied to the attention maps of both stages. The released classifier declares the
         # dropout module but applies the maps directly (wom-sama/DACS_CNPM trkh/models/visual_contrast_attention.py:
@@ -220,12 +202,10 @@ class VisualContrastAttention(GridAttention):
         # stages"), so the default is False; tannguyenbmt47/VCA_object_detection models.py applies it (True).
         # Every paper recipe trains with attn_drop 0, where the two are the same network.
         self.apply_attn_drop = apply_attn_drop
-        self.attn_drop_p = attn_drop if apply_attn_drop else 0.0
+        self.attn_drop = nn.Dropout(self.attn_drop_p)
+        self.attn_drop_p = self.attn_drop_p if apply_attn_drop else 0.0
         self.fused_attn = use_fused_attn()
-        self.grid_size = self._validated_grid(grid_size)
-
-        self._init_qkv(dim, qkv_bias, qk_norm, norm_layer)
-        self.attn_drop = nn.Dropout(attn_drop)
+        self.grid_size = self._validated_grid(self.grid_size)
 
         n = self.num_contrast_tokens
         self.embed_pos = nn.Parameter(torch.empty(n, dim)) if "emb" in tokens_pos else None
@@ -240,9 +220,7 @@ class VisualContrastAttention(GridAttention):
         self.stage1_norm = RmsNormFp32(self.head_dim, eps=RMS_NORM_EPS)
         self.stage2_norm = RmsNormFp32(self.head_dim, eps=RMS_NORM_EPS)
         self.local_conv = local_conv_layer(dim) if local_conv else None
-
-        self.proj = nn.Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(proj_drop)
+        self._init_proj()
         self.init_weights()
 
     # -- construction helpers -------------------------------------------------
@@ -290,28 +268,15 @@ class VisualContrastAttention(GridAttention):
         """(lambda1, lambda2) as a float32 tensor of shape (2,)."""
         return torch.stack([self.lambda1(), self.lambda2()])
 
-    def _check_tokens(self, N: int) -> None:
-        check_token_count(N, self.num_prefix_tokens, self.grid_size, "VCA")
-
-    def _split_heads(self, embed: torch.Tensor) -> torch.Tensor:
-        # (n, C) -> (1, heads, n, d), channel c belongs to head c // d as in the qkv layout
-        return embed.view(self.num_contrast_tokens, self.num_heads, self.head_dim).permute(1, 0, 2).unsqueeze(0)
-
     def contrast_tokens(self, q: torch.Tensor, reference: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The n contrast tokens of each stream, (B, heads, n, d); t- is None when unused."""
-        B = q.shape[0]
-        H, W = self.grid_size
-        h, w = self.contrast_grid
         pooled: Optional[torch.Tensor] = None
         if self.pools:
-            patches = q[:, :, self.num_prefix_tokens :]
             pool_matrix = self._pool_matrix
             if reference and pool_matrix is not None:  # each token the plain mean of its window
-                pooled = pool_matrix.to(q.dtype) @ patches
+                pooled = pool_matrix.to(q.dtype) @ q[:, :, self.num_prefix_tokens :]
             else:
-                grid = patches.transpose(-1, -2).reshape(B * self.num_heads, self.head_dim, H, W)
-                pooled = F.adaptive_avg_pool2d(grid, (h, w))
-                pooled = pooled.reshape(B, self.num_heads, self.head_dim, h * w).transpose(-1, -2)
+                pooled = self._pooled_queries(q, self.contrast_grid)
         t_pos = self._stream(self.tokens_pos, self.embed_pos, pooled, q)
         assert t_pos is not None  # the positive stream always exists
         return t_pos, self._stream(self.tokens_neg, self.embed_neg, pooled, q)
@@ -325,7 +290,7 @@ class VisualContrastAttention(GridAttention):
         if kind == "pool":
             return pooled
         assert embed is not None
-        e = self._split_heads(embed).to(q.dtype)
+        e = self._split_heads(embed.unsqueeze(0)).to(q.dtype)
         if kind == "emb":
             return e.expand(q.shape[0], -1, -1, -1)
         assert pooled is not None
@@ -348,41 +313,6 @@ class VisualContrastAttention(GridAttention):
         first, second = x.chunk(2, dim=-1)
         return first, second
 
-    def _differential_fused(
-        self,
-        qa: torch.Tensor,
-        ka: torch.Tensor,
-        qb: torch.Tensor,
-        kb: torch.Tensor,
-        v: torch.Tensor,
-        lam: torch.Tensor,
-        scale: float,
-        same_keys: bool = False,
-    ) -> torch.Tensor:
-        """softmax(qa ka^T) v - lam * softmax(qb kb^T) v with SDPA calls (one call when ka is kb)."""
-        if same_keys or ka is kb:  # same keys: one call over the stacked queries
-            out = self._attend(torch.cat([qa, qb], dim=2), ka, v, scale)
-            n_a = qa.shape[2]
-            out_a, out_b = out[:, :, :n_a], out[:, :, n_a:]
-        else:
-            out_a, out_b = self._attend(qa, ka, v, scale), self._attend(qb, kb, v, scale)
-        return out_a - lam.to(out_a.dtype) * out_b
-
-    def _differential_reference(
-        self,
-        qa: torch.Tensor,
-        ka: torch.Tensor,
-        qb: torch.Tensor,
-        kb: torch.Tensor,
-        v: torch.Tensor,
-        lam: torch.Tensor,
-        scale: float,
-        same_keys: bool = False,
-    ) -> torch.Tensor:
-        """(softmax(qa ka^T) - lam * softmax(qb kb^T)) v, the attention maps materialised."""
-        attn = self._probs(qa, ka, scale) - lam.to(qa.dtype) * self._probs(qb, kb, scale)
-        return attn @ v
-
     def _differential(
         self,
         qa: torch.Tensor,
@@ -395,24 +325,20 @@ class VisualContrastAttention(GridAttention):
         reference: bool,
         same_keys: bool = False,
     ) -> torch.Tensor:
-        """The differential product on the reference or the fused path (a flag, not a bound method: TorchScript)."""
+        """(softmax(qa ka^T) - lam * softmax(qb kb^T)) v: the maps materialised on the reference path, else SDPA
+        calls (one when ka is kb)."""
         if reference:
-            return self._differential_reference(qa, ka, qb, kb, v, lam, scale)
-        return self._differential_fused(qa, ka, qb, kb, v, lam, scale, same_keys)
-
-    def _is_reference(self, differential) -> bool:
-        # the stage helpers' Python interface names a path by its bound method
-        return differential == self._differential_reference
+            attn = self._probs(qa, ka, scale) - lam.to(qa.dtype) * self._probs(qb, kb, scale)
+            return attn @ v
+        if same_keys or ka is kb:  # same keys: one call over the stacked queries
+            out = self._attend(torch.cat([qa, qb], dim=2), ka, v, scale)
+            n_a = qa.shape[2]
+            out_a, out_b = out[:, :, :n_a], out[:, :, n_a:]
+        else:
+            out_a, out_b = self._attend(qa, ka, v, scale), self._attend(qb, kb, v, scale)
+        return out_a - lam.to(out_a.dtype) * out_b
 
     # -- the two stages -------------------------------------------------------------
-
-    def _stage1(self, t_pos, t_neg, k, v, lam, differential):
-        """Stage I with ``differential`` = ``self._differential_fused`` or ``self._differential_reference``."""
-        return self._global_contrast(t_pos, t_neg, k, v, lam, self._is_reference(differential))
-
-    def _stage2(self, q, t_pos, t_neg, v_hat, lam, differential, reference: bool):
-        """Stage II with ``differential`` as in ``_stage1``; ``reference`` picks the joint softmax's path."""
-        return self._patch_contrast(q, t_pos, t_neg, v_hat, lam, self._is_reference(differential), reference)
 
     def _global_contrast(
         self,
@@ -438,15 +364,14 @@ class VisualContrastAttention(GridAttention):
         t_neg: Optional[torch.Tensor],
         v_hat: torch.Tensor,
         lam: torch.Tensor,
-        differential_reference: bool,
         reference: bool,
     ) -> torch.Tensor:
         if self.stage2 == "diff":
             (q1, q2), (t1, t2) = self._halves(q), self._halves(t_pos)
-            out = self._differential(q1, t1, q2, t2, v_hat, lam, (self.head_dim // 2) ** -0.5, differential_reference)
+            out = self._differential(q1, t1, q2, t2, v_hat, lam, (self.head_dim // 2) ** -0.5, reference)
         elif self.stage2_softmax == "separate":
             assert t_neg is not None
-            out = self._differential(q, t_pos, q, t_neg, v_hat, lam, self.scale, differential_reference)
+            out = self._differential(q, t_pos, q, t_neg, v_hat, lam, self.scale, reference)
         elif reference:
             assert t_neg is not None
             attn = self._probs(q, torch.cat([t_pos, t_neg], dim=2), self.scale)
@@ -469,14 +394,9 @@ class VisualContrastAttention(GridAttention):
         is_causal: bool = False,
         reference: Optional[bool] = None,
     ) -> torch.Tensor:
-        """``attn_mask`` / ``is_causal`` are accepted for timm's ``Block`` and must be unset.
-
-        ``reference=True`` forces the materialised-map path, ``False`` the fused one;
-        the default follows timm's ``use_fused_attn()``.
-        """
-        check_unmasked(attn_mask, is_causal, "VCA")
+        """``reference=True`` materialises the maps, ``False`` fuses; the default follows ``use_fused_attn()``."""
+        check_input(x, attn_mask, is_causal, self.num_prefix_tokens, self.grid_size, "VCA")
         B, N, C = x.shape
-        self._check_tokens(N)
         use_reference = (not self.fused_attn) if reference is None else reference
 
         q, k, v = self._qkv_heads(x)
@@ -485,7 +405,7 @@ class VisualContrastAttention(GridAttention):
         t_pos, t_neg = self.contrast_tokens(q, use_reference)
 
         v_hat = self._global_contrast(t_pos, t_neg, k, v, lam1, use_reference)
-        out = self._patch_contrast(q, t_pos, t_neg, v_hat, lam2, use_reference, use_reference)
+        out = self._patch_contrast(q, t_pos, t_neg, v_hat, lam2, use_reference)
         out = out.transpose(1, 2).reshape(B, N, C)
 
         if self.local_conv is not None:
