@@ -6,7 +6,7 @@ import json
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
@@ -21,24 +21,9 @@ JOBS_FILE = STATE_DIR / "jobs.json"
 LOG_DIR = STATE_DIR / "logs"  # submitit's folder: <job>_0_log.out / .err, the job's pickles
 LOCAL_LOGS = STATE_DIR / "local"  # the stages run here: <stage>.log
 JOB_NAME = "vcarepro:"
-# squeue's states of a job that has not ended (squeue(1) "JOB STATE CODES").
-ACTIVE = {
-    "PENDING",
-    "CONFIGURING",
-    "RUNNING",
-    "COMPLETING",
-    "REQUEUED",
-    "REQUEUE_FED",
-    "REQUEUE_HOLD",
-    "RESIZING",
-    "SUSPENDED",
-    "STOPPED",
-    "SIGNALING",
-    "STAGE_OUT",
-    "RESV_DEL_HOLD",
-    "SPECIAL_EXIT",
-}
-QUEUED = {"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "SPECIAL_EXIT", "SUSPENDED"}
+# squeue's states (squeue(1) "JOB STATE CODES") of a job waiting to (re)start, and of one that has not ended.
+QUEUED = set("PENDING REQUEUED REQUEUE_FED REQUEUE_HOLD RESV_DEL_HOLD SPECIAL_EXIT SUSPENDED".split())
+ACTIVE = QUEUED | set("CONFIGURING RUNNING COMPLETING RESIZING STOPPED SIGNALING STAGE_OUT".split())
 TAIL_LINES = 8
 
 
@@ -133,14 +118,7 @@ class Record:
     pushed: str = ""  # "" (not pushed by this driver), "yes", or "failed: <DVC's last line>"
 
     def as_dict(self) -> Dict[str, Any]:
-        return {
-            "job_id": self.job_id,
-            "state": self.state,
-            "log": self.log,
-            "message": self.message,
-            "fix": self.fix,
-            "pushed": self.pushed,
-        }
+        return {key: value for key, value in asdict(self).items() if key != "stage"}  # the books key by stage
 
 
 def load_records(root: Path) -> Dict[str, Record]:
