@@ -20,13 +20,16 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import networkx as nx
 import psutil
 import pytest
 import yaml
 
 from helpers import ROOT, micro_params, reproduced_repo, sh
 from vcarepro.params.config import compose
-from vcarepro.tools import cluster
+from vcarepro.tools.cluster import stages
+from vcarepro.tools.cluster.driver import job_parameters
+from vcarepro.tools.cluster.slurm import JOB_NAME, ClusterError
 
 # ---------------------------------------------------------------------------------------------
 # A job's size and the order of stages, without SLURM.
@@ -41,7 +44,7 @@ def paper_params(**cluster_overrides) -> dict:
 def test_a_training_job_is_sized_by_distributed_and_the_cluster_section():
     params = paper_params(partition="gpu", account="lab", qos="high", mem_gb=400)
     params["distributed"].update(nnodes=1, nproc_per_node=4)
-    job = cluster.job_parameters("train_cls@deit_tiny-vca", params, Path("/ws"))
+    job = job_parameters("train_cls@deit_tiny-vca", params, Path("/ws"))
     assert job == {
         "job_name": "vcarepro:train_cls@deit_tiny-vca",
         "comment": "/ws",
@@ -58,62 +61,64 @@ def test_a_training_job_is_sized_by_distributed_and_the_cluster_section():
         "qos": "high",
         "mem": "400GB",
     }
-    other = cluster.job_parameters("eval_cls@deit_tiny-vca", params, Path("/ws"))
+    other = job_parameters("eval_cls@deit_tiny-vca", params, Path("/ws"))
     assert (other["nodes"], other["gpus_per_node"], other["time"]) == (1, 1, 600)
 
 
 def test_env_and_gpu_words_take_the_cluster_sections_sizes():
     params = paper_params(nodes=4, gpus_per_node=8)
     params["distributed"].update(nnodes="env", nproc_per_node="gpu", launcher="srun", rdzv_endpoint="env")
-    job = cluster.job_parameters("train_gen@dit_s2-vca", params, Path("/ws"))
+    job = job_parameters("train_gen@dit_s2-vca", params, Path("/ws"))
     assert (job["nodes"], job["gpus_per_node"]) == (4, 8)
 
 
 def test_a_multi_node_job_without_the_srun_launcher_is_refused_in_one_sentence():
     params = paper_params(nodes=2)
     params["distributed"].update(nnodes="env", launcher="torchrun")
-    with pytest.raises(cluster.ClusterError, match="set distributed.launcher: srun"):
-        cluster.job_parameters("train_cls@deit_tiny-vca", params, Path("/ws"))
+    with pytest.raises(ClusterError, match="set distributed.launcher: srun"):
+        job_parameters("train_cls@deit_tiny-vca", params, Path("/ws"))
 
 
 def test_cpu_scales_ask_for_no_gpus():
     params = compose([])
-    job = cluster.job_parameters("train_cls@deit_tiny-vca", params, Path("/ws"))
+    job = job_parameters("train_cls@deit_tiny-vca", params, Path("/ws"))
     assert "gpus_per_node" not in job and job["cpus_per_task"] == 1
 
 
-GRAPH = {
-    "prep": [],
-    "train@a": ["prep"],
-    "train@b": ["prep"],
-    "eval@a": ["train@a", "prep"],
-    "eval@b": ["train@b", "prep"],
-    "report": ["eval@a", "eval@b"],
-}
+GRAPH = nx.DiGraph(  # DVC's direction: a stage -> the stages it reads from
+    {
+        "prep": [],
+        "train@a": ["prep"],
+        "train@b": ["prep"],
+        "eval@a": ["train@a", "prep"],
+        "eval@b": ["train@b", "prep"],
+        "report": ["eval@a", "eval@b"],
+    }
+)
 
 
 def test_a_stage_starts_only_when_everything_upstream_is_done():
-    assert cluster.ready_stages(GRAPH, {"prep", "train@a"}) == ["prep"]
+    assert stages.ready_stages(GRAPH, {"prep", "train@a"}) == ["prep"]
     # prep done: both trainings at once; eval@a waits although DVC does not (yet) call it changed
-    assert cluster.ready_stages(GRAPH, {"train@a", "train@b"}) == ["train@a", "train@b"]
-    assert cluster.todo_stages(GRAPH, {"train@a"}) == {"train@a", "eval@a", "report"}
-    assert cluster.ready_stages(GRAPH, {"eval@b", "report"}) == ["eval@b"]
-    assert cluster.ready_stages(GRAPH, set()) == []
-    order = cluster.topological(GRAPH)
-    assert all(order.index(up) < order.index(s) for s, ups in GRAPH.items() for up in ups)
+    assert stages.ready_stages(GRAPH, {"train@a", "train@b"}) == ["train@a", "train@b"]
+    assert stages.todo_stages(GRAPH, {"train@a"}) == {"train@a", "eval@a", "report"}
+    assert stages.ready_stages(GRAPH, {"eval@b", "report"}) == ["eval@b"]
+    assert stages.ready_stages(GRAPH, set()) == []
+    order = stages.topological(GRAPH)
+    assert all(order.index(up) < order.index(s) for s, up in GRAPH.edges)
 
 
 def test_targets_bring_in_what_they_need_and_unknown_ones_are_named():
-    assert set(cluster.restrict(GRAPH, ["eval@a"])) == {"eval@a", "train@a", "prep"}
-    assert cluster.restrict(GRAPH, []) == GRAPH
-    with pytest.raises(cluster.ClusterError, match="no stage 'eval@c' in dvc.yaml"):
-        cluster.restrict(GRAPH, ["eval@c"])
+    assert set(stages.restrict(GRAPH, ["eval@a"])) == {"eval@a", "train@a", "prep"}
+    assert stages.restrict(GRAPH, []) == GRAPH
+    with pytest.raises(ClusterError, match="no stage 'eval@c' in dvc.yaml"):
+        stages.restrict(GRAPH, ["eval@c"])
 
 
 def test_the_stage_graph_is_dvcs_own():
-    graph = cluster.stage_graph(ROOT)
+    graph = stages.stage_graph(ROOT)
     assert set(graph["eval_cls@deit_tiny-vca"]) == {"train_cls@deit_tiny-vca", "prepare_cls"}
-    assert "report" in graph and not any("report" in ups for ups in graph.values())
+    assert "report" in graph and not any("report" in ups for ups in graph.adj.values())
 
 
 def test_the_cluster_section_is_checked(tmp_path):
@@ -285,7 +290,7 @@ def wait(condition, what: str, timeout: float = 300, driver: subprocess.Popen | 
 
 def running_jobs(node: OneNodeSlurm) -> set:
     out = node.run("squeue", "--noheader", "--states=RUNNING", "--format=%j").stdout
-    return {line.strip().removeprefix(cluster.JOB_NAME) for line in out.splitlines() if line.strip()}
+    return {line.strip().removeprefix(JOB_NAME) for line in out.splitlines() if line.strip()}
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ import yaml
 from helpers import ROOT, load_stage, micro_params
 from vcarepro.core import progress
 from vcarepro.core.progress import Progress, parse_line
-from vcarepro.tools.cluster import log_progress, status_lines
+from vcarepro.tools.cluster.status import log_progress, status_lines
 
 CLS, GEN = "deit_tiny-vca", "dit_s2-vca"
 UPDATES_PER_EPOCH = 5  # 1,437 training digits in batches of 256
