@@ -1,58 +1,26 @@
-"""Agent Attention.
+"""Agent Attention, arXiv 2312.08874; after LeapLabTHU/Agent-Attention
+``agent_transformer/models/agent_deit.py`` ``AgentAttention`` (docs/family.md
+compares it).
 
-Paper: "Agent Attention: On the Integration of Softmax and Linear Attention",
-Han et al., ECCV 2024, arXiv 2312.08874. Official code: LeapLabTHU/Agent-Attention,
-``agent_transformer/models/agent_deit.py`` (``AgentAttention``, the DeiT layer
-with a class token); the Swin and PVT layers (``agent_swin.py``, ``agent_pvt.py``)
-are the same without one.
+Per head, n agent tokens a (the patch-grid queries adaptively pooled, as the
+official ``nn.AdaptiveAvgPool2d``) aggregate S = softmax(a k^T / sqrt(d) + B_an),
+v_a = S v, and broadcast o = softmax(q a^T / sqrt(d) + B_na) v_a: O(N n C).
+A k x k depthwise term of v is added to the patch outputs.
 
-Tokens ``x`` of shape (B, N, C) are ``num_prefix_tokens`` prefix tokens (DeiT's
-class token) followed by the row-major H x W patch grid. Per head (head dim d):
+Prefix tokens are keys / values of the aggregation and queries of the
+broadcast, never pooled nor convolved, with a learned (head, agent) bias each
+way: P = 1 is the official DeiT layer (``ac_bias`` / ``ca_bias``), P = 0 the
+Swin / PVT / DiT form. The position biases are the official ones, the 7 x 7
+grids resized bilinearly each forward; the row / column biases are sized to
+``grid_size`` and resized by 1-D linear interpolation on ``set_grid_size`` or
+loading another grid's state dict, as the official ``load_pretrained`` does, so
+the parameter count grows with the grid as the published Agent-DeiT-S does.
 
-    a = adaptive avg-pool of the patch-grid queries to an h x w grid (n = h * w agent tokens)
-    agent aggregation  (n x N):  S = softmax(a k^T / sqrt(d) + B_an),   v_a = S v
-    agent broadcast    (N x n):  T = softmax(q a^T / sqrt(d) + B_na),   o = T v_a
-
-so the cost is O(N n C) instead of MHSA's O(N^2 C). A depthwise k x k
-convolution of v on the patch grid is added to the patch outputs; heads are
-concatenated and projected.
-
-Class token (the official DeiT layer): it is neither pooled into the agents nor
-convolved, but it is an ordinary key/value in the aggregation and an ordinary
-query in the broadcast, with a learned bias of its own per head and agent
-(official ``ac_bias`` / ``ca_bias``). Here that is generalised to any number P of
-prefix tokens, each with its own (head, agent) bias in both directions; P = 1 is
-the official layer, P = 0 (DiT, Swin, PVT) has no such biases.
-
-Position biases (all learned, per head and agent; official names in brackets):
-    B_an[a, (r, c)] = up(agent_patch_bias)[a, r, c] + agent_row_bias[a, r] + agent_col_bias[a, c]
-    B_na[(r, c), a] = up(patch_agent_bias)[a, r, c] + row_agent_bias[r, a] + col_agent_bias[c, a]
-    B_an[a, p]      = agent_prefix_bias[a, p],   B_na[p, a] = prefix_agent_bias[p, a]
-``up`` is bilinear resizing (align_corners=False) of a fixed 7 x 7 grid to H x W,
-done in every forward (official ``an_bias`` / ``na_bias``), so it follows any grid.
-The row / column biases (official ``ah_bias``, ``aw_bias``, ``ha_bias``, ``wa_bias``)
-have one entry per patch row / column: the official code sizes them to its
-window (``img_size // patch_size``, 14 on DeiT at 224). Here they are sized to
-``grid_size`` at construction (16 for DiT's 16 x 16 latent grid) and, when the
-grid changes (``set_grid_size``) or a state dict saved at another grid is loaded,
-they are resized by 1-D linear interpolation (align_corners=False), which is
-what the official ``load_pretrained`` (``agent_transformer/utils.py``) does to
-fine-tune at another resolution. The parameter count therefore grows with the
-grid, as the published Agent-DeiT-S does (22.7M at 224, 23.1M at 448).
-
-The official layer reads its grid as sqrt(N) x sqrt(N); this one takes (H, W), so
-non-square grids and non-square agent grids work. Pooling is PyTorch's adaptive
-average pooling, as the official ``nn.AdaptiveAvgPool2d``; an agent grid larger
-than the patch grid would repeat queries and is refused.
-
-Both softmaxes are normalised, so unlike kernelised linear attentions there are
-no unbounded kernel sums to overflow in bf16; the biases are built in float32.
-
-Two numerically equivalent paths: the fused path runs both products through
-``F.scaled_dot_product_attention`` with the biases as additive masks and pools
-with ``F.adaptive_avg_pool2d``; the reference path materialises the n x N and
-N x n attention maps with the biases added to the logits, and pools with an
-explicit window-averaging matrix. Tests hold them equal.
+Grids are (H, W), not the official sqrt(N) x sqrt(N), so non-square grids work;
+an agent grid larger than the patch grid would repeat queries and is refused.
+Both maps are softmaxes, so nothing unbounded overflows in bf16; the biases are
+built in float32. ``reference=True`` materialises both maps; tests hold it
+equal to the fused SDPA path.
 """
 
 from typing import Any, Dict, Optional, Sequence, Tuple, Union

@@ -1,78 +1,43 @@
-"""Circulant Attention (CA).
+"""Circulant Attention (CA), arXiv 2512.21542; after LeapLabTHU/Circulant-Attention
+``models/ca_deit.py`` ``CirculantAttention`` (docs/family.md compares it).
 
-Paper: "Vision Transformers are Circulant Attention Learners", Han, Li, Wang, Huang,
-AAAI 2026, arXiv 2512.21542. Official code: LeapLabTHU/Circulant-Attention,
-``models/ca_deit.py`` (``CirculantAttention``, its ``Block`` and ``VisionTransformer``).
+The attention matrix over the H x W patch grid (M patches, positions adding
+cyclically) is block circulant with circulant blocks (BCCB): A[i, j] = a[j - i].
+Per group of d = ``channels_per_kernel`` channels the kernel is
+a = softmax_s(rho * sum_c sum_n q_c[n] k_c[n + s] / sqrt(d)), o_c = A v_c, and
+y = proj(o * SiLU(x Wg + bg)) (``gate=False`` drops the gate). l / (rho M) is
+the Frobenius-nearest BCCB projection of q k^T / sqrt(d), so A is the row
+softmax of that BCCB logit matrix.
 
-Tokens ``x`` of shape (B, N, C) are ``num_prefix_tokens`` prefix tokens followed by
-the row-major H x W patch grid (M = H * W patches). Grid positions add cyclically:
-for n = (r, c) and s = (sr, sc), n + s = ((r + sr) mod H, (c + sc) mod W).
+``logit_divisor``: "sqrt_n" (default, rho = M^-1/2) is what ca_deit.py computes
+(ortho-normed rfft2 / irfft2), although its comment claims the paper's 1/N;
+"n" (rho = 1/M) is the paper's eq. 15, exactly the BCCB projection.
 
-Self-attention is replaced by attention whose matrix is block circulant with
-circulant blocks (BCCB): row i of A is row 0 shifted by i, so A[i, j] = a[j - i]
-for a kernel a over the M cyclic shifts. Per group of d channels (d = ``channels_per_kernel``):
+d = 1 is the method ("We use d=1 in practice", ca_deit.py); d > 1 shares a
+kernel among d channels, an ablation. ``num_heads`` is accepted for the common
+constructor only, as the official ``Block`` never passes it on;
+``self.num_heads`` is dim / d and ``self.head_dim`` is d.
 
-    q, k, v = x Wq, x Wk, x Wv                     (no bias in the official layer)
-    l[s]    = rho * sum_{c in group} sum_n q_c[n] k_c[n + s] / sqrt(d)     (cross-correlation)
-    a       = softmax over the M shifts s of l
-    o_c[i]  = sum_s a[s] v_c[i + s]          i.e.  o_c = A v_c,  A[i, j] = a[j - i]
-    y       = proj(o * SiLU(x Wg + bg))       (the gate; ``gate=False`` drops it)
+The fast path is O(M log M) per channel by rfft2. Without "global" prefix
+tokens it follows the official order (FFT of x, then the real qkv weights on
+the spectrum: fewer transforms; a qkv bias enters only the zero-frequency bin);
+with them q, k, v are computed per token, since prefix queries need the
+patches' real keys and values. FFTs, softmax and products run in float32
+(float64 for float64 input): torch.fft has no CPU bf16, and the official
+``Linear`` casts to float32 too. ``reference=True`` materialises q k^T per
+group, averages each cyclic diagonal and takes the row softmax, no FFT.
 
-l[s] / rho is the mean of the logits q_i . k_j / sqrt(d) along the cyclic diagonal
-j - i = s, times M: l / (rho M) is the orthogonal (Frobenius-nearest) projection of
-q k^T / sqrt(d) onto BCCB matrices, and A is the row softmax of that BCCB logit matrix
-(a row softmax of a BCCB matrix is BCCB). The factor rho (``logit_divisor``):
+Prefix tokens: the official model has none (it mean-pools), and a token outside
+the grid has no cyclic shift, so patches attend to the grid only.
+``prefix_attention="global"`` (default) makes each prefix token an ordinary
+per-group softmax query over all N tokens, so DeiT's class token still
+gathers; "none" gives prefix tokens no attention output, for models that pool.
+The gate applies to every token.
 
-    "sqrt_n" (default): rho = M^-1/2, what ca_deit.py computes: rfft2(x, norm='ortho'),
-              then irfft2(conj(Q) K, norm='ortho'), whose product is M^-1/2 times the
-              plain correlation sum. The code comment there says it implements the
-              paper's 1/N; it does not: its logits are sqrt(M) (14 at 224 / patch 16)
-              times those of the equation.
-    "n":      rho = 1 / M, the equation as the README (and paper eq. 15) writes it,
-              a = softmax(F^-1(conj(F Q) . F K) / (N sqrt(d))): exactly the BCCB projection.
-
-d = 1 is the method: the official layer uses one kernel per channel ("We use d=1 in
-practice, as discussed in Table 5", ca_deit.py); d > 1 sums the correlation over d
-channels and shares the kernel among them (the README's `. 1_{d x 1}`), an ablation.
-``num_heads`` is therefore NOT used: the official ``Block`` takes ``num_heads`` (3 for
-DeiT-T, 6 for DeiT-S) and never passes it to ``CirculantAttention``. It is accepted for
-the common constructor only; ``self.num_heads`` is the number of kernels, dim / d
-(= dim for the method), and ``self.head_dim`` is d.
-
-Fast path, O(M log M) per channel (all FFTs over the grid, torch.fft.rfft2 / irfft2):
-    Q, K, V = F(q), F(k), F(v);  l = rho F^-1(conj(Q) K) / sqrt(d);  o = F^-1(conj(F(a)) V)
-With no prefix token that needs real-domain keys it follows the official order: the FFT
-of x (C transforms), then the real qkv weights applied to the spectrum's real and
-imaginary parts (linearity; 2C transforms fewer than transforming q, k, v, but
-2 H (W//2 + 1) / (H W) times the qkv multiply-adds, 224/196 at 14x14); a qkv bias then
-enters only the zero-frequency bin (M * b). With "global" prefix tokens q, k, v are
-computed per token (the prefix queries need the patches' keys and values) and the
-patches' q, k, v transformed (3C transforms). FFTs, the
-softmax and the products run in float32 (float64 for float64 input): torch.fft has no
-bf16 on CPU, and the official ``Linear`` also casts its output to float32.
-
-Reference path: q k^T / sqrt(d) per group materialised (M x M), averaged along each
-cyclic diagonal into the BCCB logit matrix, row softmax, A v -- no FFT.
-
-Prefix tokens (DeiT's class token): the official model has none (it mean-pools the
-patches), and a token outside the grid has no place in a cyclic shift. Patch tokens
-therefore attend to the grid only (their attention to prefix tokens is 0, so the grid
-block of A is exactly the BCCB matrix). What prefix tokens do is ``prefix_attention``:
-    "global" (default): each prefix token is an ordinary query over all N tokens
-              (prefix and patches) with the same groups of d channels, softmax(q_p k^T /
-              sqrt(d)) v, so with d = 1 it is per-channel softmax attention, O(P N C);
-              the class token keeps gathering information as in DeiT.
-    "none":   prefix tokens get no attention output (only the gate, proj bias, residual
-              and MLP act on them): for models that pool the patches.
-The gate applies to every token, prefix tokens included.
-
-attn_drop drops shifts of the kernel a (the same shifts for every row, so A stays
-BCCB) and, for "global" prefix rows, ordinary attention weights; the official layer
-has no attention dropout. qk_norm is refused: with d = 1 a norm over the head
-dimension maps every query and key to a constant.
-
-``flop_counter_mapping()`` gives torch's FlopCounterMode the cost of the FFT ops, which
-it otherwise counts as zero.
+attn_drop drops shifts of a (the same for every row, so A stays BCCB); the
+official layer has none. qk_norm is refused: with d = 1 a norm over the head
+dimension maps every query and key to a constant. ``flop_counter_mapping()``
+counts the FFT ops, which FlopCounterMode otherwise counts as zero.
 """
 
 import math

@@ -1,60 +1,24 @@
-"""Focused Linear Attention (FLatten).
+"""Focused Linear Attention (FLatten), arXiv 2308.00442; after
+LeapLabTHU/FLatten-Transformer ``models/flatten_swin.py`` ``FocusedLinearAttention``
+as of commit e205a01 (docs/family.md compares it).
 
-Paper: "FLatten Transformer: Vision Transformer using Focused Linear Attention",
-Han, Pan, Han, Song, Huang, ICCV 2023, arXiv 2308.00442. Official code:
-LeapLabTHU/FLatten-Transformer, class ``FocusedLinearAttention`` in
-``models/flatten_swin.py`` (also ``flatten_pvt.py``, ``flatten_pvt_v2.py``,
-``flatten_cswin.py``: the same computation since commit e205a01, "fix numerical
-instability", 2024-05-28).
+k gets a learnable per-token row E; a(x) = (ReLU(x) + 1e-6) / softplus(s) and
+the focusing map phi(x) = ||a|| / ||a ** p|| * a ** p are taken over all C
+channels before the heads split, as the official code does. Per head
+O = Q K^T V / (rowsum(Q K^T) + N eps), plus a k x k depthwise term of v
+(one d-channel kernel shared by the heads, as the official ``dwc``).
 
-Tokens ``x`` of shape (B, N, C) are ``num_prefix_tokens`` prefix tokens followed by
-an H x W patch grid. q, k, v = x W_qkv (full width C), then
+The efficient path associates Q (K^T V / N) / (Q . mean(K) + eps), O(N d^2);
+``reference=True`` materialises the N x N map. Against fp16 overflow (upstream
+issues 15 and 18) it scales by 1/N (the official fix), raises a / max(a) to
+the power p (phi is invariant to the rescale and the power stays in (0, 1]),
+and runs in float32 with autocast off: bf16 has the range but not the
+resolution for eps = 1e-6.
 
-    k <- k + E                                 E: a learnable row per token (N x C)
-    a(x) = (ReLU(x) + 1e-6) / softplus(s)      s: learnable, one per channel (C)
-    phi(x) = ||a|| / ||a ** p|| * a ** p       focusing function, p = focusing_factor
-
-with the norms and the power taken over all C channels of a token, *before* the
-heads are split (as the official code does). Per head h (head dim d), with
-Q = phi(q)_h, K = phi(k)_h, V = v_h:
-
-    A = Q K^T / (rowsum(Q K^T) + N * 1e-6)     (N x N, rows sum to ~1)
-    O_h = A V
-
-Heads are concatenated, a depthwise k x k convolution of v on the patch grid is
-added ("rank restoration"; one d-channel kernel shared by all heads, as the
-official ``dwc = Conv2d(head_dim, head_dim, groups=head_dim)`` applied to
-v reshaped to (B * heads, d, H, W)), and the result is projected.
-
-Efficient path: A V = Q (K^T V) / (Q K^T 1 + N eps), associated as
-``Q @ (K^T V / N) / (Q . mean(K) + eps)``: O(N d^2) per head instead of O(N^2 d).
-Reference path: A materialised (N x N) and multiplied by V, the focusing power
-taken literally. Tests hold them equal.
-
-Numerical safety (fp16 overflow in the official code before e205a01,
-LeapLabTHU/FLatten-Transformer#15 and #18): the efficient path
-  * scales K^T V and the key sum by 1/N (the official fix: K and V each times
-    N^-1/2, the normaliser with mean(K)), so the sums do not grow with N;
-  * raises a to the power p after dividing by its largest channel (phi is
-    invariant to that rescale, and (a / max a) ** p lies in (0, 1], so the power
-    cannot overflow whatever p and the activations);
-  * computes the feature maps, K^T V, the normaliser and the product in float32
-    with autocast off whatever the input dtype (bf16/fp16), casting the result
-    back before the output projection. bf16 has float32's range, so the float32
-    island is for precision (eps = 1e-6 is below bf16's resolution near 1), fp16
-    is where the range matters.
-
-Prefix tokens (DeiT's class token): the official models have none (FLatten-PVT
-comments the class token out and mean-pools, ``flatten_pvt.py``
-``forward_features``). Here prefix tokens are ordinary queries and keys of the
-one linear attention; see ``prefix_pos_encoding`` for their key position rows.
-They have no grid position, so they get no depthwise-convolution term and
-their values do not enter the convolution (zero padding, as at the grid border).
-
-The positional encoding E has one row per token position. ``set_grid_size``
-resizes its grid rows by bicubic interpolation, as the official fine-tuning
-code resizes ``positional_encoding`` (``utils.py`` ``load_pretrained``), and
-keeps the prefix rows.
+Prefix tokens (the official models have none and mean-pool) are ordinary
+queries and keys here (``prefix_pos_encoding`` gives their key rows); with no
+grid position they get no depthwise term. ``set_grid_size`` resizes E's grid
+rows bicubically, as the official ``load_pretrained`` does.
 """
 
 from __future__ import annotations

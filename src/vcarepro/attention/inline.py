@@ -1,59 +1,29 @@
 """InLine attention: injective linear attention with a local attention residual.
 
-Paper: "Bridging the Divide: Reconsidering Softmax and Linear Attention",
-Han et al., NeurIPS 2024, arXiv 2412.06590. Official code: LeapLabTHU/InLine,
-``models/inline_deit.py`` (``InLineAttention``); the Swin / PVT / CSWin files
-hold the same layer without a class token.
+arXiv 2412.06590; after LeapLabTHU/InLine ``models/inline_deit.py``
+``InLineAttention`` (docs/family.md compares it). Per head, with s = d^-1/2 / N:
 
-Tokens ``x`` of shape (B, N, C) are ``num_prefix_tokens`` prefix tokens (the
-class token) followed by an H x W patch grid. Per head (head dim d), with a
-kernel phi (the identity in every published model) and s = d^-1/2 / N:
-
-Global term, the injective linear attention map (rows sum to 1)
     A_ij = s phi(q_i) . phi(k_j) - (1/N) sum_l s phi(q_i) . phi(k_l) + 1/N
-    g_i  = sum_j A_ij v_j
-Computed linearly in N by associativity, on centred keys and values (k_c, v_c):
-    g_i  = s phi(q_i) (sum_j phi(k_j)_c^T v_j,c) + mean_j v_j
-which is the official form s phi(q_i) (sum_j phi(k_j)^T v_j) + (1 - d^-1/2 phi(q_i) . mean_j phi(k_j)) mean_j v_j
-rearranged (centred keys sum to zero) so that no two large terms cancel in bf16 / fp16.
+    o    = proj(concat_heads(A v) + l)
 
-Local term (the "local attention residual"), patch tokens only
-    r    = W2 GELU(W1 mean_n(x_n) + b1) + b2       grouped per head, r in R^(9C)
-    l_i  = sum over the 3 x 3 neighbours j of patch i of r[c, offset(i, j)] v_j[c]
-    i.e. a 3x3 depthwise convolution of v over the patch grid whose kernel,
-    one per sample and channel, is predicted from the mean input token.
+where l is a 3x3 depthwise convolution of v over the patch grid whose kernel,
+per sample and channel, an MLP (``residual``) predicts from the mean token.
+Rows of A sum to 1 for any scores (not a distribution: entries can be
+negative), which makes the map injective where normalised linear attention is
+scale invariant. The paper omits s; the official code folds it into phi(q),
+so A here is what the released models compute.
 
-    o = proj(concat_heads(g) + l)
+A v is computed linearly in N on centred keys and values,
+s phi(q_i) (sum_j phi(k_j)_c^T v_j,c) + mean_j v_j: the official form
+rearranged so that no two large terms cancel in bf16 / fp16 (keys sharing a
+large mean otherwise cost 16% in fp16, 140% in bf16). The k / v sum is scaled
+as the official code does, so it cannot grow with N. ``reference=True``
+materialises A and sums the nine shifted neighbours explicitly.
 
-The paper writes A without the factor d^-1/2 / N; the official code folds it
-into phi(q) (comment above its ``kv = ...`` line), so A here is what the
-released models compute. It does not change the row sums: the map minus its
-row mean plus 1/N sums to 1 for any scores, which is what makes the map
-injective (a query scaled by c gets a different map) where plain normalised
-linear attention phi(q)phi(k)^T / sum_l phi(q)phi(k_l) is scale invariant.
-The entries can be negative: it is not a probability distribution.
-
-Class token, as the official DeiT model handles it: prefix tokens are queries,
-keys and values of the global term like any token (N counts them), they are
-part of the mean token that predicts the local kernel, and they get no local
-term (the convolution runs over the patch grid only). With no prefix tokens
-(DiT) this is exactly the Swin / PVT form of the layer.
-
-Half-precision safety: the key / value sum is formed from k and v each scaled
-by sqrt(d^-1/2 / N) (as the official code does), so it is a mean and cannot
-grow with N; the other sums are means too. Centring k and v first keeps the
-result accurate when the keys share a large mean (the official form's two
-terms then nearly cancel: with q, k, v entries in [9, 11] at N = 4096 it is
-off by 16% in fp16 and 140% in bf16, the centred form by 0.03% and 0.2%).
-
-Two numerically equivalent paths: the default one above (O(N d^2) per head,
-local term by a grouped ``conv2d``), and ``reference=True``, which materialises
-the N x N map A from its definition and sums the nine shifted neighbours of
-the local term explicitly. Tests hold them equal.
-
-Parameter names (``qkv``, ``proj``, ``residual.0``, ``residual.2``) and shapes
-are the official ones, so a released InLine-DeiT checkpoint's attention
-weights load into this layer.
+Prefix tokens, as the official DeiT handles the class token: ordinary tokens of
+the global term and of the mean that predicts the kernel, with no local term.
+Parameter names and shapes are the official ones, so a released InLine-DeiT
+checkpoint's attention weights load.
 """
 
 from typing import Any, Callable, Optional, Tuple

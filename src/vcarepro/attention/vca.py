@@ -1,81 +1,24 @@
-"""Visual-Contrast Attention (VCA).
+"""Visual-Contrast Attention (VCA), arXiv 2511.00833.
 
-Paper: "Linear Differential Vision Transformer: Learning Visual Contrasts via
-Pairwise Differentials", NeurIPS 2025, arXiv 2511.00833.
+Stage I pools the patch-grid queries to n contrast tokens, makes two streams
+t+ / t- (plus learnable embeddings) and contrasts what they read from all N
+keys; Stage II lets every query attend to [t+; t-] with one joint softmax and
+takes the lambda-weighted difference. Cost O(N n C) against MHSA's O(N^2 C).
+docs/vca.md gives the equations, the defaults and their evidence, and the
+ablation switches (``stage1`` / ``stage2``, ``tokens_pos`` / ``tokens_neg``,
+``stage2_softmax``: one module, not copies of it).
 
-Tokens ``x`` of shape (B, N, C) are ``num_prefix_tokens`` prefix tokens (the
-class token) followed by an H x W patch grid. Per head (head dim d):
+Pooling is PyTorch's adaptive average pooling (overlapping windows where h does
+not divide H, as the lab's Agent Attention pools); a contrast grid larger than
+the patch grid would repeat queries and is refused. The lambda vectors are 1-D
+parameters, as in the Differential Transformer, so the optimizers leave them out
+of weight decay; e+ / e- are decayed.
 
-Stage I, global contrast
-    t = adaptive avg-pool of the patch-grid queries to an h x w grid (n = h * w tokens)
-    t+ = t + e+,  t- = t + e-          (e+, e- learnable, n x C, split across heads)
-    v+ = softmax(t+ k^T / sqrt(d)) v,  v- = softmax(t- k^T / sqrt(d)) v   (all N keys)
-    v_hat = (1 - lambda_init) * RMSNorm(v+ - lambda1 * v-)
-
-Stage II, patch-wise differential attention
-    A = softmax(q [t+; t-]^T / sqrt(d))        jointly over the 2n columns
-    o = (1 - lambda_init) * RMSNorm((A+ - lambda2 * A-) v_hat)
-
-    lambda_s = exp(lq1_s . lk1_s) - exp(lq2_s . lk2_s) + lambda_init
-    lambda_init = 0.8 - 0.6 * exp(-0.3 * layer_index)    (Differential Transformer)
-
-A 3x3 depthwise convolution of v on the patch grid is added to the patch
-outputs (prefix tokens get none); heads are concatenated and projected.
-Cost is O(N n C) instead of MHSA's O(N^2 C).
-
-Pooling is adaptive average pooling as PyTorch defines it: contrast token (i, j)
-averages the rows floor(i H / h) .. ceil((i + 1) H / h) - 1 and likewise the
-columns, so windows overlap where h does not divide H (9 tokens on PVT's 56x56
-stage grid, as the lab's Agent Attention pools with ``nn.AdaptiveAvgPool2d``;
-LeapLabTHU/Agent-Attention ``agent_transformer/models/agent_pvt.py``). Where h
-divides H it is the plain h x h average pooling. A contrast grid larger than the
-patch grid would repeat queries and is refused.
-
-The four lambda vectors of each stage are 1-D parameters, as in the Differential
-Transformer (microsoft/unilm ``Diff-Transformer/multihead_diffattn.py``) and timm's
-``DiffAttention``: the optimizers here leave every 1-D parameter out of weight
-decay, while the contrast embeddings e+ / e- (n x C) are decayed like other weights.
-
-Ablation switches (one module, not copies of it)
-------------------------------------------------
-The paper's exact definition of its ablation baselines was not available to us;
-this is the definition implemented here.
-
-``stage1`` / ``stage2`` in {"vca", "diff"}:
-    "vca"  contrasts the two token streams t+ and t- as written above.
-    "diff" uses Differential-Transformer streams inside the same two-stage
-           layout: the stage's queries and keys are split channel-wise into two
-           halves of d/2 (scale (d/2)^-1/2, as in the Differential Transformer),
-           and the attention map is softmax(q1 k1^T) - lambda * softmax(q2 k2^T).
-           In Stage I the queries are the positive-stream contrast tokens t+ and
-           the keys are k; in Stage II the queries are q and the keys are t+.
-    ("vca", "diff") is the paper's "VCA in Stage I only", ("diff", "vca") is
-    "Stage II only", ("diff", "diff") is "differential attention in both stages".
-    The negative stream t- (and its embedding e-) exists only where a stage
-    uses "vca".
-
-``tokens_pos`` / ``tokens_neg`` in {"pool", "emb", "pool+emb"}: how each stream's
-    n contrast tokens are made: pooled queries only, a learnable embedding only
-    (no pooling), or pooled queries plus the embedding (the paper's default).
-
-``stage2_softmax`` in {"joint", "separate"}: "joint" (default) takes one softmax
-    over the 2n columns [t+; t-], which is what the released classifier is
-    reported to do and what the paper's Stage II formula reads as; "separate"
-    takes one softmax per stream, softmax(q t+^T) - lambda2 * softmax(q t-^T),
-    the Differential-Transformer form.
-
-Two numerically equivalent paths: the fused path runs every attention product
-through ``F.scaled_dot_product_attention`` (Stage II joint is one call whose
-values are [v_hat; -lambda2 * v_hat]) and pools with ``F.adaptive_avg_pool2d``;
-the reference path materialises the attention maps, pools with an explicit
-window-averaging matrix and follows the formulas above literally. Tests hold
-them equal.
-
-The layer is written in TorchScript's subset (no closures, no bound methods as
-values, no postponed annotations), so a model using it scripts as timm's DeiT
-does; its input checks are timm no-trace functions, so torch.fx traces it
-(tests/test_timm_vit.py). The token-grid helpers, checks and the qkv / local-term preamble it
-shares with the other layers of the family are in ``attention/grid.py``.
+``forward(x, reference=True)`` materialises the maps and follows the formulas
+literally; tests hold it equal to the fused SDPA path. The layer keeps to
+TorchScript's subset (no closures, no bound methods as values, no postponed
+annotations) and its checks are timm no-trace functions, so models using it
+script and fx-trace as timm's DeiT does (tests/test_timm_vit.py).
 """
 
 import math
