@@ -1,24 +1,11 @@
 """Attention layers compared here, by name, behind one constructor interface.
 
-``mhsa`` is timm's own ``Attention`` (so a baseline DeiT is exactly timm's DeiT),
-``diff`` is timm's ``DiffAttention`` (the Differential Transformer), ``vca`` is
-Visual-Contrast Attention, written here because no library has it. The rest of the
-family comes from the same lab as VCA and shares its pooled tokens or depthwise term;
-each is written here after its official module (the file is named in its docstring):
-
-    agent       Agent Attention (ECCV 2024)                         attention/agent.py
-    flatten     focused linear attention, FLatten (ICCV 2023)       attention/flatten.py
-    inline      injective linear attention, InLine (NeurIPS 2024)   attention/inline.py
-    circulant   Circulant Attention (arXiv 2512.21542)              attention/circulant.py
-    mhsa+dwc    control: MHSA plus VCA's depthwise local term       attention/controls.py
-
-(VCA without its local term, the other control, is ``vca`` with ``local_conv=False``.)
-What the grid-aware layers and the hierarchical backbones share (the token-grid helpers and
-checks, the layers' base class ``GridAttention``) is in ``attention/grid.py``.
-
-:func:`build_attention` makes any of them for block ``layer_index`` of a model whose tokens
-are ``num_prefix_tokens`` prefix tokens followed by a ``grid_size`` patch grid; the
-grid-aware layers take that layout, timm's two do not need it.
+``mhsa`` and ``diff`` are timm's ``Attention`` and ``DiffAttention`` (so a baseline DeiT
+is exactly timm's DeiT); ``vca`` is written here because no library has it, and so is
+the rest of the family (``agent``, ``flatten``, ``inline``, ``circulant`` and the
+``mhsa+dwc`` control), each after its official module: docs/family.md lists them.
+:func:`build_attention` makes any of them for block ``layer_index`` of a model whose
+tokens are ``num_prefix_tokens`` prefix tokens followed by a ``grid_size`` patch grid.
 """
 
 from __future__ import annotations

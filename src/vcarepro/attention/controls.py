@@ -1,16 +1,9 @@
 """Control attentions that isolate one ingredient of VCA.
 
-VCA shares a 3x3 depthwise convolution of v on the patch grid (its "local term") with the
-lab's other efficient attentions (Agent, FLatten, InLine). The FLatten paper's DeiT-T ablation
-credits its own depthwise term with +2.3 points top-1,
-so part of any gain over MHSA may be the convolution rather than the contrast. Two controls
-separate them:
-
-``mhsa+dwc``  MHSA plus exactly VCA's local term (:class:`MhsaLocalConv`, here);
-``vca`` with ``local_conv=False``  VCA without it (an option of ``VisualContrastAttention``).
-
-MHSA -> MHSA+DWC -> VCA-DWC -> VCA then splits VCA's gain into the convolution's share and
-the contrast's.
+FLatten's DeiT-T ablation credits its depthwise term with +2.3 points, so part of VCA's
+gain over MHSA may be its 3x3 depthwise local term rather than the contrast.
+``mhsa+dwc`` (:class:`MhsaLocalConv`) is MHSA plus exactly that term; ``vca`` with
+``local_conv=False`` is VCA without it (docs/family.md gives the decomposition).
 """
 
 from typing import Any, Optional

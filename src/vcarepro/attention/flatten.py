@@ -9,8 +9,8 @@ O = Q K^T V / (rowsum(Q K^T) + N eps), plus a k x k depthwise term of v
 (one d-channel kernel shared by the heads, as the official ``dwc``).
 
 The efficient path associates Q (K^T V / N) / (Q . mean(K) + eps), O(N d^2);
-``reference=True`` materialises the N x N map. Against fp16 overflow (upstream
-issues 15 and 18) it scales by 1/N (the official fix), raises a / max(a) to
+``reference=True`` materialises the N x N map. Against fp16 overflow
+(LeapLabTHU/FLatten-Transformer#15, #18) it scales by 1/N (the official fix), raises a / max(a) to
 the power p (phi is invariant to the rescale and the power stays in (0, 1]),
 and runs in float32 with autocast off: bf16 has the range but not the
 resolution for eps = 1e-6.

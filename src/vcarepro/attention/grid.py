@@ -1,20 +1,11 @@
 """The token-grid helpers and checks every attention layer and backbone here shares.
 
-The grid-aware layers (VCA, Agent, FLatten, InLine, Circulant, MHSA+DWC) see tokens ``x`` of
-shape (B, N, C): ``num_prefix_tokens`` prefix tokens (the class token) followed by a row-major
-H x W patch grid. What they share lives here, once:
-
-* grids: :func:`patch_grid` (the patch grid, also the backbones' image sizes), :func:`token_grid`
-  (a square count or an (h, w) grid of pooled tokens), :func:`adaptive_windows` /
-  :func:`pooling_matrix` (adaptive average pooling written out, for the reference paths);
-* checks: :func:`check_layer_args` (timm's ``Attention`` arguments), :func:`check_choice`,
-  and the no-trace :func:`check_input` (:func:`check_unmasked`, :func:`check_token_count`) for ``forward``;
-* the local term: :func:`local_conv_layer` (a 3x3 depthwise convolution of v on the patch grid,
-  VCA's and the mhsa+dwc control's) and :func:`value_grid` (v's patch part as an image);
-* :class:`GridAttention`, the base of every grid-aware layer: the constructor's shared arguments,
-  checks and layers (qkv, q / k norm, proj), and the forwards' preamble (input checks, the head
-  split, the pooled queries, the local term added to the patch outputs), as methods, so
-  TorchScript compiles them with the layer.
+The grid-aware layers see (B, N, C) tokens: ``num_prefix_tokens`` prefix tokens followed
+by a row-major H x W patch grid. Here are the grid helpers (``patch_grid``, ``token_grid``,
+adaptive pooling written out for the reference paths), the argument and no-trace input
+checks, the 3x3 depthwise local term, and :class:`GridAttention`, the layers' base: their
+shared arguments, layers and forward preamble as methods, so TorchScript compiles them
+with the layer.
 """
 
 import math
