@@ -1,25 +1,13 @@
 """Model factories. Importing this module registers the VCA backbones with timm.
 
 ``create_classifier(arch, attention)`` is the one place that maps the pipeline's
-(architecture, attention) pair to a timm model name:
-
-    ("deit_tiny", "mhsa") -> timm's own deit_tiny_patch16_224
-    ("deit_tiny", "vca")  -> vca_deit_tiny_patch16_224
-    ("deit_tiny", "diff") -> diff_deit_tiny_patch16_224
-    ("deit_tiny", "agent") -> dropin_deit_tiny_patch16_224 with attention="agent" (likewise flatten,
-                             inline, circulant, mhsa+dwc: DeiT-T with only the attention swapped)
-
-    ("pvt_tiny", "vca")   -> vca_pvt_tiny              (PVT v1, written here; the lab's layout)
-    ("swin_tiny", "vca")  -> vca_swin_tiny_patch4_window7_224 (timm's Swin, attention swapped)
-    ("cswin_tiny", "vca") -> vca_cswin_tiny_224        (CSWin, written here)
-    ("pvt_tiny", "agent")  -> lab_pvt_tiny with compared_attention="agent" (likewise swin_tiny, cswin_tiny and
-                             flatten, inline, circulant, mhsa+dwc: the lab's layout with that attention)
-    ("pvt_tiny_gap", "mhsa"), ("cswin_tiny_2418", "mhsa"): the backbones of the lab's layouts
-                             with their own attention (controls)
-
-For PVT, Swin and CSWin, "mhsa" names the backbone's own attention.
-
-The DiT/SiT backbone has its own factory, ``models.dit.create_dit``.
+(architecture, attention) pair to a timm model name: ("deit_tiny", "mhsa") is timm's
+own ``deit_tiny_patch16_224``, "vca" / "diff" the ``vca_`` / ``diff_`` models, the rest
+of the family ``dropin_deit_*`` (DeiT with only the attention swapped). For PVT, Swin
+and CSWin "mhsa" names the backbone's own attention, "vca" the ``vca_`` model and the
+rest of the family the ``lab_`` model (docs/vca.md and docs/family.md give the layouts);
+``pvt_tiny_gap`` and ``cswin_tiny_2418`` are the controls. DiT/SiT have
+``models.dit.create_dit``.
 """
 
 from __future__ import annotations

@@ -1,42 +1,18 @@
 """CSWin-T (Cross-Shaped Window Transformer), baseline, Visual-Contrast Attention and the family, timm-registered.
 
-timm has no CSWin, so it is written here on timm layers after the shapes of the
-original (Dong et al., CVPR 2022, github.com/microsoft/CSWin-Transformer, CSWin-T
-= ``CSWin_64_12211_tiny_224``): a 7x7 stride-4 convolutional stem + LayerNorm,
-four stages of embed 64/128/256/512 (3x3 stride-2 conv + LayerNorm between
-stages), depths 1/2/21/1, heads 2/4/8/16, MLP ratio 4, qkv bias. Each block's
-attention splits the heads in two halves: one attends within vertical stripes
-(full height, stripe width sw), the other within horizontal stripes (sw rows,
-full width), with stripe widths 1/2/7/7; the last stage (and any stage whose grid
-equals its stripe width) uses one full-attention branch. Locally-enhanced
-positional encoding (LePE): a 3x3 depthwise conv of V within each stripe, added to
-the attention output. Classification by mean pooling after a final LayerNorm.
-One deviation, for small inputs only: a stripe width larger than the stage grid is
-clamped to the grid (the original would fail); at 224 nothing changes.
+timm has no CSWin, so CSWin-T (microsoft/CSWin-Transformer ``CSWin_64_12211_tiny_224``)
+is written here on timm layers: stripe attention in two head halves (vertical /
+horizontal, widths 1/2/7/7, one full branch where the stripe covers the grid) with
+LePE, mean pooling after a final LayerNorm. One deviation, for small inputs only: a
+stripe wider than the stage grid is clamped to it (the original would fail).
 
-Registered models (224 px, 1000 classes):
-
-``cswin_tiny_224``
-    The original CSWin-T (depths 1-2-21-1).
-``vca_cswin_tiny_224``
-    The lab's layout (LeapLabTHU/Agent-Attention ``agent_transformer/cfgs/agent_cswin_t.yaml``:
-    ``Agent_CSWin_64_24181_tiny_224``, ``ATTN_TYPE: AABB``, ``NUM: 9-16-49-49``;
-    ``models/agent_cswin.py``): depths 2-4-18-1, and in stages 1-2 each block's
-    cross-shaped attention (qkv, both stripe branches with their LePE, projection) is
-    replaced by ``VisualContrastAttention`` over the whole stage grid with 9 and 16
-    contrast tokens (the lab's stripe of 56 / 28 covers the grid, one branch); VCA's own
-    3x3 depthwise conv of V takes LePE's role. Stages 3-4 keep CSWin's attention.
-``lab_cswin_tiny_224``
-    The same layout with any attention of the family in the ``A`` stages
-    (``compared_attention="agent"`` is the lab's own Agent-CSWin-T, 9 and 16 agent tokens).
-``cswin_tiny_2418_224``
-    The control: CSWin's own attention in the lab's 2-4-18-1 backbone, so that "VCA" and
-    "a different depth split" can be told apart.
-
-``attn_layout`` (``A`` = the compared attention, ``B`` = cross-shaped attention),
-``compared_attention`` (default VCA) with its own options, its pooled tokens (one count or one
-per stage, models/placement.py) and ``depths`` are parameters; ``layer_index`` counts blocks
-across the network, ``B`` blocks included.
+Registered: ``cswin_tiny_224`` (the original, depths 1-2-21-1), ``vca_cswin_tiny_224``
+(the lab's ``AABB`` layout, depths 2-4-18-1; VCA's depthwise conv of V takes LePE's
+role), ``lab_cswin_tiny_224`` (that layout with ``compared_attention=`` any attention of
+the family) and ``cswin_tiny_2418_224`` (the control: CSWin's attention in the 2-4-18-1
+backbone). docs/vca.md#hierarchical-backbones-the-labs-layouts gives the layouts and
+their sources; ``attn_layout``, ``compared_attention``, its pooled tokens and ``depths``
+are parameters, and ``layer_index`` counts blocks across the network.
 """
 
 # No ``from __future__ import annotations`` here: torch.fx copies ``forward``'s annotations into the traced code,

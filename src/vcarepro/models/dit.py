@@ -1,18 +1,11 @@
 """DiT: the class-conditional latent Diffusion Transformer, with a selectable attention layer.
 
-Architecture of facebookresearch/DiT ``models.py`` (Peebles & Xie, 2023), re-written
-here so that the baseline matches the original exactly (diffusers'
-``DiTTransformer2DModel`` built from scratch does not: it has per-block timestep and label embedders, no
-adaLN-Zero zero init and LayerNorm eps 1e-5). The same backbone serves SiT, whose network is DiT's; only the
-training objective differs (``vcarepro.train``).
-
-Per block the attention is any of ``vcarepro.attention.ATTENTIONS``:
-    "mhsa"  timm's ``Attention`` (the original DiT),
-    "vca"   Visual-Contrast Attention on the patch grid (no prefix tokens),
-    "diff"  timm's ``DiffAttention`` (the Differential Transformer),
-and the rest of the family (agent, flatten, inline, circulant, mhsa+dwc) on the same grid.
-Everything else (adaLN-Zero blocks, embedders, init, fixed sin-cos positions) is
-the original's, so parameter counts of the "mhsa" variant equal the original's.
+facebookresearch/DiT ``models.py``, re-written so that the baseline matches it exactly:
+diffusers' ``DiTTransformer2DModel`` built from scratch does not (per-block timestep and
+label embedders, no adaLN-Zero zero init, LayerNorm eps 1e-5). SiT shares the network;
+only the objective differs (``vcarepro.train``). Each block's attention is any of
+``vcarepro.attention.ATTENTIONS`` on the patch grid ("mhsa" is the original's), and
+everything else is the original's, so the "mhsa" variant's parameter count equals it.
 """
 
 from __future__ import annotations

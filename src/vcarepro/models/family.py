@@ -1,22 +1,10 @@
 """The attention family's DeiT models as their authors published them, timm-registered.
 
-The pipeline compares attentions like for like: ``dropin_deit_*`` (models/deit.py) is DeiT
-with only the attention swapped. A method's published DeiT model can change more than the
-attention; those models are registered here under the method's name so that their
-parameters and FLOPs can be checked against the published rows (tests/test_family.py):
-
-    agent_deit_{tiny,small}_patch16_224   nothing else changes: the drop-in with 49 agent tokens
-        (LeapLabTHU/Agent-Attention agent_transformer/models/agent_deit.py, cfgs/agent_deit_{t,s}.yaml)
-    flatten_deit_tiny_patch16_224         nothing else changes (the FLatten repository has no DeiT file;
-        the paper's DeiT-T row is the layer in every block)
-    inline_deit_tiny_patch16_224          6 heads instead of DeiT-T's 3 (head dim 32)
-    inline_deit_small_patch16_288         not DeiT-S: width 320, 10 heads, trained at 288 px
-        (LeapLabTHU/InLine models/inline_deit.py inline_deit_*, cfgs/inline_deit_{t,s}.yaml)
-    circulant_deit_{tiny,small}_patch16_224  no class token, no position embedding, a 3x3 depthwise
-        convolution as position encoding before every block, final norm then the mean of the tokens,
-        bias-free qkv (LeapLabTHU/Circulant-Attention models/ca_deit.py Block.cpe, forward_features)
-
-The published numbers themselves are in data/paper_reference.yaml (section ``family``).
+The pipeline compares attentions like for like (``dropin_deit_*``, models/deit.py); a
+method's published DeiT model can change more than the attention, so those models are
+registered here under the method's name to check their parameters and FLOPs against the
+published rows (tests/test_family.py; docs/family.md's table says what each changes,
+data/paper_reference.yaml ``family`` holds the numbers).
 """
 
 from __future__ import annotations

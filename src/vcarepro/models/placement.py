@@ -1,17 +1,11 @@
 """Where the compared attention enters a hierarchical backbone: one kind and one token count per stage.
 
-The layout is a string with one letter per stage, as in the lab's Agent Attention code
-(LeapLabTHU/Agent-Attention ``agent_transformer/cfgs/*.yaml``, ``MODEL.AGENT.ATTN_TYPE``):
-``A`` puts the compared attention in every block of the stage, ``B`` keeps the backbone's
-own attention (PVT's spatial reduction, Swin's windows, CSWin's stripes).
-
-The compared attention is any layer of :mod:`vcarepro.attention`, named by
-``compared_attention`` (``"vca"`` by default; the lab's own layer is ``"agent"``) and built
-by :func:`~vcarepro.attention.build_attention`. Its own knobs pass through as keyword
-arguments. The per-stage token count (the lab's ``MODEL.AGENT.NUM``, 9-16-49-49) goes to its
-pooled-token option (``contrast_tokens`` for VCA, ``agent_tokens`` for Agent), which takes one
-count for every stage or one per stage; an attention without pooled tokens has no count,
-and a ``B`` stage ignores its count.
+The layout has one letter per stage, as the lab's ``MODEL.AGENT.ATTN_TYPE``: ``A`` puts
+the compared attention (any layer of :mod:`vcarepro.attention`, ``compared_attention``,
+"vca" by default) in every block, ``B`` keeps the backbone's own. The per-stage token
+count (the lab's ``MODEL.AGENT.NUM``) goes to that layer's pooled-token option
+(``contrast_tokens`` / ``agent_tokens``), one count or one per stage; a ``B`` stage or a
+layer without pooled tokens ignores it.
 """
 
 from __future__ import annotations

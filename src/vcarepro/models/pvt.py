@@ -1,39 +1,19 @@
 """PVT v1 (Pyramid Vision Transformer) Tiny, baseline, Visual-Contrast Attention and the family, timm-registered.
 
-timm ships PVT v2 only, so PVT v1 is written here on timm layers, following the
-shapes of the original (Wang et al., ICCV 2021, github.com/whai362/PVT): four
-stages of non-overlapping patch embeddings (patch 4, then 2, 2, 2), each with an
-absolute position embedding; spatial-reduction attention (keys and values from a
-strided conv + LayerNorm of the tokens, reduction 8/4/2/1); a class token only in
-the last stage, which the head reads after a final LayerNorm.
+timm ships PVT v2 only, so PVT v1 (whai362/PVT) is written here on timm layers:
+four patch-embedding stages with absolute position embeddings, spatial-reduction
+attention (reduction 8/4/2/1), a class token only in the last stage.
 
-Registered models (224 px, 1000 classes):
-
-``pvt_tiny``
-    The original PVT v1-Tiny (13.2M parameters, as published).
-``vca_pvt_tiny``
-    The lab's layout (LeapLabTHU/Agent-Attention ``agent_transformer/models/agent_pvt.py``
-    and ``cfgs/agent_pvt_t.yaml``): the compared attention in all four stages
-    (``attn_layout="AAAA"``) with no spatial-reduction convs (``agent_sr_ratios 1111``),
-    9-16-49-49 contrast tokens pooled adaptively, and that code's head: no class token,
-    no final norm, the classifier reads the mean of the last stage's tokens.
-``lab_pvt_tiny``
-    The same layout with any attention of the family in the ``A`` stages,
-    ``compared_attention="agent"`` (the lab's own Agent-PVT-T: 9-16-49-49 agent tokens),
-    ``"flatten"``, ``"inline"``, ``"circulant"``, ``"mhsa+dwc"``, ...; ``"vca"`` is ``vca_pvt_tiny``.
-``pvt_tiny_gap``
-    The control: PVT's own spatial-reduction attention in the lab's backbone (no class
-    token, no final norm, mean-pooled head), so that "VCA" and "a different head" can
-    be told apart.
-
-Any layout is a parameter: ``attn_layout`` (``A`` = the compared attention, ``B`` =
-spatial-reduction attention with ``sr_ratios``), ``compared_attention`` (any name of
-``vcarepro.attention``, default VCA) with its own options as keyword arguments, its pooled
-tokens (``contrast_tokens`` / ``agent_tokens``) one count or one per stage (models/placement.py),
-``class_token`` / ``global_pool`` / ``head_norm`` for the head; ``layer_index``
-(lambda_init's depth) counts blocks across the whole network. Parameter names follow
-a stage layout (``stages.i.patch_embed`` ...), not the original ``patch_embed1`` /
-``block1`` names.
+Registered: ``pvt_tiny`` (the original, 13.2M parameters as published),
+``vca_pvt_tiny`` (the lab's ``AAAA`` layout after ``agent_pvt.py``: no
+spatial-reduction convs, 9-16-49-49 tokens, and that code's mean-pooled head with no
+class token and no final norm), ``lab_pvt_tiny`` (that layout with
+``compared_attention=`` any attention of the family) and ``pvt_tiny_gap`` (the
+control: PVT's own attention with the lab's head). docs/vca.md#hierarchical-backbones-the-labs-layouts
+gives the layouts and their sources. ``attn_layout``, ``compared_attention`` with its
+options, its pooled tokens (models/placement.py) and ``class_token`` / ``global_pool`` /
+``head_norm`` are parameters; ``layer_index`` counts blocks across the network.
+Parameter names follow a stage layout (``stages.i.patch_embed``), not the original's.
 """
 
 # No ``from __future__ import annotations`` here: torch.fx copies ``forward``'s annotations into the traced code,

@@ -1,34 +1,15 @@
 """Swin-T with Visual-Contrast Attention (or another attention of the family), timm-registered.
 
-The baseline is timm's own ``swin_tiny_patch4_window7_224`` (28.3M parameters).
-
-``vca_swin_tiny_patch4_window7_224`` is the lab's layout for Swin-T
-(LeapLabTHU/Agent-Attention ``agent_transformer/cfgs/agent_swin_t.yaml``: ``WINDOW_SIZE: 56``,
-``ATTN_TYPE: AAAB``, ``NUM: 9-16-49-49``; ``models/agent_swin.py``): in stages 1-3 every
-block's window attention is replaced by ``VisualContrastAttention`` over the *whole* stage
-grid (a 56 window at 224 covers 56/28/14, so no partition and no shift), with 9, 16 and 49
-contrast tokens; stage 4 keeps Swin's own 7x7 window attention with its relative position
-bias (the lab's 'B' stage uses window max(7, 56 // 8) = 7). Swin's hierarchy, patch
-merging, MLPs and norms are timm's, unchanged.
-
-``lab_swin_tiny_patch4_window7_224`` is the same layout with ``compared_attention=`` any
-attention of the family in the ``A`` stages: ``"agent"`` is the lab's own Agent-Swin-T
-(9-16-49 agent tokens), then ``"flatten"``, ``"inline"``, ``"circulant"``, ``"mhsa+dwc"``, ...
-
-``attn_layout`` (``A`` = the global compared attention, ``B`` = Swin's windows),
-``compared_attention`` (default VCA) with its own options, and its pooled tokens (one count
-or one per stage, models/placement.py) are parameters: ``attn_layout="AAAA",
-contrast_tokens=49`` puts VCA everywhere. ``window_size`` applies to the ``B`` stages. At
-other resolutions the ``A`` stages stay global (the lab fixes a 56 window, which would
+The baseline is timm's own ``swin_tiny_patch4_window7_224``. ``vca_swin_tiny_patch4_window7_224``
+is the lab's ``AAAB`` layout (VCA over the whole grid in stages 1-3, Swin's 7x7 windows in
+stage 4) and ``lab_swin_tiny_patch4_window7_224`` takes ``compared_attention=`` any attention
+of the family; docs/vca.md#hierarchical-backbones-the-labs-layouts gives their sources.
+At other resolutions the ``A`` stages stay global (the lab's fixed 56 window would
 partition larger grids); that is our choice.
 
-How: timm skips windowing when a block's window is at least its feature map (window =
-grid, shift = 0, no mask), so each ``A`` stage is built with its window equal to its grid
-and each of its blocks' ``attn`` is swapped for the compared attention, which then receives
-the full (B, H*W, C) sequence in row-major order, no prefix tokens. The layer is made by
-``build_attention`` (its validation and init) and stays its own class; the block becomes a
-``WholeGridBlock``, timm's block with only its attention call (no partition, no mask) and its
-resize (the layer's ``set_grid_size``) replaced.
+timm skips windowing when a window covers its feature map, so each ``A`` stage is built
+with window = grid and its blocks become ``WholeGridBlock``: timm's block with the
+compared attention (made by ``build_attention``) receiving the whole row-major sequence.
 ``layer_index`` counts blocks across the network, ``B`` blocks included.
 """
 
