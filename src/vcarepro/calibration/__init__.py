@@ -1,22 +1,11 @@
 """Calibration: released weights through this project's own evaluation path, against their authors' numbers.
 
-A lab should see our evaluation reproduce a number someone published for weights someone released
-before it trusts our numbers for new runs. Each entry of ``calibrate.classifiers`` /
-``calibrate.generators`` (conf/config.yaml) names a released file, the model of ours its key layout
-maps onto (``keymaps``), the recipe or sampler protocol its authors evaluated with, the published
-number and the tolerance it must be reproduced within. Stages ``calibrate_cls`` and ``calibrate_gen``
-evaluate the entries listed in ``calibrate.checkpoints``:
-
-- a classifier: loaded strictly into ``create_classifier(arch, attention)``, then ImageNet val (data/cls)
-  through ``classification.build_transforms`` of the named recipe and ``classification.evaluate``, the
-  code eval_cls runs; our class indices are mapped to ImageNet-1K's (sorted wnids, timm's ImageNetInfo),
-  so the released 1000-way head is read as its authors read it;
-- a generator: loaded strictly into ``create_dit(arch)``, sampled with ``generation.generate_batches``
-  (sample_gen's sampler code) under the entry's sampler, steps and guidance, decoded by the VAE, and
-  measured by ``evaluator.evaluate_samples`` against data/fid_reference (eval_gen's evaluator).
-
-Every row records the file's sha256. At smoke scale the files are stand-ins that ``vcarepro.tools.standins``
-writes in the released layouts (random weights): the rows show that the road runs, and are not judged.
+Each entry of ``calibrate.classifiers`` / ``calibrate.generators`` (conf/config.yaml)
+names a released file, the model its key layout maps onto (``keymaps``), its authors'
+protocol, the published number and a tolerance; stages ``calibrate_cls`` /
+``calibrate_gen`` evaluate those ``calibrate.checkpoints`` lists with eval_cls's and
+eval_gen's own code (docs/calibration.md). Every row records the file's sha256; at smoke
+scale the files are random stand-ins (``vcarepro.tools.standins``) and are not judged.
 """
 
 from __future__ import annotations
