@@ -107,10 +107,8 @@ def _c2c_flops(self_shape, dim, normalization=None, forward=True, out_shape=None
 def flop_counter_mapping() -> Dict[Any, Callable[..., int]]:
     """``custom_mapping`` for ``torch.utils.flop_counter.FlopCounterMode`` that counts the FFT ops.
 
-    Complex FFT (aten._fft_c2c): 5 n log2 n flops per transform of n points (n the product of the
-    transformed sizes); real-to-complex (_fft_r2c) and complex-to-real (_fft_c2r): 2.5 n log2 n with n
-    the real signal's size. Backward passes use the same ops, so they are counted too. The counter
-    reports flops (2 per multiply-accumulate), so these add n log2 n * 2.5 (or 1.25) "MACs".
+    By the convention above (backward passes use the same ops, so they count too); the counter
+    reports flops, 2 per multiply-accumulate, so a complex transform adds 2.5 n log2 n "MACs".
     """
     aten = torch.ops.aten
     return {aten._fft_r2c: _r2c_flops, aten._fft_c2r: _c2r_flops, aten._fft_c2c: _c2c_flops}

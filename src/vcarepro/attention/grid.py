@@ -138,13 +138,11 @@ def value_grid(v: torch.Tensor, grid_size: Tuple[int, int], num_prefix_tokens: i
 class GridAttention(nn.Module):
     """Base of the attention layers on a prefix + patch-grid token layout: the preamble they share.
 
-    The constructor takes timm's ``Attention`` arguments and the token layout (a layer's own ``__init__``
-    takes its own options and passes the rest, ``**common``, on), checks them, sets ``dim``, ``num_heads``,
-    ``head_dim``, ``scale``, ``num_prefix_tokens``, ``layer_index``, ``grid_size`` and ``attn_drop_p``, and
-    builds ``qkv`` / ``q_norm`` / ``k_norm`` with :meth:`_init_qkv` (timm's names, so state dicts keep timm's
-    keys). The layer then builds its own parts and ends with :meth:`_init_proj`: the creation order fixes the
-    seeded init draws and the state-dict key order. ``forward(x, attn_mask, is_causal, reference)`` takes
-    ``attn_mask`` / ``is_causal`` for timm's ``Block`` and refuses both (:func:`check_input`).
+    The constructor takes timm's ``Attention`` arguments and the token layout (a layer passes its
+    ``**common`` on) and builds ``qkv`` / ``q_norm`` / ``k_norm`` under timm's names, so state dicts keep
+    timm's keys. A layer builds its own parts and ends with :meth:`_init_proj`: the creation order fixes
+    the seeded init draws and the state-dict key order. ``attn_mask`` / ``is_causal`` are accepted for
+    timm's ``Block`` and refused.
     """
 
     def __init__(

@@ -48,13 +48,8 @@ STAGE_KINDS = ("vca", "diff")
 TOKEN_KINDS = ("pool", "emb", "pool+emb")
 SOFTMAX_KINDS = ("joint", "separate")
 
-# How the contrast-token embeddings e+ / e- start (option ``contrast_embed_init``). The paper does not say,
-# and the released code (LeapLabTHU/LinearDiff) is not readable here; two independent ports of the released
-# classifier start both at N(0, 1): wom-sama/DACS_CNPM trkh/models/visual_contrast_attention.py
-# (`nn.init.normal_`, "these initializers match the official LinearDiff implementation"; its protocol cites
-# official commit 3fb5ee1) and tannguyenbmt47/VCA_object_detection models.py (`torch.randn(1, n, dim)`).
-# "normal" (std 1) is that, the default; "trunc_normal" (std 0.02) is timm's and DeiT's init of every other
-# learnable token embedding, this project's choice before the ports were read.
+# How e+ / e- start (``contrast_embed_init``): the paper does not say; "normal" (std 1) is what two ports of
+# the released classifier do (docs/vca.md names them), "trunc_normal" (std 0.02) timm's token init.
 CONTRAST_EMBED_INITS = {"normal": 1.0, "trunc_normal": 0.02}
 # Init std of the lambda re-parametrisation vectors, as in the Differential Transformer.
 LAMBDA_INIT_STD = 0.1
