@@ -1,17 +1,10 @@
 """DVC stage `attention_cost`: one attention layer's MACs and wall time against token count, every layer of the family.
 
-The evidence for the paper's complexity claim, O(N n C) for VCA against O(N^2 C) for
-MHSA, and for the speed targets of VCA against its family: each layer of
-``attention_cost.layers`` at DeiT-T width (192, 3 heads, 49 pooled tokens) for N = 196,
-784, 3136, eager and, with ``attention_cost.compile``, under torch.compile. MACs are exact;
-times are medians on the machine that ran the stage (named in the file). The times are written to
-timings/attention_cost.json, which no DVC output holds (a wall time differs on every run, so its hash
-could never reproduce); the stage's output, metrics/attention_macs.json, holds the MACs.
-
-The stage prints one summary line. The speed targets are benchmarks, not verdicts of the pipeline: their
-evaluations go to timings/attention_cost.json with the rows, and `vcarepro bench attention` prints the table and
-the targets (a time on a shared machine can contradict the linearity it tests, so a pass/fail line in command 1
-was an alarm, not a result).
+The evidence for the complexity claim (O(N n C) for VCA, O(N^2 C) for MHSA) and the speed targets; docs/pipeline.md
+says what it measures. The MACs are the output (metrics/attention_macs.json); the times go to
+timings/attention_cost.json, never a DVC output, since a wall time's hash could never reproduce. The targets
+are benchmarks, not verdicts: `vcarepro bench attention` prints them, as a time on a shared machine can
+contradict the linearity it tests.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """DVC stage `fid_reference`: the real-image side of every FID (data/fid_reference).
 
-Statistics (mean, covariance) and reference features (KID, precision/recall), in the
-feature space eval_gen uses:
-
-* paper scale: ADM's reference batch (``fid_reference.adm_npz``,
-  ``VIRTUAL_imagenet256_labeled.npz``): its ``mu``/``sigma`` and ``mu_s``/``sigma_s`` over
-  ImageNet train and the Inception features of its 10,000 images, the reference of DiT's,
-  SiT's and ADM's FID-50K. With ``own_statistics`` (or ``adm_npz: null``) also our own
-  statistics: Inception (torch-fidelity's ``inception-v3-compat``) over ImageNet train,
-  center-cropped to 256 px the ADM way, with sFID's spatial statistics; when both exist,
-  ``meta.json`` records the FID between them.
-* embedded scale: the digit classifier's features over every training digit ("own").
+Statistics and reference features in eval_gen's feature space: at paper scale ADM's reference batch
+(``fid_reference.adm_npz``) and, with ``own_statistics``, our own over ImageNet train (docs/paper-scale.md);
+at embedded scale the digit classifier's features over every training digit.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """Run a stage's command in a warm interpreter (stages/warm.py): `python stages/run.py SCRIPT ARGS...`.
 
-dvc.yaml starts every stage through this file so that torch, timm and vcarepro are imported
-once per `dvc repro`, not once per stage. It loads only the standard-library client (warm.py, beside
-this file) and vcarepro.core.numerics (torch-free, as `import vcarepro` is); `VCAREPRO_WARM=0` runs the
-command in a fresh interpreter instead.
-
-First it sets the numerics profile of params.yaml's `numerics` section (src/vcarepro/core/numerics.py)
-in the environment, before torch or numpy is imported in the stage or the warm interpreter it is
-forked from: the CPU code paths and thread count that make dvc.lock's hashes reproduce on other CPUs.
-It also notes when the stage started, for the stage's wall time in timings/stages/ (vcarepro.core.stage_clock).
-
-Every stage runs the code of the checkout it was started in: this file's own `src/` goes first on the import path,
-here and (through PYTHONPATH) in every process the stage starts: the warm server and its children, a fresh
-interpreter, torchrun's ranks. DVC runs `dvc exp run --temp` and each queued experiment in a copy of the checkout
-under .dvc/tmp/exps/ and hashes that copy's src/ into the experiment's dvc.lock; an editable install (README command
-1's `pip install -e .`) or an absolute PYTHONPATH would have its stages import the workspace's src/ instead
-(treeverse/dvc#10419), so a lock would record code that did not produce its outputs. A vcarepro imported from
-anywhere else all the same (a sitecustomize that imports it, say) is refused in one sentence, exit status 2.
+It loads only the standard-library client and vcarepro.core.numerics, and sets the numerics profile in the
+environment before torch or numpy loads anywhere (docs/reproducibility.md); it also notes when the stage
+started, for vcarepro.core.stage_clock. This checkout's `src/` goes first on the import path and in PYTHONPATH,
+so the stage, the warm server and every process they start run this checkout's code; a vcarepro imported from
+anywhere else is refused, exit status 2 (docs/lab.md says why). `VCAREPRO_WARM=0` runs a fresh interpreter.
 """
 
 import time

@@ -1,11 +1,8 @@
 """DVC stage `smoke_inputs`: the smoke scale's generated stand-ins for ImageNet, the SD-VAE, Inception and ADM's batch.
 
-At ``scale: smoke`` it writes them under ``data/smoke`` (vcarepro.tools.standins: the official archive layout,
-a diffusers folder, torch-fidelity's weights file, an ADM-format ``.npz``, and the released checkpoints of
-``calibrate`` in their released key layouts), which the smoke scale's ``prepare_cls.imagenet_root``,
-``prepare_gen.vae``, ``prepare_gen.inception_weights``, ``sampling.vae_decoder``, ``fid_reference.adm_npz``
-and ``calibrate.dir`` point at. At every other scale it writes only a
-note, the same bytes at every such scale, so the stages that depend on it never re-run for it.
+At ``scale: smoke`` it writes them under ``data/smoke`` (vcarepro.tools.standins), where the smoke scale's paths
+point. At every other scale it writes only a note, the same bytes at every such scale, so the stages that depend
+on it never re-run for it.
 """
 
 from __future__ import annotations

@@ -1,38 +1,18 @@
 """Run a stage's Python command in a warm interpreter: torch and timm imported once per server, not once per stage.
 
-Every DVC stage is its own process, and in a fresh interpreter each spends much of its start-up
-importing torch, timm and the package before its first line of work, once for every stage of the
-pipeline. ``python stages/run.py SCRIPT ARGS...`` (or ``-m MODULE ARGS...``) runs the same
-command, but in a child forked from a local server that holds those modules already:
+``python stages/run.py SCRIPT ARGS...`` (or ``-m MODULE ARGS...``) hands its command line, directory,
+environment and stdio descriptors over a Unix socket to a local server, which forks a child to run it
+(:mod:`runpy`, as ``__main__``); the exit status or signal comes back, and SIGINT / SIGTERM / SIGHUP are
+forwarded to the child's process group. If the client dies (SIGKILL) the server kills that group at once.
+The client imports only the standard library and ``vcarepro.core.supervise``, so torch loads only in the server.
+docs/glossary.md says what the warm interpreter is for; docs/lab.md why each checkout gets its own.
 
-* the client (this module: the standard library and the torch-free ``vcarepro.core.supervise``,
-  imported by ``stages/run.py`` beside it, so that torch and the rest of the package load only in
-  the server) connects to a Unix socket in a private temporary directory, starting the server
-  (``python stages/warm.py serve``) if none answers;
-* it hands over its command line, working directory, environment and its stdin / stdout /
-  stderr file descriptors, so the child reads and writes exactly where the stage would;
-* the server forks; the child becomes its own process group, takes those descriptors,
-  directory, environment and ``sys.argv``, and runs the script with :mod:`runpy` as
-  ``__main__``; its exit status (or the signal that ended it) comes back to the client,
-  which ends the same way;
-* SIGINT, SIGTERM and SIGHUP reaching the client are forwarded to the child's process group
-  (a SIGTERM still stops training at a step boundary with exit 143); if the client dies
-  without a word (SIGKILL), the server kills the child's process group at once (SIGKILL, no grace)
-  and reaps the child (:func:`vcarepro.core.supervise.stop`).
-
-The server and its children import the package from this file's checkout (``../src``, first on the import
-path), never from an editable install or another checkout; a child whose ``vcarepro`` comes from elsewhere all
-the same refuses to run (:func:`foreign_code`, exit status 2), as ``stages/run.py`` does before it connects.
-
-Nothing listens on the network: the socket is a file in a directory only this user can
-enter. The server's key is a hash of the interpreter, of the checkout's path, of every ``.py`` file of the
-package and this file, and of the environment variables that torch and the libraries it loads read when they load
-(``IMPORT_ENV_PREFIXES``: ``OMP_NUM_THREADS``, ``MKL_CBWR``, ``ONEDNN_MAX_CPU_ISA``,
-``TIMM_FUSED_ATTN``, ``LD_PRELOAD``, ...). A child cannot change those, since the server
-read them before it forked; so edited code, and a client whose values differ (say
-``OMP_NUM_THREADS=1`` after a server started with 2), get a server of their own (the old one
-idles out after ``VCAREPRO_WARM_IDLE`` seconds, 60 by default). ``VCAREPRO_WARM=0`` runs
-every command in a fresh interpreter instead, as does any failure to reach a server.
+Nothing listens on the network: the socket is a file in a directory only this user can enter. The server
+imports from this file's checkout (``../src``); a child whose ``vcarepro`` comes from elsewhere refuses to
+run (:func:`foreign_code`, exit 2). The server's key hashes the interpreter, the checkout's path, every ``.py``
+of the package and the import-time environment (``IMPORT_ENV_PREFIXES``): a child cannot change what the
+server read before it forked, so edited code or different values get a server of their own (the old one idles
+out after ``VCAREPRO_WARM_IDLE`` seconds). ``VCAREPRO_WARM=0``, or no reachable server, runs a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -55,10 +35,8 @@ from vcarepro.core import supervise  # standard library only, as this client mus
 
 HERE = Path(__file__).resolve()
 PACKAGE = HERE.parents[1] / "src" / "vcarepro"  # the code the server preloads (src/vcarepro)
-# Modules the stages import; the server imports them once, each child inherits them. A speed list, not a
-# correctness one: the server's key hashes every file of src/vcarepro (server_key), so a child never runs code
-# older than its checkout; a module left out is imported by the child itself, which costs only its import time.
-# DVC's stage loader is what vcarepro.params.stage_facts asks for the facts a training stage resumes under.
+# Modules the server imports once for every child. A speed list: the key hashes all of src/vcarepro, and a
+# module left out costs the child only its import. DVC's stage loader is for vcarepro.params.stage_facts.
 PRELOAD = (
     "torch",
     "timm",
@@ -80,22 +58,11 @@ PRELOAD = (
     "dvc.stage.loader",
     "dvc.dependency.param",
 )
-# What the preloaded modules fix when they load. A child forked from the server runs with them as the
-# server read them, whatever the child's own environment says: OpenMP sizes its thread pool from
-# OMP_NUM_THREADS, MKL / oneDNN / ATen pick their kernels (MKL_CBWR, MKL_ENABLE_INSTRUCTIONS,
-# MKL_DEBUG_CPU_TYPE, ONEDNN_MAX_CPU_ISA, DNNL_*, ONEDNN_DEFAULT_FPMATH_MODE, ATEN_CPU_CAPABILITY),
-# numpy its dispatched loops (NPY_DISABLE_CPU_FEATURES), cuBLAS its workspace (CUBLAS_WORKSPACE_CONFIG; all of
-# them the numerics profile's, src/vcarepro/core/numerics.py), KMP_* / GOMP_* tune the OpenMP runtimes, torch
-# reads TORCH*_ / PYTORCH_* and CUDA_* (CUDA_VISIBLE_DEVICES,
-# CUDA_HOME), timm TIMM_* (TIMM_FUSED_ATTN picks its attention kernel), huggingface_hub HF_* (HF_HUB_OFFLINE),
-# the interpreter PYTHON* (PYTHONHASHSEED, PYTHONPATH) and the dynamic loader LD_* (LD_PRELOAD,
-# LD_LIBRARY_PATH) at start-up. Their values are part of the server's key, so a client whose values differ
-# gets a server of its own, started with its environment. Prefixes rather than names because these
-# libraries read many such variables and add more with each release: a variable read later, at run time,
-# costs at most an extra server; one left out would silently run a command under another client's settings.
-# What varies from stage to stage (DVC_STAGE, PWD, OLDPWD, SHLVL) must stay out, or every stage starts cold.
-# huggingface_hub also fixes its cache paths from HOME / XDG_* at import; glibc's allocator reads MALLOC_* and
-# GLIBC_TUNABLES when the interpreter starts.
+# What torch, its kernels' libraries, numpy, timm, huggingface_hub, the interpreter and the loader read when
+# they load: a forked child runs with the server's values, so they are part of the key. Prefixes, not names,
+# since these libraries add variables each release: one read later costs at most an extra server, one left
+# out would silently run a command under another client's settings. What varies per stage (DVC_STAGE, PWD,
+# OLDPWD, SHLVL) stays out, or every stage starts cold.
 IMPORT_ENV_PREFIXES = (
     "OMP_",
     "KMP_",
@@ -286,7 +253,7 @@ def serve(path: str, key: str, idle: Optional[float] = None) -> None:
     idle = float(os.environ.get("VCAREPRO_WARM_IDLE", "60")) if idle is None else idle
     if sys.path and Path(sys.path[0] or ".").resolve() == HERE.parent:
         sys.path.pop(0)  # this file's folder must not shadow what the server imports (stages/report.py, ...)
-    sys.path.insert(0, str(PACKAGE.parent))  # this checkout's src/, before an editable install (dvc#10419)
+    sys.path.insert(0, str(PACKAGE.parent))  # this checkout's src/, before an editable install (docs/lab.md)
     for name in PRELOAD:
         try:
             __import__(name)

@@ -1,11 +1,8 @@
 """The software a result was computed with: every installed package and its version.
 
-README commands 1 and 2 install ``requirements/lock.txt``, every package pinned with its hashes, and
-``python -m vcarepro.tools.lockcheck record`` keeps the packages installed when dvc.lock was recorded in
-dvc.lock.machine.json (``packages``). A new release of numpy, scikit-learn or timm can move an output; a hash
-difference alone would not say why. So a stage that runs under other versions than the recorded ones says which,
-in one warning line (it does not refuse: a researcher may mean to upgrade), and ``lockcheck stale`` / ``verify``
-name them before any hash. docs/reproducibility.md#the-environment-lock.
+``lockcheck record`` keeps the packages installed when dvc.lock was recorded (dvc.lock.machine.json). A new
+release can move an output and a hash difference would not say why, so a stage under other versions says
+which in one warning line (without refusing: an upgrade may be meant). docs/reproducibility.md#the-environment-lock.
 """
 
 from __future__ import annotations

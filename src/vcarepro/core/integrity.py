@@ -1,20 +1,11 @@
 """SHA-256 digests written with every file the project resumes from or builds on, checked before use.
 
-``torch.load`` does not check a checkpoint zip's CRCs, and neither safetensors nor numpy checks
-anything: zeroed or flipped bytes inside a well-formed file (a bad sector, a torn copy) load
-without error and are trained on. So each such file gets its digest when it is written, in
-``sha256sum``'s format (``sha256sum -c`` verifies it by hand):
-
-* a file on its own (a checkpoint, trained weights): ``<file>.sha256`` beside it;
-* a prepared directory (``data/gen``, ``data/fid_reference``, a run's samples): one
-  ``SHA256SUMS`` listing every file in it, written last.
-
-:mod:`vcarepro.core.io` writes them (``write_bytes(..., digest=True)``, ``write_sidecar``, ``write_manifest``);
-:func:`check` verifies a file against whichever of the two covers it and gives the reason it
-cannot be used (``None`` when intact); :func:`require_intact` turns that reason into one sentence
-with the fix. A file is hashed once per process (its size, mtime and inode key the memo).
-Hand-written: none of torch, safetensors, numpy or DVC checks a file's bytes at the moment it is
-read (DVC hashes outputs when it records them, not when a stage opens them).
+``torch.load`` does not check a checkpoint zip's CRCs, safetensors and numpy check nothing, and DVC hashes
+outputs only when it records them: without a digest, flipped bytes in a well-formed file are trained on.
+Digests are in ``sha256sum``'s format: ``<file>.sha256`` beside a single file, one ``SHA256SUMS`` (written
+last) for a prepared directory. :mod:`vcarepro.core.io` writes them; :func:`check` gives the reason a file
+cannot be used (``None`` when intact), :func:`require_intact` one sentence with the fix. A file is hashed
+once per process (size, mtime and inode key the memo).
 """
 
 from __future__ import annotations

@@ -219,7 +219,7 @@ def preallocate(path: str | Path) -> None:
         try:
             os.posix_fallocate(fd, 0, size)
         except OSError as err:
-            if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without fallocate: as before
+            if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without fallocate: written without it
                 raise OSError(err.errno, os.strerror(err.errno), str(path)) from None
         finally:
             os.close(fd)

@@ -1,33 +1,10 @@
 """The numerics profile: which CPU code paths and GPU algorithms every stage's process computes with.
 
-A float result depends on the order of its sums, and each library picks that order from the CPU it finds:
-PyTorch's ATen runs the vectorised kernels built for the widest ISA the CPU has (AVX-512 on one machine,
-AVX2 on another), oneMKL dispatches its GEMMs by vendor and ISA, oneDNN JIT-compiles its convolutions
-for the ISA it finds, numpy's OpenBLAS picks a kernel per CPU model (SkylakeX, Haswell, Zen) and numpy
-its own AVX-512 loops, and every threaded reduction splits its work by the thread count. So an Intel
-Xeon and an AMD EPYC of the same class compute different bits, and a DVC lock recorded on one does not
-reproduce on the other. Measured on this project: the same commit's digit feature extractor,
-and everything generated after it, hashed differently on an AMD EPYC (Zen 4) and on an Intel Xeon, and
-on one machine changed with each of ``ATEN_CPU_CAPABILITY``, ``MKL_CBWR`` and ``ONEDNN_MAX_CPU_ISA``.
-
-``numerics.cpu: portable`` (the embedded scale's default; paper and smoke run native) fixes every one of those
-choices to the AVX2 code path that every x86-64 CPU with AVX2 and FMA runs the same way (:data:`PORTABLE_CPU_ENV`),
-and the thread count of each process to ``numerics.threads`` whatever the machine's core count.
-``stages/run.py`` sets these variables before torch, numpy or any library is imported, in the process
-that becomes the stage (or the warm interpreter it is forked from, whose key includes them); seed
-workers (forked), ranks and torchrun (spawned with the stage's environment) inherit them, and
-:func:`enter`, which every stage's :func:`vcarepro.core.errors.run_stage` calls, checks that they took effect
-and sets the in-process parts. ``numerics.cpu: native`` sets nothing: each library's fastest choice for
-this CPU (the paper scale's default; its CPU work is data loading).
-
-``numerics.gpu: deterministic`` (every scale) sets what PyTorch's reproducibility notes list for CUDA:
-``CUBLAS_WORKSPACE_CONFIG=:4096:8`` before CUDA starts, cuDNN deterministic without benchmark
-autotuning, and ``torch.use_deterministic_algorithms(True, warn_only=True)`` (an op with no deterministic
-CUDA kernel warns rather than stopping a paid run). ``fast`` sets none of it. Even deterministic, GPU bits
-hold only on the same GPU model, driver, CUDA / cuDNN and world size (:data:`GPU_GUARANTEE`).
-
-At import this module loads the standard library only (``vcarepro`` and ``vcarepro.core`` load nothing):
-``stages/run.py`` imports it before torch, numpy or any library is imported.
+``numerics.cpu: portable`` fixes each library's kernel choice to the AVX2 path and the thread count to
+``numerics.threads``, so a lock recorded on one x86-64 CPU reproduces on another; ``native`` sets nothing.
+``numerics.gpu: deterministic`` sets what PyTorch's reproducibility notes list for CUDA. ``stages/run.py``
+sets the variables before any library loads and :func:`enter` checks them; docs/reproducibility.md says
+what each setting does and why. This module loads only the standard library at import, for that reason.
 """
 
 from __future__ import annotations
@@ -179,10 +156,8 @@ def enter() -> Optional[Dict[str, object]]:
                 "through `python stages/run.py` (stop a stale warm server with VCAREPRO_WARM=0)"
             )
         torch.set_num_threads(int(settings["threads"]))
-        # NNPACK, which ATen takes for some convolutions oneDNN declines, picks its kernels from its own CPU
-        # detection: off. oneDNN stays on, capped at AVX2 (ONEDNN_MAX_CPU_ISA): on qemu's emulated AMD EPYC-Rome,
-        # whose caches differ from the Intel host's, its convolutions (DeiT's and DiT's patch embeddings, VCA's
-        # depthwise term, the digit extractor's training) gave the host's bits; turning it off cost 1.4x a step.
+        # NNPACK picks its kernels by its own CPU detection; oneDNN stays on, capped at AVX2 (off cost 1.4x a
+        # step). docs/reproducibility.md has the measurement.
         torch.backends.nnpack.set_flags(False)
         exact_vector_math()
     if settings["gpu"] == "deterministic" and torch.cuda.is_available():
@@ -192,12 +167,8 @@ def enter() -> Optional[Dict[str, object]]:
     return settings
 
 
-# ATen computes these through oneMKL's vector math (VML) where oneMKL is linked (PyTorch's x86 wheels), and VML
-# follows its own dispatch, not MKL_CBWR, on a non-Intel CPU: on qemu's emulated AMD EPYC-Rome each gave other bits
-# than on the Intel host under every MKL_CBWR branch (AdamW's sqrt among them, so every trained weight), while the
-# 49 other ops of the probe agreed. Measured with `python -m vcarepro.tools.lockcheck fingerprint` natively and under
-# qemu-x86_64 -cpu EPYC-Rome (tests/test_numerics.py). sqrt is IEEE-exact in numpy; the others numpy computes with
-# its AVX2 loops or the C library, the same code on every AVX2 CPU.
+# ATen computes these through oneMKL's vector math, which ignores MKL_CBWR on a non-Intel CPU and gave other
+# bits there (docs/reproducibility.md); numpy's sqrt is IEEE-exact, the others its AVX2 loops or the C library.
 VML_OPS = ("sqrt", "log", "log10", "atan", "acos", "asin")
 _REGISTERED: list = []
 

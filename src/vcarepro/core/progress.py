@@ -1,25 +1,11 @@
 """How far a long loop has got: a tqdm bar on a terminal, a line every ``progress.interval_s`` seconds in a log.
 
-Every loop that can run for hours (indexing and decode-checking ImageNet, VAE encoding, training, sampling,
-feature extraction) reports through one :class:`Progress`::
-
-    with Progress("sampling", total=num, unit="sample", seed=seed) as bar:
-        for ...:
-            bar.update(done)
-
-* Where stderr is a terminal it is a tqdm bar on stderr; anywhere else (DVC's output in a file, a SLURM job's
-  log) it is a line on stdout at the loop's start, every ``interval_s`` seconds, and at its end::
-
-      train_cls deit_tiny-vca seed 0 | step 1200/375000 (0.3%) | epoch 1/300 | loss 6.9078 (avg 6.9102) | lr 1.2e-06 | 812 img/s | elapsed 0:25:12 | eta 3d 12:04:55
-
-  ``python -m vcarepro.tools.cluster status`` reads the latest such line of each running job (:func:`latest`).
-* A loop costs one ``time.monotonic()`` comparison per update; ``figures`` (a callable giving the loss, the
-  learning rate...) is called only when a line is due, so a loss on a GPU is read (a sync) only then.
-* Only a process that a stage has :func:`configure`\\ d reports, and of a launch's ranks only rank 0: a library
-  call from a test, a tool or the preflight prints nothing.
-* The interval is params.yaml's ``progress.interval_s``, read when the stage starts. No stage declares it in
-  dvc.yaml and nothing printed here goes into an output, so changing it re-runs nothing.
-"""  # noqa: E501  (the example line above is one line of a log, as long as the real ones)
+Every loop that can run for hours reports through one :class:`Progress`; ``python -m vcarepro.tools.cluster
+status`` reads the latest log line of each running job (:func:`latest`). ``figures`` (the loss, the learning
+rate...) is called only when a line is due, so a loss on a GPU is synced only then. Only a process a stage
+has :func:`configure`\\ d reports, and of a launch's ranks only rank 0. No stage declares ``interval_s`` and
+nothing printed here reaches an output, so changing it re-runs nothing.
+"""
 
 from __future__ import annotations
 

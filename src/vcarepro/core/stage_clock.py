@@ -1,18 +1,10 @@
 """Where a `dvc repro` spends its wall time: one record per stage in timings/stages/, a table at the end.
 
-stages/run.py, the first code of every stage's command, notes when it started and under which `dvc repro` or
-`dvc exp run` process (``VCAREPRO_STAGE_STARTED``);
-:func:`vcarepro.core.stage.run_stage` then writes ``timings/stages/<stage>.json`` when the stage ends: its
-start-up (run.py's start to the stage's ``main``: the warm interpreter's fork or a fresh interpreter's imports,
-the launcher), its work (``main`` itself) and the DVC process it ran under. The report
-stage, last in the DAG, prints the table of every stage that ran under the same DVC process and writes it to
-``timings/stages.md``, with the time DVC took between the stages (hashing dependencies and outputs, rewriting
-dvc.lock). The DVC process is known by its pid and start time; that start is not when DVC began when a shell
-exec'd it (`bash -c "... && dvc repro"`), so it only tells the runs apart. Like every file of timings/, none of
-this is a DVC output or dependency: it changes no hash and re-runs nothing.
-
-The standard library and psutil (the ancestors' command lines), and only under DVC (``DVC_STAGE`` set): a stage
-run by hand records nothing.
+stages/run.py notes when the stage started and under which DVC process (``VCAREPRO_STAGE_STARTED``);
+:func:`vcarepro.core.stage.run_stage` writes ``timings/stages/<stage>.json`` (start-up, work, DVC process)
+when it ends, and the report stage prints the table of its DVC process's stages to ``timings/stages.md``.
+The DVC process's start time only tells runs apart (a shell may have exec'd it). Nothing here is a DVC
+output or dependency, and only a stage under DVC (``DVC_STAGE`` set) records anything.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """Stopping child processes: a signal, a grace period, SIGKILL for what is left, every child reaped.
 
-One supervisor for the four places that stop children (the local launcher's ranks, the seed workers, a
-SLURM job's stage, the warm server's stage) and pass on the signals their parent receives:
-
-* :func:`stop` sends SIGTERM (or the signals given), waits up to ``grace_s`` seconds for every target to
-  end, sends SIGKILL to those still running (or to ``kill``: the rest of a process tree), and waits for
-  the targets again; it returns each target's return code and whether the grace ran out;
-* :func:`forwarding` turns the signals that reach this process (SIGINT, SIGTERM, SIGHUP) into calls of a
-  function for the duration, which passes them on (:func:`send`) or notes them;
-* :func:`exit_status` is the status a shell gives a child's return code (128 + N for signal N);
-* :func:`terminated_raises` makes SIGTERM and SIGHUP raise :class:`Terminated` for the duration, as SIGINT raises
-  KeyboardInterrupt, so that a tool whose children run in sessions of their own stops them on its way out.
+One supervisor for the four places that stop children and pass on their parent's signals: the local
+launcher's ranks, the seed workers, a SLURM job's stage and the warm server's stage.
 
 A target is a :class:`subprocess.Popen`, a :class:`multiprocessing.Process`, an object with
 ``send_signal`` (a ``psutil.Process``: signalled only, never waited for), or a pid of this process's own
-child (an ``int``, reaped with :func:`os.waitpid`). With ``group=True`` signals go to the target's process
-group (its pid as the group id: a child started in a session or group of its own), and a target has ended
-only once its whole group has. A target that has ended is no error: it is not signalled again.
+child. With ``group=True`` signals go to the target's process group, and a target has ended only once its
+whole group has; a target that has already ended is not signalled again.
 
 Standard library only: ``stages/warm.py`` imports it before anything else of the package loads.
 """

@@ -1,12 +1,8 @@
 """timm's augmentation policies, made to run on the Pillow we install.
 
-RandAugment with magnitude noise (``rand-m9-mstd0.5-inc1``, DeiT's and the lab's policy) draws each
-op's level from N(9, 0.5) clipped to [0, 10]; at level 10 ``PosterizeIncreasing`` keeps
-``4 - int(10 / 10 * 4) = 0`` bits. Pillow before 13 turned ``posterize(img, 0)`` into a black
-image (its mask ``~(2 ** 8 - 1)`` clears every bit), which is what DeiT and the lab trained with;
-Pillow 13 raises ``ValueError: bits must be between or equal to 1 and 8`` instead (4 of 3,000
-transforms of a 64 px image in the first batch). The policy stays exactly the recipe's: only the
-posterize ops are given back Pillow's old result for 0 bits.
+At level 10, ``rand-m9-mstd0.5-inc1``'s ``PosterizeIncreasing`` keeps 0 bits. Pillow before 13 gave a black
+image, which DeiT and the lab trained with; Pillow 13 raises ``ValueError`` instead. Only the posterize ops
+are given back Pillow's old result for 0 bits; the policy is otherwise the recipe's.
 """
 
 from __future__ import annotations

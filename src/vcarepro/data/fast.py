@@ -1,14 +1,9 @@
 """The fast training input path: loader workers read, decode and crop; the device does every per-pixel op, batched.
 
-The augmentation is the recipe's timm transform, the PIL path's (``build_transforms`` in vcarepro.train.classification),
-taken apart. In each worker, the draws come from that transform's own objects in its order: the crop box from
-timm's ``RandomResizedCropAndInterpolation.get_params``, the flip as torchvision's ``RandomHorizontalFlip`` draws it,
-and the RandAugment ops, levels, signs and interpolations from timm's ``RandAugment`` and ``AugmentOp``, whose
-PIL functions are swapped for recorders. The worker then decodes only the box (:mod:`vcarepro.data.jpeg`) and ships
-the crop as uint8 with its plan and the device side's schedule. On the device, :class:`DeviceAugment` resizes, flips
-and applies the plan (:mod:`vcarepro.data.device_ops`), and :class:`DevicePrefetcher` (timm's ``PrefetchLoader``,
-with the augmentation inside its side stream) normalizes and erases with the transform's own ``RandomErasing``.
-Mixup / CutMix and repeated augmentation stay where they are on the PIL path (the training loop, the sampler).
+The recipe's timm transform (``build_transforms``), taken apart: each worker draws crop box, flip and RandAugment
+ops from that transform's own objects in its order (their PIL functions swapped for recorders), decodes only the
+box (:mod:`vcarepro.data.jpeg`) and ships a uint8 crop with its plan; :class:`DeviceAugment` and
+:class:`DevicePrefetcher` apply it on the device. docs/performance.md (the training input path) says more.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The prepared classification layout, shared by every source (digits now, ImageNet later).
+"""The prepared classification layout, shared by every source (digits, ImageNet).
 
     <root>/train/<class_dir>/<image>      image files
     <root>/val/<class_dir>/<image>

@@ -1,13 +1,10 @@
 """A box of an image file, decoded as few pixels as the crop allows: the CPU's whole share of the fast input path.
 
-A JPEG is decoded by libjpeg-turbo (simplejpeg) at the smallest DCT scale of 1/2, 1/4 or 1/8 that keeps the box at
-least 1.5x ``out`` on each side, and only the box's rows and columns are kept: the resize's bicubic filter, not the
-DCT, then does the last 1.5x of the shrink (with 1x, a box shrunk 4x by the DCT differed from Pillow's resize by 2.6
-levels on average; with 1.5x by 0.56, and 1.05 at worst, over 93 crops of a 1600 px photograph; with 2x by 0.43,
-but a third as many crops decode smaller). The other scales libjpeg-turbo offers (3/8, 5/8, ...) have no SIMD code and
-decode slower than the full size. Anything else (PNG, CMYK or YCCK
-JPEGs, as a few of ImageNet's are), and any JPEG libjpeg-turbo refuses in its strict mode, is decoded by Pillow as the
-PIL path decodes it, so a file decodes to Pillow's pixels or fails with Pillow's reason.
+libjpeg-turbo (simplejpeg) decodes a JPEG at the smallest DCT scale of 1/2, 1/4 or 1/8 that keeps the box at least
+1.5x ``out`` on each side, so the bicubic resize does the last of the shrink: at 1x the DCT's shrink differed from
+Pillow's resize by 2.6 levels on average, at 1.5x by 0.56. The other scales (3/8, 5/8, ...) have no SIMD code and
+decode slower than full size. Anything else (PNG, CMYK or YCCK JPEGs, what strict mode refuses) goes through Pillow
+as the PIL path does, so a file decodes to Pillow's pixels or fails with Pillow's reason.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Paper-scale generation data: ImageNet images stored as the posterior moments of the SD VAE.
 
-DiT's ``train.py`` centre-crops each image (ADM's ``center_crop_arr``), applies
-``RandomHorizontalFlip``, and encodes it at every step with
-``vae.encode(x).latent_dist.sample().mul_(0.18215)``: a fresh posterior sample each
-time. To train the same way without running the encoder in the loop we encode each
-image once and keep the posterior's ``mean`` and ``std`` rather than a sample;
-:meth:`LatentShards.batch` then draws ``(mean + std * eps) * scaling_factor`` anew on
-every call. The flip happens in pixel space before encoding and a VAE is not
-equivariant to mirroring its latents, so both the image and its mirror are encoded and
-stored: picking a variant reproduces the flip exactly.
+Each image is encoded once and its posterior ``mean`` and ``std`` kept, so :meth:`LatentShards.batch`
+draws a fresh sample every call, as DiT's ``train.py`` does with its encoder in the loop. A VAE is not
+equivariant to mirroring its latents, so the image and its mirror are both stored: picking a variant is
+the flip exactly. docs/paper-scale.md says how it is prepared (about 42 GB at ImageNet scale).
 
 Layout of a prepared directory (shard k holds images ``k*shard_size ...``)::
 
@@ -17,16 +12,8 @@ Layout of a prepared directory (shard k holds images ``k*shard_size ...``)::
     labels_{k:05d}.npy    int64 (n_k,)
     index.json            written last; its presence marks a finished preparation
 
-Cost at ImageNet scale: 1,281,167 images x 2 variants x 2 moments x 4x32x32 values x
-2 bytes = 41,981,280,256 bytes (42.0 GB, 39.1 GiB), plus 10 MB of labels.
-
-float16 suffices for both moments, so no log-variance is stored. diffusers clamps the
-log-variance to [-30, 20], so std lies in [3.1e-7, 22026]: above float16's smallest
-subnormal (6e-8) and below its maximum (65504). Between 6.1e-5 and the top its relative
-error is at most 2**-11; the subnormal tail keeps std to within 3e-8 in absolute
-terms, far below the rounding of any mean it is added to. SD VAE means stay within
-about +-40, where float16 has a spacing of at most 2**-5, which becomes at most
-0.003 after scaling by 0.18215: small next to the unit-variance diffusion noise.
+float16 suffices without a log-variance: diffusers clamps it to [-30, 20], so std lies in [3.1e-7, 22026],
+inside float16's range, and the means' rounding (at most 0.003 after scaling) is small next to the noise.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Generated samples on disk in the ADM evaluator's format, written resumably.
 
-One ``.npz`` per seed: ``arr_0`` uint8 (N, H, W, 3) images and ``arr_1`` int64 (N,)
-class labels, as openai/guided-diffusion's samplers write them and its evaluator
-(and ours) read them. Sampling fills ``.npy`` memory maps in a work directory (kept
-outside DVC's outputs, which DVC deletes before re-running a stage) and records each
-finished batch in ``progress.json``, with the SHA-256 of its bytes, after the maps are flushed;
-a killed run resumes at the first unfinished batch (or the first whose bytes no longer match
-their digest), so there are no duplicates and no gaps. At the end the maps
-are zipped (stored, not compressed) into the ``.npz``, which does not exist until every
-sample is in it; 50,000 images at 256 px (9.8 GB) never sit in memory at once.
+One ``.npz`` per seed: ``arr_0`` uint8 (N, H, W, 3) images and ``arr_1`` int64 (N,) labels, as
+guided-diffusion writes and reads them. Batches fill ``.npy`` memory maps in a work directory outside DVC's
+outputs (which DVC deletes before a re-run) and are recorded in ``progress.json`` with their SHA-256 once
+flushed, so a killed run resumes with no duplicates and no gaps. The ``.npz`` is zipped (stored) from the maps
+last, so 50,000 images at 256 px never sit in memory and an ``.npz`` that exists is complete.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """DiT's diffusion objective and sampler: DDPM with a learned variance (IDDPM's hybrid loss).
 
-What DiT trains (``create_diffusion(timestep_respacing="")`` in facebookresearch/DiT):
-    1000 steps, linear betas 1e-4 .. 0.02, the model predicts eps and the
-    interpolation value v in [-1, 1] of its log-variance between the posterior
-    variance (v = -1) and beta_t (v = +1), i.e. a (B, 2C, H, W) output;
-    t ~ U{0, ..., 999};
-    loss = mean_flat((eps - eps_hat)^2) + vb, averaged over the batch,
-    where vb is the variational-bound term in bits per dimension with the
-    predicted mean frozen (stop-gradient), so it only trains the variance:
-        t > 0:  KL(q(x_{t-1} | x_t, x_0) || p(x_{t-1} | x_t))
-        t = 0:  -log p(x_0 | x_1), a Gaussian discretised to 256 bins of [-1, 1].
-    DiT's default loss type is plain MSE, not RESCALED_MSE, so vb is NOT multiplied
-    by num_timesteps / 1000 (that factor is 1 at 1000 steps anyway).
-
-The schedule and the ancestral sampler are diffusers' ``DDPMScheduler``
-(learned_range variance, no clipping: DiT samples with clip_denoised=False).
-Its "linspace" spacing picks the same 250 of 1000 steps as IDDPM's
-``space_timesteps(1000, "250")`` and its learned_range step on the respaced chain
-equals IDDPM's ``SpacedDiffusion.p_sample``; tests hold both facts. The VLB term is
-hand-written here because diffusers has no training loss for learned variances.
+As DiT's ``create_diffusion(timestep_respacing="")``: 1000 linear-beta steps, the model predicts eps and
+its log-variance's interpolation v in [-1, 1] (a (B, 2C, H, W) output), and the loss is the eps MSE plus
+the VLB term in bits per dimension with the mean frozen, so vb trains only the variance (plain MSE loss
+type, so vb is not rescaled). The sampler is diffusers' ``DDPMScheduler`` (learned_range, no clipping, as
+DiT samples); its 250 "linspace" steps equal IDDPM's respaced chain, which tests hold. The VLB term is
+written here because diffusers has no training loss for learned variances.
 """
 
 from __future__ import annotations

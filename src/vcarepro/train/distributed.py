@@ -1,16 +1,10 @@
 """Process-group set-up for training stages launched by ``vcarepro.train.launch``.
 
-One process: no process group at all. Several: the launcher sets RANK, WORLD_SIZE,
-LOCAL_RANK (torchrun does the same) and, for single-node runs over a file store,
-VCAREPRO_DIST_INIT=file://...; NCCL on GPUs, gloo on CPUs.
-
-The rendezvous is bounded: every rank marks its arrival in the store and waits at most
-VCAREPRO_RDZV_TIMEOUT seconds (the launcher's ``--rdzv-timeout``, 600 by default) for the
-others; a rank that is not there by then (it died while importing, or is still starting)
-ends the waiting ranks with one sentence naming it (:class:`RendezvousTimeout`, exit 2 in a
-stage). The limit bounds the rendezvous only: torch's ``init_process_group(timeout=...)``
-would also bound every collective (a barrier while rank 0 evaluates), so the process group
-keeps torch's default for those.
+One process: no process group. Several: RANK, WORLD_SIZE, LOCAL_RANK (as torchrun sets them) and, on one
+node, VCAREPRO_DIST_INIT=file://...; NCCL on GPUs, gloo on CPUs. A rank missing after
+VCAREPRO_RDZV_TIMEOUT seconds ends the others with one sentence naming it (:class:`RendezvousTimeout`). The
+limit is ours, not ``init_process_group(timeout=...)``'s, which would also bound every collective (a barrier
+while rank 0 evaluates).
 """
 
 from __future__ import annotations

@@ -1,27 +1,13 @@
 """SiT's objective and samplers: flow matching with velocity prediction (Ma et al., 2024).
 
-Conventions of willisma/SiT ``transport/``: time runs from noise (t = 0) to data
-(t = 1), x_t = alpha_t x1 + sigma_t x0 with x0 ~ N(0, I) and x1 the data,
-    "linear": alpha_t = t,            sigma_t = 1 - t          (SiT's default path)
+Conventions of willisma/SiT ``transport/``: t runs from noise (0) to data (1), x_t = alpha_t x1 + sigma_t x0,
+    "linear": alpha_t = t,             sigma_t = 1 - t          (SiT's default path)
     "gvp":    alpha_t = sin(pi t / 2), sigma_t = cos(pi t / 2)
-the model predicts the velocity u_t = alpha'_t x1 + sigma'_t x0 (x1 - x0 on the
-linear path), and the loss is the squared error averaged over every dimension,
-then over the batch. A learn_sigma backbone returns 2C channels; SiT's model drops
-the second half, and so do we.
-
-SiT's ``create_transport`` sets train_eps = sample_eps = 0 for velocity prediction
-on the linear and GVP paths (its CLI values 1e-5 / 1e-3 only apply to score/noise
-prediction or the VP path), so t ~ U(0, 1) in training and the ODE runs over
-[0, 1]; those are the defaults here.
-
-Samplers (``Sampler`` in SiT):
-    ``sample_ode``: fixed-grid Euler or Heun on linspace(t0, t1, num_steps), or
-        dopri5 through torchdiffeq when it is installed;
-    ``sample_sde``: Euler-Maruyama on dx = [v + D(t) s(x, t)] dt + sqrt(2 D(t)) dW with the
-        score s recovered from the velocity, over linspace(t0, 1 - last_step_size,
-        num_steps), then one noiseless "Mean" step of size last_step_size. The defaults
-        (diffusion form "sigma", last step "Mean", size 0.04) are SiT's sample_ddp.py
-        defaults, the setting of its reported SDE FID.
+the model predicts u_t = alpha'_t x1 + sigma'_t x0 and the loss is its mean squared error. A learn_sigma
+backbone's second C channels are dropped, as SiT's model does. train_eps = sample_eps = 0, as SiT's
+``create_transport`` sets for velocity prediction on these paths (its CLI's 1e-5 / 1e-3 apply elsewhere).
+``sample_ode`` (Euler, Heun, or dopri5 through torchdiffeq) and ``sample_sde`` (Euler-Maruyama, then one
+noiseless "Mean" step of 0.04) default to SiT's sample_ddp.py settings, those of its reported FIDs.
 """
 
 from __future__ import annotations

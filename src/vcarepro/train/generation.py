@@ -300,9 +300,8 @@ def generate_batches(
 
     Batch ``b`` draws its labels and noise from a generator seeded by (seed, b) alone, so
     sampling can resume at ``start_batch`` and produce exactly the batches an uninterrupted
-    run would. ``sampling["labels"]``: ``random`` draws each label uniformly, as DiT's and
-    SiT's ``sample_ddp.py`` do (``torch.randint(0, num_classes, (n,))`` per batch);
-    ``balanced`` cycles 0, 1, ..., num_classes-1, 0, ... (slightly lower FID, higher IS).
+    run would. ``sampling["labels"]``: ``random`` (uniform, as DiT's and SiT's ``sample_ddp.py``)
+    or ``balanced`` (cycles through the classes: slightly lower FID, higher IS).
     ``flow_path`` is the path a flow model was trained on (``gen_recipe.flow_path``).
     """
     model = model.to(device).eval()

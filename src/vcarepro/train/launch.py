@@ -286,12 +286,10 @@ def torchrun_command(args) -> list:
     ]
 
 
-# What srun starts on each node: torchrun under a relay that turns SIGUSR1 into the SIGTERM that stops the
-# ranks at a step; torchrun and the ranks ignore SIGUSR1 and SIGUSR2. srun itself answers SIGTERM, SIGINT (twice)
-# and SIGHUP by killing its step, but passes SIGUSR1 on to every task (measured with Debian's slurm-wlm 22.05),
-# so the launcher sends srun SIGUSR1 where it is asked to stop. SLURM's warning signal (sbatch --signal=USR2, which the
-# jobs of python -m vcarepro.tools.cluster ask for) reaches every step of a job, this one too, and its default
-# action would kill torchrun and the ranks at once; the job answers it with a SIGTERM of its own.
+# What srun starts on each node: torchrun under a relay that turns SIGUSR1 into the SIGTERM that stops the ranks
+# at a step. srun kills its step on SIGTERM / SIGINT / SIGHUP but passes SIGUSR1 on to every task (slurm-wlm 22.05),
+# so the launcher stops srun with SIGUSR1. SLURM's USR2 warning (docs/cluster.md) reaches every step and would kill
+# torchrun and the ranks at once, so they ignore it; the job answers it with a SIGTERM of its own.
 RELAY = """
 import signal, subprocess, sys
 # ignored by torchrun and the ranks (inherited): srun's USR1 and SLURM's USR2 reach every process of the step

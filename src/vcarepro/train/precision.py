@@ -1,12 +1,8 @@
 """Numeric precision and compilation of a training step, from the recipe.
 
-``precision``: ``fp32`` (no TF32 anywhere), ``tf32`` (float32 storage, TF32 matmuls and
-convolutions on GPUs: PyTorch 1.11's default, which the lab's fp32 runs had), ``bf16``
-(autocast to bfloat16, no loss scaling) or ``fp16`` (autocast to float16 with a dynamic
-``GradScaler``, as DeiT's original NativeScaler).
-It applies on whatever device the stage runs on, so a recipe says exactly what ran;
-the embedded scale asks for ``fp32``. ``compile`` is ``null`` or a ``torch.compile``
-backend name (``inductor`` on GPUs).
+``precision`` is ``fp32``, ``tf32``, ``bf16`` or ``fp16`` (docs/paper-scale.md says what each sets); it applies
+on whatever device the stage runs on, so a recipe says exactly what ran. ``compile`` is ``null`` or a
+``torch.compile`` backend name.
 """
 
 from __future__ import annotations

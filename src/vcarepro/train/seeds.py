@@ -1,23 +1,12 @@
 """Every seed of a run, in one launched stage: rank 0 owns the dvclive log and the prints.
 
-With ``seed_processes > 1`` (one process, no process group: the embedded scale on a laptop's
-CPU cores) the seeds are first trained side by side in forked worker processes, each with an
-equal share of the CPU threads: small models on a CPU spend much of a step in single-threaded
-dispatch, which two processes overlap and two threads of one process do not. Workers write
-only their checkpoints. The stage's own process then goes through the seeds in order as
-before, resuming each from its worker's final checkpoint, so the run's log, weights and
-history come from one place whichever way the seeds were trained. A seed whose worker failed
-is trained (resumed) in the stage's process under the worker's thread count, so its bits are
-the worker's, where its error is raised as usual; the line that says so gives the worker's
-error. A worker that raised a :class:`~vcarepro.core.errors.UserError` (a damaged image, a diverged
-run) is not redone: the other workers are stopped as below and the stage raises that error, so it
-ends as one sentence and exit 2 (:func:`~vcarepro.core.errors.run_stage`). A worker stopped by SIGTERM
-(a preemption notice) stops the stage as a preempted rank does: the other workers are sent
-SIGTERM too, each keeps its checkpoint, and the stage exits 143 without training anything
-itself; re-running resumes every seed in its worker. Workers must be forked before the
-process runs any backward pass (torch's "Autograd and Fork": the engine's threads do not
-survive a fork), which a stage does; a process that has trained already gets that error from
-every worker.
+With ``seed_processes > 1`` the seeds first train side by side in forked workers, each with an equal share
+of the threads: small models on a CPU spend much of a step in single-threaded dispatch, which two processes
+overlap and two threads do not. Workers write only checkpoints; the stage's process then resumes each seed
+from its worker's, so log, weights and history come from one place. A seed whose worker failed is redone
+here under the worker's thread count (the same bits); a worker's UserError stops the stage as one sentence,
+exit 2, and a worker's SIGTERM stops it as a preempted rank, exit 143. Workers must fork before any backward
+pass (torch's "Autograd and Fork": the engine's threads do not survive a fork).
 """
 
 from __future__ import annotations
