@@ -1,13 +1,8 @@
 """The training input path's cost per image, both paths side by side on the same files, in one run.
 
-* the PIL path per CPU core: timm's transform of the recipe on each decoded image (what today's workers run);
-* the fast path's CPU side per core: read, decode, crop and collate (:mod:`vcarepro.data.fast`);
-* the fast path's device side per image, on the device at hand: resize, flip, RandAugment, normalize, erase;
-* the decode-only ceiling: libjpeg-turbo decoding every whole image, nothing else (Pillow where it cannot).
-
-Per core means in this process on one thread; the DataLoader figures run the same through ``workers`` processes.
-The images are a prepared layout, any folder of images (``--root``), or JPEGs generated from the photographs that
-scikit-learn and matplotlib install, cut and resized to ImageNet's size (longer side 500 px, quality 90).
+The PIL path, the fast path's CPU and device sides (:mod:`vcarepro.data.fast`), and a decode-only ceiling;
+per core means one thread in this process. Without ``--root`` the images are JPEGs cut from the photographs
+scikit-learn and matplotlib install, at ImageNet's size (longer side 500 px, quality 90).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """Training-step time of a generation or classification run, and the GPU-hours a full run would take.
 
-``python -m vcarepro.tools.bench train-step --run dit_s2-vca --batch 32 --device cuda``
-builds the run's model at its scale's shape (params composed with ``scale=paper``, or
-``--scale proxy``), times forward + backward + optimizer steps on random latents (or
-images, for a ``cls_runs`` entry) at ``--batch`` per device, and projects
-``gen_recipe.steps`` (or epochs x steps per epoch) x (global batch / per-device batch) x step time. That
-projection assumes data loading and gradient all-reduce are hidden behind compute, so
-it is a lower bound on a real multi-GPU run, and it is only as good as the device
-it was measured on.
+``python -m vcarepro.tools.bench train-step --run dit_s2-vca --batch 32 --device cuda``. The projection
+assumes loading and all-reduce hide behind compute: a lower bound, only as good as the device measured.
 """
 
 from __future__ import annotations
