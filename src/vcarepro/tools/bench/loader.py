@@ -22,7 +22,7 @@ from vcarepro.tools.bench.timing import timed
 
 LONGER_SIDE = 500  # ImageNet-1K train's most common longer side (its mean image is about 400 x 350)
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
-# The goal for the fast path's CPU side, judged within one run: per core, 3x the PIL path and 70% of the
+# The fast path's CPU-side goal, judged within one run: per core, 3x the PIL path and 70% of the
 # decode-only ceiling.
 GOAL_OVER_PIL, GOAL_OF_CEILING = 3.0, 0.7
 
