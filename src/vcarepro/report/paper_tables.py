@@ -178,11 +178,8 @@ def table1(ws: Workspace) -> List[Table1Row]:
 def table2(ws: Workspace) -> List[Table2Row]:
     """Each Table 2 row (data/paper_reference.yaml) beside ours: FID-50K and the protocol it followed.
 
-    Where each number is made: ``fid`` is ``runs/gen/<run>/metrics.json``, written by the ``eval_gen@RUN``
-    stage (stages/eval_gen.py) with ``vcarepro.metrics.evaluator.evaluate_samples`` over the ``.npz`` samples
-    ``sample_gen@RUN`` drew (``vcarepro.train.sampling``), against ``fid_reference``'s statistics; the
-    protocol is the samples' ``protocol.json`` that eval_gen copied (``vcarepro.metrics.protocol``), worded by
-    ``protocol.describe`` and compared with the paper's by ``protocol.deviations``.
+    ``fid`` comes from each run's metrics.json (``eval_gen@RUN``); the protocol is the samples' ``protocol.json``,
+    worded and compared with the paper's by :mod:`vcarepro.metrics.protocol`.
     """
     return [
         Table2Row(
