@@ -1,12 +1,8 @@
 """Parameters, FLOPs and throughput of a model, measured rather than quoted.
 
-FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` under the
-math SDPA backend: the fused CPU attention kernels are invisible to the counter,
-so counting under them would silently drop every attention product. The
-counter reports 2 FLOPs per multiply-accumulate; vision papers (and the DeiT,
-PVT, Swin tables this paper copies) quote multiply-accumulates as "FLOPs", so
-both are returned and ``macs`` is the one comparable to the paper. FFTs, which the counter
-does not see, are added at 5 n log2 n flops per complex transform of n points.
+FLOPs are counted under the math SDPA backend: the fused CPU kernels are invisible to ``FlopCounterMode``,
+which would silently drop every attention product. ``macs`` (half the counter's FLOPs) is what the paper's
+tables call FLOPs. FFTs, unseen by the counter, add 5 n log2 n flops per complex transform of n points.
 """
 
 from __future__ import annotations

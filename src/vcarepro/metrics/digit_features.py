@@ -1,26 +1,12 @@
 """The embedded scale's FID features: a digit classifier registered with torch-fidelity as a feature extractor.
 
-The FID-50K of the paper scale (ADM's evaluator) is :mod:`vcarepro.metrics.evaluator`; this module holds the
-extractor names both scales use and :func:`compute_generation_metrics`, FID and KID of two in-memory image
-sets through torch-fidelity, offline. Two feature extractors, one code path:
+Inception features of 8x8 digits upsampled to 299 px would measure upsampling artefacts (and its weights
+are not offline), so :class:`DigitFeatureNet`'s penultimate layer plays pool3's role; its numbers compare
+only with numbers from the same weights file. :func:`compute_generation_metrics` also takes
+``"inception-v3-compat"``, never downloaded. The paper scale's FID-50K is :mod:`vcarepro.metrics.evaluator`.
 
-* ``"inception-v3-compat"`` (paper scale): torch-fidelity's bit-exact port of
-  the TF Inception used by every FID-50K in the literature. Its weights are
-  never downloaded here: the path is given, or found in torch hub's checkpoint
-  directory, or a one-sentence error says where to put the file.
-* ``"vcarepro-digits"`` (embedded scale): Inception features of 8x8 digits
-  upsampled to 299 px would measure upsampling artefacts, and its weights are
-  not available offline anyway. Instead a small CNN classifier
-  (:class:`DigitFeatureNet`) is trained on the same digits and its penultimate
-  layer plays the role of Inception's pool3. Its numbers are comparable only
-  with numbers from the same weights file.
-
-torch-fidelity's contract for an extractor (v0.4.0, read from its source):
-``cls(name, features_list, **all_calculate_metrics_kwargs)``; ``forward`` gets
-uint8 Bx3xHxW and returns a tuple of float tensors, one per requested feature
-name, in the order of ``features_list``; the static methods
-``get_provided_features_list``, ``get_default_feature_layer_for_metric``,
-``can_be_compiled`` and ``get_dummy_input_for_compile`` describe it.
+torch-fidelity's extractor contract (v0.4.0, read from its source): ``cls(name, features_list, **kwargs)``;
+``forward`` gets uint8 Bx3xHxW and returns one float tensor per name of ``features_list``, in that order.
 """
 
 from __future__ import annotations
@@ -343,18 +329,10 @@ def compute_generation_metrics(
 ) -> Dict[str, Union[float, int, str]]:
     """FID and KID between two sets of uint8 (N, C, H, W) images (C in {1, 3}, same H and W) via torch-fidelity.
 
-    ``extractor`` is ``"vcarepro-digits"`` (``weights_path``: a file from
-    :func:`save_feature_net`, required) or ``"inception-v3-compat"``
-    (``weights_path``: torch-fidelity's Inception ``.pth``; when None, it is
-    looked up in torch hub's checkpoint directory, never downloaded).
-
-    Each set needs at least ``feature_dim + 1`` images (65 for the default
-    digit net, 2049 for Inception): with fewer, the feature covariance is
-    singular and FID is dominated by estimation bias rather than by the
-    images. ``kid_subset_size`` defaults to ``min(1000, num_real, num_fake)``.
-    Nothing is cached or written to disk: torch-fidelity's statistics cache is
-    keyed by input name, and reusing a name for new samples would return stale
-    numbers.
+    ``weights_path``: a :func:`save_feature_net` file for ``"vcarepro-digits"`` (required), torch-fidelity's
+    Inception ``.pth`` for ``"inception-v3-compat"`` (None: torch hub's checkpoint directory, never downloaded).
+    Each set needs ``feature_dim + 1`` images, else the covariance is singular and FID measures estimation bias.
+    Nothing is cached: torch-fidelity's cache is keyed by input name, so a reused name would return stale numbers.
     """
     real = _as_uint8_images(real_uint8, "real_uint8")
     fake = _as_uint8_images(fake_uint8, "fake_uint8")

@@ -1,18 +1,7 @@
 """FID-50K, sFID, Inception Score, precision/recall and KID of a sample file, as ADM's evaluator computes them.
 
-DiT and SiT report ImageNet 256x256 numbers from OpenAI's guided-diffusion
-``evaluations/evaluator.py`` ("the ADM evaluator"): 50,000 samples in an
-``.npz`` (``arr_0``: uint8 N x 256 x 256 x 3) against a reference batch
-(:mod:`vcarepro.metrics.fid_reference`). :func:`evaluate_samples` reproduces that evaluation
-without TensorFlow, one concept per module:
-
-* the samples, streamed from the file: :mod:`vcarepro.metrics.npz_images`;
-* their features, torch-fidelity's port of the same 2015 TF Inception graph (pool features,
-  logits, and sFID's spatial features): :mod:`vcarepro.metrics.inception`;
-* FID and sFID, the Frechet distance of streamed mean/covariance: :mod:`vcarepro.metrics.feature_stats`;
-* the Inception Score in ADM's splits: :mod:`vcarepro.metrics.inception_score`;
-* precision/recall with ADM's float16 distances: :mod:`vcarepro.metrics.precision_recall`;
-* KID (not in ADM's evaluator), torch-fidelity's: :mod:`vcarepro.metrics.kid`.
+DiT and SiT report guided-diffusion's ``evaluations/evaluator.py``; :func:`evaluate_samples` reproduces it
+without TensorFlow, one concept per module of :mod:`vcarepro.metrics` (docs/paper-scale.md).
 """
 
 from __future__ import annotations
@@ -53,19 +42,10 @@ def evaluate_samples(
 ) -> Dict[str, Union[float, int]]:
     """ADM's evaluation of a sample ``.npz`` (``arr_0``: uint8 N x H x W x 3), streamed through ``extractor``.
 
-    Returns ``fid``, ``inception_score``, ``inception_score_std`` and
-    ``num_samples``; ``precision`` and ``recall`` when ``reference_features``
-    (the reference images' pool features, ADM: its 10,000-image batch) are
-    given, with ``kid_mean`` / ``kid_std`` (torch-fidelity's KID over ``kid_subsets`` random
-    subsets of ``min(kid_subset_size, both set sizes)``, drawn with ``seed``); ``sfid`` when
-    ``spatial_reference`` is (then ``extractor`` must have
-    :meth:`~vcarepro.metrics.inception.InceptionFeatures.extract`); ``fid_own`` (and ``sfid_own``) against a second
-    reference, our own statistics of the training images, when ``own_reference`` is given.
-    ``extractor(images)`` gets uint8 (B, 3, H, W) tensors and returns (pool features, logits).
-    ``feature_dims`` computes FID and sFID over the first that many feature coordinates only (every one
-    for None, ADM's protocol), so that fewer samples than the extractor's dimension + 1 give a covariance
-    of full rank (the smoke scale); precision / recall and KID keep every coordinate. ``min_samples``
-    (default: that dimension + 1) is the fewest samples accepted.
+    ``extractor(images)`` maps uint8 (B, 3, H, W) to (pool features, logits). Returns ``fid``, ``inception_score``
+    (``_std``), ``num_samples``; with ``reference_features`` also precision/recall and ``kid_mean``/``kid_std``;
+    ``sfid`` with ``spatial_reference``; ``fid_own``/``sfid_own`` with ``own_reference``. ``feature_dims`` keeps
+    FID's first coordinates only, so few samples still give a full-rank covariance (the smoke scale).
     """
     npz_path = Path(npz_path)
     num_samples = npz_num_images(npz_path)

@@ -1,10 +1,7 @@
 """The feature extractor a scale measures its generated images with, behind one interface.
 
-``extractor(images)`` takes uint8 (B, C, H, W) images and returns ``(features, logits)``:
-the space FID / KID / precision-recall are computed in, and the classifier logits the
-Inception Score uses. Paper scale: torch-fidelity's Inception (``inception.InceptionFeatures``,
-which also gives sFID's spatial features through ``extract``). Embedded scale: the digit
-classifier that prepare_gen trained (:class:`DigitFeatures`).
+``extractor(images)`` maps uint8 (B, C, H, W) to ``(features, logits)``: FID / KID / precision-recall's
+space and the Inception Score's logits. Paper scale: ``inception.InceptionFeatures``; embedded: :class:`DigitFeatures`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """The real-image side of every FID (stage fid_reference's data/fid_reference): written, and read back.
 
-Two references: ADM's reference batch (``VIRTUAL_imagenet256_labeled.npz``: 10,000 images and
-OpenAI's statistics ``mu``/``sigma`` of the whole training set's pool features and
-``mu_s``/``sigma_s`` of its spatial features), the reference of DiT's, SiT's and ADM's
-FID-50K; and our own statistics, streamed over the training images
-(:func:`reference_from_images`). :func:`write_reference` writes the one the params choose, or
-both, and :func:`load_reference_set` reads them as :func:`vcarepro.metrics.evaluator.evaluate_samples`
-takes them.
+Two references: ADM's reference batch (``VIRTUAL_imagenet256_labeled.npz``), the one DiT's, SiT's and ADM's
+FID-50K use, and our own statistics streamed over the training images (:func:`reference_from_images`).
 """
 
 from __future__ import annotations
@@ -66,13 +61,8 @@ def reference_from_images(
 ):
     """Reference statistics over every image yielded, and a random subset of their pool features for precision/recall.
 
-    ``image_iter`` yields uint8 (B, 3, H, W) batches (e.g. the training set at
-    256 px, ADM's preprocessing). Returns ``(stats, kept)``: ``kept`` is a
-    uniformly random subset of ``keep_features`` pool feature rows (float32),
-    drawn by reservoir sampling, the same for the same ``seed`` and image
-    order; ADM's reference batch has 10,000 images. With ``spatial=True``
-    (``extractor`` being :class:`~vcarepro.metrics.inception.InceptionFeatures`) the spatial statistics
-    for sFID come third: ``(stats, kept, spatial_stats)``. ``total``: the images to expect, for the progress.
+    Returns ``(stats, kept)``, ``kept`` being ``keep_features`` rows drawn by reservoir sampling (the same for the
+    same ``seed`` and order); with ``spatial=True``, ``(stats, kept, spatial_stats)`` for sFID.
     """
     pool_stats = spatial_stats = reservoir = None
     with Progress("reference features", total, unit="image") as progress:

@@ -1,21 +1,11 @@
 """torch-fidelity's ``inception-v3-compat`` network as ADM's evaluator reads it: pool features, logits, sFID features.
 
-The network is a port of the 2015 TF Inception graph with TF1-compatible resizing to 299 px.
-FID reads its 2048-d ``pool_3`` features, the Inception Score the softmax of its unbiased
-logits (pool features times the final layer's weights, no bias: what ADM's
-``softmax/logits/MatMul`` graph computes too).
-
-sFID reads ADM's spatial features, the first 7 channels of the TF graph's ``mixed_6/conv``
-(17 x 17 x 7 = 2023 dims). torch-fidelity does not list that layer among its named features,
-but its network contains it: torch-fidelity's weight converter
-(``utils/util_convert_inception_weights.py``) maps the TF scope ``mixed_6/conv``
-(conv2d_params + batchnorm) onto ``Mixed_6d.branch1x1``, a conv-BN-ReLU unit whose output is
-the tensor ADM reads. :class:`InceptionFeatures` captures that module's output with a forward
-hook, keeps channels 0..6 and flattens them in TF's NHWC order, so the features line up
-element for element with ADM's ``mu_s``/``sigma_s``. Not checked here against the real
-weights (they are not on this machine): the first run with them should compare
-:func:`vcarepro.metrics.fid_reference.load_adm_reference` (spatial) with statistics from
-:func:`vcarepro.metrics.fid_reference.reference_from_images` on the same images.
+IS logits are pool features times the final weights, no bias (ADM's ``softmax/logits/MatMul``). sFID reads
+the first 7 channels of TF's ``mixed_6/conv``, which torch-fidelity's weight converter maps onto
+``Mixed_6d.branch1x1``: a hook keeps channels 0..6 in TF's NHWC order, so they line up with ADM's ``mu_s``.
+Not yet checked against the real weights: the first run with them should compare ADM's spatial statistics
+(:func:`~vcarepro.metrics.fid_reference.load_adm_reference`) with
+:func:`~vcarepro.metrics.fid_reference.reference_from_images` on the same images.
 """
 
 from __future__ import annotations

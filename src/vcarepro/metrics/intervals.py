@@ -1,16 +1,9 @@
-"""Differences between two runs with a 95% interval, and the direction verdict the interval supports.
+"""Differences between two runs with a Welch 95% interval, and the direction verdict the interval supports.
 
-Runs are compared with Welch's unequal-variance t interval on their per-seed values. Two runs of
-this pipeline that list the same seeds share the seed's data order and augmentation streams but
-not their initial weights (different architectures draw different parameters), so seeds are not
-treated as paired: a paired interval would claim a correlation the construction does not give.
-
-A direction is stated only when the interval excludes zero; with one seed on a side there is no
-error estimate and no direction. Where one table makes several comparisons, each is resolved only
-if its Welch p-value survives Holm's step-down correction over the table (``holm``): at 95% and
-thirteen comparisons about 0.65 would otherwise exclude zero by chance alone. For an unresolved
-difference the number of seeds per run that would resolve it, if the observed difference and spread
-held, is estimated: a rough projection, not a power calculation.
+Seeds are not paired: two runs with one seed share its data order but not their initial weights, so a
+paired interval would claim a correlation the construction does not give. A direction needs the interval
+to exclude zero and, within a table, Holm's correction (docs/pipeline.md); seeds-to-resolve is a rough
+projection, not a power calculation.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """A non-neural reference on the classification split: scikit-learn's logistic regression on raw pixels.
 
-It tells a reader where a converged classifier should land on the embedded digits (a ViT well
-under it has not been trained enough). Images are read from the prepared layout exactly as
-listed in its manifest, as grayscale at their stored size (or, with ``image_size``, resized on the
-shorter side and centre-cropped to that square, for ImageNet-shaped splits whose images differ in
-size), scaled to [0, 1] and standardised with the training split's statistics. Only small splits are fitted: on
-ImageNet a pixel-space linear model says nothing and would take hours, so the stage records that it was not computed.
+It says where a converged classifier should land on the embedded digits (a ViT well under it is undertrained).
+Only small splits are fitted: on ImageNet a pixel-space linear model says nothing and would take hours.
 """
 
 from __future__ import annotations

@@ -29,22 +29,10 @@ def precision_recall(
 ) -> Tuple[float, float]:
     """Improved precision and recall (Kynkaanniemi et al., 2019) as ADM's ``ManifoldEstimator`` computes them.
 
-    Each set spans a manifold: the union of balls around its points, the
-    radius of a point being the distance to its ``k``-th nearest neighbour
-    within the set (itself excluded). Precision is the fraction of fake
-    points inside the real manifold (within the radius of ANY real point),
-    recall the fraction of real points inside the fake manifold. Distances
-    are computed in ``batch_size`` x ``batch_size`` blocks, so 50K x 10K never
-    needs a 50K x 50K matrix.
-
-    ``distance_dtype``: ``float16`` does what ADM's ``DistanceBlock`` does: squared
-    distances of the features cast to float16, used (as float32) where the whole block
-    is finite and recomputed in float32 where it is not; radii and comparisons are
-    float32. ``float32`` / ``float64`` compute everything in that dtype.
-
-    Hand-written because torch-fidelity's ``prc`` runs on VGG16 features
-    (weights that download), while the DiT/SiT numbers use Inception pool
-    features, as here.
+    A point's radius is the distance to its ``k``-th nearest neighbour in its own set; precision is the fraction of
+    fake points within the radius of any real point, recall the converse. Distances go in ``batch_size`` blocks.
+    ``distance_dtype="float16"`` is ADM's ``DistanceBlock``: float16 squared distances, recomputed in float32
+    where a block is not finite. Hand-written because torch-fidelity's ``prc`` uses VGG16 features, not Inception.
     """
     if distance_dtype not in DISTANCE_DTYPES:
         raise BadInput(f"distance_dtype={distance_dtype!r} is unknown; use one of {', '.join(DISTANCE_DTYPES)}.")

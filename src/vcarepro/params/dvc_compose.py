@@ -1,23 +1,9 @@
 """``dvc exp run -S`` refuses a bad override in the project's own sentence, before any stage runs.
 
-With ``[hydra] enabled`` in .dvc/config, DVC composes params.yaml from conf/ in its own process
-(``dvc.utils.hydra.compose_and_dump``) before it runs a stage. Left alone, Hydra's refusal of a misspelt key
-reaches the user as DVC's ``unexpected error - Could not override ... To append to your config use +...`` (a hint
-that leads past Hydra to a stage's refusal, 14 s later), and an unknown ``scale=`` as a dozen lines of Hydra's
-search path. DVC loads Hydra plugins from the repository's root (its ``hydra.plugins_path``, empty by default)
-before it composes; ``hydra_plugins/vcarepro_params.py`` there calls :func:`install`, which wraps Hydra's
-``ConfigLoaderImpl.load_configuration`` for compositions of this checkout's conf/ only:
-
-* a composition Hydra refuses (an unknown key, an unknown option of a config group, bad override syntax) is
-  the sentence :func:`vcarepro.params.config._composition_error` gives ``python -m vcarepro.params.config``
-  (the did-you-mean, the options of a group), naming the ``-S`` override;
-* a composition Hydra accepts is checked by the schema (:func:`vcarepro.params.schema.validate` without the model
-  classes, which would import torch), so that ``+cls_recipe_overrides.lrr=0.01`` is refused there too.
-
-A refusal is a ``dvc.exceptions.DvcException``: DVC prints it as one ``ERROR: <sentence>`` line, without its
-"unexpected error" wording or its support footer, and exits with status 255; params.yaml is not written. Hydra's
-loader is a private class: where a Hydra release lacks it, :func:`install` does nothing and the stages still
-refuse the composed params.yaml (:func:`vcarepro.params.config.stage_params`).
+docs/troubleshooting.md shows the refusals. DVC loads ``hydra_plugins/vcarepro_params.py`` before it composes
+conf/; it calls :func:`install`, which wraps Hydra's ``ConfigLoaderImpl.load_configuration`` for this checkout's
+conf/ only. A refusal is a ``DvcException`` (one ``ERROR:`` line, no support footer). Hydra's loader is
+private: where a release lacks it, :func:`install` does nothing and the stages still refuse params.yaml.
 """
 
 from __future__ import annotations

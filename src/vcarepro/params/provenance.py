@@ -1,14 +1,8 @@
 """What produced a run's numbers: the record an evaluation stage writes beside ``metrics.json``.
 
-One function, :func:`run_provenance`, builds the record from params, for the stage that writes
-it and for the report that checks it, so the two compare like with like. The report shows a
-run's numbers only where the record on disk equals the one built from the current params and
-vouches for the ``metrics.json`` beside it (its SHA-256); anything else is stale, and the report
-names the stage that refreshes it (:func:`check`).
-
-The record is its own file (``provenance.json``), not entries of ``metrics.json``: DVC shows
-every nested entry of a metrics file as a metric (``dvc metrics diff`` would list a learning
-rate as a metric that changed) and drops lists (the seeds) altogether.
+:func:`run_provenance` builds it for both the stage and the report, so they compare like with like
+(docs/pipeline.md, "Provenance and staleness"). It is its own file, not entries of ``metrics.json``: DVC
+would show every nested entry as a metric (a learning rate "changed") and drop lists (the seeds).
 """
 
 from __future__ import annotations

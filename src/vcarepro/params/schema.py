@@ -1,13 +1,8 @@
 """What every parameter may hold, checked when a stage starts.
 
-A wrong type or an out-of-range value in params.yaml stops the stage before it writes
-anything, with one sentence naming the key, what it holds, what it must hold and where
-to fix it. Sections whose keys are names chosen by the user (``models``, the run
-lists, the recipes) are checked for the fields every entry needs, and their names for a
-safe alphabet (each becomes a directory and a DVC stage name). The keys of the sections
-passed on to a model's constructor (``cls_shape``, ``gen_shape``, ``models.*.options``) are
-checked against what that constructor takes, the closest valid name suggested. A run entry holds exactly its
-branch's fields (:data:`RUN_FIELDS`), and an unknown key anywhere is named with the nearest valid one.
+A bad value stops the stage before it writes anything, in one sentence naming the key and the fix. User-chosen
+names get a safe alphabet (each becomes a directory and a DVC stage name); model options are checked against
+the constructor; a run entry holds exactly :data:`RUN_FIELDS`.
 """
 
 from __future__ import annotations

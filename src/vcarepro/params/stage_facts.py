@@ -1,18 +1,8 @@
 """What a stage's result depends on, read from the stage's own definition in dvc.yaml.
 
-DVC re-runs a stage when the value of a param it declares, or the content of a dependency it
-declares, differs from what ``dvc.lock`` recorded. Work a stage left behind (a training
-checkpoint, half-written samples) may be resumed only if it was written under exactly those
-facts: otherwise DVC would record, beside the new params, results that the old ones produced.
-So the facts are not listed here by hand; :func:`stage_facts` asks DVC for the stage's
-definition (its ``foreach`` resolved the way ``dvc repro`` resolves it) and hashes what DVC
-hashes: each declared param's value, each declared dependency's content (DVC's own md5, from
-its state database, so a 150 GB ``data/cls`` is not read again).
-
-Outside a DVC project (a stage script run by hand in a bare directory, as the tests do) the same
-definition is read from the dvc.yaml of the code's own checkout, its ``${key}`` / ``${item.*}``
-filled from the local params.yaml, and each dependency hashed where it lies: under the working
-directory, else (the code) under that checkout.
+A checkpoint resumes only under the facts DVC re-runs the stage on (docs/faults.md), so they are asked of DVC,
+not listed by hand, and dependencies hashed with DVC's own md5s from its state database. Outside a DVC
+project (tests) the code checkout's dvc.yaml is read, filled from the local params.yaml.
 """
 
 from __future__ import annotations

@@ -238,15 +238,8 @@ def _ours(
 def family(ws: Workspace) -> List[FamilyRow]:
     """Each family member beside MHSA and VCA: its published DeiT-T row, our counts, our runs' numbers.
 
-    The published row is the method's own (source M), trained with its own recipe; our runs drop each
-    layer into DeiT-T / DiT-S/2 with everything else equal (the recipe of the VCA row). Differences
-    carry Welch's 95% interval and a sign only where it excludes zero.
-
-    Where each number is made: ``top1`` by ``eval_cls@RUN`` (``classification.evaluate``, final epoch), ``fid``
-    by ``eval_gen@RUN`` (``metrics.evaluator.evaluate_samples``), each run's metrics.json; the parameter and
-    GMAC counts (ours of the published model and of the drop-in) by the ``complexity`` stage
-    (``metrics.complexity.model_complexity``, metrics/complexity.json); the MHSA baseline's run is
-    ``rows.answering_run`` of the family's ``baseline.cls_run``.
+    The published row is trained with the method's own recipe; our runs drop each layer into DeiT-T / DiT-S/2
+    with the VCA row's recipe (docs/family.md).
     """
     fam = ws.ref["family"]
     base, vca = fam["baseline"], fam["vca"]

@@ -1,17 +1,7 @@
 """The report stage's DVC metrics: one flat file per branch with each run's headline number.
 
-`dvc exp show` makes a column of every key of every declared metrics file, so the pipeline declares only
-these two (dvc.yaml, stage report); every other number stays in files that are outputs, not metrics
-(each run's metrics.json with its per-seed values, dvclive's summaries, the complexity counts):
-
-- ``metrics/cls_top1.json``: each classification run's top-1 (%), the mean over its seeds;
-- ``metrics/gen_fid.json``: each generation run's FID, the mean over its seeds.
-
-A run is keyed by its name less the leading ``-``-separated words that every run of its branch shares
-(``deit_tiny-`` of ``deit_tiny-mhsa`` when every classification run is a DeiT-T), so the embedded scale's seven
-DeiT-T runs fit in a 160-column terminal beside the knob that changed; full run names would take 163 columns
-alone. A run without a current result (not run, or stale: its metrics.json came from other params) has no key,
-which DVC shows as ``-``.
+``dvc exp show`` makes a column of every key of every metrics file, so only these two are declared
+(docs/pipeline.md says what each holds and how runs are keyed); a run without a current result has no key.
 """
 
 from __future__ import annotations

@@ -156,13 +156,8 @@ def protocol_text(ws: Workspace, run: str) -> Optional[str]:
 def table1(ws: Workspace) -> List[Table1Row]:
     """Each Table 1 row (data/paper_reference.yaml) beside ours: top-1, parameters, GMACs.
 
-    Where each number is made: ``top1`` is ``runs/cls/<run>/metrics.json``, written by the ``eval_cls@RUN``
-    stage (stages/eval_cls.py): the final weights' top-1 by ``vcarepro.train.classification.evaluate``,
-    the best epoch's (``top1_best``, ``top1_best_ema``) by ``classification.best_epoch_figures`` from the
-    per-epoch validation ``train_cls`` logged, averaged over seeds by ``metrics.aggregate.aggregate_seeds``;
-    which key a row reads is ``top1_key`` (``rows.STATISTICS``), which run answers it ``rows.answering_run``.
-    ``params_m`` / ``gmacs`` are ``metrics/complexity.json``, written by the ``complexity`` stage
-    (stages/complexity.py) with ``vcarepro.metrics.complexity.model_complexity`` at the paper's shape.
+    ``top1`` comes from each run's metrics.json (``rows.STATISTICS`` picks the key, ``rows.answering_run`` the
+    run); ``params_m`` / ``gmacs`` from metrics/complexity.json at the paper's shape.
     """
     return [
         Table1Row(
@@ -183,11 +178,8 @@ def table1(ws: Workspace) -> List[Table1Row]:
 def table2(ws: Workspace) -> List[Table2Row]:
     """Each Table 2 row (data/paper_reference.yaml) beside ours: FID-50K and the protocol it followed.
 
-    Where each number is made: ``fid`` is ``runs/gen/<run>/metrics.json``, written by the ``eval_gen@RUN``
-    stage (stages/eval_gen.py) with ``vcarepro.metrics.evaluator.evaluate_samples`` over the ``.npz`` samples
-    ``sample_gen@RUN`` drew (``vcarepro.train.sampling``), against ``fid_reference``'s statistics; the
-    protocol is the samples' ``protocol.json`` that eval_gen copied (``vcarepro.metrics.protocol``), worded by
-    ``protocol.describe`` and compared with the paper's by ``protocol.deviations``.
+    ``fid`` comes from each run's metrics.json (``eval_gen@RUN``); the protocol is the samples' ``protocol.json``,
+    worded and compared with the paper's by :mod:`vcarepro.metrics.protocol`.
     """
     return [
         Table2Row(

@@ -229,12 +229,9 @@ def fold(
 ) -> Dict[str, Any]:
     """A table's rows as the page shows them, and a how-to-run line for each distinct way to run what is missing.
 
-    A row that ``keep`` holds (a row of the paper's own tables, or one with a paper number) stays in its table
-    whether or not we ran it: a paper number never folds. What folds is ours: a row with nothing measured shows
-    one "not run" mark for its cells of ours, keyed (``howto``: a, b, ...) to the line below the table that says
-    how to run its runs (``Workspace.how_to_run``: this scale's ``dvc repro``, or the scale whose run list has
-    them, with its command). A row ``keep`` does not hold and nothing was measured for is named in that line only.
-    Each shown row comes as (row, its howto key or None).
+    A row ``keep`` holds stays whether or not we ran it (a paper number never folds); a row of ours with nothing
+    measured shows one "not run" mark keyed to the how-to line below the table; other unmeasured rows are named in
+    that line only. Each shown row comes as (row, its howto key or None).
     """
     notes: Dict[str, Dict[str, Any]] = {}
     shown = []

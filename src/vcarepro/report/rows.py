@@ -1,11 +1,7 @@
 """Which of our numbers answers a row of the paper's tables: the run, the read-out, the per-seed values.
 
-One place for what the report's tables (``workspace.py``) and the model card (``card.py``) both decide.
-Where a classification number is made: ``eval_cls@RUN`` (stages/eval_cls.py) writes
-``runs/cls/<run>/metrics.json``: ``top1`` / ``top1_ema`` from ``vcarepro.train.classification.evaluate``
-on the final (EMA) weights, ``top1_best`` / ``top1_best_ema`` / ``plateau_spread`` from
-``best_epoch_figures`` (the validation ``train_cls`` ran every epoch, ``history.json``), each aggregated
-over seeds by ``vcarepro.metrics.aggregate.aggregate_seeds`` (mean, ``_std``, ``_seed<s>``).
+One place for what the report's tables (``workspace.py``) and the model card (``card.py``) both decide; the
+keys read are those ``eval_cls@RUN`` writes to ``runs/cls/<run>/metrics.json`` (docs/pipeline.md).
 """
 
 from __future__ import annotations

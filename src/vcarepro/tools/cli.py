@@ -2,14 +2,9 @@
 
     vcarepro <command> [arguments...]        vcarepro --help lists the commands
 
-Each wrapped command runs its module exactly as ``python -m vcarepro.<module>`` does (as ``__main__``, with the
-remaining arguments unchanged), so its help, output and exit status are the module's own: 2 for a user error,
-with one ``error:`` line. The ``python -m`` forms stay. One command is this module's own: ``vcarepro calibrate
-ENTRY...`` selects released checkpoints and runs their calibration stages, the README's ``python -m
-vcarepro.params.config scale=paper 'calibrate.checkpoints=[...]' && dvc repro calibrate_cls`` in one step.
-
-Nothing of the package is imported here until a command runs (importing ``vcarepro.tools.cli`` still runs
-``vcarepro/__init__.py``, which registers the models with timm: that is the package's doing).
+Each command runs its module as ``python -m vcarepro.<module>`` does, so help, output and exit status are
+the module's own; ``vcarepro calibrate`` is this module's own (the README's calibration in one step).
+Nothing of the package is imported until a command runs, so ``--help`` stays instant.
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """``python -m vcarepro.tools.lockcheck drift``: would the newest releases pyproject.toml allows reproduce dvc.lock?
 
-Run by hand, not in CI (about as long as README command 1). In a temporary folder it
-
-1. resolves pyproject.toml's ranges (runtime and test extra) to their newest releases with ``uv pip compile``,
-   under pip's own constraints where the machine sets them (``PIP_CONSTRAINT``, a ``constraint`` in ``pip config
-   list``) and each ``--move name==version`` (a package deliberately held elsewhere);
-2. names every package whose version differs from requirements/lock.txt; when none does, the environment is the
-   locked one and there is nothing to run;
-3. otherwise installs that environment into a fresh clone of the committed code, runs ``dvc repro`` there and
-   ``lockcheck verify``, which names the packages again and then every output whose hash moved.
-
-Exit status 0 when nothing moved; 1 when an output moved, or when a step failed or ran past its bound (its
-folder is kept and named); 2 on bad use; 130 on Ctrl-C and 143 / 129 on SIGTERM / SIGHUP, each of which stops
-every process a step started.
-docs/reproducibility.md#drift. uv is the resolver and installer because README command 1 installs with it.
+docs/reproducibility.md#drift says what it runs and its exit statuses. uv is the resolver and installer
+because README command 1 installs with it.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """DVC's command line as the cluster driver calls it (its environment, a failure's last line), and the workspace's
-default DVC remote, which the driver backs its results up to (docs/lab.md).
+default DVC remote, which the driver backs its results up to (docs/cluster.md, docs/lab.md).
 
-A cluster's outputs live on a scratch disk that sites purge; ``python -m vcarepro.tools.cluster run`` therefore
-pushes each stage's outputs as soon as the stage is done, when the workspace has a default remote (``dvc remote
-add -d``), and ``cluster status`` says which outputs are not on it yet. Everything here is DVC's own command line
-(``dvc remote default``, ``dvc push STAGE``, ``dvc status --cloud``): what a push sends, how it retries and what it
-verifies stay DVC's, and a push this code started is the same as one a researcher types.
+Everything goes through DVC's own command line (``dvc push STAGE``, ``dvc status --cloud``), so what a push
+sends, retries and verifies stays DVC's, and a push this code starts is one a researcher could type.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """The training input path's cost per image, both paths side by side on the same files, in one run.
 
-* the PIL path per CPU core: timm's transform of the recipe on each decoded image (what today's workers run);
-* the fast path's CPU side per core: read, decode, crop and collate (:mod:`vcarepro.data.fast`);
-* the fast path's device side per image, on the device at hand: resize, flip, RandAugment, normalize, erase;
-* the decode-only ceiling: libjpeg-turbo decoding every whole image, nothing else (Pillow where it cannot).
-
-Per core means in this process on one thread; the DataLoader figures run the same through ``workers`` processes.
-The images are a prepared layout, any folder of images (``--root``), or JPEGs generated from the photographs that
-scikit-learn and matplotlib install, cut and resized to ImageNet's size (longer side 500 px, quality 90).
+The PIL path, the fast path's CPU and device sides (:mod:`vcarepro.data.fast`), and a decode-only ceiling;
+per core means one thread in this process. Without ``--root`` the images are JPEGs cut from the photographs
+scikit-learn and matplotlib install, at ImageNet's size (longer side 500 px, quality 90).
 """
 
 from __future__ import annotations
@@ -27,7 +22,7 @@ from vcarepro.tools.bench.timing import timed
 
 LONGER_SIDE = 500  # ImageNet-1K train's most common longer side (its mean image is about 400 x 350)
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
-# The issue's goal for the fast path's CPU side, judged within one run: per core, 3x the PIL path and 70% of the
+# The fast path's CPU-side goal, judged within one run: per core, 3x the PIL path and 70% of the
 # decode-only ceiling.
 GOAL_OVER_PIL, GOAL_OF_CEILING = 3.0, 0.7
 

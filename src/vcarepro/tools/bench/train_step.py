@@ -1,13 +1,7 @@
 """Training-step time of a generation or classification run, and the GPU-hours a full run would take.
 
-``python -m vcarepro.tools.bench train-step --run dit_s2-vca --batch 32 --device cuda``
-builds the run's model at its scale's shape (params composed with ``scale=paper``, or
-``--scale proxy``), times forward + backward + optimizer steps on random latents (or
-images, for a ``cls_runs`` entry) at ``--batch`` per device, and projects
-``gen_recipe.steps`` (or epochs x steps per epoch) x (global batch / per-device batch) x step time. That
-projection assumes data loading and gradient all-reduce are hidden behind compute, so
-it is a lower bound on a real multi-GPU run, and it is only as good as the device
-it was measured on.
+``python -m vcarepro.tools.bench train-step --run dit_s2-vca --batch 32 --device cuda``. The projection
+assumes loading and all-reduce hide behind compute: a lower bound, only as good as the device measured.
 """
 
 from __future__ import annotations
@@ -38,11 +32,8 @@ TRAIN_IMAGES = {"paper": 1_281_167, "proxy": 126_689}
 class TrainStep:
     """One training step of a run as its training loop takes it, on random inputs of the run's shape.
 
-    Built by :func:`classification_step` or :func:`generation_step`: the model, its EMA, the optimizer,
-    the loss and the precision come from the same functions the training loop calls. Calling it runs
-    forward, backward and the optimizer step (with loss scaling, clipping and the EMA update where the
-    recipe has them) at ``batch`` per device. ``static_bytes`` counts what lives between steps
-    (weights, gradients, optimizer state, EMA), the part of the memory that does not grow with the batch.
+    Model, EMA, optimizer, loss and precision come from the training loop's own builders. ``static_bytes``
+    counts what lives between steps (weights, gradients, optimizer state, EMA): the memory the batch does not grow.
     """
 
     def __init__(
@@ -86,11 +77,9 @@ def classification_step(
 ) -> TrainStep:
     """The training step of a ``cls_runs`` entry (``params.runs.ClsRun``) at ``batch`` images per device.
 
-    As ``train.classification.train_classifier`` builds it: the model with the recipe's drop path, timm's
-    optimizer with the scaled lr, the EMA, Mixup / CutMix and the criterion they imply, clipping, and the
-    recipe's precision (``precision`` replaces it). An odd batch cannot be mixed (timm's Mixup needs pairs):
-    there the targets are the smoothed one-hot ones, at the same cost. ``feed`` gives each step its (images,
-    targets) on the device (the fast input path's device side, say); else one random batch serves every step.
+    Built as ``train_classifier`` builds it (``precision`` overrides the recipe's). An odd batch cannot be mixed
+    (timm's Mixup needs pairs), so it uses smoothed one-hot targets at the same cost. ``feed`` gives each step its
+    (images, targets) on the device; else one random batch serves every step.
     """
     recipe = run.recipe
     dev = torch.device(device)

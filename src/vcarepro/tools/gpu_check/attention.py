@@ -1,12 +1,9 @@
 """One attention layer of each family member against timm's fused MHSA, in bf16 (part ``attention``), and where the
 time of VCA and of MHSA goes at the largest N (part ``profile``, ``--profile``).
 
-The layers are the attention bench's (:func:`vcarepro.tools.bench.build_bench_layer`: every member of
-:data:`vcarepro.core.choices.BENCH_LAYERS` at DeiT-T width, the paper's ``attention_cost`` sizes: N = 196, 784 and
-3136); each runs under bf16 autocast, as a bf16 recipe trains, and is timed forward (no grad) and forward+backward
-with the bench's timer (:func:`vcarepro.tools.bench.timing.time_ms`: the median of blocked runs, synchronised on a
-GPU). The baseline ``mhsa`` is timm's ``Attention`` with ``fused_attn`` (``F.scaled_dot_product_attention``), timed
-under the flash backend where that kernel takes the inputs, else under PyTorch's own choice (the row says which).
+The layers and timer are the attention bench's (:mod:`vcarepro.tools.bench`), under bf16 autocast as a bf16
+recipe trains. The ``mhsa`` baseline runs under the flash backend where that kernel takes the inputs, else
+under PyTorch's own choice (the row says which).
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from vcarepro.core.errors import BadInput, UnknownName
 from vcarepro.tools.gpu_check.parts import PASS, SKIPPED, Check, Part, run_parts
 
-DEFAULT_BUDGET_S = 480.0  # the 8 minutes, on a device call of at most 10
+DEFAULT_BUDGET_S = 480.0  # 8 minutes, leaving room in a device call of at most 10
 JSON_FILE, MARKDOWN_FILE = "gpu_check.json", "gpu_check.md"
 PACKAGES = ("torch", "timm", "triton", "diffusers", "torch-fidelity", "hydra-core", "omegaconf", "numpy")
 

@@ -1,13 +1,8 @@
-"""One DDP step through torchrun on one device (part ``ddp``): the command the project's launcher builds for
-``--launcher torchrun`` (:func:`vcarepro.train.launch.torchrun_command`), one process, a c10d rendezvous on the
-loopback, NCCL on a GPU (gloo on a CPU), the smoke matrix's first VCA classifier at paper shape (tiny on a CPU)
-wrapped in ``DistributedDataParallel``, one optimizer step in its recipe's precision, and an all-reduce.
+"""One DDP step through torchrun on one device (part ``ddp``), with the command the project's launcher builds.
 
-torchrun is started as ``python -m torch.distributed.run`` (what the ``torchrun`` script runs) with this
-interpreter, so the step runs under the same Python and torch as the check. It is stopped, with everything it
-started, when the part's share of the budget runs out. At tiny sizes (a CPU) the command starts it before the first
-part (:func:`launch`), so that its two interpreters' imports overlap the other parts; on a GPU it runs in its turn,
-and nothing shares the device with what is timed.
+torchrun runs as ``python -m torch.distributed.run`` with this interpreter, so the step uses the check's
+Python and torch. On a CPU it starts before the first part (:func:`launch`) so its imports overlap the
+others; on a GPU it runs in its turn, so nothing shares the device with what is timed.
 """
 
 from __future__ import annotations

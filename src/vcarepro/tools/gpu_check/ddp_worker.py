@@ -2,10 +2,8 @@
 
     python -m torch.distributed.run ... ddp_worker.py --spec SPEC.json --result RESULT.json
 
-The process group comes from :func:`vcarepro.train.distributed.init_distributed` as training's does; with one process
-that sets none up, so it is initialised here from torchrun's environment (``env://``) with the backend training
-would pick (NCCL on a GPU, gloo on a CPU). The run in SPEC.json is built as training builds it, wrapped in
-``DistributedDataParallel``, stepped once in its recipe's precision; RESULT.json says what happened.
+With one process :func:`vcarepro.train.distributed.init_distributed` sets up no group, so it is initialised
+here from torchrun's environment with the backend training would pick.
 """
 
 from __future__ import annotations

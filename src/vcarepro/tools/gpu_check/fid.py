@@ -1,10 +1,7 @@
-"""The SD-VAE and FID on the device (part ``fid``): the smoke scale's stand-ins, written fresh into a temporary folder
-(:mod:`vcarepro.tools.standins`: a random ``AutoencoderKL`` with the SD-VAE's interface in diffusers' format, random
-weights in torch-fidelity's Inception file format), loaded by the project's own readers
-(:func:`vcarepro.data.latents.load_vae`, :class:`vcarepro.metrics.inception.InceptionFeatures`) onto the device;
-generated ImageNet-like images encoded to latents and decoded back, and the decoded images' FID against the
-originals' statistics through the project's evaluator (:func:`vcarepro.metrics.evaluator.evaluate_samples`), with
-Inception running on the device. The number is random weights' and means nothing; that the path runs does.
+"""The SD-VAE and FID on the device (part ``fid``): the smoke scale's stand-ins, loaded by the project's own readers.
+
+Images go through the VAE and back, then the evaluator's FID against the originals with Inception on the
+device. The weights are random, so the number means nothing; that the path runs does.
 """
 
 from __future__ import annotations

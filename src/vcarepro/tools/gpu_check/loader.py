@@ -1,10 +1,8 @@
 """The fast input path on the device (part ``loader``): its device side at the recipe's per-device batch, a training
 step fed by it beside the same step on a batch already there, and what one of this machine's CPU cores feeds.
 
-The crops are photographs cut to ImageNet's size (:func:`vcarepro.tools.bench.loader.write_imagenet_like_jpegs`),
-decoded and collated once on the CPU; each fed step moves that batch to the device, then augments, normalizes and
-erases it there as training's ``DevicePrefetcher`` does, but on the training stream, so the step's time includes
-everything the device does for its input (training overlaps it with the previous step).
+Each fed step augments as training's ``DevicePrefetcher`` does but on the training stream, so its time includes
+all the device does for its input (training overlaps that with the previous step).
 """
 
 from __future__ import annotations

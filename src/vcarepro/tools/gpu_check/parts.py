@@ -1,11 +1,8 @@
 """The check's parts, run one after another, each in its own thread under its share of the budget.
 
-A part is a function ``run(check, outcome)`` that appends rows (dicts, each with an ``id``, a ``status`` and a
-one-line ``reason``) to ``outcome.rows`` as it goes, and looks at ``check.out_of_time(...)`` before each unit of
-work. Whatever it does, the others still run: an exception is the part's one-line failure; a part that stops at its
-deadline is "timeout" with what it finished; a part whose thread has not returned ``grace`` seconds after its
-deadline (a hung kernel, a deadlocked collective) is abandoned as "timeout" with the rows it had, and the command
-ends without waiting for it. The deadlines are cumulative: what one part leaves of its share goes to the next.
+A part is ``run(check, outcome)``: it appends rows (``id``, ``status``, one-line ``reason``) to ``outcome.rows``
+and checks ``check.out_of_time(...)`` before each unit of work. An exception or a hung thread (abandoned
+``grace`` seconds past its deadline) fails that part only; what a part leaves of its share goes to the next.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Training steps: the smoke matrix's distinct runs at paper shape in their recipes' precision (part ``steps``), and
 the preflight's step time and peak memory of the proxy and paper runs at the recipe's own batch (part ``cost``).
 
-The smoke scale holds every distinct architecture, recipe and objective of the paper matrix, each the paper
-scale's entry of the same name (conf/scale/smoke.yaml); it trains them in fp32 on CPUs. Here each is resolved at
-the paper scale (:mod:`vcarepro.params.runs`), so the recipe is the published one: fp16 with its GradScaler, tf32,
-and ``compile`` where it is set. The steps are the preflight's (:mod:`vcarepro.tools.bench.train_step`,
-:mod:`vcarepro.tools.preflight`), which build the model, EMA, optimizer, loss and precision as training does.
-
-At tiny sizes (a CPU) every model keeps its architecture and attention but shrinks to a block or two of a few
-channels (:data:`TINY_SHAPES`), so the same code paths run in seconds; nothing measured then is a GPU's figure.
+Each smoke run is resolved at the paper scale, so the recipe is the published one (fp16 with GradScaler,
+tf32, ``compile``), through the preflight's steps. On a CPU the models shrink to :data:`TINY_SHAPES`,
+keeping architecture and attention, so the same code paths run in seconds; nothing then is a GPU's figure.
 """
 
 from __future__ import annotations

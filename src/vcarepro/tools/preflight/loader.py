@@ -1,11 +1,7 @@
 """Whether the loader or the device bounds each classification run's step.
 
-For each distinct training input of the runs (input path and transform) it times what one CPU core delivers (the PIL
-path's transform, or the fast path's read, decode, crop and collate) and, for the fast path, its device side at each
-run's per-device batch on the device at hand, on the prepared data or on generated ImageNet-sized photographs. A
-node's loader workers, one a core (``cores_per_device`` less the training process's own, and no more than the
-recipe's ``workers``), then feed ``workers x that rate`` images/s to each device, against the images/s the run's step
-(with the fast path's device side) consumes.
+One CPU core's rate for each distinct input path (and, for the fast path, its device side at the run's batch)
+times the node's workers, one a core and at most the recipe's ``workers``, against the images/s the step consumes.
 """
 
 from __future__ import annotations
