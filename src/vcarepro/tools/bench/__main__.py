@@ -112,6 +112,7 @@ def main(argv=None) -> None:
     if args.suite == "train-step":
         from vcarepro.tools.bench.train_step import bench_train_step
 
+        machine["timed_threads"] = torch.get_num_threads()  # a step is timed as training runs it, on every thread
         print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
         row = bench_train_step(
             args.run,
