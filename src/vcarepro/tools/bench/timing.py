@@ -224,13 +224,23 @@ class Measured:
         fastest = min(self.step_seconds, default=0.0)
         return max(self.step_seconds) / fastest if fastest > 0 else None
 
+    @property
+    def judged(self) -> bool:
+        """Whether the steps are long enough for the load guards to judge."""
+        return max(self.step_seconds, default=0.0) >= MIN_JUDGED_STEP_S
+
+    @property
+    def disagree(self) -> bool:
+        """Judged steps whose spread is above :data:`MAX_STEP_SPREAD` (more timed steps may settle it)."""
+        return self.judged and self.spread is not None and self.spread > MAX_STEP_SPREAD
+
     def under_load(self) -> Optional[str]:
         """Why another process's load makes these steps' time untrustworthy, or None (also for steps too short to
         judge)."""
         times = self.step_seconds
-        if max(times, default=0.0) < MIN_JUDGED_STEP_S:
+        if not self.judged:
             return None
-        if self.spread is not None and self.spread > MAX_STEP_SPREAD:
+        if self.disagree:
             return (
                 f"its {len(times)} timed steps disagree ({min(times):.3g} s to {max(times):.3g} s, {self.spread:.1f}x, "
                 f"more than {MAX_STEP_SPREAD:g}x)"

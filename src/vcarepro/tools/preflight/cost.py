@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from vcarepro.tools.bench.timing import GIB, MAX_STEP_SPREAD, Measured
+from vcarepro.tools.bench.timing import GIB, Measured
 
 
 @dataclass
@@ -61,7 +61,7 @@ def fill_costs(cost: RunCost, measured: Measured) -> None:
         cost.problems.append(
             f"{cost.run}: {load}, so the machine was busy and its time is not projected; run the preflight again "
             "when nothing else runs here (uptime's load below the core count)"
-            + (", or with more --steps." if (measured.spread or 0) > MAX_STEP_SPREAD else ".")
+            + (", or with more --steps." if measured.disagree else ".")
         )
     elif measured.seconds is not None:
         micro = measured.seconds * cost.recipe_batch / measured.batch
