@@ -27,6 +27,7 @@ def main() -> None:
             max_bad_fraction=p["max_bad_fraction"],
             workers=p["workers"],
             drop_empty_classes=p["drop_empty_classes"],
+            other_copy=p["other_copy"],
         )
     else:
         raise SystemExit(f"prepare_cls.source={p['source']!r} is unknown; use 'digits' or 'imagenet'.")

@@ -21,7 +21,7 @@ def prepare_latents(p) -> dict:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     vae = load_vae(p["vae"], device)  # fails here, before any output, when the weights are absent
-    items = [(CLS_DATA / rel, label) for rel, label in read_manifest(CLS_DATA, "train")]
+    items = read_manifest(CLS_DATA, "train")
     with (
         atomic_directory(GEN_DATA, digests=True) as tmp,
         progress.Progress("encoding", len(items), unit="image") as encoded,

@@ -1,6 +1,6 @@
-"""A prepared image that cannot be decoded stops the stage that meets it with one sentence naming the file and
-the fix, exit status 2 and no traceback, wherever it is read: the stage's own process, a seed worker, a loader
-worker, a rank of a launch. Nothing is left looking finished."""
+"""A prepared image that cannot be read as it was prepared stops the stage that meets it with one sentence naming
+the file and the fix, exit status 2 and no traceback, wherever it is read: the stage's own process, a seed worker, a
+loader worker, a rank of a launch. Nothing is left looking finished."""
 
 from __future__ import annotations
 
@@ -27,14 +27,17 @@ FIX = "re-run prepare_cls (`dvc repro -f -s prepare_cls`) or restore it (`dvc ch
 
 @pytest.fixture(scope="module")
 def damaged(tmp_path_factory):
-    """The embedded digits, prepared, with the first training image of the manifest cut in half: (root, its path)."""
+    """The embedded digits, prepared, with the second half of the first training image of the manifest zeroed in
+    their archive: (root, the image as the sentence names it within root)."""
     root = tmp_path_factory.mktemp("damaged") / "cls"
     export_digits(root)
     with (root / "manifest.csv").open(newline="") as f:
-        rel = next(row["path"] for row in csv.DictReader(f) if row["split"] == "train")
-    image = root / rel
-    image.write_bytes(image.read_bytes()[: len(image.read_bytes()) // 2])
-    return root, rel
+        row = next(row for row in csv.DictReader(f) if row["split"] == "train")
+    offset, length = int(row["offset"]), int(row["length"])
+    packed = bytearray((root / row["file"]).read_bytes())
+    packed[offset + length // 2 : offset + length] = bytes(length - length // 2)
+    (root / row["file"]).write_bytes(bytes(packed))
+    return root, f"{row['file']}:{row['member']}"
 
 
 def project(tmp_path: Path, damaged, seeds=(0,), seed_processes: int = 1) -> Path:
@@ -63,7 +66,7 @@ def the_sentence(result, shown: str) -> str:
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr[-3000:]
     line = errors[0]
-    assert line.startswith(f"error: the prepared image {shown} cannot be read (image file is truncated")
+    assert line.startswith(f"error: the prepared image {shown} cannot be read (its bytes are not those prepare_cls")
     assert FIX in line
     return line
 
@@ -100,7 +103,7 @@ def test_a_loader_worker_gives_the_same_sentence_as_the_loading_process(damaged,
     # eval_cls's read and, at paper scale (workers > 0), training's: a ManifestDataset through loader workers
     root, rel = damaged
     data = ManifestDataset(root, "train", transform=lambda image: torch.zeros(1))
-    bad = next(i for i, (path, _) in enumerate(data.samples) if path == rel)
+    bad = next(i for i, (image, _) in enumerate(data.samples) if str(image) == str(root / rel))
     here = raised_by(lambda: data[bad])
     loader = torch.utils.data.DataLoader(torch.utils.data.Subset(data, [bad]), num_workers=1)
     in_worker = raised_by(lambda: next(iter(loader)))  # torch re-raises it as its class, traceback in the message

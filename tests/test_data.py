@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
+import tarfile
 from collections import Counter
 
 import numpy as np
@@ -12,7 +14,7 @@ from PIL import Image
 from sklearn.datasets import load_digits
 
 from vcarepro.data.embedded import export_digits
-from vcarepro.data.folders import ManifestDataset, read_classes, read_manifest
+from vcarepro.data.folders import ManifestDataset, read_classes, read_image, read_manifest
 from vcarepro.data.pixels import load_split_pixels
 
 
@@ -32,27 +34,34 @@ def test_digits_export_is_a_stratified_split_of_all_1797_images(digits_root):
     per_class_all = Counter(load_digits().target.tolist())
     for c in range(10):  # each class keeps its share within one image
         assert abs(per_class_val[c] - 0.2 * per_class_all[c]) <= 1
-    assert not {p for p, _ in train} & {p for p, _ in val}
+    assert not {image.member for image, _ in train} & {image.member for image, _ in val}
 
 
 def test_digits_images_decode_to_the_original_pixels(digits_root):
     root, _ = digits_root
     digits = load_digits()
-    rel, label = read_manifest(root, "val")[0]
-    index = int(rel.rsplit("/", 1)[1].split(".")[0])
-    with Image.open(root / rel) as img:
+    image, label = read_manifest(root, "val")[0]
+    index = int(image.name.split(".")[0])
+    with Image.open(io.BytesIO(read_image(image))) as img:
         assert img.size == (8, 8) and img.mode == "L"
         pixels = np.asarray(img)
     np.testing.assert_array_equal(pixels, np.rint(digits.images[index] * 255 / 16).astype(np.uint8))
     assert label == digits.target[index]
-    assert rel.startswith(f"val/digit_{label}/")
+    assert image.member.startswith(f"val/digit_{label}/")
 
 
-def test_manifest_and_class_index_describe_the_files(digits_root):
+def test_the_digits_are_packed_as_imagenets_archives_are_and_each_row_is_its_members_bytes(digits_root):
+    """One layout for every scale: a tar in the prepared folder, each image read by its offset, as ImageNet's are."""
     root, _ = digits_root
-    with (root / "manifest.csv").open() as f:
+    assert sorted(p.name for p in root.iterdir()) == ["classes.json", "images.tar", "manifest.csv", "sources.json"]
+    with (root / "manifest.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
-    assert all((root / r["path"]).is_file() for r in rows)
+    with tarfile.open(root / "images.tar") as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    assert len(rows) == len(members) == 1797 and {r["file"] for r in rows} == {"images.tar"}
+    for image, _ in read_manifest(root, "train") + read_manifest(root, "val"):
+        assert read_image(image) == members[image.member]
+    assert json.loads((root / "sources.json").read_text()) == {"images.tar": (root / "images.tar").stat().st_size}
     classes = json.loads((root / "classes.json").read_text())
     assert [c["index"] for c in classes] == list(range(10))
     assert read_classes(root)[3].wnid == "digit_3"

@@ -22,7 +22,7 @@ from timm.data import auto_augment
 from vcarepro.core.errors import BadInput
 from vcarepro.data import device_ops, fast
 from vcarepro.data.augment import posterize as pillow_safe_posterize
-from vcarepro.data.folders import ManifestDataset, UnreadableImage, write_manifest
+from vcarepro.data.folders import ManifestDataset, UnreadableImage, whole_files, write_manifest
 from vcarepro.data.jpeg import decode_box, decode_full, image_size
 from vcarepro.params.config import compose
 from vcarepro.params.runs import cls_recipe
@@ -249,8 +249,7 @@ def test_the_draws_are_timms_own_in_timms_order(tmp_path, photos):
         draws = fast.Draws(build_transforms(recipe, training=True))
         dataset = ManifestDataset(photos, "train")
         for i in range(60):
-            path = photos / dataset.samples[i % len(dataset)][0]
-            img = Image.open(path).convert("RGB")
+            img = Image.open(dataset.samples[i % len(dataset)][0].file).convert("RGB")
             random.seed(i), np.random.seed(i), torch.manual_seed(i)
             recorded.draws.clear()
             pil(img)
@@ -303,7 +302,7 @@ def test_a_whole_images_augmentation_is_the_pil_paths_drawn_with_the_same_seeds(
     crops = fast.CropSet(photos, "train", fast.Draws(transform))
     augment = fast.DeviceAugment(crops.draws, torch.device("cpu"))
     for i in range(24):
-        path = photos / crops.samples[i % len(crops)][0]
+        path = crops.samples[i % len(crops)][0].file
         random.seed(i), np.random.seed(i), torch.manual_seed(i)
         expected = as_batch([head(Image.open(path).convert("RGB"))])
         random.seed(i), np.random.seed(i), torch.manual_seed(i)
@@ -328,16 +327,15 @@ def odd_files(tmp_path_factory):
     }
     for name, save in files.items():
         save(root / "train" / "n0" / name)
-    write_manifest(root, [("train", f"train/n0/{name}", 0) for name in files])
+    write_manifest(root, whole_files(root, [("train", f"train/n0/{name}", 0) for name in files]))
     (root / "classes.json").write_text('[{"index": 0, "wnid": "n0", "name": "odd"}]')
     return root
 
 
 def test_imagenets_odd_files_decode_to_pillows_pixels(odd_files, transform):
     crops = fast.CropSet(odd_files, "train", fast.Draws(transform))
-    for rel, _ in crops.samples:
-        path = odd_files / rel
-        assert np.array_equal(decode_full(path), np.asarray(Image.open(path).convert("RGB"))), rel
+    for image, _ in crops.samples:
+        assert np.array_equal(decode_full(image), np.asarray(Image.open(image.file).convert("RGB"))), image.name
     batch, labels = crops.collate([crops[i] for i in range(len(crops))])
     assert fast.DeviceAugment(crops.draws, torch.device("cpu"))(batch).shape == (len(crops), 3, 224, 224)
 
@@ -350,7 +348,7 @@ def test_a_damaged_file_is_refused_in_the_pil_paths_one_sentence(odd_files, tran
     data = (odd_files / "train" / "n0" / "ordinary.JPEG").read_bytes()
     data = {"truncated": data[: len(data) // 2], "garbage": b"\xff\xd8" + bytes(range(256)) * 8, "empty": b""}[damage]
     (root / "train" / "n0" / "bad.JPEG").write_bytes(data)
-    write_manifest(root, [("train", "train/n0/bad.JPEG", 0)])
+    write_manifest(root, whole_files(root, [("train", "train/n0/bad.JPEG", 0)]))
     (root / "classes.json").write_text('[{"index": 0, "wnid": "n0", "name": "bad"}]')
     with pytest.raises(UnreadableImage) as pil:
         ManifestDataset(root, "train", transform)[0]

@@ -21,7 +21,7 @@ from PIL import Image
 
 from helpers import ROOT
 from vcarepro.core.errors import BadInput
-from vcarepro.data.folders import ManifestDataset, read_classes, read_manifest
+from vcarepro.data.folders import ManifestDataset, read_classes, read_image, read_manifest
 from vcarepro.data.imagenet import TRAIN_TAR, prepare_imagenet
 from vcarepro.tools.standins import MiniImageNet
 from vcarepro.tools.standins import add_to_tar as add
@@ -35,8 +35,10 @@ CLASSES = {
 }
 NON_LEAVES = [(1001, "n01440000", "fish", 4), (1002, "n00001740", "entity", 1)]
 WNIDS = sorted(CLASSES)
+PREPARED = ["classes.json", "manifest.csv", "prepare_report.json", "sources.json"]  # and not one image
 TRAIN_PER_CLASS, VAL_PER_CLASS = 3, 2
-MINIATURE = dict(expect_full=False, workers=1)  # a miniature is never the full 1000 classes
+OTHER = "a miniature: ImageNet's layout, not its MD5s"
+MINIATURE = dict(expect_full=False, workers=1, other_copy=OTHER)  # a miniature is never the full 1000 classes
 
 
 def encoded(seed: int, fmt: str = "JPEG", mode: str = "RGB", size=(48, 40)) -> bytes:
@@ -111,10 +113,11 @@ def assert_prepared(out: Path, mini: Mini, wnids=WNIDS, names=True) -> None:
     assert [c.name for c in classes] == [CLASSES[w][1] if names else w for w in wnids]
     train, val = read_manifest(out, "train"), read_manifest(out, "val")
     assert len(train) == TRAIN_PER_CLASS * len(wnids) and len(val) == VAL_PER_CLASS * len(wnids)
-    for path, label in train:
-        assert Path(path).name in mini.train[classes[label].wnid]
-    for path, label in val:  # the label of every val image is its ground truth
-        assert mini.val[Path(path).name][0] == classes[label].wnid
+    for image, label in train:  # each read gives the image's bytes as written, whatever the layout
+        assert read_image(image) == mini.train[classes[label].wnid][image.name]
+    for image, label in val:  # the label of every val image is its ground truth
+        assert mini.val[image.name][0] == classes[label].wnid
+        assert read_image(image) == mini.val[image.name][1]
     for split in ("train", "val"):
         ds = ManifestDataset(out, split)
         for i in range(len(ds)):
@@ -127,21 +130,43 @@ def assert_prepared(out: Path, mini: Mini, wnids=WNIDS, names=True) -> None:
 # ----------------------------------------------------------------------------- layouts
 
 
-def test_official_archives_are_extracted_into_class_folders(tmp_path):
+def test_official_archives_are_indexed_where_they_lie_and_nothing_is_extracted(tmp_path):
     mini = Mini()
     root = mini.write_official(tmp_path / "ilsvrc")
     counts = prepare_imagenet(root, tmp_path / "cls", **MINIATURE)
     assert (counts["train"], counts["val"], counts["classes"]) == (12, 8, 4)
     assert_prepared(tmp_path / "cls", mini)
-    assert sorted(p.name for p in (tmp_path / "cls" / "images" / "val").iterdir()) == WNIDS
-    for path, _ in read_manifest(tmp_path / "cls", "val"):
-        assert not Path(path).is_absolute()  # extracted copies travel with <out>
+    assert sorted(p.name for p in (tmp_path / "cls").iterdir()) == PREPARED
+    train, val = read_manifest(tmp_path / "cls", "train"), read_manifest(tmp_path / "cls", "val")
+    assert {image.file for image, _ in train} == {root / TRAIN_TAR}
+    assert {image.file for image, _ in val} == {root / "ILSVRC2012_img_val.tar"}
+    assert train[0][0].member == f"{WNIDS[0]}.tar/{WNIDS[0]}_0.JPEG"  # the class tar, then the image in it
+    sources = json.loads((tmp_path / "cls" / "sources.json").read_text())
+    assert sources == {str(p): p.stat().st_size for p in (root / TRAIN_TAR, root / "ILSVRC2012_img_val.tar")}
 
 
 def test_official_archives_in_two_worker_processes(tmp_path):
     mini = Mini()
-    prepare_imagenet(mini.write_official(tmp_path / "ilsvrc"), tmp_path / "cls", expect_full=False, workers=2)
+    root = mini.write_official(tmp_path / "ilsvrc")
+    prepare_imagenet(root, tmp_path / "cls", expect_full=False, workers=2, other_copy=OTHER)
     assert_prepared(tmp_path / "cls", mini)
+    prepare_imagenet(root, tmp_path / "one" / "cls", **MINIATURE)  # one process: the same index
+    assert (tmp_path / "cls" / "manifest.csv").read_bytes() == (tmp_path / "one" / "cls" / "manifest.csv").read_bytes()
+
+
+def test_a_relative_root_is_listed_relative_to_the_prepared_folder(tmp_path, monkeypatch):
+    """The smoke scale's stand-ins lie in the project (data/smoke): listed relative, the index is the same bytes in
+    any clone, and it reads from wherever the project is."""
+    Mini().write_official(tmp_path / "data" / "smoke" / "imagenet")
+    monkeypatch.chdir(tmp_path)
+    prepare_imagenet("data/smoke/imagenet", "data/cls", **MINIATURE)
+    assert set(json.loads(Path("data/cls/sources.json").read_text())) == {
+        f"../smoke/imagenet/{TRAIN_TAR}",
+        "../smoke/imagenet/ILSVRC2012_img_val.tar",
+    }
+    (tmp_path / "data").rename(tmp_path / "moved")
+    monkeypatch.chdir(tmp_path / "moved")
+    assert len(ManifestDataset("cls", "train")) == 12
 
 
 def test_extracted_class_folders_are_indexed_in_place(tmp_path):
@@ -150,9 +175,9 @@ def test_extracted_class_folders_are_indexed_in_place(tmp_path):
     counts = prepare_imagenet(root, tmp_path / "cls", **MINIATURE)
     assert (counts["train"], counts["val"], counts["classes"]) == (12, 8, 4)
     assert_prepared(tmp_path / "cls", mini, names=False)  # no devkit, no synset file: names are wnids
-    for path, _ in read_manifest(tmp_path / "cls", "train"):
-        assert Path(path).is_absolute() and Path(path).is_relative_to(root)
-    assert not (tmp_path / "cls" / "images").exists()
+    for image, _ in read_manifest(tmp_path / "cls", "train"):
+        assert image.file.is_absolute() and image.file.is_relative_to(root) and not image.member
+    assert sorted(p.name for p in (tmp_path / "cls").iterdir()) == PREPARED
 
 
 @pytest.mark.parametrize("extracted", [False, True], ids=["devkit-tar", "devkit-extracted"])
@@ -209,32 +234,49 @@ def test_image_counts_are_checked_for_a_full_class_set(tmp_path, monkeypatch):
 
     monkeypatch.setitem(imagenet.EXPECTED, "classes", 4)  # as if the miniature had every class
     with pytest.raises(ValueError, match=r"expected 1,281,167 ImageNet-1K train images, found 12 in "):
-        prepare_imagenet(Mini().write_official(tmp_path / "ilsvrc"), tmp_path / "cls", workers=1)
+        prepare_imagenet(Mini().write_official(tmp_path / "ilsvrc"), tmp_path / "cls", workers=1, other_copy=OTHER)
     assert list(tmp_path.iterdir()) == [tmp_path / "ilsvrc"]  # not even a temporary directory is left
 
 
 def test_subset_by_count_is_seeded_and_relabelled(tmp_path):
     mini = Mini()
     root = mini.write_official(tmp_path / "ilsvrc")
-    first = prepare_imagenet(root, tmp_path / "a", subset_count=2, subset_seed=3, workers=1)
-    prepare_imagenet(root, tmp_path / "b", subset_count=2, subset_seed=3, workers=1)
+    first = prepare_imagenet(root, tmp_path / "a", subset_count=2, subset_seed=3, workers=1, other_copy=OTHER)
+    prepare_imagenet(root, tmp_path / "b", subset_count=2, subset_seed=3, workers=1, other_copy=OTHER)
     chosen = [c.wnid for c in read_classes(tmp_path / "a")]
     assert chosen == sorted(random.Random(3).sample(WNIDS, 2))
     assert chosen == [c.wnid for c in read_classes(tmp_path / "b")]
     assert first["classes"] == 2
     assert_prepared(tmp_path / "a", mini, wnids=chosen)
-    assert sorted(p.name for p in (tmp_path / "a" / "images" / "train").iterdir()) == chosen
+    report = json.loads((tmp_path / "a" / "prepare_report.json").read_text())["copy"]["archives"]
+    assert report[TRAIN_TAR]["md5"] is None and "reads only its 2 classes' tars" in report[TRAIN_TAR]["not_computed"]
+
+
+def test_a_subset_reads_only_its_own_class_tars(tmp_path):
+    """The other classes' tars are not read at all: here they are not even tars, and the subset prepares."""
+    mini = Mini()
+    root = mini.write_official(tmp_path / "ilsvrc")
+    with tarfile.open(root / TRAIN_TAR, "w") as outer:
+        for wnid, files in mini.train.items():
+            inner = io.BytesIO()
+            with tarfile.open(fileobj=inner, mode="w") as tar:
+                for name, data in files.items():
+                    add(tar, name, data)
+            add(outer, f"{wnid}.tar", inner.getvalue() if wnid == WNIDS[2] else b"\x17" * 4096)
+    counts = prepare_imagenet(root, tmp_path / "cls", subset_classes=[WNIDS[2]], **MINIATURE)
+    assert (counts["classes"], counts["train"], counts["val"]) == (1, TRAIN_PER_CLASS, VAL_PER_CLASS)
+    assert_prepared(tmp_path / "cls", mini, wnids=[WNIDS[2]])
 
 
 def test_subset_by_list(tmp_path):
     mini = Mini()
     root = mini.flat_with_devkit(tmp_path / "imagenet", extracted=False)
-    prepare_imagenet(root, tmp_path / "cls", subset_classes=["n01484850", "n01440764"], workers=1)
+    prepare_imagenet(root, tmp_path / "cls", subset_classes=["n01484850", "n01440764"], **MINIATURE)
     assert_prepared(tmp_path / "cls", mini, wnids=["n01440764", "n01484850"])
     with pytest.raises(ValueError, match="subset_classes names 1 wnids absent from .*n09999999"):
-        prepare_imagenet(root, tmp_path / "x", subset_classes=["n01440764", "n09999999"], workers=1)
+        prepare_imagenet(root, tmp_path / "x", subset_classes=["n01440764", "n09999999"], **MINIATURE)
     with pytest.raises(ValueError, match=r"subset_count must lie in 1\.\.4"):
-        prepare_imagenet(root, tmp_path / "x", subset_count=5, workers=1)
+        prepare_imagenet(root, tmp_path / "x", subset_count=5, **MINIATURE)
     assert not (tmp_path / "x").exists()
 
 
@@ -267,10 +309,12 @@ def test_quirks_are_kept_and_counted_bad_files_skipped(tmp_path, archive):
         match=rf"^2 of {total} ImageNet images are unreadable \(first: .*empty\.JPEG, "
         rf".*truncated\.JPEG\).*raise max_bad_fraction \(now 0\.0\)",
     ):
-        prepare_imagenet(root, tmp_path / "cls", expect_full=False, workers=2)
+        prepare_imagenet(root, tmp_path / "cls", expect_full=False, workers=2, other_copy=OTHER)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["quirks", "src"]
 
-    counts = prepare_imagenet(root, tmp_path / "cls", expect_full=False, max_bad_fraction=0.1, workers=2)
+    counts = prepare_imagenet(
+        root, tmp_path / "cls", expect_full=False, max_bad_fraction=0.1, workers=2, other_copy=OTHER
+    )
     assert counts["train"] == 4 * TRAIN_PER_CLASS + 3
     report = json.loads((tmp_path / "cls" / "prepare_report.json").read_text())
     assert report["images"] == total and report["kept"] == {"train": 15, "val": 8}
@@ -281,11 +325,11 @@ def test_quirks_are_kept_and_counted_bad_files_skipped(tmp_path, archive):
     assert {Path(b["path"]).name for b in report["bad"]["files"]} == {"empty.JPEG", "truncated.JPEG"}
     assert all(b["reason"] for b in report["bad"]["files"])
     ds = ManifestDataset(tmp_path / "cls", "train")
-    assert {Path(p).name for p, _ in ds.samples}.isdisjoint({"empty.JPEG", "truncated.JPEG"})
+    assert {image.name for image, _ in ds.samples}.isdisjoint({"empty.JPEG", "truncated.JPEG"})
     for i in range(len(ds)):
         assert ds[i][0].mode == "RGB"  # the PNG, CMYK and grayscale images decode to RGB
-    if archive:  # our extracted copies of bad files are removed with them
-        assert not list((tmp_path / "cls").rglob("empty.JPEG"))
+    if archive:  # each named as the member of its class tar, in the archive
+        assert report["bad"]["files"][0]["path"] == f"{root / TRAIN_TAR}:{WNIDS[0]}.tar/empty.JPEG"
 
 
 # ----------------------------------------------------------------------------- refused and missing inputs
@@ -441,7 +485,7 @@ def test_an_empty_class_tar_or_a_class_without_a_readable_image_is_refused(tmp_p
     for image in (broken / "train" / WNIDS[1]).iterdir():
         image.write_bytes(b"")  # every train image of the class unreadable: it would train with zero images
     with pytest.raises(ValueError, match=rf"class .*{WNIDS[1]} has no readable train image"):
-        prepare_imagenet(broken, tmp_path / "cls2", expect_full=False, workers=1, max_bad_fraction=0.5)
+        prepare_imagenet(broken, tmp_path / "cls2", max_bad_fraction=0.5, **MINIATURE)
     assert not (tmp_path / "cls2").exists()
 
 
@@ -517,8 +561,8 @@ def test_a_class_the_devkit_lists_is_accepted_whatever_its_name(tmp_path, layout
     classes = read_classes(tmp_path / "cls")
     assert [(c.wnid, c.name) for c in classes][:2] == [("cats", "cats, stand-in"), (WNIDS[0], CLASSES[WNIDS[0]][1])]
     train, val = read_manifest(tmp_path / "cls", "train"), read_manifest(tmp_path / "cls", "val")
-    assert sorted(Path(p).name for p, label in train if label == 0) == sorted(mini.train["cats"])
-    assert [Path(p).name for p, label in val if label == 0] == [cats_val]
+    assert sorted(image.name for image, label in train if label == 0) == sorted(mini.train["cats"])
+    assert [image.name for image, label in val if label == 0] == [cats_val]
 
 
 def test_a_devkit_listing_dots_or_a_slash_does_not_make_them_class_folders():
@@ -529,3 +573,81 @@ def test_a_devkit_listing_dots_or_a_slash_does_not_make_them_class_folders():
         with pytest.raises(BadInput, match="is not an ImageNet class"):
             _class_name(name, {name}, f"member {name!r}", "fix it")
     assert _class_name("cats", {"cats"}, "member 'cats'", "fix it") == "cats"
+
+
+# ----------------------------------------------------------------------------- the archives' MD5s, and changed sources
+
+
+def md5(path: Path) -> str:
+    import hashlib
+
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+def test_archives_must_carry_the_published_md5s_unless_another_copy_is_accepted_with_a_reason(tmp_path, monkeypatch):
+    import vcarepro.data.imagenet as imagenet
+
+    root = Mini().write_official(tmp_path / "ilsvrc")
+    files = {name: root / name for name in imagenet.PUBLISHED_MD5}
+    with pytest.raises(  # the devkit is checked first, before the long pass over the images
+        BadInput,
+        match=rf"^{re.escape(str(files[imagenet.DEVKIT_TAR]))} has MD5 {md5(files[imagenet.DEVKIT_TAR])}, not the "
+        r"fa75699e90414af021442c21a62c3abf ImageNet publishes for ILSVRC2012_devkit_t12\.tar\.gz: .*re-download it, "
+        r"or set prepare_cls\.other_copy to the reason to use this copy\.$",
+    ):
+        prepare_imagenet(root, tmp_path / "cls", expect_full=False, workers=1)
+    assert not (tmp_path / "cls").exists()
+
+    monkeypatch.setattr(imagenet, "PUBLISHED_MD5", {name: md5(path) for name, path in files.items()})
+    prepare_imagenet(root, tmp_path / "cls", expect_full=False, workers=2)  # this copy is "the published one"
+    copy = json.loads((tmp_path / "cls" / "prepare_report.json").read_text())["copy"]
+    assert copy["differ"] == [] and copy["other_copy"] is None
+    assert {name: found["md5"] for name, found in copy["archives"].items()} == imagenet.PUBLISHED_MD5
+
+    val = files[imagenet.VAL_TAR]
+    val.write_bytes(val.read_bytes() + b"\0" * 512)  # one more zero block: the same images, another copy
+    with pytest.raises(
+        BadInput,
+        match=rf"^{re.escape(str(val))} has MD5 {md5(val)}, not the {copy['archives'][imagenet.VAL_TAR]['md5']} ",
+    ):
+        prepare_imagenet(root, tmp_path / "again", expect_full=False, workers=1)
+    assert not (tmp_path / "again").exists()
+    prepare_imagenet(root, tmp_path / "again", expect_full=False, workers=1, other_copy="our mirror's val tar")
+    copy = json.loads((tmp_path / "again" / "prepare_report.json").read_text())["copy"]
+    assert copy["differ"] == [imagenet.VAL_TAR] and copy["other_copy"] == "our mirror's val tar"
+
+
+def test_a_source_that_changed_after_preparation_is_one_sentence_naming_it(tmp_path):
+    """An archive of another size is refused before any read; a changed member fails its read's CRC-32, naming the
+    archive and the member, whatever its size."""
+    from vcarepro.data.folders import UnreadableImage
+
+    root = Mini().write_official(tmp_path / "ilsvrc")
+    prepare_imagenet(root, tmp_path / "cls", **MINIATURE)
+    archive = root / TRAIN_TAR
+    image, _ = read_manifest(tmp_path / "cls", "train")[5]
+    original = archive.read_bytes()
+
+    changed = bytearray(original)
+    changed[image.offset + image.length // 2] ^= 0xFF  # same size, one byte of one image
+    archive.write_bytes(bytes(changed))
+    data = ManifestDataset(tmp_path / "cls", "train")
+    data[4]  # its neighbours read as before
+    with pytest.raises(UnreadableImage) as info:
+        data[5]
+    assert str(info.value) == (
+        f"the prepared image {archive}:{image.member} cannot be read (its bytes are not those prepare_cls indexed: "
+        f"CRC-32 differs); the prepared data is damaged: restore {archive} as it was, or re-run prepare_cls "
+        f"(`dvc repro -f -s prepare_cls`), then `dvc repro`."
+    )
+
+    archive.write_bytes(original[:-1024])  # cut short
+    with pytest.raises(
+        BadInput,
+        match=rf"^{re.escape(str(archive))} holds {len(original) - 1024:,} bytes, not the "
+        rf"{len(original):,} prepare_cls indexed: it changed after preparation; restore ",
+    ):
+        ManifestDataset(tmp_path / "cls", "train")
+    archive.unlink()
+    with pytest.raises(FileNotFoundError, match=rf"^{re.escape(str(archive))}, which .*cls reads its images from, "):
+        read_manifest(tmp_path / "cls", "val")

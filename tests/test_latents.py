@@ -13,6 +13,7 @@ import torch
 from diffusers import AutoencoderKL
 from PIL import Image
 
+from vcarepro.data.folders import read_manifest, whole_files, write_manifest
 from vcarepro.data.latents import (
     LatentShards,
     adm_center_crop,
@@ -44,17 +45,19 @@ def vae(vae_dir, one_torch_thread):
 
 @pytest.fixture(scope="module")
 def jpegs(tmp_path_factory):
-    """Ten real JPEGs of mixed sizes (one grayscale) with labels 9, 8, ..., 0."""
+    """Ten real JPEGs of mixed sizes (one grayscale) with labels 9, 8, ..., 0, and a file that is no image, as a
+    prepared layout lists them: (image, label) pairs, the last one the broken file."""
     root = tmp_path_factory.mktemp("images")
     rng = np.random.default_rng(0)
     items = []
     for i, (w, h) in enumerate(SIZES):
         pixels = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
         image = Image.fromarray(pixels).convert("L") if i == 3 else Image.fromarray(pixels)
-        path = root / f"img{i}.jpg"
-        image.save(path, quality=95)
-        items.append((str(path), 9 - i))
-    return items
+        image.save(root / f"img{i}.jpg", quality=95)
+        items.append(("train", f"img{i}.jpg", 9 - i))
+    (root / "broken.jpg").write_bytes(b"not a jpeg at all")
+    write_manifest(root, whole_files(root, items + [("train", "broken.jpg", 0)]))
+    return read_manifest(root, "train")
 
 
 @pytest.fixture
@@ -62,7 +65,7 @@ def prepared(tmp_path, jpegs, vae, one_torch_thread):
     out = tmp_path / "latents"
     calls = []
     index = encode_to_shards(
-        jpegs,
+        jpegs[:-1],
         out,
         vae,
         image_size=IMAGE_SIZE,
@@ -220,7 +223,7 @@ def test_shards_index_and_labels(prepared, jpegs):
 def test_stored_moments_are_the_encoders_for_the_image_and_its_mirror(prepared, jpegs, vae, i):
     out, _, _ = prepared
     stored = np.load(out / f"moments_{i // 4:05d}.npy")[i % 4].astype(np.float32)
-    with Image.open(jpegs[i][0]) as image:
+    with Image.open(jpegs[i][0].file) as image:
         crop = adm_center_crop(image, IMAGE_SIZE)
     for variant, picture in enumerate([crop, crop.transpose(Image.FLIP_LEFT_RIGHT)]):
         mean, std = encoder_moments(vae, picture)
@@ -230,12 +233,11 @@ def test_stored_moments_are_the_encoders_for_the_image_and_its_mirror(prepared, 
 
 
 def test_failure_midway_leaves_no_index(tmp_path, jpegs, vae):
-    broken = tmp_path / "broken.jpg"
-    broken.write_bytes(b"not a jpeg at all")
+    broken = jpegs[-1][0].file
     out = tmp_path / "latents"
     out.mkdir()
     (out / "index.json").write_text("{}")  # left by an earlier run: must not survive a failed one
-    items = jpegs[:6] + [(str(broken), 0)] + jpegs[6:]
+    items = jpegs[:6] + jpegs[-1:] + jpegs[6:-1]
     with pytest.raises(OSError, match=re.escape(str(broken))):
         encode_to_shards(items, out, vae, image_size=IMAGE_SIZE, batch_size=3, shard_size=4)
     assert not (out / "index.json").exists()

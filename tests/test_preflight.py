@@ -208,12 +208,12 @@ def test_paper_runs_at_batch_one_project_the_recipe_and_report_missing_inputs(tm
 def write_tiny_prepared_set(root: Path, train_images: int) -> None:
     from PIL import Image
 
-    from vcarepro.data.folders import write_manifest
+    from vcarepro.data.folders import whole_files, write_manifest
 
     (root / "train" / "c0").mkdir(parents=True)
     for i in range(4):
         Image.new("RGB", (16, 16), (60 * i, 0, 0)).save(root / "train" / "c0" / f"{i}.png")
-    write_manifest(root, [("train", f"train/c0/{i % 4}.png", i % 10) for i in range(train_images)])
+    write_manifest(root, whole_files(root, [("train", f"train/c0/{i % 4}.png", i % 10) for i in range(train_images)]))
     (root / "classes.json").write_text(json.dumps([{"index": i, "wnid": f"c{i}", "name": f"c{i}"} for i in range(10)]))
 
 

@@ -98,7 +98,13 @@ def test_mini_imagenet_is_the_official_archives_with_a_devkit_in_torchvisions_fo
 def test_mini_imagenet_is_prepared_by_the_prepare_cls_stage_with_expect_full_false(tmp_path, monkeypatch):
     root = write_mini_imagenet(tmp_path / "imagenet", seed=0, **SMALL)
     params = compose(
-        ["scale=paper", f"prepare_cls.imagenet_root={root}", "prepare_cls.expect_full=false", "prepare_cls.workers=1"]
+        [
+            "scale=paper",
+            f"prepare_cls.imagenet_root={root}",
+            "prepare_cls.expect_full=false",
+            "prepare_cls.workers=1",
+            "prepare_cls.other_copy='stand-ins'",
+        ]
     )
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     monkeypatch.chdir(tmp_path)
@@ -111,10 +117,10 @@ def test_mini_imagenet_is_prepared_by_the_prepare_cls_stage_with_expect_full_fal
     assert [c.name for c in classes] == [mini.classes[w][1] for w in sorted(mini.classes)]  # from meta.mat
     train, val = read_manifest(out, "train"), read_manifest(out, "val")
     assert (len(train), len(val)) == (18, 9)
-    for path, label in train:
-        assert Path(path).name in mini.train[classes[label].wnid]
-    for path, label in val:  # the ground truth's IDs, mapped through meta.mat, give each val image its class
-        assert mini.val[Path(path).name][0] == classes[label].wnid
+    for image, label in train:
+        assert image.name in mini.train[classes[label].wnid]
+    for image, label in val:  # the ground truth's IDs, mapped through meta.mat, give each val image its class
+        assert mini.val[image.name][0] == classes[label].wnid
     report = json.loads((out / "prepare_report.json").read_text())
     assert report["bad"]["count"] == 0 and report["non_jpeg"]["count"] == 0
     sizes = set()
@@ -205,9 +211,13 @@ def test_mini_imagenet_through_the_random_vae_gives_4x32x32_latent_shards(tmp_pa
     from vcarepro.data.latents import encode_to_shards, load_vae
 
     prepare_imagenet(
-        write_mini_imagenet(tmp_path / "imagenet", seed=0, **SMALL), tmp_path / "cls", expect_full=False, workers=1
+        write_mini_imagenet(tmp_path / "imagenet", seed=0, **SMALL),
+        tmp_path / "cls",
+        expect_full=False,
+        workers=1,
+        other_copy="stand-ins",
     )
-    items = [(tmp_path / "cls" / path, label) for path, label in read_manifest(tmp_path / "cls", "train")]
+    items = read_manifest(tmp_path / "cls", "train")
     vae = load_vae(str(write_random_vae(tmp_path / "vae", seed=0)), CPU)
     index = encode_to_shards(items, tmp_path / "latents", vae, image_size=256, batch_size=8, shard_size=100)
     assert index["latent_shape"] == [4, 32, 32] and index["num_images"] == 18

@@ -1,14 +1,15 @@
 """The embedded dataset: scikit-learn's handwritten digits, exported to the prepared layout.
 
 ``sklearn.datasets.load_digits`` ships inside the package (no network): 1,797 real
-8x8 grayscale scans with values 0..16, 10 classes. They are written as 8x8 PNG files
-(values scaled to 0..255) into class folders with a stratified train/val split, the
-same layout the ImageNet preparation produces, so every later stage runs the code
-that runs on ImageNet.
+8x8 grayscale scans with values 0..16, 10 classes. They are encoded as 8x8 PNG files
+(values scaled to 0..255), with a stratified train/val split, and packed into one tar that
+the manifest indexes as ImageNet's archives are, so every later stage reads them with the code
+that reads ImageNet.
 """
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from sklearn.model_selection import train_test_split
 
 from vcarepro.core.errors import BadInput
 from vcarepro.core.io import atomic_directory, write_json
-from vcarepro.data.folders import CLASSES, write_manifest
+from vcarepro.data.folders import CLASSES, PACKED, pack, write_manifest, write_sources
 
 
 def export_digits(out: str | Path, *, val_fraction: float = 0.2, seed: int = 0) -> dict:
@@ -31,15 +32,15 @@ def export_digits(out: str | Path, *, val_fraction: float = 0.2, seed: int = 0) 
     index = np.arange(len(labels))
     train_idx, val_idx = train_test_split(index, test_size=val_fraction, random_state=seed, stratify=labels)
 
-    rows = []
+    items = []
+    for split, split_idx in (("train", train_idx), ("val", val_idx)):
+        for i in sorted(split_idx):
+            png = io.BytesIO()
+            Image.fromarray(images[i], mode="L").save(png, "PNG")
+            items.append((split, f"{split}/digit_{labels[i]}/{i:04d}.png", int(labels[i]), png.getvalue()))
     with atomic_directory(out) as tmp:
-        for split, split_idx in (("train", train_idx), ("val", val_idx)):
-            for i in sorted(split_idx):
-                rel = f"{split}/digit_{labels[i]}/{i:04d}.png"
-                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-                Image.fromarray(images[i], mode="L").save(tmp / rel)
-                rows.append((split, rel, int(labels[i])))
         classes = [{"index": c, "wnid": f"digit_{c}", "name": str(c)} for c in range(10)]
         write_json(tmp / CLASSES, classes)
-        write_manifest(tmp, rows)
+        write_manifest(tmp, pack(tmp, items))
+        write_sources(tmp, [PACKED])
     return {"train": len(train_idx), "val": len(val_idx), "classes": 10}

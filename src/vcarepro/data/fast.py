@@ -21,8 +21,8 @@ from torch.utils.data import get_worker_info
 
 from vcarepro.core.errors import BadInput
 from vcarepro.data import device_ops
-from vcarepro.data.folders import ManifestDataset
-from vcarepro.data.jpeg import decode_box, image_size, read_bytes
+from vcarepro.data.folders import ManifestDataset, read_image
+from vcarepro.data.jpeg import decode_box, image_size
 
 PATHS = ("pil", "fast")
 # RandAugment's PIL functions (timm.data.auto_augment.NAME_TO_OP, and vcarepro.data.augment's mended posterize), by
@@ -213,16 +213,15 @@ class CropSet(ManifestDataset):
         self.draws = draws
 
     def _head(self, index: int):
-        """(path, bytes, size, label, draws) of an image: all that is known before its pixels are decoded."""
-        rel, label = self.samples[index]
-        path = self.root / rel
-        data = read_bytes(path)
-        size = image_size(data, path)
-        return path, data, size, label, self.draws(*size[:2])
+        """(image, bytes, size, label, draws) of an image: all that is known before its pixels are decoded."""
+        image, label = self.samples[index]
+        data = read_image(image)
+        size = image_size(data, image)
+        return image, data, size, label, self.draws(*size[:2])
 
     def _read(self, index: int):
-        path, data, size, label, (box, kind, flip, plan) = self._head(index)
-        pixels, scaled = decode_box(data, path, size, box, self.draws.size)
+        image, data, size, label, (box, kind, flip, plan) = self._head(index)
+        pixels, scaled = decode_box(data, image, size, box, self.draws.size)
         return pixels, scaled, kind, flip, plan, label
 
     def __getitems__(self, indices: List[int]) -> "Fetched":
@@ -233,8 +232,8 @@ class CropSet(ManifestDataset):
         bound = sum(3 * box[2] * box[3] for *_, (box, _, _, _) in heads)  # a reduced scale only makes a crop smaller
         pixels = _bytes_for_a_batch(bound)
         flat, start, shapes, scaled = pixels.numpy(), 0, [], []
-        for path, data, size, _, (box, *_) in heads:
-            crop, where = decode_box(data, path, size, box, self.draws.size, copy=False)
+        for image, data, size, _, (box, *_) in heads:
+            crop, where = decode_box(data, image, size, box, self.draws.size, copy=False)
             flat[start : start + crop.size].reshape(crop.shape)[...] = crop
             start += crop.size
             shapes.append(crop.shape[:2])

@@ -1,11 +1,14 @@
-"""The prepared classification layout, shared by every source (digits, ImageNet).
+"""The prepared classification layout, shared by every source (the digits, ImageNet, its stand-ins).
 
-    <root>/train/<class_dir>/<image>      image files
-    <root>/val/<class_dir>/<image>
-    <root>/classes.json                   [{"index", "wnid", "name"}, ...] in label order
-    <root>/manifest.csv                   split,path,label (path relative to <root>)
+    <root>/classes.json   [{"index", "wnid", "name"}, ...] in label order
+    <root>/manifest.csv   split,label,file,member,offset,length,crc32: where each image's bytes lie
+    <root>/sources.json   {file: bytes} of each file the manifest reads several images from, checked before use
 
-Training reads the manifest, so what was verified at preparation is what is trained on.
+An image is one positioned read (``os.pread``) of ``length`` bytes at ``offset`` of ``file``: a member of a tar
+(``member`` names it) or a whole file (``member`` empty). ``file`` is relative to <root> or absolute, so ImageNet is
+read where it lies, in its official archives or extracted folders, and nothing is copied: DVC tracks these few
+files, not a million images. Every read is checked against the CRC-32 recorded when the image was decode-checked,
+so what was verified at preparation is what is trained on, or one sentence says the source changed.
 """
 
 from __future__ import annotations
@@ -13,20 +16,26 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import tarfile
+import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Iterator, List, Optional, Tuple
+from pathlib import Path, PurePosixPath
+from typing import Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from PIL import Image
 from torch.utils.data import Dataset
 
 from vcarepro.core.errors import BadInput, MissingInput, UserError
-from vcarepro.core.io import write_bytes
+from vcarepro.core.io import write_bytes, write_json
 
 MANIFEST = "manifest.csv"
 CLASSES = "classes.json"
+SOURCES = "sources.json"
+PACKED = "images.tar"  # the digits' images, packed as ImageNet's are
 SPLITS = ("train", "val")
+COLUMNS = ("split", "label", "file", "member", "offset", "length", "crc32")
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,38 @@ class ClassInfo:
     name: str
 
 
+class Row(NamedTuple):
+    """One line of the manifest: an image of ``split`` with ``label``, ``length`` bytes at ``offset`` of ``file``."""
+
+    split: str
+    label: int
+    file: str
+    member: str
+    offset: int
+    length: int
+    crc32: int
+
+
+class Stored(NamedTuple):
+    """Where one prepared image's bytes lie: ``file`` resolved against the layout's root, ``in_layout`` where it is a
+    file of the layout itself (which DVC restores), not a source it indexes."""
+
+    file: Path
+    member: str
+    offset: int
+    length: int
+    crc32: int
+    in_layout: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.member}" if self.member else str(self.file)
+
+    @property
+    def name(self) -> str:
+        """The image's own file name, in its archive or folder."""
+        return PurePosixPath(self.member).name if self.member else self.file.name
+
+
 def read_classes(root: str | Path) -> List[ClassInfo]:
     path = Path(root) / CLASSES
     if not path.is_file():
@@ -43,59 +84,187 @@ def read_classes(root: str | Path) -> List[ClassInfo]:
     return [ClassInfo(**c) for c in json.loads(path.read_text())]
 
 
-def read_manifest(root: str | Path, split: str) -> List[Tuple[str, int]]:
+def read_manifest(root: str | Path, split: str) -> List[Tuple[Stored, int]]:
+    """(where the image lies, its label) of every image of ``split``, in the manifest's order, after checking that
+    each file the manifest reads several images from still has the size it had at preparation."""
     if split not in SPLITS:
         raise BadInput(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}.")
-    path = Path(root) / MANIFEST
+    root = Path(root)
+    path = root / MANIFEST
     if not path.is_file():
         raise MissingInput(f"{path} is missing; run the prepare_cls stage (dvc repro prepare_cls) first.")
+    check_sources(root)
+    files: Dict[str, Path] = {}  # one Path per file: a million members share their archive's
     with path.open(newline="") as f:
-        return [(row["path"], int(row["label"])) for row in csv.DictReader(f) if row["split"] == split]
+        return [
+            (
+                Stored(
+                    files.setdefault(row["file"], root / row["file"]),
+                    row["member"],
+                    int(row["offset"]),
+                    int(row["length"]),
+                    int(row["crc32"]),
+                    _in_layout(row["file"]),
+                ),
+                int(row["label"]),
+            )
+            for row in csv.DictReader(f)
+            if row["split"] == split
+        ]
+
+
+def _in_layout(listed: str) -> bool:
+    return not (os.path.isabs(listed) or ".." in Path(listed).parts)
 
 
 class UnreadableImage(UserError, OSError):
-    """A listed image of the prepared layout that cannot be opened or decoded (truncated, overwritten, missing).
+    """A listed image of the prepared layout that cannot be read or decoded (truncated, overwritten, missing).
 
     An ``OSError``, as PIL's "image file is truncated" and a missing file are.
     """
 
 
-# The prepared layout is a DVC output: prepare it again, or take it back from DVC's cache (without --force,
-# `dvc checkout` refuses to replace a file that changed).
-REPAIR = (
-    "re-run prepare_cls (`dvc repro -f -s prepare_cls`) or restore it (`dvc checkout --force data/cls`), "
-    "then `dvc repro`"
-)
-
-
-def unreadable_image(path: str | Path, err: BaseException) -> UnreadableImage:
-    reason = " ".join(str(err).split()) or type(err).__name__  # one line, whatever the decoder said
-    return UnreadableImage(
-        f"the prepared image {path} cannot be read ({reason}); the prepared data is damaged: {REPAIR}."
+def repair(file: Path, in_layout: bool) -> str:
+    """The fix for an image that no longer reads as prepared: a file of data/cls comes back from DVC's cache; a source
+    outside it (ImageNet where it lies) must be restored, or indexed again."""
+    if not in_layout:
+        return f"restore {file} as it was, or re-run prepare_cls (`dvc repro -f -s prepare_cls`), then `dvc repro`"
+    return (
+        "re-run prepare_cls (`dvc repro -f -s prepare_cls`) or restore it (`dvc checkout --force data/cls`), "
+        "then `dvc repro`"
     )
 
 
-@contextmanager
-def decoded_image(path: str | Path) -> Iterator[Image.Image]:
-    """``Image.open(path)``; a failure to open or decode it inside the block is an :class:`UnreadableImage`.
+def unreadable_image(image: Stored, err: BaseException) -> UnreadableImage:
+    reason = " ".join(str(err).split()) or type(err).__name__  # one line, whatever the decoder said
+    return UnreadableImage(
+        f"the prepared image {image} cannot be read ({reason}); the prepared data is damaged: "
+        f"{repair(image.file, image.in_layout)}."
+    )
 
-    Keep the block to reading pixels (``convert``, ``resize``, a crop): whatever fails in it is blamed on the file.
-    """
+
+def check_sources(root: Path) -> None:
+    """Refuse, in one sentence, a file of ``root``'s sources.json that is missing or not the size it was indexed at."""
+    listed = root / SOURCES
+    if not listed.is_file():
+        return
+    for name, size in json.loads(listed.read_text()).items():
+        path = root / name
+        try:
+            found = path.stat().st_size
+        except OSError as err:
+            raise MissingInput(
+                f"{path}, which {root} reads its images from, cannot be opened ({err.strerror}); "
+                f"{repair(path, _in_layout(name))}."
+            ) from None
+        if found != size:
+            raise BadInput(
+                f"{path} holds {found:,} bytes, not the {size:,} prepare_cls indexed: it changed after preparation; "
+                f"{repair(path, _in_layout(name))}."
+            )
+
+
+_open: Dict[
+    Path, int
+] = {}  # archives open in this process (a forked loader worker inherits them: pread shares no offset)
+
+
+def _fd(path: Path, keep: bool) -> int:
+    fd = _open.get(path)
+    if fd is None:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        if keep:
+            _open[path] = fd
+    return fd
+
+
+def read_image(image: Stored) -> bytes:
+    """The image's bytes: one positioned read, checked for its length and CRC-32 (else an :class:`UnreadableImage`)."""
+    keep = bool(image.member)  # an archive serves many reads; a file of its own is opened for its one
     try:
-        with Image.open(path) as img:
+        fd = _fd(image.file, keep)
+        try:
+            data = os.pread(fd, image.length, image.offset)
+        finally:
+            if not keep:
+                os.close(fd)
+    except OSError as err:
+        raise unreadable_image(image, err) from None
+    if len(data) != image.length:
+        raise unreadable_image(image, EOFError(f"{len(data)} of its {image.length} bytes are there"))
+    if zlib.crc32(data) != image.crc32:
+        raise unreadable_image(image, ValueError("its bytes are not those prepare_cls indexed: CRC-32 differs"))
+    return data
+
+
+class _Named(io.BytesIO):
+    """An image's bytes that Pillow's "cannot identify image file ..." names by where they were read from."""
+
+    def __init__(self, data: bytes, where: str) -> None:
+        super().__init__(data)
+        self.where = where
+
+    def __repr__(self) -> str:
+        return repr(self.where)
+
+
+@contextmanager
+def decoded_image(image: Stored, data: Optional[bytes] = None) -> Iterator[Image.Image]:
+    """The image (its bytes read unless ``data`` holds them) opened by Pillow; a failure to read it, or to decode it
+    inside the block, is an :class:`UnreadableImage` naming it.
+
+    Keep the block to reading pixels (``convert``, ``resize``, a crop): whatever fails in it is blamed on the image.
+    """
+    data = read_image(image) if data is None else data
+    try:
+        with Image.open(_Named(data, str(image))) as img:
             yield img
-    except (UserError, MemoryError):  # not the file's fault
+    except (UserError, MemoryError):  # not the image's fault
         raise
     except Exception as err:  # noqa: BLE001 - PIL's OSError, SyntaxError, ValueError, zlib and struct errors
-        raise unreadable_image(path, err) from None
+        raise unreadable_image(image, err) from None
 
 
-def write_manifest(root: str | Path, rows: List[Tuple[str, str, int]]) -> None:
+def write_manifest(root: str | Path, rows: Iterable[Row]) -> None:
     text = io.StringIO()  # csv's own line ends (\r\n), untranslated, as open(..., newline="") wrote them
     writer = csv.writer(text)
-    writer.writerow(["split", "path", "label"])
+    writer.writerow(COLUMNS)
     writer.writerows(rows)
     write_bytes(Path(root) / MANIFEST, text.getvalue().encode("utf-8"))
+
+
+def write_sources(root: str | Path, files: Sequence[str]) -> None:
+    """``root/sources.json``: the size of each file (as the manifest lists it) that several images are read from."""
+    root = Path(root)
+    write_json(root / SOURCES, {name: (root / name).stat().st_size for name in files})
+
+
+def whole_files(root: str | Path, items: Iterable[Tuple[str, str | Path, int]]) -> List[Row]:
+    """Manifest rows for images that are files of their own: (split, path as listed, label), each file read once
+    for its length and CRC-32."""
+    rows = []
+    for split, path, label in items:
+        data = (Path(root) / path).read_bytes()
+        rows.append(Row(split, label, str(path), "", 0, len(data), zlib.crc32(data)))
+    return rows
+
+
+def pack(root: str | Path, items: Sequence[Tuple[str, str, int, bytes]], name: str = PACKED) -> List[Row]:
+    """Write ``items`` (split, member name, label, encoded image) as one tar ``root/name``, the same bytes for the
+    same items, and return their manifest rows: a layout of its own read as ImageNet's archives are."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for _, member, _, data in items:
+            info = tarfile.TarInfo(member)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    write_bytes(Path(root) / name, buffer.getvalue())
+    with tarfile.open(fileobj=io.BytesIO(buffer.getvalue())) as tar:
+        offsets = {m.name: m.offset_data for m in tar.getmembers()}
+    return [
+        Row(split, label, name, member, offsets[member], len(data), zlib.crc32(data))
+        for split, member, label, data in items
+    ]
 
 
 class ManifestDataset(Dataset):
@@ -130,8 +299,8 @@ class ManifestDataset(Dataset):
         return item
 
     def _read(self, index: int):
-        rel, label = self.samples[index]
-        with decoded_image(self.root / rel) as img:
+        image, label = self.samples[index]
+        with decoded_image(image) as img:
             img = img.convert("RGB")
         if self.transform is not None:
             img = self.transform(img)

@@ -18,25 +18,26 @@ ground-truth file holds one ILSVRC2012_ID per validation image, in image order).
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import os
 import random
 import re
-import shutil
 import sys
 import tarfile
-from collections import Counter
+import zlib
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from multiprocessing import Pool
 from pathlib import Path, PurePosixPath
-from typing import AbstractSet, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from PIL import Image
 
 from vcarepro.core.errors import BadInput, MissingInput
 from vcarepro.core.io import atomic_directory, write_json
 from vcarepro.core.progress import Progress
-from vcarepro.data.folders import CLASSES, write_manifest
+from vcarepro.data.folders import CLASSES, SPLITS, Row, write_manifest, write_sources
 
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png"}
 
@@ -50,6 +51,12 @@ KAGGLE_SYNSETS = "LOC_synset_mapping.txt"
 REPORT = "prepare_report.json"
 
 EXPECTED = {"classes": 1000, "train": 1_281_167, "val": 50_000}
+# The official archives' MD5s, as ImageNet publishes them and torchvision's ImageNet checks them.
+PUBLISHED_MD5 = {
+    TRAIN_TAR: "1d675b47d978889d74fa0da5fadfb00e",
+    VAL_TAR: "29b22e2961454d5413ddabcf34fc5622",
+    DEVKIT_TAR: "fa75699e90414af021442c21a62c3abf",
+}
 # Where extracted class folders live: the usual root/train, and Kaggle's competition layout.
 FOLDER_PREFIXES = ("", "ILSVRC/Data/CLS-LOC/")
 VAL_NAME = re.compile(r"ILSVRC2012_val_(\d{8})\.", re.IGNORECASE)
@@ -73,18 +80,20 @@ def prepare_imagenet(
     max_bad_fraction: float = 0.0,
     workers: Optional[int] = None,
     drop_empty_classes: bool = False,
+    other_copy: Optional[str] = None,
 ) -> dict:
-    """Detect the ImageNet layout under ``root``, verify it and write the prepared layout to ``out``.
+    """Detect the ImageNet layout under ``root``, verify it and write its index, the prepared layout, to ``out``.
 
     ``subset_classes`` (wnids) or ``subset_count`` + ``subset_seed`` (a seeded sample of the sorted
     wnids) keep a class subset, re-labelled ``0..k-1`` in sorted wnid order (ImageNet-100 style).
-    Without a subset, ``expect_full`` requires the exact ImageNet-1K counts. Every image is
-    decode-checked in ``workers`` processes (default ``os.cpu_count()``); unreadable ones are
-    skipped and listed in ``<out>/prepare_report.json``, and more than ``max_bad_fraction`` of them
-    is an error. A train class with no images (an empty folder or class tar, or none readable) is
-    refused, since it would still take a label and shift every label after it; with
-    ``drop_empty_classes`` it is left out with a warning naming it. ``out`` appears only when
-    everything succeeded.
+    Without a subset, ``expect_full`` requires the exact ImageNet-1K counts. Every image is read once and
+    decode-checked in ``workers`` processes (default ``os.cpu_count()``); the archives are read in one sequential
+    pass that also computes their MD5, and one whose MD5 is not ImageNet's published one is refused unless
+    ``other_copy`` gives the reason to use it. Unreadable images are skipped and listed in
+    ``<out>/prepare_report.json``, and more than ``max_bad_fraction`` of them is an error. A train class with no
+    images (an empty folder or class tar, or none readable) is refused, since it would still take a label and shift
+    every label after it; with ``drop_empty_classes`` it is left out with a warning naming it. ``out`` appears only
+    when everything succeeded.
 
     Returns ``{"train", "val", "classes", "layout", "report"}`` (kept image counts, class count,
     the detected layout, the report's path).
@@ -103,29 +112,32 @@ def prepare_imagenet(
     subset = subset_classes is not None or subset_count is not None
 
     layout = _Layout.detect(root)
+    digests = _Digests(other_copy)
+    if DEVKIT_TAR in layout.files:  # 2.5 MB, checked before the long pass
+        digests.check(DEVKIT_TAR, layout.files[DEVKIT_TAR], _md5_of(layout.files[DEVKIT_TAR]))
     meta = _Metadata.load(layout)
     train_wnids = layout.train_wnids(meta.listed)
     _check_class_count(train_wnids, expect_full and not subset, layout.train_where)
     wnids = _choose_classes(train_wnids, subset_classes, subset_count, subset_seed, layout.train_where)
+    listed = _Listed(root, Path(out))
 
+    train = _train_items(layout, wnids, len(wnids) < len(train_wnids), digests, listed)
+    if layout.train_dir is not None:  # files are listed before any is read: an incomplete copy fails at once
+        train = list(train)
+        if expect_full and not subset:
+            _check_image_counts(Counter(train=len(train)), layout, ("train",))
     with atomic_directory(out) as tmp:
-        # Archives are extracted and checked class by class; files already on disk are counted
-        # first, so that an incomplete copy fails before a long decode check.
-        results, train_jobs = _train_images(layout, wnids, tmp, workers)
-        per_class = Counter(r.wnid for r in results)
-        per_class.update(w for _, _, items, _ in train_jobs for w, _ in items)
-        wnids = without_empty_classes(wnids, per_class, layout.train_where, drop_empty_classes)
+        with Progress("checking train", len(train) if isinstance(train, list) else None, unit="image") as progress:
+            results = _check(train, workers, progress)
+        wnids = without_empty_classes(wnids, Counter(r.wnid for r in results), layout.train_where, drop_empty_classes)
         label_of = {w: i for i, w in enumerate(wnids)}
-        val_jobs = _val_jobs(layout, meta, set(train_wnids), label_of, tmp)
-        found = Counter(r.split for r in results)
-        for split, _, items, _ in train_jobs + val_jobs:
-            found[split] += len(items)
+        with Progress("checking val", None, unit="image") as progress:
+            items = _val_items(layout, meta, set(train_wnids), label_of, digests, listed)
+            results += _check(items, workers, progress)
+        found = Counter(r.split for r in results if r.wnid in label_of)
         if expect_full and not subset:
             _check_image_counts(found, layout)
-        checks = train_jobs + val_jobs
-        with Progress("decode check", sum(len(items) for _, _, items, _ in checks), unit="image") as progress:
-            results += [r for batch in _run(_check_paths, checks, workers, progress, len) for r in batch]
-        report = _report(results, layout, wnids, found)
+        report = _report(results, layout, wnids, found, digests)
         bad = report["bad"]["count"]
         if results and bad / len(results) > max_bad_fraction:
             first = ", ".join(b["path"] for b in report["bad"]["files"][:3])
@@ -134,23 +146,20 @@ def prepare_imagenet(
                 f"fix or re-download them, or raise max_bad_fraction (now {max_bad_fraction}) "
                 f"to skip them."
             )
-        for r in results:
-            if r.error is not None and r.extracted:
-                (tmp / r.path).unlink(missing_ok=True)  # our copy of a bad file: not left beside the manifest
         readable = Counter(r.wnid for r in results if r.split == "train" and r.error is None)
-        kept_wnids = without_empty_classes(wnids, readable, layout.train_where, drop_empty_classes, unreadable=True)
-        if kept_wnids != wnids:
-            wnids, label_of = kept_wnids, {w: i for i, w in enumerate(kept_wnids)}
-            for r in results:
-                if r.wnid not in label_of and r.extracted:
-                    (tmp / r.path).unlink(missing_ok=True)  # a dropped class's val images: not left behind
-            results = [r for r in results if r.wnid in label_of]
-        rows = [(r.split, r.path, label_of[r.wnid]) for r in results if r.error is None]
-        rows.sort(key=lambda row: (row[0] != "train", row[2], row[1]))
+        wnids = without_empty_classes(wnids, readable, layout.train_where, drop_empty_classes, unreadable=True)
+        label_of = {w: i for i, w in enumerate(wnids)}
+        rows = [
+            Row(r.split, label_of[r.wnid], r.file, r.member, r.offset, r.length, r.crc32)
+            for r in results
+            if r.error is None and r.wnid in label_of
+        ]
+        rows.sort(key=lambda row: (row.split != "train", row.label, row.file, row.member))
         write_json(tmp / CLASSES, [{"index": i, "wnid": w, "name": meta.names.get(w, w)} for i, w in enumerate(wnids)])
         write_manifest(tmp, rows)
+        write_sources(tmp, sorted({row.file for row in rows if row.member}))
         write_json(tmp / REPORT, report)
-    kept = Counter(row[0] for row in rows)
+    kept = Counter(row.split for row in rows)
     return {
         "train": kept["train"],
         "val": kept["val"],
@@ -430,9 +439,9 @@ def _check_class_count(wnids: Sequence[str], expect_full: bool, where: Path) -> 
         )
 
 
-def _check_image_counts(found: Counter, layout: _Layout) -> None:
+def _check_image_counts(found: Counter, layout: _Layout, splits: Sequence[str] = SPLITS) -> None:
     for split, where in (("train", layout.train_where), ("val", layout.val_where)):
-        if found[split] != EXPECTED[split]:
+        if split in splits and found[split] != EXPECTED[split]:
             raise BadInput(
                 f"expected {EXPECTED[split]:,} ImageNet-1K {split} images, found {found[split]:,} "
                 f"in {where}; complete the download, or set prepare_cls.expect_full=false for a partial copy."
@@ -458,33 +467,54 @@ def _choose_classes(
     return list(wnids)
 
 
-# ----------------------------------------------------------------------------- images: extraction and checks
+# ----------------------------------------------------------------------------- images: one read each, checked
+
+
+class _Listed:
+    """How the manifest names a file under the ImageNet root: relative to ``out`` where the root was given relative
+    (the smoke scale's stand-ins in the project: the same bytes in any clone), else absolute."""
+
+    def __init__(self, root: Path, out: Path) -> None:
+        self.relative, self.out = not root.is_absolute(), out
+
+    def __call__(self, path: Path) -> str:
+        return os.path.relpath(path, self.out) if self.relative else os.path.abspath(path)
 
 
 @dataclass(slots=True)  # one per image: 1.33M of them on the real dataset
 class _Checked:
     split: str
     wnid: str
-    path: str  # absolute (indexed in place) or relative to <out> (extracted)
-    extracted: bool
+    file: str  # as the manifest lists it
+    member: str  # inside file, '' for a file of its own
+    offset: int
+    length: int = 0
+    crc32: int = 0
     format: Optional[str] = None
     mode: Optional[str] = None
     error: Optional[str] = None
 
+    def __str__(self) -> str:
+        return f"{self.file}:{self.member}" if self.member else self.file
 
-def _check_image(path: str) -> Tuple[Optional[str], Optional[str], Optional[str]]:
-    """(format, mode, error) of one image file; the format is read from the content, not the suffix.
+
+# An image to check: (split, wnid, file as listed, member, offset, (a path to read it from, or its bytes)).
+_Item = Tuple[str, str, str, str, int, Union[str, bytes]]
+
+
+def _check_image(data: bytes) -> Tuple[Optional[str], Optional[str], Optional[str]]:
+    """(format, mode, error) of one encoded image; the format is read from the content, not the name.
 
     ``verify()`` catches broken PNG chunks but not a truncated JPEG, so the pixels are also
     decoded, in JPEG draft mode (DCT scaling to about 1/8 size), which still reads every byte.
     """
+    if not data:
+        return None, None, "zero bytes"
     try:
-        if os.path.getsize(path) == 0:
-            return None, None, "zero bytes"
-        with Image.open(path) as img:
+        with Image.open(io.BytesIO(data)) as img:
             fmt, mode = img.format, img.mode
             img.verify()
-        with Image.open(path) as img:
+        with Image.open(io.BytesIO(data)) as img:
             img.draft(img.mode, (max(1, img.width // 8), max(1, img.height // 8)))
             img.load()
         return fmt, mode, None
@@ -492,14 +522,84 @@ def _check_image(path: str) -> Tuple[Optional[str], Optional[str], Optional[str]
         return None, None, f"{type(err).__name__}: {err}".splitlines()[0]
 
 
-def _check_paths(job: "_Job") -> List[_Checked]:
-    """Check a chunk of (wnid, path) of one split; ``base`` joins paths relative to <out>."""
-    split, base, items, extracted = job
+def _check_chunk(
+    sources: List[Union[str, bytes]],
+) -> List[Tuple[int, int, Optional[str], Optional[str], Optional[str]]]:
+    """(length, CRC-32, format, mode, error) of each image, given as its bytes or a path to read them from."""
     out = []
-    for wnid, path in items:
-        fmt, mode, error = _check_image(os.path.join(base, path))
-        out.append(_Checked(split, wnid, path, extracted, fmt, mode, error))
+    for source in sources:
+        if isinstance(source, str):
+            try:
+                with open(source, "rb") as f:
+                    source = f.read()
+            except OSError as err:
+                out.append((0, 0, None, None, f"{type(err).__name__}: {err.strerror}"))
+                continue
+        out.append((len(source), zlib.crc32(source), *_check_image(source)))
     return out
+
+
+def _check(items: Iterable[_Item], workers: int, progress: Progress) -> List[_Checked]:
+    """Every item checked, in ``workers`` processes, a bounded number of chunks in flight (so that the archive is
+    read once, at the pace of the checks, with a few hundred images in memory); in the items' order."""
+    results: List[_Checked] = []
+
+    def collect(chunk: List[_Item], checked) -> None:
+        for (split, wnid, file, member, offset, _), facts in zip(chunk, checked):
+            results.append(_Checked(split, wnid, file, member, offset, *facts))
+        progress.advance(len(chunk))
+
+    chunks = _chunks(items)
+    if workers <= 1:
+        for chunk in chunks:
+            collect(chunk, _check_chunk([item[-1] for item in chunk]))
+        return results
+    pending: Deque = deque()
+    with Pool(workers) as pool:
+        for chunk in chunks:
+            pending.append((chunk, pool.apply_async(_check_chunk, ([item[-1] for item in chunk],))))
+            if len(pending) >= 2 * workers:
+                collect(*_finished(pending.popleft()))
+        while pending:
+            collect(*_finished(pending.popleft()))
+    return results
+
+
+def _finished(job):
+    chunk, result = job
+    return [item[:-1] + (None,) for item in chunk], result.get()  # the chunk's bytes go now
+
+
+def _chunks(items: Iterable, size: int = CHECK_CHUNK) -> Iterator[List]:
+    chunk: List = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+class _Hashing(io.RawIOBase):
+    """A file read once from its start, MD5'd as the bytes pass: the archive's digest costs no second read."""
+
+    def __init__(self, f) -> None:
+        self._f, self.md5 = f, hashlib.md5()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = self._f.readinto(buffer)
+        self.md5.update(memoryview(buffer)[:n])
+        return n
+
+    def digest(self) -> str:
+        """The MD5 of the whole file: what tarfile left unread (its end-of-archive blocks) is read here."""
+        for chunk in iter(lambda: self._f.read(1 << 22), b""):
+            self.md5.update(chunk)
+        return self.md5.hexdigest()
 
 
 class _Slice(io.RawIOBase):
@@ -518,100 +618,91 @@ class _Slice(io.RawIOBase):
         return n
 
 
-def _safe_member_name(name: str, archive: Path) -> str:
-    """The file name of a tar member, refusing absolute paths and '..' (the name is never used as a path)."""
-    path = PurePosixPath(name.replace("\\", "/"))
-    if path.is_absolute() or ".." in path.parts or re.match(r"^[A-Za-z]:", name):
-        raise BadInput(
-            f"{archive} holds an unsafe member path {name!r} (absolute or with '..'); refusing to "
-            f"extract it: re-download the archive."
-        )
-    return path.name
+def _md5_of(path: Path) -> str:
+    with open(path, "rb") as f:
+        return _Hashing(f).digest()
 
 
-def _copy_member(archive: tarfile.TarFile, member: tarfile.TarInfo, dest: Path) -> None:
-    src = archive.extractfile(member)
-    with src, open(dest, "wb") as f:
-        shutil.copyfileobj(src, f, 1 << 20)
+class _Digests:
+    """The archives' MD5s against ImageNet's published ones; a copy with others passes only with ``other_copy``."""
+
+    def __init__(self, other_copy: Optional[str]) -> None:
+        self.other_copy, self.found = other_copy, {}
+
+    def check(self, name: str, path: Path, md5: Optional[str], why_not: str = "") -> None:
+        self.found[name] = {"file": str(path), "md5": md5, "published": PUBLISHED_MD5[name], "not_computed": why_not}
+        if md5 is not None and md5 != PUBLISHED_MD5[name] and not self.other_copy:
+            raise BadInput(
+                f"{path} has MD5 {md5}, not the {PUBLISHED_MD5[name]} ImageNet publishes for {name}: it is another "
+                f"copy or a damaged one; re-download it, or set prepare_cls.other_copy to the reason to use this copy."
+            )
+
+    def describe(self) -> dict:
+        differ = [n for n, f in self.found.items() if f["md5"] is not None and f["md5"] != f["published"]]
+        return {"archives": self.found, "other_copy": self.other_copy if differ else None, "differ": differ}
 
 
-def _extract_class_tar(job: Tuple[str, int, int, str, str, str]) -> List[_Checked]:
-    """Extract one inner ``<wnid>.tar`` of the train archive into ``<out>/images/train/<wnid>`` and check it."""
-    tar_path, offset, size, wnid, out, label = job
-    rel_dir = Path("images", "train", wnid)
-    (Path(out) / rel_dir).mkdir(parents=True, exist_ok=True)
-    results = []
-    with (
-        open(tar_path, "rb") as f,
-        tarfile.open(fileobj=io.BufferedReader(_Slice(f, offset, size)), mode="r|") as inner,
-    ):
-        for member in inner:
-            name = _safe_member_name(member.name, Path(f"{label}:{wnid}.tar"))
-            if member.isdir():
-                continue
-            if not member.isfile():
-                raise BadInput(
-                    f"{label}:{wnid}.tar holds {member.name!r}, which is not a regular file (a link?); "
-                    f"refusing to extract it: re-download the archive."
-                )
-            if Path(name).suffix.lower() not in IMAGE_SUFFIXES:
-                continue
-            rel = str(rel_dir / name)
-            _copy_member(inner, member, Path(out) / rel)
-            fmt, mode, error = _check_image(str(Path(out) / rel))
-            results.append(_Checked("train", wnid, rel, True, fmt, mode, error))
-    return results
+def _image_members(tar: tarfile.TarFile, label: str) -> Iterator[Tuple[str, tarfile.TarInfo]]:
+    """(file name, member) of each image in a tar read as a stream; unsafe or non-regular members are refused."""
+    for member in tar:
+        name = _safe_member_name(member.name, Path(label))
+        if member.isdir() or Path(name).suffix.lower() not in IMAGE_SUFFIXES:
+            continue
+        if not member.isfile():
+            raise BadInput(
+                f"{label} holds {member.name!r}, which is not a regular file (a link?); refusing to index it: "
+                f"re-download the archive."
+            )
+        yield name, member
 
 
-def _run(
-    fn, jobs: List, workers: int, progress: Optional[Progress] = None, count=lambda result: 1
-) -> Iterator[List[_Checked]]:
-    """``fn(job)`` of every job in ``workers`` processes, as they finish; ``progress`` advances ``count(result)``."""
-    for result in _results(fn, jobs, workers):
-        if progress is not None:
-            progress.advance(count(result))
-        yield result
+def _class_tar(fileobj, base: int, wnid: str, archive: Path, listed: str) -> Iterator[_Item]:
+    """The images of one inner ``<wnid>.tar`` (a stream from its first byte, at ``base`` in the archive)."""
+    with tarfile.open(fileobj=fileobj, mode="r|") as inner:
+        for name, member in _image_members(inner, f"{archive}:{wnid}.tar"):
+            data = inner.extractfile(member).read()
+            yield "train", wnid, listed, f"{wnid}.tar/{name}", base + member.offset_data, data
 
 
-def _results(fn, jobs: List, workers: int) -> Iterator[List[_Checked]]:
-    if workers <= 1 or len(jobs) <= 1:
-        yield from map(fn, jobs)
-        return
-    with Pool(min(workers, len(jobs))) as pool:
-        yield from pool.imap_unordered(fn, jobs)
+def _train_items(
+    layout: _Layout, wnids: List[str], subset: bool, digests: _Digests, listed: _Listed
+) -> Iterator[_Item]:
+    """The train images to check: the class folders' files, or the archive's members with their offsets.
 
-
-def _chunks(items: List, size: int = CHECK_CHUNK) -> Iterator[List]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
-_Job = Tuple[str, str, List[Tuple[str, str]], bool]  # split, base of relative paths, (wnid, path)s, extracted
-
-
-def _train_images(layout: _Layout, wnids: List[str], out: Path, workers: int) -> Tuple[List[_Checked], List[_Job]]:
-    """Train images already extracted and checked (archive), or check jobs for the class folders."""
+    The whole archive is one sequential pass, MD5'd on the way; a subset reads only its classes' tars (so its
+    archive's MD5 is not computed)."""
     if layout.train_dir is not None:
-        items = []
-        with Progress("indexing train", len(wnids), unit="class") as progress:
-            for wnid in wnids:
-                items += [(wnid, p) for p in _images_in(layout.train_dir / wnid)]
-                progress.advance()
-        return [], [("train", "", chunk, False) for chunk in _chunks(items)]
-    tar_path = layout.files[TRAIN_TAR]
-    keep, jobs = set(wnids), []
-    with tarfile.open(tar_path) as outer:  # headers only: each class tar is then read in a worker
-        for member in outer.getmembers():
-            name = _safe_member_name(member.name, tar_path)
-            if member.isfile() and name.endswith(".tar") and name[:-4] in keep:
-                jobs.append((str(tar_path), member.offset_data, member.size, name[:-4], str(out), tar_path.name))
-    jobs.sort(key=lambda job: -job[2])  # biggest first: a better balance over the workers
-    with Progress("extracting train", len(jobs), unit="class") as progress:
-        return [r for batch in _run(_extract_class_tar, jobs, workers, progress) for r in batch], []
+        for wnid in wnids:
+            for path in _images_in(layout.train_dir / wnid):
+                yield "train", wnid, listed(Path(path)), "", 0, path
+        return
+    archive, keep = layout.files[TRAIN_TAR], set(wnids)
+    name = listed(archive)
+    with open(archive, "rb") as f:
+        if subset:
+            with tarfile.open(fileobj=f) as outer:  # headers only, found by seeking
+                members = sorted(outer.getmembers(), key=lambda m: m.offset_data)
+            for member in members:
+                base = _safe_member_name(member.name, archive)
+                if member.isfile() and base.endswith(".tar") and base[:-4] in keep:
+                    window = io.BufferedReader(_Slice(f, member.offset_data, member.size), 1 << 20)
+                    yield from _class_tar(window, member.offset_data, base[:-4], archive, name)
+            digests.check(TRAIN_TAR, archive, None, f"a subset reads only its {len(wnids)} classes' tars")
+            return
+        hashing = _Hashing(f)
+        with tarfile.open(fileobj=hashing, mode="r|", bufsize=1 << 20) as outer:
+            for member in outer:
+                base = _safe_member_name(member.name, archive)
+                if member.isfile() and base.endswith(".tar") and base[:-4] in keep:
+                    yield from _class_tar(outer.extractfile(member), member.offset_data, base[:-4], archive, name)
+        digests.check(TRAIN_TAR, archive, hashing.digest())
 
 
-def _val_jobs(layout: _Layout, meta: _Metadata, train_wnids: set, label_of: Dict[str, int], out: Path) -> List[_Job]:
-    """Check jobs for the validation images, extracted into class folders first if they come as an archive."""
+def _val_items(
+    layout: _Layout, meta: _Metadata, train_wnids: set, label_of: Dict[str, int], digests: _Digests, listed: _Listed
+) -> Iterator[_Item]:
+    """The validation images to check, of the kept classes: class folders, a flat folder, or the archive (read whole,
+    MD5'd on the way)."""
 
     def wnid_of(name: str, where: Path) -> str:
         stem = name.rsplit(".", 1)[0]
@@ -638,57 +729,53 @@ def _val_jobs(layout: _Layout, meta: _Metadata, train_wnids: set, label_of: Dict
                 f"{layout.val_dir} holds class folders absent from {layout.train_where} "
                 f"(first: {', '.join(unknown[:5])}); train and val must share their classes."
             )
-        items = [(w, p) for w in label_of for p in _images_in(layout.val_dir / w)]
-    elif layout.val_dir is not None:
-        items = []
+        for wnid in label_of:
+            for path in _images_in(layout.val_dir / wnid):
+                yield "val", wnid, listed(Path(path)), "", 0, path
+        return
+    if layout.val_dir is not None:
         for path in _images_in(layout.val_dir):
             wnid = wnid_of(Path(path).name, layout.val_dir)
             if wnid in label_of:
-                items.append((wnid, path))
-    else:
-        items = _extract_val_tar(layout.files[VAL_TAR], wnid_of, label_of, out)
-    extracted = layout.val_dir is None
-    base = str(out) if extracted else ""
-    return [("val", base, chunk, extracted) for chunk in _chunks(items)]
+                yield "val", wnid, listed(Path(path)), "", 0, path
+        return
+    archive = layout.files[VAL_TAR]
+    name = listed(archive)
+    with open(archive, "rb") as f:
+        hashing = _Hashing(f)
+        with tarfile.open(fileobj=hashing, mode="r|", bufsize=1 << 20) as tar:
+            for member_name, member in _image_members(tar, str(archive)):
+                wnid = wnid_of(member_name, archive)
+                if wnid in label_of:
+                    yield "val", wnid, name, member_name, member.offset_data, tar.extractfile(member).read()
+        digests.check(VAL_TAR, archive, hashing.digest())
 
 
-def _extract_val_tar(tar_path: Path, wnid_of, label_of: Dict[str, int], out: Path) -> List[Tuple[str, str]]:
-    """Stream the flat validation archive into ``<out>/images/val/<wnid>/``; (wnid, path relative to out)."""
-    items = []
-    with tarfile.open(tar_path, "r|") as archive, Progress("extracting val", None, unit="image") as progress:
-        for member in archive:
-            name = _safe_member_name(member.name, tar_path)
-            if member.isdir() or Path(name).suffix.lower() not in IMAGE_SUFFIXES:
-                continue
-            if not member.isfile():
-                raise BadInput(
-                    f"{tar_path} holds {member.name!r}, which is not a regular file (a link?); "
-                    f"refusing to extract it: re-download the archive."
-                )
-            wnid = wnid_of(name, tar_path)
-            if wnid not in label_of:
-                continue
-            rel = Path("images", "val", wnid, name)
-            (out / rel.parent).mkdir(parents=True, exist_ok=True)
-            _copy_member(archive, member, out / rel)
-            items.append((wnid, str(rel)))
-            progress.update(len(items))
-    return sorted(items)
+def _safe_member_name(name: str, archive: Path) -> str:
+    """The file name of a tar member, refusing absolute paths and '..' (the name is never used as a path)."""
+    path = PurePosixPath(name.replace("\\", "/"))
+    if path.is_absolute() or ".." in path.parts or re.match(r"^[A-Za-z]:", name):
+        raise BadInput(
+            f"{archive} holds an unsafe member path {name!r} (absolute or with '..'); refusing to "
+            f"index it: re-download the archive."
+        )
+    return path.name
 
 
 # ----------------------------------------------------------------------------- report
 
 
-def _report(results: List[_Checked], layout: _Layout, wnids: List[str], found: Counter) -> dict:
+def _report(results: List[_Checked], layout: _Layout, wnids: List[str], found: Counter, digests: _Digests) -> dict:
     def listing(selected: List[_Checked]) -> dict:
-        return {"count": len(selected), "files": [r.path for r in selected[:LISTED]]}
+        return {"count": len(selected), "files": [str(r) for r in selected[:LISTED]]}
 
-    results.sort(key=lambda r: (r.split != "train", r.path))
+    results = sorted(results, key=lambda r: (r.split != "train", r.file, r.member))
     bad = [r for r in results if r.error is not None]
     good = [r for r in results if r.error is None]
     non_jpeg = [r for r in good if r.format != "JPEG"]
     return {
         "layout": layout.describe(),
+        "copy": digests.describe(),
         "classes": len(wnids),
         "images": len(results),
         "found": {"train": found["train"], "val": found["val"]},
@@ -696,6 +783,6 @@ def _report(results: List[_Checked], layout: _Layout, wnids: List[str], found: C
         "cmyk": listing([r for r in good if r.mode == "CMYK"]),
         "grayscale": listing([r for r in good if r.mode in {"L", "LA", "1", "I", "I;16"}]),
         # every bad file is listed: they are few, and each one is missing from training
-        "bad": {"count": len(bad), "files": [{"path": r.path, "reason": r.error} for r in bad]},
+        "bad": {"count": len(bad), "files": [{"path": str(r), "reason": r.error} for r in bad]},
         "kept": {"train": sum(r.split == "train" for r in good), "val": sum(r.split == "val" for r in good)},
     }

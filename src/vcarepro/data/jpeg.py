@@ -10,12 +10,11 @@ as the PIL path does, so a file decodes to Pillow's pixels or fails with Pillow'
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Tuple
 
 import numpy as np
 
-from vcarepro.data.folders import decoded_image, unreadable_image
+from vcarepro.data.folders import Stored, decoded_image, read_image
 
 JPEG_MAGIC = b"\xff\xd8"
 TURBO_COLORSPACES = ("YCbCr", "Gray", "RGB")  # what libjpeg-turbo converts to RGB as Pillow does
@@ -23,8 +22,8 @@ SCALES = (8, 4, 2)  # DCT reductions with SIMD code in libjpeg-turbo
 OVERSAMPLE = 1.5  # a scaled box keeps at least this many times the output's pixels a side
 
 
-def image_size(data: bytes, path: Path) -> Tuple[int, int, bool]:
-    """(width, height, whether libjpeg-turbo decodes it) of an image file's bytes, read from its header."""
+def image_size(data: bytes, image: Stored) -> Tuple[int, int, bool]:
+    """(width, height, whether libjpeg-turbo decodes it) of an image's bytes, read from its header."""
     import simplejpeg  # here, not at import: a GPU node that trains on the PIL path needs no simplejpeg wheel
 
     if data[:2] == JPEG_MAGIC:
@@ -34,12 +33,12 @@ def image_size(data: bytes, path: Path) -> Tuple[int, int, bool]:
                 return width, height, True
         except ValueError:
             pass  # Pillow decides, and names the fault if there is one
-    with decoded_image(path) as img:
+    with decoded_image(image, data) as img:
         return img.width, img.height, False
 
 
 def decode_box(
-    data: bytes, path: Path, size: Tuple[int, int, bool], box: Tuple[int, int, int, int], out: int, copy: bool = True
+    data: bytes, image: Stored, size: Tuple[int, int, bool], box: Tuple[int, int, int, int], out: int, copy: bool = True
 ):
     """The pixels around ``box`` (top, left, height, width) of an image of ``size`` (:func:`image_size`) as uint8
     HxWx3, and the box within them as (x0, y0, x1, y1) in those pixels' units (fractional where a DCT scale applied),
@@ -68,21 +67,14 @@ def decode_box(
                 crop = np.ascontiguousarray(crop)  # frees the whole image now, for the next decode
             scaled = (left / factor - x0, top / factor - y0, (left + width) / factor - x0, (top + height) / factor - y0)
             return crop, scaled
-    with decoded_image(path) as img:
+    with decoded_image(image, data) as img:
         pixels = np.asarray(img.convert("RGB"))
     crop = pixels[top : top + height, left : left + width]
     return np.ascontiguousarray(crop) if copy else crop, (0.0, 0.0, float(width), float(height))
 
 
-def read_bytes(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as err:
-        raise unreadable_image(path, err) from None
-
-
-def decode_full(path: Path) -> np.ndarray:
+def decode_full(image: Stored) -> np.ndarray:
     """A whole image as uint8 HxWx3, as the fast path decodes it at full scale."""
-    data = read_bytes(path)
-    size = image_size(data, path)
-    return decode_box(data, path, size, (0, 0, size[1], size[0]), max(size[:2]) + 1)[0]
+    data = read_image(image)
+    size = image_size(data, image)
+    return decode_box(data, image, size, (0, 0, size[1], size[0]), max(size[:2]) + 1)[0]

@@ -31,7 +31,7 @@ from PIL import Image
 
 from vcarepro.core.errors import BadInput, MissingInput
 from vcarepro.core.io import preallocate, write_json
-from vcarepro.data.folders import decoded_image
+from vcarepro.data.folders import Stored, decoded_image
 
 INDEX = "index.json"
 MEAN, STD = 0, 1  # positions on the moments axis
@@ -67,8 +67,8 @@ def _to_model_space(image: Image.Image) -> torch.Tensor:
     return pixels.float().div(255).sub(0.5).div(0.5)
 
 
-def _load_cropped(path: str | Path, image_size: int) -> torch.Tensor:
-    with decoded_image(path) as image:  # names the file and the fix: a bare decoder error does not
+def _load_cropped(stored: Stored, image_size: int) -> torch.Tensor:
+    with decoded_image(stored) as image:  # names the file and the fix: a bare decoder error does not
         return _to_model_space(adm_center_crop(image, image_size))
 
 
@@ -132,7 +132,7 @@ def _vae_device(vae) -> torch.device:
 
 
 def encode_to_shards(
-    items: Sequence[Tuple[str | Path, int]],
+    items: Sequence[Tuple[Stored, int]],
     out_dir: str | Path,
     vae,
     *,
@@ -142,7 +142,8 @@ def encode_to_shards(
     device: torch.device = torch.device("cpu"),
     progress: Optional[Callable[[int, int], None]] = None,
 ) -> dict:
-    """Encode (image_path, label) pairs and their mirrors into posterior-moment shards.
+    """Encode (image, label) pairs (as :func:`~vcarepro.data.folders.read_manifest` gives them) and their mirrors
+    into posterior-moment shards.
 
     ``progress(done, total)`` is called after each batch with the number of images
     encoded so far. Returns the index written to ``out_dir/index.json``, last.

@@ -23,8 +23,8 @@ def load_split_pixels(cls_root: str | Path, split: str, image_size: int) -> Dict
     """The images of a prepared split, resized (bicubic) to image_size, as uint8 tensors with labels."""
     cls_root = Path(cls_root)
     images, labels = [], []
-    for rel, label in read_manifest(cls_root, split):
-        with decoded_image(cls_root / rel) as img:
+    for image, label in read_manifest(cls_root, split):
+        with decoded_image(image) as img:
             mode = "L" if img.mode in ("L", "1", "I;16") else "RGB"
             img = img.convert(mode).resize((image_size, image_size), Image.BICUBIC)
         arr = np.asarray(img, dtype=np.uint8)

@@ -16,13 +16,13 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from vcarepro.core.errors import BadInput
-from vcarepro.data.folders import decoded_image, read_manifest
+from vcarepro.data.folders import Stored, decoded_image, read_manifest
 
 MAX_ITER = 5000  # lbfgs reaches its tolerance on the digits well within this
 
 
-def _gray(path: Path, image_size: Optional[int]) -> np.ndarray:
-    with decoded_image(path) as img:  # a damaged file: one sentence naming it and the fix
+def _gray(image: Stored, image_size: Optional[int]) -> np.ndarray:
+    with decoded_image(image) as img:  # a damaged file: one sentence naming it and the fix
         img = img.convert("L")
         if image_size is not None:
             img = ImageOps.fit(img, (image_size, image_size), Image.BICUBIC)
@@ -31,7 +31,7 @@ def _gray(path: Path, image_size: Optional[int]) -> np.ndarray:
 
 def _pixels(root: Path, split: str, image_size: Optional[int]):
     rows = read_manifest(root, split)
-    images = [_gray(root / rel, image_size) for rel, _ in rows]
+    images = [_gray(image, image_size) for image, _ in rows]
     if len({len(x) for x in images}) > 1:
         raise BadInput(
             f"the {split} images of {root} differ in size; set cls_reference.image_size to a side "

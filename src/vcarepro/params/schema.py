@@ -186,6 +186,12 @@ RULES: Dict[str, Rule] = {
     "prepare_cls.max_bad_fraction": _PROB,
     "prepare_cls.workers": _int(0),
     "prepare_cls.drop_empty_classes": _BOOL,
+    "prepare_cls.other_copy": _optional(
+        (
+            "a sentence: why archives without ImageNet's published MD5s are used",
+            lambda v: isinstance(v, str) and v.strip() != "",
+        )
+    ),
     "prepare_cls.val_fraction": _num(0.0, 1.0, open_lo=True, open_hi=True),
     "prepare_cls.split_seed": _int(0),
     "prepare_gen.source": _choice("vae_latents", "pixels"),

@@ -46,7 +46,7 @@ def write_imagenet_like_jpegs(root: str | Path, count: int = 64, seed: int = 0) 
     from PIL import Image
 
     from vcarepro.core.io import write_json
-    from vcarepro.data.folders import CLASSES, write_manifest
+    from vcarepro.data.folders import CLASSES, whole_files, write_manifest
 
     root = Path(root)
     (root / "train" / "n0").mkdir(parents=True, exist_ok=True)
@@ -64,7 +64,7 @@ def write_imagenet_like_jpegs(root: str | Path, count: int = 64, seed: int = 0) 
         part = part.resize((round(part.width * scale), round(part.height * scale)), Image.Resampling.BICUBIC)
         part.save(root / "train" / "n0" / f"{i}.JPEG", quality=90)
         rows.append(("train", f"train/n0/{i}.JPEG", 0))
-    write_manifest(root, rows)
+    write_manifest(root, whole_files(root, rows))
     write_json(root / CLASSES, [{"index": 0, "wnid": "n0", "name": "photographs"}])
     return root
 
@@ -73,7 +73,7 @@ def as_prepared(root: str | Path, scratch: Path, limit: int) -> Path:
     """``root`` itself where it is a prepared layout, else a layout in ``scratch`` listing up to ``limit`` of the
     images under it (sorted paths, every ``len // limit``-th)."""
     from vcarepro.core.io import write_json
-    from vcarepro.data.folders import CLASSES, MANIFEST, write_manifest
+    from vcarepro.data.folders import CLASSES, MANIFEST, whole_files, write_manifest
 
     root = Path(root)
     if (root / MANIFEST).is_file():
@@ -82,7 +82,7 @@ def as_prepared(root: str | Path, scratch: Path, limit: int) -> Path:
     if not found:
         raise MissingInput(f"no .JPEG, .jpg or .png files under {root}; point --root at a folder of images.")
     found = found[:: max(1, len(found) // limit)][:limit]
-    write_manifest(scratch, [("train", str(p), 0) for p in found])
+    write_manifest(scratch, whole_files(scratch, [("train", str(p), 0) for p in found]))
     write_json(scratch / CLASSES, [{"index": 0, "wnid": "n0", "name": str(root)}])
     return scratch
 
@@ -115,8 +115,7 @@ def path_step(root: Path, recipe: Dict[str, Any], path: str, batch: int = 32) ->
         crops = fast.CropSet(root, "train", fast.Draws(transform))
         return lambda i: len(crops.collate(crops.__getitems__([(i * batch + k) % n for k in range(batch)]))[1])
     if path == "decode":
-        paths = [root / rel for rel, _ in pil.samples]
-        return lambda i: decode_full(paths[i % n]) is not None
+        return lambda i: decode_full(pil.samples[i % n][0]) is not None
     return lambda i: pil[i % n] is not None
 
 
