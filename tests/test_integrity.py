@@ -33,8 +33,11 @@ def repo(tmp_path_factory):
 
 
 def flip_byte(path: Path, offset: int = -1) -> None:
+    """``path`` replaced by its bytes with one flipped: a new file, as the output's link to DVC's cache object
+    (.dvc/config's cache type) must not be written through, or the cache's only copy would change too."""
     data = bytearray(path.read_bytes())
     data[offset] ^= 0xFF
+    path.unlink()
     path.write_bytes(bytes(data))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -51,6 +52,32 @@ def test_every_stage_runs_and_writes_finite_metrics(repo):
                 assert {"kid_mean", "inception_score", "precision", "recall"} <= set(metrics)
     shown = json.loads(sh("dvc metrics show --json", repo).stdout)
     assert any("top1" in json.dumps(v) for v in shown.values())
+
+
+def cache_objects(repo: Path) -> dict:
+    """DVC's cache objects: path -> whether its bytes still hash to its name (an object is named by its MD5)."""
+    objects = {}
+    for path in (repo / ".dvc" / "cache" / "files" / "md5").glob("*/*"):
+        name = path.parent.name + path.name.removesuffix(".dir")
+        objects[path] = hashlib.md5(path.read_bytes()).hexdigest() == name
+    return objects
+
+
+@pytest.mark.slow
+@pytest.mark.alone
+def test_every_output_is_stored_once_and_no_stage_wrote_into_one(repo):
+    """The repository's cache type links each output to its cache object (nothing stored twice on a filesystem
+    without reflinks), so a stage writing into an existing output in place, its deps included, would change the
+    cache's only copy: after the whole pipeline every object still hashes to its name."""
+    objects = cache_objects(repo)
+    assert objects and all(objects.values()), sorted(str(p) for p, intact in objects.items() if not intact)
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    outputs = [repo / out["path"] for stage in lock["stages"].values() for out in stage.get("outs", [])]
+    files = [f for out in outputs for f in ([out] if out.is_file() else out.rglob("*")) if f.is_file()]
+    cached = {(p.stat().st_dev, p.stat().st_ino) for p in objects}
+    assert files and all((f.stat().st_dev, f.stat().st_ino) in cached for f in files), [
+        str(f) for f in files if (f.stat().st_dev, f.stat().st_ino) not in cached
+    ]
 
 
 @pytest.mark.slow
