@@ -22,9 +22,6 @@ def smoke_repo(tmp_path_factory):
     first and its resume checkpoint (DiT-B's holds model, EMA and AdamW state: 2 GB) is removed before the next
     one: kept, they took 16 GB at once, and CI's slow tier once ran out of disk in the first DiT-B."""
     repo = tmp_path_factory.mktemp("smoke") / "repo"
-    (repo / ".dvc").mkdir(parents=True)
-    # links instead of copies between DVC's cache and the outputs (the repository's own config keeps copies)
-    (repo / ".dvc" / "config.local").write_text("[cache]\n    type = hardlink,symlink,copy\n")
     params = compose(["scale=smoke"])
     first = [(f"train_gen@{run}", f"checkpoints/gen/{run}") for run in params["gen_runs"]]
     yield reproduced_repo(repo, params, first=first)
@@ -49,8 +46,18 @@ def test_every_stage_of_the_paper_dag_runs_on_the_stand_ins(smoke_repo):
         "ILSVRC2012_devkit_t12.tar.gz",
     }
     assert (smoke / "vae" / "config.json").is_file() and (smoke / "inception.pth").is_file()
+    # prepare_cls indexed the stand-in archives where they lie, and every classification run trained from them
+    assert sorted(p.name for p in (smoke_repo / "data" / "cls").iterdir()) == [
+        "classes.json",
+        "manifest.csv",
+        "prepare_report.json",
+        "sources.json",
+    ]
+    with (smoke_repo / "data" / "cls" / "manifest.csv").open(newline="") as f:
+        files = {row["file"] for row in csv.DictReader(f)}
+    assert files == {"../smoke/imagenet/ILSVRC2012_img_train.tar", "../smoke/imagenet/ILSVRC2012_img_val.tar"}
     prepared = json.loads((smoke_repo / "data" / "cls" / "prepare_report.json").read_text())
-    assert "train" in json.dumps(prepared)
+    assert prepared["copy"]["other_copy"] == params["prepare_cls"]["other_copy"]  # the stand-ins, said so
     meta = json.loads((smoke_repo / "data" / "gen" / "meta.json").read_text())
     assert meta["kind"] == "vae_latents"
     assert json.loads((smoke_repo / "data" / "fid_reference" / "meta.json").read_text())["reference"] == "adm"
