@@ -21,8 +21,10 @@ from PIL import Image
 
 from helpers import ROOT
 from vcarepro.core.errors import BadInput
+from vcarepro.data.embedded import export_digits
 from vcarepro.data.folders import ManifestDataset, read_classes, read_image, read_manifest
 from vcarepro.data.imagenet import TRAIN_TAR, prepare_imagenet
+from vcarepro.report.collect import data_copy
 from vcarepro.tools.standins import MiniImageNet
 from vcarepro.tools.standins import add_to_tar as add
 
@@ -603,6 +605,10 @@ def test_archives_must_carry_the_published_md5s_unless_another_copy_is_accepted_
     copy = json.loads((tmp_path / "cls" / "prepare_report.json").read_text())["copy"]
     assert copy["differ"] == [] and copy["other_copy"] is None
     assert {name: found["md5"] for name, found in copy["archives"].items()} == imagenet.PUBLISHED_MD5
+    assert data_copy(tmp_path / "cls") == (  # what the report says of it
+        "ImageNet's published archives (MD5 checked: ILSVRC2012_devkit_t12.tar.gz, ILSVRC2012_img_train.tar, "
+        "ILSVRC2012_img_val.tar)."
+    )
 
     val = files[imagenet.VAL_TAR]
     val.write_bytes(val.read_bytes() + b"\0" * 512)  # one more zero block: the same images, another copy
@@ -615,6 +621,17 @@ def test_archives_must_carry_the_published_md5s_unless_another_copy_is_accepted_
     prepare_imagenet(root, tmp_path / "again", expect_full=False, workers=1, other_copy="our mirror's val tar")
     copy = json.loads((tmp_path / "again" / "prepare_report.json").read_text())["copy"]
     assert copy["differ"] == [imagenet.VAL_TAR] and copy["other_copy"] == "our mirror's val tar"
+    assert data_copy(tmp_path / "again") == (
+        f"another copy than ImageNet's published archives: ILSVRC2012_img_val.tar ({md5(val)}), used because: "
+        "our mirror's val tar."
+    )
+    prepare_imagenet(root, tmp_path / "subset", subset_count=2, workers=1, other_copy="our mirror's val tar")
+    assert data_copy(tmp_path / "subset").endswith(
+        "used because: our mirror's val tar; ILSVRC2012_img_train.tar's MD5 not computed (a subset reads only its 2 "
+        "classes' tars)."
+    )
+    export_digits(tmp_path / "digits")
+    assert data_copy(tmp_path / "digits") is None  # not ImageNet: nothing said
 
 
 def test_a_source_that_changed_after_preparation_is_one_sentence_naming_it(tmp_path):

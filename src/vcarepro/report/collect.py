@@ -105,3 +105,27 @@ def real_grid(gen_data: Path) -> Dict[str, Any]:
         "note": f"the first {REAL_GRID_PER_CLASS} training images of classes 0-{len(classes) - 1}, one class "
         f"per row, as the sample grids lay out their samples",
     }
+
+
+def data_copy(cls_data: Path) -> Optional[str]:
+    """Which copy of ImageNet the classification data was indexed from, in a sentence (prepare_cls's report), or
+    None where it is not ImageNet (the digits)."""
+    report = read_json(cls_data / "prepare_report.json")
+    if not report:
+        return None
+    copy = report.get("copy") or {}
+    archives = copy.get("archives") or {}
+    if not archives:
+        return "ImageNet from extracted folders: no archive whose MD5 could be checked."
+    checked = sorted(name for name, found in archives.items() if found["md5"])
+    unchecked = [
+        f"{name}'s MD5 not computed ({found['not_computed']})" for name, found in archives.items() if not found["md5"]
+    ]
+    if copy.get("differ"):
+        said = (
+            f"another copy than ImageNet's published archives: {', '.join(copy['differ'])} "
+            f"({', '.join(archives[n]['md5'] for n in copy['differ'])}), used because: {copy['other_copy']}"
+        )
+    else:
+        said = f"ImageNet's published archives (MD5 checked: {', '.join(checked)})"
+    return "; ".join([said, *unchecked]) + "."

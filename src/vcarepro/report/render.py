@@ -16,14 +16,14 @@ from vcarepro.core.environment import MACHINE_RECORD
 from vcarepro.core.io import write_bytes, write_json
 from vcarepro.metrics.protocol import describe as describe_protocol
 from vcarepro.params.config import compose, flatten, load_params
-from vcarepro.params.runs import cls_recipe, cls_run, gen_run
+from vcarepro.params.runs import CLS_DATA, cls_recipe, cls_run, gen_run
 from vcarepro.report import claims as claim_checks
 from vcarepro.report import family as family_tables
 from vcarepro.report import gains as gain_tables
 from vcarepro.report import paper_tables
 from vcarepro.report.calibration import calibration_section
 from vcarepro.report.changes import changes_since
-from vcarepro.report.collect import collect_runs, read_json, real_grid
+from vcarepro.report.collect import collect_runs, data_copy, read_json, real_grid
 from vcarepro.report.convergence import FLAT_LOSS_FRACTION, FLAT_TOP1_POINTS
 from vcarepro.report.environment import describe_environment
 from vcarepro.report.export import records, write_tables
@@ -542,6 +542,7 @@ def build_context(root: Path) -> Dict[str, Any]:
         "plans": ws.plans,  # each how-to-run text of the page (the summary's commands) -> its commands
         **_paper_notes(ws),
         "cls_reference": cls_reference,
+        "data_copy": data_copy(root / CLS_DATA),
         **_figures(root, ws, tables["gains"], computed),
     }
 
