@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 import torch.nn as nn
@@ -302,3 +304,34 @@ def test_the_loader_benchmark_times_both_paths_the_device_side_and_the_ceiling_i
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root / "src")},
     )  # fmt: skip
     assert empty.returncode == 2 and empty.stderr.strip().splitlines()[-1].startswith("error: no .JPEG, .jpg or .png")
+
+
+def test_the_imagenet_scale_archives_are_the_official_layout_at_the_counts_asked(tmp_path):
+    """The benchmark's archives, prepared as the paper scale prepares ImageNet: every class tar a real wnid with its
+    share of the train images, every val image labelled by the devkit, each image read back by its offset."""
+    from timm.data import ImageNetInfo
+
+    from vcarepro.data.folders import read_classes, read_image, read_manifest
+    from vcarepro.data.imagenet import prepare_imagenet
+    from vcarepro.tools.bench.imagenet_scale import write_imagenet_archives
+
+    root = write_imagenet_archives(tmp_path / "imagenet", counts={"classes": 7, "train": 52, "val": 21})
+    counts = prepare_imagenet(root, tmp_path / "cls", expect_full=False, workers=1, other_copy="the benchmark's")
+    assert (counts["classes"], counts["train"], counts["val"]) == (7, 52, 21)
+    assert [c.wnid for c in read_classes(tmp_path / "cls")] == ImageNetInfo().label_names()[:7]
+    train = read_manifest(tmp_path / "cls", "train")
+    assert sorted(Counter(label for _, label in train).values()) == [7, 7, 7, 7, 8, 8, 8]  # 52 over 7 classes
+    assert Counter(label for _, label in read_manifest(tmp_path / "cls", "val")) == {k: 3 for k in range(7)}
+    assert all(read_image(image)[:2] == b"\xff\xd8" for image, _ in train)  # JPEGs, each read by its offset
+
+
+def test_the_readers_of_the_prepared_set_are_counted_on_dvcs_graph_of_the_paper_pipeline():
+    from vcarepro.params.config import compose
+    from vcarepro.tools.bench.imagenet_scale import dependent_stages
+
+    paper = compose(["scale=paper"])
+    readers = dependent_stages()
+    per_run = {f"{stage}@{run}" for run in paper["cls_runs"] for stage in ("train_cls", "eval_cls")}
+    assert per_run <= set(readers) and {"prepare_gen", "cls_reference", "fid_reference"} <= set(readers)
+    assert not [r for r in readers if r.startswith(("train_gen", "sample_gen", "eval_gen", "report"))]
+    assert len(readers) == len(set(readers)) >= 2 * len(paper["cls_runs"]) + 3

@@ -1,11 +1,13 @@
 """python -m vcarepro.tools.bench [all] [--quick] [--json bench.json]   every benchmark, one table each
 python -m vcarepro.tools.bench attention [--batch 8] [--layers vca agent ...] [--no-compile] [--json out.json]
 python -m vcarepro.tools.bench train-step --run dit_s2-vca [--batch 32] [--device cuda] [--precision bf16]
-python -m vcarepro.tools.bench loader [--root DIR] [--recipe lab_deit_tiny] [--device cuda] [--json out.json]"""
+python -m vcarepro.tools.bench loader [--root DIR] [--recipe lab_deit_tiny] [--device cuda] [--json out.json]
+python -m vcarepro.tools.bench imagenet-scale [--scratch DIR] [--workers 2] [--json out.json]"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import asdict
 
@@ -80,8 +82,19 @@ def main(argv=None) -> None:
         "--workers", type=int, help="DataLoader workers for the through-the-loader figures (default: cores)"
     )
     load.add_argument("--json", help="also write the figures and the machine to this JSON file")
+    scale = sub.add_parser(
+        "imagenet-scale",
+        help="ImageNet-1K's file count (generated archives of tiny JPEGs) through the paper scale's preparation and "
+        "DVC, before and after, and the fast path's CPU rate from an archive against files",
+    )
+    scale.add_argument("--scratch", help="where the archives (about 2.5 GB) and repositories go (default: $TMPDIR)")
+    scale.add_argument("--workers", type=int, default=os.cpu_count(), help="the preparation's processes")
+    scale.add_argument("--before-files", type=int, default=20_000, help="extracted images the old layout is timed on")
+    scale.add_argument("--images", type=int, default=256, help="photographs the fast path's two reads are timed on")
+    scale.add_argument("--seconds", type=float, default=6.0, help="seconds of timing per read")
+    scale.add_argument("--json", help="also write the figures and the machine to this JSON file")
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] not in ("all", "attention", "train-step", "loader", "-h", "--help"):
+    if not argv or argv[0] not in ("all", "attention", "train-step", "loader", "imagenet-scale", "-h", "--help"):
         argv = ["all", *argv]  # the whole suite is the default
     args = parser.parse_args(argv)
 
@@ -108,6 +121,17 @@ def main(argv=None) -> None:
         print(loader_table(figures))
         if args.json:
             write_json(args.json, {"machine": machine, "loader": figures}, sort_keys=False, end="")
+        return
+    if args.suite == "imagenet-scale":
+        from vcarepro.tools.bench.imagenet_scale import bench_imagenet_scale, imagenet_scale_table
+
+        print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
+        figures = bench_imagenet_scale(
+            args.scratch, workers=args.workers, before_files=args.before_files, images=args.images, seconds=args.seconds
+        )
+        print(imagenet_scale_table(figures))
+        if args.json:
+            write_json(args.json, {"machine": machine, "imagenet_scale": figures}, sort_keys=False, end="")
         return
     if args.suite == "train-step":
         from vcarepro.tools.bench.train_step import bench_train_step
