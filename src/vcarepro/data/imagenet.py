@@ -1,18 +1,20 @@
-"""ImageNet-1K from the layouts people actually have, into the prepared layout of ``folders.py``.
+"""ImageNet-1K from the layouts people actually have, indexed where it lies into the prepared layout of ``folders.py``.
 
 Supported under ``root`` (see :func:`prepare_imagenet`):
 
 * the official archives: ``ILSVRC2012_img_train.tar`` (1000 inner ``<wnid>.tar``),
   ``ILSVRC2012_img_val.tar`` (flat ``ILSVRC2012_val_%08d.JPEG``) and the devkit
-  ``ILSVRC2012_devkit_t12.tar.gz``; extracted into ``<out>/images/{train,val}/<wnid>/``;
+  ``ILSVRC2012_devkit_t12.tar.gz``: each read once, front to back, its MD5 checked against ImageNet's published one
+  and each image's offset recorded (timm's ``ReaderImageInTar`` reads the train archive the same way);
 * extracted folders ``train/<wnid>/`` (also Kaggle's ``ILSVRC/Data/CLS-LOC/train``) with ``val/``
   in class folders, or flat with the devkit (archive or its ``data/`` files) or Kaggle's
-  ``LOC_val_solution.csv``; indexed in place (absolute paths in the manifest, nothing copied).
+  ``LOC_val_solution.csv``.
 
-Class order is sorted wnid order, as torchvision's ``ImageNet`` and timm's ``ImageFolder`` use, so
-label ``i`` means the same class here as in every pretrained checkpoint. The devkit is read the way
-torchvision reads it (``meta.mat`` synsets with ``num_children == 0`` are the 1000 classes, the
-ground-truth file holds one ILSVRC2012_ID per validation image, in image order).
+Nothing is copied: the manifest names each image's file, offset and length. Class order is sorted wnid order, as
+torchvision's ``ImageNet`` and timm's ``ImageFolder`` use, so label ``i`` means the same class here as in every
+pretrained checkpoint. The devkit is read the way torchvision reads it (``meta.mat`` synsets with
+``num_children == 0`` are the 1000 classes, the ground-truth file holds one ILSVRC2012_ID per validation image, in
+image order).
 """
 
 from __future__ import annotations
@@ -285,7 +287,7 @@ class _Layout:
     def detect(cls, root: Path) -> "_Layout":
         files = _find_named(root, (TRAIN_TAR, VAL_TAR, DEVKIT_TAR, META_MAT, GROUND_TRUTH, KAGGLE_VAL, KAGGLE_SYNSETS))
         layout = cls(root, files)
-        for prefix in FOLDER_PREFIXES:  # extracted folders win over archives: nothing to copy
+        for prefix in FOLDER_PREFIXES:  # extracted folders win over archives: each image a file of its own
             train, val = root / prefix / "train", root / prefix / "val"
             if layout.train_dir is None and train.is_dir() and _class_dirs(train):
                 layout.train_dir = train
@@ -333,7 +335,7 @@ class _Layout:
         archive = self.files[TRAIN_TAR]
         with tarfile.open(archive) as outer:
             names = [m.name for m in outer.getmembers() if m.isfile()]
-        bases = [_safe_member_name(name, archive) for name in names]  # unsafe paths first, as extraction reads them
+        bases = [_safe_member_name(name, archive) for name in names]  # unsafe paths first, as the pass reads them
         fix = "remove it, or point prepare_cls.imagenet_root at the official archive"
         return sorted(
             _class_name(base[: -len(".tar")], listed, f"member {name!r} of {archive}", fix)
