@@ -59,7 +59,7 @@ def test_the_digits_are_packed_as_imagenets_archives_are_and_each_row_is_its_mem
     with tarfile.open(root / "images.tar") as tar:
         members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
     assert len(rows) == len(members) == 1797 and {r["file"] for r in rows} == {"images.tar"}
-    for image, _ in read_manifest(root, "train") + read_manifest(root, "val"):
+    for image, _ in [*read_manifest(root, "train"), *read_manifest(root, "val")]:
         assert read_image(image) == members[image.member]
     assert json.loads((root / "sources.json").read_text()) == {"images.tar": (root / "images.tar").stat().st_size}
     classes = json.loads((root / "classes.json").read_text())

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
+import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
 
@@ -84,9 +85,11 @@ def read_classes(root: str | Path) -> List[ClassInfo]:
     return [ClassInfo(**c) for c in json.loads(path.read_text())]
 
 
-def read_manifest(root: str | Path, split: str) -> List[Tuple[Stored, int]]:
+def read_manifest(root: str | Path, split: str) -> "Samples":
     """(where the image lies, its label) of every image of ``split``, in the manifest's order, after checking that
     each file the manifest reads several images from still has the size it had at preparation."""
+    import pandas as pd
+
     if split not in SPLITS:
         raise BadInput(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}.")
     root = Path(root)
@@ -94,23 +97,41 @@ def read_manifest(root: str | Path, split: str) -> List[Tuple[Stored, int]]:
     if not path.is_file():
         raise MissingInput(f"{path} is missing; run the prepare_cls stage (dvc repro prepare_cls) first.")
     check_sources(root)
-    files: Dict[str, Path] = {}  # one Path per file: a million members share their archive's
-    with path.open(newline="") as f:
-        return [
-            (
-                Stored(
-                    files.setdefault(row["file"], root / row["file"]),
-                    row["member"],
-                    int(row["offset"]),
-                    int(row["length"]),
-                    int(row["crc32"]),
-                    _in_layout(row["file"]),
-                ),
-                int(row["label"]),
-            )
-            for row in csv.DictReader(f)
-            if row["split"] == split
-        ]
+    frame = pd.read_csv(path, dtype={"split": str, "file": str, "member": str}, na_filter=False)
+    return Samples(root, frame[frame["split"] == split])
+
+
+class Samples(Sequence):
+    """A split's images as numpy columns, each (where it lies, its label) built when it is read: ImageNet's million
+    rows take tens of MB, which loader workers forked from the process share (a list of a million tuples is copied
+    into every worker, page by page, as their reference counts are touched)."""
+
+    def __init__(self, root: Path, frame) -> None:
+        import pandas as pd
+
+        codes, files = pd.factorize(frame["file"])
+        self.root, self._files = root, np.array([os.fsencode(f) for f in files], dtype=bytes)
+        self._file = codes.astype(np.int32)
+        self._member = np.array(frame["member"].str.encode("utf-8").tolist(), dtype=bytes)
+        self._offset, self._length = frame["offset"].to_numpy(np.int64), frame["length"].to_numpy(np.int64)
+        self._crc32, self.labels = frame["crc32"].to_numpy(np.int64), frame["label"].to_numpy(np.int64)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        name = os.fsdecode(self._files[self._file[index]])
+        stored = Stored(
+            self.root / name,
+            self._member[index].decode("utf-8"),
+            int(self._offset[index]),
+            int(self._length[index]),
+            int(self._crc32[index]),
+            _in_layout(name),
+        )
+        return stored, int(self.labels[index])
 
 
 def _in_layout(listed: str) -> bool:
@@ -285,7 +306,7 @@ class ManifestDataset(Dataset):
 
     @property
     def targets(self) -> List[int]:
-        return [label for _, label in self.samples]
+        return self.samples.labels.tolist()
 
     def __len__(self) -> int:
         return len(self.samples)
