@@ -323,15 +323,3 @@ def test_the_imagenet_scale_archives_are_the_official_layout_at_the_counts_asked
     assert sorted(Counter(label for _, label in train).values()) == [7, 7, 7, 7, 8, 8, 8]  # 52 over 7 classes
     assert Counter(label for _, label in read_manifest(tmp_path / "cls", "val")) == {k: 3 for k in range(7)}
     assert all(read_image(image)[:2] == b"\xff\xd8" for image, _ in train)  # JPEGs, each read by its offset
-
-
-def test_the_readers_of_the_prepared_set_are_counted_on_dvcs_graph_of_the_paper_pipeline():
-    from vcarepro.params.config import compose
-    from vcarepro.tools.bench.imagenet_scale import dependent_stages
-
-    paper = compose(["scale=paper"])
-    readers = dependent_stages()
-    per_run = {f"{stage}@{run}" for run in paper["cls_runs"] for stage in ("train_cls", "eval_cls")}
-    assert per_run <= set(readers) and {"prepare_gen", "cls_reference", "fid_reference", "report"} <= set(readers)
-    assert not [r for r in readers if r.startswith(("train_gen", "sample_gen", "eval_gen"))]
-    assert len(readers) == len(set(readers)) >= 2 * len(paper["cls_runs"]) + 3

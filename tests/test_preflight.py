@@ -9,11 +9,13 @@ import io
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -40,12 +42,16 @@ def preflight(cwd: Path, *args: str, timeout: int = 900) -> subprocess.Completed
     )
 
 
-def rows(stdout: str) -> dict:
-    """The printed table as {run: {column: cell}}, the total row under 'total'."""
-    lines = [line for line in stdout.splitlines() if line.startswith("| ")]
-    head = [cell.strip() for cell in lines[0].strip("|").split("|")]
+def rows(stdout: str, first: str = "run") -> dict:
+    """The printed table whose first column is ``first`` (the runs', or "output": the disk and DVC bill's) as
+    {row: {column: cell}}, the total row under 'total'."""
+    lines = stdout.splitlines()
+    start = lines.index(next(line for line in lines if line.startswith(f"| {first} |")))
+    head = [cell.strip() for cell in lines[start].strip("|").split("|")]
     table = {}
-    for line in lines[1:]:
+    for line in lines[start + 2 :]:
+        if not line.startswith("| "):
+            break
         cells = [cell.strip() for cell in line.strip("|").split("|")]
         table[cells[0]] = dict(zip(head, cells))
     return table
@@ -144,6 +150,10 @@ def test_every_run_of_the_embedded_scale_is_stepped_and_costed(embedded):
     # nothing else (not torch's CUDA_HOME note on a GPU-less machine), and none of it in the table on stdout
     assert_progress_lines_only(result.stderr, total=len(table) - 1)
     assert "No CUDA runtime is found" not in result.stderr and "preflight |" not in result.stdout
+    # the disk and DVC bill after the inputs, its figures in --json too
+    disk = rows(result.stdout, first="output")
+    assert disk["total"]["files DVC tracks"] == str(report["disk"]["total"]["files"])
+    assert len(report["disk"]["families"]) == len(disk) - 2  # less the cache's row and the total
 
 
 # --- paper runs at batch 1 (the CPU cannot hold a batch of 1024 at 224 px) ---
@@ -169,6 +179,7 @@ def test_paper_runs_at_batch_one_project_the_recipe_and_report_missing_inputs(tm
         "1",
         "--steps",
         "1",
+        "--no-disk-check",  # DiT-S/2's latents, samples and checkpoints: 59 GiB, more than a test machine may have
         f"prepare_cls.imagenet_root={missing}",
     )
     table = rows(result.stdout)
@@ -401,7 +412,8 @@ def known_steps(monkeypatch, tmp_path, fake_clock):
     import huggingface_hub.constants
 
     import vcarepro.tools.bench.train_step as train_step
-    from vcarepro.tools.preflight import cli, loader
+    from vcarepro.tools.preflight import cli, footprint, loader
+    from vcarepro.tools.preflight.footprint import SavedState
 
     clock = fake_clock
     memory = 64 * 2**30
@@ -412,6 +424,10 @@ def known_steps(monkeypatch, tmp_path, fake_clock):
         return _ClockedStep(clock, DURATIONS.get(run.name, [0.01] * 4), 2 * memory if run.name in TOO_BIG else 1000)
 
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: FREE)  # whatever this machine's disk holds
+    monkeypatch.setattr(
+        footprint, "saved_state", lambda run, branch, classes: SavedState(1000, 2000, True, (4, 32, 32))
+    )
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     monkeypatch.setattr(cli, "device_memory", lambda device: memory)
     monkeypatch.setattr(loader, "loader_rates", lambda runs, **kw: {})
@@ -426,6 +442,7 @@ def known_steps(monkeypatch, tmp_path, fake_clock):
     return main, out
 
 
+FREE = SimpleNamespace(total=2**60, used=0, free=2**60)
 DURATIONS = {"deit_tiny-mhsa": [100.0, 1.5, 1.0, 1.25]}  # warm-up, then 3 timed steps: the median is 1.25 s
 TOO_BIG = {"deit_tiny-vca", "dit_s2-mhsa"}
 FAKE_WAITED = {0: 0.0}  # the share of their ready time the fake steps' threads waited for a CPU
@@ -789,6 +806,248 @@ def test_a_run_whose_batch_cannot_be_split_over_the_devices_is_sized_not_stepped
         "deit_tiny-vca: batch_size=64 is smaller than 65 device(s) x accum_steps=1; raise "
         "batch_size or lower accum_steps."
     ]
+
+
+# --- the disk and DVC bill: what each output family holds, where, and what DVC makes of it ---
+
+
+def digest_line(name: str) -> int:
+    return 64 + 2 + len(name) + 1  # a SHA256SUMS or .sha256 line: the hex digest, two spaces, the name, a newline
+
+
+NPY_HEADER = 128  # numpy's .npy header at these shapes: magic, version and the header dict, padded to 64 bytes
+
+
+def selected_branches(params: dict, scale: str, names) -> tuple:
+    from vcarepro.tools.preflight.branches import classification, generation
+    from vcarepro.tools.preflight.sizing import dataset, expected_classes
+
+    cls = [cls_run(params, name) for name in names if name in params["cls_runs"]]
+    gen = [gen_run(params, name) for name in names if name in params["gen_runs"]]
+    return (
+        classification(cls, dataset("cls", params, scale), num_classes=expected_classes(params)),
+        generation(gen, dataset("gen", params, scale)),
+    )
+
+
+def test_each_output_family_holds_what_its_writer_writes_counted_by_hand(tmp_path):
+    from vcarepro.params.runs import run_paths
+    from vcarepro.tools.preflight.footprint import SavedState, checkpoints, cls_index, gen_data, samples, weights
+    from vcarepro.tools.preflight.sizing import Dataset
+
+    state = SavedState(model=1000, optimizer=2000, ema=True)
+    gen = SimpleNamespace(seeds=[0, 1], paths=run_paths("gen", "g"), sampling={"num_samples": 10})
+    cls = SimpleNamespace(seeds=[0], paths=run_paths("cls", "c"))
+    # samples of 8 px: per seed uint8 (10, 8, 8, 3) and int64 (10,); protocol.json, an .npz and a grid a seed, SUMS
+    seed = NPY_HEADER + 10 * 8 * 8 * 3 + NPY_HEADER + 10 * 8
+    names = ["protocol.json", "seed_0.npz", "grid_seed_0.png", "seed_1.npz", "grid_seed_1.png"]
+    family = samples([gen], image_size=8)
+    assert (family.bytes, family.files) == (2 * seed + sum(map(digest_line, names)), 6)
+    # weights a seed: a generator's EMA alone; this classifier's raw weights and EMA, with digests and history.json
+    family = weights([("gen", gen, state), ("cls", cls, state)])
+    assert [(o.path, o.bytes, o.files) for o in family.outputs] == [
+        ("runs/gen/g/train", 2 * (1000 + digest_line("model_ema.safetensors")), 2 * 2),
+        ("runs/cls/c/train", 2000 + digest_line("model.safetensors") + digest_line("model_ema.safetensors"), 5),
+    ]
+    # resume checkpoints a seed: last.pt and last.pt.prev (model, EMA and optimizer state), with digests, not DVC's;
+    # and the generation run's sampling work maps, as big as its samples
+    each = 2 * (1000 + 1000 + 2000) + digest_line("last.pt") + digest_line("last.pt.prev")
+    family = checkpoints([("gen", gen, state), ("cls", cls, state)], image_size=8)
+    assert [(o.path, o.bytes, o.files) for o in family.outputs] == [
+        ("checkpoints/gen/g", 2 * each, 0),
+        ("checkpoints/cls/c", each, 0),
+        ("checkpoints/gen/g/seed_*/samples", 2 * seed, 0),
+    ]
+    # latents of 5 images in shards of 2 (2, 2, 1): float16 moments (n, 2, 2, 4, 2, 2) and int64 labels a shard,
+    # latents/index.json, meta.json and SHA256SUMS
+    params = {"prepare_gen": {"source": "vae_latents", "shard_size": 2}}
+    family = gen_data(params, Dataset("gen", False, 5, "test"), (4, 2, 2), root=tmp_path / "none")
+    arrays = sum(NPY_HEADER + n * 2 * 2 * 4 * 2 * 2 * 2 + NPY_HEADER + n * 8 for n in (2, 2, 1))
+    names = [f"latents/{kind}_{k:05d}.npy" for k in range(3) for kind in ("moments", "labels")]
+    names += ["latents/index.json", "meta.json"]
+    assert (family.bytes, family.files) == (arrays + sum(map(digest_line, names)), 9)
+    # a prepared index is measured, whatever it holds
+    (tmp_path / "cls").mkdir()
+    (tmp_path / "cls" / "manifest.csv").write_bytes(b"x" * 300)
+    (tmp_path / "cls" / "classes.json").write_bytes(b"y" * 20)
+    family = cls_index({}, Dataset("cls", True, 3, "test"), root=tmp_path / "cls")
+    assert (family.bytes, family.files, family.estimated) == (320, 2, "")
+
+
+def test_an_unprepared_imagenet_index_is_estimated_from_the_manifest_row_format_and_says_so(tmp_path):
+    from vcarepro.tools.preflight.footprint import cls_index
+    from vcarepro.tools.preflight.sizing import Dataset
+
+    family = cls_index(compose(["scale=paper"]), Dataset("cls", False, 1_281_167, "test"), root=tmp_path / "none")
+    assert family.files == 4  # classes.json, manifest.csv, sources.json, prepare_report.json: ImageNet is not copied
+    assert family.estimated == "estimated from the manifest's row format for 1,331,167 images"
+    assert 90 < family.bytes / 1_331_167 < 130  # about 100 bytes a row, the class list beside it
+
+
+def test_a_runs_saved_state_is_counted_on_the_meta_device_as_the_training_step_holds_it():
+    from vcarepro.tools.bench.train_step import classification_step, generation_step
+    from vcarepro.tools.preflight.footprint import saved_state, tensor_bytes
+
+    params = compose(["scale=embedded"])
+    for branch, run, build, options in (
+        ("cls", cls_run(params, "deit_tiny-vca"), classification_step, {"num_classes": 10}),
+        ("gen", gen_run(params, "dit_s2-vca"), generation_step, {}),
+    ):
+        step = build(run, batch=2, device="cpu", **options)
+        step()  # a real step: the optimizer's state exists
+        moments = [v for state in step.optimizer.state_dict()["state"].values() for v in state.values()]
+        ema = tensor_bytes(step.ema.state_dict().values()) if step.ema is not None else 0
+        state = saved_state(run, branch, 10)
+        assert state.model == tensor_bytes(step.model.state_dict().values()) > 0, branch
+        assert state.optimizer == tensor_bytes(moments) > state.model, branch
+        assert state.checkpoint == state.model + ema + state.optimizer, branch
+        assert state.input_shape == (step.input_shape if branch == "gen" else ()), branch
+
+
+def test_the_embedded_bill_agrees_with_what_dvc_lock_recorded_of_the_same_outputs():
+    import yaml
+
+    from vcarepro.tools.preflight.footprint import families
+
+    lock = yaml.safe_load((ROOT / "dvc.lock").read_text())["stages"]
+    recorded = {o["path"]: (o["size"], o.get("nfiles")) for stage in lock.values() for o in stage.get("outs", [])}
+    params = compose(["scale=embedded"])
+    found = families(params, selected_branches(params, "embedded", [*params["cls_runs"], *params["gen_runs"]]))
+    # data/cls is prepared in a scratch folder by the stage's own code and measured; the rest follows the formats
+    compared = [(o, *recorded[o.path]) for f in found for o in f.outputs if o.files and o.path in recorded]
+    assert {o.path.split("/")[-1] for o, *_ in compared} >= {"gen", "train", "samples"}
+    for output, size, nfiles in compared:
+        if output.path != "data/cls":
+            assert output.files == nfiles, output.path
+            # not counted: history.json and the safetensors headers (2%), the preview grids' PNGs (about 25% here)
+            low = 0.7 if output.path.endswith("samples") else 0.98
+            assert low * size <= output.bytes <= size, output.path
+
+
+def test_dvc_cache_holds_a_second_copy_only_where_its_type_copies(tmp_path, monkeypatch):
+    from vcarepro.tools.preflight import dvc_bill
+    from vcarepro.tools.preflight.dvc_bill import Place, cache_link
+
+    ext4, elsewhere, btrfs = Place(1, "/", "ext4", 0), Place(2, "/scratch", "ext4", 0), Place(1, "/", "btrfs", 0)
+    ours, dvc_default = ["hardlink", "symlink"], ["reflink", "copy"]
+    assert cache_link(ours, ext4, ext4) == "hardlink"
+    assert cache_link(ours, elsewhere, ext4) == "symlink"  # a hardlink cannot cross devices
+    assert cache_link(["reflink", *ours], btrfs, btrfs) == "reflink"
+    # DVC cannot tell a reflink from a copy: with reflink first it leaves the output as written, a copy on ext4
+    assert cache_link(["reflink", *ours], ext4, ext4) == "copy"
+    assert cache_link(dvc_default, ext4, ext4) == "copy"  # DVC's default on ext4, NFS, Lustre: stored twice
+    assert cache_link(dvc_default, btrfs, Place(2, "/cache", "btrfs", 0)) == "copy"  # a reflink cannot cross either
+    assert cache_link(["hardlink"], elsewhere, ext4) == "none"
+    # the bill: the cache's row holds the DVC outputs' bytes once more where it copies them, nothing where it links
+    monkeypatch.chdir(tmp_path)
+    params = compose(["scale=embedded"])
+    branches = selected_branches(params, "embedded", ["deit_tiny-vca", "dit_s2-vca"])
+    for types, link in ((dvc_default, "copy"), (ours, "hardlink")):
+        monkeypatch.setattr(dvc_bill, "cache_setup", lambda root=None, types=types: (types, tmp_path / "cache"))
+        disk = dvc_bill.bill(params, branches)
+        tracked = [f for f in disk.families if f.files]
+        assert [f.name for f in tracked] == ["prepared index", "generation data", "trained weights", "samples"]
+        assert {f.cache for f in tracked} == {link} and disk.families[2].cache == "not DVC's"
+        assert disk.cache.bytes == (sum(f.bytes for f in tracked) if link == "copy" else 0), link
+        assert disk.cache.files == sum(f.files + len(f.outputs) for f in tracked)  # each file and each folder's .dir
+    # DVC's times are rate x count
+    rates = disk.rates
+    for family in tracked:
+        assert family.hash_s == pytest.approx(family.files * rates.hash_file_s + family.bytes / rates.md5_bytes_per_s)
+        checks = sum(o.files * (1 + o.readers) for o in family.outputs)
+        assert family.status_s == pytest.approx(checks * rates.check_file_s)
+
+
+@pytest.mark.slow
+def test_the_cache_link_predicted_is_the_one_dvc_makes_here(tmp_path):
+    from vcarepro.tools.preflight.dvc_bill import cache_link, place_of
+
+    def dvc(*args: str) -> None:
+        env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+        subprocess.run([sys.executable, "-m", "dvc", *args], cwd=tmp_path, env=env, check=True)
+
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    dvc("init", "-q")
+    (tmp_path / "dvc.yaml").write_text("stages:\n  make:\n    cmd: mkdir -p out && echo 1 > out/a\n    outs: [out]\n")
+    for types in (["reflink", "hardlink", "symlink"], ["hardlink", "symlink"], ["reflink", "copy"], ["symlink"]):
+        shutil.rmtree(tmp_path / "out", ignore_errors=True)
+        shutil.rmtree(tmp_path / ".dvc" / "cache", ignore_errors=True)
+        (tmp_path / "dvc.lock").unlink(missing_ok=True)
+        dvc("config", "cache.type", ",".join(types))
+        dvc("repro", "-q")
+        written = tmp_path / "out" / "a"
+        made = (
+            ["symlink"]
+            if written.is_symlink()
+            else ["hardlink"]
+            if written.stat().st_nlink == 2
+            else ["copy", "reflink"]
+        )
+        predicted = cache_link(types, place_of(written), place_of(tmp_path / ".dvc" / "cache"))
+        assert predicted in made, (types, made)
+
+
+def test_the_stages_reading_an_output_are_those_of_dvc_yaml_expanded_over_the_scales_runs():
+    import yaml
+
+    from vcarepro.tools.preflight.dvc_bill import readers
+
+    params = compose(["scale=proxy"])
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+
+    def reading(path: str) -> int:  # every stage, once per run where it is a foreach over a scale's runs
+        count = 0
+        for stage in stages.values():
+            for key in params[stage["foreach"][2:-1]] if "foreach" in stage else [None]:
+                deps = [d.replace("${key}", str(key)) for d in stage.get("do", stage).get("deps", [])]
+                count += any(path == d or path.startswith(d + "/") for d in deps)
+        return count
+
+    cls, gen = next(iter(params["cls_runs"])), next(iter(params["gen_runs"]))
+    paths = ["data/cls", "data/gen", f"runs/cls/{cls}/train", f"runs/gen/{gen}/samples"]
+    assert readers(params, paths) == {path: reading(path) for path in paths}
+    assert readers(params, ["data/cls"])["data/cls"] > 2 * len(params["cls_runs"])  # train_cls, eval_cls, and more
+
+
+def test_the_disk_and_dvc_bill_prints_beside_the_hours_and_goes_to_json(known_steps, tmp_path):
+    main, out = known_steps
+    main(*PAPER_RUNS, "--json", "out.json")
+    disk, report = rows(out.getvalue(), first="output"), json.loads((tmp_path / "out.json").read_text())["disk"]
+    assert out.getvalue().index("| run |") < out.getvalue().index("| output |")
+    names = ["prepared index", "generation data", "resume checkpoints", "trained weights", "samples", "DVC cache"]
+    assert list(disk) == [*names, "total"]
+    assert [f["name"] for f in report["families"]] + [report["cache"]["name"]] == names
+    assert disk["total"]["files DVC tracks"] == str(report["total"]["files"]) != "0"
+    assert disk["generation data"]["stages reading"] == str(report["families"][1]["outputs"][0]["readers"])
+    assert disk["prepared index"]["GiB"].endswith("~") and disk["resume checkpoints"]["cache"] == "not DVC's"
+    assert "DVC hash s = files x " in out.getvalue() and "per no-change dvc status" in out.getvalue()
+
+
+def test_a_filesystem_too_small_for_the_runs_is_one_sentence_before_anything_is_stepped_or_written(
+    known_steps, tmp_path, monkeypatch
+):
+    from vcarepro.tools.preflight import dvc_bill
+    from vcarepro.tools.preflight.table import fmt
+
+    main, out = known_steps
+    free = 5 * 2**30
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(total=2**40, used=2**40 - free, free=free))
+    monkeypatch.setattr(dvc_bill, "cache_setup", lambda root=None: (["hardlink", "symlink"], tmp_path / "cache"))
+    assert main(*PAPER_RUNS, "--json", "out.json") == USER_ERROR_STATUS
+    lines = out.getvalue().splitlines()
+    need = float(rows(out.getvalue(), first="output")["total"]["GiB"])
+    assert lines[-1].startswith(f"error: the filesystem at {dvc_bill.place_of(tmp_path).mount} (")
+    assert f" has 5.00 GiB free, and the selected runs need {fmt(need, 3)} GiB there (" in lines[-1]
+    assert "dvc cache dir PATH" in lines[-1] and "(--runs)" in lines[-1] and lines[-1].endswith(".")
+    assert sum(line.startswith("error: ") for line in lines) == 4 + 1  # the missing inputs, then the disk
+    # nothing stepped (no table of runs, no progress) and nothing written
+    assert "| run |" not in out.getvalue() and "preflight |" not in out.getvalue()
+    assert not (tmp_path / "out.json").exists()
+    # where the outputs will land on another machine's filesystems: the bill, and no refusal for this one's
+    out.seek(0), out.truncate(0)
+    main(*PAPER_RUNS, "--no-disk-check", "--json", "out.json")
+    assert "| run |" in out.getvalue() and "| output |" in out.getvalue()
+    assert not [line for line in out.getvalue().splitlines() if line.startswith("error: the filesystem at ")]
 
 
 def test_the_package_runs_under_both_names_with_the_same_help(tmp_path):

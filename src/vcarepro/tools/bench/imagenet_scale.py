@@ -3,9 +3,9 @@
 Generated archives in the official layout, at ImageNet-1K's counts (1,000 class tars, 1,281,167 train and 50,000 val
 members, each a tiny JPEG, so that it fits in a few GB), are prepared by ``prepare_imagenet`` as a DVC stage of a
 scratch repository with this project's cache type, beside as many stages reading ``data/cls`` as the paper pipeline
-has (counted on DVC's own graph of dvc.yaml at the paper scale). Then the fast input path's CPU rate is compared on
-the same ImageNet-sized photographs read from their archive and from files. The old layout's DVC cost is the
-extracted images as one output, measured on ``before_files`` of them and scaled to ImageNet's count.
+has (on DVC's own graph, as the preflight counts them). Then the fast input path's CPU rate is compared on the same
+ImageNet-sized photographs read from their archive and from files. The old layout's DVC cost is the extracted
+images as one output, measured on ``before_files`` of them and scaled to ImageNet's count per file.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import io
 import json
 import os
 import random
-import shutil
 import statistics
 import subprocess
 import sys
@@ -84,20 +83,6 @@ def write_imagenet_archives(root: str | Path, *, counts: Optional[Dict[str, int]
     classes = {wnid: (k + 1, f"class {k}") for k, wnid in enumerate(wnids)}
     MiniImageNet(classes, {}, val).write_devkit(root)
     return root
-
-
-def dependent_stages(path: str = CLS_DATA) -> List[str]:
-    """The stages of the paper scale's pipeline that read ``path``: DVC's own graph of this project's dvc.yaml."""
-    from dvc.repo import Repo
-
-    from vcarepro.params.config import compose
-
-    with tempfile.TemporaryDirectory(prefix="paper-graph-") as tmp:
-        shutil.copy(REPO_ROOT / "dvc.yaml", tmp)
-        write_text(Path(tmp) / "params.yaml", yaml.safe_dump(compose(["scale=paper"]), sort_keys=False))
-        _dvc(Path(tmp), "init", "--no-scm", "-q")
-        with Repo(tmp) as repo:
-            return [s.name for s in repo.index.stages if any(d.def_path == path for d in s.deps)]
 
 
 def _dvc(cwd: Path, *args: str) -> float:
@@ -191,7 +176,10 @@ def _command(*args: Any) -> str:
 def dvc_costs(scratch: Path, archives: Path, *, workers: int, before_files: int, full: bool = True) -> Dict[str, Any]:
     """The paper scale's preparation of ``archives`` as a DVC stage with the paper pipeline's readers of data/cls,
     and the old layout (images extracted) measured on ``before_files`` of them."""
-    readers = len(dependent_stages())
+    from vcarepro.params.config import compose
+    from vcarepro.tools.preflight.dvc_bill import readers as reading
+
+    readers = reading(compose(["scale=paper"]), [CLS_DATA])[CLS_DATA]
     now = _stage_costs(_dvc_repo(scratch / "now", _command("prepare", archives, CLS_DATA, workers, int(full)), readers))
     extract_command = _command("extract", archives, CLS_DATA, before_files)
     before = _stage_costs(_dvc_repo(scratch / "before", extract_command, readers, cache_type=False))

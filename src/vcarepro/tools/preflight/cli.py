@@ -17,7 +17,10 @@ path (and the fast path's device side) and says, per run, whether a node's ``--c
 keep its device busy ("GPU-bound") or not ("loader-bound"). It measures the cost of sampling (forward passes at
 the sampling batch, counted by running the real sampler on a stand-in model), and checks the files the scale
 needs. Inputs that are missing do not stop the
-measurement: the models run on random tensors of the right shape.
+measurement: the models run on random tensors of the right shape. Last it prints the disk and DVC bill: per output
+family (data/cls, data/gen, checkpoints, trained weights, samples, DVC's cache under its cache.type) the bytes, the
+files DVC tracks, the stages reading them, DVC's seconds to hash them and to check them in a no-change ``dvc status``
+(rates timed here, in a second), and the free space where each lands.
 
 What it prints leads with what to fix: first one ``error:`` sentence per missing input (an input several
 params name, such as the SD-VAE, once), before any run is stepped; then the table (its ``fits`` column
@@ -27,8 +30,9 @@ terminal, a line every ``progress.interval_s`` in a log, and a line at every run
 
 Exit status 0: every selected run can start here. 2: at least one problem (a missing input, a run that
 does not fit, a split too small for one batch, ...), each printed as an ``error: ...`` sentence; an
-unknown scale or run name stops at once with one sentence. 1: a run failed unexpectedly (a bug: its
-traceback is printed, the other runs are still measured).
+unknown scale or run name stops at once with one sentence, and so does a filesystem too small for what the runs put
+there (unless --no-disk-check), after the disk bill and before any run is stepped or --json written. 1: a run failed
+unexpectedly (a bug: its traceback is printed, the other runs are still measured).
 """
 
 from __future__ import annotations
@@ -48,12 +52,12 @@ from vcarepro.core.errors import USER_ERROR_STATUS, BadInput, UnknownName, UserE
 from vcarepro.params.config import REPO_ROOT, compose, load_params
 from vcarepro.params.runs import cls_run, gen_run
 from vcarepro.tools.bench.timing import TIMED_STEPS, WARMUP_STEPS, PeakMemory, device_memory, throw_away_step
-from vcarepro.tools.preflight import loader
+from vcarepro.tools.preflight import dvc_bill, loader
 from vcarepro.tools.preflight.branches import Branch, classification, generation, run_cost
 from vcarepro.tools.preflight.cost import RunCost
 from vcarepro.tools.preflight.inputs import Input, check_inputs, missing_inputs
 from vcarepro.tools.preflight.sizing import dataset, expected_classes
-from vcarepro.tools.preflight.table import fit_summary, header, inputs_section, legend, table
+from vcarepro.tools.preflight.table import disk_section, fit_summary, header, inputs_section, legend, table
 
 DEFAULT_CPU_BATCH = 2
 
@@ -105,6 +109,13 @@ def parse_args(argv):
         "process may use over this machine's GPUs, or all of them without one; give the node's own elsewhere)",
     )
     parser.add_argument("--json", help="also write everything to this JSON file")
+    parser.add_argument(
+        "--no-disk-check",
+        dest="disk_check",
+        action="store_false",
+        help="print the disk bill, but do not stop where this machine's filesystems are too small (the outputs will "
+        "land on another machine's)",
+    )
     parser.add_argument(
         "--verbose",
         action="store_true",
@@ -212,8 +223,10 @@ def print_findings(
     costs: Sequence[RunCost],
     cores: float,
     bounds: Dict[str, str],
+    disk: dvc_bill.Bill,
 ) -> None:
-    """The header, the table and its legend, what bounds each classification step, and the inputs, on stdout."""
+    """The header, the table and its legend, what bounds each classification step, the inputs and the disk and DVC
+    bill, on stdout."""
     cpu = device.type == "cpu"
     where = f"{device.type}" + (f" ({torch.cuda.get_device_name(device)})" if not cpu else f" ({described['cpu']})")
     print(header(scale, len(costs), where, devices, memory, cpu, load, os.cpu_count() or 1))
@@ -223,6 +236,7 @@ def print_findings(
         print(f"\nwhat bounds each classification step, at {cores:g} CPU cores per device (--cores-per-device)")
         print("\n".join(f"  {line}" for line in bounds.values()))
     print(inputs_section(branches, loader.distinct(loaders), inputs))
+    print(disk_section(disk))
     sys.stdout.flush()  # the table before the sentences below, where stdout and stderr go to one place
 
 
@@ -246,6 +260,7 @@ def write_findings(
     bounds: Dict[str, str],
     problems: List[str],
     failures: List[str],
+    disk: dvc_bill.Bill,
 ) -> None:
     """Everything the preflight found, as JSON at ``path`` (--json)."""
     from vcarepro.core.io import write_json
@@ -269,6 +284,7 @@ def write_findings(
             "loaders": [dict(entry) for entry in loader.distinct(loaders)],
             "cores_per_device": cores,
             "bounds": bounds,
+            "disk": disk.as_json(),
             "runs": [dict(asdict(c), scaled=c.scaled) for c in costs],
             "total": {
                 k: sum(getattr(c, k) or 0.0 for c in costs)
@@ -330,6 +346,13 @@ def main(argv=None) -> int:
     for sentence in missing:
         print(f"error: {sentence}", file=sys.stderr, flush=True)
 
+    # What the disk must hold, before anything is stepped or written: a filesystem too small for it ends here.
+    disk = dvc_bill.bill(params, branches)
+    if args.disk_check and disk.shortfalls():
+        print(disk_section(disk), flush=True)
+        for sentence in disk.shortfalls():
+            print(f"error: {sentence}", file=sys.stderr, flush=True)
+        return USER_ERROR_STATUS
     memory = device_memory(device)
     progress, doing = _stepping_progress(params, len(cls_runs) + len(gen_runs), args.verbose)
     # What lives across the runs (torch, timm, the composed params) is frozen out of the garbage collector, as the GPU
@@ -386,6 +409,7 @@ def main(argv=None) -> int:
         costs=costs,
         cores=cores,
         bounds=bounds,
+        disk=disk,
     )
     print_findings(**found)
     if args.json:

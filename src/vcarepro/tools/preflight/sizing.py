@@ -60,6 +60,20 @@ def known_train_images(params: Dict[str, Any], scale: str) -> tuple[int, str]:
     return round(KNOWN_TRAIN_IMAGES["paper"] * k / 1000), f"estimated: {k} of ImageNet-1K's 1000 classes"
 
 
+def known_val_images(params: Dict[str, Any]) -> int:
+    """Validation images of the classification set: the digits' split, the stand-ins' count, else ImageNet's
+    50,000 in proportion to the classes kept."""
+    from vcarepro.data.imagenet import EXPECTED
+
+    prep = params["prepare_cls"]
+    if prep["source"] == "digits":
+        return math.ceil(prep["val_fraction"] * DIGITS)
+    found = _reads_standins(params)
+    if found:
+        return int(found["classes"]) * int(found["val_per_class"])
+    return round(EXPECTED["val"] * expected_classes(params) / EXPECTED["classes"])
+
+
 @dataclass
 class Dataset:
     branch: str

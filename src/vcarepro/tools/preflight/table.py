@@ -1,10 +1,10 @@
 """What the preflight prints: numbers to a few significant digits, the table of runs and its legend, the inputs it
-looked at, and the one sentence for the runs that do not fit."""
+looked at, the disk and DVC bill, and the one sentence for the runs that do not fit."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from vcarepro.tools.bench.timing import GIB, WARMUP_STEPS
 from vcarepro.tools.preflight.cost import RunCost
@@ -91,6 +91,10 @@ def table(costs: Sequence[RunCost], cpu: bool) -> str:
             "",
         ]
     )
+    return markdown(head, rows)
+
+
+def markdown(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
@@ -168,3 +172,49 @@ def header(
     busy = "; the machine was busier than its cores, so these times are inflated" if max(load) > cores else ""
     lines.append(f"load average (1 min) {load[0]:.1f} at the start, {load[1]:.1f} at the end, on {cores} cores{busy}.")
     return "\n".join(lines)
+
+
+def _span(values: Sequence[int]) -> str:
+    if not values:
+        return "-"
+    return str(min(values)) if min(values) == max(values) else f"{min(values)}-{max(values)}"
+
+
+def _family_row(family: Any) -> List[str]:
+    readers = [o.readers for o in family.outputs] if family.hash_s is not None else []  # DVC's outputs only
+    return [
+        family.name,
+        family.where,
+        fmt(family.bytes / GIB) + ("~" if family.estimated else ""),
+        str(family.files),
+        _span(readers),
+        fmt(family.hash_s, 3),
+        fmt(family.status_s, 3),
+        family.cache,
+        fmt(family.free / GIB),
+    ]
+
+
+def disk_legend(bill: Any) -> str:
+    """How the DVC times are derived (rate x count, the rates timed here), what the cache column and ~ mean."""
+    rates = bill.rates
+    estimated = "".join(f" ~ {f.where} {f.estimated}." for f in bill.families if f.estimated)
+    return (
+        f"DVC hash s = files x {fmt(rates.hash_file_s * 1e3, 3)} ms + bytes / {fmt(rates.md5_bytes_per_s / 1e6, 3)} "
+        f"MB/s (md5); DVC status s = files x (1 + stages reading) x {fmt(rates.check_file_s * 1e6, 3)} us, per "
+        f"no-change dvc status; the rates timed here (dvc-data's build() on {rates.files} files in {rates.where}, "
+        f"hashlib.md5). cache: copy holds a second copy, reflink and hardlink none, symlink the bytes on the cache's "
+        f"filesystem; the cache's files are its objects, each file and each folder's .dir.{estimated}"
+    )
+
+
+def disk_section(bill: Any) -> str:
+    """The disk and DVC bill (:class:`~.dvc_bill.Bill`): a row per output family, DVC's cache and the total, the
+    free space where each lands, and the legend."""
+    total = bill.total()
+    head = ["output", "where", "GiB", "files DVC tracks", "stages reading", "DVC hash s", "DVC status s", "cache"]
+    rows = [_family_row(f) for f in [*bill.families, bill.cache]]
+    rows.append(["total", "", fmt(total["bytes"] / GIB), str(total["files"]), "", fmt(total["hash_s"], 3)])
+    rows[-1] += [fmt(total["status_s"], 3), "", ""]
+    title = f"disk and DVC (cache.type {','.join(bill.cache_types)})"
+    return "\n".join(["", title, markdown([*head, "free GiB there"], rows), disk_legend(bill)])
