@@ -506,7 +506,7 @@ def refused(root: Path, out: Path, pattern: str) -> None:
 
 @pytest.mark.parametrize("member", ["...tar", "n0144076.tar"], ids=["dots", "seven-digits"])
 def test_outer_train_members_that_are_no_wnid_are_refused(tmp_path, member):
-    """A member '...tar' would be a class '..' whose images land in images/train/../ (issue 51)."""
+    """A member '...tar' would be a class '..', a label beside the real ones."""
     mini = Mini()
     mini.train[member[: -len(".tar")]] = {"stray.JPEG": encoded(5)}
     root = mini.write_official(tmp_path / "ilsvrc")

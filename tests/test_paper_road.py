@@ -3,6 +3,7 @@ met, driven through the real stage processes on real JPEGs of varied sizes."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -17,6 +18,7 @@ from PIL import Image
 
 from helpers import ROOT, one_error_line, prepared, smoke_params, stage  # noqa: F401  (prepared: fixtures)
 from vcarepro.core.errors import USER_ERROR_STATUS
+from vcarepro.data.folders import read_image, read_manifest
 from vcarepro.params.config import compose
 
 
@@ -141,7 +143,8 @@ def test_what_a_cpu_runs_badly_is_said_once_and_torchs_worker_warning_is_not_rep
 def test_the_linear_reference_reads_imagenet_shaped_splits(tmp_path, prepared):
     """Problem 8: cls_reference crashed in np.stack on images of varied sizes."""
     tmp_path = project(tmp_path, prepared)
-    sizes = {Image.open(p).size for p in (tmp_path / "data" / "cls").rglob("*.JPEG")}
+    images = read_manifest(tmp_path / "data" / "cls", "train")
+    sizes = {Image.open(io.BytesIO(read_image(image))).size for image, _ in images}
     assert len(sizes) > 1  # the miniature's images differ in size, as ImageNet's
     result = stage(tmp_path, "cls_reference.py", params=smoke_params())
     assert result.returncode == 0, result.stderr
