@@ -58,6 +58,11 @@ class Row(NamedTuple):
     crc32: int
 
 
+def located(file, member: str) -> str:
+    """How a sentence names an image: ``archive:member``, or its own file."""
+    return f"{file}:{member}" if member else str(file)
+
+
 class Stored(NamedTuple):
     """Where one prepared image's bytes lie: ``file`` resolved against the layout's root, ``in_layout`` where it is a
     file of the layout itself (which DVC restores), not a source it indexes."""
@@ -70,7 +75,7 @@ class Stored(NamedTuple):
     in_layout: bool = False
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.member}" if self.member else str(self.file)
+        return located(self.file, self.member)
 
     @property
     def name(self) -> str:
@@ -111,6 +116,7 @@ class Samples(Sequence):
 
         codes, files = pd.factorize(frame["file"])
         self.root, self._files = root, np.array([os.fsencode(f) for f in files], dtype=bytes)
+        self._in_layout = np.array([_in_layout(f) for f in files], dtype=bool)
         self._file = codes.astype(np.int32)
         self._member = np.array(frame["member"].str.encode("utf-8").tolist(), dtype=bytes)
         self._offset, self._length = frame["offset"].to_numpy(np.int64), frame["length"].to_numpy(np.int64)
@@ -122,14 +128,14 @@ class Samples(Sequence):
     def __getitem__(self, index):
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        name = os.fsdecode(self._files[self._file[index]])
+        file = self._file[index]
         stored = Stored(
-            self.root / name,
+            self.root / os.fsdecode(self._files[file]),
             self._member[index].decode("utf-8"),
             int(self._offset[index]),
             int(self._length[index]),
             int(self._crc32[index]),
-            _in_layout(name),
+            bool(self._in_layout[file]),
         )
         return stored, int(self.labels[index])
 
@@ -185,9 +191,8 @@ def check_sources(root: Path) -> None:
             )
 
 
-_open: Dict[
-    Path, int
-] = {}  # archives open in this process (a forked loader worker inherits them: pread shares no offset)
+# archives open in this process (a forked loader worker inherits them: pread shares no offset)
+_open: Dict[Path, int] = {}
 
 
 def _fd(path: Path, keep: bool) -> int:
@@ -255,7 +260,8 @@ def write_manifest(root: str | Path, rows: Iterable[Row]) -> None:
 
 
 def write_sources(root: str | Path, files: Sequence[str]) -> None:
-    """``root/sources.json``: the size of each file (as the manifest lists it) that several images are read from."""
+    """``root/sources.json``: the size of each file (as the manifest lists it) that several images are read from.
+    A name relative to the layout resolves the same from ``atomic_directory``'s folder, which lies beside it."""
     root = Path(root)
     write_json(root / SOURCES, {name: (root / name).stat().st_size for name in files})
 

@@ -39,7 +39,7 @@ from PIL import Image
 from vcarepro.core.errors import BadInput, MissingInput
 from vcarepro.core.io import atomic_directory, write_json
 from vcarepro.core.progress import Progress
-from vcarepro.data.folders import CLASSES, SPLITS, Row, write_manifest, write_sources
+from vcarepro.data.folders import CLASSES, SPLITS, Row, located, write_manifest, write_sources
 
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png"}
 
@@ -497,7 +497,7 @@ class _Checked:
     error: Optional[str] = None
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.member}" if self.member else self.file
+        return located(self.file, self.member)
 
 
 # An image to check: (split, wnid, file as listed, member, offset, (a path to read it from, or its bytes)).
@@ -666,6 +666,12 @@ def _class_tar(fileobj, base: int, wnid: str, archive: Path, listed: str) -> Ite
             yield "train", wnid, listed, f"{wnid}.tar/{name}", base + member.offset_data, data
 
 
+def _kept_class(member: tarfile.TarInfo, archive: Path, keep: AbstractSet[str]) -> Optional[str]:
+    """The wnid of an outer member that is the class tar of a kept class, else None (unsafe names refused)."""
+    base = _safe_member_name(member.name, archive)
+    return base[:-4] if member.isfile() and base.endswith(".tar") and base[:-4] in keep else None
+
+
 def _train_items(
     layout: _Layout, wnids: List[str], subset: bool, digests: _Digests, listed: _Listed
 ) -> Iterator[_Item]:
@@ -685,18 +691,18 @@ def _train_items(
             with tarfile.open(fileobj=f) as outer:  # headers only, found by seeking
                 members = sorted(outer.getmembers(), key=lambda m: m.offset_data)
             for member in members:
-                base = _safe_member_name(member.name, archive)
-                if member.isfile() and base.endswith(".tar") and base[:-4] in keep:
+                wnid = _kept_class(member, archive, keep)
+                if wnid:
                     window = io.BufferedReader(_Slice(f, member.offset_data, member.size), 1 << 20)
-                    yield from _class_tar(window, member.offset_data, base[:-4], archive, name)
+                    yield from _class_tar(window, member.offset_data, wnid, archive, name)
             digests.check(TRAIN_TAR, archive, None, f"a subset reads only its {len(wnids)} classes' tars")
             return
         hashing = _Hashing(f)
         with tarfile.open(fileobj=hashing, mode="r|", bufsize=1 << 20) as outer:
             for member in outer:
-                base = _safe_member_name(member.name, archive)
-                if member.isfile() and base.endswith(".tar") and base[:-4] in keep:
-                    yield from _class_tar(outer.extractfile(member), member.offset_data, base[:-4], archive, name)
+                wnid = _kept_class(member, archive, keep)
+                if wnid:
+                    yield from _class_tar(outer.extractfile(member), member.offset_data, wnid, archive, name)
         digests.check(TRAIN_TAR, archive, hashing.digest())
 
 

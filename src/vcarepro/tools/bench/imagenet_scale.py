@@ -27,9 +27,10 @@ import yaml
 
 from vcarepro.core.io import atomic_directory, atomic_open, write_json, write_text
 from vcarepro.data.imagenet import EXPECTED, TRAIN_TAR, VAL_TAR
+from vcarepro.params import runs
 from vcarepro.params.config import REPO_ROOT
 
-CLS_DATA = "data/cls"
+CLS_DATA = str(runs.CLS_DATA)
 GOALS = {"files": 10, "record_s": 10.0, "status_s": 30.0, "archive_over_files": 0.95}
 
 
@@ -48,18 +49,12 @@ def _tiny_jpegs(count: int, seed: int) -> List[bytes]:
     return out
 
 
-def _member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mode, info.mtime = len(data), 0o644, 0
-    tar.addfile(info, io.BytesIO(data))
-
-
 def write_imagenet_archives(root: str | Path, *, counts: Optional[Dict[str, int]] = None, seed: int = 0) -> Path:
     """The official download's three files under ``root``, at ``counts`` (default ImageNet-1K's): a train tar of one
     ``<wnid>.tar`` per class (the real wnids), a flat val tar, and a devkit labelling the val images."""
     from timm.data import ImageNetInfo
 
-    from vcarepro.tools.standins import MiniImageNet
+    from vcarepro.tools.standins import MiniImageNet, add_to_tar
 
     counts = {**EXPECTED, **(counts or {})}
     root = Path(root)
@@ -72,14 +67,14 @@ def write_imagenet_archives(root: str | Path, *, counts: Optional[Dict[str, int]
             inner = io.BytesIO()
             with tarfile.open(fileobj=inner, mode="w") as tar:
                 for i in range(n):
-                    _member(tar, f"{wnid}_{i}.JPEG", pool[(k + i) % len(pool)])
-            _member(outer, f"{wnid}.tar", inner.getvalue())
+                    add_to_tar(tar, f"{wnid}_{i}.JPEG", pool[(k + i) % len(pool)])
+            add_to_tar(outer, f"{wnid}.tar", inner.getvalue())
     labels = [wnids[n % len(wnids)] for n in range(counts["val"])]
     random.Random(seed).shuffle(labels)
     val = {f"ILSVRC2012_val_{n:08d}.JPEG": (wnid, b"") for n, wnid in enumerate(labels, 1)}
     with atomic_open(root / VAL_TAR) as raw, tarfile.open(fileobj=raw, mode="w") as tar:
         for n, name in enumerate(val):
-            _member(tar, name, pool[n % len(pool)])
+            add_to_tar(tar, name, pool[n % len(pool)])
     classes = {wnid: (k + 1, f"class {k}") for k, wnid in enumerate(wnids)}
     MiniImageNet(classes, {}, val).write_devkit(root)
     return root
