@@ -68,6 +68,8 @@ def test_both_scales_and_every_documented_override_validate(scales):
         ("distributed.nnodes", "two", "distributed.nnodes must be an integer >= 1 or one of env, got 'two'"),
         ("distributed.nproc_per_node", 0, "distributed.nproc_per_node must be an integer >= 1 or one of gpu, got 0"),
         ("cls_recipe_overrides.epoch", 3, "cls_recipe_overrides.epoch is not a known parameter"),
+        ("prepare_cls.other_copy", " ", "prepare_cls.other_copy must be null or a sentence: why archives without"),
+        ("prepare_cls.other_copy", 5, "ImageNet's published MD5s are used, got 5"),
     ],
 )
 def test_a_bad_value_is_one_sentence_naming_key_value_and_fix(scales, path, value, message):
