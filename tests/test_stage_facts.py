@@ -99,7 +99,14 @@ def test_every_declared_param_is_a_fact_and_an_undeclared_one_is_not(bare, edit,
     assert after["deps"] == before["deps"]
 
 
-def test_every_declared_dependency_is_a_fact_by_its_content(bare):
+def test_every_declared_dependency_is_a_fact_by_its_content(bare, tmp_path_factory, monkeypatch):
+    # a checkout where README command 1 has run: its data/cls must not stand in for the scratch folder's
+    checkout = tmp_path_factory.mktemp("checkout")
+    for name in ("dvc.yaml", "stages", "src"):
+        (checkout / name).symlink_to(ROOT / name)
+    (checkout / "data" / "cls").mkdir(parents=True)
+    (checkout / "data" / "cls" / "manifest.csv").write_text("split,path,label\n")
+    monkeypatch.setattr("vcarepro.params.stage_facts.REPO_ROOT", checkout)
     before = stage_facts(STAGE, bare)
     assert before["deps"]["data/cls"].endswith(".dir") and before["deps"]["stages/train_cls.py"]
     (bare / "data" / "cls" / "manifest.csv").write_text("split,path,label\ntrain,a.png,0\n")

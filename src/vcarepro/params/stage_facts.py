@@ -2,7 +2,8 @@
 
 A checkpoint resumes only under the facts DVC re-runs the stage on (docs/faults.md), so they are asked of DVC,
 not listed by hand, and dependencies hashed with DVC's own md5s from its state database. Outside a DVC
-project (tests) the code checkout's dvc.yaml is read, filled from the local params.yaml.
+project (a stage script run by hand in a scratch folder) the code checkout's dvc.yaml is read, filled from the local
+params.yaml: what another stage writes is read from that folder alone, the pipeline's sources from the checkout.
 """
 
 from __future__ import annotations
@@ -76,37 +77,60 @@ def _from_dvc(stage: str, root: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
 # -- outside one: the same definition, resolved and hashed here ----------------------------------------------------
 
 
+def _pipeline(root: Path) -> Tuple[Path, Dict[str, Any], Dict[str, Any]]:
+    """(dvc.yaml's path, its stages, the vars from ``root/params.yaml``): root's own pipeline, else the code's."""
+    import yaml
+
+    from vcarepro.params.config import load_params
+
+    pipeline = root / PIPELINE if (root / PIPELINE).is_file() else REPO_ROOT / PIPELINE
+    stages = (yaml.safe_load(pipeline.read_text()) or {}).get("stages") or {}
+    return pipeline, stages, dict(load_params(root / PARAMS))
+
+
+def _expanded(group: str, definition: Dict[str, Any], context: Dict[str, Any]) -> Dict[str, Tuple[Dict, Dict]]:
+    """``{stage name: (its definition, its context)}``, one per ``foreach`` entry or the one stage."""
+    if "foreach" not in definition:
+        return {group: (definition, context)}
+    items = _resolve(definition["foreach"], context)
+    if not isinstance(items, dict):
+        raise BadInput(f"{group}'s foreach ({definition['foreach']}) in {PIPELINE} names no section of {PARAMS}.")
+    return {f"{group}@{k}": (definition["do"], {**context, "key": k, "item": v}) for k, v in items.items()}
+
+
 def stage_definition(stage: str, root: str | Path = ".") -> Tuple[List[str], List[str]]:
     """(deps, params) of ``stage`` as DVC resolves them: ``foreach`` over a params section, ``${key}``, ``${item.x}``.
 
     Reads ``root/dvc.yaml`` if there is one, else the code's own; the vars come from ``root/params.yaml``.
     """
-    import yaml
-
-    from vcarepro.params.config import load_params
-
-    root = Path(root)
-    pipeline = root / PIPELINE if (root / PIPELINE).is_file() else REPO_ROOT / PIPELINE
-    stages = (yaml.safe_load(pipeline.read_text()) or {}).get("stages") or {}
+    pipeline, stages, context = _pipeline(Path(root))
     group, _, key = stage.partition("@")
     if group not in stages:
         raise BadInput(f"{pipeline} has no stage {group!r}; name one of {', '.join(stages)}.")
-    definition = stages[group]
-    context: Dict[str, Any] = dict(load_params(root / PARAMS))
-    if "foreach" in definition:
-        items = _resolve(definition["foreach"], context)
-        if not isinstance(items, dict) or key not in items:
-            raise BadInput(
-                f"stage {stage} is not one of {group}'s entries in {pipeline}; name a run of its "
-                f"foreach ({definition['foreach']})."
-            )
-        context.update(key=key, item=items[key])
-        definition = definition["do"]
-    elif key:
+    if key and "foreach" not in stages[group]:
         raise BadInput(f"stage {group} in {pipeline} has no foreach, so {stage} names nothing; drop @{key}.")
+    runs = _expanded(group, stages[group], context)
+    if stage not in runs:
+        raise BadInput(
+            f"stage {stage} is not one of {group}'s entries in {pipeline}; name a run of its "
+            f"foreach ({stages[group]['foreach']})."
+        )
+    definition, context = runs[stage]
     deps = [_resolve(d, context) for d in definition.get("deps") or []]
     params = [_resolve(p, context) for p in definition.get("params") or []]
     return deps, params
+
+
+def _products(root: Path) -> List[str]:
+    """Every path a stage of the pipeline writes (outs, metrics, plots), resolved."""
+    _, stages, context = _pipeline(root)
+    written = []
+    for group, definition in stages.items():
+        for body, where in _expanded(group, definition, context).values():
+            for field in ("outs", "metrics", "plots"):
+                for entry in body.get(field) or []:
+                    written.extend(_resolve(p, where) for p in (entry if isinstance(entry, dict) else [entry]))
+    return written
 
 
 def _lookup(context: Dict[str, Any], dotted: str) -> Any:
@@ -136,9 +160,13 @@ def _from_definition(stage: str, root: Path) -> Tuple[Dict[str, Any], Dict[str, 
     dep_paths, keys = stage_definition(stage, root)
     values = load_params(root / PARAMS)
     params = {key: _lookup(values, key) for key in keys}
+    sources = _pipeline(root)[0].parent
+    products = _products(root)
     deps = {}
     for path in dep_paths:
-        where = root / path if (root / path).exists() else REPO_ROOT / path
+        written = any(path == p or path.startswith(p + "/") or p.startswith(path + "/") for p in products)
+        # another stage's output is this folder's or missing; a source is the pipeline's own
+        where = (root if written else sources) / path
         deps[path] = _content_hash(where) if where.exists() else None
     return deps, params
 
