@@ -130,7 +130,7 @@ def pytest_sessionfinish(session, exitstatus):
         shown = "\n  ".join(changed[:40]) + ("\n  ..." if len(changed) > 40 else "")
         print(
             f"\nerror: the test session changed {len(changed)} file(s) in the checkout {_ROOT} (tests must write "
-            f"under tmp_path; README command 1 runs here next):\n  {shown}",
+            f"under tmp_path; the checkout holds README command 1's outputs):\n  {shown}",
             flush=True,
         )
         session.exitstatus = 1

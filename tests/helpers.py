@@ -118,6 +118,7 @@ def copied_project(repo: Path) -> Path:
         "data/gen",
         "data/fid_reference",
         "data/smoke",
+        "data/params.checked",
         "dvc.lock",
     )
     for rel in tracked:

@@ -218,3 +218,36 @@ def test_each_refusal_names_the_key_its_source_and_the_nearest_valid_key(
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and err.startswith(line), err
     assert (where / "params.yaml").read_bytes() == (ROOT / "params.yaml").read_bytes()
+
+
+@pytest.mark.slow
+def test_a_hand_edit_of_params_yaml_is_checked_on_every_dvc_repro_and_reruns_only_what_it_changed(tmp_path):
+    """A section no stage reads, misspelt by hand, must not pass as "up to date": the researcher would believe the
+    learning rate changed. check_params reads the whole file, and every stage depends on its output."""
+    from helpers import micro_params, reproduced_repo, sh
+
+    repo = reproduced_repo(tmp_path / "repo", micro_params(), targets="smoke_inputs")
+    lock = (repo / "dvc.lock").read_bytes()
+
+    def edited(edit):
+        params = yaml.safe_load((repo / "params.yaml").read_text())
+        edit(params)
+        (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+    edited(lambda p: p.update(cls_recipe_overides={"lr": 1}))
+    said = sh("dvc repro smoke_inputs", repo, check=False)
+    assert said.returncode != 0
+    errors = [line for line in said.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: params.yaml: cls_recipe_overides is not a known section (did you mean cls_recipe_overrides?); "
+        "fix it in conf/ and run `python -m vcarepro.params.config`, or correct the -S override that set it."
+    ]
+    assert "Traceback" not in said.stdout + said.stderr and "Running stage 'smoke_inputs'" not in said.stdout
+    assert (repo / "dvc.lock").read_bytes() == lock and not (repo / "data" / "params.checked").exists()
+
+    edited(lambda p: (p.pop("cls_recipe_overides"), p["report"].update(reproduce_tolerance_top1=9.0)))
+    ran = sh("dvc repro smoke_inputs", repo).stdout
+    assert "Running stage 'check_params'" in ran and "Running stage 'smoke_inputs'" not in ran
+    edited(lambda p: p["smoke"].update(seed=1))
+    ran = sh("dvc repro smoke_inputs", repo).stdout
+    assert "Running stage 'check_params'" in ran and "Running stage 'smoke_inputs'" in ran

@@ -119,7 +119,7 @@ def test_every_declared_dependency_is_a_fact_by_its_content(bare, tmp_path_facto
 def test_an_unknown_stage_or_run_is_one_sentence(bare):
     from vcarepro.core.errors import BadInput
 
-    with pytest.raises(BadInput, match="has no stage 'train_clss'; name one of smoke_inputs, "):
+    with pytest.raises(BadInput, match="has no stage 'train_clss'; name one of check_params, smoke_inputs, "):
         stage_facts("train_clss@x", bare)
     with pytest.raises(BadInput, match=r"train_cls@nope is not one of train_cls's entries .*\(\$\{cls_runs\}\)"):
         stage_facts("train_cls@nope", bare)

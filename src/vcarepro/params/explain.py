@@ -171,6 +171,8 @@ def _stages(
         (Path(tmp) / PIPELINE).write_text(pipeline.read_text())
         for stage in own + shared:
             declared[stage] = stage_definition(stage, tmp)[1]
+    # a stage that names no key (check_params, which reads the whole file only to refuse a typo) sets no knob
+    shared = [s for s in shared if declared[s]]
     return own, shared, declared
 
 

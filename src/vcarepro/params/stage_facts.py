@@ -117,7 +117,11 @@ def stage_definition(stage: str, root: str | Path = ".") -> Tuple[List[str], Lis
         )
     definition, context = runs[stage]
     deps = [_resolve(d, context) for d in definition.get("deps") or []]
-    params = [_resolve(p, context) for p in definition.get("params") or []]
+    params = []
+    for entry in definition.get("params") or []:
+        # `- params.yaml:` (the whole file) names no key, as DVC lists it; `- file: [keys]` names its keys
+        named = [k for keys in entry.values() for k in keys or []] if isinstance(entry, dict) else [entry]
+        params.extend(_resolve(p, context) for p in named)
     return deps, params
 
 
