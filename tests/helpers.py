@@ -90,6 +90,7 @@ def same_weights(path: Path, expected: dict) -> bool:
 
 def stage_names(params: dict) -> set:
     names = {
+        "check_params",
         "smoke_inputs",
         "prepare_cls",
         "prepare_gen",
