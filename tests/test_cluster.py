@@ -117,7 +117,8 @@ def test_targets_bring_in_what_they_need_and_unknown_ones_are_named():
 
 def test_the_stage_graph_is_dvcs_own():
     graph = stages.stage_graph(ROOT)
-    assert set(graph["eval_cls@deit_tiny-vca"]) == {"train_cls@deit_tiny-vca", "prepare_cls"}
+    assert set(graph["eval_cls@deit_tiny-vca"]) == {"train_cls@deit_tiny-vca", "prepare_cls", "check_params"}
+    assert set(graph["check_params"]) == set() and nx.ancestors(graph, "check_params") == set(graph) - {"check_params"}
     assert "report" in graph and not any("report" in ups for ups in graph.adj.values())
 
 
