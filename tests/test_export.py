@@ -223,6 +223,33 @@ def test_force_replaces_only_a_previous_export_and_a_failed_export_leaves_nothin
     assert sorted(p.name for p in mirror.iterdir()) == ["SHA256SUMS", "config.json"]
 
 
+def test_out_through_a_link_replaces_the_export_it_leads_to_and_keeps_the_link(project, tmp_path):
+    """`--out LINK --force`: the link is followed under the rules of any folder (exports/ linked onto a larger
+    disk), never a traceback from rmtree, never a removed folder that holds anything but an export."""
+    root, _, _ = project
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    target = disk / "deit"
+    link = tmp_path / "exports-link"
+    link.symlink_to(target)  # dangling: the export is made where it leads
+    assert export_run(RUN, root=root, out=link) == link
+    assert link.is_symlink() and (target / "SHA256SUMS").is_file()
+    first = (target / "SHA256SUMS").read_bytes()
+    with pytest.raises(BadInput, match="holds a previous export; pass --force"):
+        export_run(RUN, root=root, out=link)
+    export_run(RUN, root=root, out=link, force=True)  # replaced through the link; the link stays a link
+    assert link.is_symlink() and link.resolve() == target.resolve() and (target / "SHA256SUMS").read_bytes() == first
+    (target / "notes.md").write_text("mine")
+    with pytest.raises(BadInput, match="holds 'notes.md', which no export"):
+        export_run(RUN, root=root, out=link, force=True)
+    assert (target / "notes.md").read_text() == "mine"
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(BadInput, match=f"--out {loop} is a link that leads back to itself"):
+        export_run(RUN, root=root, out=loop, force=True)
+    assert loop.is_symlink()
+
+
 def test_the_command_prints_one_line_errors(project, monkeypatch, capsys):
     root, _, _ = project
     monkeypatch.chdir(root)

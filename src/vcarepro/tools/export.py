@@ -163,7 +163,8 @@ def export_run(
     root = Path(root)
     params = load_params(root / "params.yaml")
     run = cls_run(params, name)
-    out = Path(out) if out is not None else root / default_out(name, seed)
+    given = Path(out) if out is not None else root / default_out(name, seed)
+    out = _followed(given)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         foreign = not_an_export(out)
         if foreign:
@@ -217,7 +218,20 @@ def export_run(
             paper_params=paper_params(root),
         )
         (tmp / "README.md").write_text(card, encoding="utf-8")
-    return out
+    return given
+
+
+def _followed(out: Path) -> Path:
+    """Where ``--out`` leads: a link is followed (exports/ linked onto a larger disk), so the export replaces the
+    folder it points at, under the rules of any folder, and the link itself stays; a link that loops is refused."""
+    if not out.is_symlink():
+        return out
+    try:
+        return out.resolve(strict=False)
+    except (RuntimeError, OSError):  # Python 3.11 raises RuntimeError for a loop, 3.13 OSError
+        raise BadInput(
+            f"--out {out} is a link that leads back to itself; point it at a folder or choose another --out."
+        ) from None
 
 
 def main(argv: Optional[List[str]] = None) -> None:
