@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from helpers import ROOT, add_vca_and_baseline, project, vouch, write_seeds  # noqa: F401  (project: fixtures)
@@ -70,3 +73,22 @@ def test_the_command_line_check_says_ok_or_names_the_missing_page(tmp_path, proj
     assert main([str(page)]) == 0
     out = capsys.readouterr().out
     assert out.rstrip().endswith("browser check: ok") and "800 px:" in out
+
+
+def test_the_command_leaves_nothing_in_tmpdir(tmp_path, monkeypatch, driver):
+    """`python -m vcarepro.report.browser` keeps no Chromium profile (``driver``: skipped, or required, alike)."""
+    import tempfile
+
+    from vcarepro.report.browser import main
+
+    page = tmp_path / "index.html"
+    page.write_text(BROKEN.format(wide="x"))
+    # short: Chromium's singleton socket under a pytest tmp_path would pass the 108-byte limit of a socket path
+    scratch = Path(tempfile.mkdtemp(prefix="vcb-", dir="/tmp"))
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    try:
+        assert main([str(page)]) == 1  # that page's problems, found
+        assert list(scratch.iterdir()) == []
+    finally:
+        shutil.rmtree(scratch)

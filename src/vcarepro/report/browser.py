@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -90,7 +91,24 @@ def open_browser():
     for flag in FLAGS:
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
-    return webdriver.Chrome(service=Service(driver), options=options)
+    # a profile of our own, removed at quit: the one Chromium makes itself stays in TMPDIR after every run
+    profile = tempfile.mkdtemp(prefix="vcarepro-chromium-")
+    options.add_argument(f"--user-data-dir={profile}")
+    try:
+        chrome = webdriver.Chrome(service=Service(driver), options=options)
+    except BaseException:
+        shutil.rmtree(profile, ignore_errors=True)
+        raise
+    quit_only = chrome.quit
+
+    def quit() -> None:
+        try:
+            quit_only()
+        finally:
+            shutil.rmtree(profile, ignore_errors=True)
+
+    chrome.quit = quit
+    return chrome
 
 
 def requests_made(driver) -> List[str]:
