@@ -215,6 +215,53 @@ def test_lockcheck_verify_hashes_the_bytes_a_pull_from_a_damaged_remote_left(tmp
     assert "(2 files, 0.0 MB hashed)" in err and "weights" not in err
 
 
+def test_lockcheck_verify_names_dvc_checkout_where_the_cache_holds_the_committed_bytes(tmp_path, monkeypatch, capsys):
+    """A file replaced in the workspace (an editor, a stray script) while DVC's cache keeps the committed bytes:
+    `dvc checkout --force` restores it in seconds, and verify says so for that output only."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+
+    def run(*argv: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "dvc", *argv], cwd=repo, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    run("init", "-q")
+    run("config", "core.analytics", "false")
+    run("config", "cache.type", "hardlink,symlink")  # the project's: a replaced file leaves the cache's copy intact
+    run("stage", "add", "-q", "-n", "train", "-o", "runs/train", "mkdir -p runs/train && echo w > runs/train/weights")
+    run("stage", "add", "-q", "-n", "report", "-o", "report.json", "echo '{}' > report.json")
+    run("repro", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "ran")
+    monkeypatch.chdir(repo)
+    monkeypatch.setattr(lockcheck, "this_machine", lambda root: {"cpu": "here"})
+    weights = repo / "runs" / "train" / "weights"
+    weights.unlink()
+    weights.write_text("edited\n")
+    (repo / "report.json").unlink()
+    capsys.readouterr()
+    assert lockcheck.main(["verify"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert "where a line names `dvc checkout --force`, only the workspace's copy changed" in err[0]
+    assert err[1].startswith("  report.json (report): in the committed lock, missing on disk; `dvc checkout --force")
+    assert err[2].startswith("  runs/train (train): ") and err[2].endswith(
+        "files: weights (differs); DVC's cache holds the committed bytes, so `dvc checkout --force runs/train` "
+        "restores them"
+    )
+    run("checkout", "--force", "runs/train", "report.json")
+    assert lockcheck.main(["verify"]) == 0
+    # damage written through the hardlink reaches the cache's only copy: no checkout to offer
+    weights.chmod(0o644)  # DVC leaves the linked file read-only; an editor run as its owner writes anyway
+    with weights.open("w") as f:
+        f.write("in place\n")
+    capsys.readouterr()
+    assert lockcheck.main(["verify"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[1].startswith("  runs/train (train): ") and "dvc checkout" not in err[1]
+
+
 def test_drift_names_each_moved_package_and_refuses_a_move_that_is_no_release(capsys):
     assert drift.moved_packages(
         {"numpy": "2.4.6", "narwhals": "2.29.0", "timm": "1.0.31"}, {"numpy": "2.3.5", "timm": "1.0.31", "x": "1"}

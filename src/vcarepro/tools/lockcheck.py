@@ -91,11 +91,15 @@ def describe(machine: Optional[dict]) -> str:
     )
 
 
+def _cache_object(root: Path, digest: str) -> Path:
+    return root / ".dvc" / "cache" / "files" / "md5" / digest[:2] / digest[2:]
+
+
 def _dir_listing(root: Path, digest: str) -> Optional[Dict[str, str]]:
     """{relative path: md5} of a directory output, from the ``.dir`` object in this workspace's DVC cache."""
     if not digest.endswith(".dir"):
         return None
-    path = root / ".dvc" / "cache" / "files" / "md5" / digest[:2] / digest[2:]
+    path = _cache_object(root, digest)
     try:
         return {entry["relpath"]: entry["md5"] for entry in json.loads(path.read_text())}
     except (OSError, ValueError, KeyError, TypeError):
@@ -238,6 +242,18 @@ def hash_on_disk(path: Path) -> Tuple[Optional[str], Optional[Dict[str, str]], i
     return tree.hash_info.value, listing, len(files), sum(f.stat().st_size for f in files)
 
 
+def cache_restores(root: Path, digest: str, recorded: Optional[Dict[str, str]], here: Optional[Dict[str, str]]) -> bool:
+    """Whether this workspace's cache holds, intact, the committed bytes of every file of an output that differs
+    here: then the damage is the workspace's alone, and `dvc checkout --force` puts the lock's bytes back."""
+    if not digest.endswith(".dir"):
+        wanted = [digest]
+    elif recorded is None:
+        return False
+    else:
+        wanted = [md5 for name, md5 in recorded.items() if (here or {}).get(name) != md5]
+    return all(_cache_object(root, md5).is_file() and _md5(_cache_object(root, md5)) == md5 for md5 in wanted)
+
+
 def disk_differences(root: Path, lock: dict, recorded_files: Dict[str, Dict[str, str]]) -> Tuple[List[str], int, int]:
     """One line per output of ``lock`` whose bytes on disk hash otherwise, naming a directory's files; and how many
     files and bytes were hashed."""
@@ -246,12 +262,21 @@ def disk_differences(root: Path, lock: dict, recorded_files: Dict[str, Dict[str,
         here, listing, n, b = hash_on_disk(root / path)
         files, size = files + n, size + b
         if here is None:
-            lines.append(f"{path} ({stage}): in the committed lock, missing on disk")
+            restore = cache_restores(root, digest, _dir_listing(root, digest), {})
+            lines.append(
+                f"{path} ({stage}): in the committed lock, missing on disk"
+                + (f"; `dvc checkout --force {path}` restores it from DVC's cache" if restore else "")
+            )
         elif here != digest:
             recorded = _dir_listing(root, digest) or recorded_files.get(path)
             lines.append(
                 f"{path} ({stage}): {here[:12]} on disk, {digest[:12]} in the committed lock"
                 + file_differences(recorded, listing)
+                + (
+                    f"; DVC's cache holds the committed bytes, so `dvc checkout --force {path}` restores them"
+                    if cache_restores(root, digest, _dir_listing(root, digest), listing)
+                    else ""
+                )
             )
     return lines, files, size
 
@@ -272,7 +297,8 @@ def cmd_verify(root: Path) -> int:
             f"`dvc repro` wrote them, this machine does not reproduce the lock (recorded on {describe(machine)}; "
             f"this machine: {describe(this_machine(root))}; compare `python stages/run.py -m vcarepro.tools.lockcheck "
             "fingerprint` on both to find the op); if `dvc pull` fetched them, the remote holds other bytes than the "
-            "lock names (pull again after `dvc remote modify <remote> verify true`, which refuses them):",
+            "lock names (pull again after `dvc remote modify <remote> verify true`, which refuses them); where a line "
+            "names `dvc checkout --force`, only the workspace's copy changed:",
             file=sys.stderr,
         )
         for line in lines:
