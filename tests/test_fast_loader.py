@@ -12,21 +12,24 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
+import simplejpeg
 import torch
-from PIL import Image
+from PIL import Image, ImageFile
 from timm.data import auto_augment
 
+from test_imagenet import flat_jpeg
 from vcarepro.core.errors import BadInput
 from vcarepro.data import device_ops, fast
 from vcarepro.data.augment import posterize as pillow_safe_posterize
-from vcarepro.data.folders import ManifestDataset, UnreadableImage, whole_files, write_manifest
+from vcarepro.data.folders import ManifestDataset, UnreadableImage, read_manifest, whole_files, write_manifest
 from vcarepro.data.jpeg import decode_box, decode_full, image_size
 from vcarepro.params.config import compose
 from vcarepro.params.runs import cls_recipe
-from vcarepro.tools.bench.loader import photographs, write_imagenet_like_jpegs
+from vcarepro.tools.bench.loader import as_prepared, path_step, photographs, write_imagenet_like_jpegs
 from vcarepro.train.classification import build_transforms
 
 FILL = (124, 116, 104)  # timm's img_mean for ImageNet's mean, as create_transform gives RandAugment
@@ -340,16 +343,22 @@ def test_imagenets_odd_files_decode_to_pillows_pixels(odd_files, transform):
     assert fast.DeviceAugment(crops.draws, torch.device("cpu"))(batch).shape == (len(crops), 3, 224, 224)
 
 
+def one_class(root: Path, files: dict) -> Path:
+    """A prepared layout of one class holding ``files`` (name: bytes), in that order."""
+    (root / "train" / "n0").mkdir(parents=True)
+    for name, data in files.items():
+        (root / "train" / "n0" / name).write_bytes(data)
+    write_manifest(root, whole_files(root, [("train", f"train/n0/{name}", 0) for name in files]))
+    (root / "classes.json").write_text('[{"index": 0, "wnid": "n0", "name": "n0"}]')
+    return root
+
+
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
 def test_a_damaged_file_is_refused_in_the_pil_paths_one_sentence(odd_files, transform, tmp_path, damage):
     """The same sentence, word for word, as the PIL path gives for the same file: it names the file and the fix."""
-    root = tmp_path / "cls"
-    (root / "train" / "n0").mkdir(parents=True)
     data = (odd_files / "train" / "n0" / "ordinary.JPEG").read_bytes()
     data = {"truncated": data[: len(data) // 2], "garbage": b"\xff\xd8" + bytes(range(256)) * 8, "empty": b""}[damage]
-    (root / "train" / "n0" / "bad.JPEG").write_bytes(data)
-    write_manifest(root, whole_files(root, [("train", "train/n0/bad.JPEG", 0)]))
-    (root / "classes.json").write_text('[{"index": 0, "wnid": "n0", "name": "bad"}]')
+    root = one_class(tmp_path / "cls", {"bad.JPEG": data})
     with pytest.raises(UnreadableImage) as pil:
         ManifestDataset(root, "train", transform)[0]
     crops = fast.CropSet(root, "train", fast.Draws(transform))
@@ -357,6 +366,51 @@ def test_a_damaged_file_is_refused_in_the_pil_paths_one_sentence(odd_files, tran
         with pytest.raises(UnreadableImage) as ours:
             fetch()
         assert str(ours.value) == str(pil.value) and str(root / "train" / "n0" / "bad.JPEG") in str(ours.value)
+
+
+@pytest.mark.parametrize("side", [13000, 20000], ids=["below-twice-the-limit", "over-twice-the-limit"])
+def test_an_image_over_pillows_pixel_limit_is_refused_from_its_header_on_every_input_path(
+    tmp_path, recipe, transform, monkeypatch, side
+):
+    """A 2 MB JPEG declaring 13000 x 13000 pixels (what preparation counts unreadable, met in a layout prepared before
+    it did): the PIL path, the fast path (one image, and a batch as a worker fetches it) and the bench's decode-only
+    path refuse it from its header, before a pixel is decoded, in one sentence naming the file and the fix. Over twice
+    the limit the PIL path's sentence lacks the size, which Pillow refuses before telling it."""
+    root = one_class(tmp_path / "cls", {"big.JPEG": flat_jpeg(side, side)})
+
+    def decoded(*args, **kwargs):
+        raise AssertionError("decoded")
+
+    monkeypatch.setattr(simplejpeg, "decode_jpeg", decoded)
+    monkeypatch.setattr(ImageFile.ImageFile, "load", decoded)
+    limit = "over Pillow's limit of 89,478,485 pixels (PIL.Image.MAX_IMAGE_PIXELS)"
+    fix = (
+        ", so it is not decoded; re-run prepare_cls (`dvc repro -f -s prepare_cls`), which counts it unreadable and "
+        "leaves it out, then `dvc repro`."
+    )
+    named = f"the prepared image {root / 'train' / 'n0' / 'big.JPEG'} is"
+    crops = fast.CropSet(root, "train", fast.Draws(transform))
+    for path, fetch in {
+        "pil": lambda: ManifestDataset(root, "train", transform)[0],
+        "fast": lambda: crops[0],
+        "fast batch": lambda: crops.__getitems__([0]),
+        "decode only": lambda: path_step(root, recipe, "decode")(0),
+    }.items():
+        with pytest.raises(UnreadableImage) as refused:
+            fetch()
+        sized = not (path == "pil" and side == 20000)
+        assert str(refused.value) == f"{named} {side}x{side} pixels, {limit}{fix}" if sized else f"{named} {limit}{fix}"
+
+
+def test_the_loader_bench_leaves_out_a_folders_image_over_the_pixel_limit(tmp_path, photos):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i in range(2):
+        (folder / f"{i}.JPEG").write_bytes((photos / "train" / "n0" / f"{i}.JPEG").read_bytes())
+    (folder / "big.JPEG").write_bytes(flat_jpeg(13000, 13000))
+    (tmp_path / "scratch").mkdir()
+    data = as_prepared(folder, tmp_path / "scratch", limit=10)
+    assert [image.name for image, _ in read_manifest(data, "train")] == ["0.JPEG", "1.JPEG"]
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import io
 import json
 import random
 import re
+import struct
 import tarfile
 from pathlib import Path
 
@@ -51,6 +52,21 @@ def encoded(seed: int, fmt: str = "JPEG", mode: str = "RGB", size=(48, 40)) -> b
     buf = io.BytesIO()
     img.save(buf, fmt)
     return buf.getvalue()
+
+
+def flat_jpeg(width: int, height: int) -> bytes:
+    """A decodable grayscale JPEG of ``width`` x ``height``, every 8x8 block flat grey: 6 bits a block (DC difference
+    0, then end of block, in the standard Huffman tables), so 13000 x 13000 pixels are 2 MB, built in a blink."""
+    buf = io.BytesIO()
+    Image.new("L", (8, 8), 128).save(buf, "JPEG")
+    data = buf.getvalue()
+    sof = data.index(b"\xff\xc0")
+    data = data[: sof + 5] + struct.pack(">HH", height, width) + data[sof + 9 :]
+    sos = data.index(b"\xff\xda")
+    head = data[: sos + 2 + struct.unpack(">H", data[sos + 2 : sos + 4])[0]]
+    bits = "001010" * (-(-width // 8) * -(-height // 8))
+    bits += "1" * (-len(bits) % 8)  # padded with ones, as JPEG pads
+    return head + int(bits, 2).to_bytes(len(bits) // 8, "big") + b"\xff\xd9"
 
 
 class Mini(MiniImageNet):
@@ -332,6 +348,31 @@ def test_quirks_are_kept_and_counted_bad_files_skipped(tmp_path, archive):
         assert ds[i][0].mode == "RGB"  # the PNG, CMYK and grayscale images decode to RGB
     if archive:  # each named as the member of its class tar, in the archive
         assert report["bad"]["files"][0]["path"] == f"{root / TRAIN_TAR}:{WNIDS[0]}.tar/empty.JPEG"
+
+
+def test_an_image_over_pillows_pixel_limit_is_counted_unreadable_from_its_header(tmp_path):
+    """A 2 MB JPEG declaring 13000 x 13000 pixels lies between Pillow's limit and twice it, where Pillow only warns
+    (and would decode half a gigabyte); preparation refuses it from its header, listed with its size and the limit."""
+    root = Mini().class_folders(tmp_path / "src")
+    big = flat_jpeg(13000, 13000)
+    assert len(big) < 2_000_000 and 1 < 13000 * 13000 / Image.MAX_IMAGE_PIXELS < 2
+    (root / "train" / WNIDS[1] / "big.JPEG").write_bytes(big)
+    options = dict(expect_full=False, workers=2, other_copy=OTHER)  # two workers: checked in their processes
+
+    with pytest.raises(BadInput, match=r"^1 of 21 ImageNet images are unreadable \(first: .*big\.JPEG\)"):
+        prepare_imagenet(root, tmp_path / "cls", **options)
+    counts = prepare_imagenet(root, tmp_path / "cls", max_bad_fraction=0.1, **options)
+    assert counts["train"] == 4 * TRAIN_PER_CLASS
+    report = json.loads((tmp_path / "cls" / "prepare_report.json").read_text())
+    assert report["bad"] == {
+        "count": 1,
+        "files": [
+            {
+                "path": str(root / "train" / WNIDS[1] / "big.JPEG"),
+                "reason": "13000x13000 pixels, over Pillow's limit of 89,478,485 pixels (PIL.Image.MAX_IMAGE_PIXELS)",
+            }
+        ],
+    }
 
 
 # ----------------------------------------------------------------------------- refused and missing inputs

@@ -170,6 +170,34 @@ def unreadable_image(image: Stored, err: BaseException) -> UnreadableImage:
     )
 
 
+def over_pixel_limit(width: int, height: int) -> Optional[str]:
+    """Why an image of this size is not decoded, or None: more pixels than Pillow's ``MAX_IMAGE_PIXELS``.
+
+    Refused from 1x, read from the header before any decode: Pillow itself only warns below 2x, and a 2 MB JPEG can
+    declare 13000 x 13000 pixels, half a gigabyte decoded.
+    """
+    limit = Image.MAX_IMAGE_PIXELS
+    return f"{width}x{height} pixels, {_over_the_limit()}" if limit and width * height > limit else None
+
+
+def _over_the_limit() -> str:
+    return f"over Pillow's limit of {Image.MAX_IMAGE_PIXELS:,} pixels (PIL.Image.MAX_IMAGE_PIXELS)"
+
+
+def oversized_image(image: Stored, why: str) -> UnreadableImage:
+    return UnreadableImage(
+        f"the prepared image {image} is {why}, so it is not decoded; re-run prepare_cls "
+        f"(`dvc repro -f -s prepare_cls`), which counts it unreadable and leaves it out, then `dvc repro`."
+    )
+
+
+def check_pixels(image: Stored, width: int, height: int) -> None:
+    """An :class:`UnreadableImage` naming ``image`` where its declared size is over Pillow's limit."""
+    why = over_pixel_limit(width, height)
+    if why is not None:
+        raise oversized_image(image, why)
+
+
 def check_sources(root: Path) -> None:
     """Refuse, in one sentence, a file of ``root``'s sources.json that is missing or not the size it was indexed at."""
     listed = root / SOURCES
@@ -243,10 +271,13 @@ def decoded_image(image: Stored, data: Optional[bytes] = None) -> Iterator[Image
     """
     data = read_image(image) if data is None else data
     try:
-        with Image.open(_Named(data, str(image))) as img:
+        with Image.open(_Named(data, str(image))) as img:  # the header only, until pixels are asked for
+            check_pixels(image, img.width, img.height)
             yield img
-    except (UserError, MemoryError):  # not the image's fault
+    except (UserError, MemoryError):  # not the image's fault, or already named
         raise
+    except Image.DecompressionBombError:  # over twice the limit: Pillow refused before telling its size
+        raise oversized_image(image, _over_the_limit()) from None
     except Exception as err:  # noqa: BLE001 - PIL's OSError, SyntaxError, ValueError, zlib and struct errors
         raise unreadable_image(image, err) from None
 

@@ -39,7 +39,7 @@ from PIL import Image
 from vcarepro.core.errors import BadInput, MissingInput
 from vcarepro.core.io import atomic_directory, write_json
 from vcarepro.core.progress import Progress
-from vcarepro.data.folders import CLASSES, SPLITS, Row, located, write_manifest, write_sources
+from vcarepro.data.folders import CLASSES, SPLITS, Row, located, over_pixel_limit, write_manifest, write_sources
 
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png"}
 
@@ -507,14 +507,17 @@ _Item = Tuple[str, str, str, str, int, Union[str, bytes]]
 def _check_image(data: bytes) -> Tuple[Optional[str], Optional[str], Optional[str]]:
     """(format, mode, error) of one encoded image; the format is read from the content, not the name.
 
-    ``verify()`` catches broken PNG chunks but not a truncated JPEG, so the pixels are also
-    decoded, in JPEG draft mode (DCT scaling to about 1/8 size), which still reads every byte.
+    An image over Pillow's pixel limit is refused from its header, as every input path refuses it. ``verify()``
+    catches broken PNG chunks but not a truncated JPEG, so the pixels are also decoded, in JPEG draft mode (DCT
+    scaling to about 1/8 size), which still reads every byte.
     """
     if not data:
         return None, None, "zero bytes"
     try:
         with Image.open(io.BytesIO(data)) as img:
-            fmt, mode = img.format, img.mode
+            fmt, mode, too_many = img.format, img.mode, over_pixel_limit(img.width, img.height)
+            if too_many:
+                return None, None, too_many
             img.verify()
         with Image.open(io.BytesIO(data)) as img:
             img.draft(img.mode, (max(1, img.width // 8), max(1, img.height // 8)))

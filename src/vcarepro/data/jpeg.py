@@ -14,7 +14,7 @@ from typing import Tuple
 
 import numpy as np
 
-from vcarepro.data.folders import Stored, decoded_image, read_image
+from vcarepro.data.folders import Stored, check_pixels, decoded_image, read_image
 
 JPEG_MAGIC = b"\xff\xd8"
 TURBO_COLORSPACES = ("YCbCr", "Gray", "RGB")  # what libjpeg-turbo converts to RGB as Pillow does
@@ -23,17 +23,19 @@ OVERSAMPLE = 1.5  # a scaled box keeps at least this many times the output's pix
 
 
 def image_size(data: bytes, image: Stored) -> Tuple[int, int, bool]:
-    """(width, height, whether libjpeg-turbo decodes it) of an image's bytes, read from its header."""
+    """(width, height, whether libjpeg-turbo decodes it) of an image's bytes, read from its header; an image over
+    Pillow's pixel limit is refused here, before anything is decoded (:func:`~vcarepro.data.folders.check_pixels`)."""
     import simplejpeg  # here, not at import: a GPU node that trains on the PIL path needs no simplejpeg wheel
 
     if data[:2] == JPEG_MAGIC:
         try:
             height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-            if colorspace in TURBO_COLORSPACES:
-                return width, height, True
         except ValueError:
-            pass  # Pillow decides, and names the fault if there is one
-    with decoded_image(image, data) as img:
+            colorspace = None  # Pillow decides, and names the fault if there is one
+        if colorspace in TURBO_COLORSPACES:
+            check_pixels(image, width, height)
+            return width, height, True
+    with decoded_image(image, data) as img:  # checks the limit too
         return img.width, img.height, False
 
 

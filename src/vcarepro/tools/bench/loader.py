@@ -71,20 +71,37 @@ def write_imagenet_like_jpegs(root: str | Path, count: int = 64, seed: int = 0) 
 
 def as_prepared(root: str | Path, scratch: Path, limit: int) -> Path:
     """``root`` itself where it is a prepared layout, else a layout in ``scratch`` listing up to ``limit`` of the
-    images under it (sorted paths, every ``len // limit``-th)."""
+    images under it (sorted paths, every ``len // limit``-th), less those over Pillow's pixel limit, which
+    preparation counts unreadable and no input path decodes."""
     from vcarepro.core.io import write_json
     from vcarepro.data.folders import CLASSES, MANIFEST, whole_files, write_manifest
 
     root = Path(root)
     if (root / MANIFEST).is_file():
         return root
-    found = sorted(p.resolve() for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    listed = sorted(p.resolve() for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    found = [p for p in listed[:: max(1, len(listed) // limit)][:limit] if not _over_pixel_limit(p)]
     if not found:
-        raise MissingInput(f"no .JPEG, .jpg or .png files under {root}; point --root at a folder of images.")
-    found = found[:: max(1, len(found) // limit)][:limit]
+        within = " within Pillow's pixel limit" if listed else ""
+        raise MissingInput(f"no .JPEG, .jpg or .png files{within} under {root}; point --root at a folder of images.")
     write_manifest(scratch, whole_files(scratch, [("train", str(p), 0) for p in found]))
     write_json(scratch / CLASSES, [{"index": 0, "wnid": "n0", "name": str(root)}])
     return scratch
+
+
+def _over_pixel_limit(path: Path) -> bool:
+    """Whether the image's header declares more pixels than Pillow's limit (Pillow refuses over twice it on open)."""
+    from PIL import Image
+
+    from vcarepro.data.folders import over_pixel_limit
+
+    try:
+        with Image.open(path) as img:
+            return over_pixel_limit(img.width, img.height) is not None
+    except Image.DecompressionBombError:
+        return True
+    except Exception:  # noqa: BLE001 - another fault: the decode names it, as it would in training
+        return False
 
 
 def _rate(step: Callable[[int], int], seconds: float) -> Dict[str, float]:
