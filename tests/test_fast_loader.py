@@ -9,8 +9,12 @@ differs from the PIL path's on at most 0.2% of its pixels. The erasing is timm's
 
 from __future__ import annotations
 
+import io
 import math
+import os
 import random
+import resource
+import signal
 from collections import Counter
 from pathlib import Path
 
@@ -20,6 +24,7 @@ import simplejpeg
 import torch
 from PIL import Image, ImageFile
 from timm.data import auto_augment
+from torch.utils.data import DataLoader
 
 from test_imagenet import flat_jpeg
 from vcarepro.core.errors import BadInput
@@ -400,6 +405,85 @@ def test_an_image_over_pillows_pixel_limit_is_refused_from_its_header_on_every_i
             fetch()
         sized = not (path == "pil" and side == 20000)
         assert str(refused.value) == f"{named} {side}x{side} pixels, {limit}{fix}" if sized else f"{named} {limit}{fix}"
+
+
+def restart_marker_jpeg(photo: Image.Image) -> bytes:
+    """A JPEG whose header libjpeg-turbo reads but whose data it refuses (three bytes before a restart marker),
+    which Pillow decodes: the fast path decodes it through Pillow, at full scale."""
+    buf = io.BytesIO()
+    photo.save(buf, "JPEG", quality=90, restart_marker_rows=1)
+    data = buf.getvalue()
+    marker = data.index(b"\xff\xd0", data.index(b"\xff\xda"))
+    return data[:marker] + b"\0\0\0" + data[marker:]
+
+
+def test_a_batch_buffer_is_sized_for_its_crops_as_decoded_not_for_their_boxes(tmp_path, transform, monkeypatch):
+    """Crops of a 3200 x 2400 photograph decode at 1/2 to 1/8 scale, and the batch's buffer is exactly those crops,
+    not their boxes at full size. A file libjpeg-turbo refuses after its header decodes through Pillow at full size,
+    more than was planned: the buffer grows once, and the batch is still the one fetched image by image."""
+    photo = Image.open(photographs()[0]).convert("RGB").resize((3200, 2400), Image.Resampling.BICUBIC)
+    buf = io.BytesIO()
+    photo.save(buf, "JPEG", quality=90)
+    root = one_class(tmp_path / "cls", {"large.JPEG": buf.getvalue(), "refused.JPEG": restart_marker_jpeg(photo)})
+    asked = []
+    allocate = fast._bytes_for_a_batch
+    monkeypatch.setattr(fast, "_bytes_for_a_batch", lambda count: asked.append(count) or allocate(count))
+    crops = fast.CropSet(root, "train", fast.Draws(transform))
+
+    fetched = crops.__getitems__([0] * 8)
+    assert asked == [fetched.pixels.numel()]
+    assert all(h * w * 4 <= 3200 * 2400 for h, w in fetched.shapes)  # each a quarter of the photograph or less
+    for seed, indices in enumerate([[1, 0], [0, 1]]):
+        asked.clear()
+        random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
+        fetched = crops.__getitems__(indices)
+        assert len(asked) == 2 and asked[-1] == fetched.pixels.numel()  # planned, then grown to fit
+        batch, _ = crops.collate(fetched)
+        random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
+        one_by_one, _ = crops.collate([crops[i] for i in indices])
+        assert torch.equal(batch.pixels, one_by_one.pixels) and torch.equal(batch.sizes, one_by_one.sizes)
+
+
+@pytest.mark.parametrize("fault", [None, "killed", "no-room"])
+def test_a_batch_crosses_from_its_worker_in_shared_memory_that_a_dying_worker_cannot_leave_behind(
+    photos, transform, tmp_path, monkeypatch, fault
+):
+    """A batch's buffer is shared memory with no name in /dev/shm: the batch arrives whole, as fetched in the loading
+    process with the same seeds; a worker killed while it holds one, or refused the room for it (a file size limit
+    stands in for a full /dev/shm), leaves no torch_* or psm_* file behind."""
+    crops = fast.CropSet(photos, "train", fast.Draws(transform))
+    worker = tmp_path / "worker_pid"
+    if fault == "killed":  # decoded after the buffer was allocated
+        monkeypatch.setattr(fast, "decode_box", lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL))
+
+    def start(_):
+        worker.write_text(str(os.getpid()))
+        random.seed(0), np.random.seed(0), torch.manual_seed(0)
+        if fault == "no-room":  # smaller than any batch of four crops
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    before = set(os.listdir("/dev/shm"))
+    loader = DataLoader(
+        crops,
+        batch_size=4,
+        num_workers=1,
+        collate_fn=crops.collate,
+        worker_init_fn=start,
+        multiprocessing_context="fork",
+    )
+    if fault is None:
+        batch, labels = next(iter(loader))
+        random.seed(0), np.random.seed(0), torch.manual_seed(0)
+        here, _ = crops.collate(crops.__getitems__([0, 1, 2, 3]))
+        assert batch.pixels.is_shared() and labels.tolist() == [0] * 4
+        assert torch.equal(batch.pixels, here.pixels) and torch.equal(batch.sizes, here.sizes)
+    else:
+        with pytest.raises((OSError, RuntimeError)):  # the allocation's error, or "worker ... exited unexpectedly"
+            next(iter(loader))
+    pid = worker.read_text()
+    left = [name for name in set(os.listdir("/dev/shm")) - before if name.startswith((f"torch_{pid}_", "psm_"))]
+    assert left == []
 
 
 def test_the_loader_bench_leaves_out_a_folders_image_over_the_pixel_limit(tmp_path, photos):

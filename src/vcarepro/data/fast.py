@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import random
 from pathlib import Path
 from typing import Iterator, List, NamedTuple, Tuple
@@ -22,7 +23,7 @@ from torch.utils.data import get_worker_info
 from vcarepro.core.errors import BadInput
 from vcarepro.data import device_ops
 from vcarepro.data.folders import ManifestDataset, read_image
-from vcarepro.data.jpeg import decode_box, image_size
+from vcarepro.data.jpeg import crop_shape, decode_box, image_size
 
 PATHS = ("pil", "fast")
 # RandAugment's PIL functions (timm.data.auto_augment.NAME_TO_OP, and vcarepro.data.augment's mended posterize), by
@@ -227,13 +228,17 @@ class CropSet(ManifestDataset):
     def __getitems__(self, indices: List[int]) -> "Fetched":
         """A whole batch, as torch's loader fetches one: every image's draws first, then each image decoded and its
         crop copied once, into the batch's buffer (the draws run faster together than between decodes, and a crop
-        copied straight into the batch is not copied twice)."""
-        heads = [self._head(index) for index in indices]
-        bound = sum(3 * box[2] * box[3] for *_, (box, _, _, _) in heads)  # a reduced scale only makes a crop smaller
-        pixels = _bytes_for_a_batch(bound)
+        copied straight into the batch is not copied twice). The buffer is sized for the crops as decoded, at their DCT
+        scale, not for their boxes at full size, up to 64 times more."""
+        heads = [self._head(index) for index in indices]  # each header read, and checked against the pixel limit
+        planned = [3 * math.prod(crop_shape(size, box, self.draws.size)) for _, _, size, _, (box, *_) in heads]
+        pixels = _bytes_for_a_batch(sum(planned))
         flat, start, shapes, scaled = pixels.numpy(), 0, [], []
-        for image, data, size, _, (box, *_) in heads:
+        for i, (image, data, size, _, (box, *_)) in enumerate(heads):
             crop, where = decode_box(data, image, size, box, self.draws.size, copy=False)
+            if start + crop.size > flat.size:  # libjpeg-turbo refused it and Pillow decoded it at full scale
+                pixels = _grown(pixels[:start], start + crop.size + sum(planned[i + 1 :]))
+                flat = pixels.numpy()
             flat[start : start + crop.size].reshape(crop.shape)[...] = crop
             start += crop.size
             shapes.append(crop.shape[:2])
@@ -256,11 +261,29 @@ class Fetched(NamedTuple):
 
 def _bytes_for_a_batch(count: int) -> torch.Tensor:
     """A uint8 buffer for a batch's crops: in shared memory inside a loader worker, as torch's own collate allocates
-    its batches, so that the batch reaches the training process without a copy."""
-    pixels = torch.empty(0, dtype=torch.uint8)
-    if get_worker_info() is not None:
-        pixels = pixels.new(pixels._typed_storage()._new_shared(count))
-    return pixels.resize_(count)
+    its batches, so that the batch reaches the training process without a copy.
+
+    The shared memory is an anonymous file (memfd), shared by its descriptor as torch's default strategy shares its
+    own: it has no name in /dev/shm, so a worker that dies, or fails to allocate, leaves nothing behind there (torch's
+    allocator leaves its /dev/shm/torch_* file when the allocation fails)."""
+    if get_worker_info() is None or count == 0:
+        return torch.empty(count, dtype=torch.uint8)
+    if not hasattr(os, "memfd_create"):  # not Linux
+        return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(count))
+    fd = os.memfd_create("vcarepro-crops", os.MFD_CLOEXEC)
+    try:
+        os.posix_fallocate(fd, 0, count)  # no room is an error here, not a SIGBUS at the first write
+        storage = torch.UntypedStorage._new_shared_fd_cpu(fd, count)  # keeps a duplicate of the descriptor
+    finally:
+        os.close(fd)
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+def _grown(kept: torch.Tensor, count: int) -> torch.Tensor:
+    """A batch buffer of ``count`` bytes that starts with ``kept``."""
+    pixels = _bytes_for_a_batch(count)
+    pixels[: kept.numel()] = kept
+    return pixels
 
 
 def collate(items, out: int) -> Tuple[CropBatch, torch.Tensor]:

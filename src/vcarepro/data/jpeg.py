@@ -39,6 +39,20 @@ def image_size(data: bytes, image: Stored) -> Tuple[int, int, bool]:
         return img.width, img.height, False
 
 
+def scale_for(size: Tuple[int, int, bool], box: Tuple[int, int, int, int], out: int) -> int:
+    """The DCT reduction :func:`decode_box` decodes ``box`` at: the largest that keeps it ``OVERSAMPLE * out`` a side
+    (1 for what Pillow decodes)."""
+    return next((f for f in SCALES if min(box[2], box[3]) >= f * OVERSAMPLE * out), 1) if size[2] else 1
+
+
+def crop_shape(size: Tuple[int, int, bool], box: Tuple[int, int, int, int], out: int) -> Tuple[int, int]:
+    """(height, width) of the pixels :func:`decode_box` returns for ``box``, known before decoding, unless
+    libjpeg-turbo refuses a file that Pillow then decodes at full scale."""
+    top, left, height, width = box
+    factor = scale_for(size, box, out)
+    return math.ceil((top + height) / factor) - top // factor, math.ceil((left + width) / factor) - left // factor
+
+
 def decode_box(
     data: bytes, image: Stored, size: Tuple[int, int, bool], box: Tuple[int, int, int, int], out: int, copy: bool = True
 ):
@@ -51,7 +65,7 @@ def decode_box(
     if turbo:
         import simplejpeg
 
-        factor = next((f for f in SCALES if min(height, width) >= f * OVERSAMPLE * out), 1)
+        factor = scale_for(size, box, out)
         scaled_size = (math.ceil(full_h / factor), math.ceil(full_w / factor))
         try:
             pixels = simplejpeg.decode_jpeg(
