@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import random
 import re
 import struct
@@ -373,6 +374,39 @@ def test_an_image_over_pillows_pixel_limit_is_counted_unreadable_from_its_header
             }
         ],
     }
+
+
+def test_links_are_followed_wherever_they_lead_and_one_leading_nowhere_is_an_unreadable_image(tmp_path):
+    """A link in a class folder is the file it leads to, inside the root or not (a lab's ImageNet built from links
+    into a shared store): an image there is kept and read through the link; a loop, a dangling link and a link to a
+    file that is no image are each one unreadable image, counted and listed with the reason its read failed."""
+    root = Mini().class_folders(tmp_path / "src")
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "shared.JPEG").write_bytes(encoded(77))
+    (store / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    folder = root / "train" / WNIDS[1]
+    for name, target in {
+        "loop.JPEG": "loop.JPEG",
+        "dangling.JPEG": "gone.JPEG",
+        "shared.JPEG": store / "shared.JPEG",
+        "passwd.JPEG": store / "passwd",
+    }.items():
+        os.symlink(target, folder / name)
+
+    with pytest.raises(BadInput, match=r"^3 of 24 ImageNet images are unreadable"):
+        prepare_imagenet(root, tmp_path / "cls", **MINIATURE)
+    counts = prepare_imagenet(root, tmp_path / "cls", max_bad_fraction=0.2, **MINIATURE)
+    assert counts["train"] == 4 * TRAIN_PER_CLASS + 1
+    report = json.loads((tmp_path / "cls" / "prepare_report.json").read_text())
+    reasons = {b["path"]: b["reason"] for b in report["bad"]["files"]}
+    assert reasons.pop(str(folder / "passwd.JPEG")).startswith("UnidentifiedImageError: cannot identify image file")
+    assert reasons == {
+        str(folder / "dangling.JPEG"): "FileNotFoundError: No such file or directory",
+        str(folder / "loop.JPEG"): "OSError: Too many levels of symbolic links",
+    }
+    (shared,) = [image for image, _ in read_manifest(tmp_path / "cls", "train") if image.name == "shared.JPEG"]
+    assert shared.file == folder / "shared.JPEG" and read_image(shared) == encoded(77)  # listed as the link
 
 
 # ----------------------------------------------------------------------------- refused and missing inputs

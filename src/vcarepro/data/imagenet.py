@@ -266,13 +266,24 @@ def _class_folders(folder: Path, listed: AbstractSet[str]) -> List[str]:
 
 
 def _images_in(folder: Path) -> List[str]:
-    """Absolute paths of the image files directly in ``folder``, sorted."""
+    """Absolute paths of the images directly in ``folder``, sorted: every entry with an image's suffix but a folder.
+
+    A link is the file it leads to, wherever that lies (labs build ImageNet from links into a shared store); one
+    that leads nowhere (dangling, a loop) fails its read and is counted unreadable, like a file that fails to decode.
+    """
     with os.scandir(folder) as entries:
         return sorted(
             os.path.abspath(e.path)
             for e in entries
-            if e.is_file() and not e.name.startswith(".") and Path(e.name).suffix.lower() in IMAGE_SUFFIXES
+            if not e.name.startswith(".") and Path(e.name).suffix.lower() in IMAGE_SUFFIXES and not _is_folder(e)
         )
+
+
+def _is_folder(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:  # a link loop: not a folder, and its read will say why it is unreadable
+        return False
 
 
 @dataclass
