@@ -365,3 +365,23 @@ SMALL = {
     "vca_cswin_tiny_224": dict(**CSWIN, contrast_tokens=SMALL_TOKENS),
     "lab_cswin_tiny_224": dict(**CSWIN, contrast_tokens=SMALL_TOKENS),
 }
+
+
+def flat_jpeg(width: int, height: int) -> bytes:
+    """A decodable grayscale JPEG of ``width`` x ``height``, every 8x8 block flat grey: 6 bits a block (DC difference
+    0, then end of block, in the standard Huffman tables), so 13000 x 13000 pixels are 2 MB, built in a blink."""
+    import io
+    import struct
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("L", (8, 8), 128).save(buf, "JPEG")
+    data = buf.getvalue()
+    sof = data.index(b"\xff\xc0")
+    data = data[: sof + 5] + struct.pack(">HH", height, width) + data[sof + 9 :]
+    sos = data.index(b"\xff\xda")
+    head = data[: sos + 2 + struct.unpack(">H", data[sos + 2 : sos + 4])[0]]
+    bits = "001010" * (-(-width // 8) * -(-height // 8))
+    bits += "1" * (-len(bits) % 8)  # padded with ones, as JPEG pads
+    return head + int(bits, 2).to_bytes(len(bits) // 8, "big") + b"\xff\xd9"

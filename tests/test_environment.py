@@ -223,7 +223,8 @@ def test_lockcheck_verify_names_dvc_checkout_where_the_cache_holds_the_committed
     _git(repo, "init", "-q")
 
     def run(*argv: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "dvc", *argv], cwd=repo, capture_output=True, text=True, timeout=120)
+        command = [sys.executable, "-m", "dvc", *argv]
+        done = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         return done.stdout
 

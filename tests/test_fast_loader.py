@@ -26,7 +26,7 @@ from PIL import Image, ImageFile
 from timm.data import auto_augment
 from torch.utils.data import DataLoader
 
-from test_imagenet import flat_jpeg
+from helpers import flat_jpeg
 from vcarepro.core.errors import BadInput
 from vcarepro.data import device_ops, fast
 from vcarepro.data.augment import posterize as pillow_safe_posterize
