@@ -356,11 +356,19 @@ def test_the_classification_step_counts_steps_from_the_dataset_and_the_recipe():
     run = cls_run(params, "deit_tiny-vca")
     cpu = torch.device("cpu")
     branch = classification([run], Dataset("cls", True, 6400, "test"), num_classes=10)
-    cost = run_cost(branch, run, devices=2, cap=2, device=cpu, memory=device_memory(cpu), repeats=1)
+    for _ in range(3):  # the fast tier shares two cores, and the preflight projects no busy machine's time
+        cost = run_cost(branch, run, devices=2, cap=2, device=cpu, memory=device_memory(cpu), repeats=1)
+        if cost.step_seconds is not None:
+            break
     assert cost.recipe_batch == 32 and cost.batch_run == 2
     assert cost.steps == (run.recipe["epochs"] + run.recipe["cooldown_epochs"]) * 100
-    assert cost.peak_bytes_measured is not None and cost.step_seconds > 0 and not cost.problems
-    assert math.isclose(cost.train_gpu_hours, 3 * cost.steps * cost.step_seconds * 2 / 3600)
+    assert cost.peak_bytes_measured is not None
+    if cost.step_seconds is None:  # three times busy: said so, nothing projected
+        assert len(cost.problems) == 1 and "so the machine was busy and its time is not projected" in cost.problems[0]
+        assert cost.train_gpu_hours is None
+    else:
+        assert cost.step_seconds > 0 and not cost.problems
+        assert math.isclose(cost.train_gpu_hours, 3 * cost.steps * cost.step_seconds * 2 / 3600)
 
 
 # --- what the output leads with, in-process on fake steps of known durations and sizes (no model is built) ---
