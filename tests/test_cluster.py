@@ -445,7 +445,7 @@ def test_the_srun_launcher_starts_its_ranks_inside_a_cluster_job(slurm, repo, tm
     slurm.run("scancel", "--signal=USR2", job)  # reaches the job's step and the stage's own srun step
     assert driver.wait(600) == 0, log.read_text()[-4000:]
     text = log.read_text()
-    assert f"submitted {stage} as job" in text and "every stage is up to date (3 stages)" in text, text
+    assert f"submitted {stage} as job" in text and "every stage is up to date (4 stages)" in text, text
     assert f"{stage}: job {job} requeued" in text, text
     err = copy / records(copy)[stage]["log"]
     job_log = err.read_text() + err.with_name(err.name.replace("_log.err", "_log.out")).read_text()
