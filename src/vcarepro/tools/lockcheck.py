@@ -261,20 +261,21 @@ def disk_differences(root: Path, lock: dict, recorded_files: Dict[str, Dict[str,
     for (stage, path), digest in sorted(lock_outputs(lock).items(), key=lambda item: item[0][1]):
         here, listing, n, b = hash_on_disk(root / path)
         files, size = files + n, size + b
+        cached = _dir_listing(root, digest)
         if here is None:
-            restore = cache_restores(root, digest, _dir_listing(root, digest), {})
+            restore = cache_restores(root, digest, cached, {})
             lines.append(
                 f"{path} ({stage}): in the committed lock, missing on disk"
                 + (f"; `dvc checkout --force {path}` restores it from DVC's cache" if restore else "")
             )
         elif here != digest:
-            recorded = _dir_listing(root, digest) or recorded_files.get(path)
+            recorded = cached or recorded_files.get(path)
             lines.append(
                 f"{path} ({stage}): {here[:12]} on disk, {digest[:12]} in the committed lock"
                 + file_differences(recorded, listing)
                 + (
                     f"; DVC's cache holds the committed bytes, so `dvc checkout --force {path}` restores them"
-                    if cache_restores(root, digest, _dir_listing(root, digest), listing)
+                    if cache_restores(root, digest, cached, listing)
                     else ""
                 )
             )
