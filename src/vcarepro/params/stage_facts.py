@@ -103,7 +103,12 @@ def stage_definition(stage: str, root: str | Path = ".") -> Tuple[List[str], Lis
 
     Reads ``root/dvc.yaml`` if there is one, else the code's own; the vars come from ``root/params.yaml``.
     """
-    pipeline, stages, context = _pipeline(Path(root))
+    return _definition(stage, *_pipeline(Path(root)))
+
+
+def _definition(
+    stage: str, pipeline: Path, stages: Dict[str, Any], context: Dict[str, Any]
+) -> Tuple[List[str], List[str]]:
     group, _, key = stage.partition("@")
     if group not in stages:
         raise BadInput(f"{pipeline} has no stage {group!r}; name one of {', '.join(stages)}.")
@@ -125,9 +130,8 @@ def stage_definition(stage: str, root: str | Path = ".") -> Tuple[List[str], Lis
     return deps, params
 
 
-def _products(root: Path) -> List[str]:
+def _products(stages: Dict[str, Any], context: Dict[str, Any]) -> List[str]:
     """Every path a stage of the pipeline writes (outs, metrics, plots), resolved."""
-    _, stages, context = _pipeline(root)
     written = []
     for group, definition in stages.items():
         for body, where in _expanded(group, definition, context).values():
@@ -159,13 +163,11 @@ def _resolve(text: Any, context: Dict[str, Any]) -> Any:
 
 
 def _from_definition(stage: str, root: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    from vcarepro.params.config import load_params
-
-    dep_paths, keys = stage_definition(stage, root)
-    values = load_params(root / PARAMS)
+    pipeline, stages, values = _pipeline(root)
+    dep_paths, keys = _definition(stage, pipeline, stages, values)
     params = {key: _lookup(values, key) for key in keys}
-    sources = _pipeline(root)[0].parent
-    products = _products(root)
+    sources = pipeline.parent
+    products = _products(stages, values)
     deps = {}
     for path in dep_paths:
         written = any(path == p or path.startswith(p + "/") or p.startswith(path + "/") for p in products)
