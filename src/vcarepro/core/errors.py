@@ -157,12 +157,33 @@ def interrupted_line(what: Optional[str] = None, resume: Optional[str] = None) -
 
 def interruptible() -> None:
     """Ctrl-C raises KeyboardInterrupt here even where SIGINT came in ignored (a job a non-interactive shell put
-    in the background ignores it, and Python then never installs its handler); main thread only."""
+    in the background ignores it, and Python then never installs its handler), and even where it lands in a
+    finalizer; main thread only."""
     try:
         if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
             signal.signal(signal.SIGINT, signal.default_int_handler)
     except ValueError:  # not the main thread: leave signals alone
-        pass
+        return
+    if sys.unraisablehook is not _ctrl_c_again:
+        global _unraisable
+        _unraisable, sys.unraisablehook = sys.unraisablehook, _ctrl_c_again
+
+
+_unraisable = sys.unraisablehook
+
+
+def _ctrl_c_again(unraisable) -> None:
+    """Python drops an exception raised in a finalizer (a ``__del__``, a weakref callback, which the garbage
+    collector runs between any two lines): a Ctrl-C landing there would be lost and the run go on, so send it again
+    from a thread, shortly (sent from here, it would land in this hook, where it is dropped too)."""
+    if issubclass(unraisable.exc_type, KeyboardInterrupt):
+        import threading
+
+        again = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
+        again.daemon = True
+        again.start()
+    else:
+        _unraisable(unraisable)
 
 
 def run_stage(main: Callable[[], object], *, what: Optional[str] = None) -> None:
