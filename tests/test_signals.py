@@ -235,6 +235,23 @@ def _cmdline(process):
         return []
 
 
+def _catches_sigint(pid: int, timeout: float) -> bool:
+    """Whether the process has its own SIGINT handler within ``timeout`` s (SigCgt in /proc: the command started
+    ignoring it, as a background job does, until its run_stage installs one)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            caught = next(
+                line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("SigCgt")
+            )
+        except (OSError, StopIteration):
+            return False
+        if int(caught.split()[1], 16) & (1 << (signal.SIGINT - 1)):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def _interrupt(argv, started, cwd=None, delay=8.0, sigint=signal.SIG_IGN, env=None, kin=None, signum=signal.SIGINT):
     """Start argv, wait until stderr shows `started`, SIGINT its process group; return (status, stderr, seconds).
     Another ``signum`` (SIGTERM: `timeout`, a scheduler) goes to the command's own process alone."""
@@ -260,7 +277,8 @@ def _interrupt(argv, started, cwd=None, delay=8.0, sigint=signal.SIG_IGN, env=No
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        if started is None:  # nothing on stderr while it runs: give it time to get past its imports
+        if started is None:  # nothing on stderr while it runs: past its imports (2 to 15 s), then into its work
+            assert _catches_sigint(proc.pid, 120), "never caught SIGINT:\n" + "".join(lines)
             time.sleep(delay)
         else:
             assert seen.wait(120), "never started:\n" + "".join(lines)
@@ -304,7 +322,7 @@ def _check(status, err, resume: str):
 @pytest.mark.alone
 def test_preflight_stops_on_ctrl_c():
     argv = [sys.executable, "-m", "vcarepro.tools.preflight", "--scale", "paper", "--runs", "deit_tiny-vca"]
-    status, err = _interrupt(argv, started=None, delay=5.0)  # while it steps (the run takes ~10 s)
+    status, err = _interrupt(argv, started=None, delay=1.0)  # while it steps (the run takes ~10 s)
     _check(status, err, "the same command")
     assert "the preflight" in err
 
@@ -320,7 +338,7 @@ def test_bench_stops_on_ctrl_c(tmp_path):
         "--json",
         str(tmp_path / "b.json"),
     ]
-    status, err = _interrupt(argv, started=None)
+    status, err = _interrupt(argv, started=None, delay=2.0)
     _check(status, err, "the same command")
     assert "the benchmark" in err
 
