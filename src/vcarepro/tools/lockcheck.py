@@ -261,6 +261,8 @@ def disk_differences(root: Path, lock: dict, recorded_files: Dict[str, Dict[str,
     for (stage, path), digest in sorted(lock_outputs(lock).items(), key=lambda item: item[0][1]):
         here, listing, n, b = hash_on_disk(root / path)
         files, size = files + n, size + b
+        if here == digest:
+            continue
         cached = _dir_listing(root, digest)
         if here is None:
             restore = cache_restores(root, digest, cached, {})
@@ -268,7 +270,7 @@ def disk_differences(root: Path, lock: dict, recorded_files: Dict[str, Dict[str,
                 f"{path} ({stage}): in the committed lock, missing on disk"
                 + (f"; `dvc checkout --force {path}` restores it from DVC's cache" if restore else "")
             )
-        elif here != digest:
+        else:
             recorded = cached or recorded_files.get(path)
             lines.append(
                 f"{path} ({stage}): {here[:12]} on disk, {digest[:12]} in the committed lock"
