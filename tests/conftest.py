@@ -24,18 +24,19 @@ import torch  # noqa: E402
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 
-# The longest files of the slow tier, longest first (their setup on a fresh clone, two workers: the smoke scale's
-# DAG 575 s, the family's pipeline 189 s, ...). Under pytest-xdist they are handed out first, so the longest does
-# not start last and leave one worker idle while the other finishes it.
+# The longest files of the slow tier, longest first (worker-seconds, two workers on a 2-core Intel Xeon: the smoke
+# scale's DAG 488, the emulated AMD EPYC 277, the lab's queues, remotes and servers 209, the family's pipeline 134,
+# ...). Under pytest-xdist they are handed out first (pyproject.toml turns off xdist's own order, by number of tests),
+# so the longest does not start last and leave one worker idle while the other finishes it.
 LONGEST_FIRST = (
     "test_smoke.py",
-    "test_numerics.py",  # the emulated AMD EPYC: 1.4 min on an AMD host, 4.4 min on an Intel Xeon (qemu's TCG)
+    "test_numerics.py",
+    "test_lab.py",
     "test_family_pipeline.py",
-    "test_lab.py",  # 4 min beside the family's pipeline: the lab's queues, remotes and servers
-    "test_signals.py",  # a training process killed and resumed: 4 min beside another test file
-    "test_training.py",  # and the driver's damaged checkpoints and same-seed runs: 4 min
-    "test_preflight.py",
-    "test_stage_facts.py",
+    "test_signals.py",
+    "test_training.py",
+    "test_fid_reference.py",
+    "test_paper_road.py",
 )
 
 
