@@ -195,6 +195,12 @@ def pooled_queries(q_patches: torch.Tensor, grid, contrast) -> torch.Tensor:
     return torch.stack(out, dim=1)
 
 
+def attention_path(m: torch.nn.Module, fused: bool) -> torch.nn.Module:
+    """``m`` with timm's fused attention on (SDPA) or off (each map materialised), as TIMM_FUSED_ATTN=0 builds it."""
+    m.fused_attn = fused
+    return m
+
+
 def vouch(project, branch, run):
     """The run's provenance.json as its evaluation stage writes it: produced by the project's params."""
     params = yaml.safe_load((project / "params.yaml").read_text())

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from helpers import pooled_queries
+from helpers import attention_path, pooled_queries
 from vcarepro.attention.agent import AgentAttention
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -110,13 +110,13 @@ def agent_attention_from_equations(m: AgentAttention, x: torch.Tensor) -> torch.
 
 
 @pytest.mark.parametrize("prefix", [0, 1, 2])
-@pytest.mark.parametrize("reference", [True, False])
-def test_matches_the_equations_head_by_head(prefix, reference):
+@pytest.mark.parametrize("fused", [True, False])
+def test_matches_the_equations_head_by_head(prefix, fused):
     m = make_agent(prefix)
     x = tokens(prefix)
     with torch.no_grad():
         expected = agent_attention_from_equations(m, x)
-        got = m(x, reference=reference)
+        got = attention_path(m, fused)(x)
     assert got.shape == x.shape
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
 
@@ -126,17 +126,18 @@ def test_equations_hold_when_the_coarse_bias_is_upsampled_or_downsampled_and_for
     m = make_agent(1, coarse_bias_side=coarse_side, dwc_kernel=dwc)
     x = tokens(1)
     with torch.no_grad():
-        torch.testing.assert_close(m(x, reference=True), agent_attention_from_equations(m, x), rtol=1e-10, atol=1e-10)
+        expected = agent_attention_from_equations(m, x)
+        torch.testing.assert_close(attention_path(m, False)(x), expected, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("grid, agents", SHAPES)
 @pytest.mark.parametrize("prefix", [0, 1])
-def test_fused_and_reference_paths_agree_in_value_and_gradient(grid, agents, prefix):
+def test_fused_and_materialised_attention_agree_in_value_and_gradient(grid, agents, prefix):
     m = make_agent(prefix, grid=grid, agents=agents)
     x = tokens(prefix, grid=grid).requires_grad_()
-    fused = m(x, reference=False)
+    fused = attention_path(m, True)(x)
     (grad_fused,) = torch.autograd.grad(fused.square().sum(), x)
-    ref = m(x, reference=True)
+    ref = attention_path(m, False)(x)
     (grad_ref,) = torch.autograd.grad(ref.square().sum(), x)
     torch.testing.assert_close(fused, ref, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(grad_fused, grad_ref, rtol=1e-9, atol=1e-9)
@@ -157,7 +158,7 @@ def test_class_token_is_not_pooled_into_the_agents_and_gets_no_convolution():
     assert not torch.allclose(a[:, 1:], b[:, 1:])
 
 
-def test_pooling_is_pytorchs_adaptive_average_pooling_over_all_channels_in_both_paths():
+def test_pooling_is_pytorchs_adaptive_average_pooling_over_all_channels():
     # the official layer pools (B, C, H, W) before the head split; per-head pooling must equal it
     m = make_agent(1, grid=(7, 5), agents=(3, 2))
     q_flat = torch.randn(2, 1 + 35, DIM, dtype=torch.float64)
@@ -165,7 +166,8 @@ def test_pooling_is_pytorchs_adaptive_average_pooling_over_all_channels_in_both_
     official = F.adaptive_avg_pool2d(q_flat[:, 1:].reshape(2, 7, 5, DIM).permute(0, 3, 1, 2), (3, 2))
     official = official.reshape(2, DIM, 6).transpose(1, 2).reshape(2, 6, HEADS, DIM // HEADS).transpose(1, 2)
     torch.testing.assert_close(m.agents(q), official)
-    torch.testing.assert_close(m.agents(q, reference=True), official)
+    means = pooled_queries(q[:, :, 1:].reshape(2 * HEADS, 35, -1), (7, 5), (3, 2)).reshape(2, HEADS, 6, -1)
+    torch.testing.assert_close(m.agents(q), means)  # each agent the plain mean of its window
 
 
 # -- 3: parameters as the official AgentAttention ------------------------------------------------------------
@@ -212,7 +214,7 @@ def test_switches_drop_exactly_their_parameters():
     assert sum(p.numel() for p in full.parameters()) - sum(p.numel() for p in plain.parameters()) == biases + conv
     x = tokens(1, dtype=torch.float32)
     assert plain(x).shape == x.shape
-    torch.testing.assert_close(plain(x, reference=True), plain(x, reference=False), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(attention_path(plain, False)(x), attention_path(plain, True)(x), rtol=1e-5, atol=1e-6)
 
 
 def test_biases_start_as_the_official_truncated_normal():
@@ -230,21 +232,21 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("mode", ["autocast", "cast"])
-@pytest.mark.parametrize("reference", [False, True])
-def test_bf16_is_finite_and_close_to_fp32(mode, reference):
+@pytest.mark.parametrize("fused", [True, False])
+def test_bf16_is_finite_and_close_to_fp32(mode, fused):
     m32 = make_agent(1, grid=(14, 14), agents=49, dtype=torch.float32).train()
     x32 = tokens(1, grid=(14, 14), dtype=torch.float32).requires_grad_()
-    y32 = m32(x32, reference=reference)
+    y32 = attention_path(m32, fused)(x32)
     (g32,) = torch.autograd.grad(y32.square().mean(), x32)
     if mode == "autocast":
         x = x32.detach().clone().requires_grad_()
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            y = m32(x, reference=reference)
+            y = attention_path(m32, fused)(x)
             (g,) = torch.autograd.grad(y.float().square().mean(), x)
     else:
         m16 = make_agent(1, grid=(14, 14), agents=49, dtype=torch.bfloat16).train()
         x = x32.detach().to(torch.bfloat16).requires_grad_()
-        y = m16(x, reference=reference)
+        y = attention_path(m16, fused)(x)
         (g,) = torch.autograd.grad(y.float().square().mean(), x)
     assert y.dtype == torch.bfloat16
     assert torch.isfinite(y).all() and torch.isfinite(g).all()
@@ -290,7 +292,7 @@ def test_qk_norm_normalises_queries_before_pooling_and_keys():
     m = make_agent(1, qk_norm=True, norm_layer=nn.LayerNorm)
     x = tokens(1)
     with torch.no_grad():
-        torch.testing.assert_close(m(x, reference=True), m(x, reference=False), rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(attention_path(m, False)(x), attention_path(m, True)(x), rtol=1e-10, atol=1e-10)
         plain = make_agent(1)
         plain.load_state_dict(m.state_dict(), strict=False)
         assert not torch.allclose(m(x), plain(x))

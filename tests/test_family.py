@@ -17,7 +17,7 @@ import yaml
 from timm.layers import Attention
 from timm.models.vision_transformer import Block
 
-from helpers import ROOT
+from helpers import ROOT, attention_path
 from vcarepro.attention import ATTENTIONS, build_attention
 from vcarepro.attention.controls import MhsaLocalConv
 from vcarepro.core.errors import BadInput
@@ -221,16 +221,17 @@ def test_control_without_its_conv_is_timms_attention(prefix, grid):
         control.local_conv.bias.zero_()
         x = token_batch(prefix, grid)
         expected = timm_twin(control)(x)
-        for reference in (True, False):
-            torch.testing.assert_close(control(x, reference=reference), expected, atol=1e-6, rtol=1e-6)
+        for fused in (True, False):
+            torch.testing.assert_close(attention_path(control, fused)(x), expected, atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("prefix,grid", [(1, (4, 3)), (0, (4, 4))])
-def test_control_reference_path_equals_fused_path(prefix, grid):
+def test_control_materialised_attention_equals_fused(prefix, grid):
     control = make_control(prefix, grid)
     x = token_batch(prefix, grid)
     with torch.no_grad():
-        torch.testing.assert_close(control(x, reference=True), control(x, reference=False), atol=1e-5, rtol=1e-5)
+        materialised, fused = attention_path(control, False)(x), attention_path(control, True)(x)
+        torch.testing.assert_close(materialised, fused, atol=1e-5, rtol=1e-5)
         # and the conv term is really there (PyTorch's default init is not zero)
         assert not torch.allclose(control(x), timm_twin(control)(x), atol=1e-4)
 

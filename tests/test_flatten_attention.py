@@ -89,24 +89,58 @@ def flatten_from_equations(m: FocusedLinearAttention, x: torch.Tensor) -> torch.
     return F.linear(out, m.proj.weight, m.proj.bias)
 
 
+def focus_as_written(a: torch.Tensor, power: float) -> torch.Tensor:
+    """phi(a) = ||a|| / ||a ** p|| * a ** p, the power of a itself."""
+    powered = a**power
+    return powered / powered.norm(dim=-1, keepdim=True) * a.norm(dim=-1, keepdim=True)
+
+
+def feature_maps(m: FocusedLinearAttention, x: torch.Tensor):
+    """phi(q), phi(k) as written, over all C channels of each token, split into heads (B, heads, N, d); and v."""
+    B, N, C = x.shape
+    q, k, v = m._qkv_heads(x)
+    q, k = (t.transpose(1, 2).reshape(B, N, C) for t in (q, k))
+    encoding = m._key_encoding(k.dtype)
+    if encoding is not None:
+        k = k + encoding
+    s = F.softplus(m.scale.to(q.dtype))
+    fq, fk = (m._split_heads(focus_as_written((F.relu(t) + 1e-6) / s, m.focusing_factor)) for t in (q, k))
+    return fq, fk, v
+
+
+def attention_map(fq: torch.Tensor, fk: torch.Tensor) -> torch.Tensor:
+    """The normalised N x N map Q K^T / (rowsum + N eps), per head: (B, heads, N, N)."""
+    scores = fq @ fk.transpose(-2, -1)
+    return scores / (scores.sum(dim=-1, keepdim=True) + fk.shape[-2] * 1e-6)
+
+
+def materialised(m: FocusedLinearAttention, x: torch.Tensor) -> torch.Tensor:
+    """The layer's output with the N x N map formed instead of its linear association."""
+    B, N, C = x.shape
+    fq, fk, v = feature_maps(m, x)
+    out = (attention_map(fq, fk) @ v).transpose(1, 2).reshape(B, N, C)
+    if m.dwc is not None:
+        out = m._add_local(out, m._local(v))
+    return m.proj(out)
+
+
 @pytest.mark.parametrize("prefix", [0, 1, 2])
-@pytest.mark.parametrize("reference", [False, True])
-def test_matches_the_equations_token_by_token(prefix, reference):
+def test_matches_the_equations_token_by_token(prefix):
     m = make_flatten(prefix=prefix, grid=(3, 4))
     x = tokens(prefix, grid=(3, 4))
     with torch.no_grad():
         expected = flatten_from_equations(m, x)
-        got = m(x, reference=reference)
+        got = m(x)
+        torch.testing.assert_close(materialised(m, x), expected, rtol=1e-10, atol=1e-10)
     assert got.shape == x.shape
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("reference", [False, True])
-def test_gradients_match_the_equations(reference):
+def test_gradients_match_the_equations():
     m = make_flatten(prefix=1, grid=(3, 4))
     x = tokens(1, grid=(3, 4), batch=1).requires_grad_()
     (expected,) = torch.autograd.grad(flatten_from_equations(m, x).square().sum(), x)
-    (got,) = torch.autograd.grad(m(x, reference=reference).square().sum(), x)
+    (got,) = torch.autograd.grad(m(x).square().sum(), x)
     torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
 
 
@@ -115,45 +149,44 @@ def test_variants_match_the_equations(variant):
     m = make_flatten(prefix=1, grid=(3, 4), **VARIANTS[variant])
     x = tokens(1, grid=(3, 4))
     with torch.no_grad():
-        torch.testing.assert_close(m(x, reference=True), flatten_from_equations(m, x), rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(m(x), flatten_from_equations(m, x), rtol=1e-10, atol=1e-10)
 
 
-def test_reference_map_is_nonnegative_and_rows_sum_to_just_under_one():
+def test_the_map_is_nonnegative_and_rows_sum_to_just_under_one():
     m = make_flatten(prefix=1)
     x = tokens(1)
     with torch.no_grad():
-        q, k, _ = m.qkv(x).split(DIM, dim=-1)
-        fq, fk = m.feature_maps(q, k, literal=True)
-        attn = m.attention_map(m._split_heads(fq), m._split_heads(fk))
+        fq, fk, _ = feature_maps(m, x)
+        attn = attention_map(fq, fk)
     assert attn.shape == (2, HEADS, 1 + 35, 1 + 35)
     assert (attn >= 0).all()
     # rows sum to S / (S + N eps), S the unnormalised row sum: just under 1
-    scores = (m._split_heads(fq) @ m._split_heads(fk).transpose(-1, -2)).sum(-1)
+    scores = (fq @ fk.transpose(-1, -2)).sum(-1)
     torch.testing.assert_close(attn.sum(-1), scores / (scores + 36 * 1e-6), rtol=1e-12, atol=0)
     assert (attn.sum(-1) < 1).all() and (attn.sum(-1) > 0.999).all()
 
 
-# -- efficient (linear) path == reference (N x N) path --------------------------------------
+# -- the linear association == the N x N map ------------------------------------------------
 
 
 @pytest.mark.parametrize("grid, prefix", SHAPES)
-def test_linear_and_reference_paths_agree_in_value_and_gradient(grid, prefix):
+def test_the_linear_association_equals_the_materialised_map_in_value_and_gradient(grid, prefix):
     m = make_flatten(prefix=prefix, grid=grid)
     x = tokens(prefix, grid=grid).requires_grad_()
     fast = m(x)
     (grad_fast,) = torch.autograd.grad(fast.square().sum(), x)
-    ref = m(x, reference=True)
+    ref = materialised(m, x)
     (grad_ref,) = torch.autograd.grad(ref.square().sum(), x)
     torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(grad_fast, grad_ref, rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_every_variant_has_equal_paths(variant):
+def test_every_variant_equals_its_materialised_map(variant):
     m = make_flatten(prefix=1, **VARIANTS[variant])
     x = tokens(1)
     with torch.no_grad():
-        torch.testing.assert_close(m(x), m(x, reference=True), rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(m(x), materialised(m, x), rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -173,7 +206,7 @@ def test_focus_keeps_the_norm_sharpens_the_direction_and_is_homogeneous():
     a = torch.rand(5, 12, dtype=torch.float64) + 1e-3
     f = focus(a, 3)
     torch.testing.assert_close(f.norm(dim=-1), a.norm(dim=-1))
-    torch.testing.assert_close(f, focus(a, 3, literal=True))
+    torch.testing.assert_close(f, focus_as_written(a, 3))
     torch.testing.assert_close(focus(7.0 * a, 3), 7.0 * f)
     torch.testing.assert_close(focus(a, 1), a)
 
@@ -187,10 +220,10 @@ def test_focus_keeps_the_norm_sharpens_the_direction_and_is_homogeneous():
 def test_focus_does_not_overflow_where_the_literal_power_does():
     a = torch.full((2, 8), 1e15)
     a[:, 0] = 2e15
-    assert not torch.isfinite(focus(a, 3, literal=True)).all()  # (1e15)^3 overflows float32
+    assert not torch.isfinite(focus_as_written(a, 3)).all()  # (1e15)^3 overflows float32
     f = focus(a, 3)
     assert torch.isfinite(f).all()
-    torch.testing.assert_close(f, focus(a.double(), 3, literal=True).float(), rtol=1e-5, atol=0)
+    torch.testing.assert_close(f, focus_as_written(a.double(), 3).float(), rtol=1e-5, atol=0)
 
 
 # -- the class token and the positional encoding ------------------------------------------------
@@ -327,7 +360,7 @@ def test_set_grid_size_interpolates_the_grid_rows_bicubically_and_keeps_prefix_r
     torch.testing.assert_close(m.pos_encoding[0, 1:].detach(), expected.reshape(-1, DIM))
     x = tokens(1, grid=(16, 12))
     assert m(x).shape == x.shape
-    torch.testing.assert_close(m(x), m(x, reference=True), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(m(x), materialised(m, x), rtol=1e-10, atol=1e-10)
     with pytest.raises(ValueError, match=r"expects 1 prefix \+ 16x12 grid = 193"):
         m(tokens(1, grid=(14, 14)))
 

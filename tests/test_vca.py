@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import pooled_queries
+from helpers import attention_path, pooled_queries
 from vcarepro.attention import VisualContrastAttention, lambda_init_for_layer
 
 DIM, HEADS = 48, 3  # head_dim 16: small, even (the diff ablation halves it)
@@ -88,60 +88,60 @@ def vca_from_equations(m: VisualContrastAttention, x: torch.Tensor) -> torch.Ten
 
 
 @pytest.mark.parametrize("prefix", [0, 1, 2])
-@pytest.mark.parametrize("reference", [False, True])
-def test_matches_the_equations_head_by_head(prefix, reference):
-    m = make_vca(prefix=prefix)
+@pytest.mark.parametrize("fused", [True, False])
+def test_matches_the_equations_head_by_head(prefix, fused):
+    m = attention_path(make_vca(prefix=prefix), fused)
     x = tokens(prefix)
     with torch.no_grad():
         expected = vca_from_equations(m, x)
-        got = m(x, reference=reference)
+        got = m(x)
     assert got.shape == x.shape
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("grid, contrast", UNEVEN)
-@pytest.mark.parametrize("reference", [False, True])
-def test_contrast_grids_that_do_not_divide_the_patch_grid_pool_overlapping_windows(grid, contrast, reference):
-    m = make_vca(grid=grid, contrast=contrast)
+@pytest.mark.parametrize("fused", [True, False])
+def test_contrast_grids_that_do_not_divide_the_patch_grid_pool_overlapping_windows(grid, contrast, fused):
+    m = attention_path(make_vca(grid=grid, contrast=contrast), fused)
     x = tokens(grid=grid)
     with torch.no_grad():
-        got = m(x, reference=reference)
+        got = m(x)
         expected = vca_from_equations(m, x)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
-def test_pooling_is_pytorchs_adaptive_average_pooling_in_both_paths():
+def test_pooling_is_pytorchs_adaptive_average_pooling_and_each_token_the_mean_of_its_window():
     # 9 tokens on a 56x56 grid, as in PVT-T's first stage: windows of 19 cells overlapping by one
     m = VisualContrastAttention(DIM, HEADS, grid_size=56, num_prefix_tokens=0, contrast_tokens=9)
     q = torch.randn(2, HEADS, 56 * 56, DIM // HEADS)
-    fused, _ = m.contrast_tokens(q, reference=False)
-    ref, _ = m.contrast_tokens(q, reference=True)
+    t_pos, _ = m.contrast_tokens(q)
+    embed = m._split_heads(m.embed_pos[None])
     expected = F.adaptive_avg_pool2d(q.transpose(-1, -2).reshape(2 * HEADS, -1, 56, 56), 3)
-    expected = expected.reshape(2, HEADS, -1, 9).transpose(-1, -2) + m._split_heads(m.embed_pos[None])
-    torch.testing.assert_close(fused, expected)
-    torch.testing.assert_close(ref, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(t_pos, expected.reshape(2, HEADS, -1, 9).transpose(-1, -2) + embed)
+    means = pooled_queries(q.reshape(2 * HEADS, 56 * 56, -1), (56, 56), (3, 3)).reshape(2, HEADS, 9, -1)
+    torch.testing.assert_close(t_pos, means + embed, rtol=1e-5, atol=1e-5)
     window = pooled_queries(q[0, 0:1], (56, 56), (3, 3))[0, 4]  # the centre token: rows and columns 18..37
     torch.testing.assert_close(window, q[0, 0].reshape(56, 56, -1)[18:38, 18:38].mean(dim=(0, 1)))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("prefix", [0, 1])
-def test_fused_and_reference_paths_agree_in_value_and_gradient(variant, prefix):
+def test_fused_and_materialised_attention_agree_in_value_and_gradient(variant, prefix):
     m = make_vca(prefix=prefix, **VARIANTS[variant])
     x = tokens(prefix).requires_grad_()
-    fused = m(x, reference=False)
+    fused = attention_path(m, True)(x)
     (grad_fused,) = torch.autograd.grad(fused.square().sum(), x)
-    ref = m(x, reference=True)
+    ref = attention_path(m, False)(x)
     (grad_ref,) = torch.autograd.grad(ref.square().sum(), x)
     torch.testing.assert_close(fused, ref, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(grad_fused, grad_ref, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("reference", [False, True])
-def test_gradients_reach_every_parameter(variant, reference):
-    m = make_vca(**VARIANTS[variant]).train()
-    m(tokens(), reference=reference).square().mean().backward()
+@pytest.mark.parametrize("fused", [True, False])
+def test_gradients_reach_every_parameter(variant, fused):
+    m = attention_path(make_vca(**VARIANTS[variant]).train(), fused)
+    m(tokens()).square().mean().backward()
     for name, p in m.named_parameters():
         assert p.grad is not None, f"{name} received no gradient"
         assert p.grad.abs().sum() > 0, f"{name} received an all-zero gradient"
@@ -176,7 +176,7 @@ def test_pooled_streams_without_embeddings_collapse_stage_one_to_a_scaled_attent
         t_pos, t_neg = m.contrast_tokens(q)
         torch.testing.assert_close(t_pos, t_neg)
         lam1 = m.lambdas()[0]
-        got = m._global_contrast(t_pos, t_neg, k, v, lam1, reference=True)
+        got = m._global_contrast(t_pos, t_neg, k, v, lam1)
         plain = F.scaled_dot_product_attention(t_pos, k, v)
         expected = (1 - m.lambda_init) * rms((1 - lam1) * plain, m.stage1_norm.weight)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
@@ -192,8 +192,8 @@ def test_separate_softmax_is_two_softmaxes_and_joint_is_one():
         v_hat = torch.randn(2, HEADS, t_pos.shape[2], DIM // HEADS)
         lam2 = torch.tensor(0.5)
         scale = m_joint.scale
-        sep = m_sep._patch_contrast(q, t_pos, t_neg, v_hat, lam2, reference=False)
-        joint = m_joint._patch_contrast(q, t_pos, t_neg, v_hat, lam2, reference=False)
+        sep = m_sep._patch_contrast(q, t_pos, t_neg, v_hat, lam2)
+        joint = m_joint._patch_contrast(q, t_pos, t_neg, v_hat, lam2)
         a_pos = torch.softmax(q @ t_pos.transpose(-1, -2) * scale, -1)
         a_neg = torch.softmax(q @ t_neg.transpose(-1, -2) * scale, -1)
         expected_sep = (1 - m_sep.lambda_init) * rms((a_pos - lam2 * a_neg) @ v_hat, m_sep.stage2_norm.weight)
@@ -213,7 +213,7 @@ def test_diff_stage_splits_each_head_into_halves_with_half_dim_scale():
         q, k, v = m.qkv(x).reshape(2, -1, 3, HEADS, DIM // HEADS).permute(2, 0, 3, 1, 4)
         t_pos, _ = m.contrast_tokens(q)
         lam1 = torch.tensor(0.3)
-        got = m._global_contrast(t_pos, None, k, v, lam1, reference=False)
+        got = m._global_contrast(t_pos, None, k, v, lam1)
         half = DIM // HEADS // 2
         a1 = torch.softmax(t_pos[..., :half] @ k[..., :half].transpose(-1, -2) / math.sqrt(half), -1)
         a2 = torch.softmax(t_pos[..., half:] @ k[..., half:].transpose(-1, -2) / math.sqrt(half), -1)
@@ -332,21 +332,21 @@ def test_masks_are_refused():
         make_vca()(tokens(), attn_mask=torch.zeros(1))
 
 
-@pytest.mark.parametrize("reference", [True, False])
-def test_attention_dropout_is_declared_but_not_applied_unless_asked(reference):
+@pytest.mark.parametrize("fused", [True, False])
+def test_attention_dropout_is_declared_but_not_applied_unless_asked(fused):
     """The released classifier declares attn_drop and applies the maps directly (DACS_CNPM's port); True applies it."""
     x = torch.randn(2, 1 + GRID[0] * GRID[1], DIM)
-    released = make_vca(attn_drop=0.5).train()
+    released = attention_path(make_vca(attn_drop=0.5).train(), fused)
     assert released.attn_drop.p == 0.5 and not released.apply_attn_drop
     with torch.no_grad():
-        trained = released(x, reference=reference)
-        evaluated = released.eval()(x, reference=reference)
+        trained = released(x)
+        evaluated = released.eval()(x)
     torch.testing.assert_close(trained, evaluated)
-    applied = make_vca(attn_drop=0.5, apply_attn_drop=True).train()
+    applied = attention_path(make_vca(attn_drop=0.5, apply_attn_drop=True).train(), fused)
     with torch.no_grad():
         torch.manual_seed(3)
-        dropped = applied(x, reference=reference)
-        assert not torch.allclose(dropped, applied.eval()(x, reference=reference))
+        dropped = applied(x)
+        assert not torch.allclose(dropped, applied.eval()(x))
 
 
 def test_contrast_embed_init_is_checked():

@@ -19,8 +19,8 @@ the parameter count grows with the grid as the published Agent-DeiT-S does.
 Grids are (H, W), not the official sqrt(N) x sqrt(N), so non-square grids work;
 an agent grid larger than the patch grid would repeat queries and is refused.
 Both maps are softmaxes, so nothing unbounded overflows in bf16; the biases are
-built in float32. ``reference=True`` materialises both maps; tests hold it
-equal to the fused SDPA path.
+built in float32. Each map is one ``_attend``: SDPA, or materialised where
+timm's fused attention is off (``fused_attn``); tests hold both to the equations.
 """
 
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import trunc_normal_, use_fused_attn
 
-from vcarepro.attention.grid import GridAttention, check_input, patch_grid, pooling_matrix, token_grid
+from vcarepro.attention.grid import GridAttention, check_input, patch_grid, token_grid
 from vcarepro.core.errors import BadInput
 
 # Agent tokens per layer: ``AgentAttention(agent_num=49)`` in agent_deit.py, and
@@ -142,8 +142,6 @@ class AgentAttention(GridAttention):
                 f"the {h}x{w} agent grid is larger than the {H}x{W} patch grid, so pooling would repeat queries; "
                 f"choose at most {min(H, W) ** 2} agent tokens (e.g. agent_tokens={min(H, W) ** 2}) or a larger input."
             )
-        # the reference path's pooling matrix; a buffer so it follows .to(device), not saved in state dicts
-        self.register_buffer("_pool_matrix", pooling_matrix((H, W), (h, w), dtype=torch.float64), persistent=False)
         return (H, W)
 
     def _grid_bias_names(self):
@@ -191,7 +189,7 @@ class AgentAttention(GridAttention):
             f"dwc_kernel={self.dwc_kernel}, position_bias={self.position_bias}"
         )
 
-    # -- pieces shared by both paths ------------------------------------------
+    # -- the biases, the agents and the attention -----------------------------------------
 
     def position_biases(self) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         """(B_an, B_na): additive logits (float32 at least) of shape (1, heads, n, N) and (1, heads, N, n); None if off.
@@ -218,25 +216,21 @@ class AgentAttention(GridAttention):
             patch_to_agent = torch.cat([prefix_agent.to(dtype), patch_to_agent], dim=-2)
         return agent_to_patch, patch_to_agent
 
-    def agents(self, q: torch.Tensor, reference: bool = False) -> torch.Tensor:
+    def agents(self, q: torch.Tensor) -> torch.Tensor:
         """The n agent tokens (B, heads, n, d): adaptive average pooling of the patch-grid queries."""
-        if reference:  # each agent the plain mean of its window
-            return self._pool_matrix.to(q) @ q[:, :, self.num_prefix_tokens :]
         return self._pooled_queries(q, self.agent_grid)
 
-    def _attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor], reference: bool
-    ) -> torch.Tensor:
-        """softmax(q k^T / sqrt(d) + bias) v: materialised for the reference path, SDPA otherwise."""
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """softmax(q k^T / sqrt(d) + bias) v: SDPA, or the map materialised where fused attention is off."""
         if bias is not None:
             bias = bias.to(q.dtype)
-        if reference:
-            logits = (q * self.scale) @ k.transpose(-2, -1)
-            if bias is not None:
-                logits = logits + bias
-            return self.attn_drop(logits.softmax(dim=-1)) @ v
-        dropout_p = self.attn_drop_p if self.training else 0.0
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=self.scale)
+        if self.fused_attn:
+            dropout_p = self.attn_drop_p if self.training else 0.0
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=self.scale)
+        logits = (q * self.scale) @ k.transpose(-2, -1)
+        if bias is not None:
+            logits = logits + bias
+        return self.attn_drop(logits.softmax(dim=-1)) @ v
 
     # -- forward ----------------------------------------------------------------------
 
@@ -245,19 +239,15 @@ class AgentAttention(GridAttention):
         x: torch.Tensor,
         attn_mask: Optional[torch.Tensor] = None,
         is_causal: bool = False,
-        reference: Optional[bool] = None,
     ) -> torch.Tensor:
-        """``reference=True`` materialises the maps, ``False`` fuses; the default follows ``use_fused_attn()``."""
         check_input(x, attn_mask, is_causal, self.num_prefix_tokens, self.grid_size, "Agent attention")
         B, N, C = x.shape
-        use_reference = (not self.fused_attn) if reference is None else reference
-
         q, k, v = self._qkv_heads(x)
-        agents = self.agents(q, use_reference)
+        agents = self.agents(q)
         agent_to_token, token_to_agent = self.position_biases()
 
-        agent_v = self._attend(agents, k, v, agent_to_token, use_reference)  # aggregation: n x N map
-        out = self._attend(q, agents, agent_v, token_to_agent, use_reference)  # broadcast: N x n map
+        agent_v = self._attend(agents, k, v, agent_to_token)  # aggregation: n x N map
+        out = self._attend(q, agents, agent_v, token_to_agent)  # broadcast: N x n map
         out = out.transpose(1, 2).reshape(B, N, C)
 
         if self.local_conv is not None:

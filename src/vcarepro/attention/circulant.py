@@ -24,8 +24,9 @@ the spectrum: fewer transforms; a qkv bias enters only the zero-frequency bin);
 with them q, k, v are computed per token, since prefix queries need the
 patches' real keys and values. FFTs, softmax and products run in float32
 (float64 for float64 input): torch.fft has no CPU bf16, and the official
-``Linear`` casts to float32 too. ``reference=True`` materialises q k^T per
-group, averages each cyclic diagonal and takes the row softmax, no FFT.
+``Linear`` casts to float32 too. Tests hold it to the attention matrix
+materialised from the equations (q k^T per group, each cyclic diagonal
+averaged, the row softmax), no FFT.
 
 Prefix tokens: the official model has none (it mean-pools), and a token outside
 the grid has no cyclic shift, so patches attend to the grid only.
@@ -41,7 +42,7 @@ counts the FFT ops, which FlopCounterMode otherwise counts as zero.
 """
 
 import math
-from typing import Any, Callable, Dict, Literal, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, Literal, Optional, Sequence, Type
 
 import torch
 import torch.nn as nn
@@ -73,14 +74,6 @@ PREFIX_ATTENTION = "global"
 # real-output (c2r) transform of n real points.
 COMPLEX_FFT_FLOPS_PER_POINT_LOG2 = 5.0
 REAL_FFT_FLOPS_PER_POINT_LOG2 = 2.5
-
-
-def shift_table(grid: Tuple[int, int]) -> torch.Tensor:
-    """(M, M) long tensor: entry [i, j] is the shift s = j - i (row-major index) on the cyclic H x W grid."""
-    H, W = grid
-    r = torch.arange(H).repeat_interleave(W)
-    c = torch.arange(W).repeat(H)
-    return ((r[None, :] - r[:, None]) % H) * W + (c[None, :] - c[:, None]) % W
 
 
 # -- FLOP counting ------------------------------------------------------------------------
@@ -259,50 +252,6 @@ class CirculantAttention(GridAttention):
             prefix = grid.new_zeros(B, P, C)
         return torch.cat([prefix, grid], dim=1)
 
-    # -- reference path: the attention matrix ----------------------------------------------
-
-    def attention_matrix(self, x: torch.Tensor) -> torch.Tensor:
-        """The full (B, kernels, N, N) attention matrix, built from the equations without FFTs.
-
-        Rows and columns are the input's tokens (prefix first). The patch-patch block is the row
-        softmax of the BCCB projection of q k^T / sqrt(d) (times rho M), so it is BCCB; patch rows
-        give 0 to prefix columns; prefix rows follow ``prefix_attention``.
-        """
-        return self._attention_matrix(x)[0]
-
-    def _attention_matrix(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        B, N, C = x.shape
-        self._check_tokens(N)
-        H, W = self.grid_size
-        M, P, G = H * W, self.num_prefix_tokens, self.num_heads
-        work = self._work_dtype(x)
-        q, k, v = self.qkv(x).to(work).chunk(3, dim=-1)
-        q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)  # (B, G, N, d)
-        scores = q @ k.transpose(-2, -1) * self.scale  # plain logits (B, G, N, N)
-
-        shifts = shift_table((H, W)).to(x.device)  # [i, j] -> s = j - i
-        patch_scores = scores[..., P:, P:]
-        # mean along each cyclic diagonal j - i = s: the nearest BCCB matrix (Frobenius), kernel form
-        diagonal_sum = torch.zeros(B, G, M, dtype=work, device=x.device)
-        diagonal_sum.scatter_add_(-1, shifts.reshape(1, 1, M * M).expand(B, G, -1), patch_scores.reshape(B, G, -1))
-        projected = (diagonal_sum / M)[:, :, shifts]  # BCCB (B, G, M, M)
-        rho_m = M**0.5 if self.logit_divisor == "sqrt_n" else 1.0  # rho * M
-        circulant = (projected * rho_m).softmax(dim=-1)
-        if self.training and self.attn_drop_p > 0:  # drop kernel shifts
-            keep = self.attn_drop(torch.ones(B, G, M, dtype=work, device=x.device))
-            circulant = circulant * keep[:, :, shifts]
-
-        attn = scores.new_zeros(B, G, N, N)
-        attn[..., P:, P:] = circulant
-        if P and self.prefix_attention == "global":
-            attn[..., :P, :] = self.attn_drop(scores[..., :P, :].softmax(dim=-1))
-        return attn, v
-
-    def _forward_reference(self, x: torch.Tensor) -> torch.Tensor:
-        B, N, C = x.shape
-        attn, v = self._attention_matrix(x)
-        return (attn @ v).transpose(1, 2).reshape(B, N, C)
-
     # -- forward ---------------------------------------------------------------------------
 
     def forward(
@@ -310,15 +259,10 @@ class CirculantAttention(GridAttention):
         x: torch.Tensor,
         attn_mask: Optional[torch.Tensor] = None,
         is_causal: bool = False,
-        reference: Optional[bool] = None,
     ) -> torch.Tensor:
-        """``attn_mask`` / ``is_causal`` are accepted for timm's ``Block`` and must be unset.
-
-        Default: the FFT path; ``reference=True`` materialises the N x N attention matrix.
-        """
+        """``attn_mask`` / ``is_causal`` are accepted for timm's ``Block`` and must be unset."""
         check_unmasked(attn_mask, is_causal, "circulant attention")
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise BadInput(f"circulant attention expects tokens (B, N, {self.dim}), got shape {_shape_text(x)}.")
         self._check_tokens(x.shape[1])
-        mixed = self._forward_reference(x) if reference is not None and reference else self._forward_fft(x)
-        return self._finish(x, mixed)
+        return self._finish(x, self._forward_fft(x))

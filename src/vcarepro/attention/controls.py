@@ -44,18 +44,14 @@ class MhsaLocalConv(GridAttention):
         x: torch.Tensor,
         attn_mask: Optional[torch.Tensor] = None,
         is_causal: bool = False,
-        reference: Optional[bool] = None,
     ) -> torch.Tensor:
-        """``reference=True`` materialises the attention map; the default follows ``use_fused_attn()``."""
         check_input(x, attn_mask, is_causal, self.num_prefix_tokens, self.grid_size, "MHSA+DWC")
         B, N, C = x.shape
         q, k, v = self._qkv_heads(x)
-        use_reference = (not self.fused_attn) if reference is None else reference
-        if use_reference:
-            attn = self.attn_drop(((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1))
-            out = attn @ v
-        else:
+        if self.fused_attn:  # as timm's Attention: SDPA, or the map materialised where fused attention is off
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop_p if self.training else 0.0)
+        else:
+            out = self.attn_drop(((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)) @ v
         out = out.transpose(1, 2).reshape(B, N, C)
         out = self._add_local(out, self._local(v))
         return self.proj_drop(self.proj(out))

@@ -8,8 +8,8 @@ channels before the heads split, as the official code does. Per head
 O = Q K^T V / (rowsum(Q K^T) + N eps), plus a k x k depthwise term of v
 (one d-channel kernel shared by the heads, as the official ``dwc``).
 
-The efficient path associates Q (K^T V / N) / (Q . mean(K) + eps), O(N d^2);
-``reference=True`` materialises the N x N map. Against fp16 overflow
+The layer associates Q (K^T V / N) / (Q . mean(K) + eps), O(N d^2); tests hold
+it to the N x N map materialised from the equations. Against fp16 overflow
 (LeapLabTHU/FLatten-Transformer#15, #18) it scales by 1/N (the official fix), raises a / max(a) to
 the power p (phi is invariant to the rescale and the power stays in (0, 1]),
 and runs in float32 with autocast off: bf16 has the range but not the
@@ -57,15 +57,13 @@ POS_ENCODING_INIT = 0.0
 POS_ENCODING_INTERPOLATION = "bicubic"
 
 
-def focus(a: torch.Tensor, power: float, literal: bool = False) -> torch.Tensor:
+def focus(a: torch.Tensor, power: float) -> torch.Tensor:
     """phi(a) = ||a|| / ||a ** p|| * a ** p over the last dimension (a > 0).
 
-    ``literal=False`` raises a / max(a) to the power instead: the same function,
-    but the power cannot overflow.
+    It raises a / max(a) to the power, not a: the same function, but the power cannot overflow.
     """
     norm = a.norm(dim=-1, keepdim=True)
-    base = a if literal else a / a.amax(dim=-1, keepdim=True)
-    powered = base**power
+    powered = (a / a.amax(dim=-1, keepdim=True)) ** power
     return powered / powered.norm(dim=-1, keepdim=True) * norm
 
 
@@ -183,7 +181,7 @@ class FocusedLinearAttention(GridAttention):
         missing = self.num_prefix_tokens - self._pos_prefix_rows
         return F.pad(table, (0, 0, missing, 0)) if missing else table
 
-    def feature_maps(self, q: torch.Tensor, k: torch.Tensor, literal: bool = False):
+    def feature_maps(self, q: torch.Tensor, k: torch.Tensor):
         """phi(q), phi(k) over all C channels of each token, (B, N, C) in, (B, N, C) out."""
         encoding = self._key_encoding(k.dtype)
         if encoding is not None:
@@ -191,7 +189,7 @@ class FocusedLinearAttention(GridAttention):
         s = F.softplus(self.scale.to(q.dtype))
         q = (F.relu(q) + FEATURE_EPS) / s
         k = (F.relu(k) + FEATURE_EPS) / s
-        return focus(q, self.focusing_factor, literal), focus(k, self.focusing_factor, literal)
+        return focus(q, self.focusing_factor), focus(k, self.focusing_factor)
 
     def _local(self, v: torch.Tensor) -> torch.Tensor:
         """Depthwise conv of the grid values, one kernel shared by the heads: (B, heads, N, d) -> (B, H*W, C)."""
@@ -209,11 +207,6 @@ class FocusedLinearAttention(GridAttention):
         z = 1.0 / (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1) + NORMALIZER_EPS)
         return (q @ kv) * z
 
-    def attention_map(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """The normalised N x N map Q K^T / (rowsum + N eps), per head: (B, heads, N, N)."""
-        scores = q @ k.transpose(-2, -1)
-        return scores / (scores.sum(dim=-1, keepdim=True) + k.shape[-2] * NORMALIZER_EPS)
-
     # -- forward ----------------------------------------------------------------------
 
     def forward(
@@ -221,9 +214,7 @@ class FocusedLinearAttention(GridAttention):
         x: torch.Tensor,
         attn_mask: Optional[torch.Tensor] = None,
         is_causal: bool = False,
-        reference: Optional[bool] = None,
     ) -> torch.Tensor:
-        """``reference=True`` materialises the N x N map; the default is the linear association."""
         check_input(x, attn_mask, is_causal, self.num_prefix_tokens, self.grid_size, "FocusedLinearAttention")
         B, N, C = x.shape
 
@@ -235,12 +226,8 @@ class FocusedLinearAttention(GridAttention):
         work = torch.float64 if x.dtype == torch.float64 else torch.float32
         # the meta device (timm's shape checks) has no autocast to switch off
         with torch.autocast(device_type=x.device.type, enabled=False) if x.device.type != "meta" else nullcontext():
-            fq, fk = self.feature_maps(q.to(work), k.to(work), literal=bool(reference))
-            fq, fk, vw = self._split_heads(fq), self._split_heads(fk), v.to(work)
-            if reference:
-                out = self.attention_map(fq, fk) @ vw
-            else:
-                out = self._linear(fq, fk, vw)
+            fq, fk = self.feature_maps(q.to(work), k.to(work))
+            out = self._linear(self._split_heads(fq), self._split_heads(fk), v.to(work))
         out = out.to(v.dtype).transpose(1, 2).reshape(B, N, C)
 
         if self.dwc is not None:

@@ -1,15 +1,14 @@
 """The token-grid helpers and checks every attention layer and backbone here shares.
 
 The grid-aware layers see (B, N, C) tokens: ``num_prefix_tokens`` prefix tokens followed
-by a row-major H x W patch grid. Here are the grid helpers (``patch_grid``, ``token_grid``,
-adaptive pooling written out for the reference paths), the argument and no-trace input
-checks, the 3x3 depthwise local term, and :class:`GridAttention`, the layers' base: their
-shared arguments, layers and forward preamble as methods, so TorchScript compiles them
-with the layer.
+by a row-major H x W patch grid. Here are the grid helpers (``patch_grid``, ``token_grid``),
+the argument and no-trace input checks, the 3x3 depthwise local term, and :class:`GridAttention`,
+the layers' base: their shared arguments, layers and forward preamble as methods, so TorchScript
+compiles them with the layer.
 """
 
 import math
-from typing import List, Optional, Sequence, Tuple, Type, Union
+from typing import Optional, Sequence, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
@@ -20,26 +19,6 @@ from vcarepro.core.errors import BadInput
 
 # VCA's local term: a 3x3 depthwise convolution of v on the patch grid (shared with the mhsa+dwc control).
 LOCAL_CONV_KERNEL = 3
-
-
-def adaptive_windows(size: int, out: int) -> List[Tuple[int, int]]:
-    """[start, end) of each of ``out`` adaptive-average-pooling windows over ``size`` cells (PyTorch's rule)."""
-    return [((i * size) // out, -((-(i + 1) * size) // out)) for i in range(out)]
-
-
-def pooling_matrix(grid: Tuple[int, int], pooled: Tuple[int, int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """(h*w, H*W) matrix whose row (i, j) averages the adaptive window (i, j) of a row-major H x W grid.
-
-    Built in float64 and cast to ``dtype`` (float64 keeps a reference path exact in float64).
-    """
-    (H, W), (h, w) = grid, pooled
-    matrix = torch.zeros(h * w, H * W, dtype=torch.float64)
-    for i, (r0, r1) in enumerate(adaptive_windows(H, h)):
-        for j, (c0, c1) in enumerate(adaptive_windows(W, w)):
-            cells = torch.zeros(H, W, dtype=torch.float64)
-            cells[r0:r1, c0:c1] = 1.0 / ((r1 - r0) * (c1 - c0))
-            matrix[i * w + j] = cells.flatten()
-    return matrix.to(dtype)
 
 
 def token_grid(value: Union[int, Sequence[int]], option: str) -> Tuple[int, int]:

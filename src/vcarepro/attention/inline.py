@@ -17,8 +17,8 @@ A v is computed linearly in N on centred keys and values,
 s phi(q_i) (sum_j phi(k_j)_c^T v_j,c) + mean_j v_j: the official form
 rearranged so that no two large terms cancel in bf16 / fp16 (keys sharing a
 large mean otherwise cost 16% in fp16, 140% in bf16). The k / v sum is scaled
-as the official code does, so it cannot grow with N. ``reference=True``
-materialises A and sums the nine shifted neighbours explicitly.
+as the official code does, so it cannot grow with N. Tests hold it to A
+materialised from the equations and to the nine shifted neighbours summed.
 
 Prefix tokens, as the official DeiT handles the class token: ordinary tokens of
 the global term and of the mean that predicts the kernel, with no local term.
@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from vcarepro.attention.grid import GridAttention, check_input, check_token_count, value_grid
+from vcarepro.attention.grid import GridAttention, check_input, value_grid
 from vcarepro.core.errors import BadInput
 
 # Kernel functions phi offered by the official code (models/inline_swin.py,
@@ -150,7 +150,7 @@ class InLineAttention(GridAttention):
         r = residual(x.mean(dim=1).unsqueeze(-1))  # (B, 9C, 1); channel c owns outputs 9c .. 9c+8
         return r.reshape(B, C, self.local_kernel_size, self.local_kernel_size)
 
-    # -- the two paths ----------------------------------------------------------
+    # -- the global and the local term -------------------------------------------------
 
     def _global_linear(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """sum_j A_ij v_j by associativity, O(N d^2) per head, on centred keys and values.
@@ -163,18 +163,6 @@ class InLineAttention(GridAttention):
         root = (self.scale / N) ** 0.5  # each factor carries sqrt(s): the d x d sum is a mean (fp16/bf16-safe)
         kv = ((k - k_mean) * root).transpose(-2, -1) @ ((v - v_mean) * root)  # (B, heads, d, d)
         return q @ kv + v_mean
-
-    def attention_scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """The injective linear attention map A (B, heads, N, N) from phi(q), phi(k); rows sum to 1."""
-        N = k.shape[2]
-        scores = (q @ k.transpose(-2, -1)) * (self.scale / N)
-        return scores - scores.mean(dim=-1, keepdim=True) + 1.0 / N
-
-    def attention_map(self, x: torch.Tensor) -> torch.Tensor:
-        """The map A (B, heads, N, N) that the layer applies to the values of tokens ``x``."""
-        check_token_count(x.shape[1], self.num_prefix_tokens, self.grid_size, "InLine")
-        q, k, _ = self._qkv(x)
-        return self.attention_scores(q, k)
 
     def _local_conv(self, v: torch.Tensor, kernels: torch.Tensor) -> torch.Tensor:
         """Per-sample depthwise 3x3 conv of the patch values as one grouped conv2d -> (B, H*W, C)."""
@@ -189,18 +177,6 @@ class InLineAttention(GridAttention):
         )
         return out.reshape(B, C, H * W).transpose(1, 2)
 
-    def _local_shifts(self, v: torch.Tensor, kernels: torch.Tensor) -> torch.Tensor:
-        """The same term as nine weighted shifted copies of the zero-padded grid -> (B, H*W, C)."""
-        B, C = kernels.shape[:2]
-        H, W = self.grid_size
-        pad = self.local_kernel_size // 2
-        padded = F.pad(value_grid(v, self.grid_size, self.num_prefix_tokens), (pad, pad, pad, pad))
-        out = torch.zeros_like(padded[..., :H, :W])
-        for dy in range(self.local_kernel_size):
-            for dx in range(self.local_kernel_size):
-                out = out + kernels[:, :, dy, dx, None, None] * padded[:, :, dy : dy + H, dx : dx + W]
-        return out.reshape(B, C, H * W).transpose(1, 2)
-
     # -- forward ----------------------------------------------------------------------
 
     def forward(
@@ -208,21 +184,11 @@ class InLineAttention(GridAttention):
         x: torch.Tensor,
         attn_mask: Optional[torch.Tensor] = None,
         is_causal: bool = False,
-        reference: Optional[bool] = None,
     ) -> torch.Tensor:
-        """``reference=True`` materialises the N x N map; the default is the linear path."""
         check_input(x, attn_mask, is_causal, self.num_prefix_tokens, self.grid_size, "InLine")
         B, N, C = x.shape
-        use_reference = False if reference is None else reference
         q, k, v = self._qkv(x)
-        if use_reference:
-            out = self.attention_scores(q, k) @ v
-        else:
-            out = self._global_linear(q, k, v)
-        out = out.transpose(1, 2).reshape(B, N, C)
-
+        out = self._global_linear(q, k, v).transpose(1, 2).reshape(B, N, C)
         if self.residual is not None:
-            kernels = self.local_kernels(x)
-            local = self._local_shifts(v, kernels) if use_reference else self._local_conv(v, kernels)
-            out = self._add_local(out, local)
+            out = self._add_local(out, self._local_conv(v, self.local_kernels(x)))
         return self.proj_drop(self.proj(out))

@@ -14,8 +14,9 @@ the patch grid would repeat queries and is refused. The lambda vectors are 1-D
 parameters, as in the Differential Transformer, so the optimizers leave them out
 of weight decay; e+ / e- are decayed.
 
-``forward(x, reference=True)`` materialises the maps and follows the formulas
-literally; tests hold it equal to the fused SDPA path. The layer keeps to
+Each attention is one ``_attend``: SDPA, or the map materialised where timm's
+fused attention is off (``fused_attn``), as timm's ``Attention``; tests hold
+both to the equations written out. The layer keeps to
 TorchScript's subset (no closures, no bound methods as values, no postponed
 annotations) and its checks are timm no-trace functions, so models using it
 script and fx-trace as timm's DeiT does (tests/test_timm_vit.py).
@@ -35,7 +36,6 @@ from vcarepro.attention.grid import (
     check_input,
     local_conv_layer,
     patch_grid,
-    pooling_matrix,
     token_grid,
 )
 from vcarepro.core.errors import BadInput
@@ -172,8 +172,6 @@ class VisualContrastAttention(GridAttention):
                 f"queries; choose at most {min(H, W) ** 2} contrast tokens (e.g. contrast_tokens={min(H, W) ** 2}) "
                 f"or a larger input."
             )
-        # the reference path's pooling matrix; a buffer so it follows .to(device), not saved in state dicts
-        self.register_buffer("_pool_matrix", pooling_matrix((H, W), (h, w)) if self.pools else None, persistent=False)
         return (H, W)
 
     def set_grid_size(self, grid_size: Union[int, Sequence[int]]) -> None:
@@ -200,21 +198,15 @@ class VisualContrastAttention(GridAttention):
             f"contrast_embed_init={self.contrast_embed_init}, apply_attn_drop={self.apply_attn_drop}"
         )
 
-    # -- pieces shared by both paths ------------------------------------------
+    # -- the contrast tokens -------------------------------------------------------
 
     def lambdas(self) -> torch.Tensor:
         """(lambda1, lambda2) as a float32 tensor of shape (2,)."""
         return torch.stack([self.lambda1(), self.lambda2()])
 
-    def contrast_tokens(self, q: torch.Tensor, reference: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def contrast_tokens(self, q: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The n contrast tokens of each stream, (B, heads, n, d); t- is None when unused."""
-        pooled: Optional[torch.Tensor] = None
-        if self.pools:
-            pool_matrix = self._pool_matrix
-            if reference and pool_matrix is not None:  # each token the plain mean of its window
-                pooled = pool_matrix.to(q.dtype) @ q[:, :, self.num_prefix_tokens :]
-            else:
-                pooled = self._pooled_queries(q, self.contrast_grid)
+        pooled = self._pooled_queries(q, self.contrast_grid) if self.pools else None
         t_pos = self._stream(self.tokens_pos, self.embed_pos, pooled, q)
         assert t_pos is not None  # the positive stream always exists
         return t_pos, self._stream(self.tokens_neg, self.embed_neg, pooled, q)
@@ -237,14 +229,14 @@ class VisualContrastAttention(GridAttention):
     # -- attention primitives ---------------------------------------------------
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-        """softmax(q k^T * scale) v on the fused kernel."""
-        dropout_p = self.attn_drop_p if self.training else 0.0
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
-
-    def _probs(self, q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-        """The materialised attention map softmax(q k^T * scale), for the reference path."""
-        probs = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)
-        return self.attn_drop(probs) if self.apply_attn_drop else probs
+        """softmax(q k^T * scale) v: SDPA, or the map materialised where fused attention is off."""
+        if self.fused_attn:
+            dropout_p = self.attn_drop_p if self.training else 0.0
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
+        attn = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+        if self.apply_attn_drop:
+            attn = self.attn_drop(attn)
+        return attn @ v
 
     @staticmethod
     def _halves(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -260,14 +252,9 @@ class VisualContrastAttention(GridAttention):
         v: torch.Tensor,
         lam: torch.Tensor,
         scale: float,
-        reference: bool,
         same_keys: bool = False,
     ) -> torch.Tensor:
-        """(softmax(qa ka^T) - lam * softmax(qb kb^T)) v: the maps materialised on the reference path, else SDPA
-        calls (one when ka is kb)."""
-        if reference:
-            attn = self._probs(qa, ka, scale) - lam.to(qa.dtype) * self._probs(qb, kb, scale)
-            return attn @ v
+        """softmax(qa ka^T) v - lam * softmax(qb kb^T) v, in one attention call when ka is kb."""
         if same_keys or ka is kb:  # same keys: one call over the stacked queries
             out = self._attend(torch.cat([qa, qb], dim=2), ka, v, scale)
             n_a = qa.shape[2]
@@ -285,14 +272,13 @@ class VisualContrastAttention(GridAttention):
         k: torch.Tensor,
         v: torch.Tensor,
         lam: torch.Tensor,
-        reference: bool,
     ) -> torch.Tensor:
         if self.stage1 == "vca":
             assert t_neg is not None
-            out = self._differential(t_pos, k, t_neg, k, v, lam, self.scale, reference, same_keys=True)
+            out = self._differential(t_pos, k, t_neg, k, v, lam, self.scale, same_keys=True)
         else:
             (t1, t2), (k1, k2) = self._halves(t_pos), self._halves(k)
-            out = self._differential(t1, k1, t2, k2, v, lam, (self.head_dim // 2) ** -0.5, reference)
+            out = self._differential(t1, k1, t2, k2, v, lam, (self.head_dim // 2) ** -0.5)
         return (1.0 - self.lambda_init) * self.stage1_norm(out)
 
     def _patch_contrast(
@@ -302,20 +288,13 @@ class VisualContrastAttention(GridAttention):
         t_neg: Optional[torch.Tensor],
         v_hat: torch.Tensor,
         lam: torch.Tensor,
-        reference: bool,
     ) -> torch.Tensor:
         if self.stage2 == "diff":
             (q1, q2), (t1, t2) = self._halves(q), self._halves(t_pos)
-            out = self._differential(q1, t1, q2, t2, v_hat, lam, (self.head_dim // 2) ** -0.5, reference)
+            out = self._differential(q1, t1, q2, t2, v_hat, lam, (self.head_dim // 2) ** -0.5)
         elif self.stage2_softmax == "separate":
             assert t_neg is not None
-            out = self._differential(q, t_pos, q, t_neg, v_hat, lam, self.scale, reference)
-        elif reference:
-            assert t_neg is not None
-            attn = self._probs(q, torch.cat([t_pos, t_neg], dim=2), self.scale)
-            n = self.num_contrast_tokens
-            attn_pos, attn_neg = attn[..., :n], attn[..., n:]
-            out = (attn_pos - lam.to(q.dtype) * attn_neg) @ v_hat
+            out = self._differential(q, t_pos, q, t_neg, v_hat, lam, self.scale)
         else:
             assert t_neg is not None
             # one joint softmax over [t+; t-]: A+ v_hat - lam A- v_hat = A [v_hat; -lam v_hat]
@@ -330,20 +309,16 @@ class VisualContrastAttention(GridAttention):
         x: torch.Tensor,
         attn_mask: Optional[torch.Tensor] = None,
         is_causal: bool = False,
-        reference: Optional[bool] = None,
     ) -> torch.Tensor:
-        """``reference=True`` materialises the maps, ``False`` fuses; the default follows ``use_fused_attn()``."""
         check_input(x, attn_mask, is_causal, self.num_prefix_tokens, self.grid_size, "VCA")
         B, N, C = x.shape
-        use_reference = (not self.fused_attn) if reference is None else reference
-
         q, k, v = self._qkv_heads(x)
         lams = self.lambdas()
         lam1, lam2 = lams[0], lams[1]
-        t_pos, t_neg = self.contrast_tokens(q, use_reference)
+        t_pos, t_neg = self.contrast_tokens(q)
 
-        v_hat = self._global_contrast(t_pos, t_neg, k, v, lam1, use_reference)
-        out = self._patch_contrast(q, t_pos, t_neg, v_hat, lam2, use_reference)
+        v_hat = self._global_contrast(t_pos, t_neg, k, v, lam1)
+        out = self._patch_contrast(q, t_pos, t_neg, v_hat, lam2)
         out = out.transpose(1, 2).reshape(B, N, C)
 
         if self.local_conv is not None:
