@@ -42,7 +42,7 @@ import gc
 import os
 import sys
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -208,93 +208,74 @@ def step_every_run(
     return costs, problems, failures
 
 
-def print_findings(
-    *,
-    scale: str,
-    device: torch.device,
-    devices: int,
-    memory: int,
-    described: Dict[str, Any],
-    load: Tuple[float, float],
-    steps: int,
-    branches: Sequence[Branch],
-    inputs: Sequence[Input],
-    loaders: Dict[str, Dict[str, Any]],
-    costs: Sequence[RunCost],
-    cores: float,
-    bounds: Dict[str, str],
-    disk: dvc_bill.Bill,
-) -> None:
-    """The header, the table and its legend, what bounds each classification step, the inputs and the disk and DVC
-    bill, on stdout."""
-    cpu = device.type == "cpu"
-    where = f"{device.type}" + (f" ({torch.cuda.get_device_name(device)})" if not cpu else f" ({described['cpu']})")
-    print(header(scale, len(costs), where, devices, memory, cpu, load, os.cpu_count() or 1))
-    print(table(costs, cpu))
-    print(legend(steps, cpu, PeakMemory(device).method, memory, cores))
-    if bounds:
-        print(f"\nwhat bounds each classification step, at {cores:g} CPU cores per device (--cores-per-device)")
-        print("\n".join(f"  {line}" for line in bounds.values()))
-    print(inputs_section(branches, loader.distinct(loaders), inputs))
-    print(disk_section(disk))
-    sys.stdout.flush()  # the table before the sentences below, where stdout and stderr go to one place
+@dataclass
+class Findings:
+    """Everything one preflight found, what it prints (:func:`print_findings`) and writes with --json."""
 
+    scale: str
+    device: torch.device
+    devices: int
+    batch_cap: Optional[int]
+    steps: int
+    memory: int
+    machine: Dict[str, Any]
+    load: Tuple[float, float]
+    cores: float
+    branches: Sequence[Branch]
+    inputs: Sequence[Input]
+    missing: List[str]
+    loaders: Dict[str, Dict[str, Any]]
+    costs: Sequence[RunCost]
+    bounds: Dict[str, str]
+    disk: dvc_bill.Bill
+    problems: List[str]
+    failures: List[str]
 
-def write_findings(
-    path: str,
-    *,
-    scale: str,
-    device: torch.device,
-    devices: int,
-    cap: Optional[int],
-    steps: int,
-    memory: int,
-    described: Dict[str, Any],
-    load: Tuple[float, float],
-    branches: Sequence[Branch],
-    inputs: Sequence[Input],
-    missing: List[str],
-    loaders: Dict[str, Dict[str, Any]],
-    costs: Sequence[RunCost],
-    cores: float,
-    bounds: Dict[str, str],
-    problems: List[str],
-    failures: List[str],
-    disk: dvc_bill.Bill,
-) -> None:
-    """Everything the preflight found, as JSON at ``path`` (--json)."""
-    from vcarepro.core.io import write_json
-
-    write_json(
-        path,
-        {
-            "scale": scale,
-            "device": device.type,
-            "cpu_projection": device.type == "cpu",
-            "devices": devices,
-            "batch_cap": cap,
+    def as_json(self) -> Dict[str, Any]:
+        return {
+            "scale": self.scale,
+            "device": self.device.type,
+            "cpu_projection": self.device.type == "cpu",
+            "devices": self.devices,
+            "batch_cap": self.batch_cap,
             "warmup_steps": WARMUP_STEPS,
-            "timed_steps": steps,
-            "machine": described,
-            "device_memory_bytes": memory,
-            "load_average": load,
-            "datasets": {branch.name: asdict(branch.dataset) for branch in branches},
-            "inputs": [asdict(i) for i in inputs],
-            "missing_inputs": missing,
-            "loaders": [dict(entry) for entry in loader.distinct(loaders)],
-            "cores_per_device": cores,
-            "bounds": bounds,
-            "disk": disk.as_json(),
-            "runs": [dict(asdict(c), scaled=c.scaled) for c in costs],
+            "timed_steps": self.steps,
+            "machine": self.machine,
+            "device_memory_bytes": self.memory,
+            "load_average": self.load,
+            "datasets": {branch.name: asdict(branch.dataset) for branch in self.branches},
+            "inputs": [asdict(i) for i in self.inputs],
+            "missing_inputs": self.missing,
+            "loaders": [dict(entry) for entry in loader.distinct(self.loaders)],
+            "cores_per_device": self.cores,
+            "bounds": self.bounds,
+            "disk": self.disk.as_json(),
+            "runs": [dict(asdict(c), scaled=c.scaled) for c in self.costs],
             "total": {
-                k: sum(getattr(c, k) or 0.0 for c in costs)
+                k: sum(getattr(c, k) or 0.0 for c in self.costs)
                 for k in ("train_gpu_hours", "sample_gpu_hours", "gpu_hours")
             },
-            "do_not_fit": [c.run for c in costs if c.fits is False],
-            "problems": problems,
-            "failures": failures,
-        },
-    )
+            "do_not_fit": [c.run for c in self.costs if c.fits is False],
+            "problems": self.problems,
+            "failures": self.failures,
+        }
+
+
+def print_findings(found: Findings) -> None:
+    """The header, the table and its legend, what bounds each classification step, the inputs and the disk and DVC
+    bill, on stdout."""
+    device, cpu = found.device, found.device.type == "cpu"
+    where = f"{device.type}" + (f" ({torch.cuda.get_device_name(device)})" if not cpu else f" ({found.machine['cpu']})")
+    cores = os.cpu_count() or 1
+    print(header(found.scale, len(found.costs), where, found.devices, found.memory, cpu, found.load, cores))
+    print(table(found.costs, cpu))
+    print(legend(found.steps, cpu, PeakMemory(device).method, found.memory, found.cores))
+    if found.bounds:
+        print(f"\nwhat bounds each classification step, at {found.cores:g} CPU cores per device (--cores-per-device)")
+        print("\n".join(f"  {line}" for line in found.bounds.values()))
+    print(inputs_section(found.branches, loader.distinct(found.loaders), found.inputs))
+    print(disk_section(found.disk))
+    sys.stdout.flush()  # the table before the sentences below, where stdout and stderr go to one place
 
 
 def _stepping_progress(params, total: int, verbose: bool) -> Tuple[Any, Callable[[str], None]]:
@@ -395,25 +376,31 @@ def main(argv=None) -> int:
 
     from vcarepro.tools.bench import describe_machine
 
-    found = dict(
+    found = Findings(
         scale=scale,
         device=device,
         devices=devices,
-        memory=memory,
-        described=describe_machine(),
-        load=(load_before, os.getloadavg()[0]),
+        batch_cap=cap,
         steps=args.steps,
+        memory=memory,
+        machine=describe_machine(),
+        load=(load_before, os.getloadavg()[0]),
+        cores=cores,
         branches=branches,
         inputs=inputs,
+        missing=missing,
         loaders=loaders,
         costs=costs,
-        cores=cores,
         bounds=bounds,
         disk=disk,
+        problems=problems,
+        failures=failures,
     )
-    print_findings(**found)
+    print_findings(found)
     if args.json:
-        write_findings(args.json, **found, cap=cap, missing=missing, problems=problems, failures=failures)
+        from vcarepro.core.io import write_json
+
+        write_json(args.json, found.as_json())
     for problem in run_problems + ([summary] if summary else []):
         print(f"error: {problem}", file=sys.stderr, flush=True)
     for failure in failures:
