@@ -370,6 +370,19 @@ class DevicePrefetcher:
     def __len__(self) -> int:
         return len(self.loader)
 
+    # the wrapped loader's, as timm's PrefetchLoader exposes them: the loop reseeds and reads them through this object
+    @property
+    def sampler(self):
+        return self.loader.sampler
+
+    @property
+    def dataset(self):
+        return self.loader.dataset
+
+    @property
+    def generator(self) -> torch.Generator:
+        return self.loader.generator
+
     def prepare(self, batch: CropBatch, targets: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         images = self.augment(batch).sub_(self.mean).div_(self.std)
         if self.erasing is not None:

@@ -6,6 +6,7 @@ import hashlib
 import io
 import os
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -120,6 +121,32 @@ def resumable_checkpoint(ckpt_dir: str | Path, fingerprint: Any, seed: int, say)
         return None
     state["_passed_over"] = problems
     return state
+
+
+@dataclass
+class TrainingState:
+    """What a training loop carries and its checkpoint holds: the model, its EMA, the optimizer, the scheduler (the
+    classifiers'), the precision's loss scaler, and how far it got (the epoch being trained, the optimizer steps)."""
+
+    model: Any
+    ema: Any
+    optimizer: Any
+    scaler: Any  # a MixedPrecision
+    scheduler: Any = None
+    epoch: int = 0
+    step: int = 0
+
+    def parts(self) -> Dict[str, Any]:
+        """The checkpoint's state dicts, under these keys (an EMA that is off is saved as {})."""
+        scheduler = {} if self.scheduler is None else {"scheduler": self.scheduler}
+        return {"model": self.model, "optimizer": self.optimizer, **scheduler, "ema": self.ema, "scaler": self.scaler}
+
+    def write(self, path: str | Path, **position: Any) -> None:
+        """The checkpoint at ``path`` (:func:`save_training`: atomic, with its digest, the previous one kept)."""
+        save_training(path, self.parts(), **position)
+
+    def resume(self, ckpt_dir: str | Path, fingerprint: Any, seed: int, say) -> Optional[Dict[str, Any]]:
+        return resume_training(ckpt_dir, fingerprint, seed, say, self.parts())
 
 
 def save_training(path: str | Path, parts: Dict[str, Any], **position: Any) -> None:

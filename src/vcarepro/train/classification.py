@@ -14,8 +14,9 @@ import os
 import signal
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.nn as nn
@@ -38,13 +39,7 @@ from vcarepro.data import fast
 from vcarepro.data.augment import pillow_safe
 from vcarepro.data.folders import ManifestDataset, read_classes
 from vcarepro.models import ModelSpec, create_classifier
-from vcarepro.train.checkpoint import (
-    resume_message,
-    resume_training,
-    save_training,
-    seed_everything,
-    stream_seed,
-)
+from vcarepro.train.checkpoint import TrainingState, resume_message, seed_everything, stream_seed
 from vcarepro.train.distributed import DistInfo, all_reduce_mean, any_rank, say
 from vcarepro.train.precision import MixedPrecision, maybe_compile, slow_precision_note
 from vcarepro.train.preemption import Preempted, stop_on_sigterm
@@ -275,20 +270,18 @@ def train_classifier(
     updates_per_epoch = max(1, len(train_loader) // recipe["accum_steps"])
     scheduler, total_epochs = build_scheduler(optimizer, recipe, updates_per_epoch)
     mixup, criterion = build_criterion(recipe, len(classes))
-    amp = MixedPrecision(recipe["precision"], device)
-    # a checkpoint's state dicts, under these keys
-    parts = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "ema": ema, "scaler": amp}
-    start_epoch, history = _resume(ckpt_dir, fingerprint, seed, info, parts, total_epochs)
+    state = TrainingState(model, ema, optimizer, MixedPrecision(recipe["precision"], device), scheduler)
+    start_epoch, history = _resume(ckpt_dir, fingerprint, seed, info, state, total_epochs)
     # DVC deletes a stage's logs before re-running it: replay what the checkpoint saw
     for past in history:
         _log_epoch(live, info, past, log_prefix)
 
     ddp = DistributedDataParallel(model) if info.distributed else model
-    forward = maybe_compile(ddp, recipe["compile"])
-    step = start_epoch * updates_per_epoch
+    objective = Objective(maybe_compile(ddp, recipe["compile"]), mixup, criterion)
+    state.epoch, state.step = start_epoch, start_epoch * updates_per_epoch
     started = time.perf_counter()
     figures: Dict[str, float] = {}
-    epoch, losses = start_epoch, AverageMeter()  # the epoch's batch losses
+    losses = AverageMeter()  # the epoch's batch losses
     total_steps = (
         total_epochs * updates_per_epoch if max_steps is None else min(total_epochs * updates_per_epoch, max_steps)
     )
@@ -296,52 +289,36 @@ def train_classifier(
     progress = Progress(
         None,
         total_steps,
-        start=step,
+        start=state.step,
         unit="step",
         images_per_step=recipe["batch_size"],
         seed=seed,
         enabled=info.is_main,
         figures=lambda: {
-            "epoch": f"{epoch + 1}/{total_epochs}",
+            "epoch": f"{state.epoch + 1}/{total_epochs}",
             "loss": f"{losses.val:.4f} (avg {losses.avg:.4f})",
             "lr": optimizer.param_groups[0]["lr"],
         },
     )
     feed = device_batches(train_loader, draws, device)
     with progress, stop_on_sigterm() as stop:
+        watch = Watch(progress, stop, info, max_steps, Path(ckpt_dir) / "last.pt")
         for epoch in range(start_epoch, total_epochs):
-            _seed_epoch(train_loader, seed, info.rank, epoch)
+            state.epoch = epoch
+            _seed_epoch(feed, seed, info.rank, epoch)
             ddp.train()
-            step = train_one_epoch(
-                epoch,
-                step,
-                feed=feed,
-                forward=forward,
-                parts=parts,
-                mixup=mixup,
-                criterion=criterion,
-                recipe=recipe,
-                losses=losses,
-                progress=progress,
-                stop=stop,
-                info=info,
-                max_steps=max_steps,
-                ckpt=Path(ckpt_dir) / "last.pt",
-            )
+            train_one_epoch(state, feed, objective, recipe, losses, watch)
             scheduler.step(epoch + 1)
             train_loss = all_reduce_mean(losses.avg, info)
             figures = {"epoch": epoch + 1, "train_loss": train_loss, "train_lr": optimizer.param_groups[0]["lr"]}
-            last = epoch + 1 == total_epochs or (max_steps is not None and step >= max_steps)
-            if (epoch + 1) % recipe["eval_every"] == 0 or last:
+            if (epoch + 1) % recipe["eval_every"] == 0 or epoch + 1 == total_epochs or watch.capped(state.step):
                 figures.update(_validate(model, ema, val_loader, device, info))
             _log_epoch(live, info, figures, log_prefix)
             history.append(figures)
             progress.note(epoch_line(history, total_epochs))
             if info.is_main:
-                save_training(
-                    Path(ckpt_dir) / "last.pt", parts, epoch=epoch + 1, history=history, fingerprint=fingerprint
-                )
-            if max_steps is not None and step >= max_steps:
+                state.write(watch.ckpt, epoch=epoch + 1, history=history, fingerprint=fingerprint)
+            if watch.capped(state.step):
                 break
 
     # a copy: the last epoch's entry of ``history`` must not gain the wall time written below
@@ -353,9 +330,9 @@ def train_classifier(
     return figures
 
 
-def _resume(ckpt_dir, fingerprint, seed: int, info: DistInfo, parts, total_epochs: int):
-    """(the epochs done, their history): those of the checkpoint to resume, loaded into ``parts``; else (0, [])."""
-    state = resume_training(ckpt_dir, fingerprint, seed, lambda message: say(info, message), parts)
+def _resume(ckpt_dir, fingerprint, seed: int, info: DistInfo, training: TrainingState, total_epochs: int):
+    """(the epochs done, their history): those of the checkpoint to resume, loaded into ``training``; else (0, [])."""
+    state = training.resume(ckpt_dir, fingerprint, seed, lambda message: say(info, message))
     if state is None:
         return 0, []
     done = state["epoch"]
@@ -365,7 +342,7 @@ def _resume(ckpt_dir, fingerprint, seed: int, info: DistInfo, parts, total_epoch
     return done, list(state["history"])
 
 
-def _seed_epoch(train_loader: DataLoader, seed: int, rank: int, epoch: int) -> None:
+def _seed_epoch(train_loader, seed: int, rank: int, epoch: int) -> None:
     """Every random stream of the epoch (data order, loader workers' augmentation, mixup, drop path) restarts from
     (seed, rank, epoch): a resumed run cannot depend on how far an interrupted epoch had drawn, and ranks draw
     independently."""
@@ -377,41 +354,52 @@ def _seed_epoch(train_loader: DataLoader, seed: int, rank: int, epoch: int) -> N
         train_loader.sampler.set_epoch(seed * 100_003 + epoch)  # timm's shuffles with the epoch alone
 
 
-def train_one_epoch(
-    epoch: int,
-    step: int,
-    *,
-    feed,
-    forward,
-    parts: Dict[str, Any],
-    mixup,
-    criterion,
-    recipe: Dict[str, Any],
-    losses: AverageMeter,
-    progress: Progress,
-    stop,
-    info: DistInfo,
-    max_steps: Optional[int],
-    ckpt: Path,
-) -> int:
-    """One epoch's batches from optimizer step ``step`` (``losses`` gathers their losses); the step reached.
+@dataclass
+class Objective:
+    """How a batch becomes a loss: timm's mixup / cutmix (or none), then the criterion on the logits of ``forward`` (the
+    model, DDP-wrapped and compiled as the recipe asks)."""
 
-    Stops after ``max_steps``; a SIGTERM (``stop``) raises :class:`Preempted` at a batch boundary."""
-    model, optimizer, scheduler, ema, amp = (parts[k] for k in ("model", "optimizer", "scheduler", "ema", "scaler"))
+    forward: Callable[[torch.Tensor], torch.Tensor]
+    mixup: Optional[Callable]
+    criterion: Callable
+
+
+@dataclass
+class Watch:
+    """Where a training loop reports and what stops it: its progress lines, a SIGTERM on any rank (``stop``), a cap on
+    the optimizer steps (tests only), and the checkpoint a non-finite loss names as the last good one."""
+
+    progress: Progress
+    stop: Any
+    info: DistInfo
+    max_steps: Optional[int]
+    ckpt: Path
+
+    def capped(self, step: int) -> bool:
+        return self.max_steps is not None and step >= self.max_steps
+
+
+def train_one_epoch(
+    state: TrainingState, feed, objective: Objective, recipe: Dict[str, Any], losses: AverageMeter, watch: Watch
+) -> None:
+    """One epoch's batches from optimizer step ``state.step``, which moves on (``losses`` gathers their losses).
+
+    Stops at ``watch``'s cap; a SIGTERM raises :class:`Preempted` at a batch boundary."""
+    model, optimizer, amp, info = state.model, state.optimizer, state.scaler, watch.info
     accum = recipe["accum_steps"]
     losses.reset()
     optimizer.zero_grad(set_to_none=True)
     for i, (images, targets) in enumerate(feed):
         images, targets = images.to(info.device, non_blocking=True), targets.to(info.device, non_blocking=True)
-        if mixup is not None:
-            images, targets = mixup(images, targets)
+        if objective.mixup is not None:
+            images, targets = objective.mixup(images, targets)
         with amp.autocast():
-            loss = criterion(forward(images), targets)
+            loss = objective.criterion(objective.forward(images), targets)
         latest = loss.item()
         if not math.isfinite(latest):
             raise NonFiniteLossError(
-                f"the training loss became {latest} at epoch {epoch}, batch {i}; lower the learning "
-                f"rate or check the data. The last good checkpoint is {ckpt}."
+                f"the training loss became {latest} at epoch {state.epoch}, batch {i}; lower the learning "
+                f"rate or check the data. The last good checkpoint is {watch.ckpt}."
             )
         amp.scaler.scale(loss / accum).backward()
         losses.update(latest)
@@ -422,18 +410,18 @@ def train_one_epoch(
             amp.scaler.step(optimizer)
             amp.scaler.update()
             optimizer.zero_grad(set_to_none=True)
-            step += 1
-            scheduler.step_update(num_updates=step)
-            if ema is not None:
-                ema.update(model, step=step)
-            progress.update(step)
-        if max_steps is not None and step >= max_steps:
+            state.step += 1
+            state.scheduler.step_update(num_updates=state.step)
+            if state.ema is not None:
+                state.ema.update(model, step=state.step)
+            watch.progress.update(state.step)
+        if watch.capped(state.step):
             break
-        if any_rank(stop.requested, info):  # the last finished epoch's checkpoint is the resume point
+        if any_rank(watch.stop.requested, info):  # the last finished epoch's checkpoint is the resume point
             raise Preempted(
-                f"at epoch {epoch + 1}, batch {i + 1}; resuming repeats epoch {epoch + 1} from its start, exactly"
+                f"at epoch {state.epoch + 1}, batch {i + 1}; resuming repeats epoch {state.epoch + 1} from its start, "
+                "exactly"
             )
-    return step
 
 
 def _validate(model, ema, val_loader, device, info: DistInfo) -> Dict[str, float]:

@@ -14,8 +14,9 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -31,13 +32,7 @@ from vcarepro.core.progress import Progress
 from vcarepro.metrics.protocol import sampler_of
 from vcarepro.models import ModelSpec
 from vcarepro.models.dit import create_dit
-from vcarepro.train.checkpoint import (
-    resume_message,
-    resume_training,
-    save_training,
-    seed_everything,
-    stream_seed,
-)
+from vcarepro.train.checkpoint import TrainingState, resume_message, seed_everything, stream_seed
 from vcarepro.train.classification import NonFiniteLossError
 from vcarepro.train.diffusion import GaussianDiffusion
 from vcarepro.train.distributed import DistInfo, all_reduce_mean, any_rank, say
@@ -144,7 +139,6 @@ def train_generator(
     """Train one seed for ``recipe['steps']`` steps; rank 0 writes the EMA and raw weights."""
     device = info.device
     data = load_training_set(data_root)
-    labels = data.labels
     n = len(data)
     per_rank = recipe["batch_size"] // info.world_size
     if per_rank < 1 or per_rank > n // info.world_size:
@@ -158,35 +152,29 @@ def train_generator(
     ema = ModelEmaV3(model, decay=recipe["ema_decay"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=recipe["weight_decay"])
     loss_fn = make_objective(objective, recipe["flow_path"])
-    generator = torch.Generator()  # flips and latent samples; reseeded every step, like the global RNG
 
-    amp = MixedPrecision(recipe["precision"], device)
+    state = TrainingState(model, ema, optimizer, MixedPrecision(recipe["precision"], device))
     slow = slow_precision_note(recipe["precision"], device, "gen_recipe.precision")
     if slow:
         say(info, f"{log_prefix.rstrip('/') or 'train_gen'}: {slow}")
-    step = 0
     running, count = 0.0, 0  # the loss of the steps since the last log line
     history: List[Dict[str, float]] = []  # every logged (step, loss, lr), kept in the checkpoint
     total = recipe["steps"] if max_steps is None else min(recipe["steps"], max_steps)
-    # a checkpoint's state dicts, under these keys
-    parts = {"model": model, "ema": ema, "optimizer": optimizer, "scaler": amp}
-    state = resume_training(ckpt_dir, fingerprint, seed, lambda message: say(info, message), parts)
-    if state is not None:
-        step = state["step"]
-        history = list(state["history"])
-        running, count = state["running"], state["count"]
-        say(
-            info,
-            resume_message(
-                seed, state, f"{total} of {total} steps" if step >= total else f"step {step} of {total}", step >= total
-            ),
-        )
+    resumed = state.resume(ckpt_dir, fingerprint, seed, lambda message: say(info, message))
+    if resumed is not None:
+        state.step, history = resumed["step"], list(resumed["history"])
+        running, count = resumed["running"], resumed["count"]
+        finished = state.step >= total
+        position = f"{total} of {total} steps" if finished else f"step {state.step} of {total}"
+        say(info, resume_message(seed, resumed, position, finished))
     # DVC deletes a stage's logs before re-running it: replay what the checkpoint saw
     for past in history:
         _log_step(live, info, past, log_prefix)
 
     ddp = DistributedDataParallel(model) if info.distributed else model
     forward = maybe_compile(ddp, recipe["compile"])
+    ckpt = Path(ckpt_dir) / "last.pt"
+    batches = StepBatches(data, seed, per_rank, info, recipe["hflip"])
     started = time.perf_counter()
     ddp.train()
     per_epoch = (n // info.world_size) // per_rank  # epoch_batch's
@@ -195,44 +183,23 @@ def train_generator(
     progress = Progress(
         None,
         total,
-        start=step,
+        start=state.step,
         unit="step",
         images_per_step=recipe["batch_size"],
         seed=seed,
         enabled=info.is_main,
         figures=lambda: {
-            "epoch": step // per_epoch + 1,
+            "epoch": state.step // per_epoch + 1,
             "loss": f"{latest:.4f}" + (f" (avg {running / count:.4f})" if count else ""),
             "lr": optimizer.param_groups[0]["lr"],
         },
     )
     with progress, stop_on_sigterm() as stop:
-        while step < total:
-            # flips, latent samples, t, noise and label dropout restart from (seed, rank, step)
-            seed_everything(stream_seed(seed, info.rank, step))
-            generator.manual_seed(stream_seed(seed, info.rank, step))
-            idx = epoch_batch(step, n=n, per_rank=per_rank, info=info, seed=seed)
-            if recipe["hflip"]:
-                flip = torch.rand(per_rank, generator=generator) < 0.5
-            else:
-                flip = torch.zeros(per_rank, dtype=torch.bool)
-            x, y = data.batch(idx, flip, generator).to(device), labels[idx].to(device)
-            with amp.autocast():
-                loss = loss_fn.training_losses(forward, x, y)["loss"]
-            latest = loss.item()
-            if not math.isfinite(latest):
-                raise NonFiniteLossError(
-                    f"the training loss became {latest} at step {step}; lower the learning rate or check the "
-                    f"data. The last good checkpoint is {Path(ckpt_dir) / 'last.pt'}."
-                )
-            optimizer.zero_grad(set_to_none=True)
-            amp.scaler.scale(loss).backward()
-            amp.scaler.step(optimizer)
-            amp.scaler.update()
-            ema.update(model, step=step)
-            step += 1
+        while state.step < total:
+            latest = generator_step(state, batches(state.step), forward, loss_fn, ckpt)
             running += latest
             count += 1
+            step = state.step
             if step % recipe["log_every"] == 0 or step == total:
                 logged = {
                     "step": step,
@@ -244,25 +211,70 @@ def train_generator(
                 history.append(logged)
             stopping = any_rank(stop.requested, info)  # a SIGTERM that reached any rank stops them all
             if info.is_main and (step % recipe["ckpt_every"] == 0 or step == total or stopping):
-                save_training(
-                    Path(ckpt_dir) / "last.pt",
-                    parts,
-                    step=step,
-                    history=history,
-                    running=running,
-                    count=count,
-                    fingerprint=fingerprint,
-                )
+                state.write(ckpt, step=step, history=history, running=running, count=count, fingerprint=fingerprint)
             if stopping:
                 raise Preempted(f"at step {step} of {total}")
             progress.update(step)
 
-    figures = {"steps": float(step), "train_seconds": time.perf_counter() - started, "world_size": info.world_size}
+    figures = {
+        "steps": float(state.step),
+        "train_seconds": time.perf_counter() - started,
+        "world_size": info.world_size,
+    }
     if info.is_main:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         save_tensors(out_dir / "model_ema.safetensors", ema.module.state_dict())  # with its digest, checked on load
     return figures
+
+
+@dataclass
+class StepBatches:
+    """The batch (latents, labels) of each optimizer step, drawn from (seed, rank, step) alone, so that a resumed run
+    draws what an uninterrupted one would: DiT's sampler order (:func:`epoch_batch`), the flips and the latents'
+    samples; the global RNG (t, noise, label dropout) is reseeded with them."""
+
+    data: Any  # a LatentSet or PixelSet
+    seed: int
+    per_rank: int
+    info: DistInfo
+    hflip: bool
+    generator: torch.Generator = field(default_factory=torch.Generator)
+
+    def __call__(self, step: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        seed_everything(stream_seed(self.seed, self.info.rank, step))
+        self.generator.manual_seed(stream_seed(self.seed, self.info.rank, step))
+        idx = epoch_batch(step, n=len(self.data), per_rank=self.per_rank, info=self.info, seed=self.seed)
+        if self.hflip:
+            flip = torch.rand(self.per_rank, generator=self.generator) < 0.5
+        else:
+            flip = torch.zeros(self.per_rank, dtype=torch.bool)
+        device = self.info.device
+        return self.data.batch(idx, flip, self.generator).to(device), self.data.labels[idx].to(device)
+
+
+def generator_step(
+    state: TrainingState, batch: Tuple[torch.Tensor, torch.Tensor], forward: Callable, loss_fn, ckpt: Path
+) -> float:
+    """One optimizer step of a generator on ``batch`` (latents, labels), its EMA updated, ``state.step`` moved on;
+    the step's loss. ``ckpt``: the checkpoint a non-finite loss names as the last good one."""
+    x, y = batch
+    amp = state.scaler
+    with amp.autocast():
+        loss = loss_fn.training_losses(forward, x, y)["loss"]
+    latest = loss.item()
+    if not math.isfinite(latest):
+        raise NonFiniteLossError(
+            f"the training loss became {latest} at step {state.step}; lower the learning rate or check the "
+            f"data. The last good checkpoint is {ckpt}."
+        )
+    state.optimizer.zero_grad(set_to_none=True)
+    amp.scaler.scale(loss).backward()
+    amp.scaler.step(state.optimizer)
+    amp.scaler.update()
+    state.ema.update(state.model, step=state.step)
+    state.step += 1
+    return latest
 
 
 def _log_step(live, info: DistInfo, logged: Dict[str, float], prefix: str) -> None:
