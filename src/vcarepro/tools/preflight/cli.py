@@ -278,6 +278,20 @@ def print_findings(found: Findings) -> None:
     sys.stdout.flush()  # the table before the sentences below, where stdout and stderr go to one place
 
 
+def what_bounds(costs, loaders, workers: Dict[str, int], cores: float, device: torch.device) -> Dict[str, str]:
+    """Each classification run's line saying whether its device or its loader bounds a step, at ``cores`` per device;
+    ``costs`` gain what their loaders feed."""
+    for cost in costs:
+        per_core = loaders.get(cost.run, {}).get("images_per_s")
+        if per_core is not None:
+            cost.loader_images_per_s = per_core * loader.feeding_workers(cores, workers[cost.run])
+    return {
+        c.run: line
+        for c in costs
+        if (line := loader.what_bounds(c, loaders.get(c.run), cores, workers.get(c.run, 0), device))
+    }
+
+
 def _stepping_progress(params, total: int, verbose: bool) -> Tuple[Any, Callable[[str], None]]:
     """The preflight's progress through :mod:`vcarepro.core.progress`, as every long loop reports: on a terminal a bar
     on stderr (what it is doing, "stepping deit_tiny-vca", beside it); in a log a line on stderr every
@@ -359,16 +373,7 @@ def main(argv=None) -> int:
             )
     finally:
         gc.unfreeze()
-    workers = {run.name: run.recipe["workers"] for run in cls_runs}
-    for cost in costs:
-        per_core = loaders.get(cost.run, {}).get("images_per_s")
-        if per_core is not None:
-            cost.loader_images_per_s = per_core * loader.feeding_workers(cores, workers[cost.run])
-    bounds = {
-        c.run: line
-        for c in costs
-        if (line := loader.what_bounds(c, loaders.get(c.run), cores, workers.get(c.run, 0), device))
-    }
+    bounds = what_bounds(costs, loaders, {run.name: run.recipe["workers"] for run in cls_runs}, cores, device)
     run_problems += [p for c in costs for p in c.problems]
     run_problems += sorted({e["error"] for e in loaders.values() if "error" in e})
     summary = fit_summary(costs, memory, device.type == "cpu")
