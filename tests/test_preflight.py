@@ -120,6 +120,7 @@ def embedded(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # it times real steps: beside another test they wait for a CPU, and the preflight refuses them
 def test_every_run_of_the_embedded_scale_is_stepped_and_costed(embedded):
     result, report = embedded
     assert result.returncode == 0, result.stderr  # the embedded scale needs nothing from outside
