@@ -176,6 +176,53 @@ def _stages(
     return own, shared, declared
 
 
+def _empty_groups(branch: str, run: str, entry: Dict[str, Any]) -> Tuple[Dict[str, Dict[str, Any]], Tuple[str, ...]]:
+    """The knob groups, in order (a declared param not claimed by one of the first four joins its section's group),
+    and the params the recipe group claims."""
+    run_key, model_key, shape_key = f"{branch}_runs.{run}", f"models.{entry['model']}", f"{branch}_shape"
+    if branch == "cls":
+        recipe_keys: Tuple[str, ...] = (f"cls_recipes.{entry['recipe']}", "cls_recipe_overrides")
+        recipe_title = f"cls_recipes.{entry['recipe']}, cls_recipe_overrides on top"
+    else:
+        recipe_keys = ("gen_recipe",)
+        recipe_title = "gen_recipe" + (f", {run_key}.recipe on top" if entry.get("recipe") else "")
+    groups = {
+        "run": {"title": run_key, "prefix": run_key, "knobs": []},
+        "model": {"title": model_key, "prefix": model_key, "knobs": []},
+        "recipe": {"title": recipe_title, "prefix": "", "knobs": []},
+        "shape": {"title": shape_key, "prefix": shape_key, "knobs": []},
+        "numerics": {"title": "numerics", "prefix": "numerics", "knobs": []},
+    }
+    return groups, recipe_keys
+
+
+class _Knobs:
+    """The knobs explained, by group, each key once, with the file or override that set it and the stages reading it."""
+
+    def __init__(self, groups: Dict[str, Dict[str, Any]], sources: "_Sources", readers) -> None:
+        self.groups, self.sources, self.readers, self.seen = groups, sources, readers, set()
+
+    def add(self, group: str, path: Tuple[str, ...], value: Any, knob: Optional[str] = None, **extra: Any) -> None:
+        key = ".".join(path)
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        self.groups.setdefault(group, {"title": group, "prefix": group, "knobs": []})
+        prefix = self.groups[group]["prefix"]
+        knob = knob or (key[len(prefix) + 1 :] if key.startswith(prefix + ".") else key)
+        self.groups[group]["knobs"].append(
+            {
+                "group": group,
+                "knob": knob,
+                "key": key,
+                "value": value,
+                **self.sources.where(path),
+                **extra,
+                "read_by": self.readers(key),
+            }
+        )
+
+
 def explain(run: str, overrides: Sequence[str] = (), project: Path = config.REPO_ROOT) -> Dict[str, Any]:
     """Every knob ``run`` resolves to under ``overrides`` of ``project``/conf, as :func:`render` prints it.
 
@@ -204,64 +251,29 @@ def explain(run: str, overrides: Sequence[str] = (), project: Path = config.REPO
 
         skipped = unapplied(resolved.recipe)
 
-    # the groups, in order; a declared param not claimed by one of the first four joins its section's group
-    run_key, model_key, shape_key = f"{branch}_runs.{run}", f"models.{model}", f"{branch}_shape"
-    if branch == "cls":
-        recipe_keys = (f"cls_recipes.{entry['recipe']}", "cls_recipe_overrides")
-        recipe_title = f"cls_recipes.{entry['recipe']}, cls_recipe_overrides on top"
-    else:
-        recipe_keys = ("gen_recipe",)
-        recipe_title = "gen_recipe" + (f", {run_key}.recipe on top" if entry.get("recipe") else "")
-    groups: Dict[str, Dict[str, Any]] = {
-        "run": {"title": run_key, "prefix": run_key, "knobs": []},
-        "model": {"title": model_key, "prefix": model_key, "knobs": []},
-        "recipe": {"title": recipe_title, "prefix": "", "knobs": []},
-        "shape": {"title": shape_key, "prefix": shape_key, "knobs": []},
-        "numerics": {"title": "numerics", "prefix": "numerics", "knobs": []},
-    }
-    seen = set()
-
-    def add(group: str, path: Tuple[str, ...], value: Any, knob: Optional[str] = None, **extra: Any) -> None:
-        key = ".".join(path)
-        if key in seen:
-            return
-        seen.add(key)
-        groups.setdefault(group, {"title": group, "prefix": group, "knobs": []})
-        prefix = groups[group]["prefix"]
-        knob = knob or (key[len(prefix) + 1 :] if key.startswith(prefix + ".") else key)
-        readers = [s for s in own + shared if any(_covers(p, key) for p in declared[s])]
-        groups[group]["knobs"].append(
-            {
-                "group": group,
-                "knob": knob,
-                "key": key,
-                "value": value,
-                **sources.where(path),
-                **extra,
-                "read_by": readers,
-            }
-        )
-
+    groups, recipe_keys = _empty_groups(branch, run, entry)
+    readers = lambda key: [s for s in own + shared if any(_covers(p, key) for p in declared[s])]  # noqa: E731
+    knobs = _Knobs(groups, sources, readers)
     for stage in own:
         for param in declared[stage]:
             path = tuple(param.split("."))
-            if param == run_key:
+            if param == f"{branch}_runs.{run}":
                 for leaf, value in _leaves(entry, path):
                     if not (branch == "gen" and leaf[len(path)] == "recipe"):  # the recipe group shows those
-                        add("run", leaf, value)
-            elif param == model_key:
+                        knobs.add("run", leaf, value)
+            elif param == f"models.{model}":
                 for leaf, value in _leaves(params["models"][model], path):
-                    add("model", leaf, value)
+                    knobs.add("model", leaf, value)
             elif param in recipe_keys or param.startswith("gen_recipe."):
                 if not groups["recipe"]["knobs"]:
-                    _recipe_knobs(add, params, branch, run, entry, resolved.recipe, skipped)
-            elif param == shape_key:
-                for leaf, value in _leaves(params.get(shape_key) or {}, path):
-                    add("shape", leaf, value)
+                    _recipe_knobs(knobs.add, params, branch, run, entry, resolved.recipe, skipped)
+            elif param == f"{branch}_shape":
+                for leaf, value in _leaves(params.get(param) or {}, path):
+                    knobs.add("shape", leaf, value)
             else:
                 value = _get(params, path)
                 for leaf, sub in _leaves(value, path) if value is not _ABSENT else []:
-                    add(path[0], leaf, sub)
+                    knobs.add(path[0], leaf, sub)
     return {
         "run": run,
         "kind": {"cls": "classification", "gen": "generation"}[branch],

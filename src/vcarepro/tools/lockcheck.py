@@ -374,22 +374,28 @@ def _digest(value) -> str:
 def fingerprint(params_path: str = "params.yaml") -> Dict[str, str]:
     """{name: hash} of ops, of every layer's output of the embedded DeiT-T and DiT-S/2 (MHSA and VCA) and their
     parameters' gradients, of two steps of the digit extractor's training, of FID's sqrtm and of a
-    logistic-regression fit. Names sort in the order they are computed within each family."""
-    import numpy as np
+    logistic-regression fit. Names sort in the order they are computed within each family; one generator draws
+    every input, in that order."""
     import torch
-    import torch.nn.functional as F
 
     import vcarepro.models  # noqa: F401 (registers the models)
     from vcarepro.core import numerics
 
     numerics.enter()  # the in-process part of the profile the environment names, as every stage's run_stage does
     from vcarepro.params.config import load_params
-    from vcarepro.params.runs import cls_run, gen_run
-    from vcarepro.train.classification import ClassifierSpec
-    from vcarepro.train.generation import GeneratorSpec
 
     out: Dict[str, str] = {}
     g = torch.Generator().manual_seed(0)
+    _op_digests(out, g)
+    _model_digests(out, load_params(params_path), g)
+    _fit_digests(out, g)
+    return out
+
+
+def _op_digests(out: Dict[str, str], g) -> None:
+    import torch
+    import torch.nn.functional as F
+
     a, b = torch.randn(257, 193, generator=g), torch.randn(193, 131, generator=g)
     x = torch.randn(16, 3, 16, 16, generator=g)
     ops = {
@@ -421,24 +427,32 @@ def fingerprint(params_path: str = "params.yaml") -> Dict[str, str]:
     for name, value in ops.items():
         out[f"op.{name}"] = _digest(value)
 
-    params = load_params(params_path)
 
-    def trace(prefix: str, model: torch.nn.Module, *inputs) -> None:
-        hooks = [
-            module.register_forward_hook(
-                lambda m, i, o, name=name: out.__setitem__(f"{prefix}.fwd.{name or '(model)'}", _digest(o))
-            )
-            for name, module in model.named_modules()
-        ]
-        try:
-            y = model(*inputs)
-        finally:
-            for hook in hooks:
-                hook.remove()
-        y.float().square().mean().backward()
-        for name, p in model.named_parameters():
-            if p.grad is not None:
-                out[f"{prefix}.grad.{name}"] = _digest(p.grad)
+def _trace(out: Dict[str, str], prefix: str, model, *inputs) -> None:
+    """Every module's output of one forward of ``model``, then every parameter's gradient of its mean square."""
+    hooks = [
+        module.register_forward_hook(
+            lambda m, i, o, name=name: out.__setitem__(f"{prefix}.fwd.{name or '(model)'}", _digest(o))
+        )
+        for name, module in model.named_modules()
+    ]
+    try:
+        y = model(*inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    y.float().square().mean().backward()
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            out[f"{prefix}.grad.{name}"] = _digest(p.grad)
+
+
+def _model_digests(out: Dict[str, str], params, g) -> None:
+    import torch
+
+    from vcarepro.params.runs import cls_run, gen_run
+    from vcarepro.train.classification import ClassifierSpec
+    from vcarepro.train.generation import GeneratorSpec
 
     for run in ("deit_tiny-mhsa", "deit_tiny-vca"):
         if run not in params["cls_runs"]:
@@ -446,17 +460,24 @@ def fingerprint(params_path: str = "params.yaml") -> Dict[str, str]:
         torch.manual_seed(0)
         model = ClassifierSpec.for_run(cls_run(params, run)).create(num_classes=10)
         size = cls_run(params, run).recipe["img_size"]
-        trace(f"cls.{run}", model, torch.randn(4, 3, size, size, generator=g))
+        _trace(out, f"cls.{run}", model, torch.randn(4, 3, size, size, generator=g))
     for run in ("dit_s2-mhsa", "dit_s2-vca"):
         if run not in params["gen_runs"]:
             continue
         torch.manual_seed(0)
         model = GeneratorSpec.for_run(gen_run(params, run)).create()
         shape = params["gen_shape"]
-        xs = torch.randn(
-            4, shape.get("in_channels", 4), shape.get("input_size", 32), shape.get("input_size", 32), generator=g
-        )
-        trace(f"gen.{run}", model, xs, torch.tensor([1.0, 10.0, 100.0, 500.0]), torch.tensor([0, 1, 2, 3]))
+        side = shape.get("input_size", 32)
+        xs = torch.randn(4, shape.get("in_channels", 4), side, side, generator=g)
+        _trace(out, f"gen.{run}", model, xs, torch.tensor([1.0, 10.0, 100.0, 500.0]), torch.tensor([0, 1, 2, 3]))
+
+
+def _fit_digests(out: Dict[str, str], g) -> None:
+    """The digit extractor's training, FID's sqrtm and the logistic regression of cls_reference."""
+    import numpy as np
+    import scipy.linalg
+    import torch
+    from sklearn.linear_model import LogisticRegression
 
     from vcarepro.metrics.digit_features import train_feature_net
 
@@ -465,18 +486,12 @@ def fingerprint(params_path: str = "params.yaml") -> Dict[str, str]:
     net, _ = train_feature_net(images, labels, epochs=1, seed=0, num_classes=10)
     for name, p in net.state_dict().items():
         out[f"digits.{name}"] = _digest(p)
-
-    import scipy.linalg
-
     m = np.random.default_rng(0).standard_normal((300, 64))
     cov = m.T @ m / 300
     out["fid.cov"] = _digest(cov)
     out["fid.sqrtm"] = _digest(scipy.linalg.sqrtm(cov @ (cov + np.eye(64))).real)
-    from sklearn.linear_model import LogisticRegression
-
     fit = LogisticRegression(max_iter=200).fit(m, (m[:, 0] + m[:, 1] > 0).astype(int))
     out["cls_reference.logreg"] = _digest(fit.coef_)
-    return out
 
 
 def compare_fingerprints(recorded: Dict[str, str], here: Dict[str, str]) -> List[str]:
