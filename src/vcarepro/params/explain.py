@@ -197,10 +197,11 @@ def _empty_groups(branch: str, run: str, entry: Dict[str, Any]) -> Tuple[Dict[st
 
 
 class _Knobs:
-    """The knobs explained, by group, each key once, with the file or override that set it and the stages reading it."""
+    """The knobs explained, by group, each key once, with the file or override that set it and the stages reading it
+    (of ``stages``, those whose ``declared`` params cover it)."""
 
-    def __init__(self, groups: Dict[str, Dict[str, Any]], sources: "_Sources", readers) -> None:
-        self.groups, self.sources, self.readers, self.seen = groups, sources, readers, set()
+    def __init__(self, groups: Dict[str, Dict[str, Any]], sources: "_Sources", stages: List[str], declared) -> None:
+        self.groups, self.sources, self.stages, self.declared, self.seen = groups, sources, stages, declared, set()
 
     def add(self, group: str, path: Tuple[str, ...], value: Any, knob: Optional[str] = None, **extra: Any) -> None:
         key = ".".join(path)
@@ -218,7 +219,7 @@ class _Knobs:
                 "value": value,
                 **self.sources.where(path),
                 **extra,
-                "read_by": self.readers(key),
+                "read_by": [s for s in self.stages if any(_covers(p, key) for p in self.declared[s])],
             }
         )
 
@@ -252,23 +253,23 @@ def explain(run: str, overrides: Sequence[str] = (), project: Path = config.REPO
         skipped = unapplied(resolved.recipe)
 
     groups, recipe_keys = _empty_groups(branch, run, entry)
-    readers = lambda key: [s for s in own + shared if any(_covers(p, key) for p in declared[s])]  # noqa: E731
-    knobs = _Knobs(groups, sources, readers)
+    run_key, model_key, shape_key = (groups[name]["prefix"] for name in ("run", "model", "shape"))
+    knobs = _Knobs(groups, sources, own + shared, declared)
     for stage in own:
         for param in declared[stage]:
             path = tuple(param.split("."))
-            if param == f"{branch}_runs.{run}":
+            if param == run_key:
                 for leaf, value in _leaves(entry, path):
                     if not (branch == "gen" and leaf[len(path)] == "recipe"):  # the recipe group shows those
                         knobs.add("run", leaf, value)
-            elif param == f"models.{model}":
+            elif param == model_key:
                 for leaf, value in _leaves(params["models"][model], path):
                     knobs.add("model", leaf, value)
             elif param in recipe_keys or param.startswith("gen_recipe."):
                 if not groups["recipe"]["knobs"]:
                     _recipe_knobs(knobs.add, params, branch, run, entry, resolved.recipe, skipped)
-            elif param == f"{branch}_shape":
-                for leaf, value in _leaves(params.get(param) or {}, path):
+            elif param == shape_key:
+                for leaf, value in _leaves(params.get(shape_key) or {}, path):
                     knobs.add("shape", leaf, value)
             else:
                 value = _get(params, path)

@@ -278,9 +278,9 @@ def print_findings(found: Findings) -> None:
     sys.stdout.flush()  # the table before the sentences below, where stdout and stderr go to one place
 
 
-def what_bounds(costs, loaders, workers: Dict[str, int], cores: float, device: torch.device) -> Dict[str, str]:
-    """Each classification run's line saying whether its device or its loader bounds a step, at ``cores`` per device;
-    ``costs`` gain what their loaders feed."""
+def loader_bounds(costs, loaders, workers: Dict[str, int], cores: float, device: torch.device) -> Dict[str, str]:
+    """What the loaders feed, set on ``costs`` for ``cores`` per device, and each classification run's line (through
+    :func:`.loader.what_bounds`) saying whether its device or its loader bounds a step."""
     for cost in costs:
         per_core = loaders.get(cost.run, {}).get("images_per_s")
         if per_core is not None:
@@ -373,7 +373,7 @@ def main(argv=None) -> int:
             )
     finally:
         gc.unfreeze()
-    bounds = what_bounds(costs, loaders, {run.name: run.recipe["workers"] for run in cls_runs}, cores, device)
+    bounds = loader_bounds(costs, loaders, {run.name: run.recipe["workers"] for run in cls_runs}, cores, device)
     run_problems += [p for c in costs for p in c.problems]
     run_problems += sorted({e["error"] for e in loaders.values() if "error" in e})
     summary = fit_summary(costs, memory, device.type == "cpu")
