@@ -24,11 +24,14 @@ import torch  # noqa: E402
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 
-# The longest files of the slow tier, longest first (worker-seconds, two workers on a 2-core Intel Xeon: the smoke
-# scale's DAG 488, the emulated AMD EPYC 277, the lab's queues, remotes and servers 209, the family's pipeline 134,
-# ...). Under pytest-xdist they are handed out first (pyproject.toml turns off xdist's own order, by number of tests),
-# so the longest does not start last and leave one worker idle while the other finishes it.
+# The longest files of each slow tier, longest first (worker-seconds, two workers on a 2-core Intel Xeon: of the
+# alone tier the SLURM cluster 330 and the micro pipeline 250; of the other the smoke scale's DAG 488, the emulated
+# AMD EPYC 277, the lab's queues, remotes and servers 209, the family's pipeline 134, ...). Under pytest-xdist they
+# are handed out first (pyproject.toml turns off xdist's own order, by number of tests), so the longest does not
+# start last and leave one worker idle while the other finishes it.
 LONGEST_FIRST = (
+    "test_cluster.py",
+    "test_pipeline.py",
     "test_smoke.py",
     "test_numerics.py",
     "test_lab.py",
@@ -42,7 +45,7 @@ LONGEST_FIRST = (
 
 def pytest_collection_modifyitems(config, items):
     """A test marked `alone` belongs to the slow tier as well: `-m "not slow"` (README command 2, on two workers)
-    never runs it beside another test. On xdist workers, the longest files come first (a file's tests keep their
+    never runs it beside a test of another tier. On xdist workers, the longest files come first (a file's tests keep their
     order)."""
     for item in items:
         if item.get_closest_marker("alone") and not item.get_closest_marker("slow"):

@@ -59,7 +59,7 @@ def test_readme_line_5_is_the_fast_tier_run_after_command_1_then_the_slow_tier()
         ci.index(".venv/bin/python -m vcarepro.tools.lockcheck verify"),
         ci.index('bash -c "$(sed -n 5p README.md)"'),
         ci.index('.venv/bin/python -m pytest -m "slow and not alone" -n 2 --dist loadfile'),
-        ci.index(".venv/bin/python -m pytest -m alone"),
+        ci.index(".venv/bin/python -m pytest -m alone -n 2 --dist loadfile"),
     ]
     assert order == sorted(order), order
     assert readme_line(3) == "```bash" and readme_line(6) == "```"  # the README's first code block: these two lines
