@@ -45,8 +45,8 @@ LONGEST_FIRST = (
 
 def pytest_collection_modifyitems(config, items):
     """A test marked `alone` belongs to the slow tier as well: `-m "not slow"` (README command 2, on two workers)
-    never runs it beside a test of another tier. On xdist workers, the longest files come first (a file's tests keep their
-    order)."""
+    never runs it beside a test of another tier. On xdist workers, the longest files come first (a file's tests keep
+    their order)."""
     for item in items:
         if item.get_closest_marker("alone") and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)

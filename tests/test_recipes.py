@@ -225,7 +225,7 @@ def test_an_epochs_override_trains_that_many_epochs_whatever_the_recipes_cooldow
 @pytest.mark.parametrize("scale", ["embedded", "proxy", "paper"])
 def test_every_recipe_knob_overrides_plainly_at_every_scale(scale):
     """Issue 21 (5): `-S cls_recipe_overrides.epochs=1` failed at paper scale (Hydra needs `+` for an absent key)."""
-    from vcarepro.params.schema import CLS_RECIPE_RULES
+    from vcarepro.params.schema import KNOBS as CLS_RECIPE_RULES
 
     params = compose(
         [

@@ -313,3 +313,60 @@ def test_a_calibration_digest_is_a_full_sha256_or_a_publishers_prefix_of_8_or_mo
         params["calibrate"]["classifiers"]["deit_tiny"]["sha256"] = bad
         with pytest.raises(ParamsError, match="sha256 must be null or a hexadecimal sha256 \\(64 digits\\)"):
             validate(params)
+
+
+def test_every_mapping_of_params_is_a_strict_pydantic_model_that_forbids_unknown_keys_and_infinities():
+    """Types, ranges and choices are pydantic's: no section coerces ("1" for 1, true for 1), none takes a key it does
+    not declare, none takes NaN or an infinity; each value's field says, in its description, the words a refusal uses
+    (the names a run or a model entry gives are checked against other sections instead)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from vcarepro.params import schema
+
+    def models_in(annotation):
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            yield annotation
+        for arg in typing.get_args(annotation):
+            yield from models_in(arg)
+
+    seen, todo = set(), [schema.Params]
+    while todo:
+        model = todo.pop()
+        seen.add(model)
+        config = model.model_config
+        assert (config["extra"], config["strict"], config["allow_inf_nan"]) == ("forbid", True, False), model
+        for name, field in model.model_fields.items():
+            nested = set(models_in(field.annotation))
+            todo += nested - seen
+            mapping = dict in {typing.get_origin(a) for a in (field.annotation, *typing.get_args(field.annotation))}
+            if not nested and not mapping and field.annotation is not typing.Any:
+                assert field.description, (model.__name__, name)
+    assert {m.__name__ for m in seen} >= {"Params", "Cluster", "ClsRecipe", "GenRun", "CalibrationGenerator"}
+
+
+@pytest.mark.parametrize(
+    "path, value, message",
+    [
+        # a mapping where a number goes was passed over before (a mapping flattened to no key at all)
+        (("cluster", "nodes"), {}, "cluster.nodes must be an integer >= 1, got {}"),
+        (("cls_recipe_overrides", "lr"), {"x": 1}, "cls_recipe_overrides.lr must be a number > 0, got {'x': 1}"),
+        # a section, a named recipe or a run that is not a mapping: said so, where a traceback or "not a known
+        # parameter" came before
+        (("numerics",), 5, "numerics must be a mapping holding cpu, gpu, threads, got 5"),
+        (("cls_recipes", "deit"), 1, "cls_recipes.deit must be a mapping holding img_size, epochs, "),
+        (("cls_runs", "deit_tiny-vca"), [0], "cls_runs.deit_tiny-vca must be a mapping holding model, recipe, seeds"),
+        # a string where a number goes is not read as one (strict)
+        (("sampling", "num_samples"), "8", "sampling.num_samples must be an integer >= 1, got '8'"),
+    ],
+)
+def test_a_value_of_the_wrong_kind_is_one_sentence_however_deep(scales, path, value, message):
+    params = copy.deepcopy(scales["embedded"])
+    node = params
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with pytest.raises(ParamsError) as err:
+        validate(params)
+    assert message in str(err.value) and "\n" not in str(err.value), str(err.value)

@@ -12,7 +12,10 @@ rest of the family the ``lab_`` model (docs/vca.md and docs/family.md give the l
 
 from __future__ import annotations
 
+import inspect
+import typing
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Dict, Optional, Tuple
 
 import timm
@@ -107,11 +110,65 @@ def create_classifier(arch: str, attention: str, **kwargs: Any) -> nn.Module:
     return timm.create_model(name, **kwargs)
 
 
+# What the pipeline itself passes to a model's constructor (ClassifierSpec.create, GeneratorSpec.create): never
+# a shape override nor an option.
+_SET_FOR_CLASSIFIER = {"self", "num_classes", "drop_path_rate", "attention", "compared_attention", "pretrained"}
+_SET_FOR_DIT = {"self", "learn_sigma", "class_dropout_prob", "attention", "attention_options"}
+
+
+def _init_arguments(cls) -> frozenset:
+    """The keyword arguments ``cls(...)`` takes: its ``__init__``'s and, through ``**kwargs``, its bases'."""
+    names = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        parameters = inspect.signature(init).parameters.values()
+        names |= {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+            break
+    return frozenset(names)
+
+
+@lru_cache(maxsize=None)
+def constructor_arguments(arch: str, attention: str) -> Tuple[str, frozenset, frozenset]:
+    """(what builds it, the shape overrides it takes, the options it takes) for a ``models`` entry.
+
+    A classifier takes what its timm model's class takes (the model factory's return annotation,
+    its ``__init__`` followed through ``**kwargs``) and its attention's own knobs; a DiT what
+    ``DiT`` takes. ``contrast_tokens`` is a shape override for every model (``core.choices.model_options``).
+    Raises ``KeyError`` for an unknown arch, ``BadInput`` for an attention the arch does not come with.
+    """
+    from timm.models._registry import model_entrypoint
+
+    from vcarepro.models.dit import DIT_ATTENTIONS, DIT_CONFIGS, DiT
+
+    if arch in DIT_CONFIGS:
+        if attention not in DIT_ATTENTIONS:
+            raise BadInput(
+                f"unknown attention {attention!r} for {arch}; choose one of {', '.join(map(repr, DIT_ATTENTIONS))}."
+            )
+        own = set(attention_options(attention))
+        shape = (_init_arguments(DiT) | own | {"contrast_tokens"}) - _SET_FOR_DIT
+        return "DiT", frozenset(shape), frozenset(own)
+    if arch not in CLASSIFIER_ARCHS:
+        raise KeyError(arch)
+    name = classifier_name(arch, attention)
+    own = set(attention_options(attention))
+    cls = typing.get_type_hints(model_entrypoint(name))["return"]
+    takes = _init_arguments(cls)
+    placement = {"attn_layout"} & takes if attention == "vca" or name in LAB_MODELS else set()
+    options = own | placement
+    shape = (takes | options | {"contrast_tokens"}) - _SET_FOR_CLASSIFIER
+    return f"{cls.__name__} ({name})", frozenset(shape), frozenset(options)
+
+
 __all__ = [
     "CLASSIFIER_ARCHS",
     "DROPIN_MODELS",
     "LAB_MODELS",
     "VcaVisionTransformer",
     "classifier_name",
+    "constructor_arguments",
     "create_classifier",
 ]
