@@ -120,10 +120,26 @@ def model_card(
     such a run has no stand-in.
     """
     scale = params.get("scale", "unknown")
-    arch = config["architecture"]
-    model_args = config.get("model_args", {})
     license_name = config.get("pretrained_cfg", {}).get("license", "mit")
-    sources = (reference or {}).get("sources", {})
+    comparisons = run_rows(reference, run.name) if reference else []
+    gains = _gains(root, run, metrics, comparisons, params, paper_params, reference)
+    return "\n".join(
+        [
+            *_heading(run, seed, scale, config, license_name),
+            *_architecture(run, config, n_params),
+            *_recipe(run, scale),
+            *_metrics(run, seed, metrics, gains),
+            *_papers_numbers(comparisons, metrics, scale, reference),
+            *(_curves() if has_curves else []),
+            *_how_to_load(folder_name, weights_sha256),
+            *_how_to_share(run, folder_name, license_name),
+        ]
+    )
+
+
+def _heading(run: ClsRun, seed: int, scale: str, config: Dict[str, Any], license_name: str) -> List[str]:
+    """The Hub's front matter, the title, and what the scale makes of the numbers."""
+    arch, model_args = config["architecture"], config.get("model_args", {})
     out = [
         "---",
         "tags:",
@@ -155,18 +171,21 @@ def model_card(
             "the run trains and exports end to end, not ImageNet accuracy.",
             "",
         ]
-    out += [
+    return out + [
         "Trained by the vca-repro pipeline for *Linear Differential Vision Transformer: Learning Visual "
         "Contrasts via Pairwise Differentials* (NeurIPS 2025, arXiv:2511.00833), run "
         f"`train_cls@{run.name}`, seed {seed} of {', '.join(map(str, run.seeds))}.",
         "",
     ]
 
-    out += [
+
+def _architecture(run: ClsRun, config: Dict[str, Any], n_params: int) -> List[str]:
+    model_args = config.get("model_args", {})
+    out = [
         "## Architecture",
         "",
-        f"timm model `{arch}` (pipeline model `{run.model['arch']}`, attention `{run.model['attention']}`), "
-        f"{n_params / 1e6:.3f} M parameters, {config.get('num_features')} features, "
+        f"timm model `{config['architecture']}` (pipeline model `{run.model['arch']}`, attention "
+        f"`{run.model['attention']}`), {n_params / 1e6:.3f} M parameters, {config.get('num_features')} features, "
         f"pooling `{config.get('global_pool')}`. The shape differs from the registered default, so rebuild "
         "with these `model_args` (they are in `config.json`):",
         "",
@@ -179,9 +198,11 @@ def model_card(
             + ", ".join(f"`{k}={_fmt(v)}`" for k, v in sorted(run.model["options"].items()))
             + ".",
         ]
-    out += [""]
+    return out + [""]
 
-    out += [
+
+def _recipe(run: ClsRun, scale: str) -> List[str]:
+    return [
         "## Training recipe",
         "",
         f"Recipe `{run.recipe_name}` (`cls_recipes` in params.yaml) with the `{scale}` scale's overrides, as trained:",
@@ -190,7 +211,21 @@ def model_card(
         "",
     ]
 
-    out += ["## Metrics", ""]
+
+def _gains(root, run, metrics, comparisons, params, paper_params, reference) -> List[str]:
+    """Ours minus each compared row's baseline run (``_gain_text``), once each."""
+    gains: List[str] = []
+    for row in comparisons:
+        if row.get("baseline_run"):
+            baseline = answering_run(row["baseline_run"], params, paper_params or {}, reference)
+            text = _gain_text(root, run, metrics, baseline, _paper_gain(row))
+            if text not in gains:
+                gains.append(text)
+    return gains
+
+
+def _metrics(run: ClsRun, seed: int, metrics: Optional[Dict[str, Any]], gains: List[str]) -> List[str]:
+    out = ["## Metrics", ""]
     if metrics is None:
         out += [f"Not evaluated yet: run `dvc repro eval_cls@{run.name}` and export again.", ""]
     else:
@@ -215,15 +250,6 @@ def model_card(
             *rows,
             "",
         ]
-
-    comparisons = run_rows(reference, run.name) if reference else []
-    gains = []
-    for row in comparisons:
-        if row.get("baseline_run"):
-            baseline = answering_run(row["baseline_run"], params, paper_params or {}, reference)
-            text = _gain_text(root, run, metrics, baseline, _paper_gain(row))
-            if text not in gains:
-                gains.append(text)
     if gains:
         out += [
             "Gain over the baseline (ours: final-epoch top-1, as the report's gains table, with the 95% Welch "
@@ -233,54 +259,54 @@ def model_card(
             *[f"- {g}" for g in gains],
             "",
         ]
+    return out
 
-    out += ["## The paper's numbers", ""]
+
+def _papers_numbers(comparisons, metrics, scale: str, reference: Optional[Dict[str, Any]]) -> List[str]:
+    out = ["## The paper's numbers", ""]
     if not comparisons:
-        out += [
+        return out + [
             "The paper has no row for this run."
             if reference
             else f"{REFERENCE} is missing, so the paper's numbers are not shown.",
             "",
         ]
-    else:
-        out += [
-            "ImageNet-1K top-1 (%) of the corresponding rows (`data/paper_reference.yaml`), with the source "
-            "mark of each value" + ("; at this scale ours are not comparable with them." if scale != "paper" else "."),
-            "",
-            f"| table | row | paper top-1 | statistic | ours, same statistic ({scale}) | paper baseline top-1 "
-            "| params (M) | GFLOPs |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for row in comparisons:
-            key = STATISTICS.get(row["statistic"], STATISTICS["final"])[0]
-            out.append(
-                f"| {row['table']} | {row['label']} | {_paper(row.get('top1'))} | {row['statistic']} "
-                f"| `{key}` {_ours(metrics, key)} | "
-                f"{_paper(row.get('baseline_top1'))} | {_paper(row.get('params_m'))} | "
-                f"{_paper(row.get('gflops'))} |"
-            )
-        used = sorted(
-            {
-                e[1]
-                for row in comparisons
-                for e in (row.get("top1"), row.get("baseline_top1"), row.get("params_m"), row.get("gflops"))
-                if e and e[1]
-            }
-        )
-        out += ["", "Sources: " + "; ".join(f"{m}: {sources.get(m, '?')}" for m in used) + ".", ""]
-
-    if has_curves:
-        out += [
-            "## Training curves",
-            "",
-            "Every seed of the run, as in the report (`reports/index.html`):",
-            "",
-            f"![training curves]({CURVES})",
-            "",
-        ]
-
-    overlay = "dict(config['pretrained_cfg'], file=f'{folder}/model.safetensors')"
     out += [
+        "ImageNet-1K top-1 (%) of the corresponding rows (`data/paper_reference.yaml`), with the source "
+        "mark of each value" + ("; at this scale ours are not comparable with them." if scale != "paper" else "."),
+        "",
+        f"| table | row | paper top-1 | statistic | ours, same statistic ({scale}) | paper baseline top-1 "
+        "| params (M) | GFLOPs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in comparisons:
+        key = STATISTICS.get(row["statistic"], STATISTICS["final"])[0]
+        out.append(
+            f"| {row['table']} | {row['label']} | {_paper(row.get('top1'))} | {row['statistic']} "
+            f"| `{key}` {_ours(metrics, key)} | "
+            f"{_paper(row.get('baseline_top1'))} | {_paper(row.get('params_m'))} | "
+            f"{_paper(row.get('gflops'))} |"
+        )
+    entries = ("top1", "baseline_top1", "params_m", "gflops")
+    used = sorted({e[1] for row in comparisons for e in map(row.get, entries) if e and e[1]})
+    sources = (reference or {}).get("sources", {})
+    return out + ["", "Sources: " + "; ".join(f"{m}: {sources.get(m, '?')}" for m in used) + ".", ""]
+
+
+def _curves() -> List[str]:
+    return [
+        "## Training curves",
+        "",
+        "Every seed of the run, as in the report (`reports/index.html`):",
+        "",
+        f"![training curves]({CURVES})",
+        "",
+    ]
+
+
+def _how_to_load(folder_name: str, weights_sha256: str) -> List[str]:
+    overlay = "dict(config['pretrained_cfg'], file=f'{folder}/model.safetensors')"
+    return [
         "## How to load",
         "",
         "Import `vcarepro.models` first: it registers the VCA models with timm.",
@@ -310,7 +336,9 @@ def model_card(
         "",
     ]
 
-    out += [
+
+def _how_to_share(run: ClsRun, folder_name: str, license_name: str) -> List[str]:
+    return [
         "## How to share it",
         "",
         f"Nothing here uploads. The card's license (`{license_name}`) is the model config's; weights trained "
@@ -331,7 +359,6 @@ def model_card(
         "(after `import vcarepro.models`).",
         "",
     ]
-    return "\n".join(out)
 
 
 def curves_png(root: Path, run: ClsRun) -> Optional[bytes]:

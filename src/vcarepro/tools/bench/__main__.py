@@ -19,44 +19,13 @@ from vcarepro.tools.bench.attention_cost import BENCH_LAYERS, bench_attention, f
 from vcarepro.tools.bench.timing import describe_machine
 
 
-def main(argv=None) -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m vcarepro.tools.bench", description=__doc__)
     sub = parser.add_subparsers(dest="suite")
     every = sub.add_parser("all", help="every benchmark on this machine (the default)")
     every.add_argument("--quick", action="store_true", help="shorter timings and sizes (a smoke run)")
     every.add_argument("--json", default="bench.json", help="write every figure and the machine here")
-    att = sub.add_parser(
-        "attention",
-        help="every attention of the family at DeiT-T width, N = 196, 784, 3136, "
-        "eager and compiled, and the speed targets",
-    )
-    att.add_argument("--sides", type=int, nargs="+", default=[14, 28, 56], help="patch-grid sides (N = side^2)")
-    att.add_argument("--batch", type=int, default=8)
-    att.add_argument("--dim", type=int, default=192)
-    att.add_argument("--heads", type=int, default=3)
-    att.add_argument(
-        "--contrast-tokens",
-        type=int,
-        default=49,
-        help="pooled tokens of every layer that pools (VCA's contrast tokens, Agent's agent tokens)",
-    )
-    att.add_argument(
-        "--layers",
-        nargs="+",
-        default=list(BENCH_LAYERS),
-        choices=BENCH_LAYERS,
-        metavar="LAYER",
-        help=f"the layers to measure (default every one: {' '.join(BENCH_LAYERS)})",
-    )
-    att.add_argument(
-        "--no-compile",
-        dest="compile",
-        action="store_false",
-        help="skip torch.compile timings (on a CPU each layer and N compiles for seconds)",
-    )
-    att.add_argument("--min-run-time", type=float, default=1.0, help="seconds of timing per measurement")
-    att.add_argument("--device", default="cpu")
-    att.add_argument("--json", help="also write the figures and the machine to this JSON file")
+    _attention_options(sub)
     step = sub.add_parser("train-step", help="a paper-scale DiT/SiT training step, and the GPU-hours of a full run")
     step.add_argument("--run", default="dit_s2-vca", help="a gen_runs or cls_runs entry of --scale")
     step.add_argument("--scale", default="paper", choices=["paper", "proxy"])
@@ -93,10 +62,49 @@ def main(argv=None) -> None:
     scale.add_argument("--images", type=int, default=256, help="photographs the fast path's two reads are timed on")
     scale.add_argument("--seconds", type=float, default=6.0, help="seconds of timing per read")
     scale.add_argument("--json", help="also write the figures and the machine to this JSON file")
+    return parser
+
+
+def _attention_options(sub) -> None:
+    att = sub.add_parser(
+        "attention",
+        help="every attention of the family at DeiT-T width, N = 196, 784, 3136, "
+        "eager and compiled, and the speed targets",
+    )
+    att.add_argument("--sides", type=int, nargs="+", default=[14, 28, 56], help="patch-grid sides (N = side^2)")
+    att.add_argument("--batch", type=int, default=8)
+    att.add_argument("--dim", type=int, default=192)
+    att.add_argument("--heads", type=int, default=3)
+    att.add_argument(
+        "--contrast-tokens",
+        type=int,
+        default=49,
+        help="pooled tokens of every layer that pools (VCA's contrast tokens, Agent's agent tokens)",
+    )
+    att.add_argument(
+        "--layers",
+        nargs="+",
+        default=list(BENCH_LAYERS),
+        choices=BENCH_LAYERS,
+        metavar="LAYER",
+        help=f"the layers to measure (default every one: {' '.join(BENCH_LAYERS)})",
+    )
+    att.add_argument(
+        "--no-compile",
+        dest="compile",
+        action="store_false",
+        help="skip torch.compile timings (on a CPU each layer and N compiles for seconds)",
+    )
+    att.add_argument("--min-run-time", type=float, default=1.0, help="seconds of timing per measurement")
+    att.add_argument("--device", default="cpu")
+    att.add_argument("--json", help="also write the figures and the machine to this JSON file")
+
+
+def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] not in ("all", "attention", "train-step", "loader", "imagenet-scale", "-h", "--help"):
         argv = ["all", *argv]  # the whole suite is the default
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
 
     machine = describe_machine()
     if args.suite == "all":
@@ -104,67 +112,74 @@ def main(argv=None) -> None:
 
         run_all(machine, quick=args.quick, json_path=args.json)
         return
-    if args.suite == "loader":
-        from vcarepro.tools.bench.loader import bench_loader, loader_table
-
+    if args.suite != "train-step":  # a step is timed as training runs it: the thread count is part of its machine
         print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
-        figures = bench_loader(
-            root=args.root,
-            recipe_name=args.recipe,
-            seconds=args.seconds,
-            device=args.device,
-            batch=args.batch,
-            workers=args.workers,
-            images=args.images,
-        )
-        print(f"{figures['recipe']}'s augmentation at 224 px, on {figures['files']} files: {figures['source']}")
-        print(loader_table(figures))
-        if args.json:
-            write_json(args.json, {"machine": machine, "loader": figures}, sort_keys=False, end="")
-        return
-    if args.suite == "imagenet-scale":
-        from vcarepro.tools.bench.imagenet_scale import bench_imagenet_scale, imagenet_scale_table
+    {"loader": _loader, "imagenet-scale": _imagenet_scale, "train-step": _train_step, "attention": _attention}[
+        args.suite
+    ](args, machine)
 
-        print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
-        figures = bench_imagenet_scale(
-            args.scratch, workers=args.workers, before_files=args.before_files, images=args.images, seconds=args.seconds
-        )
-        print(imagenet_scale_table(figures))
-        if args.json:
-            write_json(args.json, {"machine": machine, "imagenet_scale": figures}, sort_keys=False, end="")
-        return
-    if args.suite == "train-step":
-        from vcarepro.tools.bench.train_step import bench_train_step
 
-        machine["timed_threads"] = torch.get_num_threads()  # a step is timed as training runs it, on every thread
-        print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
-        row = bench_train_step(
-            args.run,
-            scale=args.scale,
-            batch=args.batch,
-            device=args.device,
-            precision=args.precision,
-            min_run_time=args.min_run_time,
-        )
-        print(
-            f"{row['run']} ({row['objective']}), {row['precision']} on {row['device']}, "
-            f"batch {row['batch_per_device']}: "
-            f"{row['ms_per_step']:.1f} ms/step, {row['images_per_second']:.1f} images/s, "
-            f"peak {row['peak_bytes'] / 2**30:.2f} GiB"
-            + (f" (out of memory at batch {row['out_of_memory_at']})" if row["out_of_memory_at"] else "")
-        )
-        if row["under_load"]:
-            print(f"not a figure to trust: {row['under_load']}; run it again when nothing else runs here")
-        print(
-            f"projected: {row['recipe_steps']} steps at global batch {row['global_batch']} = "
-            f"{row['projected_device_hours']:.1f} device-hours (compute only; an estimate, not a measurement "
-            f"of a full run)"
-        )
-        if args.json:
-            write_json(args.json, {"machine": machine, "train_step": row}, sort_keys=False, end="")
-        return
+def _loader(args, machine) -> None:
+    from vcarepro.tools.bench.loader import bench_loader, loader_table
 
+    figures = bench_loader(
+        root=args.root,
+        recipe_name=args.recipe,
+        seconds=args.seconds,
+        device=args.device,
+        batch=args.batch,
+        workers=args.workers,
+        images=args.images,
+    )
+    print(f"{figures['recipe']}'s augmentation at 224 px, on {figures['files']} files: {figures['source']}")
+    print(loader_table(figures))
+    if args.json:
+        write_json(args.json, {"machine": machine, "loader": figures}, sort_keys=False, end="")
+
+
+def _imagenet_scale(args, machine) -> None:
+    from vcarepro.tools.bench.imagenet_scale import bench_imagenet_scale, imagenet_scale_table
+
+    figures = bench_imagenet_scale(
+        args.scratch, workers=args.workers, before_files=args.before_files, images=args.images, seconds=args.seconds
+    )
+    print(imagenet_scale_table(figures))
+    if args.json:
+        write_json(args.json, {"machine": machine, "imagenet_scale": figures}, sort_keys=False, end="")
+
+
+def _train_step(args, machine) -> None:
+    from vcarepro.tools.bench.train_step import bench_train_step
+
+    machine["timed_threads"] = torch.get_num_threads()  # a step is timed as training runs it, on every thread
     print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
+    row = bench_train_step(
+        args.run,
+        scale=args.scale,
+        batch=args.batch,
+        device=args.device,
+        precision=args.precision,
+        min_run_time=args.min_run_time,
+    )
+    print(
+        f"{row['run']} ({row['objective']}), {row['precision']} on {row['device']}, "
+        f"batch {row['batch_per_device']}: "
+        f"{row['ms_per_step']:.1f} ms/step, {row['images_per_second']:.1f} images/s, "
+        f"peak {row['peak_bytes'] / 2**30:.2f} GiB"
+        + (f" (out of memory at batch {row['out_of_memory_at']})" if row["out_of_memory_at"] else "")
+    )
+    if row["under_load"]:
+        print(f"not a figure to trust: {row['under_load']}; run it again when nothing else runs here")
+    print(
+        f"projected: {row['recipe_steps']} steps at global batch {row['global_batch']} = "
+        f"{row['projected_device_hours']:.1f} device-hours (compute only; an estimate, not a measurement "
+        f"of a full run)"
+    )
+    if args.json:
+        write_json(args.json, {"machine": machine, "train_step": row}, sort_keys=False, end="")
+
+
+def _attention(args, machine) -> None:
     rows = bench_attention(
         args.sides,
         dim=args.dim,

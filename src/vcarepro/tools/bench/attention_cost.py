@@ -262,8 +262,11 @@ def speed_targets(rows: Sequence[Row]) -> List[str]:
     rows = [_as_dict(r) for r in rows]
     by = {(r["layer"], r["tokens"]): r for r in rows}
     tokens = sorted({r["tokens"] for r in rows})
-    out = []
+    return [*_compiled_vca_target(by), *_vca_agent_target(by, tokens), *_linear_target(rows, by, tokens)]
 
+
+def _compiled_vca_target(by) -> List[str]:
+    out = []
     # 1. compiled VCA vs eager MHSA, forward, N = 196
     vca, mhsa = by.get(("vca", 196)), by.get(("mhsa", 196))
     if vca is None or mhsa is None:
@@ -280,7 +283,11 @@ def speed_targets(rows: Sequence[Row]) -> List[str]:
             f"(VCA compiled {vca['compiled_forward_ms']:.2f} ms / MHSA eager {mhsa['forward_ms']:.2f} ms "
             f"= {ratio:.2f}x)"
         )
+    return out
 
+
+def _vca_agent_target(by, tokens) -> List[str]:
+    out = []
     # 2. VCA within 1.2x of Agent at every N
     both = [n for n in tokens if ("vca", n) in by and ("agent", n) in by]
     if not both:
@@ -306,7 +313,11 @@ def speed_targets(rows: Sequence[Row]) -> List[str]:
                 + ", ".join(f"N={n} {r:.2f}x" for n, r in ratios)
                 + ")"
             )
+    return out
 
+
+def _linear_target(rows, by, tokens) -> List[str]:
+    out = []
     # 3. linear scaling of every linear member, MACs (the pass/fail) and time (reported)
     n0, n1 = (tokens[0], tokens[-1]) if tokens else (None, None)
     if n0 is None or n0 == n1:

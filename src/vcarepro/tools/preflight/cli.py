@@ -318,6 +318,37 @@ def _stepping_progress(params, total: int, verbose: bool) -> Tuple[Any, Callable
     return progress, doing
 
 
+def _step(args, params, branches, cls_runs, gen_runs, device, devices, cap, memory):
+    """Every run stepped and costed, then the input path timed for each classification run: (costs, the runs'
+    problems, failures, loader rates)."""
+    progress, doing = _stepping_progress(params, len(cls_runs) + len(gen_runs), args.verbose)
+    # What lives across the runs (torch, timm, the composed params) is frozen out of the garbage collector, as the GPU
+    # check does: release_memory's gc.collect() around each run would otherwise walk that whole heap (0.23 s a call).
+    gc.collect()
+    gc.freeze()
+    try:
+        with progress:
+            costs, run_problems, failures = step_every_run(
+                branches, progress, doing, devices=devices, cap=cap, device=device, memory=memory, repeats=args.steps
+            )
+            batches = {c.run: c.recipe_batch for c in costs}
+            loaders = (
+                loader.loader_rates(
+                    cls_runs,
+                    dataset=branches[0].dataset,
+                    seconds=args.loader_seconds,
+                    device=device,
+                    batches=batches,
+                    log=doing,
+                )  # fmt: skip
+                if cls_runs
+                else {}
+            )
+    finally:
+        gc.unfreeze()
+    return costs, run_problems, failures, loaders
+
+
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     scale, params = composed(args.scale, args.overrides)
@@ -349,30 +380,8 @@ def main(argv=None) -> int:
             print(f"error: {sentence}", file=sys.stderr, flush=True)
         return USER_ERROR_STATUS
     memory = device_memory(device)
-    progress, doing = _stepping_progress(params, len(cls_runs) + len(gen_runs), args.verbose)
-    # What lives across the runs (torch, timm, the composed params) is frozen out of the garbage collector, as the GPU
-    # check does: release_memory's gc.collect() around each run would otherwise walk that whole heap (0.23 s a call).
-    gc.collect()
-    gc.freeze()
-    try:
-        with progress:
-            costs, run_problems, failures = step_every_run(
-                branches, progress, doing, devices=devices, cap=cap, device=device, memory=memory, repeats=args.steps
-            )
-            loaders = (
-                loader.loader_rates(
-                    cls_runs,
-                    dataset=branches[0].dataset,
-                    seconds=args.loader_seconds,
-                    device=device,
-                    batches={c.run: c.recipe_batch for c in costs},
-                    log=doing,
-                )
-                if cls_runs
-                else {}
-            )
-    finally:
-        gc.unfreeze()
+    stepped = _step(args, params, branches, cls_runs, gen_runs, device, devices, cap, memory)
+    costs, run_problems, failures, loaders = stepped
     bounds = loader_bounds(costs, loaders, {run.name: run.recipe["workers"] for run in cls_runs}, cores, device)
     run_problems += [p for c in costs for p in c.problems]
     run_problems += sorted({e["error"] for e in loaders.values() if "error" in e})
