@@ -72,31 +72,11 @@ def evaluate_samples(
         )
     batch_size = batch_size or getattr(extractor, "batch_size", 100)
 
-    pool_stats = StatsAccumulator(reference.dim)
-    spatial_stats = StatsAccumulator(spatial_reference.dim) if spatial_reference is not None else None
-    logits, kept_pool = [], []
-    with Progress("features", num_samples, unit="image", seed=seed) as progress:
-        for batch in iter_npz_images(npz_path, batch_size):
-            images = torch.from_numpy(batch).permute(0, 3, 1, 2)
-            if spatial_stats is not None:
-                pool, logit, spatial = extractor.extract(images)
-                spatial_stats.update(as_float64(spatial)[:, : spatial_reference.dim])
-            else:
-                pool, logit = extractor(images)
-            pool = as_float64(pool)
-            if pool.shape[1] != full_dim:
-                raise BadInput(
-                    f"The extractor gives {pool.shape[1]}-d features but the reference statistics are "
-                    f"{full_dim}-d; compute both with the same extractor."
-                )
-            pool_stats.update(pool[:, : reference.dim])
-            logits.append(np.asarray(logit.cpu() if isinstance(logit, torch.Tensor) else logit, dtype=np.float32))
-            if reference_features is not None:
-                kept_pool.append(pool.astype(np.float32))
-            progress.advance(len(batch))
-
-    inception_mean, inception_std = inception_score(np.concatenate(logits), split_size=split_size)
-    samples_stats = pool_stats.result()
+    dims = (full_dim, reference.dim, spatial_reference.dim if spatial_reference is not None else None)
+    samples_stats, samples_spatial, logits, kept_pool = _features(
+        npz_path, extractor, num_samples, dims, batch_size, keep=reference_features is not None, seed=seed
+    )
+    inception_mean, inception_std = inception_score(logits, split_size=split_size)
     result: Dict[str, Union[float, int]] = {
         "fid": frechet_distance(samples_stats, reference),
         "inception_score": inception_mean,
@@ -104,8 +84,7 @@ def evaluate_samples(
     }
     if own_reference is not None:
         result["fid_own"] = frechet_distance(samples_stats, own_reference)
-    if spatial_stats is not None:
-        samples_spatial = spatial_stats.result()
+    if samples_spatial is not None:
         result["sfid"] = frechet_distance(samples_spatial, spatial_reference)
         if own_spatial_reference is not None:
             result["sfid_own"] = frechet_distance(samples_spatial, own_spatial_reference)
@@ -121,6 +100,37 @@ def evaluate_samples(
     result["num_samples"] = num_samples
     result["fid_feature_dims"] = reference.dim
     return result
+
+
+def _features(npz_path: Path, extractor: Any, num_samples: int, dims, batch_size: int, *, keep: bool, seed: int):
+    """Every sample through ``extractor``, streamed: the statistics of the pool features' first ``dims[1]`` and of
+    the spatial features' first ``dims[2]`` coordinates (None: no sFID), the logits, and the pool features themselves
+    where ``keep`` (precision, recall and KID need them). ``dims[0]``: the width the reference was computed at."""
+    full_dim, dim, spatial_dim = dims
+    pool_stats = StatsAccumulator(dim)
+    spatial_stats = StatsAccumulator(spatial_dim) if spatial_dim is not None else None
+    logits, kept_pool = [], []
+    with Progress("features", num_samples, unit="image", seed=seed) as progress:
+        for batch in iter_npz_images(npz_path, batch_size):
+            images = torch.from_numpy(batch).permute(0, 3, 1, 2)
+            if spatial_stats is not None:
+                pool, logit, spatial = extractor.extract(images)
+                spatial_stats.update(as_float64(spatial)[:, :spatial_dim])
+            else:
+                pool, logit = extractor(images)
+            pool = as_float64(pool)
+            if pool.shape[1] != full_dim:
+                raise BadInput(
+                    f"The extractor gives {pool.shape[1]}-d features but the reference statistics are "
+                    f"{full_dim}-d; compute both with the same extractor."
+                )
+            pool_stats.update(pool[:, :dim])
+            logits.append(np.asarray(logit.cpu() if isinstance(logit, torch.Tensor) else logit, dtype=np.float32))
+            if keep:
+                kept_pool.append(pool.astype(np.float32))
+            progress.advance(len(batch))
+    spatial = spatial_stats.result() if spatial_stats is not None else None
+    return pool_stats.result(), spatial, np.concatenate(logits), kept_pool
 
 
 def evaluator_options(eval_gen: Dict[str, Any]) -> Dict[str, Any]:

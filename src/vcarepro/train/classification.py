@@ -254,23 +254,11 @@ def train_classifier(
     ``max_steps`` stops early (tests only).
     """
     device = info.device
-    classes = read_classes(data_root)
-    train_set, draws = training_split(recipe, data_root)
-    val_set = ManifestDataset(data_root, "val", build_transforms(recipe, training=False), cache=recipe["cache_images"])
-    train_loader = make_loader(train_set, recipe, info, training=True, seed=seed)
-    val_loader = make_loader(val_set, recipe, info, training=False, seed=seed)
-    check_fills_a_batch(train_loader, recipe, info)
-    for note in device_notes(recipe, info):
-        say(info, f"{log_prefix.rstrip('/') or 'train_cls'}: {note}")
-
-    torch.manual_seed(seed)  # identical initial weights on every rank
-    model = spec.create(num_classes=len(classes), drop_path=recipe["drop_path"]).to(device)
-    ema = ModelEmaV3(model, decay=recipe["ema_decay"]) if recipe["ema_decay"] > 0 else None
-    optimizer = build_optimizer(model, recipe)
+    classes, train_loader, val_loader, draws = _loaders(recipe, data_root, info, seed, log_prefix)
     updates_per_epoch = max(1, len(train_loader) // recipe["accum_steps"])
-    scheduler, total_epochs = build_scheduler(optimizer, recipe, updates_per_epoch)
+    state, total_epochs = _classifier_state(spec, recipe, len(classes), info, seed, updates_per_epoch)
+    model, ema, optimizer, scheduler = state.model, state.ema, state.optimizer, state.scheduler
     mixup, criterion = build_criterion(recipe, len(classes))
-    state = TrainingState(model, ema, optimizer, MixedPrecision(recipe["precision"], device), scheduler)
     start_epoch, history = _resume(ckpt_dir, fingerprint, seed, info, state, total_epochs)
     # DVC deletes a stage's logs before re-running it: replay what the checkpoint saw
     for past in history:
@@ -285,21 +273,7 @@ def train_classifier(
     total_steps = (
         total_epochs * updates_per_epoch if max_steps is None else min(total_epochs * updates_per_epoch, max_steps)
     )
-    # read when a line is due only (vcarepro.core.progress): the loss is a float already, the lr a lookup
-    progress = Progress(
-        None,
-        total_steps,
-        start=state.step,
-        unit="step",
-        images_per_step=recipe["batch_size"],
-        seed=seed,
-        enabled=info.is_main,
-        figures=lambda: {
-            "epoch": f"{state.epoch + 1}/{total_epochs}",
-            "loss": f"{losses.val:.4f} (avg {losses.avg:.4f})",
-            "lr": optimizer.param_groups[0]["lr"],
-        },
-    )
+    progress = _progress(state, total_steps, total_epochs, losses, recipe["batch_size"], seed, info)
     feed = device_batches(train_loader, draws, device)
     with progress, stop_on_sigterm() as stop:
         watch = Watch(progress, stop, info, max_steps, Path(ckpt_dir) / "last.pt")
@@ -328,6 +302,50 @@ def train_classifier(
     if info.is_main:
         _save_trained(Path(out_dir), model, ema, history)
     return figures
+
+
+def _progress(state: TrainingState, total_steps: int, total_epochs: int, losses, batch: int, seed: int, info):
+    """The loop's progress line; read when a line is due only (vcarepro.core.progress): the loss is a float already,
+    the lr a lookup."""
+    return Progress(
+        None,
+        total_steps,
+        start=state.step,
+        unit="step",
+        images_per_step=batch,
+        seed=seed,
+        enabled=info.is_main,
+        figures=lambda: {
+            "epoch": f"{state.epoch + 1}/{total_epochs}",
+            "loss": f"{losses.val:.4f} (avg {losses.avg:.4f})",
+            "lr": state.optimizer.param_groups[0]["lr"],
+        },
+    )
+
+
+def _loaders(recipe: Dict[str, Any], data_root: str | Path, info: DistInfo, seed: int, log_prefix: str):
+    """(the class names, the training loader, the validation loader, the training set's draws), each checked."""
+    classes = read_classes(data_root)
+    train_set, draws = training_split(recipe, data_root)
+    val_set = ManifestDataset(data_root, "val", build_transforms(recipe, training=False), cache=recipe["cache_images"])
+    train_loader = make_loader(train_set, recipe, info, training=True, seed=seed)
+    val_loader = make_loader(val_set, recipe, info, training=False, seed=seed)
+    check_fills_a_batch(train_loader, recipe, info)
+    for note in device_notes(recipe, info):
+        say(info, f"{log_prefix.rstrip('/') or 'train_cls'}: {note}")
+    return classes, train_loader, val_loader, draws
+
+
+def _classifier_state(spec, recipe: Dict[str, Any], num_classes: int, info: DistInfo, seed: int, updates: int):
+    """A fresh model, seeded alike on every rank, with its EMA, optimizer and scheduler; and the epochs to train."""
+    torch.manual_seed(seed)  # identical initial weights on every rank
+    model = spec.create(num_classes=num_classes, drop_path=recipe["drop_path"]).to(info.device)
+    ema = ModelEmaV3(model, decay=recipe["ema_decay"]) if recipe["ema_decay"] > 0 else None
+    optimizer = build_optimizer(model, recipe)
+    scheduler, total_epochs = build_scheduler(optimizer, recipe, updates)
+    return TrainingState(
+        model, ema, optimizer, MixedPrecision(recipe["precision"], info.device), scheduler
+    ), total_epochs
 
 
 def _resume(ckpt_dir, fingerprint, seed: int, info: DistInfo, training: TrainingState, total_epochs: int):

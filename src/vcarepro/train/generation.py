@@ -16,7 +16,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -137,36 +137,16 @@ def train_generator(
     log_prefix: str = "",
 ) -> Dict[str, float]:
     """Train one seed for ``recipe['steps']`` steps; rank 0 writes the EMA and raw weights."""
-    device = info.device
     data = load_training_set(data_root)
     n = len(data)
-    per_rank = recipe["batch_size"] // info.world_size
-    if per_rank < 1 or per_rank > n // info.world_size:
-        raise BadInput(
-            f"gen_recipe.batch_size={recipe['batch_size']} does not fit {info.world_size} process(es) "
-            f"and {n} training examples; choose a batch between world size and the dataset size."
-        )
-
-    torch.manual_seed(seed)  # identical initial weights on every rank
-    model = spec.create(learn_sigma=recipe["learn_sigma"], class_dropout_prob=recipe["class_dropout_prob"]).to(device)
-    ema = ModelEmaV3(model, decay=recipe["ema_decay"])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=recipe["weight_decay"])
+    state, per_rank = _generator_state(spec, recipe, info, seed, n)
+    model, ema, optimizer = state.model, state.ema, state.optimizer
     loss_fn = make_objective(objective, recipe["flow_path"])
-
-    state = TrainingState(model, ema, optimizer, MixedPrecision(recipe["precision"], device))
-    slow = slow_precision_note(recipe["precision"], device, "gen_recipe.precision")
+    slow = slow_precision_note(recipe["precision"], info.device, "gen_recipe.precision")
     if slow:
         say(info, f"{log_prefix.rstrip('/') or 'train_gen'}: {slow}")
-    running, count = 0.0, 0  # the loss of the steps since the last log line
-    history: List[Dict[str, float]] = []  # every logged (step, loss, lr), kept in the checkpoint
     total = recipe["steps"] if max_steps is None else min(recipe["steps"], max_steps)
-    resumed = state.resume(ckpt_dir, fingerprint, seed, lambda message: say(info, message))
-    if resumed is not None:
-        state.step, history = resumed["step"], list(resumed["history"])
-        running, count = resumed["running"], resumed["count"]
-        finished = state.step >= total
-        position = f"{total} of {total} steps" if finished else f"step {state.step} of {total}"
-        say(info, resume_message(seed, resumed, position, finished))
+    history, running, count = _resumed(state, ckpt_dir, fingerprint, seed, info, total)
     # DVC deletes a stage's logs before re-running it: replay what the checkpoint saw
     for past in history:
         _log_step(live, info, past, log_prefix)
@@ -201,14 +181,8 @@ def train_generator(
             count += 1
             step = state.step
             if step % recipe["log_every"] == 0 or step == total:
-                logged = {
-                    "step": step,
-                    "loss": all_reduce_mean(running / count, info),
-                    "lr": optimizer.param_groups[0]["lr"],
-                }
+                history.append(_logged(live, info, step, running / count, optimizer, log_prefix))
                 running, count = 0.0, 0
-                _log_step(live, info, logged, log_prefix)
-                history.append(logged)
             stopping = any_rank(stop.requested, info)  # a SIGTERM that reached any rank stops them all
             if info.is_main and (step % recipe["ckpt_every"] == 0 or step == total or stopping):
                 state.write(ckpt, step=step, history=history, running=running, count=count, fingerprint=fingerprint)
@@ -222,10 +196,46 @@ def train_generator(
         "world_size": info.world_size,
     }
     if info.is_main:
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        save_tensors(out_dir / "model_ema.safetensors", ema.module.state_dict())  # with its digest, checked on load
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        save_tensors(
+            Path(out_dir) / "model_ema.safetensors", ema.module.state_dict()
+        )  # with its digest, checked on load
     return figures
+
+
+def _logged(live, info: DistInfo, step: int, loss: float, optimizer, log_prefix: str) -> Dict[str, float]:
+    """A log line's (step, loss over the ranks, lr), logged; the checkpoint keeps it to replay on resume."""
+    logged = {"step": step, "loss": all_reduce_mean(loss, info), "lr": optimizer.param_groups[0]["lr"]}
+    _log_step(live, info, logged, log_prefix)
+    return logged
+
+
+def _generator_state(spec: GeneratorSpec, recipe: Dict[str, Any], info: DistInfo, seed: int, n: int):
+    """A fresh model, its EMA and AdamW, seeded alike on every rank, and the batch each rank takes of ``n``."""
+    per_rank = recipe["batch_size"] // info.world_size
+    if per_rank < 1 or per_rank > n // info.world_size:
+        raise BadInput(
+            f"gen_recipe.batch_size={recipe['batch_size']} does not fit {info.world_size} process(es) "
+            f"and {n} training examples; choose a batch between world size and the dataset size."
+        )
+    torch.manual_seed(seed)  # identical initial weights on every rank
+    model = spec.create(learn_sigma=recipe["learn_sigma"], class_dropout_prob=recipe["class_dropout_prob"])
+    model = model.to(info.device)
+    ema = ModelEmaV3(model, decay=recipe["ema_decay"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=recipe["weight_decay"])
+    return TrainingState(model, ema, optimizer, MixedPrecision(recipe["precision"], info.device)), per_rank
+
+
+def _resumed(state: TrainingState, ckpt_dir, fingerprint, seed: int, info: DistInfo, total: int):
+    """(history, running loss, its count) from the run's checkpoint where one matches, else a fresh start."""
+    resumed = state.resume(ckpt_dir, fingerprint, seed, lambda message: say(info, message))
+    if resumed is None:
+        return [], 0.0, 0  # every logged (step, loss, lr); the loss of the steps since the last log line
+    state.step = resumed["step"]
+    finished = state.step >= total
+    position = f"{total} of {total} steps" if finished else f"step {state.step} of {total}"
+    say(info, resume_message(seed, resumed, position, finished))
+    return list(resumed["history"]), resumed["running"], resumed["count"]
 
 
 @dataclass
