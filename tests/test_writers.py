@@ -35,8 +35,8 @@ ALLOWED: Dict[Tuple[str, str, str], str] = {
     ("data/samples.py", "NpzSampleWriter._map", "open_memmap"): (
         "a sample batch's resumable work maps, preallocated (io.preallocate); each finished batch is digested"
     ),
-    ("data/latents.py", "encode_to_shards", "np.save"): "shards written into stages/prepare_gen.py's atomic folder",
-    ("data/latents.py", "encode_to_shards", "open_memmap"): "shards written into stages/prepare_gen.py's atomic folder",
+    ("data/latents.py", "_open_shard", "np.save"): "shards written into stages/prepare_gen.py's atomic folder",
+    ("data/latents.py", "_open_shard", "open_memmap"): "shards written into stages/prepare_gen.py's atomic folder",
     ("metrics/fid_reference.py", "write_reference", "save"): "into fid_reference's atomic folder (io.write_npz)",
     ("metrics/fid_reference.py", "write_reference", "np.save"): "into stages/fid_reference.py's atomic folder",
     ("train/sampling.py", "write_seed_samples", "save_image"): "the sample grid, into sample_gen's atomic folder",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -113,6 +113,20 @@ def sampling_for(params: Dict[str, Any], entry: Dict[str, Any]) -> Dict[str, Any
     return sampling
 
 
+def _protocol_deviations(params: Dict[str, Any], entry: Dict[str, Any], sampling, vae_name: str) -> List[str]:
+    """Where this calibration samples or evaluates otherwise than the published figure was measured."""
+    cal, out = params["calibrate"], []
+    if cal["num_samples"] != FID_SAMPLES:
+        out.append(f"{cal['num_samples']:,} samples, not FID-50K's {FID_SAMPLES:,}")
+    if sampling["ddpm_steps"] != entry["steps"]:
+        out.append(f"{sampling['ddpm_steps']} sampler steps, not the published {entry['steps']}")
+    if cal["vae_decoder"]:
+        out.append(f"decoded by {vae_name}, not sampling.vae_decoder")
+    if params["eval_gen"]["feature_dims"]:
+        out.append(f"FID over {params['eval_gen']['feature_dims']} Inception coordinates, not 2048")
+    return out
+
+
 def calibrate_generator(
     params: Dict[str, Any], name: str, device: torch.device, work_dir: Path, fid_reference: Path
 ) -> Dict[str, Any]:
@@ -133,14 +147,7 @@ def calibrate_generator(
     sampling = sampling_for(params, entry)
     vae_name = cal["vae_decoder"] or params["sampling"]["vae_decoder"]
     num = cal["num_samples"]
-    if num != FID_SAMPLES:
-        deviations.append(f"{num:,} samples, not FID-50K's {FID_SAMPLES:,}")
-    if sampling["ddpm_steps"] != entry["steps"]:
-        deviations.append(f"{sampling['ddpm_steps']} sampler steps, not the published {entry['steps']}")
-    if cal["vae_decoder"]:
-        deviations.append(f"decoded by {vae_name}, not sampling.vae_decoder")
-    if params["eval_gen"]["feature_dims"]:
-        deviations.append(f"FID over {params['eval_gen']['feature_dims']} Inception coordinates, not 2048")
+    deviations += _protocol_deviations(params, entry, sampling, vae_name)
     vae = load_vae(vae_name, device)
     samples = work_dir / f"{name}.npz"
     # unfinished work resumes only for the same weights and under the facts DVC keys calibrate_gen on (as

@@ -101,15 +101,7 @@ def prepare_imagenet(
     the detected layout, the report's path).
     """
     root = Path(root)
-    if not root.is_dir():
-        raise MissingInput(
-            f"ImageNet root {root} is not a directory; set prepare_cls.imagenet_root to the "
-            f"folder holding {TRAIN_TAR} or train/ (or pick scale=embedded)."
-        )
-    if subset_classes is not None and subset_count is not None:
-        raise BadInput("give subset_classes or subset_count, not both.")
-    if not 0.0 <= max_bad_fraction <= 1.0:
-        raise BadInput(f"max_bad_fraction must lie in [0, 1], got {max_bad_fraction}.")
+    _check_arguments(root, subset_classes, subset_count, max_bad_fraction)
     workers = workers or os.cpu_count() or 1
     subset = subset_classes is not None or subset_count is not None
 
@@ -140,23 +132,11 @@ def prepare_imagenet(
         if expect_full and not subset:
             _check_image_counts(found, layout)
         report = _report(results, layout, wnids, found, digests)
-        bad = report["bad"]["count"]
-        if results and bad / len(results) > max_bad_fraction:
-            first = ", ".join(b["path"] for b in report["bad"]["files"][:3])
-            raise BadInput(
-                f"{bad} of {len(results)} ImageNet images are unreadable (first: {first}); "
-                f"fix or re-download them, or raise max_bad_fraction (now {max_bad_fraction}) "
-                f"to skip them."
-            )
+        _check_bad_fraction(report, len(results), max_bad_fraction)
         readable = Counter(r.wnid for r in results if r.split == "train" and r.error is None)
         wnids = without_empty_classes(wnids, readable, layout.train_where, drop_empty_classes, unreadable=True)
         label_of = {w: i for i, w in enumerate(wnids)}
-        rows = [
-            Row(r.split, label_of[r.wnid], r.file, r.member, r.offset, r.length, r.crc32)
-            for r in results
-            if r.error is None and r.wnid in label_of
-        ]
-        rows.sort(key=lambda row: (row.split != "train", row.label, row.file, row.member))
+        rows = _index_rows(results, label_of)
         write_json(tmp / CLASSES, [{"index": i, "wnid": w, "name": meta.names.get(w, w)} for i, w in enumerate(wnids)])
         write_manifest(tmp, rows)
         write_sources(tmp, sorted({row.file for row in rows if row.member}))
@@ -169,6 +149,40 @@ def prepare_imagenet(
         "layout": report["layout"],
         "report": str(Path(out) / REPORT),
     }
+
+
+def _index_rows(results, label_of: Dict[str, int]) -> List[Row]:
+    """The manifest's rows: every readable image of a kept class, train first, by label, file and member."""
+    rows = [
+        Row(r.split, label_of[r.wnid], r.file, r.member, r.offset, r.length, r.crc32)
+        for r in results
+        if r.error is None and r.wnid in label_of
+    ]
+    return sorted(rows, key=lambda row: (row.split != "train", row.label, row.file, row.member))
+
+
+def _check_arguments(root: Path, subset_classes, subset_count, max_bad_fraction: float) -> None:
+    if not root.is_dir():
+        raise MissingInput(
+            f"ImageNet root {root} is not a directory; set prepare_cls.imagenet_root to the "
+            f"folder holding {TRAIN_TAR} or train/ (or pick scale=embedded)."
+        )
+    if subset_classes is not None and subset_count is not None:
+        raise BadInput("give subset_classes or subset_count, not both.")
+    if not 0.0 <= max_bad_fraction <= 1.0:
+        raise BadInput(f"max_bad_fraction must lie in [0, 1], got {max_bad_fraction}.")
+
+
+def _check_bad_fraction(report: dict, checked: int, max_bad_fraction: float) -> None:
+    """More unreadable images than ``max_bad_fraction`` of the ``checked`` is an error naming the first three."""
+    bad = report["bad"]["count"]
+    if checked and bad / checked > max_bad_fraction:
+        first = ", ".join(b["path"] for b in report["bad"]["files"][:3])
+        raise BadInput(
+            f"{bad} of {checked} ImageNet images are unreadable (first: {first}); "
+            f"fix or re-download them, or raise max_bad_fraction (now {max_bad_fraction}) "
+            f"to skip them."
+        )
 
 
 def without_empty_classes(

@@ -182,26 +182,13 @@ def encode_to_shards(
             images = torch.stack([future.result() for future in pending])
             if position + 1 < len(batches):
                 pending = submit(position + 1)
-            posterior = vae.encode(torch.cat([images, images.flip(-1)]).to(device)).latent_dist
             n = stop - start
-            # (2n, C, h, w) x [mean, std] -> (n, [original, mirrored], [mean, std], C, h, w)
-            stacked = torch.stack([posterior.mean, posterior.std], dim=1).unflatten(0, (2, n)).transpose(0, 1)
-            stacked = stacked.float().cpu().numpy()
-
+            stacked = _moments_of(vae, images, device)
             if start == 0:
                 latent_shape = list(stacked.shape[3:])
                 first = shard * shard_size
-                np.save(
-                    out_dir / _labels_name(shard),
-                    np.asarray([label for _, label in items[first : first + counts[shard]]], dtype=np.int64),
-                )
-                moments = open_memmap(
-                    out_dir / _moments_name(shard),
-                    mode="w+",
-                    dtype=np.float16,
-                    shape=(counts[shard], 2, 2, *latent_shape),
-                )
-                preallocate(out_dir / _moments_name(shard))  # a full disk: one sentence, not a bus error
+                labels = [label for _, label in items[first : first + counts[shard]]]
+                moments = _open_shard(out_dir, shard, labels, latent_shape)
             moments[start:stop] = stacked
             if stop == counts[shard]:
                 moments.flush()
@@ -223,6 +210,23 @@ def encode_to_shards(
     }
     write_json(out_dir / INDEX, index)
     return index
+
+
+def _moments_of(vae, images: torch.Tensor, device: torch.device) -> np.ndarray:
+    """The posterior's mean and std of each image and its mirror: (n, [original, mirrored], [mean, std], C, h, w)."""
+    posterior = vae.encode(torch.cat([images, images.flip(-1)]).to(device)).latent_dist
+    stacked = torch.stack([posterior.mean, posterior.std], dim=1).unflatten(0, (2, len(images))).transpose(0, 1)
+    return stacked.float().cpu().numpy()
+
+
+def _open_shard(out_dir: Path, shard: int, labels: List[int], latent_shape: List[int]) -> np.ndarray:
+    """A shard's labels, written, and its moments' memory map, preallocated for ``len(labels)`` images."""
+    np.save(out_dir / _labels_name(shard), np.asarray(labels, dtype=np.int64))
+    moments = open_memmap(
+        out_dir / _moments_name(shard), mode="w+", dtype=np.float16, shape=(len(labels), 2, 2, *latent_shape)
+    )
+    preallocate(out_dir / _moments_name(shard))  # a full disk: one sentence, not a bus error
+    return moments
 
 
 # ---------------------------------------------------------------- reading

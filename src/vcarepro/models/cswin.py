@@ -189,6 +189,15 @@ class CSWinStage(nn.Module):
         return self.blocks(self.embed(x))
 
 
+def _stage_attention(compared, dim, heads, layer_index, options, stripes, shared) -> nn.Module:
+    """A block's attention: the compared one (``A`` in ``attn_layout``) or CSWin's cross-shaped windows (``B``)."""
+    if compared is not None:
+        return build_attention(
+            compared, dim, heads, num_prefix_tokens=0, layer_index=layer_index, options=options, **shared
+        )
+    return CrossShapedWindowAttention(dim, heads, **stripes, **shared)
+
+
 class CSWinTransformer(StagedBackbone, nn.Module):
     """CSWin Transformer with cross-shaped attention (``B``) or a global compared attention (``A``) per stage, as
     ``attn_layout`` says; ``**attention_kwargs`` are the compared attention's own options."""
@@ -239,31 +248,13 @@ class CSWinTransformer(StagedBackbone, nn.Module):
             else:
                 embed = ConvEmbed(in_chans, dims[0], 7, 4, 2)
             blocks = []
+            compared = compared_attention if uses_compared[i] else None
+            stripes = dict(stripe_width=min(stripe_widths[i], *grid), full=i == num_stages - 1)
             for _ in range(depths[i]):
-                if uses_compared[i]:
-                    attn = build_attention(
-                        compared_attention,
-                        dims[i],
-                        num_heads[i],
-                        grid_size=grid,
-                        num_prefix_tokens=0,
-                        layer_index=layer_index,
-                        qkv_bias=qkv_bias,
-                        attn_drop=attn_drop_rate,
-                        proj_drop=drop_rate,
-                        options=options_per_stage[i],
-                    )
-                else:
-                    attn = CrossShapedWindowAttention(
-                        dims[i],
-                        num_heads[i],
-                        grid_size=grid,
-                        stripe_width=min(stripe_widths[i], *grid),
-                        full=i == num_stages - 1,
-                        qkv_bias=qkv_bias,
-                        attn_drop=attn_drop_rate,
-                        proj_drop=drop_rate,
-                    )
+                shared = dict(grid_size=grid, qkv_bias=qkv_bias, attn_drop=attn_drop_rate, proj_drop=drop_rate)
+                attn = _stage_attention(
+                    compared, dims[i], num_heads[i], layer_index, options_per_stage[i], stripes, shared
+                )
                 blocks.append(
                     PreNormBlock(dims[i], attn, mlp_ratio=mlp_ratio, drop=drop_rate, drop_path=dpr[layer_index])
                 )

@@ -262,6 +262,13 @@ class StagedBackbone:
         return take_indices
 
 
+def _stage_attention(compared, dim, heads, layer_index, sr_ratio, drop, options, shared) -> nn.Module:
+    """A block's attention: the compared one (``A`` in ``attn_layout``) or PVT's spatial reduction (``B``)."""
+    if compared is not None:
+        return build_attention(compared, dim, heads, layer_index=layer_index, proj_drop=drop, options=options, **shared)
+    return SpatialReductionAttention(dim, heads, sr_ratio=sr_ratio, proj_drop=drop, **shared)
+
+
 class PyramidVisionTransformer(StagedBackbone, nn.Module):
     """PVT v1 with spatial-reduction attention (``B``) or the compared attention (``A``) per stage, as
     ``attn_layout`` says; ``**attention_kwargs`` are the compared attention's own options."""
@@ -317,43 +324,23 @@ class PyramidVisionTransformer(StagedBackbone, nn.Module):
             grid = self.stage_grids[i]
             reduction *= p
             prefix = self.num_prefix_tokens if i == num_stages - 1 else 0  # the class token joins last
+            compared = compared_attention if uses_compared[i] else None
+            shared = dict(grid_size=grid, num_prefix_tokens=prefix, qkv_bias=qkv_bias, attn_drop=attn_drop_rate)
             blocks = []
-            for _ in range(depths[i]):
-                if uses_compared[i]:
-                    attn = build_attention(
-                        compared_attention,
-                        embed_dims[i],
-                        num_heads[i],
-                        grid_size=grid,
-                        num_prefix_tokens=prefix,
-                        layer_index=layer_index,
-                        qkv_bias=qkv_bias,
-                        attn_drop=attn_drop_rate,
-                        proj_drop=drop_rate,
-                        options=options_per_stage[i],
-                    )
-                else:
-                    attn = SpatialReductionAttention(
-                        embed_dims[i],
-                        num_heads[i],
-                        grid_size=grid,
-                        num_prefix_tokens=prefix,
-                        sr_ratio=sr_ratios[i],
-                        qkv_bias=qkv_bias,
-                        attn_drop=attn_drop_rate,
-                        proj_drop=drop_rate,
-                    )
-                blocks.append(
-                    PreNormBlock(
-                        embed_dims[i],
-                        attn,
-                        mlp_ratio=mlp_ratios[i],
-                        drop=drop_rate,
-                        drop_path=dpr[layer_index],
-                        norm_layer=norm_layer,
-                    )
+            for index in range(layer_index, layer_index + depths[i]):
+                attn = _stage_attention(
+                    compared,
+                    embed_dims[i],
+                    num_heads[i],
+                    index,
+                    sr_ratios[i],
+                    drop_rate,
+                    options_per_stage[i],
+                    shared,
                 )
-                layer_index += 1
+                block = dict(mlp_ratio=mlp_ratios[i], drop=drop_rate, drop_path=dpr[index], norm_layer=norm_layer)
+                blocks.append(PreNormBlock(embed_dims[i], attn, **block))
+            layer_index += depths[i]
             stages.append(
                 PvtStage(
                     PatchEmbed(in_dim, embed_dims[i], p), blocks, grid[0] * grid[1], embed_dims[i], prefix, drop_rate
