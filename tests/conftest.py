@@ -44,10 +44,12 @@ LONGEST_FIRST = (
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test marked `alone` belongs to the slow tier as well: `-m "not slow"` (README command 2, on two workers)
-    never runs it beside a test of another tier. On xdist workers, the longest files come first (a file's tests keep
-    their order)."""
+    """A test marked `solo` is `alone` too, and one marked `alone` belongs to the slow tier as well: `-m "not slow"`
+    (README command 2, on two workers) never runs it beside a test of another tier. On xdist workers, the longest
+    files come first (a file's tests keep their order)."""
     for item in items:
+        if item.get_closest_marker("solo"):
+            item.add_marker(pytest.mark.alone)
         if item.get_closest_marker("alone") and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
     if os.environ.get("PYTEST_XDIST_WORKER"):

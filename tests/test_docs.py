@@ -50,7 +50,8 @@ def test_readme_line_4_is_the_command_ci_runs_as_command_1():
 def test_readme_line_5_is_the_fast_tier_run_after_command_1_then_the_slow_tier():
     """Command 2 is the fast tier (-m "not slow", two workers); .ci/run runs it as the README reads, after command 1
     and its checks in the same clone (the order a newcomer runs them), then the slow tier's two parts, so that
-    between them every test runs: not slow, slow and not alone, alone (an alone test is slow)."""
+    between them every test runs: not slow, slow and not alone, alone and not solo, solo (a solo test is alone, an alone
+    test slow)."""
     line = readme_line(5)
     assert line == (SETUP + '.venv/bin/python -m pytest -m "not slow" -n 2'), line
     ci = CI.read_text(encoding="utf-8").splitlines()
@@ -59,7 +60,8 @@ def test_readme_line_5_is_the_fast_tier_run_after_command_1_then_the_slow_tier()
         ci.index(".venv/bin/python -m vcarepro.tools.lockcheck verify"),
         ci.index('bash -c "$(sed -n 5p README.md)"'),
         ci.index('.venv/bin/python -m pytest -m "slow and not alone" -n 2 --dist loadfile'),
-        ci.index(".venv/bin/python -m pytest -m alone -n 2 --dist loadfile"),
+        ci.index('.venv/bin/python -m pytest -m "alone and not solo" -n 2 --dist loadfile'),
+        ci.index(".venv/bin/python -m pytest -m solo"),
     ]
     assert order == sorted(order), order
     assert readme_line(3) == "```bash" and readme_line(6) == "```"  # the README's first code block: these two lines

@@ -120,7 +120,7 @@ def embedded(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # it times real steps: beside another test they wait for a CPU, and the preflight refuses them
+@pytest.mark.solo  # it times real steps: beside another test they wait for a CPU, and the preflight refuses them
 def test_every_run_of_the_embedded_scale_is_stepped_and_costed(embedded):
     result, report = embedded
     assert result.returncode == 0, result.stderr  # the embedded scale needs nothing from outside
@@ -161,7 +161,7 @@ def test_every_run_of_the_embedded_scale_is_stepped_and_costed(embedded):
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # it times real steps: beside another test they wait for a CPU, and the preflight refuses them
+@pytest.mark.solo  # it times real steps: beside another test they wait for a CPU, and the preflight refuses them
 def test_paper_runs_at_batch_one_project_the_recipe_and_report_missing_inputs(tmp_path):
     missing = tmp_path / "no-imagenet"
     result = preflight(
@@ -1099,7 +1099,7 @@ while time.time() < end:
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # it loads the machine on purpose and compares times
+@pytest.mark.solo  # it loads the machine on purpose and compares times
 def test_on_a_loaded_machine_the_projection_stays_within_3x_of_a_quiet_one_or_is_refused(tmp_path):
     """Issue 49: beside another torch process (both spinning OpenMP threads on 2 cores) a DeiT-T step took 13 s
     against 0.14 s quiet, and the preflight projected it 90x too high. Now the same run, beside such a process,

@@ -357,6 +357,7 @@ def test_every_mapping_of_params_is_a_strict_pydantic_model_that_forbids_unknown
         (("numerics",), 5, "numerics must be a mapping holding cpu, gpu, threads, got 5"),
         (("cls_recipes", "deit"), 1, "cls_recipes.deit must be a mapping holding img_size, epochs, "),
         (("cls_runs", "deit_tiny-vca"), [0], "cls_runs.deit_tiny-vca must be a mapping holding model, recipe, seeds"),
+        (("cls_runs",), 5, "cls_runs must be a mapping, got 5"),  # a traceback (int is not iterable) before
         # a string where a number goes is not read as one (strict)
         (("sampling", "num_samples"), "8", "sampling.num_samples must be an integer >= 1, got '8'"),
     ],

@@ -384,6 +384,10 @@ def _sentence(err: Dict[str, Any], errors, source: Source) -> str:
     parent, leaf = loc[:-1], str(loc[-1]) if loc else ""
     where, holder = ".".join(map(str, parent)), _walk(parent)[1] if parent else Params
     siblings = [str(e["loc"][-1]) for e in errors if e["type"] == kind and e["loc"][:-1] == parent]
+    if kind == "extra_forbidden":  # unknown keys named in order, the first of them blamed and matched
+        siblings = sorted(siblings)
+        leaf, at = siblings[0], _at(source, *parent, siblings[0])
+        key = ".".join(map(str, (*parent, leaf)))
     if kind == "extra_forbidden":
         if not parent:
             return f"{at}: {leaf} is not a known section{_close(leaf, Params.model_fields)}; {FIX}."
@@ -432,13 +436,13 @@ def validate(params: Dict[str, Any], source: Source = "params.yaml", *, model_cl
     classes can tell (a model's options, a shape override), which imports torch and timm: the torch-free check that
     ``dvc exp run -S`` makes before any stage runs (:mod:`vcarepro.params.dvc_compose`); the stages check it all.
     """
-    for section in ("models", "cls_runs", "gen_runs", "cls_recipes"):
-        for name in params.get(section) or {}:
-            _check_name(section, name, source)
-    calibrate = params.get("calibrate") if isinstance(params.get("calibrate"), dict) else {}
-    for group in ("classifiers", "generators"):
-        for name in calibrate.get(group) or {}:
-            _check_name(f"calibrate.{group}", name, source)  # it names the entry's work files
+    calibrate = params.get("calibrate")
+    named = {section: params.get(section) for section in ("models", "cls_runs", "gen_runs", "cls_recipes")}
+    if isinstance(calibrate, dict):  # an entry's name names its work files
+        named.update({f"calibrate.{group}": calibrate.get(group) for group in ("classifiers", "generators")})
+    for where, entries in named.items():
+        for name in entries if isinstance(entries, dict) else ():  # not a mapping: pydantic says so below
+            _check_name(where, name, source)
     _check_finite(params, (), source)
     try:
         Params.model_validate(params, context={"source": source, "model_classes": model_classes})
