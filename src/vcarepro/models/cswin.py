@@ -250,8 +250,8 @@ class CSWinTransformer(StagedBackbone, nn.Module):
             blocks = []
             compared = compared_attention if uses_compared[i] else None
             stripes = dict(stripe_width=min(stripe_widths[i], *grid), full=i == num_stages - 1)
+            shared = dict(grid_size=grid, qkv_bias=qkv_bias, attn_drop=attn_drop_rate, proj_drop=drop_rate)
             for _ in range(depths[i]):
-                shared = dict(grid_size=grid, qkv_bias=qkv_bias, attn_drop=attn_drop_rate, proj_drop=drop_rate)
                 attn = _stage_attention(
                     compared, dims[i], num_heads[i], layer_index, options_per_stage[i], stripes, shared
                 )

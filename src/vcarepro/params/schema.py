@@ -388,7 +388,6 @@ def _sentence(err: Dict[str, Any], errors, source: Source) -> str:
         siblings = sorted(siblings)
         leaf, at = siblings[0], _at(source, *parent, siblings[0])
         key = ".".join(map(str, (*parent, leaf)))
-    if kind == "extra_forbidden":
         if not parent:
             return f"{at}: {leaf} is not a known section{_close(leaf, Params.model_fields)}; {FIX}."
         if loc[0] == "models" and len(loc) == 3:
@@ -492,8 +491,6 @@ def _check_model(arch: Any, attention: Any, options: Any, where: str, source: So
         raise ParamsError(
             f"{_at(source, *where.split('.'), 'attention')}: {where}: {str(err).rstrip('.')}; {FIX}."
         ) from None
-    if not isinstance(options or {}, dict):
-        _refuse(source, where, "options", f"must be a mapping of the attention's knobs, got {options!r}")
     for key in options or {}:
         if key not in takes:
             raise _unknown_key(source, f"{where}.options", key, f"{consumer} with attention {attention!r}", takes)

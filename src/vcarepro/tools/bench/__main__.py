@@ -112,14 +112,16 @@ def main(argv=None) -> None:
 
         run_all(machine, quick=args.quick, json_path=args.json)
         return
-    if args.suite != "train-step":  # a step is timed as training runs it: the thread count is part of its machine
-        print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
-    {"loader": _loader, "imagenet-scale": _imagenet_scale, "train-step": _train_step, "attention": _attention}[
-        args.suite
-    ](args, machine)
+    if args.suite == "train-step":  # a step is timed as training runs it, on every thread
+        machine["timed_threads"] = torch.get_num_threads()
+    print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
+    suite = {"loader": _loader, "imagenet-scale": _imagenet_scale, "train-step": _train_step, "attention": _attention}
+    figures = suite[args.suite](args)
+    if args.json:
+        write_json(args.json, {"machine": machine, **figures}, sort_keys=False, end="")
 
 
-def _loader(args, machine) -> None:
+def _loader(args) -> dict:
     from vcarepro.tools.bench.loader import bench_loader, loader_table
 
     figures = bench_loader(
@@ -133,26 +135,22 @@ def _loader(args, machine) -> None:
     )
     print(f"{figures['recipe']}'s augmentation at 224 px, on {figures['files']} files: {figures['source']}")
     print(loader_table(figures))
-    if args.json:
-        write_json(args.json, {"machine": machine, "loader": figures}, sort_keys=False, end="")
+    return {"loader": figures}
 
 
-def _imagenet_scale(args, machine) -> None:
+def _imagenet_scale(args) -> dict:
     from vcarepro.tools.bench.imagenet_scale import bench_imagenet_scale, imagenet_scale_table
 
     figures = bench_imagenet_scale(
         args.scratch, workers=args.workers, before_files=args.before_files, images=args.images, seconds=args.seconds
     )
     print(imagenet_scale_table(figures))
-    if args.json:
-        write_json(args.json, {"machine": machine, "imagenet_scale": figures}, sort_keys=False, end="")
+    return {"imagenet_scale": figures}
 
 
-def _train_step(args, machine) -> None:
+def _train_step(args) -> dict:
     from vcarepro.tools.bench.train_step import bench_train_step
 
-    machine["timed_threads"] = torch.get_num_threads()  # a step is timed as training runs it, on every thread
-    print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
     row = bench_train_step(
         args.run,
         scale=args.scale,
@@ -175,11 +173,10 @@ def _train_step(args, machine) -> None:
         f"{row['projected_device_hours']:.1f} device-hours (compute only; an estimate, not a measurement "
         f"of a full run)"
     )
-    if args.json:
-        write_json(args.json, {"machine": machine, "train_step": row}, sort_keys=False, end="")
+    return {"train_step": row}
 
 
-def _attention(args, machine) -> None:
+def _attention(args) -> dict:
     rows = bench_attention(
         args.sides,
         dim=args.dim,
@@ -203,13 +200,7 @@ def _attention(args, machine) -> None:
     failed = [f"{r.layer} N={r.tokens}: {r.compile_error}" for r in rows if r.compile_error]
     if failed:
         print("torch.compile failed for: " + "; ".join(failed))
-    if args.json:
-        write_json(
-            args.json,
-            {"machine": machine, "config": vars(args), "attention": [asdict(r) for r in rows], "targets": targets},
-            sort_keys=False,
-            end="",
-        )
+    return {"config": vars(args), "attention": [asdict(r) for r in rows], "targets": targets}
 
 
 if __name__ == "__main__":
