@@ -39,7 +39,7 @@ def main() -> None:
     spec = ClassifierSpec.for_run(run)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     val = ManifestDataset(CLS_DATA, "val", build_transforms(run.recipe, training=False))
-    loader = torch.utils.data.DataLoader(val, batch_size=256, num_workers=run.recipe["workers"])
+    loader = torch.utils.data.DataLoader(val, batch_size=256, num_workers=run.recipe.workers)
     num_classes = len(read_classes(CLS_DATA))
     per_seed = {}
     for seed in run.seeds:

@@ -41,7 +41,7 @@ def main() -> None:
     space = sample_space(meta, run.sampling["vae_decoder"], device)
     facts = stage_facts(f"sample_gen@{args.run}")  # its weights, sampler settings, code and numerics
     with atomic_directory(run.paths.root / "samples", digests=True) as tmp:
-        write_protocol(tmp, run.objective, run.sampling, space, run.recipe["precision"])
+        write_protocol(tmp, run.objective, run.sampling, space, run.recipe.precision)
         for seed in run.seeds:
             weights = run.paths.seed_dir(seed) / "model_ema.safetensors"
             model = load_generator(spec, weights, run.recipe)
@@ -56,7 +56,7 @@ def main() -> None:
                 seed,
                 num_classes=meta["num_classes"],
                 device=device,
-                flow_path=run.recipe["flow_path"],
+                flow_path=run.recipe.flow_path,
                 work_dir=run.paths.ckpt_dir(seed) / "samples",
                 key=key,
                 log=lambda message: print(f"sample_gen {args.run} seed {seed}: {message}", flush=True),

@@ -173,7 +173,7 @@ def row(text, name):
 
 def test_explain_gives_the_lr_the_run_trains_with_and_the_file_that_set_it(embedded):
     params = compose([])
-    expected = cls_recipe(params, params["cls_runs"]["deit_tiny-vca"]["recipe"])["lr"]
+    expected = cls_recipe(params, params["cls_runs"]["deit_tiny-vca"]["recipe"]).lr
     assert expected == params["cls_recipe_overrides"]["lr"] != params["cls_recipes"]["lab_deit_tiny"]["lr"]
     lr = knob(embedded, "recipe", "lr")
     assert lr["value"] == expected
@@ -198,7 +198,7 @@ def test_explain_gives_the_lr_the_run_trains_with_and_the_file_that_set_it(embed
 
 def test_explain_at_paper_scale_gives_the_paper_recipe_and_its_file(paper):
     params = compose(["scale=paper"])
-    expected = cls_recipe(params, "lab_deit_tiny")["lr"]
+    expected = cls_recipe(params, "lab_deit_tiny").lr
     assert expected == params["cls_recipes"]["lab_deit_tiny"]["lr"]
     lr = knob(paper, "recipe", "lr")
     assert lr["value"] == expected and lr["key"] == "cls_recipes.lab_deit_tiny.lr" and "replaces" not in lr
@@ -225,8 +225,9 @@ def test_every_knob_is_what_its_key_holds_and_the_whole_run_is_there(which, requ
         assert value == k["value"], k["key"]
         assert k["read_by"], k["key"]
     groups = {g["group"]: {k["knob"]: k["value"] for k in g["knobs"]} for g in result["groups"]}
-    applied = {k: v for k, v in run.recipe.items() if k not in result["unapplied"]}
-    assert groups["recipe"] == applied and set(result["unapplied"]) < set(run.recipe)
+    recipe = run.recipe.model_dump()
+    applied = {k: v for k, v in recipe.items() if k not in result["unapplied"]}
+    assert groups["recipe"] == applied and set(result["unapplied"]) < set(recipe)
     if which == "paper":  # every paper recipe augments and mixes: nothing is left out
         assert result["unapplied"] == {}
     assert groups["model"] == {"arch": run.model["arch"], "attention": run.model["attention"], "options": {}}
@@ -325,7 +326,7 @@ def test_explain_a_generation_run():
     params = compose([])
     result = explain.explain("dit_s2-vca", [], ROOT)
     run = gen_run(params, "dit_s2-vca")
-    assert {k["knob"]: k["value"] for k in knob_group(result, "recipe")} == run.recipe
+    assert {k["knob"]: k["value"] for k in knob_group(result, "recipe")} == run.recipe.model_dump(exclude_unset=True)
     assert knob(result, "model", "options.contrast_tokens")["value"] == run.model["options"]["contrast_tokens"]
     assert "sample_gen@dit_s2-vca" in knob(result, "recipe", "learn_sigma")["read_by"]
     assert "sample_gen@dit_s2-vca" not in knob(result, "recipe", "lr")["read_by"]

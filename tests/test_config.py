@@ -220,8 +220,8 @@ def test_baselines_keep_their_original_recipe_and_every_other_table1_row_trains_
 
 def test_every_named_recipe_collapses_into_the_embedded_one(embedded):
     resolved = {name: cls_recipe(embedded, name) for name in embedded["cls_recipes"]}
-    assert len({json.dumps(r, sort_keys=True) for r in resolved.values()}) == 1
-    assert resolved["deit"]["epochs"] == embedded["cls_recipe_overrides"]["epochs"]
+    assert len({r.model_dump_json() for r in resolved.values()}) == 1
+    assert resolved["deit"].epochs == embedded["cls_recipe_overrides"]["epochs"]
 
 
 def test_paper_scale_runs_the_embedded_matrix_plus_every_table1_and_table2_row(embedded, paper):
@@ -262,7 +262,7 @@ def test_every_table1_run_builds_and_trains_a_step_on_tiny_inputs(paper, name):
     if run.model["arch"] == "swin_tiny":
         shape["window_size"] = 2  # Swin's own 7x7 windows do not tile a 64 px input's stages
     spec = ClassifierSpec(run.model["arch"], run.model["attention"], run.model.get("options") or {}, shape)
-    model = spec.create(num_classes=5, drop_path=run.recipe["drop_path"])
+    model = spec.create(num_classes=5, drop_path=run.recipe.drop_path)
     loss = torch.nn.functional.cross_entropy(model(torch.randn(2, 3, 64, 64)), torch.tensor([0, 3]))
     loss.backward()
     assert torch.isfinite(loss)
@@ -336,8 +336,8 @@ def test_every_table2_run_builds_and_trains_a_step_at_its_latent_shape(paper, na
     run = gen_run(paper, name)
     # the paper's width, patch, heads and contrast grid on 32x32x4 latents; one block keeps it fast
     spec = GeneratorSpec.for_run(run, shape={"depth": 1})
-    model = spec.create(learn_sigma=run.recipe["learn_sigma"], class_dropout_prob=run.recipe["class_dropout_prob"])
-    objective = make_objective(run.objective, run.recipe["flow_path"])
+    model = spec.create(learn_sigma=run.recipe.learn_sigma, class_dropout_prob=run.recipe.class_dropout_prob)
+    objective = make_objective(run.objective, run.recipe.flow_path)
     loss = objective.training_losses(model, torch.randn(2, 4, 32, 32), torch.tensor([3, 999]))["loss"]
     loss.backward()
     assert torch.isfinite(loss)

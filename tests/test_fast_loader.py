@@ -42,7 +42,7 @@ FILL = (124, 116, 104)  # timm's img_mean for ImageNet's mean, as create_transfo
 
 @pytest.fixture(scope="module")
 def recipe():
-    return dict(cls_recipe(compose(["scale=paper"]), "lab_deit_tiny"), input_path="fast")
+    return cls_recipe(compose(["scale=paper"]), "lab_deit_tiny").model_copy(update={"input_path": "fast"})
 
 
 @pytest.fixture(scope="module")
@@ -251,7 +251,7 @@ def test_the_draws_are_timms_own_in_timms_order(tmp_path, photos):
     the crop box, the flip, each RandAugment op with its level, sign and interpolation (the cswin recipe draws a
     random interpolation for the crop and the ops)."""
     for name in ("lab_deit_tiny", "cswin"):
-        recipe = dict(cls_recipe(compose(["scale=paper"]), name), input_path="fast")
+        recipe = cls_recipe(compose(["scale=paper"]), name).model_copy(update={"input_path": "fast"})
         pil = build_transforms(recipe, training=True)
         recorded = Recorded(pil)
         draws = fast.Draws(build_transforms(recipe, training=True))
@@ -508,7 +508,7 @@ def test_the_loader_bench_leaves_out_a_folders_image_over_the_pixel_limit(tmp_pa
 )
 def test_what_the_fast_path_does_not_implement_is_refused_in_one_sentence(recipe, change, names):
     with pytest.raises(BadInput, match=f"{names}.*; set input_path: pil"):
-        fast.Draws(build_transforms({**recipe, **change}, training=True))
+        fast.Draws(build_transforms(recipe.model_copy(update=change), training=True))
 
 
 def test_a_batch_travels_as_uint8_crops_with_a_schedule_the_device_never_reads_back(photos, transform):

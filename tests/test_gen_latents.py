@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from helpers import load_stage
+from vcarepro.core.recipes import GenRecipe
 from vcarepro.data.embedded import export_digits
 from vcarepro.data.latents import decode_to_uint8, load_vae
 from vcarepro.params.config import compose
@@ -53,7 +54,9 @@ def test_latent_branch_prepares_trains_and_decodes(workdir, monkeypatch, one_tor
         {"contrast_tokens": 4},
         dict(input_size=8, in_channels=4, depth=1, hidden_size=32, num_heads=2, num_classes=10),
     )
-    recipe = dict(compose(["scale=paper"])["gen_recipe"], steps=2, batch_size=8, ckpt_every=2, precision="fp32")
+    recipe = GenRecipe.model_construct(**compose(["scale=paper"])["gen_recipe"]).model_copy(
+        update=dict(steps=2, batch_size=8, ckpt_every=2, precision="fp32")
+    )
     figures = train_generator(
         spec=spec,
         objective="ddpm",

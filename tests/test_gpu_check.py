@@ -21,6 +21,7 @@ import pytest
 
 from helpers import ROOT
 from vcarepro.core.choices import BENCH_LAYERS
+from vcarepro.core.recipes import GenRecipe
 from vcarepro.params.config import compose
 from vcarepro.tools.gpu_check import cli, parts, steps
 from vcarepro.tools.gpu_check.report import CPU_NOTE
@@ -301,10 +302,10 @@ def test_a_hung_part_is_abandoned_and_the_next_still_runs(monkeypatch, tmp_path)
 
 
 def test_a_recipe_that_asks_for_compile_is_compiled_unless_switched_off(monkeypatch):
-    assert steps.compile_backend({"compile": None}, True)[0] is None
-    assert steps.compile_backend({"compile": "none"}, True)[0] is None
-    assert steps.compile_backend({"compile": "inductor"}, True)[0] == "inductor"
-    backend, note = steps.compile_backend({"compile": "inductor"}, False)
+    assert steps.compile_backend(GenRecipe(compile=None), True)[0] is None
+    assert steps.compile_backend(GenRecipe(compile="none"), True)[0] is None
+    assert steps.compile_backend(GenRecipe(compile="inductor"), True)[0] == "inductor"
+    backend, note = steps.compile_backend(GenRecipe(compile="inductor"), False)
     assert backend is None and "--no-compile" in note
 
     import torch

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from helpers import ROOT
+from vcarepro.core.recipes import ClsRecipe
 from vcarepro.params.config import compose
 from vcarepro.train.launch import RELAYED, LaunchError, main, parse, resolve, srun_command, torchrun_command
 
@@ -214,7 +215,7 @@ def test_ranks_see_disjoint_data_that_covers_the_split():
     from vcarepro.train.distributed import DistInfo
 
     dataset = TensorDataset(torch.arange(100))
-    recipe = {"batch_size": 8, "accum_steps": 1, "repeated_aug": False, "workers": 0}
+    recipe = ClsRecipe.model_construct(batch_size=8, accum_steps=1, repeated_aug=False, workers=0)
     seen = []
     for rank in range(2):
         loader = make_loader(dataset, recipe, DistInfo(rank, 2, rank, torch.device("cpu")), training=True, seed=0)

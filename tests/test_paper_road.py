@@ -20,6 +20,7 @@ from helpers import ROOT, one_error_line, prepared, smoke_params, stage  # noqa:
 from vcarepro.core.errors import USER_ERROR_STATUS
 from vcarepro.data.folders import read_image, read_manifest
 from vcarepro.params.config import compose
+from vcarepro.params.runs import cls_recipe
 
 
 def project(tmp_path, prepared):
@@ -43,8 +44,8 @@ def test_randaugment_with_magnitude_noise_never_raises_on_real_images():
     from vcarepro.tools.standins import synthetic_jpeg
     from vcarepro.train.classification import build_transforms
 
-    recipe = {**compose(["scale=paper"])["cls_recipes"]["deit"], "img_size": 64}
-    assert recipe["auto_augment"] == "rand-m9-mstd0.5-inc1"
+    recipe = cls_recipe(compose(["scale=paper"]), "deit").model_copy(update={"img_size": 64})
+    assert recipe.auto_augment == "rand-m9-mstd0.5-inc1"
     transform = build_transforms(recipe, training=True)
     zero_bits = []
     real = augment.posterize

@@ -362,7 +362,7 @@ def test_the_classification_step_counts_steps_from_the_dataset_and_the_recipe():
         if cost.step_seconds is not None:
             break
     assert cost.recipe_batch == 32 and cost.batch_run == 2
-    assert cost.steps == (run.recipe["epochs"] + run.recipe["cooldown_epochs"]) * 100
+    assert cost.steps == (run.recipe.epochs + run.recipe.cooldown_epochs) * 100
     assert cost.peak_bytes_measured is not None
     if cost.step_seconds is None:  # three times busy: said so, nothing projected
         assert len(cost.problems) == 1 and "so the machine was busy and its time is not projected" in cost.problems[0]
@@ -593,7 +593,7 @@ def test_every_classification_run_of_the_paper_scale_gets_a_line_on_what_bounds_
     """With one core's rate fixed at 10 images/s, every classification run of the paper scale gets one line; a step
     that takes 200 images/s (0.01 s for 2 images), more than the recipe's 10 workers feed on a 14-core node, says by
     how much and what would fix it."""
-    from vcarepro.core.choices import input_path
+    from vcarepro.core.recipes import input_path
     from vcarepro.tools.preflight import loader
 
     def rates(runs, **_):

@@ -31,7 +31,7 @@ def test_the_proxy_runs_the_two_main_comparisons_with_three_seeds_and_nothing_el
     # the same recipe on both sides: the difference is the attention
     mhsa, vca = cls_run(proxy, "deit_tiny-mhsa"), cls_run(proxy, "deit_tiny-vca")
     assert mhsa.recipe_name == vca.recipe_name == "lab_deit_tiny" and mhsa.recipe == vca.recipe
-    assert mhsa.recipe["img_size"] == 224 and mhsa.shape == {} and 0 < mhsa.recipe["epochs"] < 300
+    assert mhsa.recipe.img_size == 224 and mhsa.shape == {} and 0 < mhsa.recipe.epochs < 300
     assert all(gen_run(proxy, r).objective == "ddpm" for r in proxy["gen_runs"])
     assert 0 < proxy["gen_recipe"]["steps"] < 400_000 and proxy["gen_recipe"]["batch_size"] == 256
 
@@ -58,12 +58,12 @@ def test_every_proxy_classifier_builds_and_takes_a_step_with_its_recipe_at_tiny_
         r.model.get("options") or {},
         {"img_size": 32, "depth": 1, "contrast_tokens": 4},
     )  # 2x2 patch grid at 32 px
-    model = spec.create(num_classes=100, drop_path=r.recipe["drop_path"])
+    model = spec.create(num_classes=100, drop_path=r.recipe.drop_path)
     optimizer = build_optimizer(model, r.recipe)
     scheduler, epochs = build_scheduler(optimizer, r.recipe, updates_per_epoch=2)
-    assert epochs == r.recipe["epochs"]  # cooldown included
+    assert epochs == r.recipe.epochs  # cooldown included
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    amp = MixedPrecision(r.recipe["precision"], torch.device("cpu"))
+    amp = MixedPrecision(r.recipe.precision, torch.device("cpu"))
     with amp.autocast():
         loss = torch.nn.functional.cross_entropy(model(torch.randn(4, 3, 32, 32)), torch.tensor([0, 1, 2, 99]))
     loss.backward()
@@ -84,11 +84,11 @@ def test_every_proxy_generator_builds_and_takes_a_step_with_its_recipe_at_tiny_s
         r.model.get("options") or {},
         {"input_size": 8, "depth": 1, "num_classes": 100, "contrast_tokens": 4},
     )
-    model = spec.create(learn_sigma=r.recipe["learn_sigma"], class_dropout_prob=r.recipe["class_dropout_prob"])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=r.recipe["lr"], weight_decay=r.recipe["weight_decay"])
+    model = spec.create(learn_sigma=r.recipe.learn_sigma, class_dropout_prob=r.recipe.class_dropout_prob)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=r.recipe.lr, weight_decay=r.recipe.weight_decay)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    amp = MixedPrecision(r.recipe["precision"], torch.device("cpu"))
-    objective = make_objective(r.objective, r.recipe["flow_path"])
+    amp = MixedPrecision(r.recipe.precision, torch.device("cpu"))
+    objective = make_objective(r.objective, r.recipe.flow_path)
     # DiT zero-initialises the adaLN gates and the final layer: the attention's own weights move from
     # the third step on (final layer, then the gates, then what they gate)
     for _ in range(3):

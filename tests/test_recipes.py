@@ -10,8 +10,8 @@ import torch
 from timm.data.distributed_sampler import RepeatAugSampler
 
 from vcarepro.attention import VisualContrastAttention
-from vcarepro.core.choices import input_path
 from vcarepro.core.errors import BadInput
+from vcarepro.core.recipes import input_path
 from vcarepro.data.embedded import export_digits
 from vcarepro.models import create_classifier
 from vcarepro.params.config import compose
@@ -55,12 +55,12 @@ def lrs_by_epoch(recipe, updates_per_epoch=4):
 
 
 def short(recipe, **changes):
-    return {**recipe, "epochs": 8, "warmup_epochs": 2, "batch_size": 512, **changes}
+    return recipe.model_copy(update={"epochs": 8, "warmup_epochs": 2, "batch_size": 512, **changes})
 
 
 def test_cooldown_epochs_hold_min_lr_after_the_cosine(paper):
-    recipe = short(cls_run(paper, "pvt_tiny-vca").recipe)  # lab PVT: 10 cooldown epochs, scaled bounds
-    recipe["cooldown_epochs"] = 3  # the last 3 of the 8 epochs trained
+    # lab PVT (10 cooldown epochs, scaled bounds), held at min lr for the last 3 of the 8 epochs trained
+    recipe = short(cls_run(paper, "pvt_tiny-vca").recipe, cooldown_epochs=3)
     lrs = lrs_by_epoch(recipe)
     assert len(lrs) == 8
     min_lr = scaled_lrs(recipe)["min_lr"]
@@ -102,8 +102,8 @@ def digits(tmp_path_factory):
 def test_repeated_augmentation_happens_in_one_process_too(paper, digits):
     from vcarepro.data.folders import ManifestDataset
 
-    recipe = dict(cls_run(paper, "deit_tiny-mhsa").recipe, batch_size=64, workers=0)
-    assert recipe["repeated_aug"]
+    recipe = cls_run(paper, "deit_tiny-mhsa").recipe.model_copy(update=dict(batch_size=64, workers=0))
+    assert recipe.repeated_aug
     dataset = ManifestDataset(digits, "train", None)
     loader = make_loader(dataset, recipe, CPU, training=True, seed=0)
     assert isinstance(loader.sampler, RepeatAugSampler) and loader.sampler.num_repeats == 3
@@ -111,7 +111,7 @@ def test_repeated_augmentation_happens_in_one_process_too(paper, digits):
     # each image three times in a row (DeiT's RASampler), len(dataset) // 256 * 256 draws an epoch
     assert len(indices) == len(dataset) // 256 * 256
     assert indices[0] == indices[1] == indices[2] and indices[3] == indices[4] == indices[5]
-    without = make_loader(dataset, dict(recipe, repeated_aug=False), CPU, training=True, seed=0)
+    without = make_loader(dataset, recipe.model_copy(update={"repeated_aug": False}), CPU, training=True, seed=0)
     assert not isinstance(without.sampler, RepeatAugSampler)
 
 
@@ -186,7 +186,7 @@ def test_each_backbone_exempts_what_its_original_code_exempts(paper):
 
 def test_training_keeps_every_epochs_validation_and_eval_reads_the_best_epoch(tmp_path, digits, one_torch_thread):
     embedded = compose([])
-    recipe = dict(cls_run(embedded, "deit_tiny-vca").recipe, epochs=3, batch_size=256, ema_decay=0.9)
+    recipe = cls_run(embedded, "deit_tiny-vca").recipe.model_copy(update=dict(epochs=3, batch_size=256, ema_decay=0.9))
     spec = ClassifierSpec("deit_tiny", "vca", {}, dict(embedded["cls_shape"], depth=1, embed_dim=32))
     train_classifier(
         spec=spec,
@@ -225,7 +225,7 @@ def test_an_epochs_override_trains_that_many_epochs_whatever_the_recipes_cooldow
 @pytest.mark.parametrize("scale", ["embedded", "proxy", "paper"])
 def test_every_recipe_knob_overrides_plainly_at_every_scale(scale):
     """Issue 21 (5): `-S cls_recipe_overrides.epochs=1` failed at paper scale (Hydra needs `+` for an absent key)."""
-    from vcarepro.params.schema import KNOBS as CLS_RECIPE_RULES
+    from vcarepro.core.recipes import ClsRecipe
 
     params = compose(
         [
@@ -235,16 +235,16 @@ def test_every_recipe_knob_overrides_plainly_at_every_scale(scale):
             "cls_recipe_overrides.cooldown_epochs=0",
         ]
     )
-    assert set(params["cls_recipe_overrides"]) == set(CLS_RECIPE_RULES)
+    assert set(params["cls_recipe_overrides"]) == set(ClsRecipe.model_fields)
     for run in params["cls_runs"]:
         recipe = cls_run(params, run).recipe
-        assert (recipe["accum_steps"], recipe["epochs"]) == (2, 3)
+        assert (recipe.accum_steps, recipe.epochs) == (2, 3)
     # null keeps each run's own recipe value
     untouched = compose([f"scale={scale}"])
     for run in untouched["cls_runs"]:
         named = untouched["cls_recipes"][untouched["cls_runs"][run]["recipe"]]
         overrides = {k: v for k, v in untouched["cls_recipe_overrides"].items() if v is not None}
-        assert cls_run(untouched, run).recipe == {**named, **overrides}
+        assert cls_run(untouched, run).recipe.model_dump() == {**named, **overrides}
 
 
 def test_a_runs_optimizer_steps_count_its_cooldown_once(paper):
@@ -252,16 +252,16 @@ def test_a_runs_optimizer_steps_count_its_cooldown_once(paper):
     from vcarepro.train.classification import recipe_steps
 
     recipe = cls_run(paper, "cswin_tiny-vca").recipe
-    assert (recipe["epochs"], recipe["cooldown_epochs"]) == (310, 10)
-    assert recipe_steps(recipe, 1_281_167) == 310 * (1_281_167 // recipe["batch_size"])
+    assert (recipe.epochs, recipe.cooldown_epochs) == (310, 10)
+    assert recipe_steps(recipe, 1_281_167) == 310 * (1_281_167 // recipe.batch_size)
 
 
 @pytest.mark.parametrize("sched", ["cosine", "step", "multistep"])
 def test_epochs_trained_are_the_recipes_whatever_the_scheduler(paper, sched):
     """timm adds the cooldown back to its count only for cycle schedulers; the recipe's epochs count it once."""
-    recipe = {**short(cls_run(paper, "pvt_tiny-vca").recipe), "sched": sched, "cooldown_epochs": 3}
+    recipe = short(cls_run(paper, "pvt_tiny-vca").recipe, sched=sched, cooldown_epochs=3)
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
-    assert build_scheduler(optimizer, recipe, updates_per_epoch=4)[1] == recipe["epochs"] == 8
+    assert build_scheduler(optimizer, recipe, updates_per_epoch=4)[1] == recipe.epochs == 8
 
 
 def test_an_override_switches_off_what_a_recipes_null_means_off(paper):
@@ -275,7 +275,7 @@ def test_an_override_switches_off_what_a_recipes_null_means_off(paper):
     recipe = cls_run(params, "deit_tiny-mhsa").recipe
     assert not any(isinstance(t, RandAugment) for t in build_transforms(recipe, training=True).transforms)
     module = torch.nn.Linear(2, 2)
-    assert maybe_compile(module, recipe["compile"]) is module
+    assert maybe_compile(module, recipe.compile) is module
     kept = cls_run(compose(["scale=paper", "cls_recipe_overrides.auto_augment=null"]), "deit_tiny-mhsa").recipe
     assert any(isinstance(t, RandAugment) for t in build_transforms(kept, training=True).transforms)
 
@@ -284,16 +284,18 @@ def test_the_knobs_explain_leaves_out_change_nothing_the_training_builds(paper):
     """classification.unapplied (what `vcarepro explain` leaves out of a run's knobs) names knobs the training
     truly ignores: with train_augment false the training transform is the same whatever they hold, and with
     mixup and cutmix at 0 no mixing is built whatever mixup_switch_prob holds; switched on, they are read."""
-    plain = {**cls_run(paper, "deit_tiny-vca").recipe, "train_augment": False, "mixup": 0.0, "cutmix": 0.0}
+    plain = cls_run(paper, "deit_tiny-vca").recipe.model_copy(update=dict(train_augment=False, mixup=0.0, cutmix=0.0))
     other = {"auto_augment": "rand-m1", "color_jitter": 0.3, "train_interpolation": "bilinear", "scale": [0.5, 1.0]}
     other.update({"hflip": 0.0, "reprob": 0.9, "mixup_switch_prob": 0.9, "input_path": "pil"})
     assert set(other) == set(unapplied(plain))
-    assert repr(build_transforms(plain, training=True)) == repr(build_transforms({**plain, **other}, training=True))
-    assert input_path(plain) == input_path({**plain, **other}) == "pil" != input_path({**plain, "train_augment": True})
-    assert build_criterion({**plain, **other}, 10)[0] is None
-    augmenting = {**plain, "train_augment": True, "cache_images": True}
+    mixed = plain.model_copy(update=other)
+    assert repr(build_transforms(plain, training=True)) == repr(build_transforms(mixed, training=True))
+    augments = plain.model_copy(update={"train_augment": True})
+    assert input_path(plain) == input_path(mixed) == "pil" != input_path(augments)
+    assert build_criterion(mixed, 10)[0] is None
+    augmenting = plain.model_copy(update={"train_augment": True, "cache_images": True})
     assert "auto_augment" not in unapplied(augmenting) and unapplied(augmenting)["cache_images"]
     assert "input_path" not in unapplied(augmenting)
     for knob in ("auto_augment", "train_interpolation", "scale", "hflip", "reprob"):  # jitter: skipped under RA
-        changed = {**augmenting, knob: other[knob]}
+        changed = augmenting.model_copy(update={knob: other[knob]})
         assert repr(build_transforms(changed, training=True)) != repr(build_transforms(augmenting, True)), knob

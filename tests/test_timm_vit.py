@@ -19,6 +19,7 @@ import vcarepro.models  # noqa: F401  (registers the models)
 from helpers import SMALL as HIERARCHICAL_SMALL
 from vcarepro.attention import ATTENTIONS
 from vcarepro.core.errors import BadInput
+from vcarepro.core.recipes import ClsRecipe
 from vcarepro.train.classification import build_optimizer
 
 # A 4x4 patch grid: two blocks of width 48, pooled-token counts that fit the grid.
@@ -285,7 +286,7 @@ def test_a_resolution_whose_grid_is_smaller_than_the_contrast_grid_is_one_clear_
 
 # -- 6. classifier, weight decay, layer-wise lr decay -----------------------------------------------
 
-RECIPE = dict(
+RECIPE = ClsRecipe.model_construct(
     opt="adamw", lr=1e-3, batch_size=512, warmup_lr=1e-6, min_lr=1e-5, scale_warmup_min_lr=False, weight_decay=0.05
 )
 

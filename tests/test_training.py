@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save
 from helpers import TRAINED, same_weights, train_tiny
 from vcarepro.core.integrity import sha256_file
 from vcarepro.core.io import write_manifest
+from vcarepro.core.recipes import GenRecipe
 from vcarepro.data.embedded import export_digits
 from vcarepro.params.config import compose
 from vcarepro.params.runs import cls_run
@@ -46,7 +47,7 @@ def embedded():
 
 def tiny_cls(embedded, **recipe):
     spec = ClassifierSpec("deit_tiny", "vca", {}, dict(embedded["cls_shape"], depth=1, embed_dim=32))
-    return spec, dict(cls_run(embedded, "deit_tiny-vca").recipe, epochs=2, batch_size=256, **recipe)
+    return spec, cls_run(embedded, "deit_tiny-vca").recipe.model_copy(update=dict(epochs=2, batch_size=256, **recipe))
 
 
 def train_cls(spec, recipe, digits, tmp, **kw):
@@ -141,7 +142,9 @@ def test_generator_fp16_and_compile_paths_write_scaler_state(tmp_path, embedded,
     (data / "meta.json").write_text('{"kind": "pixels"}')
     write_manifest(data)  # as prepare_gen does
     spec = GeneratorSpec("dit_s2", "vca", {}, dict(embedded["gen_shape"], depth=1, hidden_size=32))
-    recipe = dict(embedded["gen_recipe"], steps=2, batch_size=8, ckpt_every=2, precision="fp16", compile="eager")
+    recipe = GenRecipe.model_construct(**embedded["gen_recipe"]).model_copy(
+        update=dict(steps=2, batch_size=8, ckpt_every=2, precision="fp16", compile="eager")
+    )
     figures = train_generator(
         spec=spec,
         objective="ddpm",
@@ -223,7 +226,7 @@ digits, root, processes = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 epochs = int(sys.argv[4]) if len(sys.argv) > 4 else 2
 p = compose([])
 spec = ClassifierSpec("deit_tiny", "vca", {}, dict(p["cls_shape"], depth=1, embed_dim=32))
-recipe = dict(cls_run(p, "deit_tiny-vca").recipe, epochs=epochs, batch_size=256)
+recipe = cls_run(p, "deit_tiny-vca").recipe.model_copy(update=dict(epochs=epochs, batch_size=256))
 def train_one(seed, info, live):
     return train_classifier(spec=spec, recipe=recipe, data_root=digits, seed=seed, out_dir=root / f"out{seed}",
                             ckpt_dir=root / f"ckpt{seed}", info=info, live=live, fingerprint="f",
@@ -364,7 +367,7 @@ def test_a_diverging_classifier_stops_at_once_naming_the_step_and_keeps_its_last
     with pytest.raises(NonFiniteLossError, match=r"became (nan|inf|-inf) at epoch 0, batch \d+; lower the learning"):
         train_classifier(
             spec=spec,
-            recipe=dict(recipe, lr=1e30, warmup_epochs=0),
+            recipe=recipe.model_copy(update=dict(lr=1e30, warmup_epochs=0)),
             data_root=digits,
             seed=0,
             out_dir=tmp_path / "out2",
@@ -386,7 +389,9 @@ def test_a_diverging_generator_stops_at_once(tmp_path, embedded, one_torch_threa
     (data / "meta.json").write_text('{"kind": "pixels"}')
     write_manifest(data)  # as prepare_gen does
     spec = GeneratorSpec("dit_s2", "mhsa", {}, dict(embedded["gen_shape"], depth=1, hidden_size=32))
-    recipe = dict(embedded["gen_recipe"], steps=20, batch_size=8, ckpt_every=100, lr=1e30)
+    recipe = GenRecipe.model_construct(**embedded["gen_recipe"]).model_copy(
+        update=dict(steps=20, batch_size=8, ckpt_every=100, lr=1e30)
+    )
     with pytest.raises(NonFiniteLossError, match=r"at step \d+; lower the learning rate"):
         train_generator(
             spec=spec,

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from vcarepro.core.io import write_manifest
+from vcarepro.core.recipes import GenRecipe
 from vcarepro.data.embedded import export_digits
 from vcarepro.params.config import compose
 from vcarepro.params.runs import cls_run
@@ -34,16 +35,17 @@ def main(branch: str, workdir: Path, seed: int = 0) -> None:
     common = dict(seed=seed, out_dir=workdir / "out", ckpt_dir=workdir / "ckpt", info=CPU, fingerprint="driver")
     if branch == "cls":
         spec = ClassifierSpec("deit_tiny", "vca", {}, dict(params["cls_shape"], depth=1, embed_dim=32))
-        recipe = dict(
-            cls_run(params, "deit_tiny-vca").recipe,
-            epochs=8,
-            batch_size=64,
-            workers=1,
-            hflip=0.5,
-            reprob=0.25,
-            train_augment=True,
-            input_path="fast",
-            cache_images=False,
+        recipe = cls_run(params, "deit_tiny-vca").recipe.model_copy(
+            update=dict(
+                epochs=8,
+                batch_size=64,
+                workers=1,
+                hflip=0.5,
+                reprob=0.25,
+                train_augment=True,
+                input_path="fast",
+                cache_images=False,
+            )
         )  # augmented on the fast path: the workers' draws and the device side's erasing must resume
         figures = train_classifier(spec=spec, recipe=recipe, data_root=data, **common)
     else:
@@ -59,7 +61,9 @@ def main(branch: str, workdir: Path, seed: int = 0) -> None:
             (gen / "meta.json").write_text('{"kind": "pixels"}')
             write_manifest(gen)  # as prepare_gen writes it: training checks the bytes first
         spec = GeneratorSpec("dit_s2", "vca", {}, dict(params["gen_shape"], depth=1, hidden_size=32))
-        recipe = dict(params["gen_recipe"], steps=600, batch_size=32, ckpt_every=25, log_every=10, hflip=True)
+        recipe = GenRecipe.model_construct(**params["gen_recipe"]).model_copy(
+            update=dict(steps=600, batch_size=32, ckpt_every=25, log_every=10, hflip=True)
+        )
         figures = train_generator(spec=spec, objective="flow", recipe=recipe, data_root=gen, **common)
     print("finished", figures, flush=True)
 

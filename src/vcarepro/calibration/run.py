@@ -20,6 +20,7 @@ from vcarepro.calibration import (
 )
 from vcarepro.core.errors import BadInput
 from vcarepro.core.progress import Progress
+from vcarepro.core.recipes import ClsRecipe
 
 # The published protocols' sizes: ImageNet-1K val (1000 classes, 50,000 images) and FID-50K.
 IMAGENET_VAL = (1000, 50_000)
@@ -74,7 +75,7 @@ def calibrate_classifier(params: Dict[str, Any], name: str, device: torch.device
     cal = params["calibrate"]
     entry = entries(cal, "cls")[name]
     model, path, digest, deviations = load_released(build_model("cls", entry), cal, name, entry)
-    recipe = params["cls_recipes"][entry["recipe"]]
+    recipe = ClsRecipe.model_construct(**params["cls_recipes"][entry["recipe"]])  # as its authors evaluated
     split = ManifestDataset(data_root, "val", build_transforms(recipe, training=False))
     val = ImageNetLabels(split)
     if (len(split.classes), len(val)) != IMAGENET_VAL:
@@ -86,10 +87,10 @@ def calibrate_classifier(params: Dict[str, Any], name: str, device: torch.device
     figures = evaluate(model.to(device), loader, device, report=f"{name} val")
     protocol = {
         "recipe": entry["recipe"],
-        "crop_pct": recipe["crop_pct"],
-        "crop_mode": recipe["crop_mode"],
-        "interpolation": recipe["interpolation"],
-        "img_size": recipe["img_size"],
+        "crop_pct": recipe.crop_pct,
+        "crop_mode": recipe.crop_mode,
+        "interpolation": recipe.interpolation,
+        "img_size": recipe.img_size,
         "val_images": len(val),
         "top5": figures["top5"],
     }

@@ -26,12 +26,6 @@ POOLED_TOKEN_OPTION = {"vca": "contrast_tokens", "agent": "agent_tokens"}
 INPUT_PATHS = ("pil", "fast")
 
 
-def input_path(recipe: Dict[str, Any]) -> str:
-    """The path that feeds a recipe's training images: its input_path where it augments; without augmentation the
-    images take the evaluation transform, on the PIL path."""
-    return recipe["input_path"] if recipe["train_augment"] else "pil"
-
-
 # The choices of generation, for the schema and for the code that acts on them (train/generation.py,
 # train/flow.py, vcarepro.metrics.protocol): a run's objective (DiT's DDPM, SiT's flow matching), a flow
 # model's path, its sampler and ODE solver, and how the sampled class labels are drawn (uniform

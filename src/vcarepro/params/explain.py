@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from vcarepro.core.errors import USER_ERROR_STATUS, UserError
+from vcarepro.core.recipes import ClsRecipe, GenRecipe, input_path
 from vcarepro.params import config, runs
 from vcarepro.params.stage_facts import PARAMS, PIPELINE, _resolve, stage_definition
 
@@ -230,7 +231,6 @@ def explain(run: str, overrides: Sequence[str] = (), project: Path = config.REPO
     The knobs are what the run's own stages (train_cls@run, eval_cls@run; train_gen, sample_gen, eval_gen)
     declare as params in dvc.yaml, with the recipe resolved as :mod:`vcarepro.params.runs` resolves it.
     """
-    from vcarepro.core.choices import input_path
     from vcarepro.core.errors import UnknownName
 
     overrides = list(overrides)
@@ -298,7 +298,7 @@ def _recipe_knobs(
     branch: str,
     run: str,
     entry: Dict[str, Any],
-    recipe: Dict[str, Any],
+    recipe: ClsRecipe | GenRecipe,
     skipped: Dict[str, str],
 ) -> None:
     """The recipe the run trains with (params.runs.cls_run / gen_run resolved it), each knob where its value lives:
@@ -315,7 +315,7 @@ def _recipe_knobs(
         over = entry.get("recipe") or {}
         base, base_path, over_path = params["gen_recipe"], ("gen_recipe",), ("gen_runs", run, "recipe")
         at_optimizer = {}
-    for knob, value in recipe.items():
+    for knob, value in recipe.model_dump(exclude_unset=True).items():
         if knob in skipped:
             continue  # explain lists it apart, with the switch that leaves it out
         extra: Dict[str, Any] = {}

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
-from vcarepro.core.choices import input_path
 from vcarepro.core.io import write_json
+from vcarepro.core.recipes import input_path
 from vcarepro.params.config import flatten
 from vcarepro.params.runs import cls_run, gen_run, run_paths
 
@@ -32,12 +32,13 @@ def run_provenance(params: Dict[str, Any], branch: str, name: str) -> Dict[str, 
     entry = params[f"{branch}_runs"][name]
     if branch == "cls":
         run = cls_run(params, name)
-        defines = {"recipe_name": run.recipe_name, "recipe": run.recipe, "input_path": input_path(run.recipe)}
+        recipe = run.recipe.model_dump(exclude_unset=True)
+        defines = {"recipe_name": run.recipe_name, "recipe": recipe, "input_path": input_path(run.recipe)}
     elif branch == "gen":
         run = gen_run(params, name)
         defines = {
             "objective": run.objective,
-            "recipe": run.recipe,
+            "recipe": run.recipe.model_dump(exclude_unset=True),
             "sampling": run.sampling,
             "evaluation": {
                 **params.get("eval_gen", {}),

@@ -8,6 +8,8 @@ from typing import Any, Dict, List
 
 from vcarepro.core.choices import OBJECTIVES
 from vcarepro.core.errors import BadInput, UnknownName
+from vcarepro.core.recipes import ClsRecipe, GenRecipe
+from vcarepro.params import schema
 from vcarepro.params.config import section
 
 RUNS_DIR = Path("runs")
@@ -21,15 +23,16 @@ FID_REFERENCE = Path("data/fid_reference")
 SMOKE_INPUTS = Path("data/smoke")  # the smoke scale's stand-ins (stage smoke_inputs; conf/scale/smoke.yaml points here)
 
 
-def _run(params: Dict[str, Any], branch: str, name: str) -> Dict[str, Any]:
+def _run(params: Dict[str, Any], branch: str, name: str):
+    """The run's entry as its schema model, built from what params.yaml holds (as YAML typed it)."""
     runs = section(params, f"{branch}_runs")
     if name not in runs:
         raise UnknownName(f"no run {name!r} under {branch}_runs in params.yaml; choose one of {', '.join(runs)}.")
-    run = runs[name]
-    models = section(params, "models")
-    if run["model"] not in models:
-        raise UnknownName(f"run {name!r} names model {run['model']!r}, which is not under models in params.yaml.")
-    seeds = run.get("seeds") or []
+    entry = schema.ClsRun if branch == "cls" else schema.GenRun
+    run = entry.model_construct(**{**dict.fromkeys(entry.model_fields), **runs[name]})  # absent keys: None
+    if run.model not in section(params, "models"):
+        raise UnknownName(f"run {name!r} names model {run.model!r}, which is not under models in params.yaml.")
+    seeds = run.seeds or []
     if not seeds or len(set(seeds)) != len(seeds) or not all(isinstance(s, int) for s in seeds):
         raise BadInput(f"run {name!r} needs a list of distinct integer seeds, got {seeds!r}.")
     return run
@@ -59,9 +62,7 @@ class RunPaths:
 
 
 def run_paths(branch: str, name: str) -> RunPaths:
-    from vcarepro.params.schema import safe_name
-
-    if not safe_name(name):  # the schema refuses it first; this guards every other caller
+    if not schema.safe_name(name):  # the schema refuses it first; this guards every other caller
         raise BadInput(
             f"run name {name!r} cannot become a directory under {RUNS_DIR}/{branch}; use letters, digits, "
             f"'_' or '-' and rename it in conf/."
@@ -74,27 +75,25 @@ class ClsRun:
     name: str
     model: Dict[str, Any]
     shape: Dict[str, Any]
-    recipe: Dict[str, Any]  # the named recipe with the scale's overrides: what trains
+    recipe: ClsRecipe  # the named recipe with the scale's overrides: what trains
     seeds: List[int]
     paths: RunPaths
     recipe_name: str  # its entry of cls_recipes
 
 
-def _recipe(params: Dict[str, Any], branch: str, name: str, run: Dict[str, Any]) -> Dict[str, Any]:
+def _gen_recipe(params: Dict[str, Any], name: str, overrides: Dict[str, Any]) -> GenRecipe:
     """The generation recipe with the run's own overrides on top."""
-    recipe = dict(section(params, f"{branch}_recipe"))
-    overrides = run.get("recipe") or {}
+    recipe = section(params, "gen_recipe")
     unknown = sorted(set(overrides) - set(recipe))
     if unknown:
         raise UnknownName(
-            f"run {name!r} overrides {', '.join(unknown)}, which {branch}_recipe does not have; "
-            f"fix the name or add the knob to {branch}_recipe in conf/config.yaml."
+            f"run {name!r} overrides {', '.join(unknown)}, which gen_recipe does not have; "
+            f"fix the name or add the knob to gen_recipe in conf/config.yaml."
         )
-    recipe.update(overrides)
-    return recipe
+    return GenRecipe.model_construct(**{**recipe, **overrides})
 
 
-def cls_recipe(params: Dict[str, Any], recipe_name: str) -> Dict[str, Any]:
+def cls_recipe(params: Dict[str, Any], recipe_name: str) -> ClsRecipe:
     """A named classification recipe with the scale's overrides on top: what a run of that recipe trains with."""
     recipes = section(params, "cls_recipes")
     if recipe_name not in recipes:
@@ -110,11 +109,11 @@ def cls_recipe(params: Dict[str, Any], recipe_name: str) -> Dict[str, Any]:
             f"cls_recipe_overrides sets {', '.join(unknown)}, which recipe {recipe_name!r} does not have; "
             f"fix the name in conf/."
         )
-    recipe = {**recipes[recipe_name], **overrides}
-    if recipe["cooldown_epochs"] >= recipe["epochs"]:
+    recipe = ClsRecipe.model_construct(**{**recipes[recipe_name], **overrides})
+    if recipe.cooldown_epochs >= recipe.epochs:
         raise BadInput(
-            f"recipe {recipe_name!r} holds its last cooldown_epochs={recipe['cooldown_epochs']} epochs at "
-            f"min lr, which leaves nothing of epochs={recipe['epochs']} (epochs counts every epoch trained); "
+            f"recipe {recipe_name!r} holds its last cooldown_epochs={recipe.cooldown_epochs} epochs at "
+            f"min lr, which leaves nothing of epochs={recipe.epochs} (epochs counts every epoch trained); "
             f"set cls_recipe_overrides.cooldown_epochs=0 or raise epochs."
         )
     return recipe
@@ -124,12 +123,12 @@ def cls_run(params: Dict[str, Any], name: str) -> ClsRun:
     run = _run(params, "cls", name)
     return ClsRun(
         name,
-        section(params, "models")[run["model"]],
+        section(params, "models")[run.model],
         dict(section(params, "cls_shape") or {}),
-        cls_recipe(params, run["recipe"]),
-        list(run["seeds"]),
+        cls_recipe(params, run.recipe),
+        list(run.seeds),
         run_paths("cls", name),
-        run["recipe"],
+        run.recipe,
     )
 
 
@@ -139,7 +138,7 @@ class GenRun:
     model: Dict[str, Any]
     objective: str
     shape: Dict[str, Any]
-    recipe: Dict[str, Any]
+    recipe: GenRecipe
     sampling: Dict[str, Any]
     seeds: List[int]
     paths: RunPaths
@@ -147,15 +146,15 @@ class GenRun:
 
 def gen_run(params: Dict[str, Any], name: str) -> GenRun:
     run = _run(params, "gen", name)
-    if run.get("objective") not in OBJECTIVES:
-        raise BadInput(f"run {name!r} has objective {run.get('objective')!r}; choose one of {', '.join(OBJECTIVES)}.")
+    if run.objective not in OBJECTIVES:
+        raise BadInput(f"run {name!r} has objective {run.objective!r}; choose one of {', '.join(OBJECTIVES)}.")
     return GenRun(
         name,
-        section(params, "models")[run["model"]],
-        run["objective"],
+        section(params, "models")[run.model],
+        run.objective,
         dict(section(params, "gen_shape") or {}),
-        _recipe(params, "gen", name, run),
+        _gen_recipe(params, name, run.recipe or {}),
         section(params, "sampling"),
-        list(run["seeds"]),
+        list(run.seeds),
         run_paths("gen", name),
     )

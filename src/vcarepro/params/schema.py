@@ -12,21 +12,30 @@ import difflib
 import math
 import re
 import typing
-from typing import Annotated, Any, Callable, Dict, Literal, Optional, Tuple, Union
+from typing import Annotated, Any, Callable, Dict, Optional, Tuple, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from vcarepro.core.choices import (
-    ATTENTIONS,
-    BENCH_LAYERS,
-    FLOW_ODE_METHODS,
-    FLOW_PATHS,
-    FLOW_SAMPLERS,
-    INPUT_PATHS,
-    LABEL_MODES,
-    OBJECTIVES,
-)
+from vcarepro.core.choices import ATTENTIONS, BENCH_LAYERS, FLOW_ODE_METHODS, FLOW_SAMPLERS, LABEL_MODES, OBJECTIVES
 from vcarepro.core.errors import BadInput
+from vcarepro.core.recipes import (
+    Bool,
+    ClsRecipe,
+    ClsRecipeOverrides,
+    GenRecipe,
+    Int,
+    Num,
+    One,
+    Opt,
+    Pos,
+    Prob,
+    Rule,
+    Section,
+    Str,
+    entry,
+    is_int,
+    section,
+)
 
 # Where a value came from: a name ("params.yaml"), or a function of the key's path that names the file in conf/
 # (or the command-line override) that set it (vcarepro.params.config).
@@ -70,61 +79,15 @@ def is_digest(value: Any) -> bool:
     )
 
 
-# -- what a value may be, and the words a refusal says it in ---------------------------------------------------------
-
-
-def _says(t) -> str:
-    return next(m.description for m in t.__metadata__ if getattr(m, "description", None))
-
-
-def Int(lo: int = 0):
-    return Annotated[int, Field(ge=lo, description=f"an integer >= {lo}")]
-
-
-def Num(lo: float = 0.0, hi: Optional[float] = None, open_lo: bool = False, open_hi: bool = False):
-    bounds = {"gt" if open_lo else "ge": lo, **({} if hi is None else {"lt" if open_hi else "le": hi})}
-    words = f"a number {'>' if open_lo else '>='} {lo:g}" + (
-        "" if hi is None else f" and {'<' if open_hi else '<='} {hi:g}"
-    )
-    return Annotated[float, Field(**bounds, description=words)]
-
-
-def One(*options: str, words: str = ""):
-    return Annotated[Literal[options], Field(description=words or f"one of {', '.join(options)}")]
-
-
-def Opt(t):
-    return Annotated[Optional[t], Field(description=f"null or {_says(t)}")]
-
-
-def Rule(words: str, ok: Callable[[Any], bool]):
-    """A value no type states (a list's shape, a word or a number): ``ok`` decides, ``words`` say it."""
-
-    def check(value):
-        if not ok(value):
-            raise ValueError(words)
-        return value
-
-    return Annotated[Any, AfterValidator(check), Field(description=words)]
-
-
-def _is_num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _is_int(v, lo=0) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= lo
-
-
 def IntOr(*words: str, lo: int = 0):
-    return Rule(f"an integer >= {lo} or one of {', '.join(words)}", lambda v: _is_int(v, lo) or v in words)
+    return Rule(f"an integer >= {lo} or one of {', '.join(words)}", lambda v: is_int(v, lo) or v in words)
 
 
 def Names(words: str, distinct: bool = False, among: Tuple[str, ...] = (), lo: Optional[int] = None):
     """A non-empty list of strings (``among`` them), or of integers >= ``lo``; ``distinct``: none twice."""
 
     def ok(v):
-        items = isinstance(v, list) and v and all(_is_int(x, lo) if lo is not None else x in among for x in v)
+        items = isinstance(v, list) and v and all(is_int(x, lo) if lo is not None else x in among for x in v)
         return bool(items) and (not distinct or len(set(map(str, v))) == len(v))
 
     return Rule(words, ok)
@@ -134,58 +97,12 @@ def _strings(v, nonempty=True) -> bool:
     return isinstance(v, list) and all(isinstance(x, str) and (x or not nonempty) for x in v)
 
 
-Str = Annotated[str, Field(min_length=1, description="a string")]
-Bool = Annotated[bool, Field(description="true or false")]
-Prob, Decay, Pos = Num(0.0, 1.0), Num(0.0, 1.0, open_hi=True), Num(0.0, open_lo=True)
-Precision = One("fp32", "tf32", "bf16", "fp16")
 Seeds = Names("a non-empty list of distinct integers >= 0", distinct=True, lo=0)
 Hex = Rule(
     f"a hexadecimal sha256 ({FULL_DIGEST} digits) or its publisher's prefix ({SHORTEST_PREFIX} or more)", is_digest
 )
 
 
-class Section(BaseModel):
-    """A mapping of params.yaml: every key typed, none unknown; an absent key keeps its stage's default."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
-
-def section(name: str, base=Section, required: Tuple[str, ...] = (), **fields):
-    """The model of one mapping: each field a type of this module; absent, a field is None unless ``required``."""
-    return create_model(name, __base__=base, **{k: (t, ... if k in required else None) for k, t in fields.items()})
-
-
-def entry(name: str, base=Section, optional: Tuple[str, ...] = (), **fields):
-    """The model of a named entry (a run, a model, a released checkpoint): every field required but ``optional``."""
-    return section(name, base, tuple(k for k in fields if k not in optional), **fields)
-
-
-# Every knob of a classification recipe: each entry of cls_recipes holds all of them, cls_recipe_overrides any.
-KNOBS = dict(
-    img_size=Int(8), epochs=Int(1), cooldown_epochs=Int(0), batch_size=Int(1), accum_steps=Int(1), opt=Str, lr=Pos,
-    weight_decay=Num(0.0), sched=Str, lr_step=One("epoch", "update"), warmup_epochs=Int(0), warmup_lr=Num(0.0),
-    min_lr=Num(0.0), scale_warmup_min_lr=Bool, drop_path=Decay, auto_augment=Opt(Str), color_jitter=Num(0.0),
-    train_interpolation=One("bicubic", "bilinear", "nearest", "random"),
-    interpolation=One("bicubic", "bilinear", "nearest"),
-    scale=Rule(
-        "a list [min, max] with 0 < min <= max <= 1",
-        lambda v: isinstance(v, list) and len(v) == 2 and all(_is_num(x) and x > 0 for x in v) and v[0] <= v[1] <= 1,
-    ),
-    hflip=Prob, reprob=Prob, mixup=Num(0.0), cutmix=Num(0.0), mixup_switch_prob=Prob, smoothing=Decay,
-    repeated_aug=Bool, ema_decay=Decay, clip_grad=Opt(Num(0.0)), precision=Precision, compile=Opt(Str),
-    crop_pct=Num(0.0, 1.0, open_lo=True), crop_mode=One("center", "squash"), workers=Int(0), eval_every=Int(1),
-    train_augment=Bool, cache_images=Bool, input_path=One(*INPUT_PATHS),
-)  # fmt: skip
-ClsRecipe = entry("ClsRecipe", **KNOBS)
-# null in the overrides: not overridden (each run keeps its recipe's value)
-ClsRecipeOverrides = section(
-    "ClsRecipeOverrides", **{k: Annotated[Optional[t], Field(description=_says(t))] for k, t in KNOBS.items()}
-)
-GenRecipe = section(
-    "GenRecipe", steps=Int(1), batch_size=Int(1), lr=Pos, weight_decay=Num(0.0), ema_decay=Decay, hflip=Bool,
-    log_every=Int(1), ckpt_every=Int(1), learn_sigma=Bool, class_dropout_prob=Decay, flow_path=One(*FLOW_PATHS),
-    precision=Precision, compile=Opt(Str),
-)  # fmt: skip
 Model = entry(  # a models entry: the architecture, the attention by name, and that attention's own knobs
     "Model", optional=("options",), arch=Any, attention=One(*ATTENTIONS),
     options=Rule("a mapping of the attention's knobs", lambda v: v is None or isinstance(v, dict)),
@@ -217,7 +134,7 @@ class _FlowHasASampler(Section):
 CalibrationGenerator = entry(
     "CalibrationGenerator", _FlowHasASampler, ("sampler", "sha256"), layout=Str, arch=Str,
     objective=One(*OBJECTIVES), learn_sigma=Bool,
-    image_size=Rule("a multiple of 8 (the SD VAE's downsampling)", lambda v: _is_int(v, 8) and v % 8 == 0),
+    image_size=Rule("a multiple of 8 (the SD VAE's downsampling)", lambda v: is_int(v, 8) and v % 8 == 0),
     cfg_scale=Num(0.0), steps=Int(1), fid=Num(0.0), tolerance=Num(0.0, open_lo=True),
     file=Str, source=Str, where=Str, sampler=One(*FLOW_SAMPLERS), sha256=RELEASED["sha256"],
 )  # fmt: skip
@@ -229,12 +146,12 @@ class _References(Section):
         """What one section names in another: a run's model and recipe, a model's arch and options, a shape."""
         source, classes = info.context["source"], info.context["model_classes"]
         models, recipes = self.models or {}, self.cls_recipes or {}
-        for name, entry in ((self.calibrate and self.calibrate.classifiers) or {}).items():
+        for name, clf in ((self.calibrate and self.calibrate.classifiers) or {}).items():
             where = f"calibrate.classifiers.{name}"
             if classes:
-                _check_model(entry.arch, entry.attention, entry.options, where, source)
-            if entry.recipe not in recipes:
-                _refuse(source, where, "recipe", f"must name an entry of cls_recipes, got {entry.recipe!r}")
+                _check_model(clf.arch, clf.attention, clf.options, where, source)
+            if clf.recipe not in recipes:
+                _refuse(source, where, "recipe", f"must name an entry of cls_recipes, got {clf.recipe!r}")
         for name, spec in models.items():
             if classes:
                 _check_model(spec.arch, spec.attention, spec.options, f"models.{name}", source)
@@ -404,7 +321,7 @@ def _sentence(err: Dict[str, Any], errors, source: Source) -> str:
             hint = _close(siblings[0], holder.model_fields)
             return f"{at}: {where} has unknown {', '.join(siblings)}{hint}; an entry holds {_fields(holder)}; {FIX}."
         if loc[0] in ("cls_recipes", "cls_recipe_overrides"):
-            return f"{at}: {key} is not a known parameter{_close(leaf, KNOBS)}; {FIX}."
+            return f"{at}: {key} is not a known parameter{_close(leaf, ClsRecipe.model_fields)}; {FIX}."
         hint = _close(key, [f"{where}.{k}" for k in holder.model_fields])
         return f"{at}: {key} is not a known parameter{hint}; {FIX}."
     if kind == "missing":

@@ -207,7 +207,7 @@ def _recipe(run: ClsRun, scale: str) -> List[str]:
         "",
         f"Recipe `{run.recipe_name}` (`cls_recipes` in params.yaml) with the `{scale}` scale's overrides, as trained:",
         "",
-        _table(("knob", "value"), sorted(flatten(run.recipe).items())),
+        _table(("knob", "value"), sorted(flatten(run.recipe.model_dump(exclude_unset=True)).items())),
         "",
     ]
 

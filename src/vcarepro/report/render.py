@@ -11,9 +11,10 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from vcarepro.core import environment as software
 from vcarepro.core import numerics
-from vcarepro.core.choices import input_path, model_options
+from vcarepro.core.choices import model_options
 from vcarepro.core.environment import MACHINE_RECORD
 from vcarepro.core.io import write_bytes, write_json
+from vcarepro.core.recipes import input_path
 from vcarepro.metrics.protocol import describe as describe_protocol
 from vcarepro.params.config import compose, flatten, load_params
 from vcarepro.params.runs import CLS_DATA, cls_recipe, cls_run, gen_run
@@ -99,7 +100,7 @@ def run_recipe(params: Dict[str, Any], branch: str, name: str) -> Dict[str, Any]
     """Everything that defines one run as it trains: recipe (with its overrides), shape, attention options, sampling."""
     run = cls_run(params, name) if branch == "cls" else gen_run(params, name)
     shape, options = model_options(run.model.get("attention"), run.model.get("options"), run.shape)
-    out = {"recipe": run.recipe, "shape": shape, "options": options}
+    out = {"recipe": run.recipe.model_dump(exclude_unset=True), "shape": shape, "options": options}
     if branch == "cls":
         out["recipe_name"] = run.recipe_name
     if branch == "gen":

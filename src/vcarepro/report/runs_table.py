@@ -7,6 +7,7 @@ from typing import Any, Dict, List
 import pandas as pd
 
 from vcarepro.core.choices import model_options
+from vcarepro.params.schema import ClsRun, GenRun
 from vcarepro.report.collect import RunResult
 
 
@@ -19,18 +20,19 @@ def runs_frame(
     contrast-token count (``shape``) in place of the paper-shape one.
     """
     records = []
-    for name, run in runs.items():
-        spec = models.get(run["model"], {})
+    for name, entry in runs.items():
+        run = (GenRun if "objective" in entry else ClsRun).model_construct(**entry)
+        spec = models.get(run.model, {})
         _, options = model_options(spec.get("attention"), spec.get("options"), shape)
         record = {
             "run": name,
-            "model": run["model"],
+            "model": run.model,
             "attention": spec.get("attention"),
             "attention options": ", ".join(f"{k}={v}" for k, v in (options or {}).items()),
-            "seeds": ", ".join(map(str, run["seeds"])),
+            "seeds": ", ".join(map(str, run.seeds)),
         }
-        if "objective" in run:
-            record["objective"] = run["objective"]
+        if isinstance(run, GenRun):
+            record["objective"] = run.objective
         m = results[name].metrics if name in results else None
         stale = results[name].stale if name in results else None
         for key in keys:

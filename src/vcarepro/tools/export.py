@@ -29,6 +29,7 @@ import torch.nn as nn
 from vcarepro.core.errors import BadInput, MissingInput, run_stage
 from vcarepro.core.integrity import MANIFEST, intact_file, listing
 from vcarepro.core.io import atomic_directory, write_text
+from vcarepro.core.recipes import ClsRecipe
 from vcarepro.params.config import compose, load_params
 from vcarepro.params.runs import CLS_DATA, ClsRun, cls_run
 from vcarepro.report.card import CURVES, REFERENCE, curves_png, model_card
@@ -75,19 +76,16 @@ def trained_model(run: ClsRun, seed: int, root: Path) -> nn.Module:
     return model.eval()
 
 
-def input_size(recipe: Dict[str, Any]) -> Tuple[int, int, int]:
+def input_size(recipe: ClsRecipe) -> Tuple[int, int, int]:
     """The image size the run trained and was evaluated at (its recipe's, which sets the model's too)."""
-    size = recipe["img_size"]
+    size = recipe.img_size
     return (3, *size) if isinstance(size, (list, tuple)) else (3, size, size)
 
 
-def data_config(recipe: Dict[str, Any]) -> Dict[str, Any]:
+def data_config(recipe: ClsRecipe) -> Dict[str, Any]:
     """The evaluation preprocessing the run was measured with (its recipe's), for timm's data config."""
-    config = {"input_size": input_size(recipe)}
-    for key in ("crop_pct", "crop_mode", "interpolation"):
-        if recipe.get(key) is not None:
-            config[key] = recipe[key]
-    return config
+    given = {"crop_pct": recipe.crop_pct, "crop_mode": recipe.crop_mode, "interpolation": recipe.interpolation}
+    return {"input_size": input_size(recipe), **{k: v for k, v in given.items() if v is not None}}
 
 
 def probe(model: nn.Module, size: Tuple[int, int, int], seed: int = PROBE_SEED) -> torch.Tensor:

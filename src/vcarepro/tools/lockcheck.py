@@ -459,7 +459,7 @@ def _model_digests(out: Dict[str, str], params, g) -> None:
             continue
         torch.manual_seed(0)
         model = ClassifierSpec.for_run(cls_run(params, run)).create(num_classes=10)
-        size = cls_run(params, run).recipe["img_size"]
+        size = cls_run(params, run).recipe.img_size
         _trace(out, f"cls.{run}", model, torch.randn(4, 3, size, size, generator=g))
     for run in ("dit_s2-mhsa", "dit_s2-vca"):
         if run not in params["gen_runs"]:

@@ -30,11 +30,11 @@ from timm.utils import AverageMeter, ModelEmaV3
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from vcarepro.core.choices import input_path
 from vcarepro.core.errors import BadInput, MissingInput, UserError
 from vcarepro.core.integrity import intact_file
 from vcarepro.core.io import save_tensors, write_json
 from vcarepro.core.progress import Progress
+from vcarepro.core.recipes import ClsRecipe, input_path
 from vcarepro.data import fast
 from vcarepro.data.augment import pillow_safe
 from vcarepro.data.folders import ManifestDataset, read_classes
@@ -63,53 +63,53 @@ class ClassifierSpec(ModelSpec):
 AUGMENT_KNOBS = ("auto_augment", "color_jitter", "train_interpolation", "scale", "hflip", "reprob")
 
 
-def unapplied(recipe: Dict[str, Any]) -> Dict[str, str]:
+def unapplied(recipe: ClsRecipe) -> Dict[str, str]:
     """The knobs of ``recipe`` its training never reads, each with the switch that leaves it out (``vcarepro
     explain`` lists them apart): :func:`build_transforms`, :func:`build_criterion` and the loader decide the same."""
     skipped = {}
-    if not recipe["train_augment"]:
+    if not recipe.train_augment:
         skipped.update(dict.fromkeys(AUGMENT_KNOBS, "train_augment is false: training images get the eval transform"))
         skipped["input_path"] = "train_augment is false: training images get the eval transform, on the PIL path"
-    elif recipe["cache_images"]:
+    elif recipe.cache_images:
         skipped["cache_images"] = "train_augment is true: augmented images are never cached"
-    if not (recipe["mixup"] > 0 or recipe["cutmix"] > 0):
+    if not (recipe.mixup > 0 or recipe.cutmix > 0):
         skipped["mixup_switch_prob"] = "mixup and cutmix are 0"
     return skipped
 
 
-def build_transforms(recipe: Dict[str, Any], training: bool):
+def build_transforms(recipe: ClsRecipe, training: bool):
     """timm's transform for the recipe: training augmentation, or the evaluation resize and crop.
 
     ``train_augment: false`` gives training images the evaluation transform (deterministic).
     """
     if (
-        not training or not recipe["train_augment"]
+        not training or not recipe.train_augment
     ):  # crop_mode squash: resize to a square, then crop (the lab's data/build.py)
         return create_transform(
-            input_size=recipe["img_size"],
-            interpolation=recipe["interpolation"],
+            input_size=recipe.img_size,
+            interpolation=recipe.interpolation,
             is_training=False,
-            crop_pct=recipe["crop_pct"],
-            crop_mode=recipe["crop_mode"],
+            crop_pct=recipe.crop_pct,
+            crop_mode=recipe.crop_mode,
         )
-    auto_augment = None if recipe["auto_augment"] in (None, "none") else recipe["auto_augment"]
+    auto_augment = None if recipe.auto_augment in (None, "none") else recipe.auto_augment
     return pillow_safe(
         create_transform(
-            input_size=recipe["img_size"],
-            interpolation=recipe["train_interpolation"],
+            input_size=recipe.img_size,
+            interpolation=recipe.train_interpolation,
             is_training=True,
-            scale=tuple(recipe["scale"]),
-            hflip=recipe["hflip"],
-            color_jitter=recipe["color_jitter"] or None,
+            scale=tuple(recipe.scale),
+            hflip=recipe.hflip,
+            color_jitter=recipe.color_jitter or None,
             auto_augment=auto_augment,
-            re_prob=recipe["reprob"],
+            re_prob=recipe.reprob,
             re_mode="pixel",
             re_count=1,
         )
     )
 
 
-def training_split(recipe: Dict[str, Any], data_root: str | Path):
+def training_split(recipe: ClsRecipe, data_root: str | Path):
     """(the training split as the recipe's input path reads it, the fast path's draws or None).
 
     The PIL path's items are transformed images; the fast path's are crops with their draws
@@ -120,7 +120,7 @@ def training_split(recipe: Dict[str, Any], data_root: str | Path):
     if input_path(recipe) == "fast":
         draws = fast.Draws(transform)
         return fast.CropSet(data_root, "train", draws), draws
-    cache = recipe["cache_images"] and not recipe["train_augment"]
+    cache = recipe.cache_images and not recipe.train_augment
     return ManifestDataset(data_root, "train", transform, cache=cache), None
 
 
@@ -130,18 +130,18 @@ def device_batches(loader: DataLoader, draws: Optional[fast.Draws], device: torc
     return loader if draws is None else fast.DevicePrefetcher(loader, draws, device)
 
 
-def make_loader(dataset, recipe: Dict[str, Any], info: DistInfo, training: bool, seed: int) -> DataLoader:
-    per_rank = recipe["batch_size"] // (info.world_size * recipe["accum_steps"])
+def make_loader(dataset, recipe: ClsRecipe, info: DistInfo, training: bool, seed: int) -> DataLoader:
+    per_rank = recipe.batch_size // (info.world_size * recipe.accum_steps)
     if per_rank < 1:
-        raise BadInput(f"batch_size={recipe['batch_size']} is smaller than world size x accum_steps; raise it.")
+        raise BadInput(f"batch_size={recipe.batch_size} is smaller than world size x accum_steps; raise it.")
     sampler = None
-    if training and recipe["repeated_aug"]:
+    if training and recipe.repeated_aug:
         # in one process too, as DeiT's and PVT's main.py do (`if True:  # args.distributed`)
         sampler = RepeatAugSampler(dataset, num_replicas=info.world_size, rank=info.rank, shuffle=True, num_repeats=3)
     elif info.distributed:
         sampler = DistributedSampler(dataset, num_replicas=info.world_size, rank=info.rank, shuffle=training, seed=seed)
     generator = torch.Generator().manual_seed(seed)
-    workers = recipe["workers"]
+    workers = recipe.workers
     # Workers are started afresh each epoch, seeded from ``generator`` (reseeded per epoch by
     # the training loop), so the augmentation of epoch k is the same whether or not the run
     # was resumed; persistent workers would carry their random state across epochs.
@@ -160,7 +160,7 @@ def make_loader(dataset, recipe: Dict[str, Any], info: DistInfo, training: bool,
     )
 
 
-def check_fills_a_batch(train_loader: DataLoader, recipe: Dict[str, Any], info: DistInfo) -> None:
+def check_fills_a_batch(train_loader: DataLoader, recipe: ClsRecipe, info: DistInfo) -> None:
     """Refuse a run whose training split cannot fill one optimizer step, before any work.
 
     The loader drops the last incomplete batch (``drop_last``), and timm's repeated-augmentation
@@ -168,27 +168,27 @@ def check_fills_a_batch(train_loader: DataLoader, recipe: Dict[str, Any], info: 
     between the processes: such a run would train zero steps and still write weights, an evaluation
     and a report.
     """
-    if len(train_loader) >= recipe["accum_steps"]:
+    if len(train_loader) >= recipe.accum_steps:
         return
     images = len(train_loader.sampler) if train_loader.sampler is not None else len(train_loader.dataset)
     repeated = " after repeated augmentation" if isinstance(train_loader.sampler, RepeatAugSampler) else ""
     raise BadInput(
         f"the training split gives {images} images per process and epoch{repeated}, fewer than one optimizer step "
-        f"of batch_size={recipe['batch_size']} (x accum_steps={recipe['accum_steps']} over {info.world_size} "
+        f"of batch_size={recipe.batch_size} (x accum_steps={recipe.accum_steps} over {info.world_size} "
         f"process(es)) needs; lower cls_recipe_overrides.batch_size or train on more images."
     )
 
 
-def device_notes(recipe: Dict[str, Any], info: DistInfo) -> List[str]:
+def device_notes(recipe: ClsRecipe, info: DistInfo) -> List[str]:
     """One line each for what the recipe asks that this machine runs badly (said once, not per batch)."""
     notes = []
-    slow = slow_precision_note(recipe["precision"], info.device, "cls_recipe_overrides.precision")
+    slow = slow_precision_note(recipe.precision, info.device, "cls_recipe_overrides.precision")
     if slow:
         notes.append(slow)
     cpus = os.cpu_count() or 1
-    if recipe["workers"] > cpus:
+    if recipe.workers > cpus:
         notes.append(
-            f"{recipe['workers']} loader workers on {cpus} CPUs: the recipe's count is kept (it fixes "
+            f"{recipe.workers} loader workers on {cpus} CPUs: the recipe's count is kept (it fixes "
             f"which worker draws each batch's augmentation), so the loader may bound the step."
         )
     return notes
@@ -235,7 +235,7 @@ def evaluate(
 def train_classifier(
     *,
     spec: ClassifierSpec,
-    recipe: Dict[str, Any],
+    recipe: ClsRecipe,
     data_root: str | Path,
     seed: int,
     out_dir: str | Path,
@@ -255,7 +255,7 @@ def train_classifier(
     """
     device = info.device
     classes, train_loader, val_loader, draws = _loaders(recipe, data_root, info, seed, log_prefix)
-    updates_per_epoch = max(1, len(train_loader) // recipe["accum_steps"])
+    updates_per_epoch = max(1, len(train_loader) // recipe.accum_steps)
     state, total_epochs = _classifier_state(spec, recipe, len(classes), info, seed, updates_per_epoch)
     model, ema, optimizer, scheduler = state.model, state.ema, state.optimizer, state.scheduler
     mixup, criterion = build_criterion(recipe, len(classes))
@@ -265,7 +265,7 @@ def train_classifier(
         _log_epoch(live, info, past, log_prefix)
 
     ddp = DistributedDataParallel(model) if info.distributed else model
-    objective = Objective(maybe_compile(ddp, recipe["compile"]), mixup, criterion)
+    objective = Objective(maybe_compile(ddp, recipe.compile), mixup, criterion)
     state.epoch, state.step = start_epoch, start_epoch * updates_per_epoch
     started = time.perf_counter()
     figures: Dict[str, float] = {}
@@ -273,7 +273,7 @@ def train_classifier(
     total_steps = (
         total_epochs * updates_per_epoch if max_steps is None else min(total_epochs * updates_per_epoch, max_steps)
     )
-    progress = _progress(state, total_steps, total_epochs, losses, recipe["batch_size"], seed, info)
+    progress = _progress(state, total_steps, total_epochs, losses, recipe.batch_size, seed, info)
     feed = device_batches(train_loader, draws, device)
     with progress, stop_on_sigterm() as stop:
         watch = Watch(progress, stop, info, max_steps, Path(ckpt_dir) / "last.pt")
@@ -285,7 +285,7 @@ def train_classifier(
             scheduler.step(epoch + 1)
             train_loss = all_reduce_mean(losses.avg, info)
             figures = {"epoch": epoch + 1, "train_loss": train_loss, "train_lr": optimizer.param_groups[0]["lr"]}
-            if (epoch + 1) % recipe["eval_every"] == 0 or epoch + 1 == total_epochs or watch.capped(state.step):
+            if (epoch + 1) % recipe.eval_every == 0 or epoch + 1 == total_epochs or watch.capped(state.step):
                 figures.update(_validate(model, ema, val_loader, device, info))
             _log_epoch(live, info, figures, log_prefix)
             history.append(figures)
@@ -323,11 +323,11 @@ def _progress(state: TrainingState, total_steps: int, total_epochs: int, losses,
     )
 
 
-def _loaders(recipe: Dict[str, Any], data_root: str | Path, info: DistInfo, seed: int, log_prefix: str):
+def _loaders(recipe: ClsRecipe, data_root: str | Path, info: DistInfo, seed: int, log_prefix: str):
     """(the class names, the training loader, the validation loader, the training set's draws), each checked."""
     classes = read_classes(data_root)
     train_set, draws = training_split(recipe, data_root)
-    val_set = ManifestDataset(data_root, "val", build_transforms(recipe, training=False), cache=recipe["cache_images"])
+    val_set = ManifestDataset(data_root, "val", build_transforms(recipe, training=False), cache=recipe.cache_images)
     train_loader = make_loader(train_set, recipe, info, training=True, seed=seed)
     val_loader = make_loader(val_set, recipe, info, training=False, seed=seed)
     check_fills_a_batch(train_loader, recipe, info)
@@ -336,16 +336,14 @@ def _loaders(recipe: Dict[str, Any], data_root: str | Path, info: DistInfo, seed
     return classes, train_loader, val_loader, draws
 
 
-def _classifier_state(spec, recipe: Dict[str, Any], num_classes: int, info: DistInfo, seed: int, updates: int):
+def _classifier_state(spec, recipe: ClsRecipe, num_classes: int, info: DistInfo, seed: int, updates: int):
     """A fresh model, seeded alike on every rank, with its EMA, optimizer and scheduler; and the epochs to train."""
     torch.manual_seed(seed)  # identical initial weights on every rank
-    model = spec.create(num_classes=num_classes, drop_path=recipe["drop_path"]).to(info.device)
-    ema = ModelEmaV3(model, decay=recipe["ema_decay"]) if recipe["ema_decay"] > 0 else None
+    model = spec.create(num_classes=num_classes, drop_path=recipe.drop_path).to(info.device)
+    ema = ModelEmaV3(model, decay=recipe.ema_decay) if recipe.ema_decay > 0 else None
     optimizer = build_optimizer(model, recipe)
     scheduler, total_epochs = build_scheduler(optimizer, recipe, updates)
-    return TrainingState(
-        model, ema, optimizer, MixedPrecision(recipe["precision"], info.device), scheduler
-    ), total_epochs
+    return TrainingState(model, ema, optimizer, MixedPrecision(recipe.precision, info.device), scheduler), total_epochs
 
 
 def _resume(ckpt_dir, fingerprint, seed: int, info: DistInfo, training: TrainingState, total_epochs: int):
@@ -398,13 +396,13 @@ class Watch:
 
 
 def train_one_epoch(
-    state: TrainingState, feed, objective: Objective, recipe: Dict[str, Any], losses: AverageMeter, watch: Watch
+    state: TrainingState, feed, objective: Objective, recipe: ClsRecipe, losses: AverageMeter, watch: Watch
 ) -> None:
     """One epoch's batches from optimizer step ``state.step``, which moves on (``losses`` gathers their losses).
 
     Stops at ``watch``'s cap; a SIGTERM raises :class:`Preempted` at a batch boundary."""
     model, optimizer, amp, info = state.model, state.optimizer, state.scaler, watch.info
-    accum = recipe["accum_steps"]
+    accum = recipe.accum_steps
     losses.reset()
     optimizer.zero_grad(set_to_none=True)
     for i, (images, targets) in enumerate(feed):
@@ -422,9 +420,9 @@ def train_one_epoch(
         amp.scaler.scale(loss / accum).backward()
         losses.update(latest)
         if (i + 1) % accum == 0:
-            if recipe["clip_grad"]:
+            if recipe.clip_grad:
                 amp.scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), recipe["clip_grad"])
+                torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip_grad)
             amp.scaler.step(optimizer)
             amp.scaler.update()
             optimizer.zero_grad(set_to_none=True)
@@ -489,53 +487,51 @@ def best_epoch_figures(seed_dir: str | Path) -> Dict[str, float]:
     return out
 
 
-def build_criterion(recipe: Dict[str, Any], num_classes: int):
+def build_criterion(recipe: ClsRecipe, num_classes: int):
     """(timm's Mixup / CutMix or None, the loss they imply): soft-target cross-entropy under mixing, else
     label smoothing, else plain cross-entropy (DeiT's main.py)."""
-    mixes = recipe["mixup"] > 0 or recipe["cutmix"] > 0
+    mixes = recipe.mixup > 0 or recipe.cutmix > 0
     if mixes:
         mixup = Mixup(
-            mixup_alpha=recipe["mixup"],
-            cutmix_alpha=recipe["cutmix"],
-            switch_prob=recipe["mixup_switch_prob"],
-            label_smoothing=recipe["smoothing"],
+            mixup_alpha=recipe.mixup,
+            cutmix_alpha=recipe.cutmix,
+            switch_prob=recipe.mixup_switch_prob,
+            label_smoothing=recipe.smoothing,
             num_classes=num_classes,
         )
         return mixup, SoftTargetCrossEntropy()
-    if recipe["smoothing"] > 0:
-        return None, LabelSmoothingCrossEntropy(smoothing=recipe["smoothing"])
+    if recipe.smoothing > 0:
+        return None, LabelSmoothingCrossEntropy(smoothing=recipe.smoothing)
     return None, nn.CrossEntropyLoss()
 
 
-def recipe_steps(recipe: Dict[str, Any], train_images: int) -> int:
+def recipe_steps(recipe: ClsRecipe, train_images: int) -> int:
     """Optimizer steps of a whole run: ``epochs`` (cooldown included) of ``train_images // batch_size`` each."""
-    return recipe["epochs"] * (train_images // recipe["batch_size"])
+    return recipe.epochs * (train_images // recipe.batch_size)
 
 
-def scaled_lrs(recipe: Dict[str, Any]) -> Dict[str, float]:
+def scaled_lrs(recipe: ClsRecipe) -> Dict[str, float]:
     """lr (and, where the recipe says so, warm-up and minimum lr) scaled linearly by batch_size / 512.
 
     DeiT scales only the base lr (facebookresearch/deit main.py); Swin and the lab scale all three
     (microsoft/Swin-Transformer main.py, LeapLabTHU/Agent-Attention main.py).
     """
-    factor = recipe["batch_size"] / 512.0
-    bounds = factor if recipe["scale_warmup_min_lr"] else 1.0
-    return {"lr": recipe["lr"] * factor, "warmup_lr": recipe["warmup_lr"] * bounds, "min_lr": recipe["min_lr"] * bounds}
+    factor = recipe.batch_size / 512.0
+    bounds = factor if recipe.scale_warmup_min_lr else 1.0
+    return {"lr": recipe.lr * factor, "warmup_lr": recipe.warmup_lr * bounds, "min_lr": recipe.min_lr * bounds}
 
 
-def build_optimizer(model: nn.Module, recipe: Dict[str, Any]) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, recipe: ClsRecipe) -> torch.optim.Optimizer:
     """timm's optimizer: weight decay on every parameter but the 1-D ones, biases and ``model.no_weight_decay()``.
 
     That is the rule of every original code here (DeiT's timm, PVT's, Swin's and the lab's set_weight_decay),
     so VCA's lambda vectors and norm weights are not decayed while its contrast embeddings are.
     """
-    return create_optimizer_v2(
-        model, opt=recipe["opt"], lr=scaled_lrs(recipe)["lr"], weight_decay=recipe["weight_decay"]
-    )
+    return create_optimizer_v2(model, opt=recipe.opt, lr=scaled_lrs(recipe)["lr"], weight_decay=recipe.weight_decay)
 
 
-def build_scheduler(optimizer, recipe: Dict[str, Any], updates_per_epoch: int):
-    """timm's scheduler for the recipe, and the number of epochs to train: ``recipe["epochs"]``.
+def build_scheduler(optimizer, recipe: ClsRecipe, updates_per_epoch: int):
+    """timm's scheduler for the recipe, and the number of epochs to train: ``recipe.epochs``.
 
     ``lr_step: epoch`` moves the lr once an epoch (DeiT, PVT, CSWin); ``update`` every optimizer step (Swin,
     the lab). The last ``cooldown_epochs`` of ``epochs`` hold min_lr after the cosine, as timm's train.py
@@ -545,17 +541,17 @@ def build_scheduler(optimizer, recipe: Dict[str, Any], updates_per_epoch: int):
     lrs = scaled_lrs(recipe)
     scheduler, _ = create_scheduler_v2(
         optimizer,
-        sched=recipe["sched"],
-        num_epochs=recipe["epochs"] - recipe["cooldown_epochs"],
-        cooldown_epochs=recipe["cooldown_epochs"],
-        warmup_epochs=recipe["warmup_epochs"],
+        sched=recipe.sched,
+        num_epochs=recipe.epochs - recipe.cooldown_epochs,
+        cooldown_epochs=recipe.cooldown_epochs,
+        warmup_epochs=recipe.warmup_epochs,
         warmup_lr=lrs["warmup_lr"],
         min_lr=lrs["min_lr"],
-        step_on_epochs=recipe["lr_step"] == "epoch",
+        step_on_epochs=recipe.lr_step == "epoch",
         updates_per_epoch=updates_per_epoch,
     )
     # not timm's count, which adds the cooldown back only for its cycle schedulers (cosine, tanh, poly)
-    return scheduler, recipe["epochs"]
+    return scheduler, recipe.epochs
 
 
 def epoch_line(history: List[Dict[str, float]], total_epochs: int) -> str:

@@ -29,6 +29,7 @@ from vcarepro.core.errors import BadInput, MissingInput
 from vcarepro.core.integrity import intact_file, prepared
 from vcarepro.core.io import save_tensors
 from vcarepro.core.progress import Progress
+from vcarepro.core.recipes import GenRecipe
 from vcarepro.metrics.protocol import sampler_of
 from vcarepro.models import ModelSpec
 from vcarepro.models.dit import create_dit
@@ -125,7 +126,7 @@ def train_generator(
     *,
     spec: GeneratorSpec,
     objective: str,
-    recipe: Dict[str, Any],
+    recipe: GenRecipe,
     data_root: str | Path,
     seed: int,
     out_dir: str | Path,
@@ -136,25 +137,25 @@ def train_generator(
     fingerprint: Any = "",
     log_prefix: str = "",
 ) -> Dict[str, float]:
-    """Train one seed for ``recipe['steps']`` steps; rank 0 writes the EMA and raw weights."""
+    """Train one seed for ``recipe.steps`` steps; rank 0 writes the EMA and raw weights."""
     data = load_training_set(data_root)
     n = len(data)
     state, per_rank = _generator_state(spec, recipe, info, seed, n)
     model, ema, optimizer = state.model, state.ema, state.optimizer
-    loss_fn = make_objective(objective, recipe["flow_path"])
-    slow = slow_precision_note(recipe["precision"], info.device, "gen_recipe.precision")
+    loss_fn = make_objective(objective, recipe.flow_path)
+    slow = slow_precision_note(recipe.precision, info.device, "gen_recipe.precision")
     if slow:
         say(info, f"{log_prefix.rstrip('/') or 'train_gen'}: {slow}")
-    total = recipe["steps"] if max_steps is None else min(recipe["steps"], max_steps)
+    total = recipe.steps if max_steps is None else min(recipe.steps, max_steps)
     history, running, count = _resumed(state, ckpt_dir, fingerprint, seed, info, total)
     # DVC deletes a stage's logs before re-running it: replay what the checkpoint saw
     for past in history:
         _log_step(live, info, past, log_prefix)
 
     ddp = DistributedDataParallel(model) if info.distributed else model
-    forward = maybe_compile(ddp, recipe["compile"])
+    forward = maybe_compile(ddp, recipe.compile)
     ckpt = Path(ckpt_dir) / "last.pt"
-    batches = StepBatches(data, seed, per_rank, info, recipe["hflip"])
+    batches = StepBatches(data, seed, per_rank, info, recipe.hflip)
     started = time.perf_counter()
     ddp.train()
     per_epoch = (n // info.world_size) // per_rank  # epoch_batch's
@@ -165,7 +166,7 @@ def train_generator(
         total,
         start=state.step,
         unit="step",
-        images_per_step=recipe["batch_size"],
+        images_per_step=recipe.batch_size,
         seed=seed,
         enabled=info.is_main,
         figures=lambda: {
@@ -180,11 +181,11 @@ def train_generator(
             running += latest
             count += 1
             step = state.step
-            if step % recipe["log_every"] == 0 or step == total:
+            if step % recipe.log_every == 0 or step == total:
                 history.append(_logged(live, info, step, running / count, optimizer, log_prefix))
                 running, count = 0.0, 0
             stopping = any_rank(stop.requested, info)  # a SIGTERM that reached any rank stops them all
-            if info.is_main and (step % recipe["ckpt_every"] == 0 or step == total or stopping):
+            if info.is_main and (step % recipe.ckpt_every == 0 or step == total or stopping):
                 state.write(ckpt, step=step, history=history, running=running, count=count, fingerprint=fingerprint)
             if stopping:
                 raise Preempted(f"at step {step} of {total}")
@@ -210,20 +211,20 @@ def _logged(live, info: DistInfo, step: int, loss: float, optimizer, log_prefix:
     return logged
 
 
-def _generator_state(spec: GeneratorSpec, recipe: Dict[str, Any], info: DistInfo, seed: int, n: int):
+def _generator_state(spec: GeneratorSpec, recipe: GenRecipe, info: DistInfo, seed: int, n: int):
     """A fresh model, its EMA and AdamW, seeded alike on every rank, and the batch each rank takes of ``n``."""
-    per_rank = recipe["batch_size"] // info.world_size
+    per_rank = recipe.batch_size // info.world_size
     if per_rank < 1 or per_rank > n // info.world_size:
         raise BadInput(
-            f"gen_recipe.batch_size={recipe['batch_size']} does not fit {info.world_size} process(es) "
+            f"gen_recipe.batch_size={recipe.batch_size} does not fit {info.world_size} process(es) "
             f"and {n} training examples; choose a batch between world size and the dataset size."
         )
     torch.manual_seed(seed)  # identical initial weights on every rank
-    model = spec.create(learn_sigma=recipe["learn_sigma"], class_dropout_prob=recipe["class_dropout_prob"])
+    model = spec.create(learn_sigma=recipe.learn_sigma, class_dropout_prob=recipe.class_dropout_prob)
     model = model.to(info.device)
-    ema = ModelEmaV3(model, decay=recipe["ema_decay"])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=recipe["weight_decay"])
-    return TrainingState(model, ema, optimizer, MixedPrecision(recipe["precision"], info.device)), per_rank
+    ema = ModelEmaV3(model, decay=recipe.ema_decay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
+    return TrainingState(model, ema, optimizer, MixedPrecision(recipe.precision, info.device)), per_rank
 
 
 def _resumed(state: TrainingState, ckpt_dir, fingerprint, seed: int, info: DistInfo, total: int):
@@ -295,11 +296,11 @@ def _log_step(live, info: DistInfo, logged: Dict[str, float], prefix: str) -> No
     live.log_metric(f"{prefix}train/lr", logged["lr"])
 
 
-def load_generator(spec: GeneratorSpec, weights: str | Path, recipe: Dict[str, Any]) -> nn.Module:
+def load_generator(spec: GeneratorSpec, weights: str | Path, recipe: GenRecipe) -> nn.Module:
     if not Path(weights).is_file():
         raise MissingInput(f"trained weights {weights} are missing; train the run first (dvc repro train_gen@RUN).")
     intact_file(weights, "train_gen@RUN")
-    model = spec.create(learn_sigma=recipe["learn_sigma"], class_dropout_prob=recipe["class_dropout_prob"])
+    model = spec.create(learn_sigma=recipe.learn_sigma, class_dropout_prob=recipe.class_dropout_prob)
     model.load_state_dict(load_file(str(weights)))
     return model.eval()
 

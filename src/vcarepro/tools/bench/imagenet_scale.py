@@ -208,7 +208,7 @@ def loader_rates(scratch: Path, *, images: int, seconds: float, rounds: int = 5)
         for split, wnid, name, data in placed:
             (tmp / split / wnid).mkdir(parents=True, exist_ok=True)
             (tmp / split / wnid / name).write_bytes(data)
-    recipe = dict(cls_recipe(compose(["scale=paper"]), "lab_deit_tiny"), input_path="fast")
+    recipe = cls_recipe(compose(["scale=paper"]), "lab_deit_tiny").model_copy(update={"input_path": "fast"})
     steps = {}
     for layout, root in roots.items():
         prepared = scratch / f"{layout}-cls"

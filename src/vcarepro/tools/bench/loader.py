@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler
 
 from vcarepro.core.errors import MissingInput
+from vcarepro.core.recipes import ClsRecipe
 from vcarepro.tools.bench.timing import timed
 
 LONGER_SIDE = 500  # ImageNet-1K train's most common longer side (its mean image is about 400 x 350)
@@ -116,7 +117,7 @@ def _rate(step: Callable[[int], int], seconds: float) -> Dict[str, float]:
     return {"images_per_s": images / wall, "share": min(cpu / wall, 1.0)}
 
 
-def path_step(root: Path, recipe: Dict[str, Any], path: str, batch: int = 32) -> Callable[[int], int]:
+def path_step(root: Path, recipe: ClsRecipe, path: str, batch: int = 32) -> Callable[[int], int]:
     """One step of what is timed per core, returning its image count: ``pil``, the recipe's PIL transform on one image;
     ``fast``, the fast path's CPU side on a batch as a loader worker fetches it (read, decode, crop, collate);
     ``decode``, one whole image decoded."""
@@ -136,7 +137,7 @@ def path_step(root: Path, recipe: Dict[str, Any], path: str, batch: int = 32) ->
     return lambda i: pil[i % n] is not None
 
 
-def cpu_rates(root: Path, recipe: Dict[str, Any], *, seconds: float, rounds: int = 3, paths=("pil", "fast", "decode")):
+def cpu_rates(root: Path, recipe: ClsRecipe, *, seconds: float, rounds: int = 3, paths=("pil", "fast", "decode")):
     """Images/s on one core of ``paths`` (:func:`path_step`): ``rounds`` rounds, the paths in turn in each, the
     median round of each (so a slow spell of the machine touches all of them alike)."""
     steps = {name: path_step(root, recipe, name) for name in paths}
@@ -159,7 +160,7 @@ def cpu_rates(root: Path, recipe: Dict[str, Any], *, seconds: float, rounds: int
     }
 
 
-def device_feed(root: Path, recipe: Dict[str, Any], *, batch: int, device: torch.device):
+def device_feed(root: Path, recipe: ClsRecipe, *, batch: int, device: torch.device):
     """(the recipe's draws, a ``feed()`` giving one batch of ``batch`` crops through the fast path's device side as
     training's :class:`~vcarepro.data.fast.DevicePrefetcher` runs it: resize, flip, RandAugment, normalize, erase)."""
     from vcarepro.data import fast
@@ -174,7 +175,7 @@ def device_feed(root: Path, recipe: Dict[str, Any], *, batch: int, device: torch
     return draws, lambda: prefetcher.prepare(host, labels)
 
 
-def device_side(root: Path, recipe: Dict[str, Any], *, batch: int, device: torch.device, repeats: int = 3):
+def device_side(root: Path, recipe: ClsRecipe, *, batch: int, device: torch.device, repeats: int = 3):
     """Milliseconds per image of the fast path's device side (:func:`device_feed`) after a warm-up."""
     _, feed = device_feed(root, recipe, batch=batch, device=device)
     feed()
@@ -182,7 +183,7 @@ def device_side(root: Path, recipe: Dict[str, Any], *, batch: int, device: torch
     return {"ms_per_image": seconds * 1e3 / batch, "batch": batch, "device": _device_name(device)}
 
 
-def worker_rates(root: Path, recipe: Dict[str, Any], *, workers: int, seconds: float, batch: int = 32):
+def worker_rates(root: Path, recipe: ClsRecipe, *, workers: int, seconds: float, batch: int = 32):
     """Images/s per worker process of both paths through the DataLoader with ``workers`` processes (the fast path
     ships uint8 crops, the PIL path float32 images)."""
     from vcarepro.data import fast
@@ -246,9 +247,9 @@ def bench_loader(
     from vcarepro.params.config import compose
     from vcarepro.params.runs import cls_recipe
 
-    recipe = dict(cls_recipe(compose(["scale=paper"]), recipe_name), input_path="fast")
+    recipe = cls_recipe(compose(["scale=paper"]), recipe_name).model_copy(update={"input_path": "fast"})
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    per_device = recipe["batch_size"] // 8  # the recipe's batch on each of a node's 8 GPUs
+    per_device = recipe.batch_size // 8  # the recipe's batch on each of a node's 8 GPUs
     batch = batch or (per_device if device.type == "cuda" else 32)
     workers = (os.cpu_count() or 1) if workers is None else workers
     with tempfile.TemporaryDirectory(prefix="bench-loader-") as tmp:

@@ -113,8 +113,8 @@ def bench_train_loop(steps: int = 20, batch: int = 64) -> Dict[str, float]:
     from vcarepro.train.distributed import DistInfo
 
     params = compose([])
-    recipe = dict(
-        cls_run(params, "deit_tiny-mhsa").recipe, batch_size=batch, epochs=1000, eval_every=10**6, ema_decay=0.99
+    recipe = cls_run(params, "deit_tiny-mhsa").recipe.model_copy(
+        update=dict(batch_size=batch, epochs=1000, eval_every=10**6, ema_decay=0.99)
     )
     info = DistInfo(0, 1, 0, torch.device("cpu"))
     spec = ClassifierSpec("deit_tiny", "mhsa", {}, params["cls_shape"])
@@ -125,7 +125,7 @@ def bench_train_loop(steps: int = 20, batch: int = 64) -> Dict[str, float]:
         started = time.perf_counter()
         train_classifier(
             spec=spec,
-            recipe=dict(recipe, epochs=10**6),
+            recipe=recipe.model_copy(update={"epochs": 10**6}),
             data_root=root,
             seed=0,
             out_dir=Path(tmp) / "out",

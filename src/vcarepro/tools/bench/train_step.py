@@ -84,13 +84,13 @@ def classification_step(
     recipe = run.recipe
     dev = torch.device(device)
     torch.manual_seed(0)
-    model = ClassifierSpec.for_run(run).create(num_classes=num_classes, drop_path=recipe["drop_path"]).to(dev)
-    ema = ModelEmaV3(model, decay=recipe["ema_decay"]) if recipe["ema_decay"] > 0 else None
+    model = ClassifierSpec.for_run(run).create(num_classes=num_classes, drop_path=recipe.drop_path).to(dev)
+    ema = ModelEmaV3(model, decay=recipe.ema_decay) if recipe.ema_decay > 0 else None
     optimizer = build_optimizer(model, recipe)
-    amp = MixedPrecision(precision or recipe["precision"], dev)
-    forward = maybe_compile(model, recipe["compile"])
+    amp = MixedPrecision(precision or recipe.precision, dev)
+    forward = maybe_compile(model, recipe.compile)
     mixup, criterion = build_criterion(recipe, num_classes)
-    size = recipe["img_size"]
+    size = recipe.img_size
     x = torch.randn(batch, 3, size, size, device=dev)
     y = torch.randint(0, num_classes, (batch,), device=dev)
     updates = [0]
@@ -102,13 +102,13 @@ def classification_step(
             if batch % 2 == 0:
                 images, targets = mixup(images, targets)
             else:
-                targets = mixup_target(targets, num_classes, smoothing=recipe["smoothing"])
+                targets = mixup_target(targets, num_classes, smoothing=recipe.smoothing)
         with amp.autocast():
             loss = criterion(forward(images), targets)
-        amp.scaler.scale(loss / recipe["accum_steps"]).backward()
-        if recipe["clip_grad"]:
+        amp.scaler.scale(loss / recipe.accum_steps).backward()
+        if recipe.clip_grad:
             amp.scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe["clip_grad"])
+            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip_grad)
         amp.scaler.step(optimizer)
         amp.scaler.update()
         updates[0] += 1
@@ -133,18 +133,18 @@ def generation_step(run, *, batch: int, device: str = "cpu", precision: Optional
     torch.manual_seed(0)
     model = (
         GeneratorSpec.for_run(run)
-        .create(learn_sigma=recipe["learn_sigma"], class_dropout_prob=recipe["class_dropout_prob"])
+        .create(learn_sigma=recipe.learn_sigma, class_dropout_prob=recipe.class_dropout_prob)
         .to(dev)
     )
-    ema = ModelEmaV3(model, decay=recipe["ema_decay"])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=recipe["weight_decay"])
-    objective = make_objective(run.objective, recipe["flow_path"])
-    amp = MixedPrecision(precision or recipe["precision"], dev)
-    forward = maybe_compile(model, recipe["compile"])
+    ema = ModelEmaV3(model, decay=recipe.ema_decay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
+    objective = make_objective(run.objective, recipe.flow_path)
+    amp = MixedPrecision(precision or recipe.precision, dev)
+    forward = maybe_compile(model, recipe.compile)
     shape = model_input_shape(model)
     x = torch.randn(batch, *shape, device=dev)
     y = torch.randint(0, model.num_classes, (batch,), device=dev)
-    flip = torch.rand(batch, device=dev) < 0.5 if recipe["hflip"] else None
+    flip = torch.rand(batch, device=dev) < 0.5 if recipe.hflip else None
     updates = [0]
 
     def step():
@@ -186,7 +186,7 @@ def bench_train_step(
     params = compose([f"scale={scale}"])
     if run_name in params["gen_runs"]:
         run = gen_run(params, run_name)
-        build, objective, steps = generation_step, run.objective, run.recipe["steps"]
+        build, objective, steps = generation_step, run.objective, run.recipe.steps
     elif run_name in params["cls_runs"]:
         run = cls_run(params, run_name)
         build, objective, steps = classification_step, "classification", recipe_steps(run.recipe, TRAIN_IMAGES[scale])
@@ -201,7 +201,7 @@ def bench_train_step(
     )
     if measured.seconds is None:
         raise UserError(f"{run_name} ran out of memory at batch 1 on {device}; run it on a device with more memory.")
-    global_batch = run.recipe["batch_size"]
+    global_batch = run.recipe.batch_size
     return {
         "run": run_name,
         "model": run.model,

@@ -66,7 +66,7 @@ def ddp_spec(check: Check) -> Dict[str, Any]:
         "name": run.name,
         "model": run.model,
         "shape": run.shape,
-        "recipe": {**run.recipe, "compile": None},
+        "recipe": run.recipe.model_copy(update={"compile": None}).model_dump(),
         "recipe_name": run.recipe_name,
         "batch": TINY_BATCH if check.tiny else GPU_BATCH,
         "num_classes": TINY_CLASSES if check.tiny else 1000,

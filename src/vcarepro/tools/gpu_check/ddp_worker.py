@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 
 from vcarepro.core.io import write_text
+from vcarepro.core.recipes import ClsRecipe
 
 
 def step(spec, result) -> None:
@@ -35,19 +36,19 @@ def step(spec, result) -> None:
         spec["name"],
         spec["model"],
         spec["shape"],
-        spec["recipe"],
+        ClsRecipe.model_construct(**spec["recipe"]),
         [0],
         run_paths("cls", spec["name"]),
         spec["recipe_name"],
     )
     recipe = run.recipe
     torch.manual_seed(0)
-    model = ClassifierSpec.for_run(run).create(num_classes=spec["num_classes"], drop_path=recipe["drop_path"])
+    model = ClassifierSpec.for_run(run).create(num_classes=spec["num_classes"], drop_path=recipe.drop_path)
     model = model.to(info.device)
     ddp = DistributedDataParallel(model, device_ids=[info.local_rank] if info.device.type == "cuda" else None)
     optimizer = build_optimizer(model, recipe)
-    amp = MixedPrecision(recipe["precision"], info.device)
-    size = recipe["img_size"]
+    amp = MixedPrecision(recipe.precision, info.device)
+    size = recipe.img_size
     x = torch.randn(spec["batch"], 3, size, size, device=info.device)
     y = torch.randint(0, spec["num_classes"], (spec["batch"],), device=info.device)
     with amp.autocast():

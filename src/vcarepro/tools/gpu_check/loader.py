@@ -27,7 +27,7 @@ def loader_part(check: Check, outcome: Outcome) -> None:
 
     device = check.device
     run = cls_run(composed("paper"), RUN)
-    batch = run.recipe["batch_size"] // (check.options.get("paper_devices") or 8)
+    batch = run.recipe.batch_size // (check.options.get("paper_devices") or 8)
     if check.tiny:
         run, batch = tiny(run, "cls"), TINY_CROPS
     classes = TINY_CLASSES if check.tiny else 1000
@@ -50,7 +50,7 @@ def loader_part(check: Check, outcome: Outcome) -> None:
     outcome.rows.append(row)
     if check.out_of_time(outcome, 1, 2, "rows"):
         return
-    row = {"id": f"{RUN} step fed by it", "batch": batch, "precision": run.recipe["precision"]}
+    row = {"id": f"{RUN} step fed by it", "batch": batch, "precision": run.recipe.precision}
     try:
         finite = []
         for name, step_feed in (("plain_step_ms", None), ("fed_step_ms", feed)):

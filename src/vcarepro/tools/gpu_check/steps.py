@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from vcarepro.core.recipes import ClsRecipe, GenRecipe
 from vcarepro.tools.gpu_check.parts import FAIL, PASS, Check, Outcome, one_line
 
 # arch -> the shape overrides of a tiny model of it (a CPU check): the architecture's layout, a few channels
@@ -67,9 +68,9 @@ def smoke_runs(smoke: Dict[str, Any], paper: Dict[str, Any]) -> List[Tuple[str, 
     return list(found.values())
 
 
-def compile_backend(recipe: Dict[str, Any], allowed: bool) -> Tuple[Optional[str], str]:
+def compile_backend(recipe: ClsRecipe | GenRecipe, allowed: bool) -> Tuple[Optional[str], str]:
     """(the backend the step compiles with, or None; a note): the recipe's ``compile`` unless ``--no-compile``."""
-    asked = recipe.get("compile")
+    asked = recipe.compile
     if not asked or asked == "none":
         return None, "the recipe does not compile"
     if not allowed:
@@ -81,7 +82,9 @@ def tiny(run, branch: str):
     """The run with its model shrunk to :data:`TINY_SHAPES` (and a classifier's images to that size)."""
     shape = dict(TINY_SHAPES[run.model["arch"]])
     if branch == "cls":
-        return dataclasses.replace(run, shape=shape, recipe={**run.recipe, "img_size": shape["img_size"]})
+        return dataclasses.replace(
+            run, shape=shape, recipe=run.recipe.model_copy(update={"img_size": shape["img_size"]})
+        )
     return dataclasses.replace(run, shape=shape)
 
 
@@ -105,7 +108,7 @@ def step_row(branch: str, run, check: Check, *, batch: int, repeats: int, backen
     """One run stepped: its precision seen in the activations, its scaler, its compile, the median step time."""
     from vcarepro.tools.bench.timing import measure_step
 
-    precision = run.recipe["precision"]
+    precision = run.recipe.precision
     row: Dict[str, Any] = {
         "id": run.name,
         "branch": branch,
@@ -120,7 +123,7 @@ def step_row(branch: str, run, check: Check, *, batch: int, repeats: int, backen
     }
     if check.tiny:
         run = tiny(run, branch)
-    run = dataclasses.replace(run, recipe={**run.recipe, "compile": backend})
+    run = dataclasses.replace(run, recipe=run.recipe.model_copy(update={"compile": backend}))
     options = {"num_classes": TINY_CLASSES if check.tiny else 1000} if branch == "cls" else {}
     seen: List[torch.dtype] = []
 
@@ -197,7 +200,7 @@ def steps_part(check: Check, outcome: Outcome) -> None:
             return
         backend, note = compile_backend(run.recipe, check.compile)
         compiled += backend is not None
-        check.log(f"steps: {run.name} ({run.recipe['precision']})")
+        check.log(f"steps: {run.name} ({run.recipe.precision})")
         outcome.rows.append(step_row(branch, run, check, batch=batch, repeats=repeats, backend=backend, note=note))
     precisions = sorted({r["precision"] for r in outcome.rows})
     outcome.summary = f"{len(outcome.rows)} distinct runs stepped at batch {batch} in {', '.join(precisions)}"

@@ -382,7 +382,7 @@ def main(argv=None) -> int:
     memory = device_memory(device)
     stepped = _step(args, params, branches, cls_runs, gen_runs, device, devices, cap, memory)
     costs, run_problems, failures, loaders = stepped
-    bounds = loader_bounds(costs, loaders, {run.name: run.recipe["workers"] for run in cls_runs}, cores, device)
+    bounds = loader_bounds(costs, loaders, {run.name: run.recipe.workers for run in cls_runs}, cores, device)
     run_problems += [p for c in costs for p in c.problems]
     run_problems += sorted({e["error"] for e in loaders.values() if "error" in e})
     summary = fit_summary(costs, memory, device.type == "cpu")

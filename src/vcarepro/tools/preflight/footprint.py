@@ -85,14 +85,14 @@ def saved_state(run, branch: str, num_classes: int) -> SavedState:
     recipe = run.recipe
     with torch.device("meta"):
         if branch == "cls":
-            model = ClassifierSpec.for_run(run).create(num_classes=num_classes, drop_path=recipe["drop_path"])
+            model = ClassifierSpec.for_run(run).create(num_classes=num_classes, drop_path=recipe.drop_path)
         else:
             spec = GeneratorSpec.for_run(run)
-            model = spec.create(learn_sigma=recipe["learn_sigma"], class_dropout_prob=recipe["class_dropout_prob"])
+            model = spec.create(learn_sigma=recipe.learn_sigma, class_dropout_prob=recipe.class_dropout_prob)
     if branch == "cls":
         optimizer = build_optimizer(model, recipe)
     else:  # as train/generation.py builds it
-        optimizer = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=recipe["weight_decay"])
+        optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
     for p in model.parameters():
         p.grad = torch.zeros_like(p) if p.requires_grad else None  # a frozen one (DiT's pos_embed) has no state
     optimizer.step()
@@ -100,7 +100,7 @@ def saved_state(run, branch: str, num_classes: int) -> SavedState:
     return SavedState(
         tensor_bytes(model.state_dict().values()),
         tensor_bytes(moments),
-        branch == "gen" or recipe["ema_decay"] > 0,
+        branch == "gen" or recipe.ema_decay > 0,
         tuple(model_input_shape(model)) if branch == "gen" else (),
     )
 

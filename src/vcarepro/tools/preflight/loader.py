@@ -13,8 +13,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from vcarepro.core.choices import input_path
 from vcarepro.core.errors import UserError
+from vcarepro.core.recipes import input_path
 from vcarepro.params.runs import CLS_DATA
 from vcarepro.tools.bench.timing import LOADED_SHARE
 from vcarepro.tools.preflight.cost import RunCost

@@ -81,7 +81,7 @@ def sampling_cost(run, step, *, seeds: int, cap: Optional[int], device: torch.de
     one pass at the sampling batch (run at most at ``cap``, the time scaled linearly), and the device-hours of
     ``seeds`` x ``sampling.num_samples`` samples."""
     sampling, model = run.sampling, step.model
-    passes, images_per_pass = sampler_passes(model, run.objective, sampling, run.recipe["flow_path"], step.input_shape)
+    passes, images_per_pass = sampler_passes(model, run.objective, sampling, run.recipe.flow_path, step.input_shape)
     size = sampling["batch_size"]
     run_batch = min(size, cap) if cap else size
     call_batch = max(1, round(run_batch * images_per_pass))

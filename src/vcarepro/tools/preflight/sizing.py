@@ -141,13 +141,13 @@ def size_cls_run(run, dataset: Dataset, devices: int) -> RunCost:
     from vcarepro.train.classification import recipe_steps
 
     recipe = run.recipe
-    accum, global_batch = recipe["accum_steps"], recipe["batch_size"]
+    accum, global_batch = recipe.accum_steps, recipe.batch_size
     cost = RunCost(
         run.name,
         "cls",
         _model(run),
         run.recipe_name,
-        recipe["precision"],
+        recipe.precision,
         len(run.seeds),
         devices,
         accum,
@@ -166,7 +166,7 @@ def size_cls_run(run, dataset: Dataset, devices: int) -> RunCost:
             f"{run.name}: the training split has {dataset.train_images:,} images, fewer than one "
             f"global batch of {global_batch}, so no step would run; lower batch_size."
         )
-    if (recipe["mixup"] > 0 or recipe["cutmix"] > 0) and cost.recipe_batch % 2:
+    if (recipe.mixup > 0 or recipe.cutmix > 0) and cost.recipe_batch % 2:
         cost.problems.append(
             f"{run.name}: the per-device batch {cost.recipe_batch} is odd and recipe "
             f"{run.recipe_name} mixes images (mixup/cutmix), which timm's Mixup refuses; choose "
@@ -179,19 +179,19 @@ def size_gen_run(run, dataset: Dataset, devices: int) -> RunCost:
     """A ``gen_runs`` entry on ``devices``: per-device batch global / devices, the recipe's steps, and a batch the
     devices or the dataset cannot fill as a problem."""
     recipe = run.recipe
-    global_batch = recipe["batch_size"]
+    global_batch = recipe.batch_size
     cost = RunCost(
         run.name,
         "gen",
         _model(run),
         run.objective,
-        recipe["precision"],
+        recipe.precision,
         len(run.seeds),
         devices,
         1,
         global_batch,
         global_batch // devices,
-        steps=recipe["steps"],
+        steps=recipe.steps,
     )
     if cost.recipe_batch < 1 or cost.recipe_batch > dataset.train_images // devices:
         cost.problems.append(
