@@ -1134,3 +1134,165 @@ def test_on_a_loaded_machine_the_projection_stays_within_3x_of_a_quiet_one_or_is
         )
     else:
         assert loaded["step_seconds"] / quiet["step_seconds"] <= 3.0, (quiet, loaded)
+
+
+# --- --estimate-for: a GPU not here, from published training throughputs scaled by FLOPs ---
+
+ESTIMATED_RUNS = "deit_tiny-vca,deit_small-mhsa,dit_b2-vca,sit_s2-mhsa"  # tf32 and fp16 classifiers, tf32 generators
+
+
+def _training_flops(build, shape, generator: bool) -> int:
+    """One image forward and backward through the model ``build`` makes, on the meta device, by the complexity
+    stage's counter: built here from the model factories, not through the preflight."""
+    from vcarepro.metrics.complexity import count_flops
+
+    with torch.device("meta"):
+        model = build().train()
+    x = torch.zeros(1, *shape, device="meta")
+    label = torch.zeros(1, dtype=torch.long, device="meta")
+    inputs = (x, label, label) if generator else (x,)
+    return count_flops(lambda: model(*inputs).sum().backward()).flops
+
+
+@pytest.fixture(scope="module")
+def estimated(tmp_path_factory):
+    """The real CLI in this process: --estimate-for H100 on four paper runs, its output and its --json."""
+    from vcarepro.tools.preflight import cli
+
+    out, path = io.StringIO(), tmp_path_factory.mktemp("estimate") / "estimate.json"
+    args = ["--estimate-for", "h100", "--scale", "paper", "--runs", ESTIMATED_RUNS, "--json", str(path)]
+    with contextlib.redirect_stdout(out):
+        status = cli.main(args)
+    return status, out.getvalue(), json.loads(path.read_text())
+
+
+def test_a_runs_estimate_is_the_published_throughput_scaled_by_flops_times_the_images_trained():
+    import timm
+
+    from vcarepro.models import create_classifier
+    from vcarepro.models.dit import create_dit
+    from vcarepro.tools.preflight.cli import estimate_runs
+    from vcarepro.tools.preflight.cost import PUBLISHED
+
+    params = compose(["scale=paper"])
+    images_1k = 1_281_167  # ImageNet-1K's training images
+    built = {
+        "deit_tiny-vca": (lambda: create_classifier("deit_tiny", "vca", num_classes=1000), (3, 224, 224), False),
+        "deit_small-mhsa": (lambda: create_classifier("deit_small", "mhsa", num_classes=1000), (3, 224, 224), False),
+        "dit_b2-vca": (lambda: create_dit("dit_b2", "vca", contrast_tokens=64), (4, 32, 32), True),
+    }
+    references = {
+        "cls": (lambda: timm.create_model("deit_base_patch16_224"), (3, 224, 224), False),
+        "gen": (lambda: create_dit("dit_xl2"), (4, 32, 32), True),
+    }
+    flops = {name: _training_flops(*how) for name, how in {**built, **references}.items()}
+    for gpu in ("A100", "H100"):
+        estimates = {e.run: e for e in estimate_runs(params, "paper", list(built), gpu)[0]}
+        for name, e in estimates.items():
+            branch, entry = ("cls", params["cls_runs"][name]) if name in params["cls_runs"] else ("gen", None)
+            if branch == "cls":
+                recipe = params["cls_recipes"][entry["recipe"]]
+                images, precision = len(entry["seeds"]) * recipe["epochs"] * images_1k, recipe["precision"]
+            else:
+                recipe = params["gen_recipe"]
+                images = len(params["gen_runs"][name]["seeds"]) * recipe["steps"] * recipe["batch_size"]
+                precision = recipe["precision"]
+            row = PUBLISHED[(gpu, branch, precision in ("fp16", "bf16"))]
+            rate = row.images_per_s / row.gpus * flops[branch] / flops[name]
+            assert (e.images, e.flops, e.reference_flops) == (images, flops[name], flops[branch]), name
+            assert e.images_per_s == pytest.approx(rate, rel=1e-12), name
+            assert e.gpu_hours == pytest.approx(images / rate / 3600, rel=1e-12), name
+        # the fp16 baseline takes the mixed-precision figure, the tf32 runs the other
+        assert estimates["deit_small-mhsa"].reference.endswith("fp16") and estimates[
+            "deit_tiny-vca"
+        ].reference.endswith("fp32")
+    # the H100's figures: the A100's, times the one cited ratio (no source gives them)
+    for (gpu, branch, mixed), row in PUBLISHED.items():
+        if gpu == "H100":
+            a100 = PUBLISHED[("A100", branch, mixed)]
+            assert row.images_per_s == pytest.approx(a100.images_per_s * 1428 / 693) and "1428/693" in row.derived
+        else:
+            assert not row.derived and row.source.startswith("https://") and row.where and row.precision
+
+
+def test_a_runs_training_flops_are_its_forward_and_backward_by_the_complexity_stages_counter():
+    """DeiT-T's training FLOPs per image against the complexity stage's forward count of the same model: a backward
+    pass costs about two forwards (the patch embedding's input takes no gradient, so a little less)."""
+    from vcarepro.metrics.complexity import classifier_complexity
+    from vcarepro.params.runs import cls_run
+    from vcarepro.tools.preflight.cost import run_flops
+
+    params = compose(["scale=paper"])
+    train = run_flops(cls_run(params, "deit_tiny-mhsa"), "cls", 1000)
+    forward = 2e9 * classifier_complexity("deit_tiny", "mhsa")["gmacs"]
+    assert 2.95 * forward < train < 3.0 * forward
+
+
+def test_the_estimate_says_it_is_one_names_its_sources_and_what_one_seed_lets_the_report_say(estimated):
+    from vcarepro.metrics.intervals import ONE_SEED
+    from vcarepro.report.verdicts import REPRODUCED
+    from vcarepro.tools.preflight.cost import NEMO_VIT, PUBLISHED, ROUGHLY
+
+    status, out, report = estimated
+    assert status == 0
+    assert out.startswith("preflight --estimate-for H100, scale paper, 4 run(s): an ESTIMATE, not a measurement")
+    assert ROUGHLY in out and "est. H100 GPU-h" in out and report["measured"] is False
+    used = {("H100", "cls", False), ("H100", "cls", True), ("H100", "gen", False)}  # tf32 and fp16 runs, tf32 DiT
+    sources = out[out.index("\nsources (") :]
+    for key in used:
+        row = PUBLISHED[key]
+        assert row.source in sources and row.where in sources, key
+    assert NEMO_VIT in sources and "1428/693" in sources  # how the H100's figures were derived
+    assert PUBLISHED[("H100", "gen", True)].source not in sources  # only the figures used are listed
+    assert len(report["sources"]) == len(used)
+    # the paper scale trains one seed per run, as the paper did, and the report's words for that
+    params = compose(["scale=paper"])
+    assert {len(r["seeds"]) for r in [*params["cls_runs"].values(), *params["gen_runs"].values()]} == {1}
+    assert "every run of scale paper trains one seed" in out
+    assert f'"{ONE_SEED}"' in out and f'"{REPRODUCED}"' in out and "reproduce_tolerance_top1 0.5" in out
+    assert "| output |" in out  # the disk bill
+
+
+def test_the_estimates_totals_are_the_sums_of_its_rows(estimated):
+    from vcarepro.tools.preflight.table import fmt
+
+    _, out, report = estimated
+    table = rows(out)
+    runs = [name for name in table if name != "total"]
+    assert runs == ESTIMATED_RUNS.split(",") == [r["run"] for r in report["runs"]]
+    for column in ("est. H100 GPU-h", "est. wall h"):
+        assert float(table["total"][column]) == pytest.approx(sum(float(table[r][column]) for r in runs), rel=2e-3)
+    assert int(table["total"]["images trained"].replace(",", "")) == sum(r["images"] for r in report["runs"])
+    assert report["total"]["gpu_hours"] == pytest.approx(sum(r["gpu_hours"] for r in report["runs"]), rel=1e-12)
+    assert table["total"]["est. H100 GPU-h"] == fmt(report["total"]["gpu_hours"], 4)
+    for entry in report["runs"]:
+        assert table[entry["run"]]["est. H100 GPU-h"] == fmt(entry["gpu_hours"], 4)
+
+
+def test_the_estimate_plans_the_gpus_a_training_job_asks_for_and_its_hours_do_not_depend_on_them():
+    from vcarepro.tools.cluster.driver import job_parameters
+    from vcarepro.tools.preflight.cli import estimate_runs
+    from vcarepro.tools.preflight.cost import training_gpus
+
+    for overrides in ([], ["distributed.nproc_per_node=gpu"], ["distributed.nproc_per_node=4"]):
+        params = compose(["scale=paper", *overrides])
+        job = job_parameters("train_cls@deit_tiny-vca", params, ROOT)
+        assert training_gpus(params) == (job["nodes"], job["gpus_per_node"]), overrides
+    one = estimate_runs(compose(["scale=paper"]), "paper", ["deit_tiny-vca"], "A100")[0][0]
+    eight = estimate_runs(
+        compose(["scale=paper", "distributed.nproc_per_node=gpu"]), "paper", ["deit_tiny-vca"], "A100"
+    )
+    eight = eight[0][0]
+    assert (one.gpus, one.per_gpu_batch, eight.gpus, eight.per_gpu_batch) == (1, 4096, 8, 512)  # the lab's 8 x 512
+    assert eight.gpu_hours == one.gpu_hours and eight.wall_hours == pytest.approx(one.gpu_hours / 8)
+
+
+def test_estimate_for_a_gpu_without_a_published_figure_is_one_sentence_and_exit_2(tmp_path):
+    result = preflight(tmp_path, "--estimate-for", "V100", "--scale", "paper")
+    assert result.returncode == USER_ERROR_STATUS
+    assert errors(result) == [line for line in result.stderr.splitlines() if line.strip()]
+    assert errors(result) == [
+        "error: --estimate-for V100: the preflight holds published training throughputs for A100 and H100 only; "
+        "choose one of them."
+    ]
+    assert result.stdout == ""

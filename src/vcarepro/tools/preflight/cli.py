@@ -2,7 +2,7 @@
 
     python -m vcarepro.tools.preflight [--scale paper] [--runs NAME,...] [--batch N] [--devices K] [--steps N]
                                  [--device cuda] [--cores-per-device K] [--json PATH] [--loader-seconds S]
-                                 [--verbose] [KEY=VALUE ...]
+                                 [--verbose] [--estimate-for A100|H100] [KEY=VALUE ...]
 
 For every ``cls_runs`` and ``gen_runs`` entry of the scale (params composed with ``scale=<scale>`` and
 any Hydra overrides given, e.g. ``prepare_cls.imagenet_root=/data/imagenet``; params.yaml is not touched)
@@ -28,6 +28,13 @@ says whether the recipe's per-device batch fits this device); then any problem o
 sentence counting the runs that do not fit. Progress goes to stderr through :mod:`vcarepro.core.progress`: a bar on a
 terminal, a line every ``progress.interval_s`` in a log, and a line at every run with ``--verbose``.
 
+``--estimate-for A100`` (or ``H100``) steps nothing: for a GPU this machine need not have, it estimates each run's
+GPU-hours from a published training throughput of a reference model on that GPU, scaled by the reference's training
+FLOPs per image over the run's (both counted by the complexity stage's counter), times the images the recipe trains;
+beside them the GPUs a training job asks for and the per-GPU batch, the seeds and what they let the report say, the
+sources of every figure, and the disk bill. It says it is an estimate, not a measurement (docs/scales.md, "Planning a
+GPU run").
+
 Exit status 0: every selected run can start here. 2: at least one problem (a missing input, a run that
 does not fit, a split too small for one batch, ...), each printed as an ``error: ...`` sentence; an
 unknown scale or run name stops at once with one sentence, and so does a filesystem too small for what the runs put
@@ -49,15 +56,39 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from vcarepro.core.errors import USER_ERROR_STATUS, BadInput, UnknownName, UserError
-from vcarepro.params.config import REPO_ROOT, compose, load_params
+from vcarepro.params.config import REPO_ROOT, compose, load_params, section
 from vcarepro.params.runs import cls_run, gen_run
 from vcarepro.tools.bench.timing import TIMED_STEPS, WARMUP_STEPS, PeakMemory, device_memory, throw_away_step
 from vcarepro.tools.preflight import dvc_bill, loader
 from vcarepro.tools.preflight.branches import Branch, classification, generation, run_cost
-from vcarepro.tools.preflight.cost import RunCost
+from vcarepro.tools.preflight.cost import (
+    ESTIMATE,
+    RunCost,
+    RunEstimate,
+    estimate_gpu_hours,
+    gpu_named,
+    reference_flops,
+    reference_for,
+    run_flops,
+    trained_images,
+    training_gpus,
+)
 from vcarepro.tools.preflight.inputs import Input, check_inputs, missing_inputs
 from vcarepro.tools.preflight.sizing import dataset, expected_classes
-from vcarepro.tools.preflight.table import disk_section, fit_summary, header, inputs_section, legend, table
+from vcarepro.tools.preflight.table import (
+    disk_section,
+    estimate_header,
+    estimate_legend,
+    estimate_table,
+    estimate_total,
+    fit_summary,
+    header,
+    inputs_section,
+    legend,
+    seeds_section,
+    sources_section,
+    table,
+)
 
 DEFAULT_CPU_BATCH = 2
 
@@ -121,6 +152,12 @@ def parse_args(argv):
         action="store_true",
         help="a progress line at each run stepped (default: a bar on a terminal, a line every "
         "progress.interval_s seconds in a log)",
+    )
+    parser.add_argument(
+        "--estimate-for",
+        metavar="GPU",
+        help="step nothing: estimate each run's GPU-hours on this GPU (A100 or H100) from published training "
+        "throughputs scaled by the runs' FLOPs; an estimate, not a measurement, with its sources",
     )
     parser.add_argument(
         "overrides",
@@ -349,8 +386,114 @@ def _step(args, params, branches, cls_runs, gen_runs, device, devices, cap, memo
     return costs, run_problems, failures, loaders
 
 
+def estimate_runs(
+    params: Dict[str, Any], scale: str, names: Sequence[str], gpu: str, devices: Optional[int] = None
+) -> Tuple[List[RunEstimate], Tuple[Branch, Branch]]:
+    """Each of ``names`` estimated on ``gpu`` (cost.ESTIMATE): its training FLOPs per image and its reference's, the
+    images it trains, and the GPUs its training job asks for (``devices`` where given); and the two branches."""
+    cls_runs = [cls_run(params, name) for name in names if name in params["cls_runs"]]
+    gen_runs = [gen_run(params, name) for name in names if name in params["gen_runs"]]
+    classes = expected_classes(params)
+    branches = (
+        classification(cls_runs, dataset("cls", params, scale), num_classes=classes),
+        generation(gen_runs, dataset("gen", params, scale)),
+    )
+    nodes, per_node = training_gpus(params)
+    gpus_from = "params"
+    if devices is not None:
+        if devices < 1:
+            raise BadInput(f"--devices {devices}: give at least one device.")
+        nodes, per_node, gpus_from = 1, devices, "--devices"
+    counted: Dict[Any, int] = {}  # training FLOPs per image, once a model (twins and SiT share DiT's models)
+    estimates = []
+    for branch in branches:
+        for run in branch.runs:
+            key = (branch.name, repr(run.model), repr(run.shape), getattr(run.recipe, "img_size", None))
+            if key not in counted:
+                counted[key] = run_flops(run, branch.name, classes)
+            row = reference_for(gpu, branch.name, run.recipe.precision)
+            if row not in counted:
+                counted[row] = reference_flops(row)
+            images = trained_images(run, branch.name, branch.dataset.train_images)
+            rate, hours = estimate_gpu_hours(images, counted[key], row, counted[row])
+            estimates.append(
+                RunEstimate(
+                    run=run.name,
+                    branch=branch.name,
+                    model=run.model["arch"] + "/" + run.model["attention"],
+                    recipe=run.recipe_name if branch.name == "cls" else run.objective,
+                    precision=run.recipe.precision,
+                    seeds=len(run.seeds),
+                    images=images,
+                    flops=counted[key],
+                    gpu=gpu,
+                    reference=row.label,
+                    reference_per_gpu=row.per_gpu,
+                    reference_flops=counted[row],
+                    images_per_s=rate,
+                    gpu_hours=hours,
+                    nodes=nodes,
+                    gpus_per_node=per_node,
+                    global_batch=run.recipe.batch_size,
+                    accum_steps=getattr(run.recipe, "accum_steps", 1),
+                    gpus_from=gpus_from,
+                )
+            )
+    return estimates, branches
+
+
+def estimate(args) -> int:
+    """--estimate-for: every selected run estimated on the GPU named (nothing stepped), the sources, the seeds and the
+    disk bill, printed (and --json); exit status 0."""
+    gpu = gpu_named(args.estimate_for)
+    scale, params = composed(args.scale, args.overrides)
+    names = selected(params, scale, args.runs)
+    estimates, branches = estimate_runs(params, scale, names, gpu, args.devices)
+    rows = list(dict.fromkeys(reference_for(gpu, e.branch, e.precision) for e in estimates))
+    flops = {reference_for(gpu, e.branch, e.precision): e.reference_flops for e in estimates}
+    seeds = {e.run: e.seeds for e in estimates}
+    report = section(params, "report")
+    tolerances = {"top1": report["reproduce_tolerance_top1"], "fid": report["reproduce_tolerance_fid"]}
+    sampling = branches[1].runs[0].sampling if branches[1].runs else None
+    print(estimate_header(gpu, scale, len(estimates)))
+    here = torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
+    if gpu.lower() in here.lower():
+        print(f"This machine has an {here}: the preflight without --estimate-for measures these runs on it.")
+    print(estimate_table(estimates))
+    print(estimate_legend(branches[0].dataset if branches[0].runs else None, sampling))
+    print(sources_section(rows, flops))
+    print(seeds_section(seeds, tolerances, scale))
+    disk = dvc_bill.bill(params, branches)
+    print(disk_section(disk))
+    print("The free space is this machine's: the bill's bytes are what the runs write wherever they train.")
+    sys.stdout.flush()
+    if args.json:
+        from vcarepro.core.io import write_json
+
+        write_json(
+            args.json,
+            {
+                "estimate_for": gpu,
+                "method": ESTIMATE,
+                "measured": False,
+                "scale": scale,
+                "runs": [
+                    dict(asdict(e), gpus=e.gpus, per_gpu_batch=e.per_gpu_batch, wall_hours=e.wall_hours)
+                    for e in estimates
+                ],
+                "total": estimate_total(estimates),
+                "sources": [dict(asdict(row), per_gpu=row.per_gpu, training_flops=flops[row]) for row in rows],
+                "seeds": seeds,
+                "disk": disk.as_json(),
+            },
+        )
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.estimate_for is not None:
+        return estimate(args)
     scale, params = composed(args.scale, args.overrides)
     names = selected(params, scale, args.runs)
     if args.steps < 1:

@@ -7,7 +7,7 @@ import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from vcarepro.tools.bench.timing import GIB, WARMUP_STEPS
-from vcarepro.tools.preflight.cost import RunCost
+from vcarepro.tools.preflight.cost import ESTIMATE, ROUGHLY, RunCost
 from vcarepro.tools.preflight.inputs import Input, group_inputs, input_line
 
 
@@ -218,3 +218,142 @@ def disk_section(bill: Any) -> str:
     rows[-1] += [fmt(total["status_s"], 3), "", ""]
     title = f"disk and DVC (cache.type {','.join(bill.cache_types)})"
     return "\n".join(["", title, markdown([*head, "free GiB there"], rows), disk_legend(bill)])
+
+
+# ----------------------------------------------------------------------------- --estimate-for: a GPU not here
+
+
+def estimate_header(gpu: str, scale: str, runs: int) -> str:
+    """What the numbers below are: an estimate, how it is made, and how rough it is."""
+    return "\n".join(
+        [
+            f"preflight --estimate-for {gpu}, scale {scale}, {runs} run(s): an ESTIMATE, not a measurement (no {gpu} "
+            f"ran these runs, and nothing was stepped here).",
+            f"Estimate ({ESTIMATE}): GPU-h = images trained / (a reference model's published training images/s per "
+            f"{gpu} x its training FLOPs per image / the run's) / 3600; the sources are listed below the table.",
+            ROUGHLY,
+        ]
+    )
+
+
+def estimate_table(estimates: Sequence[Any]) -> str:
+    """One row per run (cost.RunEstimate) and the total: the hours, the GPUs the training job asks for, the batch."""
+    gpu = estimates[0].gpu if estimates else "GPU"
+    head = [
+        "run",
+        "model",
+        "precision",
+        "reference (images/s per GPU)",
+        "GFLOPs/image",
+        "images trained",
+        f"est. images/s per {gpu}",
+        "GPUs (nodes x per node)",
+        "batch global/per GPU",
+        f"est. {gpu} GPU-h",
+        "est. wall h",
+    ]
+    rows = []
+    for e in estimates:
+        where = f"{e.nodes} x {e.gpus_per_node}" if e.gpus_from == "params" else e.gpus_from
+        per_gpu = e.per_gpu_batch if e.per_gpu_batch >= 1 else "-"
+        rows.append(
+            [
+                e.run,
+                e.model,
+                e.precision,
+                f"{e.reference} ({fmt(e.reference_per_gpu, 4)})",
+                fmt(e.flops / 1e9, 4),
+                f"{e.images:,}",
+                fmt(e.images_per_s, 4),
+                f"{e.gpus} ({where})",
+                f"{e.global_batch}/{per_gpu}" + (f" x {e.accum_steps} accum" if e.accum_steps > 1 else ""),
+                fmt(e.gpu_hours, 4),
+                fmt(e.wall_hours, 4),
+            ]
+        )
+    total = estimate_total(estimates)
+    rows.append(["total", "", "", "", "", f"{total['images']:,}", "", "", ""])
+    rows[-1] += [fmt(total["gpu_hours"], 4), fmt(total["wall_hours"], 4)]
+    return markdown(head, rows)
+
+
+def estimate_total(estimates: Sequence[Any]) -> Dict[str, float]:
+    """The table's total row: the sums of the runs' images, GPU-hours and wall hours (the runs one after another)."""
+    return {
+        "images": sum(e.images for e in estimates),
+        "gpu_hours": sum(e.gpu_hours for e in estimates),
+        "wall_hours": sum(e.wall_hours for e in estimates),
+    }
+
+
+def estimate_legend(dataset: Any, sampling: Optional[Dict[str, Any]]) -> str:
+    """What the estimate's columns hold, and what it leaves out."""
+    lines = [
+        "GFLOPs/image: one training image, forward and backward, counted by the complexity stage's counter "
+        "(metrics/complexity.py, math SDPA) on the meta device, for the run's model and the reference's alike. "
+        "images trained: seeds x epochs x training images (classification"
+        + (f": {dataset.source.rpartition('; ')[2]}" if dataset is not None else "")
+        + "), seeds x steps x global batch (generation). The reference serves a run of its branch and kind of "
+        "precision: fp16 and bf16 runs take the mixed-precision figure, fp32 and tf32 runs the other.",
+        "GPUs: a training job's nodes x GPUs per node as `python -m vcarepro.tools.cluster run` asks SLURM for them "
+        "(distributed.nnodes x distributed.nproc_per_node; cluster.nodes and cluster.gpus_per_node where those say "
+        "env or gpu), or --devices K; per GPU batch: global / (GPUs x accum_steps). GPU-h do not depend on the GPU "
+        "count here; wall h = GPU-h / GPUs, as if throughput grew linearly with the GPUs, the runs one after another.",
+    ]
+    left_out = "evaluation, data preparation (ImageNet's index, the SD-VAE latents) and whether the CPU loader keeps up"
+    if sampling:
+        left_out = (
+            f"sampling ({sampling['num_samples']:,} samples a seed, the sampler's steps each, in fp32) and FID, "
+            + left_out
+        )
+    lines.append(
+        f"Not estimated: {left_out}; the preflight without --estimate-for, on that GPU, measures the steps, the "
+        "sampling and the loader."
+    )
+    return "\n".join(lines)
+
+
+def sources_section(rows: Sequence[Any], flops: Dict[Any, int]) -> str:
+    """Each published figure the estimate used: the reference, its precision, its images/s as published (or as derived
+    for a GPU no source covers, and from what) and per GPU, its training FLOPs per image, where it was published and
+    how its setting differs from ours."""
+    lines = ["", "sources (published training throughputs; every figure above is scaled from one of these)"]
+    derived = []
+    for row in rows:
+        on = f"{fmt(row.images_per_s, 4)} images/s on {row.gpus} {row.gpu}"
+        if row.gpus > 1:
+            on += f" ({fmt(row.per_gpu, 4)} per GPU)"
+        if row.derived:
+            derived.append(row.derived)
+            on += f", derived from the A100's published {fmt(row.images_per_s / row.ratio, 4)}"
+        lines.append(
+            f"  {row.gpu} {row.branch}: {row.reference}, {row.precision}: {on}; {fmt(flops[row] / 1e9, 4)} training "
+            f"GFLOPs an image here. {row.where} ({row.source})" + (f"; {row.note}" if row.note else "") + "."
+        )
+    for how in dict.fromkeys(derived):
+        lines.append(f"  {rows[0].gpu} figures: {how}.")
+    return "\n".join(lines)
+
+
+def seeds_section(seeds: Dict[str, int], tolerances: Dict[str, float], scale: str) -> str:
+    """How many seeds each run trains, and what that lets the report say: one seed gives no error bar, so a
+    difference between two runs has no interval and a cell is judged against the paper's single number within the
+    report's tolerance only."""
+    from vcarepro.metrics.intervals import ONE_SEED
+    from vcarepro.report.verdicts import BETTER, REPRODUCED, SHORT
+
+    counts = sorted(set(seeds.values()))
+    if counts == [1]:
+        return (
+            f"\nseeds: every run of scale {scale} trains one seed, as the paper reports one training per row. "
+            f"A single seed has no error bar: the report gives a difference between two runs no interval "
+            f'("{ONE_SEED}"), and judges each number only against the paper\'s single number, within '
+            f"report.reproduce_tolerance_top1 {tolerances['top1']:g} points of top-1 or reproduce_tolerance_fid "
+            f'{tolerances["fid"]:g} of FID ("{REPRODUCED}", "{BETTER}", "{SHORT}"). Each seed more adds a run\'s '
+            "hours once more (its seeds in cls_runs or gen_runs)."
+        )
+    many = ", ".join(str(n) for n in counts)
+    return (
+        f"\nseeds: the runs of scale {scale} train {many} seed(s) each; a difference between two runs of two seeds or "
+        "more carries a 95% Welch interval in the report, and every seed adds its hours (counted above)."
+    )
