@@ -16,7 +16,7 @@ from vcarepro.core import progress
 from vcarepro.core.io import write_json
 from vcarepro.core.stage import run_stage
 from vcarepro.data.folders import ManifestDataset, read_classes
-from vcarepro.metrics.aggregate import aggregate_seeds
+from vcarepro.metrics.aggregate import aggregate_seeds, headline
 from vcarepro.params.config import stage_params
 from vcarepro.params.provenance import write_provenance
 from vcarepro.params.runs import CLS_DATA, cls_run
@@ -58,6 +58,7 @@ def main() -> None:
     metrics = aggregate_seeds(per_seed, keys)
     metrics["params_m"] = sum(p.numel() for p in model.parameters()) / 1e6
     write_json(run.paths.metrics, metrics)
+    write_json(run.paths.headline, headline(args.run, "cls", metrics))  # the run's DVC metric
     write_provenance(params, "cls", args.run)  # what produced these numbers, last
 
 

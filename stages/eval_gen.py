@@ -20,7 +20,7 @@ from vcarepro.core.errors import BadInput, UserError
 from vcarepro.core.integrity import prepared
 from vcarepro.core.io import write_json
 from vcarepro.core.stage import run_stage
-from vcarepro.metrics.aggregate import aggregate_seeds
+from vcarepro.metrics.aggregate import aggregate_seeds, headline
 from vcarepro.metrics.evaluator import evaluate_samples, evaluator_options
 from vcarepro.metrics.extractors import make_extractor
 from vcarepro.metrics.fid_reference import load_reference_set
@@ -78,6 +78,7 @@ def main() -> None:
         }
     )
     write_json(run.paths.metrics, metrics)
+    write_json(run.paths.headline, headline(args.run, "gen", metrics))  # the run's DVC metric
     write_provenance(params, "gen", args.run)  # what produced these numbers, last
 
 

@@ -1,57 +1,45 @@
-"""The report stage's DVC metrics: one column per run in `dvc exp show`, named as short as stays unambiguous."""
+"""Each run's DVC metric, written by its own evaluation: one column group per run in `dvc exp show`."""
 
 from __future__ import annotations
 
-import json
-
+import pytest
 import yaml
 
 from helpers import ROOT
-from vcarepro.report.headline import HEADLINE, headline, headline_files, shared_prefix, write_headlines
+from vcarepro.core.errors import BadInput
+from vcarepro.metrics.aggregate import HEADLINE_KEY, aggregate_seeds, headline
 
 
-def test_the_shared_prefix_is_whole_words_and_leaves_every_name_a_word():
-    assert shared_prefix(["deit_tiny-mhsa", "deit_tiny-vca", "deit_tiny-vca-stage1_only"]) == "deit_tiny-"
-    assert shared_prefix(["deit_tiny-vca-diff_both", "deit_tiny-vca-emb_both"]) == "deit_tiny-vca-"
-    assert shared_prefix(["deit_tiny-vca", "deit_tiny-vca-emb_both"]) == "deit_tiny-"  # "vca" keeps a word
-    assert shared_prefix(["dit_s2-mhsa", "sit_s2-vca"]) == ""
-    assert shared_prefix(["deit_tiny-vca"]) == "deit_tiny-"
-    assert shared_prefix(["mhsa"]) == shared_prefix([]) == ""
+def test_a_runs_headline_is_its_mean_spread_and_seed_count_under_its_whole_name():
+    metrics = aggregate_seeds({0: {"top1": 70.0}, 1: {"top1": 72.0}, 2: {"top1": 74.0}}, ["top1"])
+    assert headline("deit_tiny-vca", "cls", metrics) == {"deit_tiny-vca": {"top1": 72.0, "top1_std": 2.0, "n_seeds": 3}}
+    fid = aggregate_seeds({0: {"fid": 40.0}, 1: {"fid": 38.0}}, ["fid"])
+    assert headline("dit_s2-vca", "gen", fid)["dit_s2-vca"]["fid"] == 39.0
 
 
-def test_a_run_without_a_current_result_has_no_column_value():
-    metrics = {
-        "deit_tiny-mhsa": {"top1": 71.5, "top1_std": 0.2},
-        "deit_tiny-vca": None,
-        "deit_tiny-vca-emb_both": {"top5": 90.0},
-    }
-    assert headline(["deit_tiny-mhsa", "deit_tiny-vca", "deit_tiny-vca-emb_both"], metrics, "top1") == {"mhsa": 71.5}
+def test_one_seed_has_no_spread_to_show():
+    metrics = aggregate_seeds({0: {"top1": 70.0}}, ["top1"])
+    assert metrics["top1_std"] == 0.0  # aggregate_seeds writes 0 for one seed: the headline must not show it
+    assert headline("deit_tiny-vca", "cls", metrics) == {"deit_tiny-vca": {"top1": 70.0, "n_seeds": 1}}
 
 
-def test_names_that_would_meet_across_branches_stay_whole(tmp_path):
-    cls = {"deit_tiny-mhsa": {"top1": 70.0}, "deit_tiny-vca": {"top1": 71.0}}
-    gen = {"dit_s2-mhsa": {"fid": 40.0}, "dit_s2-vca": {"fid": 38.0}}
-    files = headline_files({"cls_runs": list(cls), "gen_runs": list(gen)}, {"cls": cls, "gen": gen})
-    assert files == {
-        "metrics/cls_top1.json": {"deit_tiny-mhsa": 70.0, "deit_tiny-vca": 71.0},
-        "metrics/gen_fid.json": {"dit_s2-mhsa": 40.0, "dit_s2-vca": 38.0},
-    }
-    gen = {"dit_s2-mhsa": {"fid": 40.0}, "sit_s2-vca": {"fid": 38.0}}
-    files = headline_files({"cls_runs": list(cls), "gen_runs": list(gen)}, {"cls": cls, "gen": gen})
-    assert files["metrics/cls_top1.json"] == {"mhsa": 70.0, "vca": 71.0}
-    write_headlines(tmp_path, files)
-    assert json.loads((tmp_path / "metrics" / "gen_fid.json").read_text()) == {"dit_s2-mhsa": 40.0, "sit_s2-vca": 38.0}
+def test_a_run_without_its_number_fails_rather_than_writing_an_empty_metric():
+    with pytest.raises(KeyError):
+        headline("dit_s2-vca", "gen", aggregate_seeds({0: {"top1": 1.0}}, ["top1"]))
+    with pytest.raises(BadInput):
+        aggregate_seeds({}, ["top1"])
 
 
-def test_the_headline_files_are_the_pipelines_only_metrics_and_every_other_number_is_an_output():
-    """What makes `dvc exp show` a table of runs: any other declared metrics file adds a column per number per seed."""
+def test_each_evaluation_declares_its_runs_headline_the_pipelines_only_metrics():
+    """What keeps an experiment's numbers its own: the report, which a targeted experiment does not run, declares no
+    metric; any other declared metrics file would add a column per number per seed."""
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     declared = {
         (name, m if isinstance(m, str) else next(iter(m)))
         for name, stage in dvc.items()
         for m in stage.get("do", stage).get("metrics", [])
     }
-    assert declared == {("report", path) for path, _ in HEADLINE.values()}
+    assert declared == {(f"eval_{b}", f"runs/{b}/${{key}}/headline.json") for b in HEADLINE_KEY}
     outs = {o for stage in dvc.values() for o in stage.get("do", stage).get("outs", []) if isinstance(o, str)}
     for kept in (
         "runs/cls/${key}/metrics.json",

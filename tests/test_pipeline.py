@@ -11,10 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dvc.api
 import pytest
 import yaml
 
 from helpers import CLS_RUNS, GEN_RUNS, ROOT, micro_params, reproduced_repo, sh, stage_names
+
+LR = "cls_recipe_overrides.lr"
 
 
 @pytest.fixture(scope="module")
@@ -165,40 +168,50 @@ def readme_command(start: str) -> str:
 
 @pytest.mark.slow
 @pytest.mark.alone
-def test_an_experiment_compares_in_160_columns_and_leaves_the_checkout_as_it_was(repo):
-    """README "Comparing runs": `dvc exp run --temp -S <a recipe knob>`, then its `dvc exp show` line in a
-    160-column terminal gives the knob and every run's headline number, the experiment beside its baseline;
-    the checkout's files stay as committed, and Ctrl-C in a second experiment leaves them so too."""
+def test_a_targeted_experiment_shows_its_own_numbers_and_leaves_the_checkout_as_it_was(repo):
+    """README "Comparing runs": `dvc exp run --temp -S <a recipe knob> <two evaluations>` runs those two runs only;
+    `dvc exp show --json` then holds, under the experiment's name, the numbers its own evaluations wrote (read back
+    from the experiment's commit), and the README's `dvc exp show` line, in a 160-column terminal, gives the knob and
+    both runs' means beside the baseline's; the checkout's files stay as committed, and Ctrl-C in a second
+    experiment leaves them so too."""
     # the micro params are written, not composed from conf/: -S edits params.yaml itself (Hydra off, in the
     # untracked .dvc/config.local)
     sh("dvc config --local hydra.enabled false", repo)
     committed = {name: (repo / name).read_bytes() for name in ("params.yaml", "dvc.lock")}
-    sh("dvc exp run --temp -S cls_recipe_overrides.lr=0.1 -n lr-up", repo)
+    ran = sh(readme_command("dvc exp run").replace("lr=0.012", "lr=0.1").replace("lr-half", "lr-up"), repo).stdout
+    assert "train_gen" not in ran and "report" not in ran, ran  # only the two runs' stages
     assert sh("git status --porcelain", repo).stdout == ""
     assert {name: (repo / name).read_bytes() for name in committed} == committed
+    exp = json.loads(sh("dvc exp show --json", repo).stdout)
+    baseline = exp[1]["revs"][0]["data"]["metrics"]
+    lr_up = next(e for e in exp[1]["experiments"] if e["name"] == "lr-up")["revs"][0]
+    assert lr_up["data"]["params"]["params.yaml"]["data"]["cls_recipe_overrides"]["lr"] == 0.1
+    for run in CLS_RUNS:
+        path = f"runs/cls/{run}/headline.json"
+        own = json.loads(dvc.api.read(f"runs/cls/{run}/metrics.json", repo=str(repo), rev=lr_up["rev"]))
+        shown = lr_up["data"]["metrics"][path]["data"][run]
+        assert shown == {"top1": own["top1"], "n_seeds": 1}  # one seed: no spread
+        assert shown != baseline[path]["data"][run], run  # lr 0.1 trains another model
+    assert not any(path.startswith("metrics/") for path in lr_up["data"]["metrics"])  # no report-stage number
     shown = sh(readme_command("dvc exp show"), repo, env={"COLUMNS": "160"}).stdout
     lines = shown.splitlines()
     assert lines and max(len(line) for line in lines) <= 160, shown
     header = next(line for line in lines if "Experiment" in line).split()
-    baseline = json.loads((repo / "metrics" / "cls_top1.json").read_text())  # the workspace is the commit's
-    exp = json.loads(sh("dvc exp show --json", repo).stdout)
-    ran = next(e for e in exp[1]["experiments"] if e["name"] == "lr-up")["revs"][0]["data"]
-    theirs = ran["metrics"]["metrics/cls_top1.json"]["data"]
-    assert ran["params"]["params.yaml"]["data"]["cls_recipe_overrides"]["lr"] == 0.1
-    assert header[1:] == [
-        *sorted(run for run in baseline if baseline[run] != theirs[run]),
-        "cls_recipe_overrides.lr",
-    ], shown  # the generation runs did not change: no column
+    assert header[1:] == [*(f"{run}.top1" for run in CLS_RUNS), LR], shown  # from before any experiment too
     rows = {
-        line.split()[0] if "[" not in line else line.split("[")[1].split("]")[0]: line.split()
+        line.split("[")[1].split("]")[0] if "[" in line else line.split()[0]: line.split()
         for line in lines
         if line.strip(" ─") and "Experiment" not in line
     }  # not the rules
     commit = sh("git branch --show-current", repo).stdout.strip()
-    for name, values in ((commit, baseline), ("lr-up", theirs)):
+    for name, metrics in ((commit, baseline), ("lr-up", lr_up["data"]["metrics"])):
+        top1 = [metrics[f"runs/cls/{run}/headline.json"]["data"][run]["top1"] for run in CLS_RUNS]
+        assert [float(x) for x in rows[name][-3:-1]] == pytest.approx(top1, rel=1e-4), shown
         assert rows[name][-1] == ("0.024" if name == commit else "0.1"), shown
-        shown_numbers = [float(x) for x in rows[name][-1 - (len(header) - 2) : -1]]
-        assert shown_numbers == pytest.approx([values[run] for run in header[1:-1]], rel=1e-4), shown
+    side_by_side = sh(readme_command("dvc metrics diff").replace("main", commit).replace("lr-half", "lr-up"), repo)
+    assert {line.split()[1] for line in side_by_side.stdout.splitlines()[1:]} == {
+        f"{run}.{key}" for run in CLS_RUNS for key in ("n_seeds", "top1")
+    }, side_by_side.stdout  # the seeds too, unchanged
     # Ctrl-C (SIGINT to the process group, as a terminal sends it) during training: the checkout is as it was
     proc = subprocess.Popen(
         "dvc exp run --temp -S cls_recipe_overrides.lr=0.2 -n stopped",
@@ -257,11 +270,10 @@ def test_the_lock_check_names_a_stale_lock_and_the_output_file_that_differs(repo
     verified = sh(f"{sys.executable} -m vcarepro.tools.lockcheck verify", repo)
     assert "outputs on disk hash as in the committed dvc.lock" in verified.stdout
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
-    assert {o["path"] for o in lock["stages"]["report"]["outs"]} == {
-        "reports/results.json",
-        "metrics/cls_top1.json",
-        "metrics/gen_fid.json",
-    }
+    assert {o["path"] for o in lock["stages"]["report"]["outs"]} == {"reports/results.json"}
+    assert {o["path"] for o in lock["stages"]["eval_cls@deit_tiny-vca"]["outs"]} >= {
+        "runs/cls/deit_tiny-vca/headline.json"
+    }  # each run's DVC metric is an output of its evaluation, hashed like the others
     # a stale lock is named: a module a stage imports changes after the recording
     (repo / "src" / "vcarepro" / "core" / "io.py").write_text(
         (repo / "src" / "vcarepro" / "core" / "io.py").read_text() + "\n# edit\n"

@@ -40,6 +40,48 @@ def test_the_report_fits_both_widths_opens_offline_and_answers_first(project, dr
     assert (shots / "report_1400.png").stat().st_size > 10_000 and (shots / "report_800.png").stat().st_size > 10_000
 
 
+def band(i):
+    """The colour of the i-th 1000 px band of TALL: each differs from its neighbours."""
+    return ((i * 37) % 256, (i * 91) % 256, (i * 53) % 256)
+
+
+# 40,000 px of 1000 px bands, over twice what Chromium draws in one image
+TALL = "<!DOCTYPE html><html><body style='margin:0'><main>{}</main></body></html>"
+
+
+def test_shots_of_a_page_taller_than_chromium_draws_cover_it_in_parts_in_order(tmp_path, driver, capsys):
+    from PIL import Image
+
+    from vcarepro.report.browser import MAX_SHOT_HEIGHT, main
+
+    page = tmp_path / "index.html"
+    page.write_text(
+        TALL.format("".join(f'<div style="height:1000px;background:rgb{band(i)}"></div>' for i in range(40)))
+    )
+    shots = tmp_path / "shots"
+    shots.mkdir()
+    (shots / "report_800_4.png").write_bytes(b"a part of a taller page shot here before")
+    found = check_page(page, widths=(800,), shots=shots, driver=driver)["widths"][800]
+    height = found["height"]
+    assert height > 2 * MAX_SHOT_HEIGHT
+    parts = found["shots"]
+    assert [Path(s["file"]).name for s in parts] == ["report_800.png", "report_800_2.png", "report_800_3.png"]
+    assert sorted(p.name for p in shots.iterdir()) == [Path(s["file"]).name for s in parts]  # the stale part is gone
+    assert parts[0]["top"] == 0 and parts[-1]["bottom"] == height
+    assert all(a["bottom"] == b["top"] for a, b in zip(parts, parts[1:]))  # no gap, no overlap
+    for s in parts:
+        image = Image.open(s["file"]).convert("RGB")
+        assert image.size == (800, s["bottom"] - s["top"]) and image.size[1] <= MAX_SHOT_HEIGHT
+        # each part holds its own span of the page: its first and last rows are the bands there
+        assert image.getpixel((400, 0)) == band(s["top"] // 1000)
+        assert image.getpixel((400, image.size[1] - 1)) == band((s["bottom"] - 1) // 1000)
+    # the command says where each part sits (and fails the page: it has no summary)
+    assert main([str(page), "--shots", str(shots)]) == 1
+    out = capsys.readouterr().out
+    assert f"800 px: the whole page, {height} px tall, in 3 PNG(s): report_800.png (0-16384 px), " in out
+    assert f"report_800_3.png (32768-{height} px)" in out
+
+
 BROKEN = """<!DOCTYPE html><html><head><meta charset="utf-8"></head><body><main>
 <h2>Calibration</h2><section id="summary"><h2>Summary</h2></section>
 <table><tr><td style="white-space:nowrap">{wide}</td></tr></table>

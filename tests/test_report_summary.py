@@ -170,6 +170,75 @@ def test_a_seed_that_did_not_converge_is_flagged_in_the_runs_table_and_every_int
     assert "deit_tiny-mhsa seed 1: not flattened" in deit["flags"]
 
 
+def summary_row(html, claim):
+    """The summary table's row of ``claim``, as HTML."""
+    table = html[html.index('<table id="summary-table">') :]
+    row = table[table.index(f"<tr><td>{claim}<") :]
+    return row[: row.index("</tr>")]
+
+
+def test_the_summary_says_in_words_when_every_seed_it_compares_is_flagged(project):
+    (project / "metrics" / "cls_reference.json").write_text(
+        json.dumps({"computed": True, "logreg_top1": 90.0, "method": "logistic regression", "n_train": 10, "n_val": 10})
+    )
+    # 3 + 2 seeds, every one below 90; spreads wide enough that Holm resolves nothing ("not resolved")
+    write_seeds(project, "cls", "deit_tiny-mhsa", "top1", [80.0, 85.0, 70.0])
+    write_seeds(project, "cls", "deit_tiny-vca", "top1", [83.0, 72.0])
+    run = project / "runs" / "cls" / "deit_tiny-vca" / "metrics.json"
+    metrics = json.loads(run.read_text())
+    metrics.update(plateau_spread_seed0=3.0, plateau_spread_seed1=0.2)  # one VCA seed also still moving
+    run.write_text(json.dumps(metrics))
+    vouch(project, "cls", "deit_tiny-vca")
+    html = render_report(project, project / "reports" / "index.html").read_text()
+    row = summary_row(html, "DeiT-T: VCA minus baseline, top-1")
+    assert "not resolved with" in row
+    words = (
+        "all 5 seeds of both runs end below the logistic-regression reference (1 had not flattened): "
+        "the comparison is of unconverged models"
+    )
+    assert words in row and words in summary_row(html, "VCA lifts DeiT-T from 72.2 to 75.6 top-1")
+    assert "deit_tiny-vca seed 0: not flattened" in row  # each seed and why, still on hover
+    # between the paper's +3.4 and ours: ours is at the embedded scale, not comparable
+    assert "embedded scale: not comparable with the paper&#39;s +3.4; only its sign can agree" in row
+    # the page's words only: the exports (results.json is a DVC output) keep their columns
+    assert "unconverged" not in (project / "reports" / "results.json").read_text()
+    assert "unconverged" not in (project / "reports" / "tables" / "summary.csv").read_text()
+
+    # one VCA seed above the reference and converged: the flags stay a mark, no sentence
+    write_seeds(project, "cls", "deit_tiny-vca", "top1", [83.0, 95.0])
+    html = render_report(project, project / "reports" / "index.html").read_text()
+    row = summary_row(html, "DeiT-T: VCA minus baseline, top-1")
+    assert "4 seeds flagged: below reference" in row and "unconverged" not in row
+    assert "embedded scale: not comparable" in row
+
+
+def test_a_status_that_already_says_not_comparable_gets_no_second_note(project):
+    add_vca_and_baseline(project)  # +28.25 [+14.81, +41.69]: same direction, size not comparable
+    html = render_report(project, project / "reports" / "index.html").read_text()
+    row = summary_row(html, "DeiT-T: VCA minus baseline, top-1")
+    assert "same direction, size not comparable" in row and "embedded scale: not comparable" not in row
+
+
+def test_the_words_on_flags_count_the_seeds_of_every_run_compared():
+    from vcarepro.report.convergence import unconverged
+
+    below = "{} seed {}: ends below the logistic-regression reference (50.0 < 61.0)"
+    flags = [below.format("a", s) for s in (0, 1, 2)] + [below.format("b", s) for s in (0, 1, 2)]
+    assert unconverged(flags, [("a", 3), ("b", 3)]) == (
+        "all 6 seeds of both runs end below the logistic-regression reference: the comparison is of unconverged models"
+    )
+    assert unconverged(flags, [("a", 3), ("b", 4)]) is None  # b's fourth seed converged
+    assert unconverged(flags, [("a", 3), ("b", 3), ("c", 2)]) is None  # c has no flag at all
+    assert unconverged(flags[:3], [("a", 3), ("a", 3)]).startswith("all 3 seeds of a end below")  # a run counts once
+    mixed = [below.format("a", 0), "a seed 1: not flattened (last 3 evaluations span 2.0 points)"]
+    mixed.append("b seed 0: training loss still falling (9% over the last tenth of its steps)")
+    assert unconverged(mixed, [("a", 2), ("b", 1)]) == (
+        "all 3 seeds of both runs are flagged (1 ends below the logistic-regression reference; 1 had not flattened; "
+        "1 still had a falling training loss): the comparison is of unconverged models"
+    )
+    assert unconverged([], []) is None
+
+
 def test_second_hand_paper_values_are_marked_and_so_is_every_verdict_against_one(project):
     html = render_report(project, project / "reports" / "index.html").read_text()
     compute = html[html.index("<h3>Parameters and GMACs") : html.index("Where the gain comes from")]

@@ -26,6 +26,23 @@ def aggregate_seeds(per_seed: Mapping[int, Mapping[str, float]], keys: Iterable[
     return out
 
 
+# The number a run is compared by: what `dvc exp show` tabulates for it (see :func:`headline`).
+HEADLINE_KEY = {"cls": "top1", "gen": "fid"}
+
+
+def headline(run: str, branch: str, metrics: Mapping[str, Any]) -> Dict[str, Dict[str, float]]:
+    """A run's DVC metric, written by its own evaluation: ``{run: {top1|fid: mean, <key>_std: spread, n_seeds}}``.
+
+    Keyed by the run's whole name, so that `dvc exp show` has a column group per run named after it, and an
+    experiment's column changes only where its own stages ran. One seed has no spread, so no ``_std``.
+    """
+    key = HEADLINE_KEY[branch]
+    out = {key: metrics[key], "n_seeds": metrics["n_seeds"]}
+    if metrics["n_seeds"] > 1:
+        out[f"{key}_std"] = metrics[f"{key}_std"]
+    return {run: out}
+
+
 def per_seed_values(metrics: Mapping[str, Any], key: str) -> List[float]:
     """The per-seed values of ``key`` that :func:`aggregate_seeds` wrote, in seed order (empty if none)."""
     prefix = f"{key}_seed"

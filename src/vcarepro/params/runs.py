@@ -60,6 +60,10 @@ class RunPaths:
     def metrics(self) -> Path:
         return self.root / "metrics.json"
 
+    @property
+    def headline(self) -> Path:
+        return self.root / "headline.json"
+
 
 def run_paths(branch: str, name: str) -> RunPaths:
     if not schema.safe_name(name):  # the schema refuses it first; this guards every other caller

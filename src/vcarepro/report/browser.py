@@ -5,8 +5,10 @@ name resolves to nothing) at 1400 px and 800 px and checks what a reader would n
 the first section, no table is wider than the text column, the page does not scroll sideways, no badge
 wraps, every image loads, the page logs no error and requests nothing but itself and its data: URIs.
 It prints one line per problem and exits 1 if there is any (2 if Chromium or its driver is missing).
-Screenshots of the whole page at each width go to ``--shots``. The test suite runs the same checks
-(tests/test_report_browser.py), and ``.ci/run`` runs them on the fresh clone's own report.
+Screenshots of the whole page at each width go to ``--shots``: ``report_<width>.png`` from the top and, where the
+page is taller than Chromium draws in one image (16,384 px), the rest in parts ``report_<width>_2.png``, ...
+The test suite runs the same checks (tests/test_report_browser.py), and ``.ci/run`` runs them on the fresh
+clone's own report.
 
 Needs Selenium (the ``test`` extra) and Debian's ``chromium`` and ``chromium-driver``; Selenium's own
 driver download is never used (``SE_OFFLINE``): the driver is the one beside the browser.
@@ -15,6 +17,7 @@ driver download is never used (``SE_OFFLINE``): the driver is the one beside the
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import shutil
@@ -23,9 +26,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from vcarepro.core.io import write_bytes
+
 WIDTHS = (1400, 800)
 HEIGHT = 1000
-MAX_SHOT_HEIGHT = 16384  # Chromium's largest texture: a taller page is shot to this height
+MAX_SHOT_HEIGHT = 16384  # Chromium's largest texture: a taller page is shot in parts of at most this height
 FLAGS = [
     "--headless=new",
     "--no-sandbox",
@@ -121,6 +126,37 @@ def requests_made(driver) -> List[str]:
     return urls
 
 
+def shot_names(width: int, parts: int) -> List[str]:
+    """The files of a page shot in ``parts`` parts, top first: ``report_<width>.png`` (what a crop of the first screen
+    opens), then ``report_<width>_2.png``, ...; numbers padded so that the names sort in page order."""
+    digits = len(str(parts))
+    return [f"report_{width}.png"] + [f"report_{width}_{k:0{digits}d}.png" for k in range(2, parts + 1)]
+
+
+def save_shots(driver, width: int, height: int, shots: Path) -> List[Dict[str, Any]]:
+    """The whole page, ``height`` px tall at ``width``, as PNGs of at most ``MAX_SHOT_HEIGHT`` px each, top to bottom
+    (one clip of the page per part: a single screenshot stops at Chromium's limit). [{"file", "top", "bottom"}]."""
+    shots.mkdir(parents=True, exist_ok=True)
+    for old in shots.glob(f"report_{width}_*.png"):  # parts of a taller page shot here before would read as this one's
+        if old.stem.rpartition("_")[2].isdigit():
+            old.unlink()
+    tops = list(range(0, max(height, 1), MAX_SHOT_HEIGHT))
+    written = []
+    for name, top in zip(shot_names(width, len(tops)), tops):
+        bottom = min(top + MAX_SHOT_HEIGHT, max(height, 1))
+        image = driver.execute_cdp_cmd(
+            "Page.captureScreenshot",
+            {
+                "format": "png",
+                "captureBeyondViewport": True,
+                "clip": {"x": 0, "y": top, "width": width, "height": bottom - top, "scale": 1},
+            },
+        )
+        write_bytes(shots / name, base64.b64decode(image["data"]))
+        written.append({"file": str(shots / name), "top": top, "bottom": bottom})
+    return written
+
+
 def check_page(page: Path, widths: Sequence[int] = WIDTHS, shots: Optional[Path] = None, driver=None) -> Dict[str, Any]:
     """{"problems": [one line each], "widths": {width: what was measured}} for the page at each width."""
     page = Path(page).resolve()
@@ -162,17 +198,7 @@ def check_page(page: Path, widths: Sequence[int] = WIDTHS, shots: Optional[Path]
             ]
             problems += [f"{at}: the console says {line}" for line in found["console"]]
             if shots is not None:
-                shots.mkdir(parents=True, exist_ok=True)
-                driver.execute_cdp_cmd(
-                    "Emulation.setDeviceMetricsOverride",
-                    {
-                        "width": width,
-                        "height": min(found["height"], MAX_SHOT_HEIGHT),
-                        "deviceScaleFactor": 1,
-                        "mobile": False,
-                    },
-                )
-                driver.save_screenshot(str(shots / f"report_{width}.png"))
+                found["shots"] = save_shots(driver, width, found["height"], shots)
     finally:
         if own:
             driver.quit()
@@ -182,7 +208,13 @@ def check_page(page: Path, widths: Sequence[int] = WIDTHS, shots: Optional[Path]
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("page", type=Path, nargs="?", default=Path("reports/index.html"))
-    parser.add_argument("--shots", type=Path, default=None, help="write report_<width>.png screenshots here")
+    parser.add_argument(
+        "--shots",
+        type=Path,
+        default=None,
+        help="write the whole page at each width here: report_<width>.png, then report_<width>_2.png, ... where it "
+        "is taller than 16,384 px",
+    )
     args = parser.parse_args(argv)
     if not args.page.is_file():
         print(
@@ -199,6 +231,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f"{width} px: {len(found['tables'])} tables in a {found['column']} px column, {found['n_images']} images, "
             f"{len(found['requests'])} requests, first section {found['first_h2']!r}"
         )
+        if "shots" in found:
+            parts = ", ".join(f"{Path(s['file']).name} ({s['top']}-{s['bottom']} px)" for s in found["shots"])
+            print(f"{width} px: the whole page, {found['height']} px tall, in {len(found['shots'])} PNG(s): {parts}")
     for line in result["problems"]:
         print(line)
     print("browser check: " + ("ok" if not result["problems"] else f"{len(result['problems'])} problem(s)"))

@@ -36,6 +36,8 @@ class GainRow:
     stale: Optional[str]
     flags: Tuple[str, ...]
     comparable: bool  # both sides at the paper's scale, recipe and (FID) protocol
+    # (run, seeds) of both sides, for the summary's words on flags; the page's alone, so not in as_dict
+    checked: Tuple[Tuple[str, int], ...] = ()
 
     def as_dict(self) -> Dict[str, Any]:
         return {
@@ -156,6 +158,7 @@ def _gain(
         stale=stale and stale.detail,
         flags=(*ws.convergence(branch, base and base.name), *ws.convergence(branch, other and other.name)),
         comparable=comparable,
+        checked=(*ws.checked(branch, base and base.name), *ws.checked(branch, other and other.name)),
     )
     pair = (key_other, other and other.name, key_base, base and base.name)
     return row, Comparison(diff, stale, paper_gain, pair=pair)

@@ -29,7 +29,6 @@ from vcarepro.report.convergence import FLAT_LOSS_FRACTION, FLAT_TOP1_POINTS
 from vcarepro.report.environment import describe_environment
 from vcarepro.report.export import records, write_tables
 from vcarepro.report.figures import CLS_CURVES, GEN_CURVES, attention_cost_png, curves_png, gains_png
-from vcarepro.report.headline import headline_files, write_headlines
 from vcarepro.report.howto import scale_matrices
 from vcarepro.report.reference import load_reference
 from vcarepro.report.rows import role
@@ -465,12 +464,9 @@ def _summary_notes(ws: Workspace, summary_rows) -> Dict[str, Any]:
 
 
 def _changes(root: Path, ws: Workspace, stale) -> Dict[str, Any]:
-    """What changed since the last commit, and the headline metrics files."""
+    """What changed since the last commit."""
     run_metrics = {"cls": {n: r.metrics for n, r in ws.cls.items()}, "gen": {n: r.metrics for n, r in ws.gen.items()}}
-    return {
-        "changes": changes_since(root, ws.params, run_metrics, stale={r["run"]: r["status"] for r in stale}),
-        "headlines": headline_files(ws.params, run_metrics),
-    }
+    return {"changes": changes_since(root, ws.params, run_metrics, stale={r["run"]: r["status"] for r in stale})}
 
 
 def _recipes(root: Path, ws: Workspace) -> Dict[str, Any]:
@@ -541,6 +537,7 @@ def build_context(root: Path) -> Dict[str, Any]:
         **_recipes(root, ws),
         "folded": _folded(ws, tables),
         "plans": ws.plans,  # each how-to-run text of the page (the summary's commands) -> its commands
+        "summary_words": ws.summary_words,  # a claim -> the words beside its number (summary._words)
         **_paper_notes(ws),
         "cls_reference": cls_reference,
         "data_copy": data_copy(root / CLS_DATA),
@@ -645,7 +642,6 @@ def render_report(root: str | Path = ".", out: str | Path = "reports/index.html"
     exported = sorted({path.stem for path in written}, key=list(TABLES).index)
     html = env.get_template("report.html.j2").render(**context, exported=exported)
     write_bytes(out, html.encode("utf-8"))
-    write_headlines(root, context["headlines"])  # the stage's DVC metrics (report/headline.py)
     # last: a report stopped before this (a full disk, Ctrl-C) never leaves results.json newer than the page
     write_json(out.parent / "results.json", {name: records(context[name]) for name in RESULT_TABLES})
     return out

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from vcarepro.metrics.intervals import ONE_SEED, OPPOSITE, SAME
 from vcarepro.report.claims import DOES_NOT_HOLD, HOLDS, ClaimRow
 from vcarepro.report.claims import NOT_RUN as CLAIM_NOT_RUN
+from vcarepro.report.convergence import unconverged
 from vcarepro.report.gains import GainRow
 from vcarepro.report.rows import role
 from vcarepro.report.workspace import Workspace
@@ -145,10 +146,12 @@ def _row(
     unverified = source in ws.unverified if source else any(r.unverified for r in with_paper)
     if unverified and status in (REPRODUCED, NOT_REPRODUCED, SAME_DIRECTION, OPPOSITE_DIRECTION):
         notes.append("judged against an unverified paper value")
+    paper = paper_text or (_span([r.paper_value for r in with_paper]) if with_paper else None)
+    _words(ws, claim, status, paper, measured, flags)
     return {
         "section": section,
         "claim": claim,
-        "paper": paper_text or (_span([r.paper_value for r in with_paper]) if with_paper else None),
+        "paper": paper,
         "source": source or _paper_sources(with_paper) or None,
         "unverified": bool(unverified),
         "ours": ours,
@@ -158,6 +161,30 @@ def _row(
         "command": command,
         "flags": flags,
     }
+
+
+def _words(
+    ws: Workspace, claim: str, status: str, paper: Optional[str], measured: Sequence[GainRow], flags: Sequence[str]
+) -> None:
+    """What the page says beside a row's number (``ws.summary_words``, in no export, whose hashes stay): the flags
+    in words where every seed is flagged, and that ours is not comparable with the paper's where the status does
+    not already say so ("not resolved" beside "+3.4" reads as a near miss)."""
+    words = {}
+    text = unconverged(flags, [c for r in measured for c in r.checked])
+    if text:
+        words["unconverged"] = text
+    apart = [r for r in measured if r.paper_value is not None and not r.comparable]
+    if paper is not None and apart and "not comparable" not in status:
+        if ws.scale != "paper":
+            words["scale"] = f"{ws.scale} scale: not comparable with the paper's {paper}; only its sign can agree"
+        else:
+            which = "" if len(apart) == len(measured) else ", ".join(r.model for r in apart) + ": "
+            words["scale"] = (
+                f"{which}paper scale, but not the paper's recipe or FID protocol (see Recipes): not comparable with "
+                f"the paper's {paper}; only its sign can agree"
+            )
+    if words:
+        ws.summary_words[claim] = words
 
 
 def summary(

@@ -68,6 +68,8 @@ class Workspace:
         paper_all = matrices.get("paper", {}).get(True) or self.paper_params
         self._howto = HowToRun(params, matrices, lambda run, where: answering_run(run, where, paper_all, reference))
         self.plans: Dict[str, List[Dict[str, Any]]] = {}  # how_to_run's text -> its plan (the page renders it)
+        # a summary claim -> what the page says beside its number and no export carries (summary.py)
+        self.summary_words: Dict[str, Dict[str, str]] = {}
 
     def paper_value(self, entry) -> PaperValue:
         return paper_value(entry, self.sources, self.unverified)
@@ -90,6 +92,13 @@ class Workspace:
             seeds = entry.get("seeds") or []
             self._convergence[branch, run] = convergence.flags(branch, result, seeds, self.reference_top1)
         return self._convergence[branch, run]
+
+    def checked(self, branch: str, run: Optional[str]) -> Tuple[Tuple[str, int], ...]:
+        """((the run's name, how many seeds its number rests on),), or () without numbers: what
+        ``convergence.unconverged`` needs to tell every seed flagged from some."""
+        result = (self.cls_result(run) if branch == "cls" else self.gen.get(run)) if run else None
+        n = convergence.seeds_checked(branch, result)
+        return ((result.name, n),) if result is not None and n else ()
 
     def has_results(self, run: str) -> bool:
         """Whether ``run`` (or the run that answers it here) has numbers on disk, current or stale."""
