@@ -164,14 +164,20 @@ def test_the_readme_links_every_page_of_the_docs():
     assert sorted(p.name for p in DOCS.glob("*.md") if p.resolve() not in linked and p.name != "index.md") == []
 
 
-def test_one_readme_line_starts_with_dvc_exp_show_and_its_output_goes_right_under_it():
-    """tests/test_pipeline.py runs the README's one `dvc exp show` line; the real output is pasted under it."""
+def test_the_readmes_comparison_is_a_targeted_experiment_of_the_headline_pair_with_its_output_under_it():
+    """tests/test_pipeline.py runs the README's one `dvc exp run`, `dvc exp show` and `dvc metrics diff` line on a
+    micro repository; here, that they target the headline pair and the real output is pasted under them."""
     lines = README.read_text(encoding="utf-8").splitlines()
-    shows = [i for i, line in enumerate(lines) if line.strip().startswith("dvc exp show")]
-    assert len(shows) == 1, [lines[i] for i in shows]
-    assert lines[shows[0]].strip() == "dvc exp show --no-pager --only-changed --drop 'Created|.*/|conf$|runs$'"
-    assert lines[shows[0] - 1].strip() == "dvc exp run --temp -S cls_recipe_overrides.lr=0.012 -n lr-half"
-    assert "<!-- exp show output -->" in lines[shows[0] + 1 : shows[0] + 4]
+    found = {}
+    for start in ("dvc exp show", "dvc exp run", "dvc metrics diff"):
+        at = [i for i, line in enumerate(lines) if line.strip().startswith(start)]
+        assert len(at) == 1, [lines[i] for i in at]
+        found[start] = at[0]
+    pair = ("deit_tiny-mhsa", "deit_tiny-vca")
+    assert lines[found["dvc exp run"]].split()[-2:] == [f"eval_cls@{run}" for run in pair]  # nothing else runs
+    assert "^deit_tiny-(mhsa|vca)" in lines[found["dvc exp show"]] and found["dvc exp show"] < found["dvc exp run"]
+    assert all(f"runs/cls/{run}/headline.json" in lines[found["dvc metrics diff"]] for run in pair)
+    assert "<!-- comparing-runs output -->" in lines[found["dvc metrics diff"] + 1 : found["dvc metrics diff"] + 4]
 
 
 def test_the_docs_build_with_mkdocs_strict_every_link_and_anchor_between_pages_resolving(tmp_path):
