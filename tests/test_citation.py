@@ -1,5 +1,5 @@
 """What research code carries: CITATION.cff is valid Citation File Format 1.2.0 (what `cffconvert --validate` checks:
-the format's JSON schema, with its formats, over the file read as cffconvert reads it), names the paper, and agrees with
+the format's JSON schema over the file read as cffconvert reads it), names the paper, and agrees with
 pyproject.toml and LICENSE on the version and the licence. The schema is cffconvert 2.0.0's
 (`cffconvert/schemas/1.2.0/schema.json` in its wheel), copied to tests/data/ so that no test needs the network."""
 
@@ -35,7 +35,8 @@ def load_cff(text: str) -> Dict[str, Any]:
 
 
 def schema_errors(cff: Dict[str, Any]) -> List[str]:
-    """Every violation of the schema, each with where it is, in the draft the schema names, formats checked."""
+    """Every violation of the schema, each with where it is, in the draft the schema names (formats only where
+    jsonschema has a checker)."""
     schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
     validator_class = jsonschema.validators.validator_for(schema)
     validator_class.check_schema(schema)

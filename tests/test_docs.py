@@ -177,7 +177,10 @@ def test_the_readmes_comparison_is_a_targeted_experiment_of_the_headline_pair_wi
     assert lines[found["dvc exp run"]].split()[-2:] == [f"eval_cls@{run}" for run in pair]  # nothing else runs
     assert "^deit_tiny-(mhsa|vca)" in lines[found["dvc exp show"]] and found["dvc exp show"] < found["dvc exp run"]
     assert all(f"runs/cls/{run}/headline.json" in lines[found["dvc metrics diff"]] for run in pair)
-    assert "<!-- comparing-runs output -->" in lines[found["dvc metrics diff"] + 1 : found["dvc metrics diff"] + 4]
+    marker = lines.index("<!-- comparing-runs output -->", found["dvc metrics diff"])
+    assert marker <= found["dvc metrics diff"] + 3
+    pasted = "\n".join(lines[marker : marker + 40])
+    assert "[lr-half]" in pasted and all(f"{run}.top1_std" in pasted and f"{run}.n_seeds" in pasted for run in pair)
 
 
 def test_the_docs_build_with_mkdocs_strict_every_link_and_anchor_between_pages_resolving(tmp_path):
