@@ -183,7 +183,7 @@ def test_a_targeted_experiment_shows_its_own_numbers_and_leaves_the_checkout_as_
     assert sh("git status --porcelain", repo).stdout == ""
     assert {name: (repo / name).read_bytes() for name in committed} == committed
     exp = json.loads(sh("dvc exp show --json", repo).stdout)
-    baseline = exp[1]["revs"][0]["data"]["metrics"]
+    baseline = exp[1]["data"]["metrics"]
     lr_up = next(e for e in exp[1]["experiments"] if e["name"] == "lr-up")["revs"][0]
     assert lr_up["data"]["params"]["params.yaml"]["data"]["cls_recipe_overrides"]["lr"] == 0.1
     for run in CLS_RUNS:
