@@ -1270,9 +1270,8 @@ def test_the_estimates_totals_are_the_sums_of_its_rows(estimated):
 
 
 def test_the_estimate_plans_the_gpus_a_training_job_asks_for_and_its_hours_do_not_depend_on_them():
-    from vcarepro.tools.cluster.driver import job_parameters
+    from vcarepro.tools.cluster.driver import job_parameters, training_gpus
     from vcarepro.tools.preflight.cli import estimate_runs
-    from vcarepro.tools.preflight.cost import training_gpus
 
     for overrides in ([], ["distributed.nproc_per_node=gpu"], ["distributed.nproc_per_node=4"]):
         params = compose(["scale=paper", *overrides])

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence, Set
+from typing import Any, Dict, Mapping, Optional, Sequence, Set, Tuple
 
 import submitit
 
@@ -41,6 +41,15 @@ def kind(stage: str) -> str:
     return stage.split("@", 1)[0]
 
 
+def training_gpus(params: Mapping[str, Any]) -> Tuple[int, int]:
+    """(nodes, GPUs per node) of a training job: distributed.nnodes x distributed.nproc_per_node, cluster.nodes and
+    cluster.gpus_per_node standing in where those say env or gpu (the preflight's estimate counts them too)."""
+    c, dist = section(params, "cluster"), section(params, "distributed")
+    nodes = dist["nnodes"] if isinstance(dist["nnodes"], int) else c["nodes"]
+    per_node = dist["nproc_per_node"] if isinstance(dist["nproc_per_node"], int) else c["gpus_per_node"]
+    return nodes, per_node
+
+
 def job_parameters(stage: str, params: Mapping[str, Any], root: Path) -> Dict[str, Any]:
     """submitit's SlurmExecutor parameters for ``stage`` (see conf/config.yaml ``cluster`` for each)."""
     c = section(params, "cluster")
@@ -48,8 +57,7 @@ def job_parameters(stage: str, params: Mapping[str, Any], root: Path) -> Dict[st
     training = kind(stage) in TRAINING_STAGES
     nodes, gpus = 1, (1 if c["gpu"] else 0)
     if training:
-        nodes = dist["nnodes"] if isinstance(dist["nnodes"], int) else c["nodes"]
-        per_node = dist["nproc_per_node"] if isinstance(dist["nproc_per_node"], int) else c["gpus_per_node"]
+        nodes, per_node = training_gpus(params)
         gpus = per_node if c["gpu"] else 0
         if nodes > 1 and dist["launcher"] != "srun":
             raise ClusterError(

@@ -71,7 +71,6 @@ from vcarepro.tools.preflight.cost import (
     reference_for,
     run_flops,
     trained_images,
-    training_gpus,
 )
 from vcarepro.tools.preflight.inputs import Input, check_inputs, missing_inputs
 from vcarepro.tools.preflight.sizing import dataset, expected_classes
@@ -398,6 +397,8 @@ def estimate_runs(
         classification(cls_runs, dataset("cls", params, scale), num_classes=classes),
         generation(gen_runs, dataset("gen", params, scale)),
     )
+    from vcarepro.tools.cluster.driver import training_gpus
+
     nodes, per_node = training_gpus(params)
     gpus_from = "params"
     if devices is not None:

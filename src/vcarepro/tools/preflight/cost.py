@@ -268,24 +268,29 @@ def training_flops(model, input_shape, generator: bool) -> int:
     return count_flops(lambda: model(x).float().sum().backward()).flops
 
 
-def run_flops(run, branch: str, num_classes: int) -> int:
-    """Training FLOPs of one image of ``run``, its model built as the training step builds it (bench/train_step.py)."""
+def meta_model(run, branch: str, num_classes: int):
+    """``run``'s model as the training loop builds it (train/classification.py, train/generation.py), on the meta
+    device: shapes only, no memory."""
     import torch
 
-    from vcarepro.tools.bench.train_step import model_input_shape
     from vcarepro.train.classification import ClassifierSpec
     from vcarepro.train.generation import GeneratorSpec
 
     recipe = run.recipe
     with torch.device("meta"):
         if branch == "cls":
-            model = ClassifierSpec.for_run(run).create(num_classes=num_classes, drop_path=recipe.drop_path)
-            shape = (3, recipe.img_size, recipe.img_size)
-        else:
-            model = GeneratorSpec.for_run(run).create(
-                learn_sigma=recipe.learn_sigma, class_dropout_prob=recipe.class_dropout_prob
-            )
-            shape = tuple(model_input_shape(model))
+            return ClassifierSpec.for_run(run).create(num_classes=num_classes, drop_path=recipe.drop_path)
+        spec = GeneratorSpec.for_run(run)
+        return spec.create(learn_sigma=recipe.learn_sigma, class_dropout_prob=recipe.class_dropout_prob)
+
+
+def run_flops(run, branch: str, num_classes: int) -> int:
+    """Training FLOPs of one image of ``run``, its model built as training builds it (:func:`meta_model`)."""
+    from vcarepro.tools.bench.train_step import model_input_shape
+
+    model = meta_model(run, branch, num_classes)
+    size = getattr(run.recipe, "img_size", None)
+    shape = (3, size, size) if branch == "cls" else tuple(model_input_shape(model))
     model.train()
     return training_flops(model, shape, branch == "gen")
 
@@ -358,15 +363,3 @@ def estimate_gpu_hours(images: int, flops: int, row: Published, ref_flops: int) 
     its reference's FLOPs over the run's."""
     rate = row.per_gpu * ref_flops / flops
     return rate, images / rate / 3600.0
-
-
-def training_gpus(params: Dict[str, Any]) -> Tuple[int, int]:
-    """(nodes, GPUs per node) of a training job as ``python -m vcarepro.tools.cluster run`` asks SLURM for it
-    (tools/cluster/driver.py ``job_parameters``): distributed.nnodes x distributed.nproc_per_node, cluster.nodes and
-    cluster.gpus_per_node standing in where those say env or gpu."""
-    from vcarepro.params.config import section
-
-    dist, cluster = section(params, "distributed"), section(params, "cluster")
-    nodes = dist["nnodes"] if isinstance(dist["nnodes"], int) else cluster["nodes"]
-    per_node = dist["nproc_per_node"] if isinstance(dist["nproc_per_node"], int) else cluster["gpus_per_node"]
-    return nodes, per_node

@@ -76,19 +76,14 @@ def tensor_bytes(tensors) -> int:
 
 
 def saved_state(run, branch: str, num_classes: int) -> SavedState:
-    """What training saves of ``run``, built as the training loop builds it (train/classification.py,
-    train/generation.py), on the meta device; the optimizer steps once on zero gradients so that its state exists."""
+    """What training saves of ``run`` (built by ``cost.meta_model``); the optimizer steps once on zero gradients
+    so that its state exists."""
     from vcarepro.tools.bench.train_step import model_input_shape
-    from vcarepro.train.classification import ClassifierSpec, build_optimizer
-    from vcarepro.train.generation import GeneratorSpec
+    from vcarepro.tools.preflight.cost import meta_model
+    from vcarepro.train.classification import build_optimizer
 
     recipe = run.recipe
-    with torch.device("meta"):
-        if branch == "cls":
-            model = ClassifierSpec.for_run(run).create(num_classes=num_classes, drop_path=recipe.drop_path)
-        else:
-            spec = GeneratorSpec.for_run(run)
-            model = spec.create(learn_sigma=recipe.learn_sigma, class_dropout_prob=recipe.class_dropout_prob)
+    model = meta_model(run, branch, num_classes)
     if branch == "cls":
         optimizer = build_optimizer(model, recipe)
     else:  # as train/generation.py builds it
